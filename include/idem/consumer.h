@@ -1,0 +1,88 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Consumer: the runner that joins a Source to an Inbox. Worker threads pull
+// deliveries, hand them to the Inbox, and acknowledge a delivery only after
+// its transaction committed (or when it can never apply: a duplicate or a
+// conflict). A failed delivery is given back with exponential backoff; after
+// max_attempts failures it goes to the dead-letter table with its last error
+// and is acknowledged. The failure count is kept outside the business
+// transaction, so the rollback of a failing handler does not erase it.
+//
+// Thread safety: Run() once; Stop() from any thread or a signal handler.
+#ifndef IDEM_CONSUMER_H_
+#define IDEM_CONSUMER_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "idem/env.h"
+#include "idem/inbox.h"
+#include "idem/source.h"
+#include "idem/status.h"
+
+namespace idem {
+
+struct ConsumerOptions {
+  // Worker threads, each with its own store connection. Default: 1.
+  int workers = 1;
+  // Deliveries per Receive, handled in one transaction. Default: 1.
+  int batch = 1;
+  // Handler failures before a message is dead-lettered. 0: never. Default: 5.
+  int max_attempts = 5;
+  // Backoff after a failure: base * 2^(attempt-1), at most max, plus up to
+  // 25% jitter. Defaults: 100 ms, 30 s.
+  int64_t backoff_base_ms = 100;
+  int64_t backoff_max_ms = 30'000;
+  // How long one Receive waits for messages. Default: 200 ms.
+  int64_t receive_wait_ms = 200;
+  // Return from Run() once a Receive finds nothing (drain mode, for demos,
+  // tests and batch jobs). Default: false (run until Stop()).
+  bool stop_when_idle = false;
+  // Default: Env::Default().
+  Env* env = nullptr;
+};
+
+struct ConsumerStats {
+  uint64_t received = 0;
+  uint64_t acked = 0;
+  uint64_t nacked = 0;
+  uint64_t dead_lettered = 0;
+  uint64_t ack_errors = 0;      // Ack failed after a commit (redelivery absorbs it)
+  uint64_t receive_errors = 0;
+};
+
+class Consumer {
+ public:
+  // `source` and `inbox` must outlive the Consumer.
+  Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options = {});
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
+  // deliveries finish (commit, then ack) or are given back unacknowledged.
+  // Returns OK on a clean stop.
+  Status Run();
+  // Asks Run() to return. Async-signal-safe.
+  void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+  bool stopping() const noexcept { return stop_.load(std::memory_order_relaxed); }
+
+  ConsumerStats stats() const;
+
+ private:
+  void Work();
+  void Settle(const Delivery& d, const Outcome& o);
+
+  Source& source_;
+  Inbox& inbox_;
+  Handler handler_;
+  ConsumerOptions options_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
+};
+
+// Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach.
+void StopOnSignals(Consumer* consumer);
+
+}  // namespace idem
+
+#endif  // IDEM_CONSUMER_H_

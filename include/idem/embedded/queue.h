@@ -1,0 +1,73 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The embedded queue: a small durable at-least-once broker in its own SQLite
+// file. It is deliberately a separate file from the consumer's database, so an
+// acknowledgement can never ride inside the business transaction: like any
+// broker, it can lose an ack and deliver again.
+//
+// Publish appends (a producer may publish the same fact twice: both copies are
+// delivered). Receive leases messages for lease_ms; Ack deletes; Nack makes a
+// message visible again after a delay; a lease that expires makes the message
+// visible to the next Receive, with its delivery count raised.
+//
+// Thread safety: a Queue may be used from many threads; many processes may
+// open the same file.
+#ifndef IDEM_EMBEDDED_QUEUE_H_
+#define IDEM_EMBEDDED_QUEUE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "idem/env.h"
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/source.h"
+
+namespace idem::embedded {
+
+struct QueueOptions {
+  // The queue's file. Its directory must exist. Required.
+  std::string path;
+  // The queue's name inside the file (several queues may share one file).
+  // Default: "default".
+  std::string queue = "default";
+  // How long a received message stays invisible to others before it is
+  // delivered again (the visibility timeout). Default: 30 s.
+  int64_t lease_ms = 30'000;
+  // Sync every publish/ack to disk. Default: true.
+  bool durable = true;
+  // Wait for the file lock up to this long before kBusy. Default: 10 s.
+  int busy_timeout_ms = 10'000;
+  // How often a waiting Receive looks again. Default: 10 ms.
+  int64_t poll_ms = 10;
+  // Default: Env::Default().
+  Env* env = nullptr;
+};
+
+struct QueueStats {
+  int64_t ready = 0;      // visible now
+  int64_t leased = 0;     // received, lease not expired, not acked
+  int64_t delayed = 0;    // nacked with a delay still running
+  int64_t published = 0;  // ever published to this queue
+  int64_t acked = 0;      // ever acknowledged
+};
+
+class Queue : public Source {
+ public:
+  // Errors as for idem::sqlite::Open; kSchemaMismatch for a file that holds
+  // another schema (not a queue file, or a newer version).
+  static Result<std::unique_ptr<Queue>> Open(const QueueOptions& options);
+  // Parses "embedded:PATH" (optionally "?queue=NAME&lease_ms=N").
+  static Result<QueueOptions> ParseUrl(std::string_view url);
+
+  // Appends a message. Its id is validated; the payload is stored as is.
+  virtual Status Publish(const Message& message) = 0;
+  virtual Result<QueueStats> Stats() = 0;
+  std::string_view Kind() const override { return "embedded"; }
+};
+
+}  // namespace idem::embedded
+
+#endif  // IDEM_EMBEDDED_QUEUE_H_

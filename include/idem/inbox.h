@@ -1,0 +1,123 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Inbox: the idempotent consumer in transactional mode. For each message it
+// opens a transaction, inserts the marker (consumer, message id, payload
+// fingerprint) unless it exists, runs the handler on the same transaction
+// only when the marker is new, and commits. The marker and the handler's
+// writes commit together or not at all; the unique key on (consumer, id)
+// settles races between consumers.
+//
+//   auto store = idem::sqlite::Open({.path = "payments.db"});
+//   idem::Inbox inbox(**store, {.consumer = "payments"});
+//   idem::Outcome out = inbox.Handle(msg, [](idem::Transaction& tx, const idem::Message& m) {
+//     return tx.Exec("INSERT INTO payments(order_id, cents) VALUES($1, $2)", {...}).status();
+//   });
+//   if (out.ShouldAck()) source.Ack(delivery);   // only after the commit
+//
+// Thread safety: Handle and HandleBatch may be called from many threads at
+// once; the Store gives each call its own connection.
+#ifndef IDEM_INBOX_H_
+#define IDEM_INBOX_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "idem/env.h"
+#include "idem/message.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem {
+
+// The handler: the business work for one message, written against the
+// transaction that also holds the marker. Return OK to commit; return an error
+// or throw to roll back everything, marker included (the message is then not
+// acknowledged, and its redelivery runs the handler again).
+using Handler = std::function<Status(Transaction& tx, const Message& message)>;
+
+struct Outcome {
+  enum class Kind {
+    kApplied,    // marker new, handler ran, committed
+    kDuplicate,  // marker existed with the same fingerprint: work skipped
+    kConflict,   // marker existed with another fingerprint: work skipped,
+                 // reported (dead letter "conflict") and counted
+    kFailed,     // nothing committed: handler error, or store error
+  };
+  Kind kind = Kind::kFailed;
+  // kFailed: why. Code::kHandlerFailed for the handler's own error or
+  // exception; a store code (kBusy, kIoError, kUnavailable, ...) otherwise.
+  Status status;
+  // kConflict: the fingerprint stored with the marker, and this message's.
+  Fingerprint stored_fingerprint{};
+  Fingerprint incoming_fingerprint{};
+
+  // Acknowledge the delivery only when this is true: the effect is committed
+  // (now or earlier), or the message can never be applied (conflict).
+  bool ShouldAck() const { return kind != Kind::kFailed; }
+  bool applied() const { return kind == Kind::kApplied; }
+  std::string ToString() const;
+};
+std::string_view KindName(Outcome::Kind kind);
+
+struct InboxOptions {
+  // The consumer's name: part of the marker key, so several consumers can
+  // share one database and each handle every message once. 1..255 bytes.
+  // Default: "default".
+  std::string consumer = "default";
+  // Clock for processed_at. Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// A point-in-time copy of an Inbox's counters.
+struct InboxCounters {
+  uint64_t applied = 0;
+  uint64_t duplicates = 0;
+  uint64_t conflicts = 0;
+  uint64_t failures = 0;        // handler failures and store errors
+  uint64_t dead_lettered = 0;   // counted by Consumer through NoteDeadLetter
+};
+
+class Inbox {
+ public:
+  // `store` must outlive the Inbox.
+  Inbox(Store& store, InboxOptions options = {});
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+
+  // Handles one message in its own transaction. An invalid id gives kFailed
+  // with Code::kInvalidArgument and touches nothing.
+  Outcome Handle(const Message& message, const Handler& handler);
+
+  // Handles many messages in one transaction (one commit, so far fewer disk
+  // syncs). One outcome per message, in order. A duplicate inside the batch
+  // is detected like one against the table. A failing handler rolls back only
+  // its own message (a savepoint); the others still commit. If the commit
+  // itself fails, every outcome that would have been applied is kFailed.
+  std::vector<Outcome> HandleBatch(std::span<const Message> messages, const Handler& handler);
+
+  InboxCounters counters() const;
+  void NoteDeadLetter() { dead_lettered_.fetch_add(1, std::memory_order_relaxed); }
+
+  const std::string& consumer() const { return options_.consumer; }
+  Store& store() { return store_; }
+  Env* env() const { return options_.env; }
+
+ private:
+  // After a commit reported kInDoubt: reads the markers of the messages whose
+  // handler ran back, to learn whether the commit happened.
+  void ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
+                      std::vector<Outcome>& outcomes, const Status& s);
+  void Count(const Outcome& o);
+
+  Store& store_;
+  InboxOptions options_;
+  std::atomic<uint64_t> applied_{0}, duplicates_{0}, conflicts_{0}, failures_{0}, dead_lettered_{0};
+};
+
+}  // namespace idem
+
+#endif  // IDEM_INBOX_H_

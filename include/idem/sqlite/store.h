@@ -1,0 +1,58 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The SQLite store: markers and business data in one SQLite file, one local
+// transaction for both. WAL mode; write transactions begin with BEGIN
+// IMMEDIATE so that two processes on one file are serialised by SQLite's
+// lock (waiting up to busy_timeout_ms) instead of failing at commit.
+//
+// Thread safety: the Store is safe from many threads; each transaction gets
+// its own connection from a small pool.
+#ifndef IDEM_SQLITE_STORE_H_
+#define IDEM_SQLITE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "idem/env.h"
+#include "idem/result.h"
+#include "idem/store.h"
+
+namespace idem::sqlite {
+
+enum class Synchronous {
+  kOff,     // no fsync: an OS crash may lose or corrupt recent commits
+  kNormal,  // WAL fsynced at checkpoints only: an OS crash or power cut may
+            // lose the last commits (never corrupts); a process crash loses nothing
+  kFull,    // fsync at every commit: a commit that returned survives power loss
+};
+
+struct Options {
+  // The database file. Its directory must exist. Required.
+  std::string path;
+  // Durability of each commit. Default: kFull, so an acknowledgement sent
+  // after commit never refers to a commit that a power cut can undo.
+  Synchronous synchronous = Synchronous::kFull;
+  // How long a writer waits for another connection's or process's lock before
+  // giving Code::kBusy. Default: 10 s.
+  int busy_timeout_ms = 10'000;
+  // Page cache per connection, in KiB. Default: 8 MiB.
+  int cache_kib = 8 * 1024;
+  // Create the file and idem's tables when missing. Default: true. When
+  // false, a file without idem's schema is an error.
+  bool create_if_missing = true;
+  // Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// Opens (and creates or migrates) the store. Errors: kInvalidArgument (empty
+// path), kUnavailable (missing directory, unreadable file, locked too long),
+// kCorruption (not a SQLite database), kSchemaMismatch (a newer schema).
+Result<std::unique_ptr<Store>> Open(const Options& options);
+
+// Parses "sqlite:PATH", "sqlite://PATH" or a bare PATH into options.
+Result<Options> ParseUrl(std::string_view url);
+
+}  // namespace idem::sqlite
+
+#endif  // IDEM_SQLITE_STORE_H_

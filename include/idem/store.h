@@ -1,0 +1,202 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Store: the database that holds both the markers and the business data, so
+// that one local transaction can commit them together. Transaction: one open
+// transaction on it, handed to the user's handler.
+//
+// Users open a concrete store (idem::sqlite::Open) and pass it to an Inbox;
+// they call only Transaction::Exec/Query/NativeHandle from their handlers.
+// The rest of this header is the contract a store implements.
+//
+// Thread safety: a Store is safe to use from many threads (each Begin() gets
+// its own connection). A Transaction belongs to one thread at a time.
+#ifndef IDEM_STORE_H_
+#define IDEM_STORE_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/status.h"
+
+namespace idem {
+
+// A SQL parameter or column value.
+struct Blob {
+  std::string bytes;
+};
+class Value {
+ public:
+  Value() = default;  // SQL NULL
+  Value(std::nullptr_t) {}  // NOLINT
+  Value(int v) : v_(int64_t{v}) {}  // NOLINT
+  Value(int64_t v) : v_(v) {}  // NOLINT
+  Value(double v) : v_(v) {}  // NOLINT
+  Value(std::string v) : v_(std::move(v)) {}  // NOLINT
+  Value(std::string_view v) : v_(std::string(v)) {}  // NOLINT
+  Value(const char* v) : v_(std::string(v)) {}  // NOLINT
+  Value(Blob v) : v_(std::move(v)) {}  // NOLINT
+
+  bool is_null() const { return std::holds_alternative<std::monostate>(v_); }
+  bool is_int() const { return std::holds_alternative<int64_t>(v_); }
+  bool is_double() const { return std::holds_alternative<double>(v_); }
+  bool is_text() const { return std::holds_alternative<std::string>(v_); }
+  bool is_blob() const { return std::holds_alternative<Blob>(v_); }
+  // Conversions: an integer as a double, a number's text, a blob's bytes as
+  // text; 0 for NULL and non-numeric text.
+  int64_t AsInt() const;
+  double AsDouble() const;
+  std::string AsText() const;
+
+  const std::variant<std::monostate, int64_t, double, std::string, Blob>& raw() const { return v_; }
+
+ private:
+  std::variant<std::monostate, int64_t, double, std::string, Blob> v_;
+};
+
+struct Rows {
+  std::vector<std::string> columns;
+  std::vector<std::vector<Value>> rows;
+};
+
+// An open transaction. Parameters are written $1, $2, ... in the SQL text on
+// every store, so a handler's SQL runs unchanged on SQLite and PostgreSQL.
+class Transaction {
+ public:
+  virtual ~Transaction() = default;
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+
+  // Runs a statement; returns the number of rows it changed.
+  virtual Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) = 0;
+  // Runs a query; returns all of its rows.
+  virtual Result<Rows> Query(std::string_view sql, std::span<const Value> params) = 0;
+  // The store's own handle (sqlite3* on SQLite), for what Exec/Query cannot
+  // do. Do not commit, roll back or close through it.
+  virtual void* NativeHandle() = 0;
+
+  Result<int64_t> Exec(std::string_view sql, std::initializer_list<Value> params = {}) {
+    return Exec(sql, std::span<const Value>(params.begin(), params.size()));
+  }
+  Result<Rows> Query(std::string_view sql, std::initializer_list<Value> params = {}) {
+    return Query(sql, std::span<const Value>(params.begin(), params.size()));
+  }
+
+ protected:
+  Transaction() = default;
+};
+
+// ---------------------------------------------------------------------------
+// The contract a store implements (used by Inbox, Consumer and the CLI).
+// ---------------------------------------------------------------------------
+
+// A marker as stored: one per (consumer, message id) that has been handled.
+struct Marker {
+  std::string consumer;
+  std::string id;
+  Fingerprint fingerprint{};
+  int64_t processed_at_ms = 0;
+};
+
+// A message that will not be retried: it failed max_attempts times, or its id
+// was reused for a different payload (reason "conflict").
+struct DeadLetter {
+  std::string consumer;
+  std::string id;
+  std::string reason;  // "failed" or "conflict"
+  std::string error;   // the last error, or both fingerprints for a conflict
+  int attempts = 0;
+  std::string payload;
+  int64_t at_ms = 0;
+};
+
+// What to record for a message whose handling failed.
+struct FailureRecord {
+  std::string_view consumer;
+  const Message* message = nullptr;
+  std::string_view error;
+  int max_attempts = 0;   // dead-letter once attempts reach this (0: never)
+  int64_t now_ms = 0;
+};
+
+struct FailureCount {
+  int attempts = 0;        // failures recorded so far, including this one
+  bool dead_lettered = false;
+};
+
+// A transaction as the Inbox drives it: the user's view plus the marker and
+// savepoint operations. The destructor rolls back unless Commit() succeeded.
+class StoreTransaction : public Transaction {
+ public:
+  // Inserts the marker unless (consumer, id) exists. Returns std::nullopt
+  // when this call inserted it, or the stored fingerprint when it already
+  // existed (a duplicate if equal to `marker.fingerprint`, else a conflict).
+  virtual Result<std::optional<Fingerprint>> InsertMarker(const Marker& marker) = 0;
+  // The same for many markers in one go; element i answers markers[i].
+  // Markers later in the span see those earlier in it.
+  virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers);
+  // Records a dead letter (upsert on (consumer, id)).
+  virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
+
+  virtual Status Savepoint() = 0;          // nestable, LIFO
+  virtual Status ReleaseSavepoint() = 0;   // keeps the work since the savepoint
+  virtual Status RollbackToSavepoint() = 0;  // undoes it, and releases
+  // Commits. Code::kInDoubt when the outcome is unknown (the connection died
+  // during COMMIT): read the marker with Store::FindMarker to learn it.
+  virtual Status Commit() = 0;
+  virtual void Rollback() noexcept = 0;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Begins a write transaction (on SQLite: BEGIN IMMEDIATE, so two processes
+  // on one file are serialised rather than failing at commit).
+  virtual Result<std::unique_ptr<StoreTransaction>> Begin() = 0;
+
+  // Reads a marker outside any transaction (on a fresh connection).
+  virtual Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id) = 0;
+
+  // Outside the business transaction: counts one more failure of `message`;
+  // once the count reaches max_attempts, writes its dead letter too.
+  virtual Result<FailureCount> RecordFailure(const FailureRecord& failure) = 0;
+  // Forgets the failure count of a message that has now been handled.
+  virtual Status ClearFailures(std::string_view consumer, std::string_view id) = 0;
+
+  // Deletes markers processed before `before_ms`, at most `batch_size` per
+  // transaction, until none is left. Returns how many were deleted. An empty
+  // consumer means all consumers.
+  virtual Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) = 0;
+
+  // Inspection.
+  virtual Result<int64_t> CountMarkers(std::string_view consumer) = 0;
+  virtual Result<std::vector<Marker>> ListMarkers(std::string_view consumer, int limit) = 0;
+  virtual Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view consumer, int limit) = 0;
+  // The schema version and the DDL of idem's own tables, for `idem schema`.
+  struct SchemaInfo {
+    int version = 0;
+    std::vector<std::string> statements;
+  };
+  virtual Result<SchemaInfo> Schema() = 0;
+
+  // "sqlite", "postgres".
+  virtual std::string_view Kind() const = 0;
+
+ protected:
+  Store() = default;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_STORE_H_

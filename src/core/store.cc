@@ -1,0 +1,41 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/store.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace idem {
+
+int64_t Value::AsInt() const {
+  if (auto* i = std::get_if<int64_t>(&v_)) return *i;
+  if (auto* d = std::get_if<double>(&v_)) return static_cast<int64_t>(*d);
+  if (auto* s = std::get_if<std::string>(&v_)) return std::strtoll(s->c_str(), nullptr, 10);
+  return 0;
+}
+
+double Value::AsDouble() const {
+  if (auto* i = std::get_if<int64_t>(&v_)) return static_cast<double>(*i);
+  if (auto* d = std::get_if<double>(&v_)) return *d;
+  if (auto* s = std::get_if<std::string>(&v_)) return std::strtod(s->c_str(), nullptr);
+  return 0;
+}
+
+std::string Value::AsText() const {
+  if (auto* i = std::get_if<int64_t>(&v_)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v_)) return std::to_string(*d);
+  if (auto* s = std::get_if<std::string>(&v_)) return *s;
+  if (auto* b = std::get_if<Blob>(&v_)) return b->bytes;
+  return {};
+}
+
+Result<std::vector<std::optional<Fingerprint>>> StoreTransaction::InsertMarkers(std::span<const Marker> markers) {
+  std::vector<std::optional<Fingerprint>> out;
+  out.reserve(markers.size());
+  for (const Marker& m : markers) {
+    IDEM_ASSIGN_OR_RETURN(auto r, InsertMarker(m));
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace idem

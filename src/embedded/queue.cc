@@ -1,0 +1,306 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/embedded/queue.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sqlite/db.h"
+
+namespace idem::embedded {
+namespace {
+
+using sqlite_internal::Db;
+
+constexpr int kQueueSchemaVersion = 1;
+constexpr const char* kSchemaName = "idem-queue";
+
+constexpr const char* kCreate =
+    "CREATE TABLE idem_queue_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE idem_queue_messages("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " queue TEXT NOT NULL,"
+    " id BLOB NOT NULL,"
+    " producer_time_ms INTEGER,"
+    " payload BLOB NOT NULL,"
+    " headers BLOB NOT NULL,"
+    " published_at_ms INTEGER NOT NULL,"
+    " visible_at_ms INTEGER NOT NULL,"
+    " deliveries INTEGER NOT NULL DEFAULT 0,"
+    " lease TEXT);"
+    "CREATE INDEX idem_queue_ready ON idem_queue_messages(queue, visible_at_ms, seq);"
+    "CREATE TABLE idem_queue_counters(queue TEXT PRIMARY KEY, published INTEGER NOT NULL, acked INTEGER NOT NULL);";
+
+// Headers are stored as (u32 length, bytes) pairs, name then value.
+std::string EncodeHeaders(const std::vector<std::pair<std::string, std::string>>& headers) {
+  std::string out;
+  auto put = [&](const std::string& s) {
+    uint32_t n = static_cast<uint32_t>(s.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out += s;
+  };
+  for (const auto& [k, v] : headers) {
+    put(k);
+    put(v);
+  }
+  return out;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> DecodeHeaders(std::string_view in) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto get = [&](std::string& s) {
+    uint32_t n = 0;
+    if (in.size() < 4) return false;
+    std::memcpy(&n, in.data(), 4);
+    in.remove_prefix(4);
+    if (in.size() < n) return false;
+    s.assign(in.substr(0, n));
+    in.remove_prefix(n);
+    return true;
+  };
+  while (!in.empty()) {
+    std::string k, v;
+    if (!get(k) || !get(v)) return Status::Corruption("queue message headers are truncated");
+    out.emplace_back(std::move(k), std::move(v));
+  }
+  return out;
+}
+
+class SqliteQueue final : public Queue {
+ public:
+  SqliteQueue(QueueOptions o, std::unique_ptr<Db> db) : o_(std::move(o)), db_(std::move(db)) {}
+
+  Status Init() {
+    IDEM_RETURN_IF_ERROR(db_->Script("BEGIN IMMEDIATE").WithContext("open queue " + o_.path));
+    Status s = CheckOrCreate();
+    if (!s.ok()) {
+      (void)db_->Script("ROLLBACK");
+      return s;
+    }
+    return db_->Script("COMMIT");
+  }
+
+  Status Publish(const Message& m) override {
+    IDEM_RETURN_IF_ERROR(ValidateId(m.id));
+    std::lock_guard<std::mutex> l(mu_);
+    return InTx([&]() -> Status {
+      int64_t now = o_.env->NowMs();
+      Value p[] = {o_.queue,
+                   Blob{m.id},
+                   m.producer_time_ms ? Value(*m.producer_time_ms) : Value(),
+                   Blob{m.payload},
+                   Blob{EncodeHeaders(m.headers)},
+                   now,
+                   now};
+      IDEM_RETURN_IF_ERROR(db_->Exec("INSERT INTO idem_queue_messages(queue, id, producer_time_ms, payload, headers,"
+                                     " published_at_ms, visible_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                                     p)
+                               .status());
+      Value q[] = {o_.queue};
+      return db_->Exec("INSERT INTO idem_queue_counters(queue, published, acked) VALUES ($1, 1, 0)"
+                       " ON CONFLICT (queue) DO UPDATE SET published = published + 1",
+                       q)
+          .status();
+    });
+  }
+
+  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
+    if (max < 1) return Status::InvalidArgument("Receive: max must be at least 1");
+    int64_t deadline = o_.env->NowMs() + wait_ms;
+    for (;;) {
+      IDEM_ASSIGN_OR_RETURN(auto got, TryReceive(max));
+      if (!got.empty() || o_.env->NowMs() >= deadline) return got;
+      o_.env->SleepMs(o_.poll_ms);
+    }
+  }
+
+  Status Ack(const Delivery& d) override {
+    IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
+    std::lock_guard<std::mutex> l(mu_);
+    return InTx([&]() -> Status {
+      Value p[] = {r.first, r.second};
+      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("DELETE FROM idem_queue_messages WHERE seq = $1 AND lease = $2", p));
+      if (n == 0) return Status(Code::kLeaseLost, "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already");
+      Value q[] = {o_.queue};
+      return db_->Exec("UPDATE idem_queue_counters SET acked = acked + 1 WHERE queue = $1", q).status();
+    });
+  }
+
+  Status Nack(const Delivery& d, int64_t delay_ms) override {
+    IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
+    std::lock_guard<std::mutex> l(mu_);
+    return InTx([&]() -> Status {
+      Value p[] = {o_.env->NowMs() + std::max<int64_t>(0, delay_ms), r.first, r.second};
+      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = NULL"
+                                                 " WHERE seq = $2 AND lease = $3",
+                                                 p));
+      if (n == 0) return Status(Code::kLeaseLost, "nack of " + d.message.id + ": lease no longer held");
+      return Status::OK();
+    });
+  }
+
+  Result<QueueStats> Stats() override {
+    std::lock_guard<std::mutex> l(mu_);
+    QueueStats s;
+    int64_t now = o_.env->NowMs();
+    Value p[] = {o_.queue, now};
+    IDEM_ASSIGN_OR_RETURN(
+        Rows rows,
+        db_->Query("SELECT coalesce(sum(visible_at_ms <= $2), 0),"
+                   " coalesce(sum(visible_at_ms > $2 AND lease IS NOT NULL), 0),"
+                   " coalesce(sum(visible_at_ms > $2 AND lease IS NULL), 0)"
+                   " FROM idem_queue_messages WHERE queue = $1",
+                   p));
+    s.ready = rows.rows[0][0].AsInt();
+    s.leased = rows.rows[0][1].AsInt();
+    s.delayed = rows.rows[0][2].AsInt();
+    Value q[] = {o_.queue};
+    IDEM_ASSIGN_OR_RETURN(Rows c, db_->Query("SELECT published, acked FROM idem_queue_counters WHERE queue = $1", q));
+    if (!c.rows.empty()) {
+      s.published = c.rows[0][0].AsInt();
+      s.acked = c.rows[0][1].AsInt();
+    }
+    return s;
+  }
+
+ private:
+  template <typename F>
+  Status InTx(F&& body) {
+    IDEM_RETURN_IF_ERROR(db_->Script("BEGIN IMMEDIATE").WithContext("queue " + o_.path));
+    Status s = body();
+    if (!s.ok()) {
+      (void)db_->Script("ROLLBACK");
+      return s;
+    }
+    s = db_->Script("COMMIT");
+    if (!s.ok() && db_->in_transaction()) (void)db_->Script("ROLLBACK");
+    return s;
+  }
+
+  Result<std::vector<Delivery>> TryReceive(int max) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<Delivery> out;
+    Status s = InTx([&]() -> Status {
+      int64_t now = o_.env->NowMs();
+      Value p[] = {o_.queue, now, int64_t{max}};
+      IDEM_ASSIGN_OR_RETURN(
+          Rows rows, db_->Query("SELECT seq, id, producer_time_ms, payload, headers, deliveries FROM idem_queue_messages"
+                                " WHERE queue = $1 AND visible_at_ms <= $2 ORDER BY visible_at_ms, seq LIMIT $3",
+                                p));
+      for (auto& r : rows.rows) {
+        char token[17];
+        std::snprintf(token, sizeof token, "%016llx", static_cast<unsigned long long>(o_.env->Random()));
+        Value u[] = {now + o_.lease_ms, std::string(token), r[0].AsInt()};
+        IDEM_RETURN_IF_ERROR(db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = $2,"
+                                       " deliveries = deliveries + 1 WHERE seq = $3",
+                                       u)
+                                 .status());
+        Delivery d;
+        d.message.id = r[1].AsText();
+        if (!r[2].is_null()) d.message.producer_time_ms = r[2].AsInt();
+        d.message.payload = r[3].AsText();
+        IDEM_ASSIGN_OR_RETURN(d.message.headers, DecodeHeaders(r[4].AsText()));
+        d.message.attempt = static_cast<int>(r[5].AsInt()) + 1;
+        d.receipt = std::to_string(r[0].AsInt()) + ":" + token;
+        out.push_back(std::move(d));
+      }
+      return Status::OK();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  static Result<std::pair<int64_t, std::string>> ParseReceipt(const std::string& receipt) {
+    auto colon = receipt.find(':');
+    if (colon == std::string::npos || colon == 0)
+      return Status::InvalidArgument("not an embedded-queue receipt: '" + receipt + "'");
+    return std::make_pair(int64_t{std::strtoll(receipt.c_str(), nullptr, 10)}, receipt.substr(colon + 1));
+  }
+
+  Status CheckOrCreate() {
+    IDEM_ASSIGN_OR_RETURN(Rows tables, db_->Query("SELECT name FROM sqlite_schema WHERE type = 'table'", {}));
+    bool has_meta = false, idem_store = false;
+    for (auto& r : tables.rows) {
+      std::string n = r[0].AsText();
+      if (n == "idem_queue_meta") has_meta = true;
+      if (n == "idem_markers" || n == "idem_migrations") idem_store = true;
+    }
+    if (!has_meta) {
+      if (idem_store)
+        return Status(Code::kSchemaMismatch, o_.path + " is an idem store (markers), not a queue file: give the queue its own file");
+      if (!tables.rows.empty())
+        return Status(Code::kSchemaMismatch, o_.path + " holds other tables (" + tables.rows[0][0].AsText() +
+                                                 ", ...) and is not an idem queue file");
+      IDEM_RETURN_IF_ERROR(db_->Script(kCreate));
+      Value p[] = {std::string(kSchemaName), std::to_string(kQueueSchemaVersion)};
+      return db_->Exec("INSERT INTO idem_queue_meta(key, value) VALUES ('schema', $1), ('version', $2)", p).status();
+    }
+    IDEM_ASSIGN_OR_RETURN(Rows meta, db_->Query("SELECT key, value FROM idem_queue_meta", {}));
+    std::string schema, version;
+    for (auto& r : meta.rows) {
+      if (r[0].AsText() == "schema") schema = r[1].AsText();
+      if (r[0].AsText() == "version") version = r[1].AsText();
+    }
+    if (schema != kSchemaName)
+      return Status(Code::kSchemaMismatch, o_.path + " is not an idem queue file (schema '" + schema + "')");
+    if (std::atoi(version.c_str()) != kQueueSchemaVersion)
+      return Status(Code::kSchemaMismatch, o_.path + " has queue schema version " + version + "; this build reads version " +
+                                               std::to_string(kQueueSchemaVersion));
+    return Status::OK();
+  }
+
+  QueueOptions o_;
+  std::mutex mu_;
+  std::unique_ptr<Db> db_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Queue>> Queue::Open(const QueueOptions& options) {
+  QueueOptions o = options;
+  if (o.path.empty()) return Status::InvalidArgument("embedded queue: path is empty");
+  if (o.queue.empty()) return Status::InvalidArgument("embedded queue: queue name is empty");
+  if (o.lease_ms < 1) return Status::InvalidArgument("embedded queue: lease_ms must be positive");
+  if (o.env == nullptr) o.env = Env::Default();
+  if (o.poll_ms < 1) o.poll_ms = 1;
+  sqlite_internal::OpenOptions oo;
+  oo.path = o.path;
+  oo.busy_timeout_ms = o.busy_timeout_ms;
+  oo.synchronous = o.durable ? "FULL" : "NORMAL";
+  oo.cache_kib = 2048;
+  IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
+  auto q = std::make_unique<SqliteQueue>(o, std::move(db));
+  IDEM_RETURN_IF_ERROR(q->Init());
+  return std::unique_ptr<Queue>(std::move(q));
+}
+
+Result<QueueOptions> Queue::ParseUrl(std::string_view url) {
+  QueueOptions o;
+  std::string_view rest = url;
+  if (rest.starts_with("embedded://")) rest.remove_prefix(11);
+  else if (rest.starts_with("embedded:")) rest.remove_prefix(9);
+  else return Status::InvalidArgument("not an embedded queue URL: '" + std::string(url) + "' (expected embedded:PATH)");
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  if (rest.empty()) return Status::InvalidArgument("embedded queue URL has no path: '" + std::string(url) + "'");
+  o.path = std::string(rest);
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    auto eq = kv.find('=');
+    std::string k(kv.substr(0, eq)), v(eq == std::string_view::npos ? "" : kv.substr(eq + 1));
+    if (k == "queue") o.queue = v;
+    else if (k == "lease_ms") o.lease_ms = std::atoll(v.c_str());
+    else if (k == "durable") o.durable = v != "0" && v != "false";
+    else return Status::InvalidArgument("unknown embedded queue URL option '" + k + "' in '" + std::string(url) + "'");
+  }
+  return o;
+}
+
+}  // namespace idem::embedded

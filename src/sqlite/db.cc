@@ -1,0 +1,230 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "sqlite/db.h"
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <string>
+
+namespace idem::sqlite_internal {
+
+Code CodeFor(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_OK:
+    case SQLITE_ROW:
+    case SQLITE_DONE:
+      return Code::kOk;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return Code::kBusy;
+    case SQLITE_CONSTRAINT:
+      return (rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE) ? Code::kDuplicate
+                                                                                    : Code::kInvalidArgument;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return Code::kCorruption;
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+    case SQLITE_AUTH:
+      return Code::kUnavailable;
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_PROTOCOL:
+      return Code::kIoError;
+    case SQLITE_INTERRUPT:
+    case SQLITE_ABORT:
+      return Code::kAborted;
+    case SQLITE_ERROR:
+    case SQLITE_MISMATCH:
+    case SQLITE_TOOBIG:
+    case SQLITE_RANGE:
+      return Code::kInvalidArgument;
+    case SQLITE_NOMEM:
+      return Code::kRetryable;
+    default:
+      return Code::kInternal;
+  }
+}
+
+Status Translate(int rc, sqlite3* db, std::string_view what) {
+  Code code = CodeFor(rc);
+  if (code == Code::kOk) return Status::OK();
+  std::string m(what);
+  m += ": ";
+  // The connection's message is only about this rc when it is the last one.
+  if (db != nullptr && sqlite3_extended_errcode(db) == rc) {
+    m += sqlite3_errmsg(db);
+  } else {
+    m += sqlite3_errstr(rc);
+  }
+  m += " (sqlite code " + std::to_string(rc) + ")";
+  return Status(code, std::move(m));
+}
+
+std::string RewriteParams(std::string_view sql) {
+  std::string out;
+  out.reserve(sql.size());
+  char quote = 0;
+  for (size_t i = 0; i < sql.size(); ++i) {
+    char c = sql[i];
+    if (quote) {
+      out += c;
+      if (c == quote) quote = 0;
+      continue;
+    }
+    if (c == '\'' || c == '"' || c == '`') {
+      quote = c;
+      out += c;
+      continue;
+    }
+    if (c == '$' && i + 1 < sql.size() && std::isdigit(static_cast<unsigned char>(sql[i + 1]))) {
+      out += '?';
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
+  if (o.path.empty()) return Status::InvalidArgument("SQLite path is empty");
+  if (o.path != ":memory:") {
+    std::string dir = ".";
+    if (auto slash = o.path.rfind('/'); slash != std::string::npos) dir = slash == 0 ? "/" : o.path.substr(0, slash);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return Status::Unavailable("cannot open " + o.path + ": directory " + dir + " does not exist");
+    if (::stat(o.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return Status::Unavailable("cannot open " + o.path + ": it is a directory, not a database file");
+    if (!o.create && ::stat(o.path.c_str(), &st) != 0)
+      return Status::NotFound("database file " + o.path + " does not exist");
+  }
+  sqlite3* raw = nullptr;
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (o.create ? SQLITE_OPEN_CREATE : 0);
+  int rc = sqlite3_open_v2(o.path.c_str(), &raw, flags, nullptr);
+  std::unique_ptr<Db> db(new Db(raw, o.path));  // closes even when open failed
+  if (rc != SQLITE_OK) return Translate(rc, raw, "open " + o.path);
+  sqlite3_extended_result_codes(raw, 1);
+  sqlite3_busy_timeout(raw, o.busy_timeout_ms);
+  // Reading the schema makes SQLite read the header: a file that is not a
+  // database fails here rather than at the first message.
+  rc = sqlite3_exec(raw, "SELECT count(*) FROM sqlite_schema", nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) {
+    Status s = Translate(rc, raw, "open " + o.path);
+    if (s.code() == Code::kCorruption)
+      return Status::Corruption(o.path + " is not a SQLite database, or it is corrupt (" + s.message() + ")");
+    return s;
+  }
+  std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
+                        "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) + "; PRAGMA foreign_keys=ON;";
+  IDEM_RETURN_IF_ERROR(db->Script(pragmas).WithContext("configure " + o.path));
+  return db;
+}
+
+Db::~Db() {
+  cache_.clear();  // finalize statements before closing
+  if (db_ != nullptr) sqlite3_close_v2(db_);
+}
+
+Status Db::Script(std::string_view sql) {
+  std::string s(sql);
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, s.c_str(), nullptr, nullptr, &err);
+  if (err != nullptr) sqlite3_free(err);
+  return Translate(rc, db_, s.size() > 80 ? s.substr(0, 80) + "..." : s);
+}
+
+Result<sqlite3_stmt*> Db::Prepare(std::string_view sql) {
+  auto it = cache_.find(std::string(sql));
+  if (it != cache_.end()) return it->second.get();
+  // Cached under the caller's text; $N is rewritten once, on the miss.
+  std::string text = RewriteParams(sql);
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v3(db_, text.data(), static_cast<int>(text.size()), SQLITE_PREPARE_PERSISTENT, &stmt,
+                              nullptr);
+  if (rc != SQLITE_OK) return Translate(rc, db_, "prepare: " + std::string(sql.substr(0, 120)));
+  if (stmt == nullptr) return Status::InvalidArgument("prepare: the SQL is empty");
+  auto* raw = stmt;
+  cache_.emplace(std::string(sql), StmtPtr(stmt));
+  return raw;
+}
+
+Status Db::Bind(sqlite3_stmt* stmt, std::span<const Value> params) {
+  int expected = sqlite3_bind_parameter_count(stmt);
+  if (expected != static_cast<int>(params.size()))
+    return Status::InvalidArgument("statement takes " + std::to_string(expected) + " parameters, " +
+                                   std::to_string(params.size()) + " given");
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const auto& v = params[i].raw();
+    int rc = SQLITE_OK;
+    if (std::holds_alternative<std::monostate>(v)) {
+      rc = sqlite3_bind_null(stmt, i + 1);
+    } else if (auto* n = std::get_if<int64_t>(&v)) {
+      rc = sqlite3_bind_int64(stmt, i + 1, *n);
+    } else if (auto* d = std::get_if<double>(&v)) {
+      rc = sqlite3_bind_double(stmt, i + 1, *d);
+    } else if (auto* s = std::get_if<std::string>(&v)) {
+      rc = sqlite3_bind_text(stmt, i + 1, s->data(), static_cast<int>(s->size()), SQLITE_STATIC);
+    } else if (auto* b = std::get_if<Blob>(&v)) {
+      rc = sqlite3_bind_blob(stmt, i + 1, b->bytes.data(), static_cast<int>(b->bytes.size()), SQLITE_STATIC);
+    }
+    if (rc != SQLITE_OK) return Translate(rc, db_, "bind parameter $" + std::to_string(i + 1));
+  }
+  return Status::OK();
+}
+
+Result<bool> Db::Step(sqlite3_stmt* stmt, std::string_view what) {
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return Translate(sqlite3_extended_errcode(db_), db_, what);
+}
+
+Result<int64_t> Db::Exec(std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
+  StmtUse use(stmt);
+  IDEM_RETURN_IF_ERROR(Bind(stmt, params));
+  for (;;) {
+    IDEM_ASSIGN_OR_RETURN(bool row, Step(stmt, sql.substr(0, 120)));
+    if (!row) break;
+  }
+  return static_cast<int64_t>(sqlite3_changes64(db_));
+}
+
+Value ColumnValue(sqlite3_stmt* stmt, int i) {
+  switch (sqlite3_column_type(stmt, i)) {
+    case SQLITE_INTEGER: return Value(static_cast<int64_t>(sqlite3_column_int64(stmt, i)));
+    case SQLITE_FLOAT: return Value(sqlite3_column_double(stmt, i));
+    case SQLITE_TEXT: {
+      auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt, i));
+      return Value(std::string(p, sqlite3_column_bytes(stmt, i)));
+    }
+    case SQLITE_BLOB: {
+      auto* p = static_cast<const char*>(sqlite3_column_blob(stmt, i));
+      int n = sqlite3_column_bytes(stmt, i);
+      return Value(Blob{std::string(p ? p : "", n)});
+    }
+    default: return Value();
+  }
+}
+
+Result<Rows> Db::Query(std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
+  StmtUse use(stmt);
+  IDEM_RETURN_IF_ERROR(Bind(stmt, params));
+  Rows rows;
+  int n = sqlite3_column_count(stmt);
+  for (int i = 0; i < n; ++i) rows.columns.emplace_back(sqlite3_column_name(stmt, i));
+  for (;;) {
+    IDEM_ASSIGN_OR_RETURN(bool row, Step(stmt, sql.substr(0, 120)));
+    if (!row) break;
+    std::vector<Value> r;
+    r.reserve(n);
+    for (int i = 0; i < n; ++i) r.push_back(ColumnValue(stmt, i));
+    rows.rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace idem::sqlite_internal

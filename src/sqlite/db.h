@@ -1,0 +1,104 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Internal: RAII wrappers over the SQLite C API, shared by the SQLite store
+// and the embedded queue. Never included from a public header.
+#ifndef IDEM_SRC_SQLITE_DB_H_
+#define IDEM_SRC_SQLITE_DB_H_
+
+#include <sqlite3.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "idem/result.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem::sqlite_internal {
+
+// The one place where SQLite result codes become idem codes. `what` says what
+// was being done ("open /x/y.db", "COMMIT"); `db` (may be null) supplies
+// SQLite's own message.
+Status Translate(int rc, sqlite3* db, std::string_view what);
+// The code alone, for table-driven tests.
+Code CodeFor(int rc);
+
+// Rewrites $1, $2, ... (PostgreSQL style) into ?1, ?2, ... outside quoted
+// strings and identifiers, so that the same SQL runs on both stores.
+std::string RewriteParams(std::string_view sql);
+
+struct StmtDeleter {
+  void operator()(sqlite3_stmt* s) const noexcept { sqlite3_finalize(s); }
+};
+using StmtPtr = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
+
+// Resets a statement when it goes out of scope, so a cached statement never
+// holds a read lock or stale bindings.
+class StmtUse {
+ public:
+  explicit StmtUse(sqlite3_stmt* s) : s_(s) {}
+  ~StmtUse() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  StmtUse(const StmtUse&) = delete;
+  StmtUse& operator=(const StmtUse&) = delete;
+  sqlite3_stmt* get() const { return s_; }
+
+ private:
+  sqlite3_stmt* s_;
+};
+
+struct OpenOptions {
+  std::string path;
+  bool create = true;
+  int busy_timeout_ms = 10'000;
+  // PRAGMA synchronous value: "OFF", "NORMAL", "FULL".
+  std::string synchronous = "FULL";
+  int cache_kib = 8 * 1024;
+};
+
+// One connection with a cache of prepared statements. Used by one thread at
+// a time.
+class Db {
+ public:
+  // Checks that the directory exists, opens, sets WAL and the pragmas, and
+  // reads the file's header so a non-database file fails here, clearly.
+  static Result<std::unique_ptr<Db>> Open(const OpenOptions& options);
+  ~Db();
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+
+  sqlite3* raw() const { return db_; }
+  const std::string& path() const { return path_; }
+
+  // Runs one or more statements without parameters or results.
+  Status Script(std::string_view sql);
+  // A cached prepared statement for `sql` ($N or ?N parameters).
+  Result<sqlite3_stmt*> Prepare(std::string_view sql);
+  // Binds params to ?1..?N.
+  Status Bind(sqlite3_stmt* stmt, std::span<const Value> params);
+  // Runs to completion; returns sqlite3_changes().
+  Result<int64_t> Exec(std::string_view sql, std::span<const Value> params);
+  Result<Rows> Query(std::string_view sql, std::span<const Value> params);
+  // Steps once; returns true when a row is ready, false when done.
+  Result<bool> Step(sqlite3_stmt* stmt, std::string_view what);
+
+  bool in_transaction() const { return sqlite3_get_autocommit(db_) == 0; }
+
+ private:
+  Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_;
+  std::string path_;
+  std::unordered_map<std::string, StmtPtr> cache_;
+};
+
+// Reads column i of the current row as a Value.
+Value ColumnValue(sqlite3_stmt* stmt, int i);
+
+}  // namespace idem::sqlite_internal
+
+#endif  // IDEM_SRC_SQLITE_DB_H_

@@ -1,0 +1,86 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Internal: idem's tables on SQLite, and every statement that touches the
+// markers. The marker's storage layout lives here and nowhere else, so a
+// better layout changes this file only.
+#ifndef IDEM_SRC_SQLITE_SCHEMA_H_
+#define IDEM_SRC_SQLITE_SCHEMA_H_
+
+namespace idem::sqlite_internal {
+
+// The schema version this build writes and understands.
+inline constexpr int kSchemaVersion = 1;
+
+inline constexpr const char* kCreateMigrations =
+    "CREATE TABLE IF NOT EXISTS idem_migrations("
+    " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)";
+
+struct Migration {
+  int version;
+  const char* description;
+  const char* sql;
+};
+
+inline constexpr Migration kMigrations[] = {
+    {1, "markers, failure counts, dead letters",
+     // One row per handled (consumer, message id). The primary key is the
+     // arbiter of duplicates and races; the id is a BLOB so it is compared
+     // byte for byte.
+     "CREATE TABLE idem_markers("
+     " consumer TEXT NOT NULL,"
+     " id BLOB NOT NULL,"
+     " fingerprint BLOB NOT NULL,"
+     " processed_at_ms INTEGER NOT NULL,"
+     " PRIMARY KEY (consumer, id)) WITHOUT ROWID;"
+     "CREATE INDEX idem_markers_by_time ON idem_markers(processed_at_ms);"
+     // Failure counts live outside the business transaction (written in a
+     // transaction of their own after the rollback), so they survive it.
+     "CREATE TABLE idem_failures("
+     " consumer TEXT NOT NULL,"
+     " id BLOB NOT NULL,"
+     " attempts INTEGER NOT NULL,"
+     " last_error TEXT NOT NULL,"
+     " updated_at_ms INTEGER NOT NULL,"
+     " PRIMARY KEY (consumer, id)) WITHOUT ROWID;"
+     "CREATE TABLE idem_dead_letters("
+     " consumer TEXT NOT NULL,"
+     " id BLOB NOT NULL,"
+     " reason TEXT NOT NULL,"
+     " error TEXT NOT NULL,"
+     " attempts INTEGER NOT NULL,"
+     " payload BLOB NOT NULL,"
+     " at_ms INTEGER NOT NULL,"
+     " PRIMARY KEY (consumer, id)) WITHOUT ROWID;"},
+};
+
+inline constexpr const char* kInsertMarker =
+    "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ($1, $2, $3, $4) "
+    "ON CONFLICT DO NOTHING";
+inline constexpr const char* kFindMarker =
+    "SELECT fingerprint, processed_at_ms FROM idem_markers WHERE consumer = $1 AND id = $2";
+inline constexpr const char* kPurgeMarkers =
+    "DELETE FROM idem_markers WHERE (consumer, id) IN ("
+    " SELECT consumer, id FROM idem_markers WHERE processed_at_ms < $1 AND ($2 = '' OR consumer = $2)"
+    " ORDER BY processed_at_ms LIMIT $3)";
+inline constexpr const char* kCountMarkers =
+    "SELECT count(*) FROM idem_markers WHERE ($1 = '' OR consumer = $1)";
+inline constexpr const char* kListMarkers =
+    "SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers WHERE ($1 = '' OR consumer = $1)"
+    " ORDER BY processed_at_ms DESC LIMIT $2";
+
+inline constexpr const char* kBumpFailure =
+    "INSERT INTO idem_failures(consumer, id, attempts, last_error, updated_at_ms) VALUES ($1, $2, 1, $3, $4) "
+    "ON CONFLICT (consumer, id) DO UPDATE SET attempts = attempts + 1, last_error = excluded.last_error,"
+    " updated_at_ms = excluded.updated_at_ms RETURNING attempts";
+inline constexpr const char* kClearFailure = "DELETE FROM idem_failures WHERE consumer = $1 AND id = $2";
+inline constexpr const char* kPutDeadLetter =
+    "INSERT INTO idem_dead_letters(consumer, id, reason, error, attempts, payload, at_ms)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO UPDATE SET reason = excluded.reason,"
+    " error = excluded.error, attempts = excluded.attempts, payload = excluded.payload, at_ms = excluded.at_ms";
+inline constexpr const char* kListDeadLetters =
+    "SELECT consumer, id, reason, error, attempts, payload, at_ms FROM idem_dead_letters"
+    " WHERE ($1 = '' OR consumer = $1) ORDER BY at_ms DESC LIMIT $2";
+
+}  // namespace idem::sqlite_internal
+
+#endif  // IDEM_SRC_SQLITE_SCHEMA_H_
