@@ -1,0 +1,174 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// What only the SQLite store has: files, locks, processes sharing one file,
+// the error translation table.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <fstream>
+
+#include "idem/inbox.h"
+#include "idem/sqlite/store.h"
+#include "sqlite/db.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+TEST(SqliteErrors, TranslationTable) {
+  using sqlite_internal::CodeFor;
+  struct Row {
+    int rc;
+    Code code;
+  } rows[] = {
+      {SQLITE_OK, Code::kOk},
+      {SQLITE_BUSY, Code::kBusy},
+      {SQLITE_BUSY_SNAPSHOT, Code::kBusy},
+      {SQLITE_LOCKED, Code::kBusy},
+      {SQLITE_CONSTRAINT_PRIMARYKEY, Code::kDuplicate},
+      {SQLITE_CONSTRAINT_UNIQUE, Code::kDuplicate},
+      {SQLITE_CONSTRAINT_NOTNULL, Code::kInvalidArgument},
+      {SQLITE_CORRUPT, Code::kCorruption},
+      {SQLITE_NOTADB, Code::kCorruption},
+      {SQLITE_CANTOPEN, Code::kUnavailable},
+      {SQLITE_READONLY, Code::kUnavailable},
+      {SQLITE_IOERR_FSYNC, Code::kIoError},
+      {SQLITE_FULL, Code::kIoError},
+      {SQLITE_ERROR, Code::kInvalidArgument},
+      {SQLITE_INTERRUPT, Code::kAborted},
+      {SQLITE_NOMEM, Code::kRetryable},
+      {SQLITE_MISUSE, Code::kInternal},
+  };
+  for (const Row& r : rows) EXPECT_EQ(CodeFor(r.rc), r.code) << "rc " << r.rc;
+  Status s = sqlite_internal::Translate(SQLITE_BUSY, nullptr, "COMMIT");
+  EXPECT_EQ(s.code(), Code::kBusy);
+  EXPECT_NE(s.message().find("COMMIT"), std::string::npos);
+  EXPECT_TRUE(sqlite_internal::Translate(SQLITE_DONE, nullptr, "x").ok());
+}
+
+TEST(SqliteErrors, ParametersAreRewrittenOutsideQuotes) {
+  using sqlite_internal::RewriteParams;
+  EXPECT_EQ(RewriteParams("SELECT $1, $2 FROM t WHERE a = '$3' AND \"$4\" = $10"),
+            "SELECT ?1, ?2 FROM t WHERE a = '$3' AND \"$4\" = ?10");
+  EXPECT_EQ(RewriteParams("SELECT $a"), "SELECT $a");
+}
+
+TEST(SqliteStore, UrlParsing) {
+  auto o = sqlite::ParseUrl("sqlite:/tmp/x.db?synchronous=normal");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->path, "/tmp/x.db");
+  EXPECT_EQ(o->synchronous, sqlite::Synchronous::kNormal);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:///tmp/y.db")->path, "/tmp/y.db");
+  EXPECT_EQ(sqlite::ParseUrl("plain.db")->path, "plain.db");
+  EXPECT_EQ(sqlite::ParseUrl("postgres://h/db").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?synchronous=maybe").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?color=red").status().code(), Code::kInvalidArgument);
+}
+
+TEST(SqliteStore, MissingDirectoryIsAClearError) {
+  auto s = sqlite::Open({.path = "/nonexistent-idem-dir/sub/store.db"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable);
+  EXPECT_NE(s.status().message().find("/nonexistent-idem-dir/sub"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("does not exist"), std::string::npos) << s.status();
+}
+
+TEST(SqliteStore, CorruptFileIsAClearError) {
+  TempDir dir;
+  std::ofstream(dir.File("bad.db")) << std::string(8192, 'x');
+  auto s = sqlite::Open({.path = dir.File("bad.db")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kCorruption);
+  EXPECT_NE(s.status().message().find("not a SQLite database"), std::string::npos) << s.status();
+}
+
+TEST(SqliteStore, NewerSchemaIsRefused) {
+  TempDir dir;
+  {
+    auto s = sqlite::Open({.path = dir.File("s.db")});
+    ASSERT_TRUE(s.ok());
+    auto tx = (*s)->Begin();
+    ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  auto s = sqlite::Open({.path = dir.File("s.db")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kSchemaMismatch);
+  EXPECT_NE(s.status().message().find("99"), std::string::npos) << s.status();
+}
+
+TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
+  TempDir dir;
+  auto s = sqlite::Open({.path = dir.File("none.db"), .create_if_missing = false});
+  EXPECT_FALSE(s.ok());
+}
+
+TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
+  TempDir dir;
+  auto store = sqlite::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(CreatePayments(**store).ok());
+  // Another process holds the write lock.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(dir.File("s.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  Inbox inbox(**store, {.consumer = "payments"});
+  for (int i = 0; i < 2; ++i) {
+    Outcome o = inbox.Handle(Msg("m-1"), ChargeHandler());
+    EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+    EXPECT_EQ(o.status.code(), Code::kBusy) << o.status;
+    EXPECT_FALSE(o.ShouldAck());
+  }
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(**store), 1);
+}
+
+TEST(SqliteStore, TwoProcessesRacingOnOneFileApplyEachMessageOnce) {
+  TempDir dir;
+  {
+    auto store = sqlite::Open({.path = dir.File("s.db")});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(CreatePayments(**store).ok());
+  }
+  constexpr int kMessages = 200;
+  // Both processes handle every message (each delivered to both = twice).
+  auto child = [&]() -> int {
+    auto store = sqlite::Open({.path = dir.File("s.db"), .synchronous = sqlite::Synchronous::kNormal});
+    if (!store.ok()) return 2;
+    Inbox inbox(**store, {.consumer = "payments"});
+    int applied = 0;
+    for (int i = 0; i < kMessages; ++i) {
+      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
+      if (o.kind == Outcome::Kind::kFailed) return 3;
+      applied += o.applied();
+    }
+    // Report how many this process applied through a file.
+    std::ofstream(dir.File("applied-" + std::to_string(::getpid()))) << applied;
+    return 0;
+  };
+  pid_t a = ::fork();
+  if (a == 0) ::_exit(child());
+  pid_t b = ::fork();
+  if (b == 0) ::_exit(child());
+  int sa = 0, sb = 0;
+  ::waitpid(a, &sa, 0);
+  ::waitpid(b, &sb, 0);
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << sa;
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << sb;
+  int total = 0;
+  for (pid_t p : {a, b}) {
+    int n = -1;
+    std::ifstream(dir.File("applied-" + std::to_string(p))) >> n;
+    total += n;
+  }
+  EXPECT_EQ(total, kMessages);
+  auto store = sqlite::Open({.path = dir.File("s.db")});
+  EXPECT_EQ(Charges(**store), kMessages);
+}
+
+}  // namespace
+}  // namespace idem::testing

@@ -1,0 +1,295 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The store conformance suite: every store runs these unchanged. Every test
+// delivers every message at least twice.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "idem/inbox.h"
+#include "idem/sqlite/store.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+struct StoreParam {
+  std::string name;
+  std::function<Result<std::unique_ptr<Store>>(const TempDir&, Env*)> open;
+};
+
+class StoreConformance : public ::testing::TestWithParam<StoreParam> {
+ protected:
+  void SetUp() override {
+    auto s = GetParam().open(dir_, &env_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    ASSERT_TRUE(CreatePayments(*store_).ok());
+  }
+  TempDir dir_;
+  FakeEnv env_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_P(StoreConformance, EveryMessageDeliveredTwiceHasOneEffect) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 20; ++i) {
+      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
+      EXPECT_EQ(o.kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << o.ToString();
+      EXPECT_TRUE(o.ShouldAck());
+    }
+  }
+  EXPECT_EQ(Charges(*store_), 20);
+  InboxCounters c = inbox.counters();
+  EXPECT_EQ(c.applied, 20u);
+  EXPECT_EQ(c.duplicates, 20u);
+  auto n = store_->CountMarkers("payments");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 20);
+}
+
+TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  bool fail = true;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));  // a write that must be undone
+    if (fail) return Status::Unavailable("provider down");
+    return Status::OK();
+  };
+  Outcome first = inbox.Handle(Msg("m-7f3"), h);
+  EXPECT_EQ(first.kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(first.status.code(), Code::kHandlerFailed);
+  EXPECT_NE(first.status.message().find("provider down"), std::string::npos);
+  EXPECT_FALSE(first.ShouldAck());
+  EXPECT_EQ(Charges(*store_), 0);
+  auto marker = store_->FindMarker("payments", "m-7f3");
+  ASSERT_TRUE(marker.ok());
+  EXPECT_FALSE(marker->has_value());
+
+  fail = false;
+  EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 1);
+  EXPECT_EQ(inbox.counters().failures, 1u);
+}
+
+TEST_P(StoreConformance, ThrowingHandlerRollsBackAndSaysSo) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  int calls = 0;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+    if (++calls == 1) throw std::runtime_error("card declined by test");
+    return Status::OK();
+  };
+  Outcome o = inbox.Handle(Msg("m-1"), h);
+  EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+  EXPECT_NE(o.status.message().find("card declined by test"), std::string::npos);
+  EXPECT_EQ(Charges(*store_), 0);
+  EXPECT_EQ(inbox.Handle(Msg("m-1"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-1"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 1);
+}
+
+TEST_P(StoreConformance, IdReusedForDifferentPayloadIsAConflictNeverSilent) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  EXPECT_EQ(inbox.Handle(Msg("m-1", "4000"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-1", "4000"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  Outcome o = inbox.Handle(Msg("m-1", "9900"), ChargeHandler());
+  EXPECT_EQ(o.kind, Outcome::Kind::kConflict);
+  EXPECT_EQ(o.stored_fingerprint, FingerprintOf("4000"));
+  EXPECT_EQ(o.incoming_fingerprint, FingerprintOf("9900"));
+  EXPECT_TRUE(o.ShouldAck());
+  EXPECT_EQ(inbox.Handle(Msg("m-1", "9900"), ChargeHandler()).kind, Outcome::Kind::kConflict);
+  EXPECT_EQ(Charges(*store_), 1);
+  EXPECT_EQ(inbox.counters().conflicts, 2u);
+  auto dead = store_->ListDeadLetters("payments", 10);
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].reason, "conflict");
+  EXPECT_NE((*dead)[0].error.find(ToHex(FingerprintOf("4000"))), std::string::npos);
+  EXPECT_EQ((*dead)[0].payload, "9900");
+}
+
+TEST_P(StoreConformance, IdsAreByteExactAndValidated) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  std::string with_nul("m\0x", 3);
+  std::string longest(kMaxIdBytes, 'z');
+  for (int round = 0; round < 2; ++round) {
+    Outcome::Kind want = round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate;
+    EXPECT_EQ(inbox.Handle(Msg("m-7f3"), ChargeHandler()).kind, want);
+    EXPECT_EQ(inbox.Handle(Msg("M-7F3"), ChargeHandler()).kind, want);
+    EXPECT_EQ(inbox.Handle(Msg(std::string("m")), ChargeHandler()).kind, want);
+    EXPECT_EQ(inbox.Handle(Msg(with_nul), ChargeHandler()).kind, want);
+    EXPECT_EQ(inbox.Handle(Msg(longest), ChargeHandler()).kind, want);
+  }
+  EXPECT_EQ(Charges(*store_), 5);
+  auto found = store_->FindMarker("payments", with_nul);
+  ASSERT_TRUE(found.ok() && found->has_value());
+  EXPECT_EQ((*found)->id, with_nul);
+
+  for (const std::string& bad : {std::string(), std::string(kMaxIdBytes + 1, 'z')}) {
+    for (int round = 0; round < 2; ++round) {
+      Outcome o = inbox.Handle(Msg(bad, "1"), ChargeHandler());
+      EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+      EXPECT_EQ(o.status.code(), Code::kInvalidArgument);
+      EXPECT_NE(o.status.message().find("message id"), std::string::npos) << o.status;
+    }
+  }
+  EXPECT_EQ(Charges(*store_), 5);
+}
+
+TEST_P(StoreConformance, ConsumersSharingADatabaseEachHandleEveryMessage) {
+  Inbox a(*store_, {.consumer = "payments", .env = &env_});
+  Inbox b(*store_, {.consumer = "emails", .env = &env_});
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(a.Handle(Msg("m-1"), ChargeHandler()).applied(), round == 0);
+    EXPECT_EQ(b.Handle(Msg("m-1"), ChargeHandler()).applied(), round == 0);
+  }
+  EXPECT_EQ(Charges(*store_, "m-1"), 2);
+}
+
+TEST_P(StoreConformance, BatchDetectsDuplicatesInsideAndAgainstTheTable) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  ASSERT_EQ(inbox.Handle(Msg("old"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+  std::vector<Message> batch = {Msg("a"), Msg("b"), Msg("a"), Msg("old"), Msg("c"), Msg("b"), Msg("a", "9")};
+  std::vector<Outcome> out = inbox.HandleBatch(batch, ChargeHandler());
+  ASSERT_EQ(out.size(), batch.size());
+  using K = Outcome::Kind;
+  std::vector<K> want = {K::kApplied, K::kApplied, K::kDuplicate, K::kDuplicate, K::kApplied, K::kDuplicate,
+                         K::kConflict};
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].kind, want[i]) << i << " " << out[i].ToString();
+  // The whole batch again: nothing new.
+  for (const Outcome& o : inbox.HandleBatch(batch, ChargeHandler())) EXPECT_NE(o.kind, K::kApplied);
+  EXPECT_EQ(Charges(*store_), 4);
+}
+
+TEST_P(StoreConformance, FailingMessageInABatchDoesNotRollBackTheOthers) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  bool fail_bad = true;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+    if (m.id == "bad" && fail_bad) return Status::InvalidArgument("bad amount");
+    return Status::OK();
+  };
+  std::vector<Message> batch = {Msg("a"), Msg("bad"), Msg("c")};
+  std::vector<Outcome> out = inbox.HandleBatch(batch, h);
+  EXPECT_EQ(out[0].kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(out[1].kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(out[1].status.code(), Code::kHandlerFailed);
+  EXPECT_EQ(out[2].kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(Charges(*store_), 2);
+  EXPECT_EQ(Charges(*store_, "bad"), 0);
+  auto m = store_->FindMarker("payments", "bad");
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE(m->has_value());
+  fail_bad = false;
+  out = inbox.HandleBatch(batch, h);
+  EXPECT_EQ(out[0].kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(out[1].kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(out[2].kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 3);
+}
+
+TEST_P(StoreConformance, ThreadsRacingOnOneMessageApplyItOnce) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  for (int msg = 0; msg < 10; ++msg) {
+    std::atomic<int> applied{0}, duplicates{0}, failed{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, msg] {
+        while (!go.load()) std::this_thread::yield();
+        Outcome o = inbox.Handle(Msg("race-" + std::to_string(msg)), ChargeHandler());
+        (o.applied() ? applied : o.kind == Outcome::Kind::kDuplicate ? duplicates : failed).fetch_add(1);
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(applied.load(), 1);
+    EXPECT_EQ(duplicates.load(), 3);
+    EXPECT_EQ(failed.load(), 0);
+  }
+  EXPECT_EQ(Charges(*store_), 10);
+}
+
+TEST_P(StoreConformance, FailuresAreCountedOutsideTheTransactionAndDeadLettered) {
+  Message m = Msg("poison", "bad");
+  for (int i = 1; i <= 3; ++i) {
+    FailureRecord rec{"payments", &m, "boom " + std::to_string(i), 3, env_.NowMs()};
+    auto c = store_->RecordFailure(rec);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->attempts, i);
+    EXPECT_EQ(c->dead_lettered, i == 3);
+  }
+  auto dead = store_->ListDeadLetters("payments", 10);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].reason, "failed");
+  EXPECT_EQ((*dead)[0].attempts, 3);
+  EXPECT_EQ((*dead)[0].error, "boom 3");
+  EXPECT_EQ((*dead)[0].payload, "bad");
+  ASSERT_TRUE(store_->ClearFailures("payments", "poison").ok());
+  FailureRecord again{"payments", &m, "boom", 3, env_.NowMs()};
+  auto c = store_->RecordFailure(again);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->attempts, 1);
+}
+
+TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  for (int i = 0; i < 25; ++i) ASSERT_TRUE(inbox.Handle(Msg("old-" + std::to_string(i)), ChargeHandler()).applied());
+  env_.Advance(3'600'000);
+  int64_t cut = env_.NowMs();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(inbox.Handle(Msg("new-" + std::to_string(i)), ChargeHandler()).applied());
+  auto n = store_->Purge("payments", cut, 7);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 25);
+  EXPECT_EQ(*store_->CountMarkers("payments"), 5);
+  // A purged id is forgotten: its late duplicate would apply again. That is
+  // why retention must cover the longest redelivery.
+  EXPECT_EQ(inbox.Handle(Msg("old-0"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("new-0"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  EXPECT_FALSE(store_->Purge("payments", cut, 0).ok());
+}
+
+TEST_P(StoreConformance, HandlerSeesItsOwnWritesAndParameters) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  Handler h = [](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, 40}).status());
+    auto rows = tx.Query("SELECT cents FROM payments WHERE message_id = $1", {m.id});
+    if (!rows.ok()) return rows.status();
+    if (rows->rows.size() != 1 || rows->rows[0][0].AsInt() != 40) return Status::Internal("own write not visible");
+    if (tx.NativeHandle() == nullptr) return Status::Internal("no native handle");
+    // A SQL error is reported, not thrown.
+    auto bad = tx.Exec("INSERT INTO no_such_table VALUES (1)");
+    if (bad.ok()) return Status::Internal("bad SQL succeeded");
+    return Status::OK();
+  };
+  for (int i = 0; i < 2; ++i) inbox.Handle(Msg("m-1"), h);
+  EXPECT_EQ(Charges(*store_), 1);
+  EXPECT_EQ(inbox.counters().applied, 1u);
+}
+
+TEST_P(StoreConformance, SchemaIsVersioned) {
+  auto info = store_->Schema();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GE(info->version, 1);
+  bool markers = false;
+  for (auto& s : info->statements) markers |= s.find("idem_markers") != std::string::npos;
+  EXPECT_TRUE(markers);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stores, StoreConformance,
+    ::testing::Values(StoreParam{"sqlite",
+                                 [](const TempDir& d, Env* env) {
+                                   return sqlite::Open({.path = d.File("store.db"), .env = env});
+                                 }}),
+    [](const ::testing::TestParamInfo<StoreParam>& p) { return p.param.name; });
+
+}  // namespace
+}  // namespace idem::testing

@@ -1,0 +1,100 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Shared test helpers: temporary directories, a payments handler, and the
+// rule that every test delivers every message at least twice.
+#ifndef IDEM_TEST_UTIL_TEST_UTIL_H_
+#define IDEM_TEST_UTIL_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "idem/inbox.h"
+#include "idem/message.h"
+#include "idem/sqlite/store.h"
+#include "idem/store.h"
+
+namespace idem::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "idem-test-XXXXXX").string();
+    char* p = ::mkdtemp(tmpl.data());
+    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline Message Msg(std::string id, std::string payload = "") {
+  Message m;
+  m.id = std::move(id);
+  m.payload = payload.empty() ? "payload-of-" + m.id : std::move(payload);
+  return m;
+}
+
+// The business table of the payments example: one row per charge, no unique
+// key of its own, so a repeated effect shows up as a second row.
+inline Status CreatePayments(Store& store) {
+  auto tx = store.Begin();
+  if (!tx.ok()) return tx.status();
+  IDEM_RETURN_IF_ERROR(
+      (*tx)->Exec("CREATE TABLE IF NOT EXISTS payments(message_id TEXT NOT NULL, cents INTEGER NOT NULL)").status());
+  return (*tx)->Commit();
+}
+
+// Inserts one payments row for the message; the amount is the payload parsed
+// as an integer (or 4000).
+inline Handler ChargeHandler() {
+  return [](Transaction& tx, const Message& m) -> Status {
+    int64_t cents = std::atoll(m.payload.c_str());
+    if (cents <= 0) cents = 4000;
+    return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, cents}).status();
+  };
+}
+
+// Number of payments rows for `id` ("" for all rows).
+inline int64_t Charges(Store& store, const std::string& id = "") {
+  auto tx = store.Begin();
+  EXPECT_TRUE(tx.ok()) << tx.status();
+  if (!tx.ok()) return -1;
+  auto rows = id.empty() ? (*tx)->Query("SELECT count(*) FROM payments")
+                         : (*tx)->Query("SELECT count(*) FROM payments WHERE message_id = $1", {id});
+  EXPECT_TRUE(rows.ok()) << rows.status();
+  return rows.ok() ? rows->rows[0][0].AsInt() : -1;
+}
+
+// Runs `body` in a forked child and returns its wait status. The child exits
+// with body()'s return value.
+inline int RunInChild(const std::function<int()>& body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = body();
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TEST_UTIL_TEST_UTIL_H_
