@@ -1,0 +1,176 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem schema | inspect | purge: see and clean what a store holds.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "idem/embedded/queue.h"
+#include "idem/env.h"
+
+namespace idem::cli {
+namespace {
+
+// "90s", "15m", "24h", "7d", or plain milliseconds.
+Result<int64_t> ParseDurationMs(const std::string& s) {
+  if (s.empty()) return Status::InvalidArgument("duration is empty");
+  char* end = nullptr;
+  double n = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  int64_t mul = 0;
+  if (unit == "ms" || unit.empty()) mul = 1;
+  else if (unit == "s") mul = 1000;
+  else if (unit == "m") mul = 60'000;
+  else if (unit == "h") mul = 3'600'000;
+  else if (unit == "d") mul = 86'400'000;
+  if (mul == 0 || end == s.c_str() || n < 0)
+    return Status::InvalidArgument("'" + s + "' is not a duration (use e.g. 90s, 15m, 24h, 7d)");
+  return static_cast<int64_t>(n * static_cast<double>(mul));
+}
+
+std::string Printable(const std::string& id) {
+  std::string out;
+  for (unsigned char c : id) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const Command& SchemaCommand() {
+  static const Command c{"schema", "Print the schema version and the tables idem keeps in a store.",
+                         "[--store URL] [--json]",
+                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+                          {"json", "", "", "print one JSON object"}}};
+  return c;
+}
+
+int RunSchema(const Args& args) {
+  auto store = OpenStore(args.Get("store"));
+  if (!store.ok()) return Fail("schema", store.status());
+  auto info = (*store)->Schema();
+  if (!info.ok()) return Fail("schema", info.status());
+  if (args.Bool("json")) {
+    std::string list = "[";
+    for (size_t i = 0; i < info->statements.size(); ++i) list += (i ? "," : "") + JsonString(info->statements[i]);
+    list += "]";
+    std::cout << Json().Add("store", std::string((*store)->Kind())).Add("version", info->version).AddRaw("statements", list).str()
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << "-- idem schema version " << info->version << " (" << (*store)->Kind() << ")\n";
+  for (const auto& s : info->statements) std::cout << s << ";\n";
+  return kExitOk;
+}
+
+const Command& InspectCommand() {
+  static const Command c{"inspect", "Show what a store holds: marker count, recent markers and dead letters;\n"
+                                    "with --queue, the state of an embedded queue.",
+                         "[--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
+                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+                          {"consumer", "NAME", "", "only this consumer (default: all)"},
+                          {"limit", "N", "10", "how many recent markers and dead letters to list"},
+                          {"queue", "URL", "", "also show an embedded queue (embedded:PATH)"},
+                          {"json", "", "", "print one JSON object"}}};
+  return c;
+}
+
+int RunInspect(const Args& args) {
+  auto limit = args.GetInt("limit");
+  if (!limit.ok()) return Fail("inspect", limit.status());
+  auto store = OpenStore(args.Get("store"));
+  if (!store.ok()) return Fail("inspect", store.status());
+  std::string consumer = args.Get("consumer");
+  auto count = (*store)->CountMarkers(consumer);
+  if (!count.ok()) return Fail("inspect", count.status());
+  auto markers = (*store)->ListMarkers(consumer, static_cast<int>(*limit));
+  if (!markers.ok()) return Fail("inspect", markers.status());
+  auto dead = (*store)->ListDeadLetters(consumer, static_cast<int>(*limit));
+  if (!dead.ok()) return Fail("inspect", dead.status());
+  std::optional<embedded::QueueStats> qs;
+  if (args.Has("queue")) {
+    auto qo = embedded::Queue::ParseUrl(args.Get("queue"));
+    if (!qo.ok()) return Fail("inspect", qo.status());
+    auto q = embedded::Queue::Open(*qo);
+    if (!q.ok()) return Fail("inspect", q.status());
+    auto st = (*q)->Stats();
+    if (!st.ok()) return Fail("inspect", st.status());
+    qs = *st;
+  }
+  if (args.Bool("json")) {
+    std::string ms = "[", ds = "[";
+    for (size_t i = 0; i < markers->size(); ++i) {
+      const auto& m = (*markers)[i];
+      ms += (i ? "," : "") + Json().Add("consumer", m.consumer).Add("id", m.id).Add("fingerprint", ToHex(m.fingerprint))
+                                 .Add("processed_at_ms", m.processed_at_ms).str();
+    }
+    for (size_t i = 0; i < dead->size(); ++i) {
+      const auto& d = (*dead)[i];
+      ds += (i ? "," : "") + Json().Add("consumer", d.consumer).Add("id", d.id).Add("reason", d.reason)
+                                 .Add("error", d.error).Add("attempts", d.attempts).Add("at_ms", d.at_ms).str();
+    }
+    Json j;
+    j.Add("markers", *count).AddRaw("recent", ms + "]").AddRaw("dead_letters", ds + "]");
+    if (qs) {
+      j.AddRaw("queue", Json().Add("ready", qs->ready).Add("leased", qs->leased).Add("delayed", qs->delayed)
+                            .Add("published", qs->published).Add("acked", qs->acked).str());
+    }
+    std::cout << j.str() << "\n";
+    return kExitOk;
+  }
+  std::cout << "markers: " << *count << (consumer.empty() ? "" : " (consumer " + consumer + ")") << "\n";
+  for (const auto& m : *markers)
+    std::cout << "  " << m.consumer << "  " << Printable(m.id) << "  at " << m.processed_at_ms << "  sha256 "
+              << ToHex(m.fingerprint).substr(0, 16) << "...\n";
+  std::cout << "dead letters: " << dead->size() << (dead->size() == static_cast<size_t>(*limit) ? "+" : "") << "\n";
+  for (const auto& d : *dead)
+    std::cout << "  " << d.consumer << "  " << Printable(d.id) << "  " << d.reason << " after " << d.attempts
+              << " attempt(s): " << d.error << "\n";
+  if (qs)
+    std::cout << "queue: ready " << qs->ready << ", leased " << qs->leased << ", delayed " << qs->delayed
+              << ", published " << qs->published << ", acked " << qs->acked << "\n";
+  return kExitOk;
+}
+
+const Command& PurgeCommand() {
+  static const Command c{
+      "purge",
+      "Delete markers older than a retention, in bounded batches.\n"
+      "A purged id is forgotten: a late duplicate of it would be applied again, so the retention must\n"
+      "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
+      "acked; Kafka can replay its whole retention).",
+      "--older-than DURATION [--store URL] [--consumer NAME] [--batch N] [--json]",
+      {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+       {"older-than", "DURATION", "7d", "retention: markers processed before now minus this go (90s, 15m, 24h, 7d)"},
+       {"consumer", "NAME", "", "only this consumer (default: all)"},
+       {"batch", "N", "10000", "markers deleted per transaction"},
+       {"json", "", "", "print one JSON object"}}};
+  return c;
+}
+
+int RunPurge(const Args& args) {
+  auto older = ParseDurationMs(args.Get("older-than"));
+  if (!older.ok()) return Fail("purge", older.status());
+  auto batch = args.GetInt("batch");
+  if (!batch.ok()) return Fail("purge", batch.status());
+  auto store = OpenStore(args.Get("store"));
+  if (!store.ok()) return Fail("purge", store.status());
+  int64_t before = Env::Default()->NowMs() - *older;
+  auto n = (*store)->Purge(args.Get("consumer"), before, static_cast<int>(*batch));
+  if (!n.ok()) return Fail("purge", n.status());
+  if (args.Bool("json")) {
+    std::cout << Json().Add("purged", *n).Add("before_ms", before).str() << "\n";
+  } else {
+    std::cout << "purged " << *n << " marker(s) processed before " << before << " ms\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace idem::cli

@@ -1,0 +1,174 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "idem/sqlite/store.h"
+
+namespace idem::cli {
+
+Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
+  Args a;
+  a.cmd_ = &cmd;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      a.help_ = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0 || arg == "--") {
+      a.positional_.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+      has_value = true;
+    }
+    const FlagSpec* spec = nullptr;
+    for (const auto& f : cmd.flags)
+      if (f.name == name) spec = &f;
+    if (spec == nullptr)
+      return Status::InvalidArgument("unknown flag --" + name + " (see idem " + cmd.name + " --help)");
+    if (spec->value.empty()) {
+      if (has_value) return Status::InvalidArgument("flag --" + name + " takes no value");
+      a.values_[name] = "true";
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) return Status::InvalidArgument("flag --" + name + " needs a value (" + spec->value + ")");
+      value = argv[++i];
+    }
+    a.values_[name] = value;
+  }
+  return a;
+}
+
+std::string Args::Get(const std::string& name) const {
+  if (auto it = values_.find(name); it != values_.end()) return it->second;
+  for (const auto& f : cmd_->flags)
+    if (f.name == name) return f.def;
+  return {};
+}
+
+Result<int64_t> Args::GetInt(const std::string& name) const {
+  std::string v = Get(name);
+  char* end = nullptr;
+  errno = 0;
+  long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0)
+    return Status::InvalidArgument("--" + name + " must be an integer, not '" + v + "'");
+  return static_cast<int64_t>(n);
+}
+
+void PrintHelp(const Command& cmd) {
+  std::cout << "usage: idem " << cmd.name << " " << cmd.usage << "\n\n" << cmd.summary << "\n";
+  if (!cmd.flags.empty()) std::cout << "\nflags:\n";
+  for (const auto& f : cmd.flags) {
+    std::string left = "  --" + f.name + (f.value.empty() ? "" : " " + f.value);
+    std::cout << left;
+    std::cout << std::string(left.size() < 28 ? 28 - left.size() : 1, ' ') << f.help;
+    if (!f.def.empty()) std::cout << " (default: " << f.def << ")";
+    std::cout << "\n";
+  }
+  std::cout << "  --help                    show this help\n";
+  std::cout << "\nexit status: 0 ok, 1 a check failed, 2 bad usage, 3 runtime error\n";
+}
+
+int Fail(const std::string& cmd, const Status& s) {
+  std::cerr << "idem " << cmd << ": " << s.ToString() << "\n";
+  return s.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+}
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+void Json::Key(const std::string& key) {
+  if (!body_.empty()) body_ += ",";
+  body_ += JsonString(key) + ":";
+}
+Json& Json::Add(const std::string& key, const std::string& v) {
+  Key(key);
+  body_ += JsonString(v);
+  return *this;
+}
+Json& Json::Add(const std::string& key, int64_t v) {
+  Key(key);
+  body_ += std::to_string(v);
+  return *this;
+}
+Json& Json::Add(const std::string& key, double v) {
+  Key(key);
+  if (!std::isfinite(v)) {
+    body_ += "null";
+  } else {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    body_ += buf;
+  }
+  return *this;
+}
+Json& Json::Add(const std::string& key, bool v) {
+  Key(key);
+  body_ += v ? "true" : "false";
+  return *this;
+}
+Json& Json::AddRaw(const std::string& key, const std::string& json) {
+  Key(key);
+  body_ += json;
+  return *this;
+}
+
+Progress::Progress(std::string label, int64_t total)
+    : label_(std::move(label)), total_(total), tty_(::isatty(STDERR_FILENO) == 1) {}
+Progress::~Progress() { Done(); }
+void Progress::Update(int64_t done) {
+  if (!tty_ || total_ <= 0) return;
+  int pct = static_cast<int>(done * 100 / total_);
+  if (pct == last_pct_) return;
+  last_pct_ = pct;
+  int filled = pct * 30 / 100;
+  std::fprintf(stderr, "\r%s [%s%s] %3d%% (%lld/%lld)", label_.c_str(), std::string(filled, '#').c_str(),
+               std::string(30 - filled, '.').c_str(), pct, static_cast<long long>(done),
+               static_cast<long long>(total_));
+  std::fflush(stderr);
+}
+void Progress::Done() {
+  if (tty_ && !finished_ && last_pct_ >= 0) std::fprintf(stderr, "\n");
+  finished_ = true;
+}
+
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url) {
+  if (url.rfind("postgres", 0) == 0)
+    return Status::InvalidArgument("store '" + url + "': PostgreSQL is not built into this idem yet (use sqlite:PATH)");
+  IDEM_ASSIGN_OR_RETURN(sqlite::Options o, sqlite::ParseUrl(url));
+  return sqlite::Open(o);
+}
+
+}  // namespace idem::cli

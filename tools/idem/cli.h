@@ -1,0 +1,108 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The idem command's small shared parts: declared flags with generated
+// --help, exit codes, a JSON object writer, progress on a terminal.
+#ifndef IDEM_TOOLS_IDEM_CLI_H_
+#define IDEM_TOOLS_IDEM_CLI_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem::cli {
+
+// Exit codes scripts can trust.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;  // ran, but a check failed (demo totals differ)
+inline constexpr int kExitUsage = 2;        // bad flags or arguments
+inline constexpr int kExitError = 3;        // runtime error: unreachable, corrupt, locked, ...
+
+struct FlagSpec {
+  std::string name;   // without "--"
+  std::string value;  // placeholder ("N", "URL"); empty for a boolean flag
+  std::string def;    // default, shown in --help
+  std::string help;
+};
+
+struct Command {
+  std::string name;
+  std::string summary;
+  std::string usage;  // text after "idem <name> "
+  std::vector<FlagSpec> flags;
+};
+
+class Args {
+ public:
+  // Parses argv (after the command name) against the command's flags.
+  // Returns an error naming the unknown flag or missing value.
+  static Result<Args> Parse(const Command& cmd, int argc, char** argv);
+
+  bool help() const { return help_; }
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Get(const std::string& name) const;
+  // InvalidArgument when the value is not an integer.
+  Result<int64_t> GetInt(const std::string& name) const;
+  bool Bool(const std::string& name) const { return Has(name); }
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  const Command* cmd_ = nullptr;
+  bool help_ = false;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+// Prints the command's help to stdout.
+void PrintHelp(const Command& cmd);
+// Prints "idem <cmd>: <status>" to stderr and returns kExitUsage for invalid
+// arguments, kExitError otherwise.
+int Fail(const std::string& cmd, const Status& s);
+
+// One JSON object, fields in insertion order.
+class Json {
+ public:
+  Json& Add(const std::string& key, const std::string& v);
+  Json& Add(const std::string& key, const char* v) { return Add(key, std::string(v)); }
+  Json& Add(const std::string& key, int64_t v);
+  Json& Add(const std::string& key, uint64_t v) { return Add(key, static_cast<int64_t>(v)); }
+  Json& Add(const std::string& key, int v) { return Add(key, static_cast<int64_t>(v)); }
+  Json& Add(const std::string& key, double v);
+  Json& Add(const std::string& key, bool v);
+  Json& AddRaw(const std::string& key, const std::string& json);
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  void Key(const std::string& key);
+  std::string body_;
+};
+std::string JsonString(std::string_view s);
+
+// A one-line progress bar on stderr, only when stderr is a terminal.
+class Progress {
+ public:
+  Progress(std::string label, int64_t total);
+  ~Progress();
+  void Update(int64_t done);
+  void Done();
+
+ private:
+  std::string label_;
+  int64_t total_;
+  bool tty_;
+  bool finished_ = false;
+  int last_pct_ = -1;
+};
+
+// Opens a store from a URL ("sqlite:PATH", a bare path).
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url);
+
+}  // namespace idem::cli
+
+#endif  // IDEM_TOOLS_IDEM_CLI_H_

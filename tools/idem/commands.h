@@ -1,0 +1,29 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The idem command's subcommands. Each has a declaration (flags, help) and a
+// Run function that returns an exit code (see cli.h).
+#ifndef IDEM_TOOLS_IDEM_COMMANDS_H_
+#define IDEM_TOOLS_IDEM_COMMANDS_H_
+
+#include "cli.h"
+
+namespace idem::cli {
+
+const Command& DemoCommand();
+int RunDemo(const Args& args);
+
+const Command& BenchCommand();
+int RunBench(const Args& args);
+
+const Command& SchemaCommand();
+int RunSchema(const Args& args);
+
+const Command& InspectCommand();
+int RunInspect(const Args& args);
+
+const Command& PurgeCommand();
+int RunPurge(const Args& args);
+
+}  // namespace idem::cli
+
+#endif  // IDEM_TOOLS_IDEM_COMMANDS_H_
