@@ -1,9 +1,368 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem bench marker: what the marker costs. In one run on one SQLite file it
+// measures messages per second of the bare business work and of the same work
+// guarded by the marker, side by side (alternating rounds, so both see the
+// same machine noise), with N markers already retained, and prints the ratio.
+// The workload itself is in bench/marker_workload.h, shared with the Google
+// Benchmark target.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "../../bench/marker_workload.h"
 #include "commands.h"
+#include "idem/inbox.h"
+#include "idem/sqlite/store.h"
+
 namespace idem::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr int kRetainChunk = 10'000;   // markers per transaction while pre-populating
+constexpr int kRetainCacheKib = 64 * 1024;
+constexpr int64_t kMaxBatch = 1'000'000;
+
+std::string_view SyncName(sqlite::Synchronous s) {
+  return s == sqlite::Synchronous::kFull ? "full" : s == sqlite::Synchronous::kNormal ? "normal" : "off";
+}
+
+Result<sqlite::Synchronous> ParseSync(const std::string& v) {
+  if (v == "full" || v == "FULL") return sqlite::Synchronous::kFull;
+  if (v == "normal" || v == "NORMAL") return sqlite::Synchronous::kNormal;
+  if (v == "off" || v == "OFF") return sqlite::Synchronous::kOff;
+  return Status::InvalidArgument("--synchronous must be full, normal or off, not '" + v + "'");
+}
+
+Result<double> ParsePositiveDouble(const Args& args, const std::string& name) {
+  std::string v = args.Get(name);
+  char* end = nullptr;
+  errno = 0;
+  double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0)
+    return Status::InvalidArgument("--" + name + " must be a positive number of seconds, not '" + v + "'");
+  return d;
+}
+
+Result<int64_t> IntInRange(const Args& args, const std::string& name, int64_t lo, int64_t hi) {
+  IDEM_ASSIGN_OR_RETURN(int64_t n, args.GetInt(name));
+  if (n < lo || n > hi)
+    return Status::InvalidArgument("--" + name + " must be between " + std::to_string(lo) + " and " +
+                                   std::to_string(hi) + ", not " + std::to_string(n));
+  return n;
+}
+
+std::string Directory(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// How many 4 KiB write + fdatasync cycles the disk holding `dir` completes per
+// second: the ceiling of durable commits (one fdatasync each) per second.
+// Overwrites a preallocated 1 MiB file in place, as SQLite reuses its WAL.
+Result<double> MeasureFsync(const std::string& dir, double seconds) {
+  std::string path = dir + "/.idem-bench-fsync-probe." + std::to_string(::getpid());
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::IoError("fsync probe: cannot create " + path + ": " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    Status s = Status::IoError(std::string("fsync probe: ") + what + " " + path + ": " + std::strerror(errno));
+    ::close(fd);
+    ::unlink(path.c_str());
+    return s;
+  };
+  constexpr int kBlock = 4096, kBlocks = 256;
+  std::vector<char> buf(kBlock, 'i');
+  for (int i = 0; i < kBlocks; ++i)
+    if (::write(fd, buf.data(), kBlock) != kBlock) return fail("write");
+  if (::fsync(fd) != 0) return fail("fsync");
+  int64_t n = 0;
+  auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    buf[0] = static_cast<char>(n);
+    if (::pwrite(fd, buf.data(), kBlock, static_cast<off_t>(n % kBlocks) * kBlock) != kBlock) return fail("write");
+    if (::fdatasync(fd) != 0) return fail("fdatasync");
+    ++n;
+    elapsed = SecondsSince(t0);
+  } while (elapsed < seconds);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return static_cast<double>(n) / elapsed;
+}
+
+struct Side {
+  int64_t messages = 0;
+  double seconds = 0;
+  std::vector<double> rounds;  // messages per second of each round
+  double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
+};
+
+// Runs batches of `batch` fresh messages through `run` for about `seconds`.
+template <typename Run>
+Status Round(bench::IdGenerator& ids, std::vector<Message>& msgs, int64_t batch, double seconds, Side* side,
+             Run&& run) {
+  int64_t n = 0;
+  auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    bench::NextBatch(ids, msgs, static_cast<size_t>(batch));
+    IDEM_RETURN_IF_ERROR(run(std::span<const Message>(msgs)));
+    n += batch;
+    elapsed = SecondsSince(t0);
+  } while (elapsed < seconds);
+  if (side != nullptr) {
+    side->messages += n;
+    side->seconds += elapsed;
+    side->rounds.push_back(static_cast<double>(n) / elapsed);
+  }
+  return Status::OK();
+}
+
+std::string Grouped(double v) {
+  std::string digits = std::to_string(static_cast<int64_t>(std::llround(v)));
+  std::string out;
+  int k = 0;
+  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
+    if (k && k % 3 == 0 && *it != '-') out.insert(out.begin(), ',');
+    out.insert(out.begin(), *it);
+    ++k;
+  }
+  return out;
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string JsonArray(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(std::llround(v[i]));
+  return s + "]";
+}
+
+int RunMarker(const Args& args) {
+  const std::string cmd = "bench marker";
+  // --- flags
+  auto retained = IntInRange(args, "retained", 0, int64_t{1} << 40);
+  if (!retained.ok()) return Fail(cmd, retained.status());
+  auto batch = IntInRange(args, "batch", 1, kMaxBatch);
+  if (!batch.ok()) return Fail(cmd, batch.status());
+  auto rounds = IntInRange(args, "rounds", 1, 1000);
+  if (!rounds.ok()) return Fail(cmd, rounds.status());
+  auto seconds = ParsePositiveDouble(args, "seconds");
+  if (!seconds.ok()) return Fail(cmd, seconds.status());
+  bench::IdKind kind;
+  if (std::string ids = args.Get("ids"); ids == "random") {
+    kind = bench::IdKind::kRandom;
+  } else if (ids == "ordered") {
+    kind = bench::IdKind::kOrdered;
+  } else {
+    return Fail(cmd, Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'"));
+  }
+  const std::string consumer =
+      args.Has("consumer") ? args.Get("consumer") : "bench-" + std::string(bench::IdKindName(kind));
+  if (Status s = ValidateId(consumer); !s.ok()) return Fail(cmd, s.WithContext("--consumer"));
+
+  // --- the store: SQLite only; --synchronous, else the URL's ?synchronous=,
+  // else FULL per message and NORMAL for batches.
+  const std::string url = args.Get("store");
+  if (url.rfind("postgres", 0) == 0)
+    return Fail(cmd, Status::InvalidArgument("store '" + url + "': idem bench marker runs on SQLite only (sqlite:PATH)"));
+  auto opts = sqlite::ParseUrl(url);
+  if (!opts.ok()) return Fail(cmd, opts.status());
+  if (args.Has("synchronous")) {
+    auto sync = ParseSync(args.Get("synchronous"));
+    if (!sync.ok()) return Fail(cmd, sync.status());
+    opts->synchronous = *sync;
+  } else if (url.find("synchronous=") == std::string::npos) {
+    opts->synchronous = *batch == 1 ? sqlite::Synchronous::kFull : sqlite::Synchronous::kNormal;
+  }
+  const bool json = args.Bool("json");
+
+  // --- pre-populate the retained markers on a connection tuned for loading
+  // (no fsync, big cache); the layout is the store's own.
+  int64_t added = 0;
+  double retain_s = 0;
+  {
+    sqlite::Options load = *opts;
+    load.synchronous = sqlite::Synchronous::kOff;
+    load.cache_kib = kRetainCacheKib;
+    auto store = sqlite::Open(load);
+    if (!store.ok()) return Fail(cmd, store.status());
+    if (Status s = bench::PrepareBusinessTable(**store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
+    auto t0 = Clock::now();
+    std::unique_ptr<Progress> bar;
+    auto n = bench::Retain(**store, consumer, kind, *retained, kRetainChunk, [&](int64_t done, int64_t total) {
+      if (!bar) bar = std::make_unique<Progress>("retaining " + std::string(bench::IdKindName(kind)) + " markers", total);
+      bar->Update(done);
+    });
+    if (bar) bar->Done();
+    if (!n.ok()) return Fail(cmd, n.status());
+    added = *n;
+    retain_s = SecondsSince(t0);
+  }
+
+  // --- the measured store, with the durability under test
+  auto store_or = sqlite::Open(*opts);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  auto have = store.CountMarkers(consumer);
+  if (!have.ok()) return Fail(cmd, have.status());
+  auto total_markers = store.CountMarkers("");
+  if (!total_markers.ok()) return Fail(cmd, total_markers.status());
+
+  double fsync_per_s = 0;
+  if (*batch == 1) {
+    auto f = MeasureFsync(Directory(opts->path), 1.0);
+    if (!f.ok()) return Fail(cmd, f.status());
+    fsync_per_s = *f;
+  }
+
+  Inbox inbox(store, {.consumer = consumer});
+  bench::IdGenerator ids(kind, bench::FreshSeed());
+  std::vector<Message> msgs;
+  auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
+  auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
+
+  // A short unmeasured warm-up of each side: statements prepared, caches and
+  // the WAL in their steady state.
+  const double warmup = std::min(0.5, *seconds / 4);
+  if (Status s = Round(ids, msgs, *batch, warmup, nullptr, bare); !s.ok()) return Fail(cmd, s.WithContext("bare"));
+  if (Status s = Round(ids, msgs, *batch, warmup, nullptr, guarded); !s.ok())
+    return Fail(cmd, s.WithContext("guarded"));
+
+  Side b, g;
+  {
+    Progress progress("measuring bare and guarded", 2 * *rounds);
+    for (int64_t r = 0; r < *rounds; ++r) {
+      if (Status s = Round(ids, msgs, *batch, *seconds, &b, bare); !s.ok()) return Fail(cmd, s.WithContext("bare"));
+      progress.Update(2 * r + 1);
+      if (Status s = Round(ids, msgs, *batch, *seconds, &g, guarded); !s.ok())
+        return Fail(cmd, s.WithContext("guarded"));
+      progress.Update(2 * r + 2);
+    }
+  }
+
+  // Leave the business table empty: a later run starts from the same file.
+  if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
+
+  const double bare_ps = b.PerSecond(), guarded_ps = g.PerSecond();
+  const double ratio = guarded_ps > 0 ? bare_ps / guarded_ps : INFINITY;
+  const std::string sync(SyncName(opts->synchronous));
+
+  if (json) {
+    Json j;
+    j.Add("bench", "marker")
+        .Add("store", "sqlite")
+        .Add("path", opts->path)
+        .Add("consumer", consumer)
+        .Add("ids", std::string(bench::IdKindName(kind)))
+        .Add("retained", *have)
+        .Add("retained_requested", *retained)
+        .Add("retained_added", added)
+        .Add("retain_seconds", retain_s)
+        .Add("markers_in_store", *total_markers)
+        .Add("batch", *batch)
+        .Add("synchronous", sync)
+        .Add("cache_kib", opts->cache_kib)
+        .Add("seconds", *seconds)
+        .Add("rounds", *rounds)
+        .Add("warmup_seconds", warmup)
+        .Add("bare_messages", b.messages)
+        .Add("bare_seconds", b.seconds)
+        .Add("bare_per_s", bare_ps)
+        .AddRaw("bare_rounds_per_s", JsonArray(b.rounds))
+        .Add("guarded_messages", g.messages)
+        .Add("guarded_seconds", g.seconds)
+        .Add("guarded_per_s", guarded_ps)
+        .AddRaw("guarded_rounds_per_s", JsonArray(g.rounds))
+        .Add("ratio", ratio);
+    if (*batch == 1) {
+      j.Add("fsync_per_s", fsync_per_s)
+          .Add("bare_per_fsync", bare_ps / fsync_per_s)
+          .Add("guarded_per_fsync", guarded_ps / fsync_per_s);
+    }
+    std::cout << j.str() << "\n";
+    return kExitOk;
+  }
+
+  std::cout << "idem bench marker: " << opts->path << " (sqlite), consumer " << consumer << "\n"
+            << "  " << Grouped(static_cast<double>(*have)) << " retained " << bench::IdKindName(kind) << " markers ("
+            << (added == 0 ? std::string("file reused") : "added " + Grouped(static_cast<double>(added)) + " in " +
+                                                              Fixed(retain_s, 1) + " s")
+            << "), batch " << *batch << (*batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)")
+            << ", synchronous " << sync << "\n"
+            << "  " << *rounds << " round(s) of " << Fixed(*seconds, 2) << " s per side, alternating\n";
+  if (*total_markers > *have)
+    std::cout << "  note: the store holds " << Grouped(static_cast<double>(*total_markers))
+              << " markers in all (other consumers share the table)\n";
+  for (size_t r = 0; r < b.rounds.size(); ++r)
+    std::cout << "  round " << r + 1 << ": bare " << Grouped(b.rounds[r]) << "/s, guarded " << Grouped(g.rounds[r])
+              << "/s\n";
+  std::printf("  bare     %12s msg/s  (%s messages in %.2f s)\n", Grouped(bare_ps).c_str(),
+              Grouped(static_cast<double>(b.messages)).c_str(), b.seconds);
+  std::printf("  guarded  %12s msg/s  (%s messages in %.2f s)\n", Grouped(guarded_ps).c_str(),
+              Grouped(static_cast<double>(g.messages)).c_str(), g.seconds);
+  std::printf("  ratio bare/guarded: %.1fx\n", ratio);
+  if (*batch == 1)
+    std::printf("  disk: %s fdatasync/s (4 KiB); bare %.2f, guarded %.2f messages per fdatasync\n",
+                Grouped(fsync_per_s).c_str(), bare_ps / fsync_per_s, guarded_ps / fsync_per_s);
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
 const Command& BenchCommand() {
-  static const Command c{"bench", "Benchmarks (in progress).", "marker [flags]", {}};
+  static const Command c{
+      "bench",
+      "Measure what exactly-once costs.\n\n"
+      "  marker   messages per second of the bare business work (an INSERT per message, in its own\n"
+      "           transactions) and of the same work guarded by the marker (Inbox::Handle per message,\n"
+      "           Inbox::HandleBatch for batches), side by side in one run on one SQLite file, with N\n"
+      "           markers already retained; prints the ratio bare/guarded. Rounds alternate (bare,\n"
+      "           guarded, bare, ...) so both sides see the same machine noise; every message has a\n"
+      "           fresh id. Per message (--batch 1) it also measures the disk's fdatasync rate.\n"
+      "           The retained markers are written once with the real layout and reused by later runs\n"
+      "           on the same file; the business table bench_payments is emptied after each run.",
+      "marker --store sqlite:PATH [--retained N] [--ids random|ordered] [--batch B] [--json]",
+      {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH); its directory must exist"},
+       {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
+       {"ids", "KIND", "random", "message ids: random (UUIDv4-like) or ordered (time-ordered, UUIDv7-like)"},
+       {"batch", "B", "1", "messages per transaction (1: Inbox::Handle, more: Inbox::HandleBatch)"},
+       {"synchronous", "MODE", "", "full, normal or off (default: full for --batch 1, normal for batches)"},
+       {"seconds", "S", "2", "time per measured round and side"},
+       {"rounds", "R", "3", "measured rounds per side"},
+       {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
+       {"json", "", "", "print one JSON object"}}};
   return c;
 }
-int RunBench(const Args&) { return Fail("bench", Status::Internal("not yet implemented")); }
+
+int RunBench(const Args& args) {
+  const auto& pos = args.positional();
+  if (pos.empty())
+    return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
+  if (pos[0] != "marker")
+    return Fail("bench",
+                Status::InvalidArgument("unknown subcommand '" + pos[0] + "': expected 'marker' (see idem bench --help)"));
+  if (pos.size() > 1)
+    return Fail("bench marker", Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
+  return RunMarker(args);
+}
+
 }  // namespace idem::cli
