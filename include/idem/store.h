@@ -14,6 +14,7 @@
 #define IDEM_STORE_H_
 
 #include <cstdint>
+#include <concepts>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -37,8 +38,8 @@ class Value {
  public:
   Value() = default;  // SQL NULL
   Value(std::nullptr_t) {}  // NOLINT
-  Value(int v) : v_(int64_t{v}) {}  // NOLINT
-  Value(int64_t v) : v_(v) {}  // NOLINT
+  template <std::integral T>
+  Value(T v) : v_(static_cast<int64_t>(v)) {}  // NOLINT: any integer, bool as 0/1
   Value(double v) : v_(v) {}  // NOLINT
   Value(std::string v) : v_(std::move(v)) {}  // NOLINT
   Value(std::string_view v) : v_(std::string(v)) {}  // NOLINT

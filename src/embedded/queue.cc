@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/embedded/queue.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -120,8 +122,12 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      Value p[] = {r.first, r.second};
-      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("DELETE FROM idem_queue_messages WHERE seq = $1 AND lease = $2", p));
+      // The queue name too: a receipt from another queue in the same file
+      // must not delete (and count) that queue's message.
+      Value p[] = {r.first, r.second, o_.queue};
+      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("DELETE FROM idem_queue_messages WHERE seq = $1 AND lease = $2"
+                                                 " AND queue = $3",
+                                                 p));
       if (n == 0) return Status(Code::kLeaseLost, "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already");
       Value q[] = {o_.queue};
       return db_->Exec("UPDATE idem_queue_counters SET acked = acked + 1 WHERE queue = $1", q).status();
@@ -132,9 +138,9 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      Value p[] = {o_.env->NowMs() + std::max<int64_t>(0, delay_ms), r.first, r.second};
+      Value p[] = {o_.env->NowMs() + std::max<int64_t>(0, delay_ms), r.first, r.second, o_.queue};
       IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = NULL"
-                                                 " WHERE seq = $2 AND lease = $3",
+                                                 " WHERE seq = $2 AND lease = $3 AND queue = $4",
                                                  p));
       if (n == 0) return Status(Code::kLeaseLost, "nack of " + d.message.id + ": lease no longer held");
       return Status::OK();
@@ -190,8 +196,15 @@ class SqliteQueue final : public Queue {
                                 " WHERE queue = $1 AND visible_at_ms <= $2 ORDER BY visible_at_ms, seq LIMIT $3",
                                 p));
       for (auto& r : rows.rows) {
-        char token[17];
-        std::snprintf(token, sizeof token, "%016llx", static_cast<unsigned long long>(o_.env->Random()));
+        // The lease token names this delivery: its number (deliveries only
+        // grows) and a random part. The number alone makes a stale receipt
+        // unable to match a later delivery of the same message, even when two
+        // handles draw the same random numbers (two FakeEnvs with one seed,
+        // or processes forked from one parent that share an RNG state).
+        const int64_t delivery = r[5].AsInt() + 1;
+        char token[48];
+        std::snprintf(token, sizeof token, "%lld.%016llx", static_cast<long long>(delivery),
+                      static_cast<unsigned long long>(o_.env->Random()));
         Value u[] = {now + o_.lease_ms, std::string(token), r[0].AsInt()};
         IDEM_RETURN_IF_ERROR(db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = $2,"
                                        " deliveries = deliveries + 1 WHERE seq = $3",
@@ -202,7 +215,7 @@ class SqliteQueue final : public Queue {
         if (!r[2].is_null()) d.message.producer_time_ms = r[2].AsInt();
         d.message.payload = r[3].AsText();
         IDEM_ASSIGN_OR_RETURN(d.message.headers, DecodeHeaders(r[4].AsText()));
-        d.message.attempt = static_cast<int>(r[5].AsInt()) + 1;
+        d.message.attempt = static_cast<int>(delivery);
         d.receipt = std::to_string(r[0].AsInt()) + ":" + token;
         out.push_back(std::move(d));
       }
@@ -295,10 +308,26 @@ Result<QueueOptions> Queue::ParseUrl(std::string_view url) {
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
     auto eq = kv.find('=');
     std::string k(kv.substr(0, eq)), v(eq == std::string_view::npos ? "" : kv.substr(eq + 1));
-    if (k == "queue") o.queue = v;
-    else if (k == "lease_ms") o.lease_ms = std::atoll(v.c_str());
-    else if (k == "durable") o.durable = v != "0" && v != "false";
-    else return Status::InvalidArgument("unknown embedded queue URL option '" + k + "' in '" + std::string(url) + "'");
+    if (k == "queue") {
+      if (v.empty()) return Status::InvalidArgument("embedded queue URL: queue name is empty in '" + std::string(url) + "'");
+      o.queue = v;
+    } else if (k == "lease_ms") {
+      // A positive decimal number, nothing else: "5s" or "abc" must not turn
+      // into a lease of 0 or 5 ms silently.
+      char* end = nullptr;
+      errno = 0;
+      long long n = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || errno != 0 || end == nullptr || *end != '\0' || n < 1)
+        return Status::InvalidArgument("embedded queue URL: lease_ms must be a positive number of milliseconds, not '" +
+                                       v + "'");
+      o.lease_ms = n;
+    } else if (k == "durable") {
+      if (v == "1" || v == "true") o.durable = true;
+      else if (v == "0" || v == "false") o.durable = false;
+      else return Status::InvalidArgument("embedded queue URL: durable must be true or false, not '" + v + "'");
+    } else {
+      return Status::InvalidArgument("unknown embedded queue URL option '" + k + "' in '" + std::string(url) + "'");
+    }
   }
   return o;
 }

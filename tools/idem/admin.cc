@@ -45,15 +45,17 @@ std::string Printable(const std::string& id) {
 }  // namespace
 
 const Command& SchemaCommand() {
-  static const Command c{"schema", "Print the schema version and the tables idem keeps in a store.",
+  static const Command c{"schema",
+                         "Print the schema version and the tables idem keeps in a store; without --store,\n"
+                         "the schema this build creates.",
                          "[--store URL] [--json]",
-                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+                         {{"store", "URL", "", "an existing store (sqlite:PATH)"},
                           {"json", "", "", "print one JSON object"}}};
   return c;
 }
 
 int RunSchema(const Args& args) {
-  auto store = OpenStore(args.Get("store"));
+  auto store = args.Has("store") ? OpenStore(args.Get("store"), false) : OpenStore("sqlite::memory:");
   if (!store.ok()) return Fail("schema", store.status());
   auto info = (*store)->Schema();
   if (!info.ok()) return Fail("schema", info.status());
@@ -85,7 +87,7 @@ const Command& InspectCommand() {
 int RunInspect(const Args& args) {
   auto limit = args.GetInt("limit");
   if (!limit.ok()) return Fail("inspect", limit.status());
-  auto store = OpenStore(args.Get("store"));
+  auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("inspect", store.status());
   std::string consumer = args.Get("consumer");
   auto count = (*store)->CountMarkers(consumer);
@@ -160,7 +162,7 @@ int RunPurge(const Args& args) {
   if (!older.ok()) return Fail("purge", older.status());
   auto batch = args.GetInt("batch");
   if (!batch.ok()) return Fail("purge", batch.status());
-  auto store = OpenStore(args.Get("store"));
+  auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("purge", store.status());
   int64_t before = Env::Default()->NowMs() - *older;
   auto n = (*store)->Purge(args.Get("consumer"), before, static_cast<int>(*batch));

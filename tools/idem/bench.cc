@@ -151,7 +151,10 @@ std::string Fixed(double v, int digits) {
 
 std::string JsonArray(const std::vector<double>& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(std::llround(v[i]));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(std::llround(v[i]));
+  }
   return s + "]";
 }
 
@@ -285,15 +288,15 @@ int RunMarker(const Args& args) {
         .Add("warmup_seconds", warmup)
         .Add("bare_messages", b.messages)
         .Add("bare_seconds", b.seconds)
-        .Add("bare_per_s", bare_ps)
+        .Add("bare_per_s", static_cast<int64_t>(std::llround(bare_ps)))
         .AddRaw("bare_rounds_per_s", JsonArray(b.rounds))
         .Add("guarded_messages", g.messages)
         .Add("guarded_seconds", g.seconds)
-        .Add("guarded_per_s", guarded_ps)
+        .Add("guarded_per_s", static_cast<int64_t>(std::llround(guarded_ps)))
         .AddRaw("guarded_rounds_per_s", JsonArray(g.rounds))
         .Add("ratio", ratio);
     if (*batch == 1) {
-      j.Add("fsync_per_s", fsync_per_s)
+      j.Add("fsync_per_s", static_cast<int64_t>(std::llround(fsync_per_s)))
           .Add("bare_per_fsync", bare_ps / fsync_per_s)
           .Add("guarded_per_fsync", guarded_ps / fsync_per_s);
     }

@@ -164,10 +164,11 @@ void Progress::Done() {
   finished_ = true;
 }
 
-Result<std::unique_ptr<Store>> OpenStore(const std::string& url) {
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create) {
   if (url.rfind("postgres", 0) == 0)
     return Status::InvalidArgument("store '" + url + "': PostgreSQL is not built into this idem yet (use sqlite:PATH)");
   IDEM_ASSIGN_OR_RETURN(sqlite::Options o, sqlite::ParseUrl(url));
+  o.create_if_missing = create;
   return sqlite::Open(o);
 }
 

@@ -100,8 +100,9 @@ class Progress {
   int last_pct_ = -1;
 };
 
-// Opens a store from a URL ("sqlite:PATH", a bare path).
-Result<std::unique_ptr<Store>> OpenStore(const std::string& url);
+// Opens a store from a URL ("sqlite:PATH", a bare path). Without `create`, a
+// missing database file is an error (inspecting must not create one).
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true);
 
 }  // namespace idem::cli
 

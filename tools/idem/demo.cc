@@ -615,6 +615,8 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
+  say("  see what is stored: idem inspect --store sqlite:" + f.store + " --queue 'embedded:" + f.queue +
+      "?queue=payments'");
   return r;
 }
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The idem command end to end: help, the demo's JSON, inspect/purge/schema,
+# and bad input (clear error, the exit code scripts can trust, nothing lost).
+# usage: cli_test.sh IDEM_BINARY
+set -uo pipefail
+IDEM=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+pass=0
+check() {  # check NAME WANT_RC CMD... ; output in $T/out
+  local name=$1 want=$2; shift 2
+  "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL $name: exit $rc, want $want"; sed 's/^/  stdout: /' "$T/out" | head -5; sed 's/^/  stderr: /' "$T/err" | head -5
+    fails=$((fails + 1)); return 1
+  fi
+  pass=$((pass + 1))
+}
+has() {  # has NAME FILE PATTERN
+  if grep -qE -- "$3" "$2"; then pass=$((pass + 1)); else echo "FAIL $1: '$3' not in $2:"; head -5 "$2"; fails=$((fails + 1)); fi
+}
+
+check help 0 "$IDEM" --help
+has help-lists-demo "$T/out" "demo"
+for c in demo bench schema inspect purge; do
+  check "help-$c" 0 "$IDEM" "$c" --help
+  has "help-$c-usage" "$T/out" "usage: idem $c"
+done
+check no-command 2 "$IDEM"
+check unknown-command 2 "$IDEM" frobnicate
+has unknown-command-named "$T/err" "unknown command 'frobnicate'"
+check unknown-flag 2 "$IDEM" demo --frobnicate
+has unknown-flag-named "$T/err" "unknown flag --frobnicate"
+check bad-number 2 "$IDEM" demo --messages many
+has bad-number-named "$T/err" "--messages must be an integer"
+check bad-rate 2 "$IDEM" demo --lost-ack-rate 2
+touch "$T/afile"
+check dir-is-file 2 "$IDEM" demo --dir "$T/afile"
+
+# The demo, small, as JSON: every message charged exactly once.
+check demo-json 0 "$IDEM" demo --dir "$T/demo" --messages 300 --consumers 3 --json
+for f in messages deliveries duplicates_skipped charges charged_cents expected_cents ok; do has "demo-field-$f" "$T/out" "\"$f\":"; done
+has demo-ok "$T/out" '"ok":true'
+has demo-messages "$T/out" '"messages":300,'
+has demo-charges "$T/out" '"charges":300,'
+has demo-no-guard-double "$T/out" '"no_guard_charged_cents":8000'
+has demo-crash-id-first-lost "$T/out" '"scenario":"id-first","kill_point":"demo.between_writes","charges":0'
+has demo-crash-work-first-twice "$T/out" '"scenario":"work-first","kill_point":"demo.between_writes","charges":2'
+# More deliveries than messages: the faults really happened and were absorbed.
+python3 - "$T/out" <<'PY' || fails=$((fails + 1))
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["deliveries"] > d["messages"], d
+assert d["duplicates_skipped"] > 0, d
+assert d["charged_cents"] == d["expected_cents"], d
+assert d["payment_rows"] == d["messages"] == d["markers"], d
+PY
+
+# See and purge what is stored.
+STORE="sqlite:$T/demo/run/payments.db"
+check inspect 0 "$IDEM" inspect --store "$STORE" --consumer payments --limit 3 --json
+has inspect-count "$T/out" '"markers":300'
+check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
+has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
+check schema 0 "$IDEM" schema --store "$STORE" --json
+has schema-version "$T/out" '"version":1'
+check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
+has purge-none "$T/out" '"purged":0'
+check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
+has purge-300 "$T/out" '"purged":300'
+check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
+
+# Bad input: named clearly, exit 3, nothing created.
+check missing-dir 3 "$IDEM" inspect --store "sqlite:$T/no/such/dir/x.db"
+has missing-dir-named "$T/err" "does not exist"
+check missing-file 3 "$IDEM" inspect --store "sqlite:$T/absent.db"
+[ ! -e "$T/absent.db" ] && pass=$((pass + 1)) || { echo "FAIL inspect created a file"; fails=$((fails + 1)); }
+head -c 10000 /dev/urandom >"$T/corrupt.db"
+check corrupt 3 "$IDEM" inspect --store "sqlite:$T/corrupt.db"
+has corrupt-named "$T/err" "not a SQLite database"
+check queue-wrong-schema 3 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/payments.db"
+has queue-wrong-schema-named "$T/err" "not a queue file"
+check postgres-not-built 2 "$IDEM" inspect --store "postgres://127.0.0.1:1/x"
+
+echo "cli: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]
