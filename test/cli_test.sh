@@ -49,14 +49,13 @@ has demo-no-guard-double "$T/out" '"no_guard_charged_cents":8000'
 has demo-crash-id-first-lost "$T/out" '"scenario":"id-first","kill_point":"demo.between_writes","charges":0'
 has demo-crash-work-first-twice "$T/out" '"scenario":"work-first","kill_point":"demo.between_writes","charges":2'
 # More deliveries than messages: the faults really happened and were absorbed.
-python3 - "$T/out" <<'PY' || fails=$((fails + 1))
-import json, sys
-d = json.load(open(sys.argv[1]))
-assert d["deliveries"] > d["messages"], d
-assert d["duplicates_skipped"] > 0, d
-assert d["charged_cents"] == d["expected_cents"], d
-assert d["payment_rows"] == d["messages"] == d["markers"], d
-PY
+num() { grep -Eo "\"$1\":[0-9]+" "$T/out" | head -1 | cut -d: -f2; }
+if [ "$(num deliveries)" -gt "$(num messages)" ] && [ "$(num duplicates_skipped)" -gt 0 ] &&
+   [ "$(num charged_cents)" = "$(num expected_cents)" ] && [ "$(num payment_rows)" = 300 ] && [ "$(num markers)" = 300 ]; then
+  pass=$((pass + 1))
+else
+  echo "FAIL demo totals: $(cat "$T/out")"; fails=$((fails + 1))
+fi
 
 # See and purge what is stored.
 STORE="sqlite:$T/demo/run/payments.db"

@@ -194,6 +194,30 @@ TEST_P(StoreConformance, FailingMessageInABatchDoesNotRollBackTheOthers) {
   EXPECT_EQ(Charges(*store_), 3);
 }
 
+TEST_P(StoreConformance, CopyOfAFailedMessageInTheSameBatchIsNotADuplicate) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  int calls = 0;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+    if (m.id == "x" && ++calls == 1) return Status::Unavailable("first try fails");
+    return Status::OK();
+  };
+  std::vector<Message> batch = {Msg("x"), Msg("y"), Msg("x")};
+  std::vector<Outcome> out = inbox.HandleBatch(batch, h);
+  EXPECT_EQ(out[0].kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(out[1].kind, Outcome::Kind::kApplied);
+  // Acking this copy as a duplicate would lose x: its effect was rolled back.
+  EXPECT_EQ(out[2].kind, Outcome::Kind::kFailed);
+  EXPECT_FALSE(out[2].ShouldAck());
+  EXPECT_EQ(Charges(*store_, "x"), 0);
+  out = inbox.HandleBatch(batch, h);
+  EXPECT_EQ(out[0].kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(out[1].kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(out[2].kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_, "x"), 1);
+  EXPECT_EQ(Charges(*store_), 2);
+}
+
 TEST_P(StoreConformance, ThreadsRacingOnOneMessageApplyItOnce) {
   Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
   for (int msg = 0; msg < 10; ++msg) {

@@ -144,6 +144,9 @@ class StoreTransaction : public Transaction {
   // The same for many markers in one go; element i answers markers[i].
   // Markers later in the span see those earlier in it.
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers);
+  // Removes a marker inserted earlier in this transaction (a batch member
+  // whose handler failed).
+  virtual Status DeleteMarker(std::string_view consumer, std::string_view id) = 0;
   // Records a dead letter (upsert on (consumer, id)).
   virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
 

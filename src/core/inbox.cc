@@ -4,6 +4,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 namespace idem {
 
@@ -65,44 +66,62 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
     for (auto& o : out) o = Failed(s.WithContext("consumer name"));
     return out;
   }
-  // A single message needs no savepoint: its failure rolls back the whole
-  // transaction. In a batch each message gets one, so a failure undoes only
-  // that message's marker and writes.
+  // All markers go in with one call (one statement where the store can), so
+  // a batch costs one round trip for its markers. A single message needs no
+  // savepoint: its failure rolls back the whole transaction. In a batch each
+  // handler runs under a savepoint, so a failure undoes only that message's
+  // writes, and its marker is deleted again.
   const bool batch = messages.size() > 1;
+  const int64_t now = options_.env->NowMs();
+  std::vector<size_t> index;  // markers[k] belongs to messages[index[k]]
+  std::vector<Marker> markers;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (Status s = ValidateId(messages[i].id); !s.ok()) {
+      out[i] = Failed(s);
+      continue;
+    }
+    index.push_back(i);
+    markers.push_back(Marker{options_.consumer, messages[i].id, FingerprintOf(messages[i].payload), now});
+  }
+  if (markers.empty()) {
+    for (auto& o : out) Count(o);
+    return out;
+  }
   std::vector<bool> pending(messages.size(), false);  // applied if the commit succeeds
 
   auto tx_or = store_.Begin();
   if (!tx_or.ok()) {
-    for (auto& o : out) o = Failed(tx_or.status());
+    for (size_t i : index) out[i] = Failed(tx_or.status());
     for (auto& o : out) Count(o);
     return out;
   }
   StoreTransaction& tx = **tx_or;
-  const int64_t now = options_.env->NowMs();
 
   auto abort_all = [&](const Status& s) {
     tx.Rollback();
-    for (size_t j = 0; j < messages.size(); ++j)
-      if (out[j].kind != Outcome::Kind::kFailed || out[j].status.ok()) out[j] = Failed(s);
+    for (size_t i : index)
+      if (out[i].kind != Outcome::Kind::kFailed || out[i].status.ok()) out[i] = Failed(s);
     for (auto& o : out) Count(o);
     return out;
   };
 
-  for (size_t i = 0; i < messages.size(); ++i) {
+  auto existing = tx.InsertMarkers(markers);
+  if (!existing.ok()) return abort_all(existing.status());
+  if (existing->size() != markers.size()) return abort_all(Status::Internal("InsertMarkers answered the wrong count"));
+  std::unordered_set<std::string_view> failed_ids;  // handler failed: its marker is gone again
+
+  for (size_t k = 0; k < markers.size(); ++k) {
+    const size_t i = index[k];
     const Message& m = messages[i];
-    if (Status s = ValidateId(m.id); !s.ok()) {
-      out[i] = Failed(s);
-      continue;
-    }
-    if (batch && i == messages.size() / 2) IDEM_KILL_POINT("inbox.batch_mid");
-    if (batch) {
-      if (Status s = tx.Savepoint(); !s.ok()) return abort_all(s);
-    }
-    Marker marker{options_.consumer, m.id, FingerprintOf(m.payload), now};
-    auto existing = tx.InsertMarker(marker);
-    if (!existing.ok()) return abort_all(existing.status());
-    if (existing->has_value()) {
-      const Fingerprint& stored = **existing;
+    const Marker& marker = markers[k];
+    if (batch && k == markers.size() / 2) IDEM_KILL_POINT("inbox.batch_mid");
+    if ((*existing)[k].has_value()) {
+      if (failed_ids.count(m.id) > 0) {
+        // Its "duplicate" is an earlier copy in this batch whose handler failed.
+        out[i] = Failed(Status::HandlerFailed("an earlier copy of this message in the batch failed"));
+        continue;
+      }
+      const Fingerprint& stored = *(*existing)[k];
       if (stored == marker.fingerprint) {
         out[i].kind = Outcome::Kind::kDuplicate;
       } else {
@@ -115,17 +134,19 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
                           m.attempt, m.payload, now};
         if (Status s = tx.PutDeadLetter(letter); !s.ok()) return abort_all(s);
       }
-      if (batch) {
-        if (Status s = tx.ReleaseSavepoint(); !s.ok()) return abort_all(s);
-      }
       continue;
     }
     IDEM_KILL_POINT("inbox.after_marker");
+    if (batch) {
+      if (Status s = tx.Savepoint(); !s.ok()) return abort_all(s);
+    }
     Status hs = RunHandler(handler, tx, m);
     if (!hs.ok()) {
       out[i] = Failed(hs);
       if (!batch) return abort_all(hs);
       if (Status s = tx.RollbackToSavepoint(); !s.ok()) return abort_all(s);
+      if (Status s = tx.DeleteMarker(options_.consumer, m.id); !s.ok()) return abort_all(s);
+      failed_ids.insert(m.id);
       continue;
     }
     if (batch) {

@@ -67,6 +67,12 @@ class SqliteTransaction final : public StoreTransaction {
     return std::optional<Fingerprint>(ToFingerprint(rows.rows[0][0]));
   }
 
+  Status DeleteMarker(std::string_view consumer, std::string_view id) override {
+    IDEM_RETURN_IF_ERROR(Usable());
+    Value p[] = {std::string(consumer), IdBlob(id)};
+    return conn_->Exec(sqlite_internal::kDeleteMarker, p).status();
+  }
+
   Status PutDeadLetter(const DeadLetter& d) override {
     IDEM_RETURN_IF_ERROR(Usable());
     Value p[] = {d.consumer, IdBlob(d.id), d.reason, d.error, d.attempts, Blob{d.payload}, d.at_ms};
