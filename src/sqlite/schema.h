@@ -6,6 +6,8 @@
 #ifndef IDEM_SRC_SQLITE_SCHEMA_H_
 #define IDEM_SRC_SQLITE_SCHEMA_H_
 
+#include "core/sql_store.h"
+
 namespace idem::sqlite_internal {
 
 // The schema version this build writes and understands.
@@ -15,13 +17,7 @@ inline constexpr const char* kCreateMigrations =
     "CREATE TABLE IF NOT EXISTS idem_migrations("
     " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)";
 
-struct Migration {
-  int version;
-  const char* description;
-  const char* sql;
-};
-
-inline constexpr Migration kMigrations[] = {
+inline constexpr sql_internal::Migration kMigrations[] = {
     {1, "markers, failure counts, dead letters",
      // One row per handled (consumer, message id). The primary key is the
      // arbiter of duplicates and races; the id is a BLOB so it is compared

@@ -1,0 +1,278 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "core/sql_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace idem::sql_internal {
+
+Blob IdBlob(std::string_view id) { return Blob{std::string(id)}; }
+Blob FingerprintBlob(const Fingerprint& fp) {
+  return Blob{std::string(reinterpret_cast<const char*>(fp.data()), fp.size())};
+}
+Fingerprint ToFingerprint(const Value& v) {
+  Fingerprint fp{};
+  std::string bytes = v.AsText();
+  std::memcpy(fp.data(), bytes.data(), std::min(bytes.size(), fp.size()));
+  return fp;
+}
+
+Lease::~Lease() {
+  if (conn_ && store_) store_->Return(std::move(conn_));
+}
+
+// ------------------------------------------------------------ SqlTransaction
+
+Status SqlTransaction::Usable() const {
+  return done_ ? Status::Internal("transaction already committed or rolled back") : Status::OK();
+}
+
+Status SqlTransaction::Script(const char* sql) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return conn_->Script(sql);
+}
+
+Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return conn_->Exec(sql, params);
+}
+
+Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return conn_->Query(sql, params);
+}
+
+Result<std::optional<Fingerprint>> SqlTransaction::InsertMarker(const Marker& m) {
+  IDEM_ASSIGN_OR_RETURN(auto r, InsertMarkers(std::span<const Marker>(&m, 1)));
+  return r.front();
+}
+
+Result<std::vector<std::optional<Fingerprint>>> SqlTransaction::InsertMarkers(std::span<const Marker> markers) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return store_.InsertMarkers(*conn_, markers);
+}
+
+Status SqlTransaction::DeleteMarker(std::string_view consumer, std::string_view id) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  Value p[] = {std::string(consumer), IdBlob(id)};
+  return conn_->Exec(store_.dialect().delete_marker, p).status();
+}
+
+Status SqlTransaction::PutDeadLetter(const DeadLetter& d) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  Value p[] = {d.consumer, IdBlob(d.id), d.reason, d.error, d.attempts, Blob{d.payload}, d.at_ms};
+  return conn_->Exec(store_.dialect().put_dead_letter, p).status();
+}
+
+Status SqlTransaction::RollbackToSavepoint() {
+  IDEM_RETURN_IF_ERROR(Script("ROLLBACK TO SAVEPOINT idem_sp"));
+  return Script("RELEASE SAVEPOINT idem_sp");
+}
+
+Status SqlTransaction::Commit() {
+  IDEM_RETURN_IF_ERROR(Usable());
+  Status s = conn_->Commit();
+  if (s.ok() || s.code() == Code::kInDoubt || !conn_->InTransaction()) {
+    done_ = true;
+    return s;
+  }
+  Rollback();
+  return s;
+}
+
+void SqlTransaction::Rollback() noexcept {
+  if (done_) return;
+  done_ = true;
+  if (conn_->Healthy() && conn_->InTransaction()) (void)conn_->Script("ROLLBACK");
+}
+
+// ------------------------------------------------------------------ SqlStore
+
+SqlStore::SqlStore(const Dialect& dialect, Env* env, int pool_size)
+    : dialect_(dialect), env_(env ? env : Env::Default()), pool_size_(static_cast<size_t>(std::max(1, pool_size))) {}
+
+void SqlStore::Return(std::unique_ptr<Connection> conn) {
+  // Never reuse a connection that is broken or in an unknown state.
+  if (!conn->Healthy() || conn->InTransaction()) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (pool_.size() < pool_size_) pool_.push_back(std::move(conn));
+}
+
+Result<Lease> SqlStore::Take() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    while (!pool_.empty()) {
+      auto c = std::move(pool_.back());
+      pool_.pop_back();
+      if (c->Healthy()) return Lease(this, std::move(c));
+    }
+  }
+  IDEM_ASSIGN_OR_RETURN(auto c, Connect());
+  return Lease(this, std::move(c));
+}
+
+Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() {
+  // A pooled connection may have died since its last use (a server restart):
+  // BEGIN on it fails, nothing was done, so one more try on a new one is safe.
+  for (int attempt = 0;; ++attempt) {
+    IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+    Status s = conn->Script(dialect_.begin);
+    if (s.ok()) return std::unique_ptr<StoreTransaction>(new SqlTransaction(*this, std::move(conn)));
+    if (attempt > 0 || conn->Healthy()) return s;
+  }
+}
+
+Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkers(Connection& c,
+                                                                        std::span<const Marker> markers) {
+  std::vector<std::optional<Fingerprint>> out;
+  out.reserve(markers.size());
+  for (const Marker& m : markers) {
+    Value ins[] = {m.consumer, IdBlob(m.id), FingerprintBlob(m.fingerprint), m.processed_at_ms};
+    IDEM_ASSIGN_OR_RETURN(int64_t changed, c.Exec(dialect_.insert_marker, ins));
+    if (changed == 1) {
+      out.emplace_back();
+      continue;
+    }
+    Value key[] = {m.consumer, IdBlob(m.id)};
+    IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(dialect_.find_marker, key));
+    if (rows.rows.empty()) return Status::Internal("marker insert was ignored but no marker exists");
+    out.emplace_back(ToFingerprint(rows.rows[0][0]));
+  }
+  return out;
+}
+
+Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, std::string_view id) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Value key[] = {std::string(consumer), IdBlob(id)};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.find_marker, key));
+  if (rows.rows.empty()) return std::optional<Marker>();
+  return std::optional<Marker>(
+      Marker{std::string(consumer), std::string(id), ToFingerprint(rows.rows[0][0]), rows.rows[0][1].AsInt()});
+}
+
+Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
+  Value p[] = {std::string(f.consumer), IdBlob(f.message->id), std::string(f.error), f.now_ms};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(dialect_.bump_failure, p));
+  FailureCount count;
+  count.attempts = rows.rows.empty() ? 1 : static_cast<int>(rows.rows[0][0].AsInt());
+  if (f.max_attempts > 0 && count.attempts >= f.max_attempts) {
+    IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(DeadLetter{std::string(f.consumer), f.message->id, "failed",
+                                                      std::string(f.error), count.attempts, f.message->payload,
+                                                      f.now_ms}));
+    count.dead_lettered = true;
+  }
+  IDEM_RETURN_IF_ERROR(tx->Commit());
+  return count;
+}
+
+Status SqlStore::ClearFailures(std::string_view consumer, std::string_view id) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Value p[] = {std::string(consumer), IdBlob(id)};
+  return conn->Exec(dialect_.clear_failure, p).status();
+}
+
+Result<int64_t> SqlStore::Purge(std::string_view consumer, int64_t before_ms, int batch_size) {
+  if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+  int64_t total = 0;
+  for (;;) {
+    IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
+    Value p[] = {before_ms, std::string(consumer), int64_t{batch_size}};
+    IDEM_ASSIGN_OR_RETURN(int64_t n, tx->Exec(dialect_.purge_markers, p));
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+    total += n;
+    if (n < batch_size) return total;
+  }
+}
+
+Result<int64_t> SqlStore::CountMarkers(std::string_view consumer) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Value p[] = {std::string(consumer)};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.count_markers, p));
+  return rows.rows[0][0].AsInt();
+}
+
+Result<std::vector<Marker>> SqlStore::ListMarkers(std::string_view consumer, int limit) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Value p[] = {std::string(consumer), int64_t{limit}};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.list_markers, p));
+  std::vector<Marker> out;
+  for (auto& r : rows.rows) out.push_back(Marker{r[0].AsText(), r[1].AsText(), ToFingerprint(r[2]), r[3].AsInt()});
+  return out;
+}
+
+Result<std::vector<DeadLetter>> SqlStore::ListDeadLetters(std::string_view consumer, int limit) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Value p[] = {std::string(consumer), int64_t{limit}};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.list_dead_letters, p));
+  std::vector<DeadLetter> out;
+  for (auto& r : rows.rows)
+    out.push_back(DeadLetter{r[0].AsText(), r[1].AsText(), r[2].AsText(), r[3].AsText(),
+                             static_cast<int>(r[4].AsInt()), r[5].AsText(), r[6].AsInt()});
+  return out;
+}
+
+Result<Store::SchemaInfo> SqlStore::Schema() {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  IDEM_ASSIGN_OR_RETURN(Rows v, conn->Query("SELECT coalesce(max(version), 0) FROM idem_migrations", {}));
+  SchemaInfo info;
+  info.version = static_cast<int>(v.rows[0][0].AsInt());
+  info.statements.push_back(dialect_.create_migrations);
+  for (const Migration& m : dialect_.migrations) {
+    if (m.version > info.version) break;
+    std::string_view sql = m.sql;
+    while (!sql.empty()) {
+      auto semi = sql.find(';');
+      std::string_view stmt = sql.substr(0, semi);
+      if (!stmt.empty()) info.statements.emplace_back(stmt);
+      if (semi == std::string_view::npos) break;
+      sql.remove_prefix(semi + 1);
+    }
+  }
+  return info;
+}
+
+Status SqlStore::Init(bool create_if_missing, const std::string& name) {
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Connection& c = *conn;
+  IDEM_RETURN_IF_ERROR(c.Script(dialect_.begin).WithContext("migrate " + name));
+  auto fail = [&](Status s) {
+    if (c.Healthy() && c.InTransaction()) (void)c.Script("ROLLBACK");
+    return s.WithContext(name);
+  };
+  if (*dialect_.migration_lock != '\0') {
+    if (auto r = c.Query(dialect_.migration_lock, {}); !r.ok()) return fail(r.status());
+  }
+  auto has = c.Query("SELECT count(*) FROM idem_migrations", {});
+  if (!has.ok()) {
+    // No migrations table. On PostgreSQL the failed SELECT aborted the
+    // transaction, so start over before creating it.
+    if (!create_if_missing)
+      return fail(Status(Code::kSchemaMismatch, "no idem schema here (and creating it is switched off)"));
+    (void)c.Script("ROLLBACK");
+    IDEM_RETURN_IF_ERROR(c.Script(dialect_.begin).WithContext("migrate " + name));
+    if (*dialect_.migration_lock != '\0') {
+      if (auto r = c.Query(dialect_.migration_lock, {}); !r.ok()) return fail(r.status());
+    }
+  }
+  if (Status s = c.Script(dialect_.create_migrations); !s.ok()) return fail(s);
+  auto v = c.Query("SELECT coalesce(max(version), 0) FROM idem_migrations", {});
+  if (!v.ok()) return fail(v.status());
+  int version = static_cast<int>(v->rows[0][0].AsInt());
+  int known = dialect_.migrations.empty() ? 0 : dialect_.migrations.back().version;
+  if (version > known)
+    return fail(Status(Code::kSchemaMismatch, "idem schema version " + std::to_string(version) +
+                                                  " is newer than this build understands (" + std::to_string(known) +
+                                                  "): upgrade idem"));
+  for (const Migration& m : dialect_.migrations) {
+    if (m.version <= version) continue;
+    if (Status s = c.Script(m.sql); !s.ok()) return fail(s.WithContext("migration " + std::to_string(m.version)));
+    Value p[] = {m.version, m.description, env_->NowMs()};
+    auto r = c.Exec("INSERT INTO idem_migrations(version, description, applied_at_ms) VALUES ($1, $2, $3)", p);
+    if (!r.ok()) return fail(r.status());
+  }
+  return c.Commit().WithContext("migrate " + name);
+}
+
+}  // namespace idem::sql_internal

@@ -1,0 +1,158 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Internal: the part of a store that is the same on every SQL database: the
+// connection pool, transactions with savepoints, marker statements, failure
+// counts, dead letters, purge, inspection, migrations. A backend supplies a
+// Connection, a Dialect (its SQL text and migrations) and, where it can do
+// better than one statement per marker, InsertMarkers.
+#ifndef IDEM_SRC_CORE_SQL_STORE_H_
+#define IDEM_SRC_CORE_SQL_STORE_H_
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "idem/env.h"
+#include "idem/store.h"
+
+namespace idem::sql_internal {
+
+// One database connection, used by one thread at a time.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) = 0;
+  virtual Result<Rows> Query(std::string_view sql, std::span<const Value> params) = 0;
+  // SQL without parameters (BEGIN, SAVEPOINT, DDL).
+  virtual Status Script(std::string_view sql) = 0;
+  // COMMIT. Code::kInDoubt when the outcome is unknown (connection lost
+  // while committing).
+  virtual Status Commit() = 0;
+  virtual bool InTransaction() const = 0;
+  // False once the connection is known to be broken (never reuse it).
+  virtual bool Healthy() const = 0;
+  virtual void* Native() = 0;
+};
+
+struct Migration {
+  int version;
+  const char* description;
+  const char* sql;  // statements separated by ';'
+};
+
+// A backend's SQL. Parameters are $1..$n.
+struct Dialect {
+  std::string_view kind;        // "sqlite", "postgres"
+  const char* begin;            // starts a write transaction
+  const char* migration_lock;   // first statement of the migration transaction ("" for none)
+  const char* create_migrations;
+  std::span<const Migration> migrations;
+  const char* insert_marker;    // ($1 consumer, $2 id, $3 fingerprint, $4 at) ON CONFLICT DO NOTHING
+  const char* find_marker;      // ($1 consumer, $2 id) -> fingerprint, processed_at_ms
+  const char* delete_marker;    // ($1 consumer, $2 id)
+  const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
+  const char* count_markers;    // ($1 consumer or '')
+  const char* list_markers;     // ($1 consumer or '', $2 limit)
+  const char* bump_failure;     // ($1, $2, $3 error, $4 at) RETURNING attempts
+  const char* clear_failure;    // ($1, $2)
+  const char* put_dead_letter;  // ($1..$7)
+  const char* list_dead_letters;  // ($1 consumer or '', $2 limit)
+};
+
+Blob IdBlob(std::string_view id);
+Blob FingerprintBlob(const Fingerprint& fp);
+Fingerprint ToFingerprint(const Value& v);
+
+class SqlStore;
+
+// A pooled connection; goes back to the pool when destroyed (unless broken
+// or left inside a transaction).
+class Lease {
+ public:
+  Lease(SqlStore* store, std::unique_ptr<Connection> conn) : store_(store), conn_(std::move(conn)) {}
+  Lease(Lease&&) = default;
+  Lease& operator=(Lease&&) = default;
+  ~Lease();
+  Connection* operator->() const { return conn_.get(); }
+  Connection& operator*() const { return *conn_; }
+
+ private:
+  SqlStore* store_;
+  std::unique_ptr<Connection> conn_;
+};
+
+class SqlTransaction : public StoreTransaction {
+ public:
+  SqlTransaction(SqlStore& store, Lease conn) : store_(store), conn_(std::move(conn)) {}
+  ~SqlTransaction() override { Rollback(); }
+
+  Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) override;
+  Result<Rows> Query(std::string_view sql, std::span<const Value> params) override;
+  void* NativeHandle() override { return conn_->Native(); }
+  Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
+  Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
+  Status DeleteMarker(std::string_view consumer, std::string_view id) override;
+  Status PutDeadLetter(const DeadLetter& d) override;
+  Status Savepoint() override { return Script("SAVEPOINT idem_sp"); }
+  Status ReleaseSavepoint() override { return Script("RELEASE SAVEPOINT idem_sp"); }
+  Status RollbackToSavepoint() override;
+  Status Commit() override;
+  void Rollback() noexcept override;
+
+  Connection& conn() { return *conn_; }
+
+ private:
+  Status Usable() const;
+  Status Script(const char* sql);
+
+  SqlStore& store_;
+  Lease conn_;
+  bool done_ = false;
+};
+
+class SqlStore : public Store {
+ public:
+  SqlStore(const Dialect& dialect, Env* env, int pool_size);
+
+  // Runs the migrations on a first connection (kept in the pool).
+  Status Init(bool create_if_missing, const std::string& name);
+
+  Result<std::unique_ptr<StoreTransaction>> Begin() override;
+  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id) override;
+  Result<FailureCount> RecordFailure(const FailureRecord& failure) override;
+  Status ClearFailures(std::string_view consumer, std::string_view id) override;
+  Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override;
+  Result<int64_t> CountMarkers(std::string_view consumer) override;
+  Result<std::vector<Marker>> ListMarkers(std::string_view consumer, int limit) override;
+  Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view consumer, int limit) override;
+  Result<SchemaInfo> Schema() override;
+  std::string_view Kind() const override { return dialect_.kind; }
+
+  // Backend hooks.
+  virtual Result<std::unique_ptr<Connection>> Connect() = 0;
+  // Default: one insert_marker (and, for a duplicate, one find_marker) per
+  // marker. Later markers see earlier ones.
+  virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(Connection& c,
+                                                                          std::span<const Marker> markers);
+
+  const Dialect& dialect() const { return dialect_; }
+  Env* env() const { return env_; }
+  void Return(std::unique_ptr<Connection> conn);
+
+ protected:
+  Result<Lease> Take();
+
+ private:
+  Dialect dialect_;
+  Env* env_;
+  size_t pool_size_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Connection>> pool_;
+};
+
+}  // namespace idem::sql_internal
+
+#endif  // IDEM_SRC_CORE_SQL_STORE_H_
