@@ -10,6 +10,7 @@
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "sqlite/db.h"
+#include "util/store_conformance.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -171,4 +172,13 @@ TEST(SqliteStore, TwoProcessesRacingOnOneFileApplyEachMessageOnce) {
 }
 
 }  // namespace
+}  // namespace idem::testing
+
+namespace idem::testing {
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"sqlite",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return sqlite::Open({.path = d.File("store.db"), .env = env});
+                                                      }}),
+                         StoreParamName);
 }  // namespace idem::testing

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,28 +27,68 @@ Status Consumer::Run() {
 }
 
 namespace {
+// base * 2^(attempt-1), at most max, plus up to 25% jitter. Saturates instead
+// of overflowing when base or max are huge.
 int64_t Backoff(const ConsumerOptions& o, int attempt, Env* env) {
-  int shift = std::clamp(attempt - 1, 0, 30);
-  int64_t d = std::min<int64_t>(o.backoff_max_ms, o.backoff_base_ms << shift);
-  if (d > 0) d += static_cast<int64_t>(env->Random() % static_cast<uint64_t>(d / 4 + 1));
+  const int shift = std::clamp(attempt - 1, 0, 62);
+  const int64_t base = std::max<int64_t>(0, o.backoff_base_ms);
+  const int64_t max = std::max<int64_t>(0, o.backoff_max_ms);
+  int64_t d = base > (max >> shift) ? max : std::min(max, base << shift);
+  if (d > 0) {
+    const int64_t jitter = static_cast<int64_t>(env->Random() % static_cast<uint64_t>(d / 4 + 1));
+    d = d > std::numeric_limits<int64_t>::max() - jitter ? std::numeric_limits<int64_t>::max() : d + jitter;
+  }
   return d;
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  if (b > 0 && a > std::numeric_limits<int64_t>::max() - b) return std::numeric_limits<int64_t>::max();
+  return a + b;
 }
 }  // namespace
 
+void Consumer::NoteRetryDue(int64_t due_ms) {
+  int64_t cur = retry_due_ms_.load();
+  while (cur < due_ms && !retry_due_ms_.compare_exchange_weak(cur, due_ms)) {
+  }
+}
+
+bool Consumer::IdleDone(int64_t receive_started_ms) {
+  // Another worker may still nack what it holds: it decides for itself when
+  // it comes back idle.
+  if (busy_.load() > 0) return false;
+  // A retry this consumer gave back is not "nothing": wait until a whole
+  // Receive began after it was due. (The check on busy_ comes first: a worker
+  // notes its retry before it stops being busy.)
+  const int64_t due = retry_due_ms_.load();
+  if (receive_started_ms >= due) return true;
+  // Wait on the consumer's own clock too, so that drain mode ends even when
+  // the source keeps another clock.
+  const int64_t now = options_.env->NowMs();
+  if (due > now) options_.env->SleepMs(std::min<int64_t>(due - now, std::max<int64_t>(1, options_.receive_wait_ms)));
+  return false;
+}
+
 void Consumer::Work() {
   std::vector<Message> messages;
+  int receive_errors_in_a_row = 0;
   while (!stopping()) {
+    const int64_t started = options_.env->NowMs();
     auto got = source_.Receive(options_.batch, options_.receive_wait_ms);
     if (!got.ok()) {
       receive_errors_.fetch_add(1, std::memory_order_relaxed);
-      options_.env->SleepMs(Backoff(options_, static_cast<int>(std::min<uint64_t>(receive_errors_.load(), 8)),
-                                    options_.env));
+      // Back off by this worker's run of consecutive errors, not by the
+      // lifetime total: one error after a long healthy stretch waits briefly.
+      receive_errors_in_a_row = std::min(receive_errors_in_a_row + 1, 8);
+      options_.env->SleepMs(Backoff(options_, receive_errors_in_a_row, options_.env));
       continue;
     }
+    receive_errors_in_a_row = 0;
     if (got->empty()) {
-      if (options_.stop_when_idle) return;
+      if (options_.stop_when_idle && IdleDone(started)) return;
       continue;
     }
+    busy_.fetch_add(1);
     received_.fetch_add(got->size(), std::memory_order_relaxed);
     if (stopping()) {
       // Received but not started: give back unacknowledged, at once.
@@ -55,20 +96,23 @@ void Consumer::Work() {
         (void)source_.Nack(d, 0);
         nacked_.fetch_add(1, std::memory_order_relaxed);
       }
+      busy_.fetch_sub(1);
       return;
     }
     if (got->size() == 1) {
       Settle(got->front(), inbox_.Handle(got->front().message, handler_));
-      continue;
+    } else {
+      messages.clear();
+      for (const Delivery& d : *got) messages.push_back(d.message);
+      std::vector<Outcome> outcomes = inbox_.HandleBatch(messages, handler_);
+      BatchFailures batch_failures;
+      for (size_t i = 0; i < outcomes.size(); ++i) Settle((*got)[i], outcomes[i], &batch_failures);
     }
-    messages.clear();
-    for (const Delivery& d : *got) messages.push_back(d.message);
-    std::vector<Outcome> outcomes = inbox_.HandleBatch(messages, handler_);
-    for (size_t i = 0; i < outcomes.size(); ++i) Settle((*got)[i], outcomes[i]);
+    busy_.fetch_sub(1);
   }
 }
 
-void Consumer::Settle(const Delivery& d, const Outcome& o) {
+void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
   auto ack = [&] {
     Status s = source_.Ack(d);
     if (s.ok()) {
@@ -79,34 +123,71 @@ void Consumer::Settle(const Delivery& d, const Outcome& o) {
       ack_errors_.fetch_add(1, std::memory_order_relaxed);
     }
   };
+  auto nack = [&](int attempt) {
+    const int64_t delay = Backoff(options_, attempt, options_.env);
+    NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
+    (void)source_.Nack(d, delay);
+    nacked_.fetch_add(1, std::memory_order_relaxed);
+  };
+  auto forget_failed = [&](const std::string& id) {
+    std::lock_guard<std::mutex> l(failed_mu_);
+    return failed_ids_.erase(id) > 0;
+  };
   if (o.ShouldAck()) {
-    if (o.applied() && d.message.attempt > 1) (void)inbox_.store().ClearFailures(inbox_.consumer(), d.message.id);
+    // The message is done (applied now, or earlier by another delivery): its
+    // failure count, if it has one, is forgotten. A first delivery may need
+    // this too, when another copy of the message failed before; a source
+    // that does not count deliveries (attempt 0) always does.
+    if (o.kind != Outcome::Kind::kConflict) {
+      const bool failed_here = forget_failed(d.message.id);
+      if (failed_here || d.message.attempt != 1) (void)inbox_.store().ClearFailures(inbox_.consumer(), d.message.id);
+    }
     ack();
     return;
   }
   const bool handler_failed = o.status.code() == Code::kHandlerFailed;
   const bool bad_id = o.status.code() == Code::kInvalidArgument && !ValidateId(d.message.id).ok();
   int attempt = std::max(1, d.message.attempt);
+  if (handler_failed && batch_failures != nullptr) {
+    // Another copy of this message in the same batch failed already (the
+    // inbox fails the later copies without running the handler): one
+    // failure, recorded once. The copy shares its fate.
+    if (auto it = batch_failures->find(d.message.id); it != batch_failures->end()) {
+      if (it->second.dead_lettered) {
+        ack();
+        return;
+      }
+      nack(it->second.attempts);
+      return;
+    }
+  }
   if (handler_failed || bad_id) {
     // The failure count is written in a transaction of its own: the handler's
     // rollback has already happened and must not erase it.
     Message keyed = d.message;
     if (bad_id) keyed.id = "(invalid id; receipt " + d.receipt + ")";
-    FailureRecord rec{inbox_.consumer(), &keyed, o.status.ToString(), bad_id ? 1 : options_.max_attempts,
-                      options_.env->NowMs()};
+    // FailureRecord holds views: the error text must outlive the call.
+    const std::string error = o.status.ToString();
+    FailureRecord rec{inbox_.consumer(), &keyed, error, bad_id ? 1 : options_.max_attempts, options_.env->NowMs()};
     auto count = inbox_.store().RecordFailure(rec);
     if (count.ok()) {
       attempt = count->attempts;
+      if (handler_failed && batch_failures != nullptr)
+        (*batch_failures)[d.message.id] = BatchFailure{count->attempts, count->dead_lettered};
       if (count->dead_lettered) {
+        if (!bad_id) forget_failed(d.message.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
         inbox_.NoteDeadLetter();
         ack();
         return;
       }
+      if (!bad_id) {
+        std::lock_guard<std::mutex> l(failed_mu_);
+        failed_ids_.insert(d.message.id);
+      }
     }
   }
-  (void)source_.Nack(d, Backoff(options_, attempt, options_.env));
-  nacked_.fetch_add(1, std::memory_order_relaxed);
+  nack(attempt);
 }
 
 ConsumerStats Consumer::stats() const {

@@ -186,7 +186,7 @@ void Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
       out[i] = Failed(s.WithContext("commit outcome unknown and the marker could not be read (" +
                                     found.status().ToString() + ")"));
     } else if (!found->has_value()) {
-      out[i] = Failed(s.WithContext("commit did not happen (marker absent)"));
+      out[i] = Failed(s.WithContext("no committed marker found after it, so it is treated as not committed and not acknowledged"));
     } else {
       out[i].kind = Outcome::Kind::kApplied;
     }

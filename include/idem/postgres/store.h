@@ -1,0 +1,51 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The PostgreSQL store: markers and business data in one PostgreSQL
+// database, one local transaction for both (READ COMMITTED). The unique key on
+// (consumer, id) settles races between processes on many machines: a second
+// insert of the same id waits for the first transaction and then sees a
+// duplicate (it committed) or inserts (it rolled back).
+//
+// Thread safety: the Store is safe from many threads; each transaction gets
+// its own connection from a small pool.
+#ifndef IDEM_POSTGRES_STORE_H_
+#define IDEM_POSTGRES_STORE_H_
+
+#include <memory>
+#include <string>
+
+#include "idem/env.h"
+#include "idem/result.h"
+#include "idem/store.h"
+
+namespace idem::postgres {
+
+struct Options {
+  // Where to connect: "postgres://user:password@host:port/db?sslmode=disable",
+  // libpq "key=value" pairs, or "" to use libpq's environment variables
+  // (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...). Default: "".
+  std::string url;
+  // Idle connections kept for reuse. More are opened under load and closed
+  // when returned. Default: 8.
+  int pool_size = 8;
+  // Seconds to wait for a connection before Code::kUnavailable. Default: 5.
+  int connect_timeout_s = 5;
+  // Create idem's tables when missing. Default: true. When false, a database
+  // without idem's schema is Code::kSchemaMismatch.
+  bool create_if_missing = true;
+  // Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// Connects, then creates or migrates idem's tables (serialised between
+// processes by an advisory lock). Errors: kUnavailable (unreachable server,
+// wrong password, no such database), kSchemaMismatch (newer schema, or none
+// with create_if_missing off).
+Result<std::unique_ptr<Store>> Open(const Options& options);
+
+// Whether `url` names a PostgreSQL store ("postgres://" or "postgresql://").
+bool IsUrl(std::string_view url);
+
+}  // namespace idem::postgres
+
+#endif  // IDEM_POSTGRES_STORE_H_

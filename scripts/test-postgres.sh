@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 cluster for the tests: initdb in a temporary
+# directory, listening only on 127.0.0.1 at an unusual port, fsync on; stopped
+# by the postmaster's PID.
+#   test-postgres.sh start STATE_DIR PORT   -> prints the URL; writes STATE_DIR/url, STATE_DIR/pid
+#   test-postgres.sh stop STATE_DIR
+# Roles: "postgres" (trust) and "idem_pw" (password "secret", scram), for the
+# wrong-password test. Databases: idem_test.
+set -euo pipefail
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+RUN_USER=${PG_RUN_USER:-postgres}   # postgres refuses to run as root
+
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u "$RUN_USER" -- "$@"; else "$@"; fi; }
+
+start() {
+  local state=$1 port=$2
+  [ -x "$PG_BIN/initdb" ] || { echo "test-postgres: no initdb under $PG_BIN (apt-get install postgresql)" >&2; exit 3; }
+  if [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; then
+    echo "test-postgres: already running (pid $(cat "$state/pid"))" >&2
+    cat "$state/url"; return 0
+  fi
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "test-postgres: port $port on 127.0.0.1 is already in use (set IDEM_TEST_PG_PORT)" >&2; exit 3
+  fi
+  rm -rf "$state"; mkdir -p "$state"
+  local base; base=$(mktemp -d "${TMPDIR:-/tmp}/idem-pg.XXXXXX")
+  chmod 755 "$base"; mkdir -p "$base/data" "$base/sock"
+  [ "$(id -u)" = 0 ] && chown "$RUN_USER" "$base/data" "$base/sock"
+  echo "$base" >"$state/base"
+  as_pg "$PG_BIN/initdb" -D "$base/data" -U postgres --auth=trust -E UTF8 --locale=C >"$state/initdb.log" 2>&1 \
+    || { cat "$state/initdb.log" >&2; exit 3; }
+  cat >>"$base/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$base/sock'
+fsync = on
+synchronous_commit = on
+max_connections = 100
+password_encryption = scram-sha-256
+CONF
+  cat >"$base/data/pg_hba.conf" <<HBA
+local all all trust
+host all idem_pw 127.0.0.1/32 scram-sha-256
+host all all 127.0.0.1/32 trust
+HBA
+  as_pg "$PG_BIN/pg_ctl" -D "$base/data" -l "$base/sock/server.log" -w -t 60 start >/dev/null \
+    || { cat "$base/sock/server.log" >&2; exit 3; }
+  head -1 "$base/data/postmaster.pid" >"$state/pid"
+  "$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 \
+    -c "CREATE DATABASE idem_test" -c "CREATE ROLE idem_pw LOGIN PASSWORD 'secret' SUPERUSER" >/dev/null
+  echo "postgres://postgres@127.0.0.1:$port/idem_test" >"$state/url"
+  echo "test-postgres: pid $(cat "$state/pid") on 127.0.0.1:$port, data in $base" >&2
+  cat "$state/url"
+}
+
+stop() {
+  local state=$1
+  [ -f "$state/pid" ] || { echo "test-postgres: not running" >&2; return 0; }
+  local pid; pid=$(cat "$state/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -INT "$pid"   # fast shutdown, sent to the postmaster we started
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  local base; base=$(cat "$state/base" 2>/dev/null || true)
+  case "$base" in */idem-pg.*) rm -rf "$base" ;; esac
+  rm -f "$state/pid"
+  echo "test-postgres: stopped" >&2
+}
+
+case "${1:-}" in
+  start) start "$2" "$3" ;;
+  stop) stop "$2" ;;
+  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,218 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "postgres/pg.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace idem::pg_internal {
+namespace {
+
+// Type OIDs from pg_type.h (stable across versions).
+constexpr Oid kBoolOid = 16, kByteaOid = 17, kInt8Oid = 20, kInt2Oid = 21, kInt4Oid = 23, kOidOid = 26,
+              kFloat4Oid = 700, kFloat8Oid = 701, kNumericOid = 1700;
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+Code CodeForSqlState(std::string_view st) {
+  if (st.size() != 5) return Code::kUnavailable;  // no SQLSTATE: the connection failed
+  if (st == "23505") return Code::kDuplicate;
+  if (st == "40001" || st == "40P01") return Code::kRetryable;  // serialization failure, deadlock
+  if (st == "55P03") return Code::kBusy;                        // lock not available
+  if (st == "57014") return Code::kAborted;                     // query canceled
+  if (st == "25P02") return Code::kAborted;                     // in failed transaction
+  if (st == "53300") return Code::kUnavailable;                 // too many connections
+  if (st == "3D000") return Code::kUnavailable;                 // database does not exist
+  if (st == "XX001" || st == "XX002") return Code::kCorruption;
+  std::string_view cls = st.substr(0, 2);
+  if (cls == "08") return Code::kUnavailable;  // connection exception
+  if (cls == "57") return Code::kUnavailable;  // operator intervention: admin shutdown, crash
+  if (cls == "28") return Code::kUnavailable;  // invalid authorization
+  if (cls == "53") return Code::kRetryable;    // insufficient resources
+  if (cls == "58") return Code::kIoError;      // system error
+  if (cls == "40") return Code::kRetryable;
+  if (cls == "22" || cls == "23" || cls == "42" || cls == "0A" || cls == "2B" || cls == "21")
+    return Code::kInvalidArgument;
+  if (cls == "XX") return Code::kInternal;
+  return Code::kInternal;
+}
+
+Status Translate(const PGresult* res, PGconn* conn, std::string_view what) {
+  if (res != nullptr) {
+    ExecStatusType st = PQresultStatus(res);
+    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK || st == PGRES_SINGLE_TUPLE || st == PGRES_EMPTY_QUERY)
+      return Status::OK();
+  }
+  const char* state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+  std::string m(what);
+  m += ": ";
+  std::string detail = res ? PQresultErrorMessage(res) : "";
+  if (detail.empty() && conn != nullptr) detail = PQerrorMessage(conn);
+  if (detail.empty()) detail = "no result from the server";
+  m += Trim(detail);
+  if (state != nullptr) {
+    m += " (SQLSTATE ";
+    m += state;
+    m += ")";
+  }
+  Code code = CodeForSqlState(state ? state : "");
+  if (state == nullptr && conn != nullptr && PQstatus(conn) == CONNECTION_BAD) {
+    code = Code::kUnavailable;
+    m += " (connection lost)";
+  }
+  return Status(code, std::move(m));
+}
+
+Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int connect_timeout_s) {
+  std::string timeout = std::to_string(connect_timeout_s > 0 ? connect_timeout_s : 5);
+  // Expand the URL or key=value string, then add our defaults for anything
+  // it does not set (a URL's own connect_timeout wins).
+  const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
+  const char* vals[] = {conninfo.c_str(), timeout.c_str(), "idem", nullptr};
+  PGconn* c = PQconnectdbParams(keys, vals, /*expand_dbname=*/1);
+  std::unique_ptr<Conn> conn(new Conn(c));
+  if (c == nullptr) return Status::Unavailable("PostgreSQL: out of memory creating a connection");
+  if (PQstatus(c) != CONNECTION_OK) {
+    std::string where = conninfo.empty() ? "(PG* environment)" : conninfo;
+    // Never echo a password back.
+    if (auto at = where.find('@'); at != std::string::npos && where.rfind("://", at) != std::string::npos) {
+      auto colon = where.find(':', where.find("://") + 3);
+      if (colon != std::string::npos && colon < at) where.replace(colon + 1, at - colon - 1, "***");
+    }
+    return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + Trim(PQerrorMessage(c)));
+  }
+  // Notices (e.g. "relation already exists, skipping") are not for stderr.
+  PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+  return conn;
+}
+
+Conn::~Conn() {
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+bool Conn::in_transaction() const {
+  PGTransactionStatusType t = PQtransactionStatus(conn_);
+  return t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
+}
+
+Status Conn::Script(std::string_view sql) {
+  std::string s(sql);
+  ResultPtr r(PQexec(conn_, s.c_str()));
+  return Translate(r.get(), conn_, s.size() > 80 ? s.substr(0, 80) + "..." : s);
+}
+
+Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
+  const int n = static_cast<int>(params.size());
+  std::vector<Oid> types(n, 0);
+  std::vector<std::string> text(n);
+  std::vector<const char*> values(n, nullptr);
+  std::vector<int> lengths(n, 0), formats(n, 0);
+  std::string sig;
+  for (int i = 0; i < n; ++i) {
+    const auto& v = params[i].raw();
+    if (std::holds_alternative<std::monostate>(v)) {
+      sig += 'n';
+    } else if (auto* x = std::get_if<int64_t>(&v)) {
+      types[i] = kInt8Oid;
+      text[i] = std::to_string(*x);
+      values[i] = text[i].c_str();
+      sig += 'i';
+    } else if (auto* d = std::get_if<double>(&v)) {
+      types[i] = kFloat8Oid;
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", *d);
+      text[i] = buf;
+      values[i] = text[i].c_str();
+      sig += 'd';
+    } else if (auto* s = std::get_if<std::string>(&v)) {
+      if (s->find('\0') != std::string::npos)
+        return Status::InvalidArgument("parameter $" + std::to_string(i + 1) +
+                                       " is text with a NUL byte; pass it as idem::Blob");
+      values[i] = s->c_str();
+      sig += 's';
+    } else if (auto* b = std::get_if<Blob>(&v)) {
+      types[i] = kByteaOid;
+      values[i] = b->bytes.data();
+      lengths[i] = static_cast<int>(b->bytes.size());
+      formats[i] = 1;
+      sig += 'b';
+    }
+  }
+  // Prepared once per (SQL, parameter kinds); NULLs match any kind.
+  std::string key = std::string(sql) + '\x1f' + sig;
+  auto it = prepared_.find(key);
+  if (it == prepared_.end()) {
+    std::string name = "idem_" + std::to_string(prepared_.size() + 1);
+    std::string text_sql(sql);
+    ResultPtr r(PQprepare(conn_, name.c_str(), text_sql.c_str(), n, types.data()));
+    IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "prepare: " + text_sql.substr(0, 120)));
+    it = prepared_.emplace(key, name).first;
+  }
+  ResultPtr r(PQexecPrepared(conn_, it->second.c_str(), n, values.data(), lengths.data(), formats.data(), 0));
+  IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, sql.substr(0, 120)));
+  return r;
+}
+
+Result<Rows> Conn::Query(std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(ResultPtr r, Exec(sql, params));
+  return ToRows(r.get());
+}
+
+Result<int64_t> Conn::Affected(std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(ResultPtr r, Exec(sql, params));
+  const char* n = PQcmdTuples(r.get());
+  return static_cast<int64_t>(n && *n ? std::atoll(n) : 0);
+}
+
+Rows ToRows(const PGresult* res) {
+  Rows rows;
+  const int nf = PQnfields(res), nt = PQntuples(res);
+  for (int f = 0; f < nf; ++f) rows.columns.emplace_back(PQfname(res, f));
+  rows.rows.reserve(nt);
+  for (int t = 0; t < nt; ++t) {
+    std::vector<Value> row;
+    row.reserve(nf);
+    for (int f = 0; f < nf; ++f) {
+      if (PQgetisnull(res, t, f)) {
+        row.emplace_back();
+        continue;
+      }
+      const char* v = PQgetvalue(res, t, f);
+      switch (PQftype(res, f)) {
+        case kInt8Oid:
+        case kInt4Oid:
+        case kInt2Oid:
+        case kOidOid:
+          row.emplace_back(static_cast<int64_t>(std::atoll(v)));
+          break;
+        case kFloat4Oid:
+        case kFloat8Oid:
+        case kNumericOid:
+          row.emplace_back(std::strtod(v, nullptr));
+          break;
+        case kBoolOid:
+          row.emplace_back(static_cast<int64_t>(v[0] == 't'));
+          break;
+        case kByteaOid: {
+          size_t len = 0;
+          unsigned char* raw = PQunescapeBytea(reinterpret_cast<const unsigned char*>(v), &len);
+          row.emplace_back(Blob{std::string(reinterpret_cast<char*>(raw), len)});
+          PQfreemem(raw);
+          break;
+        }
+        default:
+          row.emplace_back(std::string(v, PQgetlength(res, t, f)));
+      }
+    }
+    rows.rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace idem::pg_internal

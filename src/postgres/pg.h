@@ -1,0 +1,67 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Internal: RAII wrappers over libpq. Never included from a public header.
+#ifndef IDEM_SRC_POSTGRES_PG_H_
+#define IDEM_SRC_POSTGRES_PG_H_
+
+#include <libpq-fe.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "idem/result.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem::pg_internal {
+
+// The one place where SQLSTATE codes become idem codes.
+Code CodeForSqlState(std::string_view sqlstate);
+// A failed result (or none: the connection died) as a Status. `what` says
+// what was being done.
+Status Translate(const PGresult* res, PGconn* conn, std::string_view what);
+
+struct ResultDeleter {
+  void operator()(PGresult* r) const noexcept { PQclear(r); }
+};
+using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
+
+// One connection with a cache of prepared statements. One thread at a time.
+class Conn {
+ public:
+  // `conninfo`: a postgres:// URL, key=value pairs, or "" (libpq's PG*
+  // environment variables). Errors: kUnavailable naming the server and
+  // libpq's reason (refused, timeout, wrong password, no such database).
+  static Result<std::unique_ptr<Conn>> Connect(const std::string& conninfo, int connect_timeout_s);
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  PGconn* raw() const { return conn_; }
+  bool healthy() const { return PQstatus(conn_) == CONNECTION_OK; }
+  bool in_transaction() const;
+
+  // Runs SQL without parameters (may hold several statements).
+  Status Script(std::string_view sql);
+  // A statement with $1..$n parameters, prepared once per connection. The
+  // result is kept; rows/affected are read from it.
+  Result<ResultPtr> Exec(std::string_view sql, std::span<const Value> params);
+  Result<Rows> Query(std::string_view sql, std::span<const Value> params);
+  Result<int64_t> Affected(std::string_view sql, std::span<const Value> params);
+
+ private:
+  explicit Conn(PGconn* c) : conn_(c) {}
+  PGconn* conn_;
+  std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
+};
+
+// Decodes every row of a text-format result into Values (bytea -> Blob,
+// integers -> int, floats -> double, bool -> 0/1, the rest -> text).
+Rows ToRows(const PGresult* res);
+
+}  // namespace idem::pg_internal
+
+#endif  // IDEM_SRC_POSTGRES_PG_H_

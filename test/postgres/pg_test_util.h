@@ -1,0 +1,60 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The PostgreSQL test server (started by the CTest fixture "postgres", see
+// scripts/test-postgres.sh) and fresh schemas on it, one per test.
+#ifndef IDEM_TEST_POSTGRES_PG_TEST_UTIL_H_
+#define IDEM_TEST_POSTGRES_PG_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "idem/postgres/store.h"
+
+namespace idem::testing {
+
+// The server's URL. A missing server is a failure, never a skip.
+inline std::string PgUrl() {
+  const char* url = std::getenv("IDEM_TEST_PG_URL");
+  if (url == nullptr || *url == '\0') {
+    ADD_FAILURE() << "IDEM_TEST_PG_URL is not set: run the tests with ctest (its fixture starts PostgreSQL) or ./run test";
+    return "postgres://127.0.0.1:1/none";
+  }
+  return url;
+}
+
+// Runs SQL on the test server as the admin; returns the error text or "".
+inline std::string PgAdmin(const std::string& sql, const std::string& url = PgUrl()) {
+  PGconn* c = PQconnectdb(url.c_str());
+  std::string err;
+  if (PQstatus(c) != CONNECTION_OK) {
+    err = PQerrorMessage(c);
+  } else {
+    PGresult* r = PQexec(c, sql.c_str());
+    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) err = PQerrorMessage(c);
+    PQclear(r);
+  }
+  PQfinish(c);
+  return err;
+}
+
+// A URL whose connections use a fresh, empty schema (search_path), so tests
+// running at once never see each other's tables.
+inline std::string FreshSchemaUrl() {
+  static std::atomic<int> counter{0};
+  std::string schema = "t_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+  std::string err = PgAdmin("DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema);
+  EXPECT_EQ(err, "");
+  std::string url = PgUrl();
+  url += url.find('?') == std::string::npos ? "?" : "&";
+  url += "options=-csearch_path%3D" + schema;
+  return url;
+}
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TEST_POSTGRES_PG_TEST_UTIL_H_

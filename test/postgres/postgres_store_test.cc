@@ -1,0 +1,361 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The PostgreSQL store on a real server (127.0.0.1, started by the CTest
+// fixture): the conformance suite, plus what only a server has: races
+// between connections in both orders, a connection lost at COMMIT, a backend
+// killed mid-batch, bad connection strings, concurrent purges.
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "idem/inbox.h"
+#include "idem/postgres/store.h"
+#include "postgres/pg.h"
+#include "postgres/pg_test_util.h"
+#include "util/store_conformance.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"postgres",
+                                                      [](const TempDir&, Env* env) {
+                                                        return postgres::Open({.url = FreshSchemaUrl(), .env = env});
+                                                      }}),
+                         StoreParamName);
+
+namespace {
+
+TEST(PostgresErrors, SqlStateTranslationTable) {
+  using pg_internal::CodeForSqlState;
+  struct Row {
+    const char* state;
+    Code code;
+  } rows[] = {
+      {"23505", Code::kDuplicate},       {"23502", Code::kInvalidArgument}, {"40001", Code::kRetryable},
+      {"40P01", Code::kRetryable},       {"08006", Code::kUnavailable},     {"08001", Code::kUnavailable},
+      {"57P01", Code::kUnavailable},     {"57P03", Code::kUnavailable},     {"53300", Code::kUnavailable},
+      {"53200", Code::kRetryable},       {"55P03", Code::kBusy},            {"57014", Code::kAborted},
+      {"25P02", Code::kAborted},         {"42P01", Code::kInvalidArgument}, {"42601", Code::kInvalidArgument},
+      {"22P02", Code::kInvalidArgument}, {"28P01", Code::kUnavailable},     {"3D000", Code::kUnavailable},
+      {"XX001", Code::kCorruption},      {"58030", Code::kIoError},         {"XX000", Code::kInternal},
+      {"", Code::kUnavailable},
+  };
+  for (const Row& r : rows) EXPECT_EQ(CodeForSqlState(r.state), r.code) << r.state;
+}
+
+class Postgres : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = FreshSchemaUrl();
+    auto s = postgres::Open({.url = url_});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    ASSERT_TRUE(CreatePayments(*store_).ok());
+  }
+  static int BackendPid(Transaction& tx) {
+    auto r = tx.Query("SELECT pg_backend_pid()");
+    return r.ok() ? static_cast<int>(r->rows[0][0].AsInt()) : -1;
+  }
+  // Terminates a backend and waits (bounded) until it is gone.
+  static void Terminate(int pid) {
+    EXPECT_EQ(PgAdmin("SELECT pg_terminate_backend(" + std::to_string(pid) + ")"), "");
+    for (int i = 0; i < 500; ++i) {
+      PGconn* c = PQconnectdb(PgUrl().c_str());
+      PGresult* r = PQexec(c, ("SELECT 1 FROM pg_stat_activity WHERE pid = " + std::to_string(pid)).c_str());
+      bool gone = PQntuples(r) == 0;
+      PQclear(r);
+      PQfinish(c);
+      if (gone) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "backend " << pid << " still alive";
+  }
+  // Waits (bounded) until some backend of this test waits on a lock.
+  static bool SomeoneWaitsOnALock() {
+    for (int i = 0; i < 1000; ++i) {
+      PGconn* c = PQconnectdb(PgUrl().c_str());
+      PGresult* r = PQexec(c, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                              " AND query LIKE '%idem_markers%'");
+      bool waiting = PQntuples(r) > 0;
+      PQclear(r);
+      PQfinish(c);
+      if (waiting) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  std::string url_;
+  std::unique_ptr<Store> store_;
+};
+
+// Two consumers race on one message. The second insert waits for the first
+// transaction; then it sees a duplicate (first committed) or applies the
+// work itself (first rolled back). Both orders, driven explicitly.
+TEST_F(Postgres, RaceSecondWaitsThenSeesDuplicateOrApplies) {
+  for (bool first_commits : {true, false}) {
+    SCOPED_TRACE(first_commits ? "first commits" : "first rolls back");
+    Inbox inbox(*store_, {.consumer = first_commits ? "commit-order" : "rollback-order"});
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false, in_handler = false;
+    Outcome a, b;
+    std::thread ta([&] {
+      a = inbox.Handle(Msg("race"), [&](Transaction& tx, const Message& m) -> Status {
+        IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+        std::unique_lock<std::mutex> l(mu);
+        in_handler = true;
+        cv.notify_all();
+        cv.wait(l, [&] { return release; });
+        return first_commits ? Status::OK() : Status::Unavailable("first consumer fails");
+      });
+    });
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return in_handler; });
+    }
+    std::thread tb([&] { b = inbox.Handle(Msg("race"), ChargeHandler()); });
+    EXPECT_TRUE(SomeoneWaitsOnALock());  // B's marker insert is blocked by A's
+    {
+      std::lock_guard<std::mutex> l(mu);
+      release = true;
+    }
+    cv.notify_all();
+    ta.join();
+    tb.join();
+    if (first_commits) {
+      EXPECT_EQ(a.kind, Outcome::Kind::kApplied) << a.ToString();
+      EXPECT_EQ(b.kind, Outcome::Kind::kDuplicate) << b.ToString();
+    } else {
+      EXPECT_EQ(a.kind, Outcome::Kind::kFailed) << a.ToString();
+      EXPECT_EQ(b.kind, Outcome::Kind::kApplied) << b.ToString();
+    }
+  }
+  EXPECT_EQ(Charges(*store_, "race"), 2);  // one per consumer name
+}
+
+// The backend dies after the handler's writes, before COMMIT: the outcome is
+// in doubt, the marker is read back (absent), nothing is acknowledged, and
+// the redelivery applies the work once.
+TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  int pid = -1;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    pid = BackendPid(tx);
+    return ChargeHandler()(tx, m);
+  };
+  ArmKillPoint("inbox.after_work", 1, [&] { Terminate(pid); });
+  Outcome o = inbox.Handle(Msg("m-7f3"), h);
+  DisarmKillPoints();
+  EXPECT_EQ(o.kind, Outcome::Kind::kFailed) << o.ToString();
+  EXPECT_TRUE(o.status.code() == Code::kInDoubt || o.status.code() == Code::kUnavailable) << o.status;
+  EXPECT_FALSE(o.ShouldAck());
+  auto marker = store_->FindMarker("payments", "m-7f3");
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  EXPECT_FALSE(marker->has_value());
+  EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 1);
+}
+
+// The connection is cut after COMMIT was sent: the server commits but the
+// client never hears it. Whatever the client concludes, it acknowledges only
+// if the marker is committed, and the redelivery never applies twice.
+TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  for (int i = 0; i < 5; ++i) {
+    std::string id = "cut-" + std::to_string(i);
+    PGconn* conn = nullptr;
+    Handler h = [&](Transaction& tx, const Message& m) -> Status {
+      conn = static_cast<PGconn*>(tx.NativeHandle());
+      return ChargeHandler()(tx, m);
+    };
+    ArmKillPoint("postgres.commit_sent", 1, [&] { ::shutdown(PQsocket(conn), SHUT_RDWR); });
+    Outcome o = inbox.Handle(Msg(id), h);
+    DisarmKillPoints();
+    auto marker = store_->FindMarker("payments", id);
+    ASSERT_TRUE(marker.ok());
+    std::cerr << "cut after COMMIT sent: " << o.ToString() << ", marker " << (marker->has_value() ? "present" : "absent") << "\n";
+    if (o.ShouldAck()) EXPECT_TRUE(marker->has_value()) << o.ToString();
+    if (!o.ShouldAck()) EXPECT_TRUE(o.status.code() == Code::kInDoubt || o.status.code() == Code::kUnavailable) << o.status;
+    // Redelivered until acknowledged: exactly one effect.
+    for (int d = 0; d < 2; ++d) inbox.Handle(Msg(id), ChargeHandler());
+    EXPECT_EQ(Charges(*store_, id), 1);
+  }
+}
+
+// The backend dies in the middle of a batch: nothing of it is committed or
+// acknowledged, and the redelivered batch applies every message once.
+TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  std::vector<Message> batch;
+  for (int i = 0; i < 10; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
+  int pid = -1;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    if (pid < 0) pid = BackendPid(tx);
+    return ChargeHandler()(tx, m);
+  };
+  ArmKillPoint("inbox.batch_mid", 1, [&] { Terminate(pid); });
+  std::vector<Outcome> out = inbox.HandleBatch(batch, h);
+  DisarmKillPoints();
+  for (const Outcome& o : out) {
+    EXPECT_FALSE(o.ShouldAck()) << o.ToString();
+    EXPECT_TRUE(o.status.code() == Code::kUnavailable || o.status.code() == Code::kInDoubt ||
+                o.status.code() == Code::kHandlerFailed)
+        << o.status;
+  }
+  EXPECT_EQ(Charges(*store_), 0);
+  for (int round = 0; round < 2; ++round)
+    for (const Outcome& o : inbox.HandleBatch(batch, ChargeHandler()))
+      EXPECT_EQ(o.kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << o.ToString();
+  EXPECT_EQ(Charges(*store_), 10);
+}
+
+// A pooled connection whose backend went away (a server restart, as the
+// client sees it) is replaced on the next transaction: the consumer recovers
+// by itself.
+TEST_F(Postgres, RecoversWhenPooledConnectionsDie) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  int pid = -1;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    pid = BackendPid(tx);
+    return ChargeHandler()(tx, m);
+  };
+  ASSERT_EQ(inbox.Handle(Msg("r-1"), h).kind, Outcome::Kind::kApplied);
+  Terminate(pid);
+  EXPECT_EQ(inbox.Handle(Msg("r-2"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("r-1"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(inbox.Handle(Msg("r-2"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 2);
+}
+
+TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  std::vector<Message> batch;
+  for (int i = 0; i < 600; ++i) batch.push_back(Msg("p-" + std::to_string(i)));
+  for (size_t at = 0; at < batch.size(); at += 100)
+    for (const Outcome& o : inbox.HandleBatch(std::span(batch).subspan(at, 100), ChargeHandler()))
+      ASSERT_TRUE(o.applied());
+  std::atomic<int64_t> total{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> purgers;
+  for (int t = 0; t < 3; ++t)
+    purgers.emplace_back([&] {
+      auto n = store_->Purge("payments", Env::Default()->NowMs() + 1000, 25);
+      if (n.ok()) total += *n; else ++errors;
+    });
+  for (auto& t : purgers) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(total.load(), 600);
+  EXPECT_EQ(*store_->CountMarkers("payments"), 0);
+}
+
+TEST_F(Postgres, TwoProcessesRacingApplyEachMessageOnce) {
+  constexpr int kMessages = 150;
+  TempDir dir;
+  std::string url = url_;
+  store_.reset();  // no connection crosses the fork
+  auto child = [&]() -> int {
+    auto store = postgres::Open({.url = url});
+    if (!store.ok()) return 2;
+    Inbox inbox(**store, {.consumer = "payments"});
+    int applied = 0;
+    for (int i = 0; i < kMessages; ++i) {
+      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
+      if (o.kind == Outcome::Kind::kFailed) return 3;
+      applied += o.applied();
+    }
+    std::ofstream(dir.File("applied-" + std::to_string(::getpid()))) << applied;
+    return 0;
+  };
+  pid_t a = ::fork();
+  if (a == 0) ::_exit(child());
+  pid_t b = ::fork();
+  if (b == 0) ::_exit(child());
+  int sa = 0, sb = 0;
+  ::waitpid(a, &sa, 0);
+  ::waitpid(b, &sb, 0);
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << sa;
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << sb;
+  int total = 0;
+  for (pid_t p : {a, b}) {
+    int n = -1;
+    std::ifstream(dir.File("applied-" + std::to_string(p))) >> n;
+    total += n;
+  }
+  EXPECT_EQ(total, kMessages);
+  auto store = postgres::Open({.url = url});
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(Charges(**store), kMessages);
+}
+
+TEST(PostgresBadInput, UnreachableServerIsAClearError) {
+  auto s = postgres::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_s = 2});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable);
+  EXPECT_NE(s.status().message().find("cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1"),
+            std::string::npos)
+      << s.status();
+}
+
+TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
+  std::string url = PgUrl();
+  auto at = url.find("postgres@");
+  ASSERT_NE(at, std::string::npos);
+  url.replace(at, 9, "idem_pw:hunter2@");
+  auto s = postgres::Open({.url = url});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable);
+  EXPECT_NE(s.status().message().find("password authentication failed"), std::string::npos) << s.status();
+  EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos) << s.status();
+  // The right password opens it.
+  std::string good = FreshSchemaUrl();
+  good.replace(good.find("postgres@"), 9, "idem_pw:secret@");
+  auto ok = postgres::Open({.url = good});
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST(PostgresBadInput, MissingDatabaseIsNamed) {
+  std::string url = PgUrl();
+  url.replace(url.rfind('/') + 1, std::string::npos, "no_such_db");
+  auto s = postgres::Open({.url = url});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable);
+  EXPECT_NE(s.status().message().find("no_such_db"), std::string::npos) << s.status();
+}
+
+TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
+  std::string url = FreshSchemaUrl();
+  auto none = postgres::Open({.url = url, .create_if_missing = false});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kSchemaMismatch);
+  EXPECT_NE(none.status().message().find("no idem schema"), std::string::npos) << none.status();
+  {
+    auto s = postgres::Open({.url = url});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto tx = (*s)->Begin();
+    ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  auto newer = postgres::Open({.url = url});
+  ASSERT_FALSE(newer.ok());
+  EXPECT_EQ(newer.status().code(), Code::kSchemaMismatch);
+  EXPECT_NE(newer.status().message().find("99"), std::string::npos) << newer.status();
+}
+
+TEST(PostgresBadInput, UrlRecognition) {
+  EXPECT_TRUE(postgres::IsUrl("postgres://h/db"));
+  EXPECT_TRUE(postgres::IsUrl("postgresql://h/db"));
+  EXPECT_FALSE(postgres::IsUrl("sqlite:x.db"));
+}
+
+}  // namespace
+}  // namespace idem::testing

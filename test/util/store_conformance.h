@@ -1,0 +1,45 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The store conformance suite (test/store_conformance_test.cc) is written once
+// and instantiated for every store: INSTANTIATE_TEST_SUITE_P(Name,
+// StoreConformance, ::testing::Values(StoreParam{...})).
+#ifndef IDEM_TEST_UTIL_STORE_CONFORMANCE_H_
+#define IDEM_TEST_UTIL_STORE_CONFORMANCE_H_
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "idem/env.h"
+#include "idem/inbox.h"
+#include "idem/store.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+
+struct StoreParam {
+  std::string name;
+  // Opens a fresh, empty store (a file in the temp dir, a fresh schema).
+  std::function<Result<std::unique_ptr<Store>>(const TempDir&, Env*)> open;
+};
+
+class StoreConformance : public ::testing::TestWithParam<StoreParam> {
+ protected:
+  void SetUp() override {
+    auto s = GetParam().open(dir_, &env_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    ASSERT_TRUE(CreatePayments(*store_).ok());
+  }
+  TempDir dir_;
+  FakeEnv env_;
+  std::unique_ptr<Store> store_;
+};
+
+inline std::string StoreParamName(const ::testing::TestParamInfo<StoreParam>& p) { return p.param.name; }
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TEST_UTIL_STORE_CONFORMANCE_H_
