@@ -49,7 +49,7 @@ const Command& SchemaCommand() {
                          "Print the schema version and the tables idem keeps in a store; without --store,\n"
                          "the schema this build creates.",
                          "[--store URL] [--json]",
-                         {{"store", "URL", "", "an existing store (sqlite:PATH)"},
+                         {{"store", "URL", "", "an existing store (sqlite:PATH or postgres://...)"},
                           {"json", "", "", "print one JSON object"}}};
   return c;
 }
@@ -76,7 +76,7 @@ const Command& InspectCommand() {
   static const Command c{"inspect", "Show what a store holds: marker count, recent markers and dead letters;\n"
                                     "with --queue, the state of an embedded queue.",
                          "[--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
-                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
                           {"consumer", "NAME", "", "only this consumer (default: all)"},
                           {"limit", "N", "10", "how many recent markers and dead letters to list"},
                           {"queue", "URL", "", "also show an embedded queue (embedded:PATH)"},
@@ -149,7 +149,7 @@ const Command& PurgeCommand() {
       "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
       "acked; Kafka can replay its whole retention).",
       "--older-than DURATION [--store URL] [--consumer NAME] [--batch N] [--json]",
-      {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH)"},
+      {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"older-than", "DURATION", "7d", "retention: markers processed before now minus this go (90s, 15m, 24h, 7d)"},
        {"consumer", "NAME", "", "only this consumer (default: all)"},
        {"batch", "N", "10000", "markers deleted per transaction"},

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
 
 namespace idem::cli {
@@ -165,8 +166,7 @@ void Progress::Done() {
 }
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create) {
-  if (url.rfind("postgres", 0) == 0)
-    return Status::InvalidArgument("store '" + url + "': PostgreSQL is not built into this idem yet (use sqlite:PATH)");
+  if (postgres::IsUrl(url)) return postgres::Open({.url = url, .create_if_missing = create});
   IDEM_ASSIGN_OR_RETURN(sqlite::Options o, sqlite::ParseUrl(url));
   o.create_if_missing = create;
   return sqlite::Open(o);

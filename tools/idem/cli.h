@@ -100,7 +100,7 @@ class Progress {
   int last_pct_ = -1;
 };
 
-// Opens a store from a URL ("sqlite:PATH", a bare path). Without `create`, a
+// Opens a store from a URL ("sqlite:PATH", a bare path, "postgres://..."). Without `create`, a
 // missing database file is an error (inspecting must not create one).
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true);
 

@@ -86,8 +86,14 @@ Message PaymentMessage(const std::string& id, const std::string& order, int64_t 
   return m;
 }
 
+// The demo's consumer name and tables, distinct from anything a user keeps in
+// a shared PostgreSQL database; each step starts by clearing them.
+constexpr const char* kConsumer = "idem-demo";
+// The store: "" for a SQLite file in each step's directory, or --store.
+std::string g_store_url;
+
 constexpr const char* kCreatePayments =
-    "CREATE TABLE IF NOT EXISTS payments(order_id TEXT NOT NULL, message_id TEXT NOT NULL,"
+    "CREATE TABLE IF NOT EXISTS demo_payments(order_id TEXT NOT NULL, message_id TEXT NOT NULL,"
     " cents INTEGER NOT NULL, charge_id TEXT)";
 constexpr const char* kCreateNaiveMarkers =
     "CREATE TABLE IF NOT EXISTS demo_processed(message_id TEXT PRIMARY KEY)";
@@ -95,7 +101,7 @@ constexpr const char* kCreateNaiveMarkers =
 Status InsertPayment(Transaction& tx, const Message& m, const std::string& charge_id = "") {
   IDEM_ASSIGN_OR_RETURN(auto p, ParsePayment(m));
   return tx
-      .Exec("INSERT INTO payments(order_id, message_id, cents, charge_id) VALUES ($1, $2, $3, $4)",
+      .Exec("INSERT INTO demo_payments(order_id, message_id, cents, charge_id) VALUES ($1, $2, $3, $4)",
             {p.first, m.id, p.second, charge_id.empty() ? Value() : Value(charge_id)})
       .status();
 }
@@ -111,7 +117,7 @@ Result<Files> MakeFiles(const std::string& root, const std::string& name) {
   std::filesystem::create_directories(f.dir, ec);
   if (ec) return Status::Unavailable("cannot create " + f.dir + ": " + ec.message());
   f.queue = f.dir + "/queue.db";
-  f.store = f.dir + "/payments.db";
+  f.store = g_store_url.empty() ? "sqlite:" + f.dir + "/payments.db" : g_store_url;
   f.provider = f.dir + "/provider.db";
   return f;
 }
@@ -120,10 +126,21 @@ struct Parts {
   std::unique_ptr<embedded::Queue> queue;
   std::unique_ptr<Store> store;
 };
-Result<Parts> OpenParts(const Files& f, int64_t lease_ms) {
+// Opens the step's queue and store; `fresh` first clears what an earlier
+// step or run left in a shared store.
+Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh = false) {
   Parts p;
   IDEM_ASSIGN_OR_RETURN(p.queue, embedded::Queue::Open({.path = f.queue, .queue = "payments", .lease_ms = lease_ms}));
-  IDEM_ASSIGN_OR_RETURN(p.store, sqlite::Open({.path = f.store}));
+  IDEM_ASSIGN_OR_RETURN(p.store, OpenStore(f.store));
+  if (fresh) {
+    IDEM_RETURN_IF_ERROR(p.store->Purge(kConsumer, INT64_MAX, 10'000).status());
+    IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_payments").status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_processed").status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_failures WHERE consumer = $1", {kConsumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_dead_letters WHERE consumer = $1", {kConsumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
   IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreatePayments).status());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreateNaiveMarkers).status());
@@ -144,8 +161,8 @@ struct Totals {
 Result<Totals> PaymentsFor(Store& store, const std::string& order) {
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, order.empty()
-                                    ? tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM payments")
-                                    : tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM payments"
+                                    ? tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments")
+                                    : tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments"
                                                 " WHERE order_id = $1",
                                                 {order}));
   return Totals{r.rows[0][0].AsInt(), r.rows[0][1].AsInt()};
@@ -159,7 +176,7 @@ std::string Mark(bool good) { return good ? "✓" : "✕"; }
 // again, the customer is charged twice.
 Result<Totals> StepWithoutGuard(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step1-no-guard"));
-  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300));
+  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
   say("  published m-7f3 (order 1042, charge $40) to the embedded queue");
   auto naive = [&](const Delivery& d) -> Status {
@@ -190,8 +207,8 @@ struct GuardResult {
 // is skipped; two consumers racing on one message are settled by the key.
 Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step2-guard"));
-  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300));
-  Inbox inbox(*p.store, {.consumer = "payments"});
+  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
+  Inbox inbox(*p.store, {.consumer = kConsumer});
   Handler charge = [](Transaction& tx, const Message& m) { return InsertPayment(tx, m); };
   GuardResult r;
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
@@ -247,9 +264,9 @@ struct ProviderResult {
 // stored result.
 Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step4-provider"));
-  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300));
+  IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
   IDEM_ASSIGN_OR_RETURN(auto provider, Provider::Open(f.provider));
-  Inbox inbox(*p.store, {.consumer = "payments"});
+  Inbox inbox(*p.store, {.consumer = kConsumer});
   bool lose_next = true;
   ProviderResult r;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
@@ -341,7 +358,7 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "crash-" + name));
   constexpr int64_t kLease = 300;
   {
-    IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, kLease));
+    IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, kLease, true));
     IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
   }
   std::cout.flush();
@@ -350,7 +367,7 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   if (pid == 0) {
     auto p = OpenParts(f, kLease);
     if (!p.ok()) ::_exit(10);
-    Inbox inbox(*p->store, {.consumer = "payments"});
+    Inbox inbox(*p->store, {.consumer = kConsumer});
     ArmKillPoint(kill_point);
     auto d = Next(*p->queue);
     if (!d.ok()) ::_exit(11);
@@ -362,7 +379,7 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   CrashResult r{name, kill_point, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, 0};
   if (!r.killed) return Status::Internal("crash scenario " + name + ": the child was not killed at " + kill_point);
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, kLease));
-  Inbox inbox(*p.store, {.consumer = "payments"});
+  Inbox inbox(*p.store, {.consumer = kConsumer});
   IDEM_ASSIGN_OR_RETURN(Delivery d, Next(*p.queue));  // the redelivery, after the lease
   IDEM_RETURN_IF_ERROR(HandleWith(s, p, inbox, d));
   IDEM_ASSIGN_OR_RETURN(Totals t, PaymentsFor(*p.store, "1042"));
@@ -439,7 +456,7 @@ Stats ReadStats(const std::string& path) {
 // One competing consumer process: runs until the queue is empty.
 int ConsumerProcess(const Config& cfg, const Files& f, int index) {
   auto queue = embedded::Queue::Open({.path = f.queue, .queue = "payments", .lease_ms = cfg.lease_ms});
-  auto store = sqlite::Open({.path = f.store});
+  auto store = OpenStore(f.store);
   auto provider = Provider::Open(f.provider);
   if (!queue.ok() || !store.ok() || !provider.ok()) {
     std::cerr << "consumer " << index << ": "
@@ -447,7 +464,7 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index) {
     return 20;
   }
   FaultySource source(**queue, cfg.seed * 7919 + index, cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
-  Inbox inbox(**store, {.consumer = "payments"});
+  Inbox inbox(**store, {.consumer = kConsumer});
   std::mt19937_64 rng(cfg.seed * 104729 + index);
   std::atomic<int64_t> lost_responses{0};
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
@@ -499,7 +516,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   int64_t expected = 0, published = 0;
   auto started = std::chrono::steady_clock::now();
   {
-    IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms));
+    IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms, true));
     IDEM_ASSIGN_OR_RETURN(auto provider, Provider::Open(f.provider));  // created before the children race
     std::vector<Message> again;
     Progress progress("publishing", cfg.messages);
@@ -565,8 +582,8 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(auto charges, provider->Totals());
   IDEM_ASSIGN_OR_RETURN(int64_t calls, provider->Calls());
   IDEM_ASSIGN_OR_RETURN(auto qs, p.queue->Stats());
-  IDEM_ASSIGN_OR_RETURN(int64_t markers, p.store->CountMarkers("payments"));
-  IDEM_ASSIGN_OR_RETURN(auto dead, p.store->ListDeadLetters("payments", 1000));
+  IDEM_ASSIGN_OR_RETURN(int64_t markers, p.store->CountMarkers(kConsumer));
+  IDEM_ASSIGN_OR_RETURN(auto dead, p.store->ListDeadLetters(kConsumer, 1000));
   int64_t left = qs.ready + qs.leased + qs.delayed;
 
   RunResult r;
@@ -615,7 +632,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
-  say("  see what is stored: idem inspect --store sqlite:" + f.store + " --queue 'embedded:" + f.queue +
+  say("  see what is stored: idem inspect --store '" + f.store + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
       "?queue=payments'");
   return r;
 }
@@ -630,8 +647,9 @@ const Command& DemoCommand() {
       "a provider call with an idempotency key, crashes between separate writes, then a larger run with\n"
       "competing consumer processes, lost acks, lease expiries, producer duplicates and lost provider\n"
       "responses. Exits 1 if the totals differ from the expected ones.",
-      "[--dir DIR] [--messages N] [--consumers C] [--json]",
+      "[--dir DIR] [--store URL] [--messages N] [--consumers C] [--json]",
       {{"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
+       {"store", "URL", "", "the store: postgres://... (default: a SQLite file per step in DIR)"},
        {"messages", "N", "10000", "unique payment messages in the larger run"},
        {"consumers", "C", "4", "competing consumer processes"},
        {"lease-ms", "MS", "500", "the queue's lease (visibility timeout)"},
@@ -670,6 +688,7 @@ int RunDemo(const Args& args) {
     return Fail("demo", Status::InvalidArgument("--consumers must be from 1 to 64"));
   if (cfg.lease_ms < 50) return Fail("demo", Status::InvalidArgument("--lease-ms must be at least 50"));
   cfg.json = args.Bool("json");
+  g_store_url = args.Get("store");
   cfg.story = !args.Bool("skip-story");
   if (args.Has("dir")) {
     cfg.dir = args.Get("dir");
