@@ -81,7 +81,8 @@ check corrupt 3 "$IDEM" inspect --store "sqlite:$T/corrupt.db"
 has corrupt-named "$T/err" "not a SQLite database"
 check queue-wrong-schema 3 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/payments.db"
 has queue-wrong-schema-named "$T/err" "not a queue file"
-check postgres-not-built 2 "$IDEM" inspect --store "postgres://127.0.0.1:1/x"
+check postgres-unreachable 3 "$IDEM" inspect --store "postgres://postgres@127.0.0.1:1/x"
+has postgres-unreachable-named "$T/err" "cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/x"
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]
