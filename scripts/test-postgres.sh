@@ -4,6 +4,7 @@
 # by the postmaster's PID.
 #   test-postgres.sh start STATE_DIR PORT   -> prints the URL; writes STATE_DIR/url, STATE_DIR/pid
 #   test-postgres.sh stop STATE_DIR
+#   test-postgres.sh pause|resume STATE_DIR   (stop and start again, data kept)
 # Roles: "postgres" (trust) and "idem_pw" (password "secret", scram), for the
 # wrong-password test. Databases: idem_test.
 set -euo pipefail
@@ -67,8 +68,22 @@ stop() {
   echo "test-postgres: stopped" >&2
 }
 
+# Stops the server but keeps its data (a server restart, for recovery tests).
+pause() {
+  local state=$1 base; base=$(cat "$state/base")
+  as_pg "$PG_BIN/pg_ctl" -D "$base/data" -m fast -w -t 60 stop >/dev/null
+  rm -f "$state/pid"
+}
+resume() {
+  local state=$1 base; base=$(cat "$state/base")
+  as_pg "$PG_BIN/pg_ctl" -D "$base/data" -l "$base/sock/server.log" -w -t 60 start >/dev/null
+  head -1 "$base/data/postmaster.pid" >"$state/pid"
+}
+
 case "${1:-}" in
   start) start "$2" "$3" ;;
   stop) stop "$2" ;;
-  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR" >&2; exit 2 ;;
+  pause) pause "$2" ;;
+  resume) resume "$2" ;;
+  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR | pause STATE_DIR | resume STATE_DIR" >&2; exit 2 ;;
 esac
