@@ -63,6 +63,8 @@ struct SourceParam {
   std::function<void(FakeEnv& env, int64_t ms)> advance;
 };
 
+void PrintTo(const SourceParam& p, std::ostream* os) { *os << p.name; }
+
 Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
   auto q = embedded::Queue::Open({.path = dir.File("queue.db"), .queue = "orders", .lease_ms = c.lease_ms,
                                   .durable = false, .poll_ms = 5, .env = c.env});

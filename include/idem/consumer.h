@@ -14,6 +14,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "idem/env.h"
 #include "idem/inbox.h"
@@ -36,7 +40,9 @@ struct ConsumerOptions {
   // How long one Receive waits for messages. Default: 200 ms.
   int64_t receive_wait_ms = 200;
   // Return from Run() once a Receive finds nothing (drain mode, for demos,
-  // tests and batch jobs). Default: false (run until Stop()).
+  // tests and batch jobs) and no worker is busy and no retry this consumer
+  // gave back (a nack with backoff) is still due. Default: false (run until
+  // Stop()).
   bool stop_when_idle = false;
   // Default: Env::Default().
   Env* env = nullptr;
@@ -69,8 +75,21 @@ class Consumer {
   ConsumerStats stats() const;
 
  private:
+  // A failure recorded for a message id within the batch being settled.
+  struct BatchFailure {
+    int attempts = 0;
+    bool dead_lettered = false;
+  };
+  using BatchFailures = std::unordered_map<std::string, BatchFailure>;
+
   void Work();
-  void Settle(const Delivery& d, const Outcome& o);
+  // `batch_failures`: failures already recorded in this batch, so that copies
+  // of one message in one batch count one failure, not one each.
+  void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr);
+  // Drain mode: whether a worker whose Receive began at `receive_started_ms`
+  // and found nothing may return.
+  bool IdleDone(int64_t receive_started_ms);
+  void NoteRetryDue(int64_t due_ms);
 
   Source& source_;
   Inbox& inbox_;
@@ -78,6 +97,14 @@ class Consumer {
   ConsumerOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
+  // Workers between a non-empty Receive and the end of its Settle.
+  std::atomic<int> busy_{0};
+  // The latest time a message this consumer nacked becomes visible again.
+  std::atomic<int64_t> retry_due_ms_{0};
+  // Ids whose failure this process recorded and that are not yet cleared:
+  // their count must be cleared when a copy applies, whatever its attempt.
+  std::mutex failed_mu_;
+  std::unordered_set<std::string> failed_ids_;
 };
 
 // Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach.

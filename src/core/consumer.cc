@@ -123,15 +123,28 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
       ack_errors_.fetch_add(1, std::memory_order_relaxed);
     }
   };
-  auto nack = [&](int attempt) {
-    const int64_t delay = Backoff(options_, attempt, options_.env);
-    NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
-    (void)source_.Nack(d, delay);
-    nacked_.fetch_add(1, std::memory_order_relaxed);
-  };
   auto forget_failed = [&](const std::string& id) {
     std::lock_guard<std::mutex> l(failed_mu_);
     return failed_ids_.erase(id) > 0;
+  };
+  auto nack = [&](int attempt, bool failure_recorded) {
+    const int64_t delay = Backoff(options_, attempt, options_.env);
+    Status ns = source_.Nack(d, delay);
+    if (ns.code() == Code::kLeaseLost && failure_recorded) {
+      // The lease ran out while the handler failed: another delivery of the
+      // message may have applied it, and cleared its count, before this
+      // failure was recorded. Then the count is stale: clear it again.
+      auto marker = inbox_.store().FindMarker(inbox_.consumer(), d.message.id);
+      if (marker.ok() && marker->has_value()) {
+        forget_failed(d.message.id);
+        (void)inbox_.store().ClearFailures(inbox_.consumer(), d.message.id);
+      }
+    }
+    // Read the clock after the Nack: the source counts the delay from its
+    // own "now" during the call, never later than this one. (Still inside
+    // the busy window, so an idle worker sees this before it may return.)
+    NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
+    nacked_.fetch_add(1, std::memory_order_relaxed);
   };
   if (o.ShouldAck()) {
     // The message is done (applied now, or earlier by another delivery): its
@@ -148,6 +161,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
   const bool handler_failed = o.status.code() == Code::kHandlerFailed;
   const bool bad_id = o.status.code() == Code::kInvalidArgument && !ValidateId(d.message.id).ok();
   int attempt = std::max(1, d.message.attempt);
+  bool failure_recorded = false;
   if (handler_failed && batch_failures != nullptr) {
     // Another copy of this message in the same batch failed already (the
     // inbox fails the later copies without running the handler): one
@@ -157,7 +171,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
         ack();
         return;
       }
-      nack(it->second.attempts);
+      nack(it->second.attempts, false);
       return;
     }
   }
@@ -171,11 +185,15 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     FailureRecord rec{inbox_.consumer(), &keyed, error, bad_id ? 1 : options_.max_attempts, options_.env->NowMs()};
     auto count = inbox_.store().RecordFailure(rec);
     if (count.ok()) {
+      failure_recorded = !bad_id;
       attempt = count->attempts;
       if (handler_failed && batch_failures != nullptr)
         (*batch_failures)[d.message.id] = BatchFailure{count->attempts, count->dead_lettered};
       if (count->dead_lettered) {
         if (!bad_id) forget_failed(d.message.id);
+        // An invalid id's count is keyed by this delivery's receipt: nothing
+        // could ever clear it later.
+        if (bad_id) (void)inbox_.store().ClearFailures(inbox_.consumer(), keyed.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
         inbox_.NoteDeadLetter();
         ack();
@@ -187,7 +205,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
       }
     }
   }
-  nack(attempt);
+  nack(attempt, failure_recorded);
 }
 
 ConsumerStats Consumer::stats() const {
