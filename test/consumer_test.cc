@@ -295,7 +295,14 @@ TEST_P(ConsumerShapes, HandlerFailingTheFirstKTimesIsRetriedWithBackoffAndApplie
   EXPECT_EQ(c.applied, static_cast<uint64_t>(kN));
   EXPECT_EQ(c.failures, static_cast<uint64_t>(4 * kFailures));
   ConsumerStats s = consumer.stats();
-  EXPECT_EQ(s.nacked, static_cast<uint64_t>(4 * kFailures));
+  if (GetParam().workers == 1) {
+    EXPECT_EQ(s.nacked, static_cast<uint64_t>(4 * kFailures));
+  } else {
+    // A copy whose failure is recorded after the other copy applied the
+    // message is acknowledged instead of given back (the store reports it
+    // as already applied).
+    EXPECT_LE(s.nacked, static_cast<uint64_t>(4 * kFailures));
+  }
   EXPECT_EQ(s.dead_lettered, 0u);
 }
 

@@ -252,6 +252,24 @@ TEST_P(StoreConformance, FailuresAreCountedOutsideTheTransactionAndDeadLettered)
   EXPECT_EQ(c->attempts, 1);
 }
 
+TEST_P(StoreConformance, AFailureOfAnAppliedMessageIsNotCounted) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  Message m = Msg("m-1");
+  FailureRecord before{"payments", &m, "slow copy failed", 2, env_.NowMs()};
+  ASSERT_EQ(store_->RecordFailure(before)->attempts, 1);
+  ASSERT_TRUE(inbox.Handle(m, ChargeHandler()).applied());
+  // A racing copy whose lease ran out fails after the message was applied:
+  // nothing is counted, the old count goes, nothing is dead-lettered.
+  auto c = store_->RecordFailure(before);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->already_applied);
+  EXPECT_EQ(c->attempts, 0);
+  EXPECT_FALSE(c->dead_lettered);
+  EXPECT_TRUE(store_->ListDeadLetters("payments", 10)->empty());
+  EXPECT_EQ(inbox.Handle(m, ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 1);
+}
+
 TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
   Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
   for (int i = 0; i < 25; ++i) ASSERT_TRUE(inbox.Handle(Msg("old-" + std::to_string(i)), ChargeHandler()).applied());

@@ -121,9 +121,9 @@ struct DeadLetter {
 
 // What to record for a message whose handling failed.
 struct FailureRecord {
-  std::string_view consumer;
-  const Message* message = nullptr;
-  std::string_view error;
+  std::string consumer;
+  const Message* message = nullptr;  // must outlive the RecordFailure call
+  std::string error;
   int max_attempts = 0;   // dead-letter once attempts reach this (0: never)
   int64_t now_ms = 0;
 };
@@ -131,6 +131,10 @@ struct FailureRecord {
 struct FailureCount {
   int attempts = 0;        // failures recorded so far, including this one
   bool dead_lettered = false;
+  // The marker exists: another delivery has applied the message since. No
+  // failure was counted (and an old count was cleared); the delivery can be
+  // acknowledged.
+  bool already_applied = false;
 };
 
 // A transaction as the Inbox drives it: the user's view plus the marker and
@@ -173,7 +177,9 @@ class Store {
   virtual Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id) = 0;
 
   // Outside the business transaction: counts one more failure of `message`;
-  // once the count reaches max_attempts, writes its dead letter too.
+  // once the count reaches max_attempts, writes its dead letter too. If the
+  // message's marker exists (applied by another delivery meanwhile), counts
+  // nothing and says so.
   virtual Result<FailureCount> RecordFailure(const FailureRecord& failure) = 0;
   // Forgets the failure count of a message that has now been handled.
   virtual Status ClearFailures(std::string_view consumer, std::string_view id) = 0;

@@ -180,10 +180,15 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     // rollback has already happened and must not erase it.
     Message keyed = d.message;
     if (bad_id) keyed.id = "(invalid id; receipt " + d.receipt + ")";
-    // FailureRecord holds views: the error text must outlive the call.
-    const std::string error = o.status.ToString();
-    FailureRecord rec{inbox_.consumer(), &keyed, error, bad_id ? 1 : options_.max_attempts, options_.env->NowMs()};
+    FailureRecord rec{inbox_.consumer(), &keyed, o.status.ToString(), bad_id ? 1 : options_.max_attempts,
+                      options_.env->NowMs()};
     auto count = inbox_.store().RecordFailure(rec);
+    if (count.ok() && count->already_applied) {
+      // Another delivery applied the message meanwhile: it is done.
+      forget_failed(d.message.id);
+      ack();
+      return;
+    }
     if (count.ok()) {
       failure_recorded = !bad_id;
       attempt = count->attempts;

@@ -23,9 +23,15 @@ class RealEnv final : public Env {
     if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
   uint64_t Random() override {
-    thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                     (uint64_t(::getpid()) << 32) ^
-                                     uint64_t(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+    // Reseeded when the process changes: a child forked after the parent
+    // drew numbers must not repeat the parent's sequence.
+    thread_local pid_t seeded_for = 0;
+    thread_local std::mt19937_64 rng;
+    if (seeded_for != ::getpid()) {
+      seeded_for = ::getpid();
+      rng.seed(std::random_device{}() ^ (uint64_t(seeded_for) << 32) ^
+               uint64_t(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+    }
     return rng();
   }
 };

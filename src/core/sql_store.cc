@@ -153,14 +153,21 @@ Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, st
 
 Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
   IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
-  Value p[] = {std::string(f.consumer), IdBlob(f.message->id), std::string(f.error), f.now_ms};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(dialect_.bump_failure, p));
   FailureCount count;
+  Value key[] = {f.consumer, IdBlob(f.message->id)};
+  IDEM_ASSIGN_OR_RETURN(Rows applied, tx->Query(dialect_.find_marker, key));
+  if (!applied.rows.empty()) {
+    IDEM_RETURN_IF_ERROR(tx->Exec(dialect_.clear_failure, key).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+    count.already_applied = true;
+    return count;
+  }
+  Value p[] = {f.consumer, IdBlob(f.message->id), f.error, f.now_ms};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(dialect_.bump_failure, p));
   count.attempts = rows.rows.empty() ? 1 : static_cast<int>(rows.rows[0][0].AsInt());
   if (f.max_attempts > 0 && count.attempts >= f.max_attempts) {
-    IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(DeadLetter{std::string(f.consumer), f.message->id, "failed",
-                                                      std::string(f.error), count.attempts, f.message->payload,
-                                                      f.now_ms}));
+    IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(
+        DeadLetter{f.consumer, f.message->id, "failed", f.error, count.attempts, f.message->payload, f.now_ms}));
     count.dead_lettered = true;
   }
   IDEM_RETURN_IF_ERROR(tx->Commit());
