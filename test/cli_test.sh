@@ -59,7 +59,7 @@ fi
 
 # See and purge what is stored.
 STORE="sqlite:$T/demo/run/payments.db"
-check inspect 0 "$IDEM" inspect --store "$STORE" --consumer payments --limit 3 --json
+check inspect 0 "$IDEM" inspect --store "$STORE" --consumer idem-demo --limit 3 --json
 has inspect-count "$T/out" '"markers":300'
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"

@@ -60,10 +60,13 @@ int RunSchema(const Args& args) {
   auto info = (*store)->Schema();
   if (!info.ok()) return Fail("schema", info.status());
   if (args.Bool("json")) {
-    std::string list = "[";
-    for (size_t i = 0; i < info->statements.size(); ++i) list += (i ? "," : "") + JsonString(info->statements[i]);
-    list += "]";
-    std::cout << Json().Add("store", std::string((*store)->Kind())).Add("version", info->version).AddRaw("statements", list).str()
+    std::vector<std::string> items;
+    for (const auto& st : info->statements) items.push_back(JsonString(st));
+    std::cout << Json()
+                     .Add("store", std::string((*store)->Kind()))
+                     .Add("version", info->version)
+                     .AddRaw("statements", JsonArray(items))
+                     .str()
               << "\n";
     return kExitOk;
   }
@@ -107,19 +110,15 @@ int RunInspect(const Args& args) {
     qs = *st;
   }
   if (args.Bool("json")) {
-    std::string ms = "[", ds = "[";
-    for (size_t i = 0; i < markers->size(); ++i) {
-      const auto& m = (*markers)[i];
-      ms += (i ? "," : "") + Json().Add("consumer", m.consumer).Add("id", m.id).Add("fingerprint", ToHex(m.fingerprint))
-                                 .Add("processed_at_ms", m.processed_at_ms).str();
-    }
-    for (size_t i = 0; i < dead->size(); ++i) {
-      const auto& d = (*dead)[i];
-      ds += (i ? "," : "") + Json().Add("consumer", d.consumer).Add("id", d.id).Add("reason", d.reason)
-                                 .Add("error", d.error).Add("attempts", d.attempts).Add("at_ms", d.at_ms).str();
-    }
+    std::vector<std::string> ms, ds;
+    for (const auto& m : *markers)
+      ms.push_back(Json().Add("consumer", m.consumer).Add("id", m.id).Add("fingerprint", ToHex(m.fingerprint))
+                       .Add("processed_at_ms", m.processed_at_ms).str());
+    for (const auto& d : *dead)
+      ds.push_back(Json().Add("consumer", d.consumer).Add("id", d.id).Add("reason", d.reason).Add("error", d.error)
+                       .Add("attempts", d.attempts).Add("at_ms", d.at_ms).str());
     Json j;
-    j.Add("markers", *count).AddRaw("recent", ms + "]").AddRaw("dead_letters", ds + "]");
+    j.Add("markers", *count).AddRaw("recent", JsonArray(ms)).AddRaw("dead_letters", JsonArray(ds));
     if (qs) {
       j.AddRaw("queue", Json().Add("ready", qs->ready).Add("leased", qs->leased).Add("delayed", qs->delayed)
                             .Add("published", qs->published).Add("acked", qs->acked).str());

@@ -110,6 +110,16 @@ std::string JsonString(std::string_view s) {
   return out + "\"";
 }
 
+std::string JsonArray(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (const auto& item : items) {
+    if (out.size() > 1) out += ',';
+    out += item;
+  }
+  out += ']';
+  return out;
+}
+
 void Json::Key(const std::string& key) {
   if (!body_.empty()) body_ += ",";
   body_ += JsonString(key) + ":";

@@ -83,6 +83,8 @@ class Json {
   std::string body_;
 };
 std::string JsonString(std::string_view s);
+// "[a,b,...]" from already-encoded JSON values.
+std::string JsonArray(const std::vector<std::string>& items);
 
 // A one-line progress bar on stderr, only when stderr is a terminal.
 class Progress {

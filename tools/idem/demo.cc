@@ -738,7 +738,7 @@ int RunDemo(const Args& args) {
         {"one-tx-before-ack", Strategy::kOneTransaction, "inbox.after_commit",
          "one transaction; crash after COMMIT, before the ack"},
     };
-    std::string crashes = "[";
+    std::vector<std::string> crashes;
     for (const Sc& sc : scenarios) {
       auto r = CrashScenario(cfg.dir, sc.name, sc.s, sc.kp);
       if (!r.ok()) return Fail("demo", r.status());
@@ -747,10 +747,8 @@ int RunDemo(const Args& args) {
       std::string verdict = r->rows == 0 ? "charge lost" : r->rows == 1 ? "charged once" : "charged twice";
       say("  " + std::string(sc.what) + std::string(58 - std::min<size_t>(57, std::string(sc.what).size()), ' ') +
           "-> " + std::to_string(r->rows) + " charge(s)  " + Mark(good) + " " + verdict);
-      crashes += std::string(crashes.size() > 1 ? "," : "") +
-                 Json().Add("scenario", sc.name).Add("kill_point", sc.kp).Add("charges", r->rows).str();
+      crashes.push_back(Json().Add("scenario", sc.name).Add("kill_point", sc.kp).Add("charges", r->rows).str());
     }
-    crashes += "]";
     story_ok &= s1->cents == 8000 && s2->order_1042.rows == 1 && s2->order_1043.rows == 1 && s4->charges == 1 &&
                 s4->rows == 1;
     story.Add("no_guard_charged_cents", s1->cents)
@@ -759,7 +757,7 @@ int RunDemo(const Args& args) {
         .Add("race_outcomes", s2->race_a + " / " + s2->race_b)
         .Add("provider_calls", s4->calls)
         .Add("provider_charges", s4->charges)
-        .AddRaw("crashes", crashes);
+        .AddRaw("crashes", JsonArray(crashes));
     say("");
   }
   say("The larger run: " + std::to_string(cfg.messages) + " payment messages, " + std::to_string(cfg.consumers) +
