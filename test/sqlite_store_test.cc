@@ -128,49 +128,6 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   EXPECT_EQ(Charges(**store), 1);
 }
 
-TEST(SqliteStore, TwoProcessesRacingOnOneFileApplyEachMessageOnce) {
-  TempDir dir;
-  {
-    auto store = sqlite::Open({.path = dir.File("s.db")});
-    ASSERT_TRUE(store.ok());
-    ASSERT_TRUE(CreatePayments(**store).ok());
-  }
-  constexpr int kMessages = 200;
-  // Both processes handle every message (each delivered to both = twice).
-  auto child = [&]() -> int {
-    auto store = sqlite::Open({.path = dir.File("s.db"), .synchronous = sqlite::Synchronous::kNormal});
-    if (!store.ok()) return 2;
-    Inbox inbox(**store, {.consumer = "payments"});
-    int applied = 0;
-    for (int i = 0; i < kMessages; ++i) {
-      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
-      if (o.kind == Outcome::Kind::kFailed) return 3;
-      applied += o.applied();
-    }
-    // Report how many this process applied through a file.
-    std::ofstream(dir.File("applied-" + std::to_string(::getpid()))) << applied;
-    return 0;
-  };
-  pid_t a = ::fork();
-  if (a == 0) ::_exit(child());
-  pid_t b = ::fork();
-  if (b == 0) ::_exit(child());
-  int sa = 0, sb = 0;
-  ::waitpid(a, &sa, 0);
-  ::waitpid(b, &sb, 0);
-  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << sa;
-  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << sb;
-  int total = 0;
-  for (pid_t p : {a, b}) {
-    int n = -1;
-    std::ifstream(dir.File("applied-" + std::to_string(p))) >> n;
-    total += n;
-  }
-  EXPECT_EQ(total, kMessages);
-  auto store = sqlite::Open({.path = dir.File("s.db")});
-  EXPECT_EQ(Charges(**store), kMessages);
-}
-
 }  // namespace
 }  // namespace idem::testing
 

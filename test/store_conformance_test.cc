@@ -4,7 +4,11 @@
 // delivers every message at least twice.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -227,6 +231,45 @@ TEST_P(StoreConformance, ThreadsRacingOnOneMessageApplyItOnce) {
     EXPECT_EQ(failed.load(), 0);
   }
   EXPECT_EQ(Charges(*store_), 10);
+}
+
+// Two processes handle every message (each delivered to both = twice): the
+// unique key lets exactly one of them apply each.
+TEST_P(StoreConformance, TwoProcessesRacingApplyEachMessageOnce) {
+  constexpr int kMessages = 150;
+  store_.reset();  // no connection crosses the fork
+  auto child = [&]() -> int {
+    auto store = GetParam().open(dir_, Env::Default());
+    if (!store.ok()) return 2;
+    Inbox inbox(**store, {.consumer = "payments"});
+    int applied = 0;
+    for (int i = 0; i < kMessages; ++i) {
+      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
+      if (o.kind == Outcome::Kind::kFailed) return 3;
+      applied += o.applied();
+    }
+    std::ofstream(dir_.File("applied-" + std::to_string(::getpid()))) << applied;
+    return 0;
+  };
+  pid_t a = ::fork();
+  if (a == 0) ::_exit(child());
+  pid_t b = ::fork();
+  if (b == 0) ::_exit(child());
+  int sa = 0, sb = 0;
+  ::waitpid(a, &sa, 0);
+  ::waitpid(b, &sb, 0);
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << sa;
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << sb;
+  int total = 0;
+  for (pid_t p : {a, b}) {
+    int n = -1;
+    std::ifstream(dir_.File("applied-" + std::to_string(p))) >> n;
+    total += n;
+  }
+  EXPECT_EQ(total, kMessages);
+  auto store = GetParam().open(dir_, &env_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Charges(**store), kMessages);
 }
 
 TEST_P(StoreConformance, FailuresAreCountedOutsideTheTransactionAndDeadLettered) {

@@ -62,7 +62,7 @@ Status SqlTransaction::DeleteMarker(std::string_view consumer, std::string_view 
 Status SqlTransaction::PutDeadLetter(const DeadLetter& d) {
   IDEM_RETURN_IF_ERROR(Usable());
   Value p[] = {d.consumer, IdBlob(d.id), d.reason, d.error, d.attempts, Blob{d.payload}, d.at_ms};
-  return conn_->Exec(store_.dialect().put_dead_letter, p).status();
+  return conn_->Exec(kPutDeadLetter, p).status();
 }
 
 Status SqlTransaction::RollbackToSavepoint() {
@@ -157,13 +157,13 @@ Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
   Value key[] = {f.consumer, IdBlob(f.message->id)};
   IDEM_ASSIGN_OR_RETURN(Rows applied, tx->Query(dialect_.find_marker, key));
   if (!applied.rows.empty()) {
-    IDEM_RETURN_IF_ERROR(tx->Exec(dialect_.clear_failure, key).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec(kClearFailure, key).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
     count.already_applied = true;
     return count;
   }
   Value p[] = {f.consumer, IdBlob(f.message->id), f.error, f.now_ms};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(dialect_.bump_failure, p));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kBumpFailure, p));
   count.attempts = rows.rows.empty() ? 1 : static_cast<int>(rows.rows[0][0].AsInt());
   if (f.max_attempts > 0 && count.attempts >= f.max_attempts) {
     IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(
@@ -177,7 +177,7 @@ Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
 Status SqlStore::ClearFailures(std::string_view consumer, std::string_view id) {
   IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer), IdBlob(id)};
-  return conn->Exec(dialect_.clear_failure, p).status();
+  return conn->Exec(kClearFailure, p).status();
 }
 
 Result<int64_t> SqlStore::Purge(std::string_view consumer, int64_t before_ms, int batch_size) {
@@ -212,7 +212,7 @@ Result<std::vector<Marker>> SqlStore::ListMarkers(std::string_view consumer, int
 Result<std::vector<DeadLetter>> SqlStore::ListDeadLetters(std::string_view consumer, int limit) {
   IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer), int64_t{limit}};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.list_dead_letters, p));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(kListDeadLetters, p));
   std::vector<DeadLetter> out;
   for (auto& r : rows.rows)
     out.push_back(DeadLetter{r[0].AsText(), r[1].AsText(), r[2].AsText(), r[3].AsText(),

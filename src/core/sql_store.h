@@ -43,7 +43,22 @@ struct Migration {
   const char* sql;  // statements separated by ';'
 };
 
-// A backend's SQL. Parameters are $1..$n.
+// Failure counts and dead letters: the same SQL on every backend (they are
+// not on the hot path and have no layout to tune).
+inline constexpr const char* kBumpFailure =
+    "INSERT INTO idem_failures(consumer, id, attempts, last_error, updated_at_ms) VALUES ($1, $2, 1, $3, $4) "
+    "ON CONFLICT (consumer, id) DO UPDATE SET attempts = idem_failures.attempts + 1,"
+    " last_error = excluded.last_error, updated_at_ms = excluded.updated_at_ms RETURNING attempts";
+inline constexpr const char* kClearFailure = "DELETE FROM idem_failures WHERE consumer = $1 AND id = $2";
+inline constexpr const char* kPutDeadLetter =
+    "INSERT INTO idem_dead_letters(consumer, id, reason, error, attempts, payload, at_ms)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO UPDATE SET reason = excluded.reason,"
+    " error = excluded.error, attempts = excluded.attempts, payload = excluded.payload, at_ms = excluded.at_ms";
+inline constexpr const char* kListDeadLetters =
+    "SELECT consumer, id, reason, error, attempts, payload, at_ms FROM idem_dead_letters"
+    " WHERE ($1 = '' OR consumer = $1) ORDER BY at_ms DESC LIMIT $2";
+
+// A backend's SQL for its markers (the layout it tunes). Parameters are $1..$n.
 struct Dialect {
   std::string_view kind;        // "sqlite", "postgres"
   const char* begin;            // starts a write transaction
@@ -56,10 +71,6 @@ struct Dialect {
   const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
   const char* count_markers;    // ($1 consumer or '')
   const char* list_markers;     // ($1 consumer or '', $2 limit)
-  const char* bump_failure;     // ($1, $2, $3 error, $4 at) RETURNING attempts
-  const char* clear_failure;    // ($1, $2)
-  const char* put_dead_letter;  // ($1..$7)
-  const char* list_dead_letters;  // ($1 consumer or '', $2 limit)
 };
 
 Blob IdBlob(std::string_view id);

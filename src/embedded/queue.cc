@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/url.h"
 #include "sqlite/db.h"
 
 namespace idem::embedded {
@@ -291,23 +292,10 @@ Result<std::unique_ptr<Queue>> Queue::Open(const QueueOptions& options) {
 
 Result<QueueOptions> Queue::ParseUrl(std::string_view url) {
   QueueOptions o;
-  std::string_view rest = url;
-  if (rest.starts_with("embedded://")) rest.remove_prefix(11);
-  else if (rest.starts_with("embedded:")) rest.remove_prefix(9);
-  else return Status::InvalidArgument("not an embedded queue URL: '" + std::string(url) + "' (expected embedded:PATH)");
-  std::string_view query;
-  if (auto q = rest.find('?'); q != std::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  if (rest.empty()) return Status::InvalidArgument("embedded queue URL has no path: '" + std::string(url) + "'");
-  o.path = std::string(rest);
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    std::string_view kv = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    auto eq = kv.find('=');
-    std::string k(kv.substr(0, eq)), v(eq == std::string_view::npos ? "" : kv.substr(eq + 1));
+  IDEM_ASSIGN_OR_RETURN(url_internal::Url u,
+                        url_internal::Parse(url, {"embedded://", "embedded:"}, false, "an embedded queue"));
+  o.path = u.path;
+  for (const auto& [k, v] : u.options) {
     if (k == "queue") {
       if (v.empty()) return Status::InvalidArgument("embedded queue URL: queue name is empty in '" + std::string(url) + "'");
       o.queue = v;

@@ -66,10 +66,6 @@ constexpr sql_internal::Dialect kDialect{
     .purge_markers = pg_internal::kPurgeMarkers,
     .count_markers = pg_internal::kCountMarkers,
     .list_markers = pg_internal::kListMarkers,
-    .bump_failure = pg_internal::kBumpFailure,
-    .clear_failure = pg_internal::kClearFailure,
-    .put_dead_letter = pg_internal::kPutDeadLetter,
-    .list_dead_letters = pg_internal::kListDeadLetters,
 };
 
 class PgStore final : public sql_internal::SqlStore {

@@ -65,19 +65,6 @@ inline constexpr const char* kListMarkers =
     "SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers WHERE ($1 = '' OR consumer = $1)"
     " ORDER BY processed_at_ms DESC LIMIT $2";
 
-inline constexpr const char* kBumpFailure =
-    "INSERT INTO idem_failures(consumer, id, attempts, last_error, updated_at_ms) VALUES ($1, $2, 1, $3, $4) "
-    "ON CONFLICT (consumer, id) DO UPDATE SET attempts = attempts + 1, last_error = excluded.last_error,"
-    " updated_at_ms = excluded.updated_at_ms RETURNING attempts";
-inline constexpr const char* kClearFailure = "DELETE FROM idem_failures WHERE consumer = $1 AND id = $2";
-inline constexpr const char* kPutDeadLetter =
-    "INSERT INTO idem_dead_letters(consumer, id, reason, error, attempts, payload, at_ms)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO UPDATE SET reason = excluded.reason,"
-    " error = excluded.error, attempts = excluded.attempts, payload = excluded.payload, at_ms = excluded.at_ms";
-inline constexpr const char* kListDeadLetters =
-    "SELECT consumer, id, reason, error, attempts, payload, at_ms FROM idem_dead_letters"
-    " WHERE ($1 = '' OR consumer = $1) ORDER BY at_ms DESC LIMIT $2";
-
 }  // namespace idem::sqlite_internal
 
 #endif  // IDEM_SRC_SQLITE_SCHEMA_H_

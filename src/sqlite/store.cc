@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/sql_store.h"
+#include "core/url.h"
 #include "sqlite/db.h"
 #include "sqlite/schema.h"
 
@@ -55,10 +56,6 @@ constexpr sql_internal::Dialect kDialect{
     .purge_markers = sqlite_internal::kPurgeMarkers,
     .count_markers = sqlite_internal::kCountMarkers,
     .list_markers = sqlite_internal::kListMarkers,
-    .bump_failure = sqlite_internal::kBumpFailure,
-    .clear_failure = sqlite_internal::kClearFailure,
-    .put_dead_letter = sqlite_internal::kPutDeadLetter,
-    .list_dead_letters = sqlite_internal::kListDeadLetters,
 };
 
 sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
@@ -101,36 +98,18 @@ Result<std::unique_ptr<Store>> Open(const Options& options) {
 
 Result<Options> ParseUrl(std::string_view url) {
   Options o;
-  std::string_view rest = url;
-  if (rest.starts_with("sqlite://")) {
-    rest.remove_prefix(9);
-  } else if (rest.starts_with("sqlite:")) {
-    rest.remove_prefix(7);
-  } else if (rest.find("://") != std::string_view::npos) {
-    return Status::InvalidArgument("not a SQLite URL: " + std::string(url) + " (expected sqlite:PATH)");
-  }
-  std::string_view query;
-  if (auto q = rest.find('?'); q != std::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  if (rest.empty()) return Status::InvalidArgument("SQLite URL has no path: " + std::string(url));
-  o.path = std::string(rest);
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    std::string_view kv = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    auto eq = kv.find('=');
-    std::string_view k = kv.substr(0, eq), v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+  IDEM_ASSIGN_OR_RETURN(url_internal::Url u, url_internal::Parse(url, {"sqlite://", "sqlite:"}, true, "a SQLite"));
+  o.path = u.path;
+  for (const auto& [k, v] : u.options) {
     if (k == "synchronous") {
       if (v == "full" || v == "FULL") o.synchronous = Synchronous::kFull;
       else if (v == "normal" || v == "NORMAL") o.synchronous = Synchronous::kNormal;
       else if (v == "off" || v == "OFF") o.synchronous = Synchronous::kOff;
-      else return Status::InvalidArgument("synchronous must be full, normal or off, not '" + std::string(v) + "'");
+      else return Status::InvalidArgument("synchronous must be full, normal or off, not '" + v + "'");
     } else if (k == "busy_timeout_ms") {
-      o.busy_timeout_ms = std::atoi(std::string(v).c_str());
+      o.busy_timeout_ms = std::atoi(v.c_str());
     } else {
-      return Status::InvalidArgument("unknown SQLite URL option '" + std::string(k) + "' in " + std::string(url));
+      return Status::InvalidArgument("unknown SQLite URL option '" + k + "' in " + std::string(url));
     }
   }
   return o;

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
+#include <functional>
 #include <cstdlib>
 #include <string>
 
@@ -42,17 +44,25 @@ inline std::string PgAdmin(const std::string& sql, const std::string& url = PgUr
   return err;
 }
 
-// A URL whose connections use a fresh, empty schema (search_path), so tests
-// running at once never see each other's tables.
-inline std::string FreshSchemaUrl() {
-  static std::atomic<int> counter{0};
-  std::string schema = "t_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  std::string err = PgAdmin("DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema);
+// A URL whose connections use the schema named after `key` (search_path),
+// created if missing, so tests running at once never see each other's
+// tables while one test's processes share one.
+inline std::string SchemaUrl(const std::string& key) {
+  std::string schema = "t_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL);
+  std::string err = PgAdmin("CREATE SCHEMA IF NOT EXISTS " + schema);
   EXPECT_EQ(err, "");
   std::string url = PgUrl();
   url += url.find('?') == std::string::npos ? "?" : "&";
   url += "options=-csearch_path%3D" + schema;
   return url;
+}
+
+// A fresh, empty schema.
+inline std::string FreshSchemaUrl() {
+  static std::atomic<int> counter{0};
+  std::string key = std::to_string(::getpid()) + "/" + std::to_string(counter++) + "/" + std::to_string(::time(nullptr));
+  PgAdmin("DROP SCHEMA IF EXISTS t_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL) + " CASCADE");
+  return SchemaUrl(key);
 }
 
 }  // namespace idem::testing

@@ -26,8 +26,8 @@ namespace idem::testing {
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
                          ::testing::Values(StoreParam{"postgres",
-                                                      [](const TempDir&, Env* env) {
-                                                        return postgres::Open({.url = FreshSchemaUrl(), .env = env});
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Open({.url = SchemaUrl(d.path()), .env = env});
                                                       }}),
                          StoreParamName);
 
@@ -256,45 +256,6 @@ TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(total.load(), 600);
   EXPECT_EQ(*store_->CountMarkers("payments"), 0);
-}
-
-TEST_F(Postgres, TwoProcessesRacingApplyEachMessageOnce) {
-  constexpr int kMessages = 150;
-  TempDir dir;
-  std::string url = url_;
-  store_.reset();  // no connection crosses the fork
-  auto child = [&]() -> int {
-    auto store = postgres::Open({.url = url});
-    if (!store.ok()) return 2;
-    Inbox inbox(**store, {.consumer = "payments"});
-    int applied = 0;
-    for (int i = 0; i < kMessages; ++i) {
-      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
-      if (o.kind == Outcome::Kind::kFailed) return 3;
-      applied += o.applied();
-    }
-    std::ofstream(dir.File("applied-" + std::to_string(::getpid()))) << applied;
-    return 0;
-  };
-  pid_t a = ::fork();
-  if (a == 0) ::_exit(child());
-  pid_t b = ::fork();
-  if (b == 0) ::_exit(child());
-  int sa = 0, sb = 0;
-  ::waitpid(a, &sa, 0);
-  ::waitpid(b, &sb, 0);
-  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << sa;
-  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << sb;
-  int total = 0;
-  for (pid_t p : {a, b}) {
-    int n = -1;
-    std::ifstream(dir.File("applied-" + std::to_string(p))) >> n;
-    total += n;
-  }
-  EXPECT_EQ(total, kMessages);
-  auto store = postgres::Open({.url = url});
-  ASSERT_TRUE(store.ok());
-  EXPECT_EQ(Charges(**store), kMessages);
 }
 
 TEST(PostgresBadInput, UnreachableServerIsAClearError) {

@@ -21,7 +21,9 @@ namespace idem::testing {
 
 struct StoreParam {
   std::string name;
-  // Opens a fresh, empty store (a file in the temp dir, a fresh schema).
+  // Opens the store that belongs to `dir`: empty on the first call (a file
+  // in the temp dir, a schema named after it); later calls, in this process
+  // or a forked one, open the same store.
   std::function<Result<std::unique_ptr<Store>>(const TempDir&, Env*)> open;
 };
 
