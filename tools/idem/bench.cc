@@ -17,11 +17,13 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../bench/marker_workload.h"
 #include "commands.h"
 #include "idem/inbox.h"
+#include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
 
 namespace idem::cli {
@@ -131,6 +133,36 @@ Status Round(bench::IdGenerator& ids, std::vector<Message>& msgs, int64_t batch,
   return Status::OK();
 }
 
+// The same with `consumers` threads at once, each with its own ids and
+// messages; the side's rate is all their messages over the round's time.
+template <typename Run>
+Status ParallelRound(bench::IdKind kind, int consumers, int64_t batch, double seconds, Side* side, Run&& run) {
+  std::vector<std::thread> threads;
+  std::vector<int64_t> counts(consumers, 0);
+  std::vector<Status> errors(consumers);
+  auto t0 = Clock::now();
+  for (int c = 0; c < consumers; ++c) {
+    threads.emplace_back([&, c] {
+      bench::IdGenerator ids(kind, bench::FreshSeed());
+      std::vector<Message> msgs;
+      Side mine;
+      errors[c] = Round(ids, msgs, batch, seconds, &mine, run);
+      counts[c] = mine.messages;
+    });
+  }
+  for (auto& t : threads) t.join();
+  double elapsed = SecondsSince(t0);
+  for (const Status& e : errors) IDEM_RETURN_IF_ERROR(e);
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  if (side != nullptr) {
+    side->messages += n;
+    side->seconds += elapsed;
+    side->rounds.push_back(static_cast<double>(n) / elapsed);
+  }
+  return Status::OK();
+}
+
 std::string Grouped(double v) {
   std::string digits = std::to_string(static_cast<int64_t>(std::llround(v)));
   std::string out;
@@ -149,13 +181,10 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
-std::string JsonArray(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(std::llround(v[i]));
-  }
-  return s + "]";
+std::string RatesJson(const std::vector<double>& v) {
+  std::vector<std::string> items;
+  for (double r : v) items.push_back(std::to_string(std::llround(r)));
+  return JsonArray(items);
 }
 
 int RunMarker(const Args& args) {
@@ -169,6 +198,8 @@ int RunMarker(const Args& args) {
   if (!rounds.ok()) return Fail(cmd, rounds.status());
   auto seconds = ParsePositiveDouble(args, "seconds");
   if (!seconds.ok()) return Fail(cmd, seconds.status());
+  auto consumers = IntInRange(args, "consumers", 1, 64);
+  if (!consumers.ok()) return Fail(cmd, consumers.status());
   bench::IdKind kind;
   if (std::string ids = args.Get("ids"); ids == "random") {
     kind = bench::IdKind::kRandom;
@@ -181,31 +212,43 @@ int RunMarker(const Args& args) {
       args.Has("consumer") ? args.Get("consumer") : "bench-" + std::string(bench::IdKindName(kind));
   if (Status s = ValidateId(consumer); !s.ok()) return Fail(cmd, s.WithContext("--consumer"));
 
-  // --- the store: SQLite only; --synchronous, else the URL's ?synchronous=,
-  // else FULL per message and NORMAL for batches.
+  // --- the store. SQLite: --synchronous, else the URL's ?synchronous=, else
+  // FULL per message and NORMAL for batches. PostgreSQL: the server's own
+  // synchronous_commit (on, as installed).
   const std::string url = args.Get("store");
-  if (url.rfind("postgres", 0) == 0)
-    return Fail(cmd, Status::InvalidArgument("store '" + url + "': idem bench marker runs on SQLite only (sqlite:PATH)"));
-  auto opts = sqlite::ParseUrl(url);
-  if (!opts.ok()) return Fail(cmd, opts.status());
-  if (args.Has("synchronous")) {
-    auto sync = ParseSync(args.Get("synchronous"));
-    if (!sync.ok()) return Fail(cmd, sync.status());
-    opts->synchronous = *sync;
-  } else if (url.find("synchronous=") == std::string::npos) {
-    opts->synchronous = *batch == 1 ? sqlite::Synchronous::kFull : sqlite::Synchronous::kNormal;
+  const bool pg = postgres::IsUrl(url);
+  sqlite::Options opts;
+  if (!pg) {
+    auto parsed = sqlite::ParseUrl(url);
+    if (!parsed.ok()) return Fail(cmd, parsed.status());
+    opts = *parsed;
+    if (args.Has("synchronous")) {
+      auto sync = ParseSync(args.Get("synchronous"));
+      if (!sync.ok()) return Fail(cmd, sync.status());
+      opts.synchronous = *sync;
+    } else if (url.find("synchronous=") == std::string::npos) {
+      opts.synchronous = *batch == 1 ? sqlite::Synchronous::kFull : sqlite::Synchronous::kNormal;
+    }
+  } else if (args.Has("synchronous")) {
+    return Fail(cmd, Status::InvalidArgument("--synchronous is for SQLite; PostgreSQL uses its synchronous_commit"));
   }
+  auto open = [&](bool loading) -> Result<std::unique_ptr<Store>> {
+    if (pg) return postgres::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
+    sqlite::Options o = opts;
+    if (loading) {
+      o.synchronous = sqlite::Synchronous::kOff;
+      o.cache_kib = kRetainCacheKib;
+    }
+    return sqlite::Open(o);
+  };
   const bool json = args.Bool("json");
 
-  // --- pre-populate the retained markers on a connection tuned for loading
-  // (no fsync, big cache); the layout is the store's own.
+  // --- pre-populate the retained markers (on SQLite on a connection tuned
+  // for loading: no fsync, big cache); the layout is the store's own.
   int64_t added = 0;
   double retain_s = 0;
   {
-    sqlite::Options load = *opts;
-    load.synchronous = sqlite::Synchronous::kOff;
-    load.cache_kib = kRetainCacheKib;
-    auto store = sqlite::Open(load);
+    auto store = open(true);
     if (!store.ok()) return Fail(cmd, store.status());
     if (Status s = bench::PrepareBusinessTable(**store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
     auto t0 = Clock::now();
@@ -221,41 +264,55 @@ int RunMarker(const Args& args) {
   }
 
   // --- the measured store, with the durability under test
-  auto store_or = sqlite::Open(*opts);
+  auto store_or = open(false);
   if (!store_or.ok()) return Fail(cmd, store_or.status());
   Store& store = **store_or;
   auto have = store.CountMarkers(consumer);
   if (!have.ok()) return Fail(cmd, have.status());
   auto total_markers = store.CountMarkers("");
   if (!total_markers.ok()) return Fail(cmd, total_markers.status());
+  std::string sync = pg ? "" : std::string(SyncName(opts.synchronous));
+  if (pg) {
+    auto tx = store.Begin();
+    if (!tx.ok()) return Fail(cmd, tx.status());
+    auto r = (*tx)->Query("SHOW synchronous_commit");
+    if (!r.ok()) return Fail(cmd, r.status());
+    sync = r->rows[0][0].AsText();
+  }
+  const std::string sync_label = (pg ? "synchronous_commit " : "synchronous ") + sync;
+  const std::string where = pg ? url : opts.path;
 
   double fsync_per_s = 0;
   if (*batch == 1) {
-    auto f = MeasureFsync(Directory(opts->path), 1.0);
+    // SQLite: the store's own directory. PostgreSQL: the temporary
+    // directory, on this machine's one disk (its data directory may not be ours).
+    const char* tmp = std::getenv("TMPDIR");
+    auto f = MeasureFsync(pg ? std::string(tmp ? tmp : "/tmp") : Directory(opts.path), 1.0);
     if (!f.ok()) return Fail(cmd, f.status());
     fsync_per_s = *f;
   }
 
   Inbox inbox(store, {.consumer = consumer});
-  bench::IdGenerator ids(kind, bench::FreshSeed());
-  std::vector<Message> msgs;
+  const int nc = static_cast<int>(*consumers);
   auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
   auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
 
   // A short unmeasured warm-up of each side: statements prepared, caches and
   // the WAL in their steady state.
   const double warmup = std::min(0.5, *seconds / 4);
-  if (Status s = Round(ids, msgs, *batch, warmup, nullptr, bare); !s.ok()) return Fail(cmd, s.WithContext("bare"));
-  if (Status s = Round(ids, msgs, *batch, warmup, nullptr, guarded); !s.ok())
+  if (Status s = ParallelRound(kind, nc, *batch, warmup, nullptr, bare); !s.ok())
+    return Fail(cmd, s.WithContext("bare"));
+  if (Status s = ParallelRound(kind, nc, *batch, warmup, nullptr, guarded); !s.ok())
     return Fail(cmd, s.WithContext("guarded"));
 
   Side b, g;
   {
     Progress progress("measuring bare and guarded", 2 * *rounds);
     for (int64_t r = 0; r < *rounds; ++r) {
-      if (Status s = Round(ids, msgs, *batch, *seconds, &b, bare); !s.ok()) return Fail(cmd, s.WithContext("bare"));
+      if (Status s = ParallelRound(kind, nc, *batch, *seconds, &b, bare); !s.ok())
+        return Fail(cmd, s.WithContext("bare"));
       progress.Update(2 * r + 1);
-      if (Status s = Round(ids, msgs, *batch, *seconds, &g, guarded); !s.ok())
+      if (Status s = ParallelRound(kind, nc, *batch, *seconds, &g, guarded); !s.ok())
         return Fail(cmd, s.WithContext("guarded"));
       progress.Update(2 * r + 2);
     }
@@ -266,13 +323,12 @@ int RunMarker(const Args& args) {
 
   const double bare_ps = b.PerSecond(), guarded_ps = g.PerSecond();
   const double ratio = guarded_ps > 0 ? bare_ps / guarded_ps : INFINITY;
-  const std::string sync(SyncName(opts->synchronous));
-
   if (json) {
     Json j;
     j.Add("bench", "marker")
-        .Add("store", "sqlite")
-        .Add("path", opts->path)
+        .Add("store", pg ? "postgres" : "sqlite")
+        .Add("path", where)
+        .Add("consumers", nc)
         .Add("consumer", consumer)
         .Add("ids", std::string(bench::IdKindName(kind)))
         .Add("retained", *have)
@@ -282,18 +338,17 @@ int RunMarker(const Args& args) {
         .Add("markers_in_store", *total_markers)
         .Add("batch", *batch)
         .Add("synchronous", sync)
-        .Add("cache_kib", opts->cache_kib)
         .Add("seconds", *seconds)
         .Add("rounds", *rounds)
         .Add("warmup_seconds", warmup)
         .Add("bare_messages", b.messages)
         .Add("bare_seconds", b.seconds)
         .Add("bare_per_s", static_cast<int64_t>(std::llround(bare_ps)))
-        .AddRaw("bare_rounds_per_s", JsonArray(b.rounds))
+        .AddRaw("bare_rounds_per_s", RatesJson(b.rounds))
         .Add("guarded_messages", g.messages)
         .Add("guarded_seconds", g.seconds)
         .Add("guarded_per_s", static_cast<int64_t>(std::llround(guarded_ps)))
-        .AddRaw("guarded_rounds_per_s", JsonArray(g.rounds))
+        .AddRaw("guarded_rounds_per_s", RatesJson(g.rounds))
         .Add("ratio", ratio);
     if (*batch == 1) {
       j.Add("fsync_per_s", static_cast<int64_t>(std::llround(fsync_per_s)))
@@ -304,12 +359,13 @@ int RunMarker(const Args& args) {
     return kExitOk;
   }
 
-  std::cout << "idem bench marker: " << opts->path << " (sqlite), consumer " << consumer << "\n"
+  std::cout << "idem bench marker: " << where << " (" << (pg ? "postgres" : "sqlite") << "), consumer " << consumer
+            << ", " << nc << " consumer thread(s)\n"
             << "  " << Grouped(static_cast<double>(*have)) << " retained " << bench::IdKindName(kind) << " markers ("
             << (added == 0 ? std::string("file reused") : "added " + Grouped(static_cast<double>(added)) + " in " +
                                                               Fixed(retain_s, 1) + " s")
             << "), batch " << *batch << (*batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)")
-            << ", synchronous " << sync << "\n"
+            << ", " << sync_label << "\n"
             << "  " << *rounds << " round(s) of " << Fixed(*seconds, 2) << " s per side, alternating\n";
   if (*total_markers > *have)
     std::cout << "  note: the store holds " << Grouped(static_cast<double>(*total_markers))
@@ -337,14 +393,16 @@ const Command& BenchCommand() {
       "Measure what exactly-once costs.\n\n"
       "  marker   messages per second of the bare business work (an INSERT per message, in its own\n"
       "           transactions) and of the same work guarded by the marker (Inbox::Handle per message,\n"
-      "           Inbox::HandleBatch for batches), side by side in one run on one SQLite file, with N\n"
+      "           Inbox::HandleBatch for batches), side by side in one run on one store, with N\n"
       "           markers already retained; prints the ratio bare/guarded. Rounds alternate (bare,\n"
       "           guarded, bare, ...) so both sides see the same machine noise; every message has a\n"
       "           fresh id. Per message (--batch 1) it also measures the disk's fdatasync rate.\n"
+      "           On PostgreSQL (--store postgres://...) the same, with --consumers threads at once.\n"
       "           The retained markers are written once with the real layout and reused by later runs\n"
       "           on the same file; the business table bench_payments is emptied after each run.",
-      "marker --store sqlite:PATH [--retained N] [--ids random|ordered] [--batch B] [--json]",
-      {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH); its directory must exist"},
+      "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]",
+      {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
+       {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
        {"ids", "KIND", "random", "message ids: random (UUIDv4-like) or ordered (time-ordered, UUIDv7-like)"},
        {"batch", "B", "1", "messages per transaction (1: Inbox::Handle, more: Inbox::HandleBatch)"},
