@@ -3,6 +3,9 @@
 
 #include "idem/env.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -68,9 +71,74 @@ constexpr sql_internal::Dialect kDialect{
     .list_markers = pg_internal::kListMarkers,
 };
 
+constexpr sql_internal::Dialect kDailyDialect{
+    .kind = "postgres",
+    .begin = "BEGIN",
+    .migration_lock = pg_internal::kMigrationLock,
+    .create_migrations = pg_internal::kCreateMigrations,
+    .migrations = pg_internal::kMigrations,
+    .insert_marker = "",  // InsertMarkers is PgStore's own in this layout
+    .find_marker = pg_internal::kDailyFindMarker,
+    .delete_marker = pg_internal::kDailyDeleteMarker,
+    .purge_markers = pg_internal::kDailyPurgeMarkers,
+    .count_markers = pg_internal::kDailyCountMarkers,
+    .list_markers = pg_internal::kDailyListMarkers,
+};
+
+// The advisory-lock key of (consumer, id): 64 bits of SHA-256. A collision
+// only serialises two unrelated keys; the existence check compares real ids.
+int64_t LockKey(const Marker& m) {
+  std::string k = m.consumer;
+  k += '\0';
+  k += m.id;
+  Fingerprint fp = FingerprintOf(k);
+  int64_t v = 0;
+  std::memcpy(&v, fp.data(), sizeof v);
+  return v;
+}
+
 class PgStore final : public sql_internal::SqlStore {
  public:
-  explicit PgStore(const Options& o) : SqlStore(kDialect, o.env, o.pool_size), options_(o) {}
+  explicit PgStore(const Options& o)
+      : SqlStore(o.partition_by_day ? kDailyDialect : kDialect, o.env, o.pool_size), options_(o) {}
+
+  Status InitPartitions() {
+    if (!options_.partition_by_day) return Status::OK();
+    return EnsurePartitions(env()->NowMs());
+  }
+
+  Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override {
+    if (!options_.partition_by_day) return SqlStore::Purge(consumer, before_ms, batch_size);
+    if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+    IDEM_RETURN_IF_ERROR(EnsurePartitions(env()->NowMs()));
+    int64_t dropped = 0;
+    // Whole days before the cutoff go with DROP TABLE, when every consumer
+    // is purged; for one consumer, rows are deleted instead.
+    if (consumer.empty()) {
+      IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
+      IDEM_ASSIGN_OR_RETURN(Rows parts, conn->Query(pg_internal::kDailyPartitions, {}));
+      for (auto& row : parts.rows) {
+        std::string name = row[0].AsText();
+        if (name.rfind(pg_internal::kDailyPrefix, 0) != 0) continue;
+        int64_t day = std::atoll(name.c_str() + std::strlen(pg_internal::kDailyPrefix));
+        if ((day + 1) * pg_internal::kDayMs > before_ms) continue;
+        IDEM_RETURN_IF_ERROR(conn->Script("BEGIN"));
+        auto n = conn->Query("SELECT count(*) FROM " + name, {});
+        if (!n.ok()) {  // another purger dropped it first
+          (void)conn->Script("ROLLBACK");
+          continue;
+        }
+        if (Status st = conn->Script("DROP TABLE IF EXISTS " + name); !st.ok()) {
+          (void)conn->Script("ROLLBACK");
+          return st;
+        }
+        IDEM_RETURN_IF_ERROR(conn->Commit());
+        dropped += n->rows[0][0].AsInt();
+      }
+    }
+    IDEM_ASSIGN_OR_RETURN(int64_t deleted, SqlStore::Purge(consumer, before_ms, batch_size));
+    return dropped + deleted;
+  }
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
     IDEM_ASSIGN_OR_RETURN(auto c, Conn::Connect(options_.url, options_.connect_timeout_s));
@@ -83,6 +151,7 @@ class PgStore final : public sql_internal::SqlStore {
   // inserted; later copies answer with its fingerprint.
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
                                                                 std::span<const Marker> markers) override {
+    if (options_.partition_by_day) return InsertDaily(c, markers);
     if (markers.size() == 1) return SqlStore::InsertMarkers(c, markers);
     std::map<std::string_view, size_t> first;  // id -> index of its first copy
     std::vector<size_t> unique;
@@ -142,6 +211,77 @@ class PgStore final : public sql_internal::SqlStore {
   }
 
  private:
+  // Creates the partitions of today and the next days (each in its own
+  // transaction). A day whose rows already sit in the default partition
+  // keeps them there: creating it then fails, harmlessly.
+  Status EnsurePartitions(int64_t now_ms) {
+    IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
+    const int64_t today = now_ms / pg_internal::kDayMs;
+    for (int64_t d = today; d <= today + std::max(0, options_.partition_days_ahead); ++d) {
+      std::string sql = "CREATE TABLE IF NOT EXISTS " + std::string(pg_internal::kDailyPrefix) + std::to_string(d) +
+                        " PARTITION OF idem_markers_daily FOR VALUES FROM (" + std::to_string(d * pg_internal::kDayMs) +
+                        ") TO (" + std::to_string((d + 1) * pg_internal::kDayMs) + ")";
+      Status st = conn->Script(sql);
+      if (!st.ok() && !conn->Healthy()) return st;
+    }
+    return Status::OK();
+  }
+
+  // The daily layout: lock every key of the batch (in key order), read which
+  // exist, insert the rest. The locks are held to the end of the
+  // transaction, so a racing consumer's check waits for this one's outcome.
+  Result<std::vector<std::optional<Fingerprint>>> InsertDaily(sql_internal::Connection& c,
+                                                              std::span<const Marker> markers) {
+    std::map<std::string_view, size_t> first;
+    std::vector<size_t> unique;
+    for (size_t i = 0; i < markers.size(); ++i)
+      if (first.emplace(markers[i].id, i).second) unique.push_back(i);
+    std::string lock = pg_internal::kDailyLockHead;
+    std::vector<Value> keys;
+    for (size_t k = 0; k < unique.size(); ++k) {
+      lock += (k ? ",($" : "($") + std::to_string(k + 1) + "::bigint)";
+      keys.emplace_back(LockKey(markers[unique[k]]));
+    }
+    lock += pg_internal::kDailyLockTail;
+    IDEM_RETURN_IF_ERROR(c.Query(lock, keys).status());
+
+    std::string find = pg_internal::kDailyFindMarkersHead;
+    std::vector<Value> fparams{markers.front().consumer};
+    for (size_t k = 0; k < unique.size(); ++k) {
+      find += (k ? ",$" : "$") + std::to_string(k + 2);
+      fparams.emplace_back(IdBlob(markers[unique[k]].id));
+    }
+    find += ")";
+    IDEM_ASSIGN_OR_RETURN(Rows found, c.Query(find, fparams));
+    std::map<std::string, Fingerprint> stored;
+    for (auto& r : found.rows) stored[r[0].AsText()] = ToFingerprint(r[1]);
+
+    std::string ins = pg_internal::kDailyInsertHead;
+    std::vector<Value> params;
+    for (size_t i : unique) {
+      if (stored.count(markers[i].id)) continue;
+      int b = static_cast<int>(params.size());
+      ins += (b ? ",($" : "($") + std::to_string(b + 1) + ",$" + std::to_string(b + 2) + ",$" +
+             std::to_string(b + 3) + ",$" + std::to_string(b + 4) + ")";
+      params.emplace_back(markers[i].consumer);
+      params.emplace_back(IdBlob(markers[i].id));
+      params.emplace_back(FingerprintBlob(markers[i].fingerprint));
+      params.emplace_back(markers[i].processed_at_ms);
+    }
+    if (!params.empty()) IDEM_RETURN_IF_ERROR(c.Exec(ins, params).status());
+
+    std::vector<std::optional<Fingerprint>> out(markers.size());
+    for (size_t i = 0; i < markers.size(); ++i) {
+      auto it = stored.find(markers[i].id);
+      if (it != stored.end()) {
+        out[i] = it->second;
+      } else if (size_t f = first[markers[i].id]; f != i) {
+        out[i] = markers[f].fingerprint;  // a later copy within the batch
+      }
+    }
+    return out;
+  }
+
   Options options_;
 };
 
@@ -149,10 +289,45 @@ class PgStore final : public sql_internal::SqlStore {
 
 bool IsUrl(std::string_view url) { return url.starts_with("postgres://") || url.starts_with("postgresql://"); }
 
-Result<std::unique_ptr<Store>> Open(const Options& options) {
+namespace {
+// Takes idem's own options out of a postgres:// URL's query (libpq would
+// refuse them): idem_partition_by_day=true|false.
+Result<Options> ApplyUrlOptions(Options o) {
+  auto q = o.url.find('?');
+  if (!IsUrl(o.url) || q == std::string::npos) return o;
+  std::string kept;
+  std::string_view query = std::string_view(o.url).substr(q + 1);
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (!kv.starts_with("idem_")) {
+      kept += kept.empty() ? "" : "&";
+      kept += kv;
+      continue;
+    }
+    auto eq = kv.find('=');
+    std::string_view k = kv.substr(0, eq), v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+    if (k == "idem_partition_by_day" && (v == "true" || v == "1")) {
+      o.partition_by_day = true;
+    } else if (k == "idem_partition_by_day" && (v == "false" || v == "0")) {
+      o.partition_by_day = false;
+    } else {
+      return Status::InvalidArgument("unknown idem option '" + std::string(kv) +
+                                     "' in the PostgreSQL URL (known: idem_partition_by_day=true|false)");
+    }
+  }
+  o.url = o.url.substr(0, q) + (kept.empty() ? "" : "?" + kept);
+  return o;
+}
+}  // namespace
+
+Result<std::unique_ptr<Store>> Open(const Options& given) {
+  IDEM_ASSIGN_OR_RETURN(Options options, ApplyUrlOptions(given));
   auto store = std::make_unique<PgStore>(options);
   std::string name = options.url.empty() ? "PostgreSQL (PG* environment)" : "PostgreSQL";
   IDEM_RETURN_IF_ERROR(store->Init(options.create_if_missing, name));
+  IDEM_RETURN_IF_ERROR(store->InitPartitions().WithContext(name + ": daily partitions"));
   return std::unique_ptr<Store>(std::move(store));
 }
 

@@ -24,12 +24,18 @@
 
 namespace idem::testing {
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
-                         ::testing::Values(StoreParam{"postgres",
-                                                      [](const TempDir& d, Env* env) {
-                                                        return postgres::Open({.url = SchemaUrl(d.path()), .env = env});
-                                                      }}),
-                         StoreParamName);
+INSTANTIATE_TEST_SUITE_P(
+    Stores, StoreConformance,
+    ::testing::Values(StoreParam{"postgres",
+                                 [](const TempDir& d, Env* env) {
+                                   return postgres::Open({.url = SchemaUrl(d.path()), .env = env});
+                                 }},
+                      StoreParam{"postgres_daily_partitions",
+                                 [](const TempDir& d, Env* env) {
+                                   return postgres::Open(
+                                       {.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
+                                 }}),
+    StoreParamName);
 
 namespace {
 
@@ -53,9 +59,10 @@ TEST(PostgresErrors, SqlStateTranslationTable) {
 
 class Postgres : public ::testing::Test {
  protected:
+  virtual bool daily() const { return false; }
   void SetUp() override {
     url_ = FreshSchemaUrl();
-    auto s = postgres::Open({.url = url_});
+    auto s = postgres::Open({.url = url_, .partition_by_day = daily()});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -78,12 +85,13 @@ class Postgres : public ::testing::Test {
     }
     ADD_FAILURE() << "backend " << pid << " still alive";
   }
+  void RaceBothOrders();
   // Waits (bounded) until some backend of this test waits on a lock.
   static bool SomeoneWaitsOnALock() {
     for (int i = 0; i < 1000; ++i) {
       PGconn* c = PQconnectdb(PgUrl().c_str());
       PGresult* r = PQexec(c, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                              " AND query LIKE '%idem_markers%'");
+                              " AND (query LIKE '%idem_markers%' OR query LIKE '%pg_advisory_xact_lock%')");
       bool waiting = PQntuples(r) > 0;
       PQclear(r);
       PQfinish(c);
@@ -97,10 +105,20 @@ class Postgres : public ::testing::Test {
   std::unique_ptr<Store> store_;
 };
 
+// The same with markers partitioned by day.
+class PostgresDaily : public Postgres {
+ protected:
+  bool daily() const override { return true; }
+};
+
 // Two consumers race on one message. The second insert waits for the first
 // transaction; then it sees a duplicate (first committed) or applies the
-// work itself (first rolled back). Both orders, driven explicitly.
-TEST_F(Postgres, RaceSecondWaitsThenSeesDuplicateOrApplies) {
+// work itself (first rolled back). Both orders, driven explicitly, on both
+// layouts (the unique key arbitrates in one, the per-key advisory lock in the other).
+TEST_F(Postgres, RaceSecondWaitsThenSeesDuplicateOrApplies) { RaceBothOrders(); }
+TEST_F(PostgresDaily, RaceSecondWaitsThenSeesDuplicateOrApplies) { RaceBothOrders(); }
+
+void Postgres::RaceBothOrders() {
   for (bool first_commits : {true, false}) {
     SCOPED_TRACE(first_commits ? "first commits" : "first rolls back");
     Inbox inbox(*store_, {.consumer = first_commits ? "commit-order" : "rollback-order"});
@@ -261,6 +279,45 @@ TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
   EXPECT_EQ(*store_->CountMarkers("payments"), 0);
 }
 
+// Purge drops whole days: the partition tables go, their markers with them,
+// and younger days stay.
+TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
+  const int64_t day = 86'400'000;
+  FakeEnv env(20'000 * day + 3'600'000);  // 01:00 on day 20000
+  std::string url = FreshSchemaUrl();
+  auto store = postgres::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(CreatePayments(**store).ok());
+  Inbox inbox(**store, {.consumer = "payments", .env = &env});
+  for (int d = 0; d < 3; ++d) {
+    for (int i = 0; i < 10; ++i)
+      for (int copy = 0; copy < 2; ++copy)
+        inbox.Handle(Msg("d" + std::to_string(d) + "-" + std::to_string(i)), ChargeHandler());
+    env.Advance(day);
+  }
+  EXPECT_EQ(*(*store)->CountMarkers(""), 30);
+  auto tables = [&] {
+    PGconn* c = PQconnectdb(url.c_str());
+    PGresult* r = PQexec(c, "SELECT count(*) FROM pg_tables WHERE tablename IN"
+                            " ('idem_markers_d20000', 'idem_markers_d20001', 'idem_markers_d20002')"
+                            " AND schemaname = current_schema()");
+    int n = std::atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    PQfinish(c);
+    return n;
+  };
+  EXPECT_EQ(tables(), 3);
+  // Retention: everything before day 20002.
+  auto n = (*store)->Purge("", 20'002 * day, 1000);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 20);
+  EXPECT_EQ(tables(), 1);
+  EXPECT_EQ(*(*store)->CountMarkers(""), 10);
+  // The kept day still rejects its duplicates; the purged ones are forgotten.
+  EXPECT_EQ(inbox.Handle(Msg("d2-0"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(inbox.Handle(Msg("d0-0"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+}
+
 TEST(PostgresBadInput, UnreachableServerIsAClearError) {
   auto s = postgres::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_s = 2});
   ASSERT_FALSE(s.ok());
@@ -313,6 +370,22 @@ TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
   ASSERT_FALSE(newer.ok());
   EXPECT_EQ(newer.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(newer.status().message().find("99"), std::string::npos) << newer.status();
+}
+
+TEST(PostgresBadInput, IdemOptionsInTheUrl) {
+  std::string url = FreshSchemaUrl();
+  auto daily = postgres::Open({.url = url + "&idem_partition_by_day=true"});
+  ASSERT_TRUE(daily.ok()) << daily.status();
+  Inbox inbox(**daily, {.consumer = "c"});
+  ASSERT_TRUE(CreatePayments(**daily).ok());
+  for (int i = 0; i < 2; ++i) inbox.Handle(Msg("m"), ChargeHandler());
+  // The daily table holds it; the plain layout does not see it.
+  EXPECT_EQ(*(*daily)->CountMarkers("c"), 1);
+  EXPECT_EQ(*(*postgres::Open({.url = url}))->CountMarkers("c"), 0);
+  auto bad = postgres::Open({.url = url + "&idem_colour=blue"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("idem_colour"), std::string::npos);
 }
 
 TEST(PostgresBadInput, UrlRecognition) {
