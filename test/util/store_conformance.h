@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,9 @@ class StoreConformance : public ::testing::TestWithParam<StoreParam> {
   FakeEnv env_;
   std::unique_ptr<Store> store_;
 };
+
+// Test names show the store's name, not the parameter's bytes.
+inline void PrintTo(const StoreParam& p, std::ostream* os) { *os << p.name; }
 
 inline std::string StoreParamName(const ::testing::TestParamInfo<StoreParam>& p) { return p.param.name; }
 
