@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -94,9 +95,12 @@ class Inbox {
 
   // Handles many messages in one transaction (one commit, so far fewer disk
   // syncs). One outcome per message, in order. A duplicate inside the batch
-  // is detected like one against the table. A failing handler rolls back only
-  // its own message (a savepoint); the others still commit. If the commit
-  // itself fails, every outcome that would have been applied is kFailed.
+  // is detected like one against the table. A failing handler does not cost
+  // the others their effects: the transaction is rolled back and the batch
+  // runs again without the failed message (and its copies), so the other
+  // handlers may run more than once (their transactional writes commit once;
+  // calls outside the transaction must carry DownstreamKey anyway). If the
+  // commit itself fails, every message is kFailed.
   std::vector<Outcome> HandleBatch(std::span<const Message> messages, const Handler& handler);
 
   InboxCounters counters() const;
@@ -107,6 +111,14 @@ class Inbox {
   Env* env() const { return options_.env; }
 
  private:
+  struct Attempt {
+    std::optional<size_t> failed;  // the message whose handler failed
+    Status status;                 // its error
+  };
+  // One transaction over the messages not excluded; stops at the first
+  // handler failure (rolled back) and says which.
+  Attempt TryBatch(std::span<const Message> messages, const Handler& handler, const std::vector<bool>& excluded,
+                   std::vector<Outcome>& out);
   // After a commit reported kInDoubt: reads the markers of the messages whose
   // handler ran back, to learn whether the commit happened.
   void ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,

@@ -137,8 +137,8 @@ struct FailureCount {
   bool already_applied = false;
 };
 
-// A transaction as the Inbox drives it: the user's view plus the marker and
-// savepoint operations. The destructor rolls back unless Commit() succeeded.
+// A transaction as the Inbox drives it: the user's view plus the marker
+// operations. The destructor rolls back unless Commit() succeeded.
 class StoreTransaction : public Transaction {
  public:
   // Inserts the marker unless (consumer, id) exists. Returns std::nullopt
@@ -148,15 +148,12 @@ class StoreTransaction : public Transaction {
   // The same for many markers in one go; element i answers markers[i].
   // Markers later in the span see those earlier in it.
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers);
-  // Removes a marker inserted earlier in this transaction (a batch member
-  // whose handler failed).
-  virtual Status DeleteMarker(std::string_view consumer, std::string_view id) = 0;
   // Records a dead letter (upsert on (consumer, id)).
   virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
 
-  virtual Status Savepoint() = 0;          // nestable, LIFO
-  virtual Status ReleaseSavepoint() = 0;   // keeps the work since the savepoint
-  virtual Status RollbackToSavepoint() = 0;  // undoes it, and releases
+  // False once the connection under the transaction is known to be broken:
+  // a handler error then is the store's failure, not the handler's.
+  virtual bool Healthy() const { return true; }
   // Commits. Code::kInDoubt when the outcome is unknown (the connection died
   // during COMMIT): read the marker with Store::FindMarker to learn it.
   virtual Status Commit() = 0;

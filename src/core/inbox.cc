@@ -4,7 +4,6 @@
 #include <exception>
 #include <optional>
 #include <string>
-#include <unordered_set>
 
 namespace idem {
 
@@ -66,61 +65,65 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
     for (auto& o : out) o = Failed(s.WithContext("consumer name"));
     return out;
   }
-  // All markers go in with one call (one statement where the store can), so
-  // a batch costs one round trip for its markers. A single message needs no
-  // savepoint: its failure rolls back the whole transaction. In a batch each
-  // handler runs under a savepoint, so a failure undoes only that message's
-  // writes, and its marker is deleted again.
-  const bool batch = messages.size() > 1;
+  // Optimistic: the whole batch in one transaction with no savepoints (on
+  // PostgreSQL each would cost two round trips per message). When a handler
+  // fails, the transaction is rolled back and the batch runs again without
+  // that message (and its copies); the others' handlers run again then.
+  std::vector<bool> excluded(messages.size(), false);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (Status s = ValidateId(messages[i].id); !s.ok()) {
+      out[i] = Failed(s);
+      excluded[i] = true;
+    }
+  }
+  for (;;) {
+    Attempt a = TryBatch(messages, handler, excluded, out);
+    if (!a.failed.has_value()) break;
+    const std::string& id = messages[*a.failed].id;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (excluded[i] || messages[i].id != id) continue;
+      excluded[i] = true;
+      out[i] = Failed(i == *a.failed ? a.status
+                                     : Status::HandlerFailed("another copy of this message in the batch failed: " +
+                                                             a.status.message()));
+    }
+  }
+  for (auto& o : out) Count(o);
+  return out;
+}
+
+Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler& handler,
+                               const std::vector<bool>& excluded, std::vector<Outcome>& out) {
   const int64_t now = options_.env->NowMs();
   std::vector<size_t> index;  // markers[k] belongs to messages[index[k]]
   std::vector<Marker> markers;
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (Status s = ValidateId(messages[i].id); !s.ok()) {
-      out[i] = Failed(s);
-      continue;
-    }
+    if (excluded[i]) continue;
+    out[i] = Outcome{};
     index.push_back(i);
     markers.push_back(Marker{options_.consumer, messages[i].id, FingerprintOf(messages[i].payload), now});
   }
-  if (markers.empty()) {
-    for (auto& o : out) Count(o);
-    return out;
-  }
-  std::vector<bool> pending(messages.size(), false);  // applied if the commit succeeds
-
-  auto tx_or = store_.Begin();
-  if (!tx_or.ok()) {
-    for (size_t i : index) out[i] = Failed(tx_or.status());
-    for (auto& o : out) Count(o);
-    return out;
-  }
-  StoreTransaction& tx = **tx_or;
-
-  auto abort_all = [&](const Status& s) {
-    tx.Rollback();
-    for (size_t i : index)
-      if (out[i].kind != Outcome::Kind::kFailed || out[i].status.ok()) out[i] = Failed(s);
-    for (auto& o : out) Count(o);
-    return out;
+  if (markers.empty()) return {};
+  auto fail_all = [&](const Status& s) {
+    for (size_t i : index) out[i] = Failed(s);
+    return Attempt{};
   };
 
+  auto tx_or = store_.Begin();
+  if (!tx_or.ok()) return fail_all(tx_or.status());
+  StoreTransaction& tx = **tx_or;
+  // All markers go in with one call (one statement where the store can).
   auto existing = tx.InsertMarkers(markers);
-  if (!existing.ok()) return abort_all(existing.status());
-  if (existing->size() != markers.size()) return abort_all(Status::Internal("InsertMarkers answered the wrong count"));
-  std::unordered_set<std::string_view> failed_ids;  // handler failed: its marker is gone again
+  if (!existing.ok()) return fail_all(existing.status());
+  if (existing->size() != markers.size()) return fail_all(Status::Internal("InsertMarkers answered the wrong count"));
 
+  std::vector<bool> pending(messages.size(), false);  // applied if the commit succeeds
   for (size_t k = 0; k < markers.size(); ++k) {
     const size_t i = index[k];
     const Message& m = messages[i];
     const Marker& marker = markers[k];
-    if (batch && k == markers.size() / 2) IDEM_KILL_POINT("inbox.batch_mid");
+    if (markers.size() > 1 && k == markers.size() / 2) IDEM_KILL_POINT("inbox.batch_mid");
     if ((*existing)[k].has_value()) {
-      if (failed_ids.count(m.id) > 0) {
-        // Its "duplicate" is an earlier copy in this batch whose handler failed.
-        out[i] = Failed(Status::HandlerFailed("an earlier copy of this message in the batch failed"));
-        continue;
-      }
       const Fingerprint& stored = *(*existing)[k];
       if (stored == marker.fingerprint) {
         out[i].kind = Outcome::Kind::kDuplicate;
@@ -132,25 +135,25 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
                           "id reused for a different payload: stored fingerprint " + ToHex(stored) +
                               ", incoming " + ToHex(marker.fingerprint),
                           m.attempt, m.payload, now};
-        if (Status s = tx.PutDeadLetter(letter); !s.ok()) return abort_all(s);
+        if (Status s = tx.PutDeadLetter(letter); !s.ok()) {
+          tx.Rollback();
+          return fail_all(s);
+        }
       }
       continue;
     }
     IDEM_KILL_POINT("inbox.after_marker");
-    if (batch) {
-      if (Status s = tx.Savepoint(); !s.ok()) return abort_all(s);
-    }
     Status hs = RunHandler(handler, tx, m);
-    if (!hs.ok()) {
-      out[i] = Failed(hs);
-      if (!batch) return abort_all(hs);
-      if (Status s = tx.RollbackToSavepoint(); !s.ok()) return abort_all(s);
-      if (Status s = tx.DeleteMarker(options_.consumer, m.id); !s.ok()) return abort_all(s);
-      failed_ids.insert(m.id);
-      continue;
+    if (!hs.ok() && !tx.Healthy()) {
+      // The connection died under the handler: the store failed, not the
+      // message. Nothing is committed; every message is delivered again.
+      tx.Rollback();
+      return fail_all(Status::Unavailable("the store connection was lost while a handler ran (" + hs.message() + ")"));
     }
-    if (batch) {
-      if (Status s = tx.ReleaseSavepoint(); !s.ok()) return abort_all(s);
+    if (!hs.ok()) {
+      tx.Rollback();
+      for (size_t j : index) out[j] = Outcome{};
+      return Attempt{i, hs};
     }
     pending[i] = true;
   }
@@ -158,20 +161,20 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   IDEM_KILL_POINT("inbox.after_work");
   Status cs = tx.Commit();
   if (cs.code() == Code::kInDoubt) {
+    for (size_t i : index)
+      if (pending[i]) out[i] = Failed(cs);  // until the marker says otherwise
     ResolveInDoubt(messages, pending, out, cs);
   } else if (!cs.ok()) {
     // Nothing of the transaction is saved. Duplicates and conflicts found in
     // it are still true, but a conflict's dead letter was not written, so
     // every message must be delivered again.
-    for (auto& o : out)
-      if (o.kind != Outcome::Kind::kFailed || o.status.ok()) o = Failed(cs);
+    return fail_all(cs);
   } else {
-    for (size_t i = 0; i < out.size(); ++i)
+    for (size_t i : index)
       if (pending[i]) out[i].kind = Outcome::Kind::kApplied;
   }
   IDEM_KILL_POINT("inbox.after_commit");
-  for (auto& o : out) Count(o);
-  return out;
+  return {};
 }
 
 void Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,

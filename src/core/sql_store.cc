@@ -28,11 +28,6 @@ Status SqlTransaction::Usable() const {
   return done_ ? Status::Internal("transaction already committed or rolled back") : Status::OK();
 }
 
-Status SqlTransaction::Script(const char* sql) {
-  IDEM_RETURN_IF_ERROR(Usable());
-  return conn_->Script(sql);
-}
-
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   return conn_->Exec(sql, params);
@@ -53,21 +48,10 @@ Result<std::vector<std::optional<Fingerprint>>> SqlTransaction::InsertMarkers(st
   return store_.InsertMarkers(*conn_, markers);
 }
 
-Status SqlTransaction::DeleteMarker(std::string_view consumer, std::string_view id) {
-  IDEM_RETURN_IF_ERROR(Usable());
-  Value p[] = {std::string(consumer), IdBlob(id)};
-  return conn_->Exec(store_.dialect().delete_marker, p).status();
-}
-
 Status SqlTransaction::PutDeadLetter(const DeadLetter& d) {
   IDEM_RETURN_IF_ERROR(Usable());
   Value p[] = {d.consumer, IdBlob(d.id), d.reason, d.error, d.attempts, Blob{d.payload}, d.at_ms};
   return conn_->Exec(kPutDeadLetter, p).status();
-}
-
-Status SqlTransaction::RollbackToSavepoint() {
-  IDEM_RETURN_IF_ERROR(Script("ROLLBACK TO SAVEPOINT idem_sp"));
-  return Script("RELEASE SAVEPOINT idem_sp");
 }
 
 Status SqlTransaction::Commit() {

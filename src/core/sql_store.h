@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // Internal: the part of a store that is the same on every SQL database: the
-// connection pool, transactions with savepoints, marker statements, failure
+// connection pool, transactions, marker statements, failure
 // counts, dead letters, purge, inspection, migrations. A backend supplies a
 // Connection, a Dialect (its SQL text and migrations) and, where it can do
 // better than one statement per marker, InsertMarkers.
@@ -67,7 +67,6 @@ struct Dialect {
   std::span<const Migration> migrations;
   const char* insert_marker;    // ($1 consumer, $2 id, $3 fingerprint, $4 at) ON CONFLICT DO NOTHING
   const char* find_marker;      // ($1 consumer, $2 id) -> fingerprint, processed_at_ms
-  const char* delete_marker;    // ($1 consumer, $2 id)
   const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
   const char* count_markers;    // ($1 consumer or '')
   const char* list_markers;     // ($1 consumer or '', $2 limit)
@@ -105,19 +104,15 @@ class SqlTransaction : public StoreTransaction {
   void* NativeHandle() override { return conn_->Native(); }
   Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
-  Status DeleteMarker(std::string_view consumer, std::string_view id) override;
   Status PutDeadLetter(const DeadLetter& d) override;
-  Status Savepoint() override { return Script("SAVEPOINT idem_sp"); }
-  Status ReleaseSavepoint() override { return Script("RELEASE SAVEPOINT idem_sp"); }
-  Status RollbackToSavepoint() override;
   Status Commit() override;
   void Rollback() noexcept override;
+  bool Healthy() const override { return conn_->Healthy(); }
 
   Connection& conn() { return *conn_; }
 
  private:
   Status Usable() const;
-  Status Script(const char* sql);
 
   SqlStore& store_;
   Lease conn_;

@@ -75,7 +75,6 @@ inline constexpr const char* kDailyFindMarkersHead =
     "SELECT id, fingerprint FROM idem_markers_daily WHERE consumer = $1 AND id IN (";
 inline constexpr const char* kDailyFindMarker =
     "SELECT fingerprint, processed_at_ms FROM idem_markers_daily WHERE consumer = $1 AND id = $2";
-inline constexpr const char* kDailyDeleteMarker = "DELETE FROM idem_markers_daily WHERE consumer = $1 AND id = $2";
 inline constexpr const char* kDailyPurgeMarkers =
     "DELETE FROM idem_markers_daily WHERE (consumer, id, processed_at_ms) IN ("
     " SELECT consumer, id, processed_at_ms FROM idem_markers_daily WHERE processed_at_ms < $1"
@@ -99,7 +98,6 @@ inline constexpr const char* kFindMarkersHead =
     "SELECT id, fingerprint FROM idem_markers WHERE consumer = $1 AND id IN (";
 inline constexpr const char* kFindMarker =
     "SELECT fingerprint, processed_at_ms FROM idem_markers WHERE consumer = $1 AND id = $2";
-inline constexpr const char* kDeleteMarker = "DELETE FROM idem_markers WHERE consumer = $1 AND id = $2";
 // SKIP LOCKED: purgers running at once take disjoint rows, never wait on
 // each other, never deadlock.
 inline constexpr const char* kPurgeMarkers =

@@ -65,7 +65,6 @@ constexpr sql_internal::Dialect kDialect{
     .migrations = pg_internal::kMigrations,
     .insert_marker = pg_internal::kInsertMarker,
     .find_marker = pg_internal::kFindMarker,
-    .delete_marker = pg_internal::kDeleteMarker,
     .purge_markers = pg_internal::kPurgeMarkers,
     .count_markers = pg_internal::kCountMarkers,
     .list_markers = pg_internal::kListMarkers,
@@ -79,7 +78,6 @@ constexpr sql_internal::Dialect kDailyDialect{
     .migrations = pg_internal::kMigrations,
     .insert_marker = "",  // InsertMarkers is PgStore's own in this layout
     .find_marker = pg_internal::kDailyFindMarker,
-    .delete_marker = pg_internal::kDailyDeleteMarker,
     .purge_markers = pg_internal::kDailyPurgeMarkers,
     .count_markers = pg_internal::kDailyCountMarkers,
     .list_markers = pg_internal::kDailyListMarkers,

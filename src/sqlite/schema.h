@@ -54,7 +54,6 @@ inline constexpr const char* kInsertMarker =
     "ON CONFLICT DO NOTHING";
 inline constexpr const char* kFindMarker =
     "SELECT fingerprint, processed_at_ms FROM idem_markers WHERE consumer = $1 AND id = $2";
-inline constexpr const char* kDeleteMarker = "DELETE FROM idem_markers WHERE consumer = $1 AND id = $2";
 inline constexpr const char* kPurgeMarkers =
     "DELETE FROM idem_markers WHERE (consumer, id) IN ("
     " SELECT consumer, id FROM idem_markers WHERE processed_at_ms < $1 AND ($2 = '' OR consumer = $2)"

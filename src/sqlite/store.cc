@@ -52,7 +52,6 @@ constexpr sql_internal::Dialect kDialect{
     .migrations = sqlite_internal::kMigrations,
     .insert_marker = sqlite_internal::kInsertMarker,
     .find_marker = sqlite_internal::kFindMarker,
-    .delete_marker = sqlite_internal::kDeleteMarker,
     .purge_markers = sqlite_internal::kPurgeMarkers,
     .count_markers = sqlite_internal::kCountMarkers,
     .list_markers = sqlite_internal::kListMarkers,
