@@ -65,6 +65,23 @@ TEST(SqliteStore, UrlParsing) {
   EXPECT_EQ(sqlite::ParseUrl("sqlite:").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?synchronous=maybe").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?color=red").status().code(), Code::kInvalidArgument);
+  auto tuned = sqlite::ParseUrl("sqlite:x.db?page_size=2048&cache_kib=4096&wal_autocheckpoint=500");
+  ASSERT_TRUE(tuned.ok());
+  EXPECT_EQ(tuned->page_size, 2048);
+  EXPECT_EQ(tuned->cache_kib, 4096);
+  EXPECT_EQ(tuned->wal_autocheckpoint_pages, 500);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
+}
+
+TEST(SqliteStore, PageSizeAppliesToNewFilesAndIsValidated) {
+  TempDir dir;
+  auto s = sqlite::Open({.path = dir.File("p.db"), .page_size = 2048});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto tx = (*s)->Begin();
+  auto r = (*tx)->Query("PRAGMA page_size");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->rows[0][0].AsInt(), 2048);
+  EXPECT_EQ(sqlite::Open({.path = dir.File("q.db"), .page_size = 3000}).status().code(), Code::kInvalidArgument);
 }
 
 TEST(SqliteStore, MissingDirectoryIsAClearError) {

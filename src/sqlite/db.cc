@@ -116,7 +116,10 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
       return Status::Corruption(o.path + " is not a SQLite database, or it is corrupt (" + s.message() + ")");
     return s;
   }
-  std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
+  // page_size only takes effect before the file's first table exists.
+  std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +
+                        "; PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=" +
+                        std::to_string(o.wal_autocheckpoint_pages) + "; PRAGMA synchronous=" + o.synchronous +
                         "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) + "; PRAGMA foreign_keys=ON;";
   IDEM_RETURN_IF_ERROR(db->Script(pragmas).WithContext("configure " + o.path));
   return db;

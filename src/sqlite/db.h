@@ -58,7 +58,9 @@ struct OpenOptions {
   int busy_timeout_ms = 10'000;
   // PRAGMA synchronous value: "OFF", "NORMAL", "FULL".
   std::string synchronous = "FULL";
-  int cache_kib = 8 * 1024;
+  int cache_kib = 16 * 1024;
+  int wal_autocheckpoint_pages = 10'000;
+  int page_size = 4096;  // new files only
 };
 
 // One connection with a cache of prepared statements. Used by one thread at

@@ -63,6 +63,8 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
   oo.create = create;
   oo.busy_timeout_ms = o.busy_timeout_ms;
   oo.cache_kib = o.cache_kib;
+  oo.wal_autocheckpoint_pages = o.wal_autocheckpoint_pages;
+  oo.page_size = o.page_size;
   oo.synchronous = o.synchronous == Synchronous::kFull     ? "FULL"
                    : o.synchronous == Synchronous::kNormal ? "NORMAL"
                                                            : "OFF";
@@ -89,6 +91,9 @@ class SqliteStore final : public sql_internal::SqlStore {
 
 Result<std::unique_ptr<Store>> Open(const Options& options) {
   if (options.path.empty()) return Status::InvalidArgument("SQLite store: path is empty");
+  if (options.page_size < 512 || options.page_size > 65536 || (options.page_size & (options.page_size - 1)) != 0)
+    return Status::InvalidArgument("SQLite store: page_size must be a power of two from 512 to 65536, not " +
+                                   std::to_string(options.page_size));
   auto store = std::make_unique<SqliteStore>(options);
   store->set_create_file(options.create_if_missing);
   IDEM_RETURN_IF_ERROR(store->Init(options.create_if_missing, options.path));
@@ -105,6 +110,13 @@ Result<Options> ParseUrl(std::string_view url) {
       else if (v == "normal" || v == "NORMAL") o.synchronous = Synchronous::kNormal;
       else if (v == "off" || v == "OFF") o.synchronous = Synchronous::kOff;
       else return Status::InvalidArgument("synchronous must be full, normal or off, not '" + v + "'");
+    } else if (k == "page_size" || k == "cache_kib" || k == "wal_autocheckpoint") {
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0)
+        return Status::InvalidArgument("SQLite URL option " + k + " must be a number, not '" + v + "'");
+      (k == "page_size" ? o.page_size : k == "cache_kib" ? o.cache_kib : o.wal_autocheckpoint_pages) =
+          static_cast<int>(n);
     } else if (k == "busy_timeout_ms") {
       o.busy_timeout_ms = std::atoi(v.c_str());
     } else {

@@ -36,8 +36,18 @@ struct Options {
   // How long a writer waits for another connection's or process's lock before
   // giving Code::kBusy. Default: 10 s.
   int busy_timeout_ms = 10'000;
-  // Page cache per connection, in KiB. Default: 8 MiB.
-  int cache_kib = 8 * 1024;
+  // Page cache per connection, in KiB. Each pooled connection has its own;
+  // the markers stay on disk (and in the OS page cache), not here.
+  // Default: 16 MiB.
+  int cache_kib = 16 * 1024;
+  // Pages the WAL may hold before a commit copies them back into the
+  // database file (a checkpoint). Larger: fewer, longer checkpoints and a
+  // larger -wal file (pages x page size). Default: 10000.
+  int wal_autocheckpoint_pages = 10'000;
+  // Page size of a NEW database file, in bytes (512..65536, a power of two);
+  // an existing file keeps its own. Random marker keys dirty one page each
+  // per commit, so smaller pages mean fewer bytes written. Default: 4096.
+  int page_size = 4096;
   // Create the file and idem's tables when missing. Default: true. When
   // false, a file without idem's schema is an error.
   bool create_if_missing = true;
