@@ -399,8 +399,13 @@ const Command& BenchCommand() {
       "           fresh id. Per message (--batch 1) it also measures the disk's fdatasync rate.\n"
       "           On PostgreSQL (--store postgres://...) the same, with --consumers threads at once.\n"
       "           The retained markers are written once with the real layout and reused by later runs\n"
-      "           on the same file; the business table bench_payments is emptied after each run.",
-      "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]",
+      "           on the same file; the business table bench_payments is emptied after each run.\n\n"
+      "  peers    idem on the workload of the peer libraries in ../shared/peers (N unique messages,\n"
+      "           each delivered DUP times, CONCURRENCY in flight, one payments row each; N, DUP and\n"
+      "           CONCURRENCY from the environment or --n/--dup/--concurrency), printing their result\n"
+      "           line. --store defaults to PostgreSQL from the PG* environment. See bench/peers/.",
+      "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
+      "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -410,7 +415,10 @@ const Command& BenchCommand() {
        {"seconds", "S", "2", "time per measured round and side"},
        {"rounds", "R", "3", "measured rounds per side"},
        {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
-       {"json", "", "", "print one JSON object"}}};
+       {"json", "", "", "print one JSON object"},
+       {"n", "N", "", "peers: unique messages (default: $N or 20000)"},
+       {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},
+       {"concurrency", "C", "", "peers: deliveries in flight (default: $CONCURRENCY or 16)"}}};
   return c;
 }
 
@@ -418,12 +426,12 @@ int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
     return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
-  if (pos[0] != "marker")
-    return Fail("bench",
-                Status::InvalidArgument("unknown subcommand '" + pos[0] + "': expected 'marker' (see idem bench --help)"));
+  if (pos[0] != "marker" && pos[0] != "peers")
+    return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
+                                                 "': expected 'marker' or 'peers' (see idem bench --help)"));
   if (pos.size() > 1)
-    return Fail("bench marker", Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
-  return RunMarker(args);
+    return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
+  return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 
 }  // namespace idem::cli

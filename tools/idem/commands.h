@@ -14,6 +14,7 @@ int RunDemo(const Args& args);
 
 const Command& BenchCommand();
 int RunBench(const Args& args);
+int RunBenchPeers(const Args& args);  // idem bench peers (bench_peers.cc)
 
 const Command& SchemaCommand();
 int RunSchema(const Args& args);

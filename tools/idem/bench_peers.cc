@@ -1,0 +1,137 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem bench peers: idem on the peers' workload (../shared/peers), speaking
+// their result line, so it can run in the same round as they do
+// (bench/peers/run-with-idem.sh adds it to their run-all.sh).
+//
+// N unique messages, each delivered DUP times in passes (all ids, then all
+// again), CONCURRENCY deliveries in flight (one worker thread each); id i is
+// the UUID 00000000-0000-4000-8000-<i as 12 hex digits>, amount (i % 1000) + 1
+// cents; the handler inserts one payments row. Per delivery (or per batch of
+// --batch deliveries): one transaction with the marker, committed before the
+// next, as durable as the server's synchronous_commit.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+#include <span>
+#include <vector>
+
+#include "commands.h"
+#include "idem/inbox.h"
+
+namespace idem::cli {
+
+int RunBenchPeers(const Args& args) {
+  const std::string cmd = "bench peers";
+  auto env_or = [&](const char* flag, const char* var, int64_t def) -> Result<int64_t> {
+    if (args.Has(flag)) return args.GetInt(flag);
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == '\0') return def;
+    char* end = nullptr;
+    long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0') return Status::InvalidArgument(std::string(var) + " must be an integer, not '" + v + "'");
+    return static_cast<int64_t>(n);
+  };
+  auto n = env_or("n", "N", 20000);
+  auto dup = env_or("dup", "DUP", 2);
+  auto conc = env_or("concurrency", "CONCURRENCY", 16);
+  auto batch = args.GetInt("batch");
+  for (const auto* r : {&n, &dup, &conc, &batch})
+    if (!r->ok()) return Fail(cmd, r->status());
+  if (*n < 1 || *dup < 1 || *conc < 1 || *conc > 256 || *batch < 1 || *batch > 10000)
+    return Fail(cmd, Status::InvalidArgument("need N >= 1, DUP >= 1, 1 <= CONCURRENCY <= 256, 1 <= --batch <= 10000"));
+
+  // Default: PostgreSQL as the PG* environment says (the peers' services.sh env).
+  auto store = OpenStore(args.Has("store") ? args.Get("store") : "postgresql://");
+  if (!store.ok()) return Fail(cmd, store.status());
+  Store& s = **store;
+  const std::string consumer = "peers";
+  {
+    auto tx = s.Begin();
+    if (!tx.ok()) return Fail(cmd, tx.status());
+    for (const char* sql : {"DROP TABLE IF EXISTS payments",
+                            "CREATE TABLE payments(message_id text NOT NULL, amount_cents integer NOT NULL)"}) {
+      if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
+    }
+    if (Status st = (*tx)->Commit(); !st.ok()) return Fail(cmd, st);
+    if (auto p = s.Purge(consumer, INT64_MAX, 10000); !p.ok()) return Fail(cmd, p.status());
+  }
+
+  // The deliveries in passes, as the peers make them.
+  std::vector<Message> deliveries;
+  deliveries.reserve(static_cast<size_t>(*n * *dup));
+  for (int64_t d = 0; d < *dup; ++d) {
+    for (int64_t i = 0; i < *n; ++i) {
+      char id[40];
+      std::snprintf(id, sizeof id, "00000000-0000-4000-8000-%012llx", static_cast<unsigned long long>(i));
+      Message m;
+      m.id = id;
+      m.payload = std::to_string(i % 1000 + 1);
+      deliveries.push_back(std::move(m));
+    }
+  }
+  Inbox inbox(s, {.consumer = consumer});
+  Handler handler = [](Transaction& tx, const Message& m) {
+    return tx.Exec("INSERT INTO payments(message_id, amount_cents) VALUES ($1, $2)", {m.id, std::atoll(m.payload.c_str())})
+        .status();
+  };
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> failures{0};
+  const size_t total = deliveries.size(), step = static_cast<size_t>(*batch);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> workers;
+  for (int64_t w = 0; w < *conc; ++w) {
+    workers.emplace_back([&] {
+      for (;;) {
+        size_t at = next.fetch_add(step);
+        if (at >= total) return;
+        std::span<const Message> chunk(deliveries.data() + at, std::min(step, total - at));
+        // A failed delivery is delivered again, as a broker would.
+        for (int tries = 0; tries < 100; ++tries) {
+          bool all_done = true;
+          for (const Outcome& o : inbox.HandleBatch(chunk, handler)) all_done &= o.ShouldAck();
+          if (all_done) break;
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int64_t rows = -1, distinct = -1;
+  {
+    auto tx = s.Begin();
+    if (!tx.ok()) return Fail(cmd, tx.status());
+    auto r = (*tx)->Query("SELECT count(*), count(DISTINCT message_id) FROM payments");
+    if (!r.ok()) return Fail(cmd, r.status());
+    rows = r->rows[0][0].AsInt();
+    distinct = r->rows[0][1].AsInt();
+  }
+  auto markers = s.CountMarkers(consumer);
+  if (!markers.ok()) return Fail(cmd, markers.status());
+  InboxCounters c = inbox.counters();
+  const bool ok = rows == *n && distinct == *n && *markers == *n && c.applied == static_cast<uint64_t>(*n) &&
+                  c.duplicates == static_cast<uint64_t>(*n * (*dup - 1));
+  std::printf("info: concurrency=%lld batch=%lld applied=%llu skipped_duplicates=%llu retried_failures=%lld "
+              "payments=%lld distinct=%lld markers=%lld ok=%s\n",
+              static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<unsigned long long>(c.applied),
+              static_cast<unsigned long long>(c.duplicates), static_cast<long long>(failures.load()),
+              static_cast<long long>(rows), static_cast<long long>(distinct), static_cast<long long>(*markers),
+              ok ? "true" : "false");
+  std::printf("peer=idem%s store=%s unique=%lld deliveries=%zu seconds=%.3f deliveries_per_s=%.1f effects=%lld\n",
+              *batch > 1 ? ("-batch" + std::to_string(*batch)).c_str() : "", std::string(s.Kind()).c_str(),
+              static_cast<long long>(*n), total, seconds, static_cast<double>(total) / seconds,
+              static_cast<long long>(rows));
+  std::fflush(stdout);
+  if (!ok) {
+    std::fprintf(stderr, "CORRECTNESS CHECK FAILED\n");
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace idem::cli
