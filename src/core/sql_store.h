@@ -26,7 +26,7 @@ class Connection {
   virtual ~Connection() = default;
   virtual Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) = 0;
   virtual Result<Rows> Query(std::string_view sql, std::span<const Value> params) = 0;
-  // SQL without parameters (BEGIN, SAVEPOINT, DDL).
+  // SQL without parameters (BEGIN, DDL).
   virtual Status Script(std::string_view sql) = 0;
   // COMMIT. Code::kInDoubt when the outcome is unknown (connection lost
   // while committing).
