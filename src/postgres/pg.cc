@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "postgres/pg.h"
 
+#include "idem/postgres/store.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -79,12 +81,8 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int con
   std::unique_ptr<Conn> conn(new Conn(c));
   if (c == nullptr) return Status::Unavailable("PostgreSQL: out of memory creating a connection");
   if (PQstatus(c) != CONNECTION_OK) {
-    std::string where = conninfo.empty() ? "(PG* environment)" : conninfo;
     // Never echo a password back.
-    if (auto at = where.find('@'); at != std::string::npos && where.rfind("://", at) != std::string::npos) {
-      auto colon = where.find(':', where.find("://") + 3);
-      if (colon != std::string::npos && colon < at) where.replace(colon + 1, at - colon - 1, "***");
-    }
+    std::string where = conninfo.empty() ? "(PG* environment)" : postgres::RedactUrl(conninfo);
     return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + Trim(PQerrorMessage(c)));
   }
   // Notices (e.g. "relation already exists, skipping") are not for stderr.

@@ -285,6 +285,17 @@ class PgStore final : public sql_internal::SqlStore {
 
 }  // namespace
 
+std::string RedactUrl(std::string_view url) {
+  std::string out(url);
+  auto scheme = out.find("://");
+  if (scheme == std::string::npos) return out;
+  auto at = out.find('@', scheme + 3);
+  if (at == std::string::npos) return out;
+  auto colon = out.find(':', scheme + 3);
+  if (colon != std::string::npos && colon < at) out.replace(colon + 1, at - colon - 1, "***");
+  return out;
+}
+
 bool IsUrl(std::string_view url) { return url.starts_with("postgres://") || url.starts_with("postgresql://"); }
 
 namespace {

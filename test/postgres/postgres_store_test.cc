@@ -388,6 +388,12 @@ TEST(PostgresBadInput, IdemOptionsInTheUrl) {
   EXPECT_NE(bad.status().message().find("idem_colour"), std::string::npos);
 }
 
+TEST(PostgresBadInput, PasswordsAreRedacted) {
+  EXPECT_EQ(postgres::RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
+  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
+  EXPECT_EQ(postgres::RedactUrl("postgresql://h/db"), "postgresql://h/db");
+}
+
 TEST(PostgresBadInput, UrlRecognition) {
   EXPECT_TRUE(postgres::IsUrl("postgres://h/db"));
   EXPECT_TRUE(postgres::IsUrl("postgresql://h/db"));

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../bench/marker_workload.h"
+#include "marker_workload.h"
 #include "commands.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
@@ -280,7 +280,7 @@ int RunMarker(const Args& args) {
     sync = r->rows[0][0].AsText();
   }
   const std::string sync_label = (pg ? "synchronous_commit " : "synchronous ") + sync;
-  const std::string where = pg ? url : opts.path;
+  const std::string where = pg ? postgres::RedactUrl(url) : opts.path;
 
   double fsync_per_s = 0;
   if (*batch == 1) {

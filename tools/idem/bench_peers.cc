@@ -65,7 +65,7 @@ int RunBenchPeers(const Args& args) {
   deliveries.reserve(static_cast<size_t>(*n * *dup));
   for (int64_t d = 0; d < *dup; ++d) {
     for (int64_t i = 0; i < *n; ++i) {
-      char id[40];
+      char id[64];
       std::snprintf(id, sizeof id, "00000000-0000-4000-8000-%012llx", static_cast<unsigned long long>(i));
       Message m;
       m.id = id;

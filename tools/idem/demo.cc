@@ -28,6 +28,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
+#include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
 #include "provider.h"
 
@@ -632,7 +633,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
-  say("  see what is stored: idem inspect --store '" + f.store + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
+  say("  see what is stored: idem inspect --store '" + postgres::RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
       "?queue=payments'");
   return r;
 }

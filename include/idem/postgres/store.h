@@ -57,6 +57,9 @@ struct Options {
 // with create_if_missing off).
 Result<std::unique_ptr<Store>> Open(const Options& options);
 
+// `url` with its password replaced by "***", for messages and output.
+std::string RedactUrl(std::string_view url);
+
 // Whether `url` names a PostgreSQL store ("postgres://" or "postgresql://").
 bool IsUrl(std::string_view url);
 
