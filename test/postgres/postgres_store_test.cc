@@ -290,9 +290,13 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   ASSERT_TRUE(CreatePayments(**store).ok());
   Inbox inbox(**store, {.consumer = "payments", .env = &env});
   for (int d = 0; d < 3; ++d) {
-    for (int i = 0; i < 10; ++i)
-      for (int copy = 0; copy < 2; ++copy)
-        inbox.Handle(Msg("d" + std::to_string(d) + "-" + std::to_string(i)), ChargeHandler());
+    for (int i = 0; i < 10; ++i) {
+      std::string id = "d";
+      id += std::to_string(d);
+      id += '-';
+      id += std::to_string(i);
+      for (int copy = 0; copy < 2; ++copy) inbox.Handle(Msg(id), ChargeHandler());
+    }
     env.Advance(day);
   }
   EXPECT_EQ(*(*store)->CountMarkers(""), 30);
