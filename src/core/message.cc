@@ -3,6 +3,7 @@
 
 #include <openssl/evp.h>
 
+#include <memory>
 #include <string>
 
 namespace idem {
@@ -21,10 +22,27 @@ Status ValidateId(std::string_view id) {
   return Status::OK();
 }
 
+namespace {
+// OpenSSL 3 looks the algorithm up (under a lock) on every EVP_Digest call:
+// fetch it once, and keep one context per thread.
+const EVP_MD* Sha256() {
+  static EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+struct CtxDeleter {
+  void operator()(EVP_MD_CTX* c) const noexcept { EVP_MD_CTX_free(c); }
+};
+}  // namespace
+
 Fingerprint FingerprintOf(std::string_view payload) {
   Fingerprint fp{};
   unsigned int len = 0;
-  // EVP_Digest is one-shot; SHA-256 cannot fail on in-memory input.
+  thread_local std::unique_ptr<EVP_MD_CTX, CtxDeleter> ctx(EVP_MD_CTX_new());
+  // SHA-256 of in-memory input cannot fail once the context exists.
+  if (ctx && EVP_DigestInit_ex(ctx.get(), Sha256(), nullptr) == 1 &&
+      EVP_DigestUpdate(ctx.get(), payload.data(), payload.size()) == 1 &&
+      EVP_DigestFinal_ex(ctx.get(), fp.data(), &len) == 1)
+    return fp;
   EVP_Digest(payload.data(), payload.size(), fp.data(), &len, EVP_sha256(), nullptr);
   return fp;
 }

@@ -2,6 +2,8 @@
 #include "core/sql_store.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <cstring>
 #include <string>
 
@@ -109,6 +111,7 @@ Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() {
 
 Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkers(Connection& c,
                                                                         std::span<const Marker> markers) {
+  if (markers.size() > 1 && dialect_.insert_markers_head != nullptr) return InsertMarkersMultiRow(c, markers);
   std::vector<std::optional<Fingerprint>> out;
   out.reserve(markers.size());
   for (const Marker& m : markers) {
@@ -122,6 +125,72 @@ Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkers(Connecti
     IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(dialect_.find_marker, key));
     if (rows.rows.empty()) return Status::Internal("marker insert was ignored but no marker exists");
     out.emplace_back(ToFingerprint(rows.rows[0][0]));
+  }
+  return out;
+}
+
+// A batch's markers (one consumer) in two statements per chunk: one
+// multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, then one SELECT
+// for the ids that already existed. Within the batch only the first copy of
+// an id is inserted; later copies answer with its fingerprint.
+Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkersMultiRow(Connection& c,
+                                                                                std::span<const Marker> markers) {
+  constexpr size_t kChunk = 1000;  // 4 parameters each: under every server's limit
+  std::map<std::string_view, size_t> first;  // id -> index of its first copy
+  std::vector<size_t> unique;
+  for (size_t i = 0; i < markers.size(); ++i)
+    if (first.emplace(markers[i].id, i).second) unique.push_back(i);
+  std::set<std::string> inserted;
+  std::map<std::string, Fingerprint> stored;  // ids that existed before this batch
+  for (size_t from = 0; from < unique.size(); from += kChunk) {
+    const size_t to = std::min(unique.size(), from + kChunk);
+    std::string sql = dialect_.insert_markers_head;
+    std::vector<Value> params;
+    params.reserve((to - from) * 4);
+    for (size_t k = from; k < to; ++k) {
+      const Marker& m = markers[unique[k]];
+      const size_t b = (k - from) * 4;
+      sql += (k > from ? ",($" : "($") + std::to_string(b + 1) + ",$" + std::to_string(b + 2) + ",$" +
+             std::to_string(b + 3) + ",$" + std::to_string(b + 4) + ")";
+      params.emplace_back(m.consumer);
+      params.emplace_back(IdBlob(m.id));
+      params.emplace_back(FingerprintBlob(m.fingerprint));
+      params.emplace_back(m.processed_at_ms);
+    }
+    sql += dialect_.insert_markers_tail;
+    IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(sql, params));
+    for (auto& r : rows.rows) inserted.insert(r[0].AsText());
+    std::string find = dialect_.find_markers_head;
+    std::vector<Value> fparams{markers.front().consumer};
+    for (size_t k = from; k < to; ++k) {
+      const std::string& id = markers[unique[k]].id;
+      if (inserted.count(id)) continue;
+      find += (fparams.size() > 1 ? ",$" : "$") + std::to_string(fparams.size() + 1);
+      fparams.emplace_back(IdBlob(id));
+    }
+    if (fparams.size() > 1) {
+      find += ")";
+      IDEM_ASSIGN_OR_RETURN(Rows found, c.Query(find, fparams));
+      for (auto& r : found.rows) stored[r[0].AsText()] = ToFingerprint(r[1]);
+    }
+  }
+  std::vector<std::optional<Fingerprint>> out(markers.size());
+  for (size_t i = 0; i < markers.size(); ++i) {
+    const std::string& id = markers[i].id;
+    if (inserted.count(id)) {
+      if (size_t f = first[id]; f != i) out[i] = markers[f].fingerprint;  // a later copy within the batch
+      continue;
+    }
+    auto it = stored.find(id);
+    if (it == stored.end()) {
+      // Not inserted, yet not visible: a concurrent transaction committed it
+      // after the statement's snapshot (PostgreSQL). A new statement sees it.
+      Value key[] = {markers[i].consumer, IdBlob(id)};
+      IDEM_ASSIGN_OR_RETURN(Rows one, c.Query(dialect_.find_marker, key));
+      if (one.rows.empty()) return Status::Internal("marker insert was ignored but no marker exists");
+      it = stored.emplace(id, ToFingerprint(one.rows[0][0])).first;
+    }
+    out[i] = it->second;
   }
   return out;
 }

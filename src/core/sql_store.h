@@ -66,6 +66,12 @@ struct Dialect {
   const char* create_migrations;
   std::span<const Migration> migrations;
   const char* insert_marker;    // ($1 consumer, $2 id, $3 fingerprint, $4 at) ON CONFLICT DO NOTHING
+  // Batches, when set: head + "($1,$2,$3,$4),($5,...)" + tail (RETURNING id)
+  // inserts many markers in one statement; find head + "$2,$3,...)" reads
+  // the ones that existed ($1 the consumer).
+  const char* insert_markers_head = nullptr;
+  const char* insert_markers_tail = nullptr;
+  const char* find_markers_head = nullptr;
   const char* find_marker;      // ($1 consumer, $2 id) -> fingerprint, processed_at_ms
   const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
   const char* count_markers;    // ($1 consumer or '')
@@ -139,10 +145,15 @@ class SqlStore : public Store {
 
   // Backend hooks.
   virtual Result<std::unique_ptr<Connection>> Connect() = 0;
-  // Default: one insert_marker (and, for a duplicate, one find_marker) per
-  // marker. Later markers see earlier ones.
+  // Default: with the dialect's multi-row statements, a batch's markers in
+  // two statements (insert the new, read the existing); otherwise one
+  // insert_marker (and, for a duplicate, one find_marker) per marker. Later
+  // markers see earlier ones.
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(Connection& c,
                                                                           std::span<const Marker> markers);
+
+  Result<std::vector<std::optional<Fingerprint>>> InsertMarkersMultiRow(Connection& c,
+                                                                        std::span<const Marker> markers);
 
   const Dialect& dialect() const { return dialect_; }
   Env* env() const { return env_; }

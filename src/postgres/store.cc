@@ -64,6 +64,9 @@ constexpr sql_internal::Dialect kDialect{
     .create_migrations = pg_internal::kCreateMigrations,
     .migrations = pg_internal::kMigrations,
     .insert_marker = pg_internal::kInsertMarker,
+    .insert_markers_head = pg_internal::kInsertMarkersHead,
+    .insert_markers_tail = pg_internal::kInsertMarkersTail,
+    .find_markers_head = pg_internal::kFindMarkersHead,
     .find_marker = pg_internal::kFindMarker,
     .purge_markers = pg_internal::kPurgeMarkers,
     .count_markers = pg_internal::kCountMarkers,
@@ -143,69 +146,10 @@ class PgStore final : public sql_internal::SqlStore {
     return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c)));
   }
 
-  // A batch's markers in two round trips at most: one multi-row INSERT ...
-  // ON CONFLICT DO NOTHING RETURNING id, then one SELECT for the ids that
-  // already existed. Within the batch, only the first copy of an id is
-  // inserted; later copies answer with its fingerprint.
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
                                                                 std::span<const Marker> markers) override {
     if (options_.partition_by_day) return InsertDaily(c, markers);
-    if (markers.size() == 1) return SqlStore::InsertMarkers(c, markers);
-    std::map<std::string_view, size_t> first;  // id -> index of its first copy
-    std::vector<size_t> unique;
-    for (size_t i = 0; i < markers.size(); ++i)
-      if (first.emplace(markers[i].id, i).second) unique.push_back(i);
-    std::string sql = pg_internal::kInsertMarkersHead;
-    std::vector<Value> params;
-    params.reserve(unique.size() * 4);
-    for (size_t k = 0; k < unique.size(); ++k) {
-      const Marker& m = markers[unique[k]];
-      int b = static_cast<int>(k) * 4;
-      sql += (k ? ",($" : "($") + std::to_string(b + 1) + ",$" + std::to_string(b + 2) + ",$" +
-             std::to_string(b + 3) + ",$" + std::to_string(b + 4) + ")";
-      params.emplace_back(m.consumer);
-      params.emplace_back(IdBlob(m.id));
-      params.emplace_back(FingerprintBlob(m.fingerprint));
-      params.emplace_back(m.processed_at_ms);
-    }
-    sql += pg_internal::kInsertMarkersTail;
-    IDEM_ASSIGN_OR_RETURN(Rows inserted, c.Query(sql, params));
-    std::map<std::string, bool> was_inserted;
-    for (auto& r : inserted.rows) was_inserted[r[0].AsText()] = true;
-
-    std::map<std::string, Fingerprint> stored;  // ids that existed before this batch
-    std::string find = pg_internal::kFindMarkersHead;
-    std::vector<Value> fparams{markers.front().consumer};
-    for (size_t i : unique) {
-      if (was_inserted.count(markers[i].id)) continue;
-      find += (fparams.size() > 1 ? ",$" : "$") + std::to_string(fparams.size() + 1);
-      fparams.emplace_back(IdBlob(markers[i].id));
-    }
-    if (fparams.size() > 1) {
-      find += ")";
-      IDEM_ASSIGN_OR_RETURN(Rows found, c.Query(find, fparams));
-      for (auto& r : found.rows) stored[r[0].AsText()] = ToFingerprint(r[1]);
-    }
-    std::vector<std::optional<Fingerprint>> out(markers.size());
-    for (size_t i = 0; i < markers.size(); ++i) {
-      const std::string& id = markers[i].id;
-      if (was_inserted.count(id)) {
-        size_t f = first[id];
-        if (f != i) out[i] = markers[f].fingerprint;  // a later copy within the batch
-        continue;
-      }
-      auto it = stored.find(id);
-      if (it == stored.end()) {
-        // Not inserted, yet not visible: a concurrent transaction committed
-        // it after this statement's snapshot. A new statement sees it.
-        Value key[] = {markers[i].consumer, IdBlob(id)};
-        IDEM_ASSIGN_OR_RETURN(Rows one, c.Query(pg_internal::kFindMarker, key));
-        if (one.rows.empty()) return Status::Internal("marker insert was ignored but no marker exists");
-        it = stored.emplace(id, ToFingerprint(one.rows[0][0])).first;
-      }
-      out[i] = it->second;
-    }
-    return out;
+    return SqlStore::InsertMarkers(c, markers);
   }
 
  private:
