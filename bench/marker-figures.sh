@@ -3,6 +3,7 @@
 # ratios as doc/figures/marker-ratios.png from the JSON the runs print.
 #   bench/marker-figures.sh                    # RETAINED=1000000
 #   RETAINED=10000000 bench/marker-figures.sh  # the issue's 10M (long: the first run writes them)
+#   STORES=sqlite bench/marker-figures.sh      # SQLite only
 # Needs gnuplot (apt-get install gnuplot-nox) and python3 for the plot only.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +23,7 @@ if [ -z "${PLOT_ONLY:-}" ]; then
 run --store "sqlite:$WORK/random.db" --ids random --batch 100
 run --store "sqlite:$WORK/ordered.db" --ids ordered --batch 100
 run --store "sqlite:$WORK/random.db" --ids random --batch 1
+if [ "${STORES:-sqlite postgres}" != sqlite ]; then
 "$ROOT/scripts/test-postgres.sh" start "$WORK/pg" "$PG_PORT" >/dev/null
 trap '"$ROOT/scripts/test-postgres.sh" stop "$WORK/pg"' EXIT
 PG="postgres://postgres@127.0.0.1:$PG_PORT/idem_test"
@@ -31,6 +33,7 @@ run --store "$PG" --ids random --batch 1 --consumers 1
 run --store "$PG" --ids random --batch 1 --consumers 4
 "$ROOT/scripts/test-postgres.sh" stop "$WORK/pg"
 trap - EXIT
+fi
 fi
 
 python3 - "$J" "$WORK/ratios.dat" <<'PY'

@@ -181,6 +181,18 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
+// The process's resident memory now, in MiB (VmRSS), or -1.
+double ResidentMiB() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double kib = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "VmRSS:", 6) == 0) kib = std::atof(line + 6);
+  std::fclose(f);
+  return kib < 0 ? -1 : kib / 1024;
+}
+
 std::string RatesJson(const std::vector<double>& v) {
   std::vector<std::string> items;
   for (double r : v) items.push_back(std::to_string(std::llround(r)));
@@ -318,6 +330,10 @@ int RunMarker(const Args& args) {
     }
   }
 
+  // Resident memory of the measuring process with N markers retained (the
+  // loading connection, with its big cache, is closed by now).
+  const double rss_mib = ResidentMiB();
+
   // Leave the business table empty: a later run starts from the same file.
   if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
 
@@ -349,7 +365,8 @@ int RunMarker(const Args& args) {
         .Add("guarded_seconds", g.seconds)
         .Add("guarded_per_s", static_cast<int64_t>(std::llround(guarded_ps)))
         .AddRaw("guarded_rounds_per_s", RatesJson(g.rounds))
-        .Add("ratio", ratio);
+        .Add("ratio", ratio)
+        .Add("rss_mib", rss_mib);
     if (*batch == 1) {
       j.Add("fsync_per_s", static_cast<int64_t>(std::llround(fsync_per_s)))
           .Add("bare_per_fsync", bare_ps / fsync_per_s)
@@ -378,6 +395,7 @@ int RunMarker(const Args& args) {
   std::printf("  guarded  %12s msg/s  (%s messages in %.2f s)\n", Grouped(guarded_ps).c_str(),
               Grouped(static_cast<double>(g.messages)).c_str(), g.seconds);
   std::printf("  ratio bare/guarded: %.1fx\n", ratio);
+  std::printf("  resident memory after measuring: %.1f MiB\n", rss_mib);
   if (*batch == 1)
     std::printf("  disk: %s fdatasync/s (4 KiB); bare %.2f, guarded %.2f messages per fdatasync\n",
                 Grouped(fsync_per_s).c_str(), bare_ps / fsync_per_s, guarded_ps / fsync_per_s);
