@@ -116,6 +116,32 @@ TEST(SqliteStore, NewerSchemaIsRefused) {
   EXPECT_NE(s.status().message().find("99"), std::string::npos) << s.status();
 }
 
+TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
+  TempDir dir;
+  {
+    auto s = sqlite::Open({.path = dir.File("old.db")});
+    ASSERT_TRUE(s.ok());
+    Inbox inbox(**s, {.consumer = "payments"});
+    ASSERT_TRUE(CreatePayments(**s).ok());
+    ASSERT_TRUE(inbox.Handle(Msg("m-1"), ChargeHandler()).applied());
+    // Make it look like a file written by schema version 1.
+    auto tx = (*s)->Begin();
+    ASSERT_TRUE((*tx)->Exec("CREATE INDEX idem_markers_by_time ON idem_markers(processed_at_ms)").ok());
+    ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  auto s = sqlite::Open({.path = dir.File("old.db")});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->Schema()->version, 2);
+  auto tx = (*s)->Begin();
+  auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(idx->rows[0][0].AsInt(), 0);
+  (*tx)->Rollback();
+  Inbox inbox(**s, {.consumer = "payments"});
+  EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+}
+
 TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
   TempDir dir;
   auto s = sqlite::Open({.path = dir.File("none.db"), .create_if_missing = false});

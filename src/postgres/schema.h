@@ -11,7 +11,6 @@
 
 namespace idem::pg_internal {
 
-inline constexpr int kSchemaVersion = 2;
 
 // Serialises migrations between processes opening the same database.
 inline constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7317283)";

@@ -55,7 +55,7 @@ constexpr sql_internal::Dialect kDialect{
     .insert_markers_tail = sqlite_internal::kInsertMarkersTail,
     .find_markers_head = sqlite_internal::kFindMarkersHead,
     .find_marker = sqlite_internal::kFindMarker,
-    .purge_markers = sqlite_internal::kPurgeMarkers,
+    .purge_markers = "",  // SqliteStore::Purge walks the key instead
     .count_markers = sqlite_internal::kCountMarkers,
     .list_markers = sqlite_internal::kListMarkers,
 };
@@ -84,6 +84,29 @@ class SqliteStore final : public sql_internal::SqlStore {
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
   }
   void set_create_file(bool v) { create_file_ = v; }
+
+  Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override {
+    if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+    int64_t total = 0;
+    std::string at_consumer(consumer);
+    std::string at_id;  // the window starts after (at_consumer, at_id)
+    for (;;) {
+      IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
+      Value w[] = {at_consumer, Blob{at_id}, int64_t{batch_size}};
+      IDEM_ASSIGN_OR_RETURN(
+          Rows rows, tx->Query(consumer.empty() ? sqlite_internal::kPurgeWindowAll : sqlite_internal::kPurgeWindowOne, w));
+      for (auto& r : rows.rows) {
+        if (r[2].AsInt() >= before_ms) continue;
+        Value key[] = {r[0].AsText(), Blob{r[1].AsText()}};
+        IDEM_RETURN_IF_ERROR(tx->Exec(sqlite_internal::kDeleteMarker, key).status());
+        ++total;
+      }
+      IDEM_RETURN_IF_ERROR(tx->Commit());
+      if (rows.rows.size() < static_cast<size_t>(batch_size)) return total;
+      at_consumer = rows.rows.back()[0].AsText();
+      at_id = rows.rows.back()[1].AsText();
+    }
+  }
 
  private:
   Options options_;
