@@ -186,12 +186,14 @@ inline Status PrepareBusinessTable(Store& store) {
 // Brings the consumer's retained markers up to `target` with the real layout:
 // Inbox::HandleBatch with a no-op handler, `chunk` messages per transaction.
 // Calls progress(done, to_add) after each chunk. Returns how many it added.
+// `env` (default: the real clock) stamps processed_at; a FakeEnv advanced by
+// `progress` spreads the markers over days (the purge benchmark does).
 inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind kind, int64_t target, int chunk,
-                              const std::function<void(int64_t, int64_t)>& progress = {}) {
+                              const std::function<void(int64_t, int64_t)>& progress = {}, Env* env = nullptr) {
   IDEM_ASSIGN_OR_RETURN(int64_t have, store.CountMarkers(consumer));
   if (have >= target) return int64_t{0};
   const int64_t to_add = target - have;
-  Inbox inbox(store, {.consumer = consumer});
+  Inbox inbox(store, {.consumer = consumer, .env = env});
   IdGenerator ids(kind, FreshSeed());
   const Handler noop = [](Transaction&, const Message&) { return Status::OK(); };
   std::vector<Message> batch;

@@ -2,6 +2,7 @@
 #include "sqlite/db.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <string>
@@ -106,7 +107,20 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
   std::unique_ptr<Db> db(new Db(raw, o.path));  // closes even when open failed
   if (rc != SQLITE_OK) return Translate(rc, raw, "open " + o.path);
   sqlite3_extended_result_codes(raw, 1);
-  sqlite3_busy_timeout(raw, o.busy_timeout_ms);
+  // Waiting for another writer's lock: retry every millisecond up to the
+  // timeout. SQLite's own busy timeout sleeps in growing steps of up to
+  // 100 ms, so a waiter can miss many short transactions of another writer
+  // (a purge, a competing consumer) and stall far longer than it must.
+  db->busy_timeout_ms_ = o.busy_timeout_ms;
+  sqlite3_busy_handler(
+      raw,
+      [](void* arg, int tries) -> int {
+        const int timeout = *static_cast<int*>(arg);
+        if (tries >= timeout) return 0;  // about 1 ms per try
+        ::usleep(1000);
+        return 1;
+      },
+      &db->busy_timeout_ms_);
   // Reading the schema makes SQLite read the header: a file that is not a
   // database fails here rather than at the first message.
   rc = sqlite3_exec(raw, "SELECT count(*) FROM sqlite_schema", nullptr, nullptr, nullptr);

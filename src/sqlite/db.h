@@ -95,6 +95,7 @@ class Db {
   Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   sqlite3* db_;
   std::string path_;
+  int busy_timeout_ms_ = 0;
   std::unordered_map<std::string, StmtPtr> cache_;
 };
 

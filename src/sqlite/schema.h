@@ -53,11 +53,6 @@ inline constexpr sql_internal::Migration kMigrations[] = {
 inline constexpr const char* kInsertMarker =
     "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ($1, $2, $3, $4) "
     "ON CONFLICT DO NOTHING";
-inline constexpr const char* kInsertMarkersHead =
-    "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ";
-inline constexpr const char* kInsertMarkersTail = " ON CONFLICT DO NOTHING RETURNING id";
-inline constexpr const char* kFindMarkersHead =
-    "SELECT id, fingerprint FROM idem_markers WHERE consumer = $1 AND id IN (";
 inline constexpr const char* kFindMarker =
     "SELECT fingerprint, processed_at_ms FROM idem_markers WHERE consumer = $1 AND id = $2";
 // Purge walks the primary key in windows of at most `batch` rows, one short

@@ -421,9 +421,13 @@ const Command& BenchCommand() {
       "  peers    idem on the workload of the peer libraries in ../shared/peers (N unique messages,\n"
       "           each delivered DUP times, CONCURRENCY in flight, one payments row each; N, DUP and\n"
       "           CONCURRENCY from the environment or --n/--dup/--concurrency), printing their result\n"
-      "           line. --store defaults to PostgreSQL from the PG* environment. See bench/peers/.",
+      "           line. --store defaults to PostgreSQL from the PG* environment. See bench/peers/.\n\n"
+      "  purge    N markers (--retained) spread over --days days; purges the oldest day while a consumer\n"
+      "           keeps handling messages, and reports the purge time and the consumer's p99 and worst\n"
+      "           call next to the same consumer without purge.",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
-      "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]",
+      "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
+      "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -436,7 +440,9 @@ const Command& BenchCommand() {
        {"json", "", "", "print one JSON object"},
        {"n", "N", "", "peers: unique messages (default: $N or 20000)"},
        {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},
-       {"concurrency", "C", "", "peers: deliveries in flight (default: $CONCURRENCY or 16)"}}};
+       {"concurrency", "C", "", "peers: deliveries in flight (default: $CONCURRENCY or 16)"},
+       {"days", "D", "10", "purge: the retained markers' processing times span D days; the oldest is purged"},
+       {"purge-batch", "B", "2000", "purge: markers per purge transaction"}}};
   return c;
 }
 
@@ -444,11 +450,12 @@ int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
     return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
-  if (pos[0] != "marker" && pos[0] != "peers")
+  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
-                                                 "': expected 'marker' or 'peers' (see idem bench --help)"));
+                                                 "': expected marker, peers or purge (see idem bench --help)"));
   if (pos.size() > 1)
     return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
+  if (pos[0] == "purge") return RunBenchPurge(args);
   return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 

@@ -15,6 +15,7 @@ int RunDemo(const Args& args);
 const Command& BenchCommand();
 int RunBench(const Args& args);
 int RunBenchPeers(const Args& args);  // idem bench peers (bench_peers.cc)
+int RunBenchPurge(const Args& args);  // idem bench purge (bench_purge.cc)
 
 const Command& SchemaCommand();
 int RunSchema(const Args& args);
