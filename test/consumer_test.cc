@@ -580,8 +580,9 @@ class HookedStore final : public Store {
   std::function<void()> before_record_failure;
 
   Result<std::unique_ptr<StoreTransaction>> Begin() override { return inner_.Begin(); }
-  Result<std::optional<Marker>> FindMarker(std::string_view c, std::string_view id) override {
-    return inner_.FindMarker(c, id);
+  Result<std::optional<Marker>> FindMarker(std::string_view c, std::string_view id,
+                                           std::optional<int64_t> produced_at_ms = std::nullopt) override {
+    return inner_.FindMarker(c, id, produced_at_ms);
   }
   Result<FailureCount> RecordFailure(const FailureRecord& f) override {
     if (before_record_failure) before_record_failure();

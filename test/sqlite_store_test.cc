@@ -127,12 +127,13 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     // Make it look like a file written by schema version 1.
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("CREATE INDEX idem_markers_by_time ON idem_markers(processed_at_ms)").ok());
+    ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_markers_by_producer_time").ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   auto s = sqlite::Open({.path = dir.File("old.db")});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ((*s)->Schema()->version, 2);
+  EXPECT_EQ((*s)->Schema()->version, 3);
   auto tx = (*s)->Begin();
   auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
   ASSERT_TRUE(idx.ok());

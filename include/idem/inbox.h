@@ -69,6 +69,18 @@ struct InboxOptions {
   // share one database and each handle every message once. 1..255 bytes.
   // Default: "default".
   std::string consumer = "default";
+  // Key each marker by the message's producer time (when it carries one)
+  // before its id, so that the markers of a producer whose clock moves
+  // forward append at the end of the index instead of landing on random
+  // pages: random ids then cost about what time-ordered ids cost (SQLite;
+  // measured in doc/performance.md; other stores ignore it).
+  // Correct ONLY if every delivery of a message carries the same producer
+  // time: broker redeliveries and outbox relays do, but a producer that
+  // stamps a retry anew creates a new key, and that retry is applied again.
+  // Switching it on is safe (old markers are still checked); switching it
+  // off forgets the markers written with it until they expire.
+  // Purge judges these markers by producer time. Default: false.
+  bool key_by_producer_time = false;
   // Clock for processed_at. Default: Env::Default().
   Env* env = nullptr;
 };

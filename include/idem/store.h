@@ -105,6 +105,11 @@ struct Marker {
   std::string id;
   Fingerprint fingerprint{};
   int64_t processed_at_ms = 0;
+  // Set when the consumer keys markers by producer time
+  // (InboxOptions::key_by_producer_time) and the message carries one: the
+  // store may then place the marker by this time. A store that has no such
+  // layout ignores it.
+  std::optional<int64_t> produced_at_ms;
 };
 
 // A message that will not be retried: it failed max_attempts times, or its id
@@ -170,8 +175,10 @@ class Store {
   // on one file are serialised rather than failing at commit).
   virtual Result<std::unique_ptr<StoreTransaction>> Begin() = 0;
 
-  // Reads a marker outside any transaction (on a fresh connection).
-  virtual Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id) = 0;
+  // Reads a marker outside any transaction (on a fresh connection). Give the
+  // producer time when the marker may have been keyed by it.
+  virtual Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
+                                                   std::optional<int64_t> produced_at_ms = std::nullopt) = 0;
 
   // Outside the business transaction: counts one more failure of `message`;
   // once the count reaches max_attempts, writes its dead letter too. If the

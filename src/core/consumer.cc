@@ -134,7 +134,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
       // The lease ran out while the handler failed: another delivery of the
       // message may have applied it, and cleared its count, before this
       // failure was recorded. Then the count is stale: clear it again.
-      auto marker = inbox_.store().FindMarker(inbox_.consumer(), d.message.id);
+      auto marker = inbox_.store().FindMarker(inbox_.consumer(), d.message.id, d.message.producer_time_ms);
       if (marker.ok() && marker->has_value()) {
         forget_failed(d.message.id);
         (void)inbox_.store().ClearFailures(inbox_.consumer(), d.message.id);

@@ -101,7 +101,8 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
     if (excluded[i]) continue;
     out[i] = Outcome{};
     index.push_back(i);
-    markers.push_back(Marker{options_.consumer, messages[i].id, FingerprintOf(messages[i].payload), now});
+    markers.push_back(Marker{options_.consumer, messages[i].id, FingerprintOf(messages[i].payload), now,
+                             options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt});
   }
   if (markers.empty()) return {};
   auto fail_all = [&](const Status& s) {
@@ -184,7 +185,8 @@ void Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
   // (by us, or by a racing consumer): safe to acknowledge.
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!pending[i]) continue;
-    auto found = store_.FindMarker(options_.consumer, messages[i].id);
+    auto found = store_.FindMarker(options_.consumer, messages[i].id,
+                                   options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt);
     if (!found.ok()) {
       out[i] = Failed(s.WithContext("commit outcome unknown and the marker could not be read (" +
                                     found.status().ToString() + ")"));

@@ -195,7 +195,8 @@ Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkersMultiRow(
   return out;
 }
 
-Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, std::string_view id) {
+Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, std::string_view id,
+                                                   std::optional<int64_t>) {
   IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value key[] = {std::string(consumer), IdBlob(id)};
   IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.find_marker, key));
@@ -205,11 +206,18 @@ Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, st
 }
 
 Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
+  // Where the layout keys by producer time, that marker is found here (a
+  // racing delivery that commits in between is caught below or by the ack).
+  bool by_time = false;
+  if (f.message->producer_time_ms.has_value()) {
+    IDEM_ASSIGN_OR_RETURN(auto m, FindMarker(f.consumer, f.message->id, f.message->producer_time_ms));
+    by_time = m.has_value();
+  }
   IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
   FailureCount count;
   Value key[] = {f.consumer, IdBlob(f.message->id)};
   IDEM_ASSIGN_OR_RETURN(Rows applied, tx->Query(dialect_.find_marker, key));
-  if (!applied.rows.empty()) {
+  if (by_time || !applied.rows.empty()) {
     IDEM_RETURN_IF_ERROR(tx->Exec(kClearFailure, key).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
     count.already_applied = true;

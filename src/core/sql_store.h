@@ -133,7 +133,8 @@ class SqlStore : public Store {
   Status Init(bool create_if_missing, const std::string& name);
 
   Result<std::unique_ptr<StoreTransaction>> Begin() override;
-  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id) override;
+  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
+                                           std::optional<int64_t> produced_at_ms = std::nullopt) override;
   Result<FailureCount> RecordFailure(const FailureRecord& failure) override;
   Status ClearFailures(std::string_view consumer, std::string_view id) override;
   Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override;

@@ -48,6 +48,16 @@ inline constexpr sql_internal::Migration kMigrations[] = {
     {2, "markers without the time index: purge walks the primary key in windows",
      // One B-tree write less per marker (measured in doc/performance.md).
      "DROP INDEX IF EXISTS idem_markers_by_time"},
+    {3, "markers keyed by producer time first (InboxOptions::key_by_producer_time)",
+     // Time-ordered keys append at the end of the B-tree: one dirty page
+     // per batch instead of one per marker.
+     "CREATE TABLE idem_markers_by_producer_time("
+     " produced_at_ms INTEGER NOT NULL,"
+     " consumer TEXT NOT NULL,"
+     " id BLOB NOT NULL,"
+     " fingerprint BLOB NOT NULL,"
+     " processed_at_ms INTEGER NOT NULL,"
+     " PRIMARY KEY (produced_at_ms, consumer, id)) WITHOUT ROWID"},
 };
 
 inline constexpr const char* kInsertMarker =
@@ -66,10 +76,27 @@ inline constexpr const char* kPurgeWindowOne =
     " ORDER BY id LIMIT $3";
 inline constexpr const char* kDeleteMarker = "DELETE FROM idem_markers WHERE consumer = $1 AND id = $2";
 inline constexpr const char* kCountMarkers =
-    "SELECT count(*) FROM idem_markers WHERE ($1 = '' OR consumer = $1)";
+    "SELECT (SELECT count(*) FROM idem_markers WHERE ($1 = '' OR consumer = $1))"
+    " + (SELECT count(*) FROM idem_markers_by_producer_time WHERE ($1 = '' OR consumer = $1))";
 inline constexpr const char* kListMarkers =
     "SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers WHERE ($1 = '' OR consumer = $1)"
-    " ORDER BY processed_at_ms DESC LIMIT $2";
+    " UNION ALL SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers_by_producer_time"
+    " WHERE ($1 = '' OR consumer = $1) ORDER BY processed_at_ms DESC LIMIT $2";
+
+// ---- markers keyed by producer time
+inline constexpr const char* kInsertByTime =
+    "INSERT INTO idem_markers_by_producer_time(produced_at_ms, consumer, id, fingerprint, processed_at_ms)"
+    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";
+inline constexpr const char* kFindByTime =
+    "SELECT fingerprint, processed_at_ms FROM idem_markers_by_producer_time"
+    " WHERE produced_at_ms = $1 AND consumer = $2 AND id = $3";
+inline constexpr const char* kDeleteByTime =
+    "DELETE FROM idem_markers_by_producer_time WHERE produced_at_ms = $1 AND consumer = $2 AND id = $3";
+// Purged by producer time, oldest first, in key order.
+inline constexpr const char* kPurgeByTime =
+    "DELETE FROM idem_markers_by_producer_time WHERE (produced_at_ms, consumer, id) IN ("
+    " SELECT produced_at_ms, consumer, id FROM idem_markers_by_producer_time WHERE produced_at_ms < $1"
+    " AND ($2 = '' OR consumer = $2) ORDER BY produced_at_ms LIMIT $3)";
 
 }  // namespace idem::sqlite_internal
 

@@ -84,6 +84,56 @@ class SqliteStore final : public sql_internal::SqlStore {
   }
   void set_create_file(bool v) { create_file_ = v; }
 
+  // Markers with a producer time go to idem_markers_by_producer_time (keyed by that
+  // time first); the others to idem_markers. A new by-time marker is also
+  // checked against idem_markers, where the message's marker lives if it was
+  // handled before key_by_producer_time was switched on.
+  Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
+                                                                std::span<const Marker> markers) override {
+    std::vector<std::optional<Fingerprint>> out;
+    out.reserve(markers.size());
+    for (const Marker& m : markers) {
+      if (!m.produced_at_ms.has_value()) {
+        IDEM_ASSIGN_OR_RETURN(auto one, SqlStore::InsertMarkers(c, std::span<const Marker>(&m, 1)));
+        out.push_back(one.front());
+        continue;
+      }
+      Value key[] = {*m.produced_at_ms, m.consumer, sql_internal::IdBlob(m.id)};
+      Value ins[] = {*m.produced_at_ms, m.consumer, sql_internal::IdBlob(m.id),
+                     sql_internal::FingerprintBlob(m.fingerprint), m.processed_at_ms};
+      IDEM_ASSIGN_OR_RETURN(int64_t changed, c.Exec(sqlite_internal::kInsertByTime, ins));
+      if (changed == 0) {
+        IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(sqlite_internal::kFindByTime, key));
+        if (rows.rows.empty()) return Status::Internal("marker insert was ignored but no marker exists");
+        out.emplace_back(sql_internal::ToFingerprint(rows.rows[0][0]));
+        continue;
+      }
+      Value plain[] = {m.consumer, sql_internal::IdBlob(m.id)};
+      IDEM_ASSIGN_OR_RETURN(Rows old, c.Query(sqlite_internal::kFindMarker, plain));
+      if (!old.rows.empty()) {
+        IDEM_RETURN_IF_ERROR(c.Exec(sqlite_internal::kDeleteByTime, key).status());
+        out.emplace_back(sql_internal::ToFingerprint(old.rows[0][0]));
+        continue;
+      }
+      out.emplace_back();
+    }
+    return out;
+  }
+
+  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
+                                           std::optional<int64_t> produced_at_ms) override {
+    if (produced_at_ms.has_value()) {
+      IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
+      Value key[] = {*produced_at_ms, std::string(consumer), sql_internal::IdBlob(id)};
+      IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(sqlite_internal::kFindByTime, key));
+      if (!rows.rows.empty())
+        return std::optional<Marker>(Marker{std::string(consumer), std::string(id),
+                                            sql_internal::ToFingerprint(rows.rows[0][0]), rows.rows[0][1].AsInt(),
+                                            produced_at_ms});
+    }
+    return SqlStore::FindMarker(consumer, id);
+  }
+
   Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override {
     if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
     int64_t total = 0;
@@ -101,11 +151,21 @@ class SqliteStore final : public sql_internal::SqlStore {
         ++total;
       }
       IDEM_RETURN_IF_ERROR(tx->Commit());
-      if (rows.rows.size() < static_cast<size_t>(batch_size)) return total;
+      if (rows.rows.size() < static_cast<size_t>(batch_size)) break;
       // Let waiting writers (consumers) in between two windows.
       env()->SleepMs(2);
       at_consumer = rows.rows.back()[0].AsText();
       at_id = rows.rows.back()[1].AsText();
+    }
+    // Markers keyed by producer time: oldest first, by that time.
+    for (;;) {
+      IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
+      Value p[] = {before_ms, std::string(consumer), int64_t{batch_size}};
+      IDEM_ASSIGN_OR_RETURN(int64_t n, tx->Exec(sqlite_internal::kPurgeByTime, p));
+      IDEM_RETURN_IF_ERROR(tx->Commit());
+      total += n;
+      if (n < batch_size) return total;
+      env()->SleepMs(2);
     }
   }
 
