@@ -23,6 +23,8 @@ if [ -z "${PLOT_ONLY:-}" ]; then
 run --store "sqlite:$WORK/random.db" --ids random --batch 100
 run --store "sqlite:$WORK/ordered.db" --ids ordered --batch 100
 run --store "sqlite:$WORK/random.db" --ids random --batch 1
+run --store "sqlite:$WORK/ptime.db" --ids random --batch 100 --key-by-producer-time
+run --store "sqlite:$WORK/ptime.db" --ids random --batch 1 --key-by-producer-time
 if [ "${STORES:-sqlite postgres}" != sqlite ]; then
 "$ROOT/scripts/test-postgres.sh" start "$WORK/pg" "$PG_PORT" >/dev/null
 trap '"$ROOT/scripts/test-postgres.sh" stop "$WORK/pg"' EXIT
@@ -41,7 +43,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 with open(sys.argv[2], "w") as f:
     for r in rows:
-        label = f'{r["store"]}\\n{r["ids"]} ids\\nbatch {r["batch"]}' + (f'\\n{r["consumers"]} consumers' if r.get("consumers", 1) > 1 else "")
+        label = f'{r["store"]}\\n{r["ids"]} ids\\nbatch {r["batch"]}' + (f'\\n{r["consumers"]} consumers' if r.get("consumers", 1) > 1 else "") + ("\\nproducer-time key" if r.get("key_by_producer_time") else "")
         f.write(f'"{label}" {r["ratio"]:.3f} {r["bare_per_s"]} {r["guarded_per_s"]}\n')
 PY
 gnuplot <<GP

@@ -132,11 +132,17 @@ class IdGenerator {
 
 // Refills `batch` with `n` fresh messages: a new id each, the amount in cents
 // as the payload (so the fingerprint is that of a real, small body).
+// Every message carries its producer's time (as outbox events do), used only
+// by an Inbox with key_by_producer_time.
 inline void NextBatch(IdGenerator& ids, std::vector<Message>& batch, size_t n) {
   batch.resize(n);
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
   for (Message& m : batch) {
     ids.Next(m.id);
     m.payload = std::to_string(1 + ids.rng().Next() % 1'000'000);
+    m.producer_time_ms = now;
   }
 }
 
@@ -189,11 +195,12 @@ inline Status PrepareBusinessTable(Store& store) {
 // `env` (default: the real clock) stamps processed_at; a FakeEnv advanced by
 // `progress` spreads the markers over days (the purge benchmark does).
 inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind kind, int64_t target, int chunk,
-                              const std::function<void(int64_t, int64_t)>& progress = {}, Env* env = nullptr) {
+                              const std::function<void(int64_t, int64_t)>& progress = {}, Env* env = nullptr,
+                              bool key_by_producer_time = false) {
   IDEM_ASSIGN_OR_RETURN(int64_t have, store.CountMarkers(consumer));
   if (have >= target) return int64_t{0};
   const int64_t to_add = target - have;
-  Inbox inbox(store, {.consumer = consumer, .env = env});
+  Inbox inbox(store, {.consumer = consumer, .key_by_producer_time = key_by_producer_time, .env = env});
   IdGenerator ids(kind, FreshSeed());
   const Handler noop = [](Transaction&, const Message&) { return Status::OK(); };
   std::vector<Message> batch;

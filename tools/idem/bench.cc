@@ -220,8 +220,10 @@ int RunMarker(const Args& args) {
   } else {
     return Fail(cmd, Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'"));
   }
-  const std::string consumer =
-      args.Has("consumer") ? args.Get("consumer") : "bench-" + std::string(bench::IdKindName(kind));
+  const bool by_time = args.Bool("key-by-producer-time");
+  const std::string consumer = args.Has("consumer") ? args.Get("consumer")
+                                                    : "bench-" + std::string(bench::IdKindName(kind)) +
+                                                          (by_time ? "-ptime" : "");
   if (Status s = ValidateId(consumer); !s.ok()) return Fail(cmd, s.WithContext("--consumer"));
 
   // --- the store. SQLite: --synchronous, else the URL's ?synchronous=, else
@@ -265,10 +267,14 @@ int RunMarker(const Args& args) {
     if (Status s = bench::PrepareBusinessTable(**store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
     auto t0 = Clock::now();
     std::unique_ptr<Progress> bar;
-    auto n = bench::Retain(**store, consumer, kind, *retained, kRetainChunk, [&](int64_t done, int64_t total) {
-      if (!bar) bar = std::make_unique<Progress>("retaining " + std::string(bench::IdKindName(kind)) + " markers", total);
-      bar->Update(done);
-    });
+    auto n = bench::Retain(
+        **store, consumer, kind, *retained, kRetainChunk,
+        [&](int64_t done, int64_t total) {
+          if (!bar)
+            bar = std::make_unique<Progress>("retaining " + std::string(bench::IdKindName(kind)) + " markers", total);
+          bar->Update(done);
+        },
+        nullptr, by_time);
     if (bar) bar->Done();
     if (!n.ok()) return Fail(cmd, n.status());
     added = *n;
@@ -304,7 +310,7 @@ int RunMarker(const Args& args) {
     fsync_per_s = *f;
   }
 
-  Inbox inbox(store, {.consumer = consumer});
+  Inbox inbox(store, {.consumer = consumer, .key_by_producer_time = by_time});
   const int nc = static_cast<int>(*consumers);
   auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
   auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
@@ -347,6 +353,7 @@ int RunMarker(const Args& args) {
         .Add("consumers", nc)
         .Add("consumer", consumer)
         .Add("ids", std::string(bench::IdKindName(kind)))
+        .Add("key_by_producer_time", by_time)
         .Add("retained", *have)
         .Add("retained_requested", *retained)
         .Add("retained_added", added)
@@ -437,6 +444,7 @@ const Command& BenchCommand() {
        {"seconds", "S", "2", "time per measured round and side"},
        {"rounds", "R", "3", "measured rounds per side"},
        {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
+       {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (InboxOptions)"},
        {"json", "", "", "print one JSON object"},
        {"n", "N", "", "peers: unique messages (default: $N or 20000)"},
        {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},
