@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <mutex>
 #include <string>
 
 namespace idem::sqlite_internal {
@@ -88,7 +89,18 @@ std::string RewriteParams(std::string_view sql) {
   return out;
 }
 
+namespace {
+// SQLite counts every allocation under a global mutex unless told not to;
+// idem never reads those counts. Must run before SQLite initialises; if the
+// application initialised it already, the call is refused and harmless.
+void ConfigureSqliteOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { (void)sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0); });
+}
+}  // namespace
+
 Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
+  ConfigureSqliteOnce();
   if (o.path.empty()) return Status::InvalidArgument("SQLite path is empty");
   if (o.path != ":memory:") {
     std::string dir = ".";
