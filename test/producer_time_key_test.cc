@@ -72,6 +72,17 @@ TEST_F(ProducerTimeKey, SwitchingItOnNeverReappliesAMessageHandledBefore) {
   EXPECT_EQ(Charges(*store_, "m-2"), 1);
 }
 
+TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
+  Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Message m = Timed("m-1", 7000);
+  ASSERT_TRUE(inbox.Handle(m, ChargeHandler()).applied());
+  auto c = store_->RecordFailure({"payments", &m, "a late copy failed", 1, env_.NowMs()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->already_applied);
+  EXPECT_FALSE(c->dead_lettered);
+  EXPECT_TRUE(store_->ListDeadLetters("payments", 10)->empty());
+}
+
 TEST_F(ProducerTimeKey, ThreadsRacingOnOneMessageApplyItOnce) {
   Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   std::atomic<int> applied{0}, duplicates{0};

@@ -206,18 +206,12 @@ Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, st
 }
 
 Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
-  // Where the layout keys by producer time, that marker is found here (a
-  // racing delivery that commits in between is caught below or by the ack).
-  bool by_time = false;
-  if (f.message->producer_time_ms.has_value()) {
-    IDEM_ASSIGN_OR_RETURN(auto m, FindMarker(f.consumer, f.message->id, f.message->producer_time_ms));
-    by_time = m.has_value();
-  }
   IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
   FailureCount count;
   Value key[] = {f.consumer, IdBlob(f.message->id)};
-  IDEM_ASSIGN_OR_RETURN(Rows applied, tx->Query(dialect_.find_marker, key));
-  if (by_time || !applied.rows.empty()) {
+  IDEM_ASSIGN_OR_RETURN(bool applied, HasMarker(static_cast<SqlTransaction&>(*tx).conn(), f.consumer, f.message->id,
+                                                f.message->producer_time_ms));
+  if (applied) {
     IDEM_RETURN_IF_ERROR(tx->Exec(kClearFailure, key).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
     count.already_applied = true;
@@ -233,6 +227,13 @@ Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
   }
   IDEM_RETURN_IF_ERROR(tx->Commit());
   return count;
+}
+
+Result<bool> SqlStore::HasMarker(Connection& c, const std::string& consumer, std::string_view id,
+                                 std::optional<int64_t>) {
+  Value key[] = {consumer, IdBlob(id)};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(dialect_.find_marker, key));
+  return !rows.rows.empty();
 }
 
 Status SqlStore::ClearFailures(std::string_view consumer, std::string_view id) {

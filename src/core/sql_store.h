@@ -153,6 +153,11 @@ class SqlStore : public Store {
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(Connection& c,
                                                                           std::span<const Marker> markers);
 
+  // Whether the message's marker exists, on `c` (inside its transaction).
+  // A layout that also keys by producer time checks there too.
+  virtual Result<bool> HasMarker(Connection& c, const std::string& consumer, std::string_view id,
+                                 std::optional<int64_t> produced_at_ms);
+
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkersMultiRow(Connection& c,
                                                                         std::span<const Marker> markers);
 

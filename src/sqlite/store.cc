@@ -120,6 +120,16 @@ class SqliteStore final : public sql_internal::SqlStore {
     return out;
   }
 
+  Result<bool> HasMarker(sql_internal::Connection& c, const std::string& consumer, std::string_view id,
+                         std::optional<int64_t> produced_at_ms) override {
+    if (produced_at_ms.has_value()) {
+      Value key[] = {*produced_at_ms, consumer, sql_internal::IdBlob(id)};
+      IDEM_ASSIGN_OR_RETURN(Rows rows, c.Query(sqlite_internal::kFindByTime, key));
+      if (!rows.rows.empty()) return true;
+    }
+    return SqlStore::HasMarker(c, consumer, id, std::nullopt);
+  }
+
   Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
                                            std::optional<int64_t> produced_at_ms) override {
     if (produced_at_ms.has_value()) {
