@@ -29,6 +29,7 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/prefilter.h"
 #include "idem/status.h"
 #include "idem/store.h"
 
@@ -83,6 +84,10 @@ struct InboxOptions {
   bool key_by_producer_time = false;
   // Clock for processed_at. Default: Env::Default().
   Env* env = nullptr;
+  // Optional: sheds duplicates it knows of before the store is touched
+  // (idem::redis::Prefilter). Never the only guard: see idem/prefilter.h.
+  // Must outlive the Inbox. Default: none.
+  DuplicateFilter* prefilter = nullptr;
 };
 
 // A point-in-time copy of an Inbox's counters.

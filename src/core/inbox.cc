@@ -76,6 +76,15 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
       excluded[i] = true;
     }
   }
+  if (options_.prefilter != nullptr) {
+    std::vector<bool> known = options_.prefilter->KnownApplied(options_.consumer, messages);
+    for (size_t i = 0; i < messages.size() && i < known.size(); ++i) {
+      if (excluded[i] || !known[i]) continue;
+      out[i].kind = Outcome::Kind::kDuplicate;
+      excluded[i] = true;
+    }
+  }
+  std::vector<bool> shed = excluded;  // answered without the store
   for (;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
     if (!a.failed.has_value()) break;
@@ -87,6 +96,13 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
                                      : Status::HandlerFailed("another copy of this message in the batch failed: " +
                                                              a.status.message()));
     }
+  }
+  if (options_.prefilter != nullptr) {
+    std::vector<Message> committed;
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (!shed[i] && (out[i].kind == Outcome::Kind::kApplied || out[i].kind == Outcome::Kind::kDuplicate))
+        committed.push_back(messages[i]);
+    if (!committed.empty()) options_.prefilter->Remember(options_.consumer, committed);
   }
   for (auto& o : out) Count(o);
   return out;

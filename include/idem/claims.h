@@ -1,0 +1,196 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Claims: the two-phase mode, for work that takes long or calls something no
+// local transaction covers (a payment provider, an HTTP API). A key is first
+// claimed as in progress with a lease and that claim is committed; the work
+// runs; then the key is completed with its stored result. Later calls with the
+// key get the stored result (a replay) instead of running the work again.
+//
+//   idem::Claims claims(*claim_store);
+//   auto c = claims.Claim({.scope = "charges", .key = key, .fingerprint = fp,
+//                          .lease_ms = 30'000, .wait_ms = 2'000});
+//   if (!c.ok()) return c.status();
+//   switch (c->kind) {
+//     case idem::ClaimOutcome::Kind::kStarted: {
+//       std::string receipt = Charge(...);            // the work, once
+//       return claims.Complete(c->token, receipt);   // fenced by c->token
+//     }
+//     case idem::ClaimOutcome::Kind::kCompleted: return Reply(c->result);  // replay
+//     case idem::ClaimOutcome::Kind::kInProgress: return RetryAfter(c->retry_at_ms);
+//     case idem::ClaimOutcome::Kind::kConflict: return Reject();  // key reused
+//   }
+//
+// Fencing: every claim that starts the work gets a fencing token from a
+// counter that only grows, store-wide. When a holder's lease expires, the next
+// claimer takes the key over with a higher token, and from then on the old
+// holder's Complete, Fail and Extend are refused with Code::kLeaseLost. A
+// holder whose lease expired but was not taken over may still complete.
+//
+// Time: leases and expiry are judged by the store's clock (the server's on
+// PostgreSQL and Redis; the machine's on SQLite, which is local), never by a
+// client's own, so clients with skewed clocks agree on who holds a key.
+//
+// Thread safety: Claims and every ClaimStore may be used from many threads.
+#ifndef IDEM_CLAIMS_H_
+#define IDEM_CLAIMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/env.h"
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/status.h"
+
+namespace idem {
+
+// What a holder presents to finish or extend its claim.
+struct ClaimToken {
+  std::string scope;
+  std::string key;
+  int64_t fence = 0;           // the fencing token: higher wins
+  int64_t lease_until_ms = 0;  // by the store's clock
+};
+
+struct ClaimRequest {
+  // A namespace for keys ("charges", an HTTP route, a consumer's name).
+  // 1..255 bytes.
+  std::string scope;
+  // The idempotency key (a message id, an Idempotency-Key header). 1..255 bytes.
+  std::string key;
+  // What the key stands for (FingerprintOf the request body). The same key
+  // with another fingerprint is a conflict, on every path.
+  Fingerprint fingerprint{};
+  // How long the work may run before another claimer may take the key over.
+  // Must be > 0.
+  int64_t lease_ms = 30'000;
+  // When another holder has the key: how long to wait for its result before
+  // answering kInProgress. 0: answer at once.
+  int64_t wait_ms = 0;
+};
+
+struct ClaimOutcome {
+  enum class Kind {
+    kStarted,     // the key is ours: do the work, then Complete or Fail
+    kInProgress,  // another holder's lease is live: retry at retry_at_ms
+    kCompleted,   // done before: `result` is the stored result (a replay)
+    kConflict,    // the key is held or done for another fingerprint
+  };
+  Kind kind = Kind::kInProgress;
+  ClaimToken token;               // kStarted
+  bool took_over = false;         // kStarted: after another holder's lease expired
+  int64_t retry_at_ms = 0;        // kInProgress: the holder's lease end (store clock)
+  std::string result;             // kCompleted
+  bool result_is_error = false;   // kCompleted: a failure stored by Fail(kStoreError)
+  Fingerprint stored_fingerprint{};  // kConflict
+};
+
+std::string_view KindName(ClaimOutcome::Kind kind);
+
+// A key's record, for inspection.
+struct ClaimRecord {
+  enum class State { kInProgress, kCompleted };
+  std::string scope;
+  std::string key;
+  State state = State::kInProgress;
+  Fingerprint fingerprint{};
+  int64_t fence = 0;
+  int64_t lease_until_ms = 0;   // kInProgress
+  int64_t expires_at_ms = 0;    // kCompleted: may be purged from then on
+  std::string result;           // kCompleted
+  bool result_is_error = false;
+  int64_t updated_at_ms = 0;
+};
+
+std::string_view StateName(ClaimRecord::State state);
+
+// What Fail does with the key.
+enum class FailPolicy {
+  kRelease,     // forget the claim: the next call runs the work again
+  kStoreError,  // store the error as the result: later calls replay it
+};
+
+// The storage contract for claims. Every operation is one atomic step on the
+// store, judged by the store's clock. Implemented by the SQLite and
+// PostgreSQL stores (idem::sqlite::Store, idem::postgres::Store) and by
+// idem::redis::ClaimStore.
+class ClaimStore {
+ public:
+  virtual ~ClaimStore() = default;
+
+  // One atomic attempt: starts, takes over, reports in progress, replays or
+  // reports a conflict. Never waits.
+  virtual Result<ClaimOutcome> TryClaim(const ClaimRequest& request) = 0;
+  // Stores the result and marks the key completed until now + retention_ms.
+  // kLeaseLost if the key was taken over or is no longer claimed; OK if the
+  // same token completed it already (a retried Complete).
+  virtual Status Complete(const ClaimToken& token, std::string_view result, bool is_error,
+                          int64_t retention_ms) = 0;
+  // Forgets the claim (FailPolicy::kRelease). kLeaseLost as for Complete.
+  virtual Status Release(const ClaimToken& token) = 0;
+  // Moves the lease end to now + lease_ms; returns the new end.
+  virtual Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) = 0;
+
+  virtual Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) = 0;
+  // Newest first; an empty scope means every scope.
+  virtual Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) = 0;
+  // Deletes completed records whose retention ended and in-progress records
+  // abandoned for longer than `abandoned_after_ms` past their lease, at most
+  // `batch_size` per step. Returns how many were deleted.
+  virtual Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) = 0;
+  // The store's clock, in ms since the Unix epoch.
+  virtual Result<int64_t> NowMs() = 0;
+
+  // Blocks (for real) until (scope, key) may have changed or `max_wait_ms`
+  // passed; spurious returns are fine. The default waits for a Complete or
+  // Release made in this process, so other processes' are seen at the next
+  // poll; PostgreSQL is woken by LISTEN/NOTIFY from any process.
+  virtual void WaitForChange(std::string_view scope, std::string_view key, int64_t max_wait_ms);
+
+ protected:
+  // Wakes this process's WaitForChange callers for (scope, key).
+  static void NotifyChanged(std::string_view scope, std::string_view key);
+};
+
+struct ClaimsOptions {
+  // How long a completed record is kept (and replayed). Default: 24 hours.
+  int64_t retention_ms = 24LL * 3600 * 1000;
+  // Longest single sleep of a bounded wait between checks. Default: 50 ms.
+  int64_t max_poll_ms = 50;
+  // The clock a bounded wait is measured on. Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// The front end: validation, bounded waits, Fail policies.
+class Claims {
+ public:
+  // `store` must outlive the Claims.
+  explicit Claims(ClaimStore& store, ClaimsOptions options = {});
+
+  // Claims request.key in request.scope (see ClaimOutcome::Kind). With wait_ms > 0 a
+  // key in progress is waited for (woken by its completion, re-checked at
+  // least every max_poll_ms) up to wait_ms, then answered kInProgress.
+  Result<ClaimOutcome> Claim(const ClaimRequest& request);
+  // Stores `result` as the key's result: later claims replay it.
+  Status Complete(const ClaimToken& token, std::string_view result);
+  // The work failed with `error`: release the key, or store the error as the
+  // result (replayed, with result_is_error).
+  Status Fail(const ClaimToken& token, FailPolicy policy, std::string_view error);
+  // Heartbeat: extends the lease by lease_ms from now (store clock). Updates
+  // token.lease_until_ms.
+  Status Extend(ClaimToken& token, int64_t lease_ms);
+
+  ClaimStore& store() { return store_; }
+  const ClaimsOptions& options() const { return options_; }
+
+ private:
+  ClaimStore& store_;
+  ClaimsOptions options_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_CLAIMS_H_

@@ -1,0 +1,124 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/claims.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace idem {
+
+std::string_view KindName(ClaimOutcome::Kind kind) {
+  switch (kind) {
+    case ClaimOutcome::Kind::kStarted: return "started";
+    case ClaimOutcome::Kind::kInProgress: return "in_progress";
+    case ClaimOutcome::Kind::kCompleted: return "completed";
+    case ClaimOutcome::Kind::kConflict: return "conflict";
+  }
+  return "unknown";
+}
+
+std::string_view StateName(ClaimRecord::State state) {
+  return state == ClaimRecord::State::kCompleted ? "completed" : "in_progress";
+}
+
+namespace {
+
+// Wakes waiters in this process when a claim they wait for changes. One
+// generation counter per hash bucket of (scope, key): a waiter sleeps until
+// its bucket's generation moves (or its time is up).
+class ChangeBoard {
+ public:
+  static ChangeBoard& Get() {
+    static ChangeBoard* board = new ChangeBoard();  // never destroyed: used from any thread at exit
+    return *board;
+  }
+  uint64_t Generation(size_t bucket) {
+    std::lock_guard lock(mu_);
+    return gen_[bucket];
+  }
+  void Bump(size_t bucket) {
+    {
+      std::lock_guard lock(mu_);
+      ++gen_[bucket];
+    }
+    cv_.notify_all();
+  }
+  void WaitPast(size_t bucket, uint64_t seen, int64_t max_wait_ms) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(max_wait_ms), [&] { return gen_[bucket] != seen; });
+  }
+  static size_t Bucket(std::string_view scope, std::string_view key) {
+    return (std::hash<std::string_view>{}(scope) * 31 + std::hash<std::string_view>{}(key)) % kBuckets;
+  }
+
+ private:
+  static constexpr size_t kBuckets = 64;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t gen_[kBuckets] = {};
+};
+
+Status ValidateRequest(const ClaimRequest& r) {
+  if (Status s = ValidateId(r.scope); !s.ok()) return s.WithContext("claim scope");
+  if (Status s = ValidateId(r.key); !s.ok()) return s.WithContext("idempotency key");
+  if (r.lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(r.lease_ms));
+  if (r.wait_ms < 0) return Status::InvalidArgument("wait_ms must be >= 0, got " + std::to_string(r.wait_ms));
+  return Status::OK();
+}
+
+}  // namespace
+
+void ClaimStore::WaitForChange(std::string_view scope, std::string_view key, int64_t max_wait_ms) {
+  // Only reached after the caller saw the key in progress; a change made in
+  // this process between that read and now bumps the generation read here
+  // too late, which costs one poll interval, never a wrong answer.
+  ChangeBoard& board = ChangeBoard::Get();
+  const size_t bucket = ChangeBoard::Bucket(scope, key);
+  board.WaitPast(bucket, board.Generation(bucket), max_wait_ms);
+}
+
+void ClaimStore::NotifyChanged(std::string_view scope, std::string_view key) {
+  ChangeBoard::Get().Bump(ChangeBoard::Bucket(scope, key));
+}
+
+Claims::Claims(ClaimStore& store, ClaimsOptions options) : store_(store), options_(options) {
+  if (options_.env == nullptr) options_.env = Env::Default();
+  if (options_.max_poll_ms <= 0) options_.max_poll_ms = 50;
+}
+
+Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
+  IDEM_RETURN_IF_ERROR(ValidateRequest(request));
+  Env* env = options_.env;
+  const int64_t deadline = env->NowMs() + request.wait_ms;
+  int64_t poll_ms = 1;
+  for (;;) {
+    Result<ClaimOutcome> c = store_.TryClaim(request);
+    if (!c.ok() || c->kind != ClaimOutcome::Kind::kInProgress || request.wait_ms == 0) return c;
+    const int64_t left = deadline - env->NowMs();
+    if (left <= 0) return c;
+    // Sleep until woken by a change, the next poll, or the holder's lease end.
+    store_.WaitForChange(request.scope, request.key, std::min({left, poll_ms, options_.max_poll_ms}));
+    poll_ms = std::min(poll_ms * 2, options_.max_poll_ms);
+  }
+}
+
+Status Claims::Complete(const ClaimToken& token, std::string_view result) {
+  return store_.Complete(token, result, /*is_error=*/false, options_.retention_ms);
+}
+
+Status Claims::Fail(const ClaimToken& token, FailPolicy policy, std::string_view error) {
+  if (policy == FailPolicy::kRelease) return store_.Release(token);
+  return store_.Complete(token, error, /*is_error=*/true, options_.retention_ms);
+}
+
+Status Claims::Extend(ClaimToken& token, int64_t lease_ms) {
+  if (lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(lease_ms));
+  IDEM_ASSIGN_OR_RETURN(int64_t until, store_.Extend(token, lease_ms));
+  token.lease_until_ms = until;
+  return Status::OK();
+}
+
+}  // namespace idem
