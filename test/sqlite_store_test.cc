@@ -10,6 +10,7 @@
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "sqlite/db.h"
+#include "util/claims_conformance.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -182,4 +183,12 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
                                                         return sqlite::Open({.path = d.File("store.db"), .env = env});
                                                       }}),
                          StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
+                         ::testing::Values(ClaimsParam{"sqlite",
+                                                       [](const TempDir& d, Env* env) {
+                                                         return ClaimsOf(
+                                                             sqlite::Open({.path = d.File("claims.db"), .env = env}));
+                                                       }}),
+                         ClaimsParamName);
 }  // namespace idem::testing

@@ -35,6 +35,7 @@
 #define IDEM_CLAIMS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -144,22 +145,32 @@ class ClaimStore {
   // The store's clock, in ms since the Unix epoch.
   virtual Result<int64_t> NowMs() = 0;
 
-  // Blocks (for real) until (scope, key) may have changed or `max_wait_ms`
-  // passed; spurious returns are fine. The default waits for a Complete or
-  // Release made in this process, so other processes' are seen at the next
-  // poll; PostgreSQL is woken by LISTEN/NOTIFY from any process.
-  virtual void WaitForChange(std::string_view scope, std::string_view key, int64_t max_wait_ms);
+  // A subscription to changes of one key, for bounded waits. Taken before
+  // the key is read, so a change made after that read is never missed.
+  class Watch {
+   public:
+    virtual ~Watch() = default;
+    // Blocks (for real) until the key may have changed since the watch was
+    // taken or last woke, or `max_wait_ms` passed. Spurious returns are fine.
+    virtual void Wait(int64_t max_wait_ms) = 0;
+  };
+  // The default watch is woken by a Complete or Release made in this process
+  // (other processes' are seen at the caller's next poll); PostgreSQL's is
+  // woken by LISTEN/NOTIFY from any process.
+  virtual std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key);
 
  protected:
-  // Wakes this process's WaitForChange callers for (scope, key).
+  // Wakes this process's default watches of (scope, key).
   static void NotifyChanged(std::string_view scope, std::string_view key);
 };
 
 struct ClaimsOptions {
   // How long a completed record is kept (and replayed). Default: 24 hours.
   int64_t retention_ms = 24LL * 3600 * 1000;
-  // Longest single sleep of a bounded wait between checks. Default: 50 ms.
-  int64_t max_poll_ms = 50;
+  // A bounded wait re-reads the key at least this often (for changes its
+  // watch cannot hear: another process's, on SQLite; a lease running out).
+  // Default: 50 ms.
+  int64_t poll_ms = 50;
   // The clock a bounded wait is measured on. Default: Env::Default().
   Env* env = nullptr;
 };
@@ -172,7 +183,7 @@ class Claims {
 
   // Claims request.key in request.scope (see ClaimOutcome::Kind). With wait_ms > 0 a
   // key in progress is waited for (woken by its completion, re-checked at
-  // least every max_poll_ms) up to wait_ms, then answered kInProgress.
+  // least every poll_ms) up to wait_ms, then answered kInProgress.
   Result<ClaimOutcome> Claim(const ClaimRequest& request);
   // Stores `result` as the key's result: later claims replay it.
   Status Complete(const ClaimToken& token, std::string_view result);

@@ -30,6 +30,8 @@
 
 namespace idem {
 
+class ClaimStore;
+
 // A SQL parameter or column value.
 struct Blob {
   std::string bytes;
@@ -206,6 +208,11 @@ class Store {
 
   // "sqlite", "postgres".
   virtual std::string_view Kind() const = 0;
+
+  // The same database as a ClaimStore (two-phase mode, idem/claims.h), or
+  // nullptr where the store has none. The SQLite and PostgreSQL stores have
+  // one; it lives as long as the Store.
+  virtual ClaimStore* claim_store() { return nullptr; }
 
  protected:
   Store() = default;

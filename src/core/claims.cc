@@ -46,9 +46,11 @@ class ChangeBoard {
     }
     cv_.notify_all();
   }
-  void WaitPast(size_t bucket, uint64_t seen, int64_t max_wait_ms) {
+  // Returns the generation seen on waking.
+  uint64_t WaitPast(size_t bucket, uint64_t seen, int64_t max_wait_ms) {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(max_wait_ms), [&] { return gen_[bucket] != seen; });
+    return gen_[bucket];
   }
   static size_t Bucket(std::string_view scope, std::string_view key) {
     return (std::hash<std::string_view>{}(scope) * 31 + std::hash<std::string_view>{}(key)) % kBuckets;
@@ -71,13 +73,20 @@ Status ValidateRequest(const ClaimRequest& r) {
 
 }  // namespace
 
-void ClaimStore::WaitForChange(std::string_view scope, std::string_view key, int64_t max_wait_ms) {
-  // Only reached after the caller saw the key in progress; a change made in
-  // this process between that read and now bumps the generation read here
-  // too late, which costs one poll interval, never a wrong answer.
-  ChangeBoard& board = ChangeBoard::Get();
-  const size_t bucket = ChangeBoard::Bucket(scope, key);
-  board.WaitPast(bucket, board.Generation(bucket), max_wait_ms);
+namespace {
+class BoardWatch final : public ClaimStore::Watch {
+ public:
+  explicit BoardWatch(size_t bucket) : bucket_(bucket), seen_(ChangeBoard::Get().Generation(bucket)) {}
+  void Wait(int64_t max_wait_ms) override { seen_ = ChangeBoard::Get().WaitPast(bucket_, seen_, max_wait_ms); }
+
+ private:
+  size_t bucket_;
+  uint64_t seen_;
+};
+}  // namespace
+
+std::unique_ptr<ClaimStore::Watch> ClaimStore::WatchKey(std::string_view scope, std::string_view key) {
+  return std::make_unique<BoardWatch>(ChangeBoard::Bucket(scope, key));
 }
 
 void ClaimStore::NotifyChanged(std::string_view scope, std::string_view key) {
@@ -86,22 +95,24 @@ void ClaimStore::NotifyChanged(std::string_view scope, std::string_view key) {
 
 Claims::Claims(ClaimStore& store, ClaimsOptions options) : store_(store), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
-  if (options_.max_poll_ms <= 0) options_.max_poll_ms = 50;
+  if (options_.poll_ms <= 0) options_.poll_ms = 50;
 }
 
 Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
   IDEM_RETURN_IF_ERROR(ValidateRequest(request));
   Env* env = options_.env;
   const int64_t deadline = env->NowMs() + request.wait_ms;
-  int64_t poll_ms = 1;
+  if (request.wait_ms == 0) return store_.TryClaim(request);
+  // Watch before the first read, so a completion right after it wakes us.
+  std::unique_ptr<ClaimStore::Watch> watch = store_.WatchKey(request.scope, request.key);
   for (;;) {
     Result<ClaimOutcome> c = store_.TryClaim(request);
-    if (!c.ok() || c->kind != ClaimOutcome::Kind::kInProgress || request.wait_ms == 0) return c;
+    if (!c.ok() || c->kind != ClaimOutcome::Kind::kInProgress) return c;
     const int64_t left = deadline - env->NowMs();
     if (left <= 0) return c;
-    // Sleep until woken by a change, the next poll, or the holder's lease end.
-    store_.WaitForChange(request.scope, request.key, std::min({left, poll_ms, options_.max_poll_ms}));
-    poll_ms = std::min(poll_ms * 2, options_.max_poll_ms);
+    // Until woken by a change, or the next poll (a change made by another
+    // process the watch cannot hear, or the holder's lease running out).
+    watch->Wait(std::min(left, options_.poll_ms));
   }
 }
 

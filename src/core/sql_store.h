@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/claims.h"
 #include "idem/env.h"
 #include "idem/store.h"
 
@@ -58,6 +59,24 @@ inline constexpr const char* kListDeadLetters =
     "SELECT consumer, id, reason, error, attempts, payload, at_ms FROM idem_dead_letters"
     " WHERE ($1 = '' OR consumer = $1) ORDER BY at_ms DESC LIMIT $2";
 
+// A backend's SQL for claims (two-phase mode). `now` parameters are the
+// store's clock, or NULL where the SQL reads the server's clock itself.
+struct ClaimsSql {
+  const char* select;      // ($1 scope, $2 key, $3 now) -> state, fingerprint, fence, lease_until_ms,
+                           //   expires_at_ms, result, result_is_error, updated_at_ms, now
+  const char* insert;      // ($1 scope, $2 key, $3 fp, $4 lease_ms, $5 now) -> fence, lease_until_ms
+  const char* take_over;   // (.., $6 seen fence, $7 seen state) -> fence, lease_until_ms
+  const char* bump_fence;  // when set: run in the same transaction before insert/take_over
+  const char* complete;    // ($1, $2, $3 fence, $4 result, $5 is_error, $6 retention_ms, $7 now) -> a row if done
+  const char* release;     // ($1, $2, $3 fence) -> a row if done
+  const char* extend;      // ($1, $2, $3 fence, $4 lease_ms, $5 now) -> lease_until_ms
+  const char* find;        // ($1, $2) -> scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms,
+                           //   result, result_is_error, updated_at_ms
+  const char* list;        // ($1 scope or '', $2 limit) -> as find
+  const char* purge;       // ($1 scope or '', $2 abandoned_after_ms, $3 limit, $4 now)
+  const char* now;         // ($1 now) -> now
+};
+
 // A backend's SQL for its markers (the layout it tunes). Parameters are $1..$n.
 struct Dialect {
   std::string_view kind;        // "sqlite", "postgres"
@@ -76,6 +95,7 @@ struct Dialect {
   const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
   const char* count_markers;    // ($1 consumer or '')
   const char* list_markers;     // ($1 consumer or '', $2 limit)
+  const ClaimsSql* claims = nullptr;
 };
 
 Blob IdBlob(std::string_view id);
@@ -125,7 +145,7 @@ class SqlTransaction : public StoreTransaction {
   bool done_ = false;
 };
 
-class SqlStore : public Store {
+class SqlStore : public Store, public ClaimStore {
  public:
   SqlStore(const Dialect& dialect, Env* env, int pool_size);
 
@@ -143,6 +163,20 @@ class SqlStore : public Store {
   Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view consumer, int limit) override;
   Result<SchemaInfo> Schema() override;
   std::string_view Kind() const override { return dialect_.kind; }
+  ClaimStore* claim_store() override { return dialect_.claims != nullptr ? this : nullptr; }
+
+  // ClaimStore (sql_claims.cc).
+  Result<ClaimOutcome> TryClaim(const ClaimRequest& request) override;
+  Status Complete(const ClaimToken& token, std::string_view result, bool is_error, int64_t retention_ms) override;
+  Status Release(const ClaimToken& token) override;
+  Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) override;
+  Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override;
+  Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override;
+  Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override;
+  Result<int64_t> NowMs() override;
+  // The `now` parameter of claim statements: the store's clock, or NULL
+  // when the SQL reads the server's own. Default: the Env's.
+  virtual Value ClaimNow() { return env_->NowMs(); }
 
   // Backend hooks.
   virtual Result<std::unique_ptr<Connection>> Connect() = 0;
@@ -169,6 +203,12 @@ class SqlStore : public Store {
   Result<Lease> Take();
 
  private:
+  // A claim write (insert or take-over) that draws a fence, in the
+  // transaction the dialect needs; answers the RETURNING row if it changed.
+  Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(const char* sql, std::span<const Value> params);
+  // After a fenced write changed nothing: why the token is no longer good.
+  Status LeaseLost(const ClaimToken& token, bool completed_ok);
+
   Dialect dialect_;
   Env* env_;
   size_t pool_size_;

@@ -55,7 +55,61 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " PRIMARY KEY (consumer, id, processed_at_ms)) PARTITION BY RANGE (processed_at_ms);"
      "CREATE INDEX idem_markers_daily_by_time ON idem_markers_daily(processed_at_ms);"
      "CREATE TABLE idem_markers_daily_default PARTITION OF idem_markers_daily DEFAULT"},
+    {3, "claims (two-phase mode) and their fencing sequence",
+     // state: 0 in progress, 1 completed.
+     "CREATE TABLE idem_claims("
+     " scope text NOT NULL,"
+     " key bytea NOT NULL,"
+     " state smallint NOT NULL,"
+     " fingerprint bytea NOT NULL,"
+     " fence bigint NOT NULL,"
+     " lease_until_ms bigint NOT NULL,"
+     " expires_at_ms bigint NOT NULL,"
+     " result bytea,"
+     " result_is_error smallint NOT NULL,"
+     " updated_at_ms bigint NOT NULL,"
+     " PRIMARY KEY (scope, key));"
+     "CREATE SEQUENCE idem_claim_fence"},
 };
+
+// ---- claims. Judged by the server's clock: `now` is a parameter that is
+// NULL unless the store was given a clock (tests), so every statement reads
+// the time where the decision is made. Each write is one statement in its
+// own transaction: the fence comes from the sequence inside it, and a
+// completion or release wakes waiters (LISTEN idem_claims) in the same step.
+#define IDEM_PG_NOW(n) "COALESCE($" #n "::bigint, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
+#define IDEM_PG_NOTIFY "pg_notify('idem_claims', $1 || ':' || encode($2, 'hex'))"
+inline constexpr const char* kClaimsChannel = "idem_claims";
+inline constexpr sql_internal::ClaimsSql kClaims{
+    .select = "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+              " updated_at_ms, " IDEM_PG_NOW(3) " FROM idem_claims WHERE scope = $1 AND key = $2",
+    .insert = "INSERT INTO idem_claims VALUES ($1, $2, 0, $3, nextval('idem_claim_fence'), " IDEM_PG_NOW(5)
+              " + $4, 0, NULL, 0, " IDEM_PG_NOW(5) ") ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms",
+    .take_over = "UPDATE idem_claims SET state = 0, fingerprint = $3, fence = nextval('idem_claim_fence'),"
+                 " lease_until_ms = " IDEM_PG_NOW(5) " + $4, expires_at_ms = 0, result = NULL, result_is_error = 0,"
+                 " updated_at_ms = " IDEM_PG_NOW(5) " WHERE scope = $1 AND key = $2 AND fence = $6 AND state = $7"
+                 " AND CASE state WHEN 0 THEN lease_until_ms <= " IDEM_PG_NOW(5) " ELSE expires_at_ms <= "
+                 IDEM_PG_NOW(5) " END RETURNING fence, lease_until_ms",
+    .bump_fence = nullptr,
+    .complete = "WITH u AS (UPDATE idem_claims SET state = 1, result = $4, result_is_error = $5,"
+                " expires_at_ms = " IDEM_PG_NOW(7) " + $6, updated_at_ms = " IDEM_PG_NOW(7)
+                " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING 1)"
+                " SELECT " IDEM_PG_NOTIFY " FROM u",
+    .release = "WITH d AS (DELETE FROM idem_claims WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0"
+               " RETURNING 1) SELECT " IDEM_PG_NOTIFY " FROM d",
+    .extend = "UPDATE idem_claims SET lease_until_ms = " IDEM_PG_NOW(5) " + $4, updated_at_ms = " IDEM_PG_NOW(5)
+              " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING lease_until_ms",
+    .find = "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+            " updated_at_ms FROM idem_claims WHERE scope = $1 AND key = $2",
+    .list = "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+            " updated_at_ms FROM idem_claims WHERE ($1 = '' OR scope = $1) ORDER BY updated_at_ms DESC LIMIT $2",
+    .purge = "DELETE FROM idem_claims WHERE (scope, key) IN (SELECT scope, key FROM idem_claims"
+             " WHERE ($1 = '' OR scope = $1) AND ((state = 1 AND expires_at_ms <= " IDEM_PG_NOW(4) ")"
+             " OR (state = 0 AND lease_until_ms + $2 <= " IDEM_PG_NOW(4) ")) LIMIT $3 FOR UPDATE SKIP LOCKED)",
+    .now = "SELECT " IDEM_PG_NOW(1),
+};
+#undef IDEM_PG_NOW
+#undef IDEM_PG_NOTIFY
 
 // ---- the daily-partitioned layout
 inline constexpr int64_t kDayMs = 86'400'000;

@@ -3,6 +3,8 @@
 
 #include "idem/env.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +73,7 @@ constexpr sql_internal::Dialect kDialect{
     .purge_markers = pg_internal::kPurgeMarkers,
     .count_markers = pg_internal::kCountMarkers,
     .list_markers = pg_internal::kListMarkers,
+    .claims = &pg_internal::kClaims,
 };
 
 constexpr sql_internal::Dialect kDailyDialect{
@@ -84,6 +87,7 @@ constexpr sql_internal::Dialect kDailyDialect{
     .purge_markers = pg_internal::kDailyPurgeMarkers,
     .count_markers = pg_internal::kDailyCountMarkers,
     .list_markers = pg_internal::kDailyListMarkers,
+    .claims = &pg_internal::kClaims,
 };
 
 // The advisory-lock key of (consumer, id): 64 bits of SHA-256. A collision
@@ -98,10 +102,62 @@ int64_t LockKey(const Marker& m) {
   return v;
 }
 
+// A bounded wait's watch: a pooled connection that LISTENs on the claims
+// channel; completions and releases NOTIFY it (from any process) with
+// "<scope>:<hex key>".
+class PgWatch final : public ClaimStore::Watch {
+ public:
+  PgWatch(sql_internal::Lease conn, std::string payload) : conn_(std::move(conn)), payload_(std::move(payload)) {}
+  ~PgWatch() override {
+    if (conn_->Healthy()) (void)conn_->Script(std::string("UNLISTEN ") + pg_internal::kClaimsChannel);
+  }
+  void Wait(int64_t max_wait_ms) override {
+    auto* c = static_cast<PGconn*>(conn_->Native());
+    if (Drain(c)) return;
+    pollfd pfd{PQsocket(c), POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(max_wait_ms, 60'000))) > 0 && PQconsumeInput(c) == 1)
+      Drain(c);
+  }
+
+ private:
+  // Consumes the notifications that arrived; whether one was for our key.
+  bool Drain(PGconn* c) {
+    bool hit = false;
+    while (PGnotify* n = PQnotifies(c)) {
+      hit = hit || payload_ == n->extra;
+      PQfreemem(n);
+    }
+    return hit;
+  }
+  sql_internal::Lease conn_;
+  std::string payload_;
+};
+
+std::string HexOf(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char ch : bytes) {
+    out += kHex[ch >> 4];
+    out += kHex[ch & 15];
+  }
+  return out;
+}
+
 class PgStore final : public sql_internal::SqlStore {
  public:
   explicit PgStore(const Options& o)
       : SqlStore(o.partition_by_day ? kDailyDialect : kDialect, o.env, o.pool_size), options_(o) {}
+
+  std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
+    auto conn = Take();
+    if (conn.ok() && (*conn)->Script(std::string("LISTEN ") + pg_internal::kClaimsChannel).ok())
+      return std::make_unique<PgWatch>(std::move(*conn), std::string(scope) + ":" + HexOf(key));
+    return ClaimStore::WatchKey(scope, key);  // polling still finds the result
+  }
+
+  // Claims are judged by the server's clock unless a clock was given.
+  Value ClaimNow() override { return options_.claim_clock ? Value(options_.claim_clock->NowMs()) : Value(); }
 
   Status InitPartitions() {
     if (!options_.partition_by_day) return Status::OK();

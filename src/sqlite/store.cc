@@ -57,6 +57,7 @@ constexpr sql_internal::Dialect kDialect{
     .purge_markers = "",  // SqliteStore::Purge walks the key instead
     .count_markers = sqlite_internal::kCountMarkers,
     .list_markers = sqlite_internal::kListMarkers,
+    .claims = &sqlite_internal::kClaims,
 };
 
 sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {

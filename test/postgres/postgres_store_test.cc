@@ -19,6 +19,7 @@
 #include "idem/postgres/store.h"
 #include "postgres/pg.h"
 #include "postgres/pg_test_util.h"
+#include "util/claims_conformance.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -36,6 +37,14 @@ INSTANTIATE_TEST_SUITE_P(
                                        {.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
                                  }}),
     StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
+                         ::testing::Values(ClaimsParam{"postgres",
+                                                       [](const TempDir& d, Env* env) {
+                                                         return ClaimsOf(postgres::Open(
+                                                             {.url = SchemaUrl(d.path()), .claim_clock = env}));
+                                                       }}),
+                         ClaimsParamName);
 
 namespace {
 

@@ -18,6 +18,7 @@
 
 #include "idem/claims.h"
 #include "idem/env.h"
+#include "idem/store.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -40,6 +41,15 @@ class ClaimsConformance : public ::testing::TestWithParam<ClaimsParam> {
   FakeEnv env_;
   std::shared_ptr<ClaimStore> store_;
 };
+
+// The claim store of an opened SQL store, owning it.
+inline Result<std::shared_ptr<ClaimStore>> ClaimsOf(Result<std::unique_ptr<Store>> opened) {
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<Store> store(std::move(*opened));
+  ClaimStore* claims = store->claim_store();
+  if (claims == nullptr) return Status::Internal(std::string(store->Kind()) + " store has no claim store");
+  return std::shared_ptr<ClaimStore>(store, claims);
+}
 
 inline void PrintTo(const ClaimsParam& p, std::ostream* os) { *os << p.name; }
 inline std::string ClaimsParamName(const ::testing::TestParamInfo<ClaimsParam>& p) { return p.param.name; }

@@ -49,6 +49,10 @@ struct Options {
   bool create_if_missing = true;
   // Default: Env::Default().
   Env* env = nullptr;
+  // The clock claims (two-phase mode) are judged by. Default (nullptr): the
+  // server's, so that every client agrees whatever its own clock says. Tests
+  // pass a FakeEnv.
+  Env* claim_clock = nullptr;
 };
 
 // Connects, then creates or migrates idem's tables (serialised between

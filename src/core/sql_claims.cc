@@ -1,0 +1,218 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Claims (two-phase mode) on SQL stores. Every step is one atomic write: an
+// INSERT for a new key, or a compare-and-set UPDATE that names the fence and
+// state it saw, so a decision made on a read that went stale changes nothing
+// and is made again.
+#include <string>
+
+#include "core/sql_store.h"
+
+namespace idem::sql_internal {
+namespace {
+
+constexpr int kInProgress = 0;
+constexpr int kCompleted = 1;
+// Reads and compare-and-set writes racing with others: each lost race means
+// another claimer made progress, so a few rounds settle it.
+constexpr int kMaxRounds = 16;
+
+ClaimRecord ToRecord(const std::vector<Value>& r) {
+  ClaimRecord c;
+  c.scope = r[0].AsText();
+  c.key = r[1].AsText();
+  c.state = r[2].AsInt() == kCompleted ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
+  c.fingerprint = ToFingerprint(r[3]);
+  c.fence = r[4].AsInt();
+  c.lease_until_ms = r[5].AsInt();
+  c.expires_at_ms = r[6].AsInt();
+  c.result = r[7].AsText();
+  c.result_is_error = r[8].AsInt() != 0;
+  c.updated_at_ms = r[9].AsInt();
+  return c;
+}
+
+std::string Describe(const ClaimToken& t) {
+  return "key '" + t.key + "' in scope '" + t.scope + "' (fence " + std::to_string(t.fence) + ")";
+}
+
+}  // namespace
+
+Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(const char* sql,
+                                                                        std::span<const Value> params) {
+  const ClaimsSql& q = *dialect_.claims;
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  auto rows_of = [&]() -> Result<Rows> {
+    if (q.bump_fence == nullptr) return c->Query(sql, params);  // one statement, its own transaction
+    IDEM_RETURN_IF_ERROR(c->Script(dialect_.begin));
+    Result<Rows> rows = [&]() -> Result<Rows> {
+      IDEM_RETURN_IF_ERROR(c->Exec(q.bump_fence, {}).status());
+      return c->Query(sql, params);
+    }();
+    if (!rows.ok() || rows->rows.empty()) {
+      (void)c->Script("ROLLBACK");
+      return rows;
+    }
+    IDEM_RETURN_IF_ERROR(c->Commit());
+    return rows;
+  };
+  IDEM_ASSIGN_OR_RETURN(Rows rows, rows_of());
+  if (rows.rows.empty()) return std::optional<std::pair<int64_t, int64_t>>();
+  return std::optional<std::pair<int64_t, int64_t>>({rows.rows[0][0].AsInt(), rows.rows[0][1].AsInt()});
+}
+
+Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  const ClaimsSql& q = *dialect_.claims;
+  auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) {
+    ClaimOutcome out;
+    out.kind = ClaimOutcome::Kind::kStarted;
+    out.token = ClaimToken{r.scope, r.key, fence_lease.first, fence_lease.second};
+    out.took_over = took_over;
+    return out;
+  };
+  for (int round = 0; round < kMaxRounds; ++round) {
+    const Value now = ClaimNow();
+    Rows rows;
+    {
+      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+      Value p[] = {r.scope, IdBlob(r.key), now};
+      IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.select, p));
+    }
+    if (rows.rows.empty()) {
+      Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
+      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(q.insert, p));
+      if (w.has_value()) return started(*w, false);
+      continue;  // another claimer inserted it first: look again
+    }
+    const auto& row = rows.rows[0];
+    const int state = static_cast<int>(row[0].AsInt());
+    const Fingerprint stored = ToFingerprint(row[1]);
+    const int64_t fence = row[2].AsInt(), lease_until = row[3].AsInt(), expires_at = row[4].AsInt();
+    const int64_t store_now = row[8].AsInt();
+    const bool result_expired = state == kCompleted && expires_at <= store_now;
+    if (!result_expired) {
+      ClaimOutcome out;
+      if (stored != r.fingerprint) {
+        out.kind = ClaimOutcome::Kind::kConflict;
+        out.stored_fingerprint = stored;
+        return out;
+      }
+      if (state == kCompleted) {
+        out.kind = ClaimOutcome::Kind::kCompleted;
+        out.result = row[5].AsText();
+        out.result_is_error = row[6].AsInt() != 0;
+        return out;
+      }
+      if (lease_until > store_now) {
+        out.kind = ClaimOutcome::Kind::kInProgress;
+        out.retry_at_ms = lease_until;
+        return out;
+      }
+    }
+    // Free to take: the holder's lease ended, or the stored result expired.
+    Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now, fence, state};
+    IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(q.take_over, p));
+    if (w.has_value()) return started(*w, state == kInProgress);
+  }
+  return Status::Busy("claim of key '" + r.key + "' in scope '" + r.scope + "' lost " +
+                      std::to_string(kMaxRounds) + " races in a row; retry");
+}
+
+Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
+  IDEM_ASSIGN_OR_RETURN(auto rec, FindClaim(t.scope, t.key));
+  if (!rec.has_value())
+    return Status(Code::kLeaseLost, Describe(t) + ": no claim on the key any more (released, or expired and purged)");
+  if (rec->fence != t.fence)
+    return Status(Code::kLeaseLost, Describe(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
+                                        " after this lease expired");
+  if (rec->state == ClaimRecord::State::kCompleted) {
+    if (completed_ok) return Status::OK();  // a retried Complete
+    return Status(Code::kLeaseLost, Describe(t) + ": the key is already completed");
+  }
+  return Status::Internal(Describe(t) + ": the claim is ours and in progress, yet the update changed nothing");
+}
+
+Status SqlStore::Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  Rows rows;
+  {
+    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+    Value p[] = {t.scope, IdBlob(t.key), t.fence, Blob{std::string(result)}, is_error ? 1 : 0, retention_ms,
+                 ClaimNow()};
+    IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->complete, p));
+  }
+  if (rows.rows.empty()) return LeaseLost(t, /*completed_ok=*/true);
+  NotifyChanged(t.scope, t.key);
+  return Status::OK();
+}
+
+Status SqlStore::Release(const ClaimToken& t) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  Rows rows;
+  {
+    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+    Value p[] = {t.scope, IdBlob(t.key), t.fence};
+    IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->release, p));
+  }
+  if (rows.rows.empty()) return LeaseLost(t, /*completed_ok=*/false);
+  NotifyChanged(t.scope, t.key);
+  return Status::OK();
+}
+
+Result<int64_t> SqlStore::Extend(const ClaimToken& t, int64_t lease_ms) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  Rows rows;
+  {
+    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+    Value p[] = {t.scope, IdBlob(t.key), t.fence, lease_ms, ClaimNow()};
+    IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->extend, p));
+  }
+  if (rows.rows.empty()) {
+    Status s = LeaseLost(t, /*completed_ok=*/false);
+    return s.ok() ? Status::Internal("extend changed nothing") : s;
+  }
+  return rows.rows[0][0].AsInt();
+}
+
+Result<std::optional<ClaimRecord>> SqlStore::FindClaim(std::string_view scope, std::string_view key) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  Value p[] = {std::string(scope), IdBlob(key)};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(dialect_.claims->find, p));
+  if (rows.rows.empty()) return std::optional<ClaimRecord>();
+  return std::optional<ClaimRecord>(ToRecord(rows.rows[0]));
+}
+
+Result<std::vector<ClaimRecord>> SqlStore::ListClaims(std::string_view scope, int limit) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  Value p[] = {std::string(scope), int64_t{limit}};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(dialect_.claims->list, p));
+  std::vector<ClaimRecord> out;
+  for (const auto& r : rows.rows) out.push_back(ToRecord(r));
+  return out;
+}
+
+Result<int64_t> SqlStore::PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+  int64_t total = 0;
+  for (;;) {
+    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+    Value p[] = {std::string(scope), abandoned_after_ms, int64_t{batch_size}, ClaimNow()};
+    IDEM_ASSIGN_OR_RETURN(int64_t n, c->Exec(dialect_.claims->purge, p));
+    total += n;
+    if (n < batch_size) return total;
+  }
+}
+
+Result<int64_t> SqlStore::NowMs() {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  Value p[] = {ClaimNow()};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(dialect_.claims->now, p));
+  return rows.rows[0][0].AsInt();
+}
+
+}  // namespace idem::sql_internal
