@@ -35,6 +35,7 @@
 #define IDEM_CLAIMS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -201,6 +202,44 @@ class Claims {
   ClaimStore& store_;
   ClaimsOptions options_;
 };
+
+// ---------------------------------------------------------------------------
+// Two-phase steps inside a consumer's handler.
+//
+// CallOnce runs `call` -- a request to a service no local transaction covers
+// -- at most once per (message, step) across every delivery of the message,
+// and returns its result: by running it (claim, call, complete), or from the
+// result an earlier delivery stored. The call is given
+// DownstreamKey(message, step) to send as its idempotency key, so a receiver
+// that honours keys also absorbs the one repeat that a crash between the call
+// and its Complete can cause (after the lease, the next delivery takes over
+// and calls again with the same key).
+//
+//   inbox.Handle(msg, [&](idem::Transaction& tx, const idem::Message& m) -> idem::Status {
+//     auto charge = idem::CallOnce(claims, m, "charge", [&](const std::string& key) {
+//       return provider.Charge(key, m.payload);          // Result<std::string>
+//     });
+//     if (!charge.ok()) return charge.status();          // kInProgress: redelivered later
+//     return tx.Exec("INSERT INTO payments(order_id, charge) VALUES ($1, $2)", {m.id, *charge}).status();
+//   });
+//
+// Errors: kInProgress while another delivery holds the step (the Consumer
+// redelivers it after a backoff and counts no failure); kConflict when the
+// step's key was used for another payload; the call's own error otherwise
+// (the claim is released, or stored with FailPolicy::kStoreError); a stored
+// failure is replayed as kHandlerFailed.
+// On SQLite keep the claims in a file of their own: the handler's transaction
+// holds the inbox file's write lock while CallOnce commits its claim.
+// ---------------------------------------------------------------------------
+struct CallOnceOptions {
+  int64_t lease_ms = 30'000;  // how long the call may take before a takeover
+  int64_t wait_ms = 0;        // wait this long for another holder's result
+  FailPolicy on_error = FailPolicy::kRelease;
+};
+
+Result<std::string> CallOnce(Claims& claims, const Message& message, std::string_view step,
+                             const std::function<Result<std::string>(const std::string& downstream_key)>& call,
+                             const CallOnceOptions& options = {});
 
 }  // namespace idem
 

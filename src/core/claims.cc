@@ -132,4 +132,38 @@ Status Claims::Extend(ClaimToken& token, int64_t lease_ms) {
   return Status::OK();
 }
 
+Result<std::string> CallOnce(Claims& claims, const Message& message, std::string_view step,
+                             const std::function<Result<std::string>(const std::string& downstream_key)>& call,
+                             const CallOnceOptions& options) {
+  const std::string key = DownstreamKey(message, step);
+  IDEM_ASSIGN_OR_RETURN(ClaimOutcome c, claims.Claim(ClaimRequest{.scope = std::string(step),
+                                                                  .key = key,
+                                                                  .fingerprint = FingerprintOf(message.payload),
+                                                                  .lease_ms = options.lease_ms,
+                                                                  .wait_ms = options.wait_ms}));
+  const std::string what = "step '" + std::string(step) + "' of message " + message.id;
+  switch (c.kind) {
+    case ClaimOutcome::Kind::kCompleted:
+      if (c.result_is_error) return Status::HandlerFailed(what + " failed before, and its failure is final: " + c.result);
+      return std::move(c.result);
+    case ClaimOutcome::Kind::kInProgress:
+      return Status(Code::kInProgress, what + " is running in another delivery (its lease ends at " +
+                                           std::to_string(c.retry_at_ms) + " ms); deliver it again later");
+    case ClaimOutcome::Kind::kConflict:
+      return Status(Code::kConflict, what + ": its key " + key + " was used for another payload (stored fingerprint " +
+                                         ToHex(c.stored_fingerprint) + ")");
+    case ClaimOutcome::Kind::kStarted: break;
+  }
+  Result<std::string> r = call(key);
+  if (!r.ok()) {
+    Status failed = claims.Fail(c.token, options.on_error, r.status().ToString());
+    if (!failed.ok()) return r.status().WithContext(what + " (and recording its failure failed: " + failed.ToString() + ")");
+    return r.status().WithContext(what);
+  }
+  // If the lease was lost meanwhile, another delivery owns the step now and
+  // its result is the one that counts: fail, and the redelivery replays it.
+  IDEM_RETURN_IF_ERROR(claims.Complete(c.token, *r).WithContext(what));
+  return r;
+}
+
 }  // namespace idem

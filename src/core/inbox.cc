@@ -39,7 +39,9 @@ Outcome Failed(Status s) {
 Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
   try {
     Status s = handler(tx, m);
-    if (s.ok() || s.code() == Code::kHandlerFailed) return s;
+    // kInProgress (a CallOnce step held elsewhere) stays itself: the
+    // consumer redelivers it later without counting a failure.
+    if (s.ok() || s.code() == Code::kHandlerFailed || s.code() == Code::kInProgress) return s;
     return Status(Code::kHandlerFailed, s.ToString());
   } catch (const std::exception& e) {
     return Status::HandlerFailed(std::string("handler threw: ") + e.what());

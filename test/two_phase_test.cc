@@ -1,0 +1,208 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Two-phase steps inside a consumer's handler (CallOnce): an external call is
+// made once per (message, step) whatever the deliveries, crashes and races,
+// and a crash between the call and the local commit replays the stored result
+// instead of calling again. Every message is delivered at least twice.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "idem/claims.h"
+#include "idem/consumer.h"
+#include "idem/embedded/queue.h"
+#include "idem/inbox.h"
+#include "idem/sqlite/store.h"
+#include "util/claims_conformance.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+// A service no transaction covers: counts calls per idempotency key.
+class Service {
+ public:
+  Result<std::string> Call(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return "receipt-" + std::to_string(++calls_[key]) + "-for-" + key;
+  }
+  int Calls(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return calls_[key];
+  }
+  int Total() {
+    std::lock_guard lock(mu_);
+    int n = 0;
+    for (auto& [k, v] : calls_) n += v;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int> calls_;
+};
+
+class TwoPhaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = sqlite::Open({.path = dir_.File("inbox.db"), .env = &env_});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_TRUE((*tx)->Exec("CREATE TABLE payments(id TEXT, receipt TEXT)").ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+    // Claims in a file of their own (see CallOnce).
+    auto c = ClaimsOf(sqlite::Open({.path = dir_.File("claims.db"), .env = &env_}));
+    ASSERT_TRUE(c.ok()) << c.status();
+    claim_store_ = *c;
+    claims_ = std::make_unique<Claims>(*claim_store_, ClaimsOptions{.env = &env_});
+    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+  }
+
+  // Charges through the service once, then writes the payment row; fails
+  // after the call while `fail_after_call` is set (a crash or a local error
+  // between the external call and the commit).
+  Handler ChargeThenRecord() {
+    return [this](Transaction& tx, const Message& m) -> Status {
+      auto receipt = CallOnce(*claims_, m, "charge", [&](const std::string& key) { return service_.Call(key); });
+      if (!receipt.ok()) return receipt.status();
+      if (fail_after_call) return Status::HandlerFailed("local write failed after the charge");
+      return tx.Exec("INSERT INTO payments VALUES ($1, $2)", {m.id, *receipt}).status();
+    };
+  }
+
+  std::vector<std::vector<Value>> Payments() {
+    auto tx = store_->Begin();
+    auto rows = (*tx)->Query("SELECT id, receipt FROM payments ORDER BY id");
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    return rows.ok() ? rows->rows : std::vector<std::vector<Value>>{};
+  }
+
+  TempDir dir_;
+  FakeEnv env_;
+  std::unique_ptr<Store> store_;
+  std::shared_ptr<ClaimStore> claim_store_;
+  std::unique_ptr<Claims> claims_;
+  std::unique_ptr<Inbox> inbox_;
+  Service service_;
+  bool fail_after_call = false;
+};
+
+TEST_F(TwoPhaseTest, EveryDeliveryCallsTheServiceOnce) {
+  Handler h = ChargeThenRecord();
+  for (int delivery = 0; delivery < 2; ++delivery)
+    for (int i = 0; i < 10; ++i) {
+      Outcome o = inbox_->Handle(Msg("m-" + std::to_string(i), "40"), h);
+      EXPECT_EQ(o.kind, delivery == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << o.ToString();
+    }
+  EXPECT_EQ(service_.Total(), 10);
+  EXPECT_EQ(Payments().size(), 10u);
+  EXPECT_EQ(service_.Calls("m-3:charge"), 1) << "the call carries DownstreamKey(message, step)";
+}
+
+TEST_F(TwoPhaseTest, FailureAfterTheCallReplaysItsStoredResult) {
+  Handler h = ChargeThenRecord();
+  fail_after_call = true;
+  Outcome first = inbox_->Handle(Msg("m-1", "40"), h);
+  EXPECT_EQ(first.kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(service_.Calls("m-1:charge"), 1);
+  fail_after_call = false;
+  Outcome second = inbox_->Handle(Msg("m-1", "40"), h);  // the redelivery
+  EXPECT_EQ(second.kind, Outcome::Kind::kApplied) << second.ToString();
+  EXPECT_EQ(service_.Calls("m-1:charge"), 1) << "the stored receipt is replayed, the service not called again";
+  auto rows = Payments();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][1].AsText(), "receipt-1-for-m-1:charge");
+}
+
+TEST_F(TwoPhaseTest, ServiceErrorReleasesTheStepForTheNextDelivery) {
+  bool down = true;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    auto r = CallOnce(*claims_, m, "charge", [&](const std::string& key) -> Result<std::string> {
+      if (down) return Status::Unavailable("service down");
+      return service_.Call(key);
+    });
+    if (!r.ok()) return r.status();
+    return tx.Exec("INSERT INTO payments VALUES ($1, $2)", {m.id, *r}).status();
+  };
+  Outcome first = inbox_->Handle(Msg("m-1", "40"), h);
+  EXPECT_EQ(first.kind, Outcome::Kind::kFailed);
+  EXPECT_NE(first.status.message().find("service down"), std::string::npos) << first.ToString();
+  down = false;
+  EXPECT_EQ(inbox_->Handle(Msg("m-1", "40"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox_->Handle(Msg("m-1", "40"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(service_.Calls("m-1:charge"), 1);
+}
+
+TEST_F(TwoPhaseTest, StepHeldElsewhereIsInProgressThenReplayed) {
+  // Another delivery of m-1 holds the step (it is mid-call).
+  auto other = claims_->Claim({.scope = "charge", .key = "m-1:charge", .fingerprint = FingerprintOf("40")});
+  ASSERT_TRUE(other.ok() && other->kind == ClaimOutcome::Kind::kStarted);
+  Handler h = ChargeThenRecord();
+  Outcome busy = inbox_->Handle(Msg("m-1", "40"), h);
+  EXPECT_EQ(busy.kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(busy.status.code(), Code::kInProgress) << busy.ToString();
+  ASSERT_TRUE(claims_->Complete(other->token, "receipt-from-the-other").ok());
+  EXPECT_EQ(inbox_->Handle(Msg("m-1", "40"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(service_.Total(), 0) << "only the other delivery called";
+  EXPECT_EQ(Payments()[0][1].AsText(), "receipt-from-the-other");
+}
+
+TEST_F(TwoPhaseTest, HolderKilledMidCallIsTakenOverAfterItsLease) {
+  // A child process claims the step and is SIGKILLed inside the call.
+  const std::string claims_path = dir_.File("claims.db");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto store = sqlite::Open({.path = claims_path, .env = &env_});
+    if (!store.ok()) ::_exit(2);
+    Claims claims(*(*store)->claim_store(), {.env = &env_});
+    (void)CallOnce(claims, Msg("m-1", "40"), "charge", [](const std::string&) -> Result<std::string> {
+      ::raise(SIGKILL);  // dies holding the claim, mid-call
+      return std::string("never");
+    });
+    ::_exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  Handler h = ChargeThenRecord();
+  Outcome during = inbox_->Handle(Msg("m-1", "40"), h);
+  EXPECT_EQ(during.status.code(), Code::kInProgress) << during.ToString();
+  env_.Advance(CallOnceOptions{}.lease_ms);  // the dead holder's lease ends
+  EXPECT_EQ(inbox_->Handle(Msg("m-1", "40"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox_->Handle(Msg("m-1", "40"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(service_.Calls("m-1:charge"), 1);
+  auto rec = claim_store_->FindClaim("charge", "m-1:charge");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, ClaimRecord::State::kCompleted);
+  EXPECT_EQ((*rec)->fence, 2) << "the taker's fence is above the dead holder's";
+}
+
+TEST_F(TwoPhaseTest, ConsumerRedeliversAStepInProgressWithoutCountingAFailure) {
+  auto q = embedded::Queue::Open({.path = dir_.File("queue.db"), .lease_ms = 60'000, .durable = false,
+                                  .poll_ms = 50, .env = &env_});
+  ASSERT_TRUE(q.ok()) << q.status();
+  for (int round = 0; round < 2; ++round) ASSERT_TRUE((*q)->Publish(Msg("m-1", "40")).ok());
+  // Another process holds the step for 10 s of the consumer's clock.
+  auto other = claims_->Claim({.scope = "charge", .key = "m-1:charge", .fingerprint = FingerprintOf("40"),
+                               .lease_ms = 10'000});
+  ASSERT_TRUE(other.ok() && other->kind == ClaimOutcome::Kind::kStarted);
+  // max_attempts 1: a counted failure would dead-letter the message at once.
+  Consumer consumer(**q, *inbox_, ChargeThenRecord(),
+                    {.max_attempts = 1, .receive_wait_ms = 120'000, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+  EXPECT_GE(consumer.stats().nacked, 1u) << "in progress: given back, not applied";
+  EXPECT_EQ(service_.Calls("m-1:charge"), 1) << "called once, after the other holder's lease ended";
+  EXPECT_EQ(Payments().size(), 1u);
+}
+
+}  // namespace
+}  // namespace idem::testing
