@@ -61,10 +61,27 @@ fi
 STORE="sqlite:$T/demo/run/payments.db"
 check inspect 0 "$IDEM" inspect --store "$STORE" --consumer idem-demo --limit 3 --json
 has inspect-count "$T/out" '"markers":300'
+# Claims (two-phase mode): bench claims writes some; inspect one, all, purge.
+check bench-claims 0 "$IDEM" bench claims --store "sqlite:$T/claims.db" --n 40 --dup 2 --concurrency 4
+has bench-claims-ok "$T/out" "ok=true"
+has bench-claims-line "$T/out" "peer=idem-claims-sqlite store=sqlite unique=40 deliveries=80 .* effects=40"
+check inspect-claims 0 "$IDEM" inspect --store "sqlite:$T/claims.db" --limit 100 --json
+SCOPE=$(sed -n 's/.*"scope":"\(bench-[0-9]*\)".*/\1/p' "$T/out" | head -1)
+has inspect-claims-listed "$T/out" '"state":"completed","fence":[0-9]+'
+check inspect-claim 0 "$IDEM" inspect "$SCOPE" 00000000-0000-4000-8000-000000000007 --store "sqlite:$T/claims.db" --json
+has inspect-claim-record "$T/out" '"key":"00000000-0000-4000-8000-000000000007","state":"completed"'
+has inspect-claim-result "$T/out" '"result_bytes":[1-9]'
+check inspect-claim-text 0 "$IDEM" inspect "$SCOPE" 00000000-0000-4000-8000-000000000007 --store "sqlite:$T/claims.db"
+has inspect-claim-text-state "$T/out" "completed  fence [0-9]+  result [0-9]+ bytes  expires in"
+check inspect-claim-missing 1 "$IDEM" inspect "$SCOPE" no-such-key --store "sqlite:$T/claims.db"
+has inspect-claim-missing-named "$T/err" "no claim for key 'no-such-key'"
+check inspect-claim-half 2 "$IDEM" inspect "$SCOPE" --store "sqlite:$T/claims.db"
+check purge-claims 0 "$IDEM" purge --store "sqlite:$T/claims.db" --older-than 1s --json
+has purge-claims-kept "$T/out" '"claims_purged":0'
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
 check schema 0 "$IDEM" schema --store "$STORE" --json
-has schema-version "$T/out" '"version":3'
+has schema-version "$T/out" '"version":4'
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
 has purge-none "$T/out" '"purged":0'
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json

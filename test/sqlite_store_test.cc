@@ -129,12 +129,14 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("CREATE INDEX idem_markers_by_time ON idem_markers(processed_at_ms)").ok());
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_markers_by_producer_time").ok());
+    ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_claims").ok());
+    ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_claim_fence").ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   auto s = sqlite::Open({.path = dir.File("old.db")});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ((*s)->Schema()->version, 3);
+  EXPECT_EQ((*s)->Schema()->version, 4);
   auto tx = (*s)->Begin();
   auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
   ASSERT_TRUE(idx.ok());

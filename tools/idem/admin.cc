@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "idem/claims.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 
@@ -76,9 +77,10 @@ int RunSchema(const Args& args) {
 }
 
 const Command& InspectCommand() {
-  static const Command c{"inspect", "Show what a store holds: marker count, recent markers and dead letters;\n"
-                                    "with --queue, the state of an embedded queue.",
-                         "[--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
+  static const Command c{"inspect", "Show what a store holds: marker count, recent markers, dead letters and claims\n"
+                                    "(two-phase records); with SCOPE KEY, one claim record; with --queue, the state\n"
+                                    "of an embedded queue. Exit 1 when the claim asked for does not exist.",
+                         "[SCOPE KEY] [--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
                          {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
                           {"consumer", "NAME", "", "only this consumer (default: all)"},
                           {"limit", "N", "10", "how many recent markers and dead letters to list"},
@@ -87,11 +89,80 @@ const Command& InspectCommand() {
   return c;
 }
 
+namespace {
+
+std::string ClaimJson(const ClaimRecord& c) {
+  return Json()
+      .Add("scope", c.scope)
+      .Add("key", c.key)
+      .Add("state", std::string(StateName(c.state)))
+      .Add("fence", c.fence)
+      .Add("lease_until_ms", c.lease_until_ms)
+      .Add("expires_at_ms", c.expires_at_ms)
+      .Add("fingerprint", ToHex(c.fingerprint))
+      .Add("result_bytes", static_cast<int64_t>(c.result.size()))
+      .Add("result_is_error", c.result_is_error)
+      .Add("updated_at_ms", c.updated_at_ms)
+      .str();
+}
+
+std::string ClaimLine(const ClaimRecord& c, int64_t now_ms) {
+  std::string s = "  " + Printable(c.scope) + "  " + Printable(c.key) + "  " + std::string(StateName(c.state)) +
+                  "  fence " + std::to_string(c.fence);
+  if (c.state == ClaimRecord::State::kInProgress) {
+    const int64_t left = c.lease_until_ms - now_ms;
+    s += left > 0 ? "  lease ends in " + std::to_string(left) + " ms" : "  lease ended " + std::to_string(-left) + " ms ago";
+  } else {
+    s += "  result " + std::to_string(c.result.size()) + " bytes" + (c.result_is_error ? " (a stored error)" : "") +
+         "  expires in " + std::to_string(c.expires_at_ms - now_ms) + " ms";
+  }
+  return s + "  sha256 " + ToHex(c.fingerprint).substr(0, 16) + "...";
+}
+
+// `idem inspect SCOPE KEY`: one claim record.
+int InspectClaim(ClaimStore& claims, const std::string& scope, const std::string& key, bool json) {
+  auto rec = claims.FindClaim(scope, key);
+  if (!rec.ok()) return Fail("inspect", rec.status());
+  auto now = claims.NowMs();
+  if (!now.ok()) return Fail("inspect", now.status());
+  if (!rec->has_value()) {
+    if (json) std::cout << Json().Add("found", false).Add("scope", scope).Add("key", key).str() << "\n";
+    std::cerr << "idem inspect: no claim for key '" << Printable(key) << "' in scope '" << Printable(scope)
+              << "' (never claimed, released, or expired and purged)\n";
+    return kExitCheckFailed;
+  }
+  if (json) {
+    std::cout << ClaimJson(**rec) << "\n";
+  } else {
+    std::cout << "claim (store clock " << *now << " ms):\n" << ClaimLine(**rec, *now) << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunInspect(const Args& args) {
   auto limit = args.GetInt("limit");
   if (!limit.ok()) return Fail("inspect", limit.status());
+  if (args.positional().size() != 0 && args.positional().size() != 2)
+    return Fail("inspect", Status::InvalidArgument("give both SCOPE and KEY of a claim, or neither"));
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("inspect", store.status());
+  ClaimStore* claim_store = (*store)->claim_store();
+  if (args.positional().size() == 2) {
+    if (claim_store == nullptr) return Fail("inspect", Status::InvalidArgument("this store keeps no claims"));
+    return InspectClaim(*claim_store, args.positional()[0], args.positional()[1], args.Bool("json"));
+  }
+  std::vector<ClaimRecord> claims;
+  int64_t claims_now = 0;
+  if (claim_store != nullptr) {
+    auto listed = claim_store->ListClaims("", static_cast<int>(*limit));
+    if (!listed.ok()) return Fail("inspect", listed.status());
+    claims = std::move(*listed);
+    auto now = claim_store->NowMs();
+    if (!now.ok()) return Fail("inspect", now.status());
+    claims_now = *now;
+  }
   std::string consumer = args.Get("consumer");
   auto count = (*store)->CountMarkers(consumer);
   if (!count.ok()) return Fail("inspect", count.status());
@@ -118,7 +189,10 @@ int RunInspect(const Args& args) {
       ds.push_back(Json().Add("consumer", d.consumer).Add("id", d.id).Add("reason", d.reason).Add("error", d.error)
                        .Add("attempts", d.attempts).Add("at_ms", d.at_ms).str());
     Json j;
+    std::vector<std::string> cs;
+    for (const auto& c : claims) cs.push_back(ClaimJson(c));
     j.Add("markers", *count).AddRaw("recent", JsonArray(ms)).AddRaw("dead_letters", JsonArray(ds));
+    j.AddRaw("claims", JsonArray(cs));
     if (qs) {
       j.AddRaw("queue", Json().Add("ready", qs->ready).Add("leased", qs->leased).Add("delayed", qs->delayed)
                             .Add("published", qs->published).Add("acked", qs->acked).str());
@@ -134,6 +208,9 @@ int RunInspect(const Args& args) {
   for (const auto& d : *dead)
     std::cout << "  " << d.consumer << "  " << Printable(d.id) << "  " << d.reason << " after " << d.attempts
               << " attempt(s): " << d.error << "\n";
+  std::cout << "claims (most recently changed): " << claims.size()
+            << (claims.size() == static_cast<size_t>(*limit) ? "+" : "") << "\n";
+  for (const auto& c : claims) std::cout << ClaimLine(c, claims_now) << "\n";
   if (qs)
     std::cout << "queue: ready " << qs->ready << ", leased " << qs->leased << ", delayed " << qs->delayed
               << ", published " << qs->published << ", acked " << qs->acked << "\n";
@@ -143,7 +220,8 @@ int RunInspect(const Args& args) {
 const Command& PurgeCommand() {
   static const Command c{
       "purge",
-      "Delete markers older than a retention, in bounded batches.\n"
+      "Delete markers older than a retention, in bounded batches, and claim records whose retention ended\n"
+      "(completed) or whose lease ended longer than the retention ago (abandoned in progress).\n"
       "A purged id is forgotten: a late duplicate of it would be applied again, so the retention must\n"
       "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
       "acked; Kafka can replay its whole retention).",
@@ -166,10 +244,17 @@ int RunPurge(const Args& args) {
   int64_t before = Env::Default()->NowMs() - *older;
   auto n = (*store)->Purge(args.Get("consumer"), before, static_cast<int>(*batch));
   if (!n.ok()) return Fail("purge", n.status());
+  int64_t claims = 0;
+  if (ClaimStore* cs = (*store)->claim_store()) {
+    auto c = cs->PurgeClaims("", *older, static_cast<int>(*batch));
+    if (!c.ok()) return Fail("purge", c.status());
+    claims = *c;
+  }
   if (args.Bool("json")) {
-    std::cout << Json().Add("purged", *n).Add("before_ms", before).str() << "\n";
+    std::cout << Json().Add("purged", *n).Add("claims_purged", claims).Add("before_ms", before).str() << "\n";
   } else {
-    std::cout << "purged " << *n << " marker(s) processed before " << before << " ms\n";
+    std::cout << "purged " << *n << " marker(s) processed before " << before << " ms and " << claims
+              << " claim record(s)\n";
   }
   return kExitOk;
 }

@@ -431,10 +431,16 @@ const Command& BenchCommand() {
       "           line. --store defaults to PostgreSQL from the PG* environment. See bench/peers/.\n\n"
       "  purge    N markers (--retained) spread over --days days; purges the oldest day while a consumer\n"
       "           keeps handling messages, and reports the purge time and the consumer's p99 and worst\n"
-      "           call next to the same consumer without purge.",
+      "           call next to the same consumer without purge.\n\n"
+      "  claims   the two-phase mode (Claims) on the Powertools peer's workload: --n unique keys, each\n"
+      "           called --dup times, --concurrency in flight; the first call of a key claims it, runs the\n"
+      "           work (a counter) and completes it, later calls replay the stored result. Prints the peers'\n"
+      "           result line with claims/s (pass 1) and replays/s (later passes). --store sqlite:PATH,\n"
+      "           postgres://... or redis://... See bench/peers/claims-vs-powertools.sh.",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
-      "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]",
+      "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]\n"
+      "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -458,12 +464,13 @@ int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
     return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
-  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge")
+  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
-                                                 "': expected marker, peers or purge (see idem bench --help)"));
+                                                 "': expected marker, peers, purge or claims (see idem bench --help)"));
   if (pos.size() > 1)
     return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
+  if (pos[0] == "claims") return RunBenchClaims(args);
   return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 

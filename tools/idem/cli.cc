@@ -182,4 +182,22 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create) {
   return sqlite::Open(o);
 }
 
+Result<OpenedClaims> OpenClaimStore(const std::string& url) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, true));
+  OpenedClaims out;
+  out.kind = std::string(store->Kind());
+  out.claims = store->claim_store();
+  if (out.claims == nullptr) return Status::InvalidArgument(out.kind + " store keeps no claims");
+  if (out.kind == "postgres") {
+    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+    IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT current_setting('fsync'), current_setting('synchronous_commit')"));
+    out.durability = "PostgreSQL fsync=" + r.rows[0][0].AsText() + " synchronous_commit=" + r.rows[0][1].AsText() +
+                     ": each claim and completion committed to disk before it answers";
+  } else {
+    out.durability = "SQLite WAL synchronous=FULL: each claim and completion fsynced before it answers";
+  }
+  out.owner = std::shared_ptr<Store>(std::move(store));
+  return out;
+}
+
 }  // namespace idem::cli

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "idem/status.h"
+#include "idem/claims.h"
 #include "idem/store.h"
 
 namespace idem::cli {
@@ -105,6 +106,17 @@ class Progress {
 // Opens a store from a URL ("sqlite:PATH", a bare path, "postgres://..."). Without `create`, a
 // missing database file is an error (inspecting must not create one).
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true);
+
+// A claim store (two-phase mode) from a URL: sqlite:PATH, postgres://... or
+// redis://...; `owner` keeps it alive. `durability` says in words what a
+// completed record survives (for benchmark reports).
+struct OpenedClaims {
+  std::shared_ptr<void> owner;
+  ClaimStore* claims = nullptr;
+  std::string kind;
+  std::string durability;
+};
+Result<OpenedClaims> OpenClaimStore(const std::string& url);
 
 }  // namespace idem::cli
 

@@ -16,6 +16,7 @@ const Command& BenchCommand();
 int RunBench(const Args& args);
 int RunBenchPeers(const Args& args);  // idem bench peers (bench_peers.cc)
 int RunBenchPurge(const Args& args);  // idem bench purge (bench_purge.cc)
+int RunBenchClaims(const Args& args);  // idem bench claims (bench_claims.cc)
 
 const Command& SchemaCommand();
 int RunSchema(const Args& args);
