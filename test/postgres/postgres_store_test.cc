@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "postgres/pg.h"
@@ -329,6 +330,27 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   // The kept day still rejects its duplicates; the purged ones are forgotten.
   EXPECT_EQ(inbox.Handle(Msg("d2-0"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(inbox.Handle(Msg("d0-0"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+}
+
+// Without a clock given, claims are judged by the server's clock: a client
+// whose own clock is far off (here: a day behind) still gets the server's
+// leases, and a lease it sees as live by its clock is live by the server's.
+TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
+  FakeEnv skewed(Env::Default()->NowMs() - 86'400'000);
+  auto store = ClaimsOf(postgres::Open({.url = FreshSchemaUrl(), .env = &skewed}));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto server_now = (*store)->NowMs();
+  ASSERT_TRUE(server_now.ok()) << server_now.status();
+  EXPECT_GT(*server_now, skewed.NowMs() + 86'000'000) << "the store's clock is the server's, not the client's";
+  Claims claims(**store, {.env = &skewed});
+  ClaimRequest r{.scope = "charges", .key = "k", .fingerprint = FingerprintOf("b"), .lease_ms = 600'000};
+  auto c = claims.Claim(r);
+  ASSERT_TRUE(c.ok() && c->kind == ClaimOutcome::Kind::kStarted) << c.status();
+  EXPECT_GE(c->token.lease_until_ms, *server_now + 600'000);
+  skewed.Advance(2 * 86'400'000);  // the client's clock jumps far past the lease: the server's did not
+  auto again = claims.Claim(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->kind, ClaimOutcome::Kind::kInProgress);
 }
 
 TEST(PostgresBadInput, UnreachableServerIsAClearError) {
