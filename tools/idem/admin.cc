@@ -139,6 +139,28 @@ int InspectClaim(ClaimStore& claims, const std::string& scope, const std::string
   return kExitOk;
 }
 
+// Inspect on a store that keeps claims only (Redis).
+int InspectClaimsOnly(const Args& args, int limit) {
+  auto opened = OpenClaimStore(args.Get("store"));
+  if (!opened.ok()) return Fail("inspect", opened.status());
+  ClaimStore& cs = *opened->claims;
+  if (args.positional().size() == 2)
+    return InspectClaim(cs, args.positional()[0], args.positional()[1], args.Bool("json"));
+  auto listed = cs.ListClaims("", limit);
+  if (!listed.ok()) return Fail("inspect", listed.status());
+  auto now = cs.NowMs();
+  if (!now.ok()) return Fail("inspect", now.status());
+  if (args.Bool("json")) {
+    std::vector<std::string> items;
+    for (const auto& c : *listed) items.push_back(ClaimJson(c));
+    std::cout << Json().AddRaw("claims", JsonArray(items)).str() << "\n";
+    return kExitOk;
+  }
+  std::cout << "claims: " << listed->size() << (listed->size() == static_cast<size_t>(limit) ? "+" : "") << "\n";
+  for (const auto& c : *listed) std::cout << ClaimLine(c, *now) << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunInspect(const Args& args) {
@@ -146,6 +168,7 @@ int RunInspect(const Args& args) {
   if (!limit.ok()) return Fail("inspect", limit.status());
   if (args.positional().size() != 0 && args.positional().size() != 2)
     return Fail("inspect", Status::InvalidArgument("give both SCOPE and KEY of a claim, or neither"));
+  if (IsClaimsOnlyUrl(args.Get("store"))) return InspectClaimsOnly(args, static_cast<int>(*limit));
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("inspect", store.status());
   ClaimStore* claim_store = (*store)->claim_store();
@@ -239,6 +262,15 @@ int RunPurge(const Args& args) {
   if (!older.ok()) return Fail("purge", older.status());
   auto batch = args.GetInt("batch");
   if (!batch.ok()) return Fail("purge", batch.status());
+  if (IsClaimsOnlyUrl(args.Get("store"))) {
+    auto opened = OpenClaimStore(args.Get("store"));
+    if (!opened.ok()) return Fail("purge", opened.status());
+    auto c = opened->claims->PurgeClaims("", *older, static_cast<int>(*batch));
+    if (!c.ok()) return Fail("purge", c.status());
+    if (args.Bool("json")) std::cout << Json().Add("claims_purged", *c).str() << "\n";
+    else std::cout << "purged " << *c << " claim record(s)\n";
+    return kExitOk;
+  }
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("purge", store.status());
   int64_t before = Env::Default()->NowMs() - *older;

@@ -9,6 +9,9 @@
 #include <iostream>
 
 #include "idem/postgres/store.h"
+#if IDEM_HAVE_REDIS
+#include "idem/redis/claim_store.h"
+#endif
 #include "idem/sqlite/store.h"
 
 namespace idem::cli {
@@ -182,7 +185,27 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create) {
   return sqlite::Open(o);
 }
 
+bool IsClaimsOnlyUrl(const std::string& url) {
+#if IDEM_HAVE_REDIS
+  return redis::IsUrl(url);
+#else
+  return url.rfind("redis://", 0) == 0;
+#endif
+}
+
 Result<OpenedClaims> OpenClaimStore(const std::string& url) {
+#if IDEM_HAVE_REDIS
+  if (redis::IsUrl(url)) {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::ClaimStore> rs, redis::ClaimStore::Open({.url = url}));
+    OpenedClaims out;
+    out.kind = "redis";
+    out.claims = rs.get();
+    out.durability = "Redis: as durable as the server's appendonly/appendfsync settings; not atomic with a SQL write";
+    out.owner = std::shared_ptr<redis::ClaimStore>(std::move(rs));
+    return out;
+  }
+#endif
+  if (IsClaimsOnlyUrl(url)) return Status::InvalidArgument("this idem was built without Redis (IDEM_REDIS=OFF)");
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, true));
   OpenedClaims out;
   out.kind = std::string(store->Kind());

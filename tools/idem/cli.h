@@ -117,6 +117,8 @@ struct OpenedClaims {
   std::string durability;
 };
 Result<OpenedClaims> OpenClaimStore(const std::string& url);
+// Whether `url` names a store that keeps claims only (redis://).
+bool IsClaimsOnlyUrl(const std::string& url);
 
 }  // namespace idem::cli
 

@@ -1,0 +1,115 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The Redis claim store: the two-phase "claims" mode (idem/claims.h) kept in
+// one Redis server (hiredis; tested on Redis 7.0). Every operation is one Lua
+// script, so each is atomic on the server, and leases and expiry are judged
+// by the server's clock (TIME inside the script) unless Options::clock is set.
+//
+//   auto store = idem::redis::ClaimStore::Open({.url = "redis://127.0.0.1:6379/0"});
+//   if (!store.ok()) return store.status();
+//   idem::Claims claims(**store);
+//
+// What it is and is not:
+//   - Not atomic with your database. The claim lives in Redis; the effect
+//     lives in your database (or at a provider). Claims guard work that no
+//     local transaction covers (a payment call, an HTTP API) and that carries
+//     its own idempotency key downstream; for a SQL write, use the Inbox,
+//     whose marker commits with the write.
+//   - As durable as the server is configured to be. With appendonly yes and
+//     appendfsync everysec a crash of the machine can lose about a second of
+//     claims and completions; appendfsync always loses none; without AOF
+//     (RDB snapshots only, or no persistence) a restart can forget every
+//     claim since the last snapshot, and a forgotten completion means the
+//     work may run again. Those settings are the operator's; idem does not
+//     change them. A failover to a replica can likewise lose the last writes
+//     (replication is asynchronous).
+//   - One server or a primary, not Redis Cluster: the fencing counter and
+//     the records are assumed to live in one keyspace (one slot); a cluster
+//     answers MOVED/CROSSSLOT, reported as Code::kInvalidArgument.
+//
+// Key layout (binary-safe: scope and key may hold any bytes):
+//   <prefix>claim:<scope length>:<scope>:<key>   a hash: the record
+//   <prefix>fence                                the fencing counter (INCR)
+//   <prefix>changed:<scope length>:<scope>:<key> the channel a Complete or
+//                                                Release publishes on
+// Completed records expire (PEXPIRE) when their retention ends; in-progress
+// records expire abandon_margin_ms after their lease, so abandoned claims do
+// not pile up even if PurgeClaims never runs. ListClaims and PurgeClaims
+// walk the keyspace with SCAN: tools for inspection and maintenance, not for
+// a hot path.
+//
+// Bounded waits (ClaimRequest::wait_ms) subscribe to the key's channel on a
+// connection of their own, so a Complete or Release from any process wakes
+// them.
+//
+// Thread safety: safe from many threads; each call takes its own connection
+// from a small pool.
+#ifndef IDEM_REDIS_CLAIM_STORE_H_
+#define IDEM_REDIS_CLAIM_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "idem/claims.h"
+#include "idem/env.h"
+#include "idem/result.h"
+
+namespace idem::redis {
+
+struct Options {
+  // Where to connect: "redis://[[user]:password@]host[:port][/db]". The
+  // password (and user, for a Redis 6 ACL user) is sent with AUTH, the
+  // database number with SELECT; ':' and '@' in them may be written %3A and
+  // %40. TLS (rediss://) is not supported. Default: "redis://127.0.0.1:6379".
+  std::string url = "redis://127.0.0.1:6379";
+  // Put before every key and channel name, so several applications (or
+  // tests) can share one database. Default: "idem:".
+  std::string prefix = "idem:";
+  // Idle connections kept for reuse. More are opened under load and closed
+  // when returned. Default: 8.
+  int pool_size = 8;
+  // Milliseconds to wait for a connection before Code::kUnavailable.
+  // Default: 5000.
+  int connect_timeout_ms = 5'000;
+  // Milliseconds to wait for an answer before Code::kUnavailable (the
+  // command may or may not have run; every operation is safe to retry).
+  // Default: 5000.
+  int command_timeout_ms = 5'000;
+  // Sent with CLIENT SETNAME, so CLIENT LIST shows whose connections these
+  // are. Letters, digits and punctuation, no spaces; "" sends none.
+  // Default: "idem".
+  std::string client_name = "idem";
+  // How long an in-progress record outlives its lease before Redis deletes
+  // it on its own (an abandoned claim). Default: 24 hours.
+  int64_t abandon_margin_ms = 24LL * 3600 * 1000;
+  // The clock the scripts judge leases and expiry by. Default (nullptr): the
+  // Redis server's (TIME), which every client shares. Tests pass a FakeEnv;
+  // key TTLs then still run on the server's clock, so an expired record may
+  // linger until PurgeClaims, but it is treated as expired at once.
+  Env* clock = nullptr;
+};
+
+// A ClaimStore in Redis (see the top of this file).
+class ClaimStore : public idem::ClaimStore {
+ public:
+  // Parses the URL, connects (AUTH, SELECT) and loads the scripts. Errors:
+  // kInvalidArgument (bad URL or options, no such database), kUnavailable
+  // (unreachable server, wrong password: the message names host:port and
+  // never the password).
+  static Result<std::unique_ptr<ClaimStore>> Open(const Options& options);
+
+ protected:
+  ClaimStore() = default;
+};
+
+// `url` with its password replaced by "***", for messages and output.
+std::string RedactUrl(std::string_view url);
+
+// Whether `url` names a Redis server ("redis://").
+bool IsUrl(std::string_view url);
+
+}  // namespace idem::redis
+
+#endif  // IDEM_REDIS_CLAIM_STORE_H_

@@ -1,0 +1,372 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/redis/claim_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "redis/client.h"
+#include "redis/scripts.h"
+
+namespace idem::redis {
+namespace {
+
+using redis_internal::Conn;
+using redis_internal::Pool;
+using redis_internal::ReplyInt;
+using redis_internal::ReplyPtr;
+using redis_internal::ReplyString;
+
+// Spans longer than this (a century) are cut to it, so that now + span stays
+// an exact integer in Lua's doubles.
+constexpr int64_t kMaxSpanMs = 100LL * 365 * 24 * 3600 * 1000;
+// A completed record stays at least this long whatever its retention, so a
+// retried Complete of the same token still finds it (and answers OK).
+constexpr int64_t kMinCompletedTtlMs = 60'000;
+
+int64_t ClampSpan(int64_t ms) { return std::clamp<int64_t>(ms, 0, kMaxSpanMs); }
+
+std::string_view Element(const redisReply* r, size_t i) {
+  return r != nullptr && r->type == REDIS_REPLY_ARRAY && i < r->elements ? ReplyString(r->element[i])
+                                                                          : std::string_view();
+}
+
+Result<int64_t> IntElement(const redisReply* r, size_t i, std::string_view what) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || i >= r->elements)
+    return Status::Internal("unexpected reply to " + std::string(what) + ": too few elements");
+  return ReplyInt(r->element[i], what);
+}
+
+Result<Fingerprint> ToFingerprint(std::string_view bytes, std::string_view what) {
+  Fingerprint fp{};
+  if (bytes.size() != fp.size())
+    return Status::Corruption(std::string(what) + ": the stored fingerprint is " + std::to_string(bytes.size()) +
+                              " bytes, not 32 (a key under idem's prefix that idem did not write?)");
+  std::memcpy(fp.data(), bytes.data(), fp.size());
+  return fp;
+}
+
+Status ValidateName(std::string_view s, std::string_view what) {
+  if (s.empty() || s.size() > kMaxIdBytes)
+    return Status::InvalidArgument(std::string(what) + " must be 1.." + std::to_string(kMaxIdBytes) + " bytes, got " +
+                                   std::to_string(s.size()));
+  return Status::OK();
+}
+
+// Why a token no longer holds its key, from the script's {'lost', fence, state}.
+Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) {
+  auto fence = IntElement(r, 1, op);
+  std::string_view state = Element(r, 2);
+  std::string why;
+  if (!fence.ok() || *fence == 0) {
+    why = "no claim on the key (released, expired or purged)";
+  } else if (*fence != t.fence) {
+    why = "the key was taken over by fence " + std::to_string(*fence) + " after the lease expired";
+  } else if (state == "c") {
+    why = "the claim was completed already";
+  } else {
+    why = "the record is not what idem wrote (state '" + std::string(state) + "')";
+  }
+  return Status(Code::kLeaseLost, std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
+                                      std::to_string(t.fence) + ": " + why);
+}
+
+// Woken by the PUBLISH of a Complete or Release script. Subscribed before
+// the caller first reads the key, so no later change is missed.
+class RedisWatch final : public idem::ClaimStore::Watch {
+ public:
+  explicit RedisWatch(std::unique_ptr<Conn> sub) : sub_(std::move(sub)) {}
+  void Wait(int64_t max_wait_ms) override { (void)sub_->AwaitReply(max_wait_ms); }
+
+ private:
+  std::unique_ptr<Conn> sub_;  // closed with the watch: UNSUBSCRIBE is implied
+};
+
+class RedisClaimStore final : public ClaimStore {
+ public:
+  RedisClaimStore(const Options& o, redis_internal::Endpoint ep)
+      : options_(o),
+        pool_(std::move(ep), {.connect = {.connect_timeout_ms = o.connect_timeout_ms,
+                                          .command_timeout_ms = o.command_timeout_ms,
+                                          .client_name = o.client_name},
+                              .size = std::max(1, o.pool_size)}) {}
+
+  // Connects once and loads every script, so that a wrong URL, password or
+  // a server without scripting shows at Open.
+  Status Init() {
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    for (const redis_internal::Script* s : {&redis_internal::kTryClaim, &redis_internal::kComplete,
+                                            &redis_internal::kRelease, &redis_internal::kExtend,
+                                            &redis_internal::kPurge}) {
+      IDEM_RETURN_IF_ERROR(c->Preload(*s));
+    }
+    return Status::OK();
+  }
+
+  Result<ClaimOutcome> TryClaim(const ClaimRequest& req) override {
+    IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
+    IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
+    if (req.lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(req.lease_ms));
+    const std::string keys[] = {RecordKey(req.scope, req.key), options_.prefix + "fence"};
+    const std::string args[] = {NowArg(), FingerprintBytes(req.fingerprint), std::to_string(ClampSpan(req.lease_ms)),
+                                std::to_string(ClampSpan(options_.abandon_margin_ms))};
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kTryClaim, keys, args));
+    return ToOutcome(r.get(), req);
+  }
+
+  Status Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) override {
+    if (retention_ms < 0)
+      return Status::InvalidArgument("retention_ms must be >= 0, got " + std::to_string(retention_ms));
+    const std::string keys[] = {RecordKey(t.scope, t.key)};
+    const std::string args[] = {NowArg(),
+                                std::to_string(t.fence),
+                                std::string(result),
+                                is_error ? "1" : "0",
+                                std::to_string(ClampSpan(retention_ms)),
+                                Channel(t.scope, t.key),
+                                std::to_string(kMinCompletedTtlMs)};
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kComplete, keys, args));
+    if (Element(r.get(), 0) != "ok") return LeaseLost(r.get(), t, "Complete");
+    NotifyChanged(t.scope, t.key);
+    return Status::OK();
+  }
+
+  Status Release(const ClaimToken& t) override {
+    const std::string keys[] = {RecordKey(t.scope, t.key)};
+    const std::string args[] = {"", std::to_string(t.fence), Channel(t.scope, t.key)};
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kRelease, keys, args));
+    if (Element(r.get(), 0) != "ok") return LeaseLost(r.get(), t, "Release");
+    NotifyChanged(t.scope, t.key);
+    return Status::OK();
+  }
+
+  Result<int64_t> Extend(const ClaimToken& t, int64_t lease_ms) override {
+    if (lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(lease_ms));
+    const std::string keys[] = {RecordKey(t.scope, t.key)};
+    const std::string args[] = {NowArg(), std::to_string(t.fence), std::to_string(ClampSpan(lease_ms)),
+                                std::to_string(ClampSpan(options_.abandon_margin_ms))};
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kExtend, keys, args));
+    if (Element(r.get(), 0) != "ok") return LeaseLost(r.get(), t, "Extend");
+    return IntElement(r.get(), 1, "Extend");
+  }
+
+  Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override {
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    const std::string k = RecordKey(scope, key);
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Command(RecordFields("HMGET", k)));
+    return ToRecord(r.get(), std::string(scope), std::string(key));
+  }
+
+  Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override {
+    std::vector<ClaimRecord> out;
+    if (limit == 0) return out;
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    std::unordered_set<std::string> seen;  // SCAN may return a key twice
+    IDEM_RETURN_IF_ERROR(Scan(*c, scope, 500, [&](std::span<const std::string> keys) -> Status {
+      // One round trip per page: every HMGET queued, then read.
+      for (const std::string& k : keys) IDEM_RETURN_IF_ERROR(c->Append(RecordFields("HMGET", k)));
+      for (const std::string& k : keys) {
+        IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Read("HMGET"));
+        std::string s, kk;
+        if (!seen.insert(k).second || !SplitRecordKey(k, s, kk)) continue;
+        IDEM_ASSIGN_OR_RETURN(std::optional<ClaimRecord> rec, ToRecord(r.get(), std::move(s), std::move(kk)));
+        if (rec.has_value()) out.push_back(std::move(*rec));  // else deleted since SCAN saw it
+      }
+      return Status::OK();
+    }));
+    std::sort(out.begin(), out.end(),
+              [](const ClaimRecord& a, const ClaimRecord& b) { return a.updated_at_ms > b.updated_at_ms; });
+    if (limit > 0 && out.size() > static_cast<size_t>(limit)) out.resize(static_cast<size_t>(limit));
+    return out;
+  }
+
+  Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override {
+    if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+    if (abandoned_after_ms < 0)
+      return Status::InvalidArgument("abandoned_after_ms must be >= 0, got " + std::to_string(abandoned_after_ms));
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    int64_t purged = 0;
+    const std::string after = std::to_string(ClampSpan(abandoned_after_ms));
+    // Each SCAN page (about batch_size keys) is judged and deleted by one
+    // script; expired records mostly vanish by their TTL before this runs.
+    IDEM_RETURN_IF_ERROR(Scan(*c, scope, batch_size, [&](std::span<const std::string> keys) -> Status {
+      for (size_t i = 0; i < keys.size(); i += static_cast<size_t>(batch_size)) {
+        auto part = keys.subspan(i, std::min(keys.size() - i, static_cast<size_t>(batch_size)));
+        const std::string args[] = {NowArg(), after};
+        IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Eval(redis_internal::kPurge, part, args));
+        IDEM_ASSIGN_OR_RETURN(int64_t n, ReplyInt(r.get(), "purge"));
+        purged += n;
+      }
+      return Status::OK();
+    }));
+    return purged;
+  }
+
+  Result<int64_t> NowMs() override {
+    if (options_.clock != nullptr) return options_.clock->NowMs();
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Command({"TIME"}));
+    IDEM_ASSIGN_OR_RETURN(int64_t s, IntElement(r.get(), 0, "TIME"));
+    IDEM_ASSIGN_OR_RETURN(int64_t us, IntElement(r.get(), 1, "TIME"));
+    return s * 1000 + us / 1000;
+  }
+
+  // A subscriber on the key's channel, so a Complete or Release from any
+  // process wakes the waiter. Any failure falls back to the in-process watch
+  // (the caller's polls still find the result).
+  std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
+    auto sub = pool_.Open();  // a subscribed connection can serve nothing else: not pooled
+    if (!sub.ok() || !(*sub)->Command({"SUBSCRIBE", Channel(scope, key)}).ok())
+      return idem::ClaimStore::WatchKey(scope, key);
+    return std::make_unique<RedisWatch>(std::move(*sub));
+  }
+
+ private:
+  Result<ReplyPtr> Run(const redis_internal::Script& s, std::span<const std::string> keys,
+                       std::span<const std::string> args) {
+    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Eval(s, keys, args));
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0)
+      return Status::Internal(std::string("unexpected reply from script ") + s.name);
+    return r;
+  }
+
+  Result<ClaimOutcome> ToOutcome(const redisReply* r, const ClaimRequest& req) {
+    std::string_view kind = Element(r, 0);
+    ClaimOutcome out;
+    const std::string what = "claim " + req.scope + "/" + req.key;
+    if (kind == "started") {
+      out.kind = ClaimOutcome::Kind::kStarted;
+      out.token.scope = req.scope;
+      out.token.key = req.key;
+      IDEM_ASSIGN_OR_RETURN(out.token.fence, IntElement(r, 1, what));
+      IDEM_ASSIGN_OR_RETURN(out.token.lease_until_ms, IntElement(r, 2, what));
+      IDEM_ASSIGN_OR_RETURN(int64_t took_over, IntElement(r, 3, what));
+      out.took_over = took_over != 0;
+    } else if (kind == "in_progress") {
+      out.kind = ClaimOutcome::Kind::kInProgress;
+      IDEM_ASSIGN_OR_RETURN(out.retry_at_ms, IntElement(r, 1, what));
+    } else if (kind == "completed") {
+      out.kind = ClaimOutcome::Kind::kCompleted;
+      out.result = std::string(Element(r, 1));
+      IDEM_ASSIGN_OR_RETURN(int64_t is_error, IntElement(r, 2, what));
+      out.result_is_error = is_error != 0;
+    } else if (kind == "conflict") {
+      out.kind = ClaimOutcome::Kind::kConflict;
+      IDEM_ASSIGN_OR_RETURN(out.stored_fingerprint, ToFingerprint(Element(r, 1), what));
+    } else {
+      return Status::Corruption(what + ": the record's state is '" + std::string(Element(r, 1)) +
+                                "', not one idem writes");
+    }
+    return out;
+  }
+
+  static std::vector<std::string_view> RecordFields(std::string_view cmd, const std::string& key) {
+    return {cmd, key, "st", "fp", "fence", "lease", "exp", "res", "err", "upd"};
+  }
+
+  // An HMGET of RecordFields as a record; nullopt when the key is absent.
+  static Result<std::optional<ClaimRecord>> ToRecord(const redisReply* r, std::string scope, std::string key) {
+    const std::string what = "claim record " + scope + "/" + key;
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 8)
+      return Status::Internal("unexpected reply reading " + what);
+    if (r->element[0]->type == REDIS_REPLY_NIL) return std::optional<ClaimRecord>();
+    ClaimRecord rec;
+    std::string_view st = ReplyString(r->element[0]);
+    if (st != "p" && st != "c") return Status::Corruption(what + ": state '" + std::string(st) + "' is not idem's");
+    rec.state = st == "c" ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
+    IDEM_ASSIGN_OR_RETURN(rec.fingerprint, ToFingerprint(ReplyString(r->element[1]), what));
+    IDEM_ASSIGN_OR_RETURN(rec.fence, ReplyInt(r->element[2], what));
+    IDEM_ASSIGN_OR_RETURN(rec.lease_until_ms, ReplyInt(r->element[3], what));
+    IDEM_ASSIGN_OR_RETURN(rec.expires_at_ms, ReplyInt(r->element[4], what));
+    rec.result = std::string(ReplyString(r->element[5]));
+    rec.result_is_error = ReplyString(r->element[6]) == "1";
+    IDEM_ASSIGN_OR_RETURN(rec.updated_at_ms, ReplyInt(r->element[7], what));
+    rec.scope = std::move(scope);
+    rec.key = std::move(key);
+    return std::optional<ClaimRecord>(std::move(rec));
+  }
+
+  // Calls `page` with the record keys of `scope` ("" for all), a SCAN page
+  // at a time. Keys may be seen twice or vanish meanwhile (SCAN's promise);
+  // both are harmless to the callers.
+  template <typename Page>
+  Status Scan(Conn& c, std::string_view scope, int count, Page page) {
+    std::string match = redis_internal::GlobEscape(options_.prefix + "claim:");
+    match += scope.empty() ? "*" : redis_internal::GlobEscape(redis_internal::LengthPrefixed(scope)) + ":*";
+    const std::string n = std::to_string(std::max(1, count));
+    std::string cursor = "0";
+    do {
+      IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c.Command({"SCAN", cursor, "MATCH", match, "COUNT", n}));
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[1]->type != REDIS_REPLY_ARRAY)
+        return Status::Internal("unexpected reply to SCAN");
+      cursor = std::string(ReplyString(r->element[0]));
+      std::vector<std::string> keys;
+      for (size_t i = 0; i < r->element[1]->elements; ++i) keys.emplace_back(ReplyString(r->element[1]->element[i]));
+      if (!keys.empty()) IDEM_RETURN_IF_ERROR(page(std::span<const std::string>(keys)));
+    } while (cursor != "0" && !cursor.empty());
+    return Status::OK();
+  }
+
+  std::string RecordKey(std::string_view scope, std::string_view key) const {
+    return options_.prefix + "claim:" + redis_internal::LengthPrefixed(scope) + ":" + std::string(key);
+  }
+  // The inverse of RecordKey, for keys found by SCAN.
+  bool SplitRecordKey(std::string_view k, std::string& scope, std::string& key) const {
+    const std::string head = options_.prefix + "claim:";
+    if (!k.starts_with(head)) return false;
+    k.remove_prefix(head.size());
+    size_t n = 0, i = 0;
+    for (; i < k.size() && k[i] >= '0' && k[i] <= '9'; ++i) n = n * 10 + static_cast<size_t>(k[i] - '0');
+    if (i == 0 || i >= k.size() || k[i] != ':' || k.size() < i + 1 + n + 1 || k[i + 1 + n] != ':') return false;
+    scope = std::string(k.substr(i + 1, n));
+    key = std::string(k.substr(i + 2 + n));
+    return true;
+  }
+  std::string Channel(std::string_view scope, std::string_view key) const {
+    return options_.prefix + "changed:" + redis_internal::LengthPrefixed(scope) + ":" + std::string(key);
+  }
+  // The caller's clock when one was given, else "" (the script reads TIME).
+  std::string NowArg() const { return options_.clock ? std::to_string(options_.clock->NowMs()) : std::string(); }
+  static std::string FingerprintBytes(const Fingerprint& fp) {
+    return std::string(reinterpret_cast<const char*>(fp.data()), fp.size());
+  }
+
+  const Options options_;
+  Pool pool_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ClaimStore>> ClaimStore::Open(const Options& options) {
+  IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint ep, redis_internal::ParseUrl(options.url));
+  IDEM_RETURN_IF_ERROR(redis_internal::ValidateClientName(options.client_name));
+  if (options.abandon_margin_ms < 0)
+    return Status::InvalidArgument("abandon_margin_ms must be >= 0, got " + std::to_string(options.abandon_margin_ms));
+  auto store = std::make_unique<RedisClaimStore>(options, std::move(ep));
+  IDEM_RETURN_IF_ERROR(store->Init());
+  return std::unique_ptr<ClaimStore>(std::move(store));
+}
+
+std::string RedactUrl(std::string_view url) {
+  std::string out(url);
+  auto scheme = out.find("://");
+  if (scheme == std::string::npos) return out;
+  auto at = out.rfind('@');
+  if (at == std::string::npos || at < scheme) return out;
+  auto colon = out.find(':', scheme + 3);
+  // "user:password@": hide the password; "secret@" (no colon): hide it all,
+  // since it may be a password written without the ':'.
+  if (colon != std::string::npos && colon < at) {
+    out.replace(colon + 1, at - colon - 1, "***");
+  } else {
+    out.replace(scheme + 3, at - scheme - 3, "***");
+  }
+  return out;
+}
+
+bool IsUrl(std::string_view url) { return url.starts_with("redis://"); }
+
+}  // namespace idem::redis

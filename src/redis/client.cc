@@ -1,0 +1,415 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "redis/client.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include "core/url.h"
+#include "idem/redis/claim_store.h"
+
+namespace idem::redis_internal {
+namespace {
+
+timeval ToTimeval(int ms) {
+  if (ms <= 0) ms = 5'000;
+  timeval tv{};
+  tv.tv_sec = ms / 1000;
+  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
+  return tv;
+}
+
+// hiredis writes with write(2): a peer that closed the connection would
+// SIGPIPE (and by default kill) the whole process. Like libpq, block SIGPIPE
+// in this thread around each exchange and swallow one that it raised,
+// leaving the application's own signal setup alone.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe, &old_) == 0;
+  }
+  ~SigpipeGuard() {
+    if (!blocked_) return;
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const timespec zero{};
+      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_{};
+  bool blocked_ = false;
+  bool was_pending_ = false;
+};
+
+Status Invalid(std::string_view url, std::string_view why) {
+  return Status::InvalidArgument("bad Redis URL '" + redis::RedactUrl(url) + "': " + std::string(why));
+}
+
+// %XX escapes, for a user or password that holds ':' or '@'.
+Result<std::string> PercentDecode(std::string_view s, std::string_view url) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    unsigned v = 0;
+    if (i + 2 >= s.size()) return Invalid(url, "a '%' escape is cut short");
+    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
+    if (ec != std::errc() || p != s.data() + i + 3) return Invalid(url, "a '%' escape is not two hex digits");
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return out;
+}
+
+bool ParseNumber(std::string_view s, int lo, int hi, int& out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size() && out >= lo && out <= hi;
+}
+
+Status ParseUserInfo(std::string_view info, std::string_view url, Endpoint& ep) {
+  auto colon = info.find(':');
+  if (colon == std::string_view::npos)
+    return Invalid(url, "write the password as redis://:PASSWORD@host or redis://USER:PASSWORD@host");
+  IDEM_ASSIGN_OR_RETURN(ep.user, PercentDecode(info.substr(0, colon), url));
+  IDEM_ASSIGN_OR_RETURN(ep.password, PercentDecode(info.substr(colon + 1), url));
+  if (ep.password.empty()) return Invalid(url, "the password after ':' is empty");
+  return Status::OK();
+}
+
+Status ParseHostPort(std::string_view hp, std::string_view url, Endpoint& ep) {
+  std::string_view after;  // what follows the host: "" or ":PORT"
+  if (hp.starts_with('[')) {  // [v6]:port
+    auto close = hp.find(']');
+    if (close == std::string_view::npos) return Invalid(url, "'[' without ']' around an IPv6 address");
+    ep.host = std::string(hp.substr(1, close - 1));
+    after = hp.substr(close + 1);
+  } else {
+    auto colon = hp.find(':');
+    ep.host = std::string(hp.substr(0, colon));
+    if (colon != std::string_view::npos) after = hp.substr(colon);
+  }
+  if (ep.host.empty()) return Invalid(url, "no host");
+  if (after.empty()) return Status::OK();
+  if (!after.starts_with(':') || !ParseNumber(after.substr(1), 1, 65535, ep.port))
+    return Invalid(url, "the port is not 1..65535");
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string Endpoint::Address() const {
+  std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  return h + ":" + std::to_string(port);
+}
+
+Result<Endpoint> ParseUrl(std::string_view url) {
+  if (url.starts_with("rediss://")) return Invalid(url, "TLS (rediss://) is not supported");
+  if (!redis::IsUrl(url)) return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
+  // Only a scheme or path error can come from the shared parser here, and
+  // neither can hold a password ("redis://" with nothing after it).
+  IDEM_ASSIGN_OR_RETURN(url_internal::Url u, url_internal::Parse(url, {"redis://"}, false, "a Redis"));
+  if (!u.options.empty())
+    return Invalid(url, "unknown option '" + u.options.front().first + "' (a Redis URL takes none)");
+  Endpoint ep;
+  std::string_view rest = u.path;
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    IDEM_RETURN_IF_ERROR(ParseUserInfo(rest.substr(0, at), url, ep));
+    rest = rest.substr(at + 1);
+  }
+  std::string_view db;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    db = rest.substr(slash + 1);
+    rest = rest.substr(0, slash);
+  }
+  IDEM_RETURN_IF_ERROR(ParseHostPort(rest, url, ep));
+  if (!db.empty() && !ParseNumber(db, 0, 1 << 20, ep.db)) return Invalid(url, "the database is not a number");
+  return ep;
+}
+
+Code CodeFor(int context_err, std::string_view e) {
+  switch (context_err) {
+    case 0: break;
+    case REDIS_ERR_IO:
+    case REDIS_ERR_EOF:
+    case REDIS_ERR_OTHER:  // connect failures: refused, unresolvable host
+      return Code::kUnavailable;
+    case REDIS_ERR_OOM: return Code::kRetryable;
+    case REDIS_ERR_PROTOCOL:
+    default: return Code::kInternal;
+  }
+  auto is = [&](std::string_view prefix) { return e.starts_with(prefix); };
+  if (is("NOAUTH") || is("WRONGPASS") || is("NOPERM")) return Code::kUnavailable;
+  if (is("LOADING") || is("MASTERDOWN") || is("READONLY") || is("OOM")) return Code::kUnavailable;
+  if (is("BUSY")) return Code::kBusy;  // a long script runs on the server
+  if (is("TRYAGAIN")) return Code::kRetryable;
+  if (is("MOVED") || is("ASK") || is("CROSSSLOT") || is("CLUSTERDOWN")) return Code::kInvalidArgument;
+  if (is("NOSCRIPT")) return Code::kNotFound;
+  if (is("WRONGTYPE")) return Code::kCorruption;  // a key under our prefix that idem did not write
+  return Code::kInternal;                         // ERR ...: a script or command error is our bug
+}
+
+Status Translate(const redisContext* ctx, const redisReply* reply, std::string_view what) {
+  if (reply != nullptr && reply->type != REDIS_REPLY_ERROR) return Status::OK();
+  std::string m(what);
+  m += ": ";
+  if (reply == nullptr) {
+    const int err = ctx != nullptr ? ctx->err : REDIS_ERR_OTHER;
+    std::string detail = ctx != nullptr && ctx->errstr[0] != '\0' ? ctx->errstr : "no reply";
+    // A read timeout shows as EAGAIN on a blocking socket.
+    if (detail == std::strerror(EAGAIN) || detail == std::strerror(EWOULDBLOCK)) detail = "timed out";
+    m += detail;
+    if (err == REDIS_ERR_IO || err == REDIS_ERR_EOF) m += " (connection lost; the command may or may not have run)";
+    return Status(CodeFor(err == 0 ? REDIS_ERR_OTHER : err, ""), std::move(m));
+  }
+  std::string_view e(reply->str, reply->len);
+  m += e;
+  Code code = CodeFor(0, e);
+  if (code == Code::kInvalidArgument) m += " (Redis Cluster is not supported: use one server or a primary)";
+  return Status(code, std::move(m));
+}
+
+Status ValidateClientName(std::string_view name) {
+  for (char c : name) {
+    if (c <= ' ' || c > '~')
+      return Status::InvalidArgument("Redis client name '" + std::string(name) +
+                                     "' may hold only printable characters other than space");
+  }
+  return Status::OK();
+}
+
+// ---- Conn
+
+Result<std::unique_ptr<Conn>> Conn::Connect(const Endpoint& ep, const ConnectOptions& o) {
+  const std::string where = "Redis at " + ep.Address();
+  ContextPtr ctx(redisConnectWithTimeout(ep.host.c_str(), ep.port, ToTimeval(o.connect_timeout_ms)));
+  if (ctx == nullptr) return Status::Unavailable("cannot connect to " + where + ": out of memory");
+  if (ctx->err != 0) return Status::Unavailable("cannot connect to " + where + ": " + ctx->errstr);
+  if (redisSetTimeout(ctx.get(), ToTimeval(o.command_timeout_ms)) != REDIS_OK)
+    return Status::Unavailable("cannot set the timeout of the connection to " + where);
+  (void)redisEnableKeepAlive(ctx.get());  // detects a vanished server on idle pooled connections
+  std::unique_ptr<Conn> conn(new Conn(std::move(ctx), ep.Address()));
+  if (!ep.password.empty()) {
+    std::vector<std::string_view> auth{"AUTH"};
+    if (!ep.user.empty()) auth.push_back(ep.user);
+    auth.push_back(ep.password);
+    // The reply ("WRONGPASS invalid username-password pair ...") never holds
+    // the password, and neither does this message.
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, conn->Call(auth, "AUTH"));
+    if (r->type == REDIS_REPLY_ERROR) {
+      std::string as = ep.user.empty() ? "" : " as user '" + ep.user + "'";
+      return Status::Unavailable("cannot authenticate to " + where + as + ": " + std::string(r->str, r->len));
+    }
+  }
+  if (ep.db != 0) {
+    const std::string db = std::to_string(ep.db);
+    std::string_view select[] = {"SELECT", db};
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, conn->Call(select, "SELECT"));
+    if (r->type == REDIS_REPLY_ERROR)
+      return Status::InvalidArgument(where + " has no database " + db + ": " + std::string(r->str, r->len));
+  }
+  if (!o.client_name.empty()) IDEM_RETURN_IF_ERROR(conn->Command({"CLIENT", "SETNAME", o.client_name}).status());
+  return conn;
+}
+
+Status Conn::Fail(const redisReply* reply, std::string_view what) const {
+  return Translate(ctx_.get(), reply, "Redis at " + address_ + ": " + std::string(what));
+}
+
+Result<ReplyPtr> Conn::Call(std::span<const std::string_view> args, std::string_view what) {
+  if (!healthy()) return Fail(nullptr, what);
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  SigpipeGuard guard;
+  ReplyPtr r(static_cast<redisReply*>(
+      redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (r == nullptr) return Fail(nullptr, what);
+  return r;
+}
+
+Result<ReplyPtr> Conn::Command(std::span<const std::string_view> args) {
+  std::string_view what = args.empty() ? std::string_view("command") : args.front();
+  IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Call(args, what));
+  if (r->type == REDIS_REPLY_ERROR) return Fail(r.get(), what);
+  return r;
+}
+
+Result<std::string> Conn::Load(const Script& script) {
+  std::string what = std::string("SCRIPT LOAD ") + script.name;
+  std::string_view args[] = {"SCRIPT", "LOAD", script.body};
+  IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Call(args, what));
+  if (r->type != REDIS_REPLY_STRING) return Fail(r.get(), what);
+  return std::string(r->str, r->len);
+}
+
+Status Conn::Preload(const Script& script) {
+  std::string& sha = sha_[&script];
+  if (!sha.empty()) return Status::OK();
+  IDEM_ASSIGN_OR_RETURN(sha, Load(script));
+  return Status::OK();
+}
+
+Result<ReplyPtr> Conn::Eval(const Script& script, std::span<const std::string> keys,
+                            std::span<const std::string> args) {
+  const std::string what = std::string("script ") + script.name;
+  for (int attempt = 0;; ++attempt) {
+    std::string& sha = sha_[&script];
+    if (sha.empty()) {
+      IDEM_ASSIGN_OR_RETURN(sha, Load(script));
+    }
+    const std::string nkeys = std::to_string(keys.size());
+    std::vector<std::string_view> argv{"EVALSHA", sha, nkeys};
+    argv.insert(argv.end(), keys.begin(), keys.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Call(argv, what));
+    if (r->type != REDIS_REPLY_ERROR) return r;
+    // The server forgot its scripts (restarted, SCRIPT FLUSH): load again once.
+    if (attempt == 0 && std::string_view(r->str, r->len).starts_with("NOSCRIPT")) {
+      sha.clear();
+      continue;
+    }
+    return Fail(r.get(), what);
+  }
+}
+
+Status Conn::Append(std::span<const std::string_view> args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK)
+    return Fail(nullptr, args.empty() ? std::string_view("command") : args.front());
+  ++pending_;
+  return Status::OK();
+}
+
+Result<ReplyPtr> Conn::Read(std::string_view what) {
+  if (ctx_->err != 0) return Fail(nullptr, what);
+  void* raw = nullptr;
+  SigpipeGuard guard;  // the first read writes the queued commands
+  if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+    freeReplyObject(raw);
+    return Fail(nullptr, what);
+  }
+  if (pending_ > 0) --pending_;
+  ReplyPtr r(static_cast<redisReply*>(raw));
+  if (r->type == REDIS_REPLY_ERROR) return Fail(r.get(), what);
+  return r;
+}
+
+bool Conn::AwaitReply(int64_t max_wait_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, max_wait_ms));
+  while (ctx_->err == 0) {
+    void* raw = nullptr;
+    if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) return false;
+    if (raw != nullptr) {  // already read with an earlier message
+      freeReplyObject(raw);
+      return true;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{ctx_->fd, POLLIN, 0};
+    const int n = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 3'600'000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    if (redisBufferRead(ctx_.get()) != REDIS_OK) return false;
+  }
+  return false;
+}
+
+// ---- Pool
+
+Result<std::unique_ptr<Conn>> Pool::Open() {
+  if (options_.retry_after_ms > 0) {
+    std::lock_guard lock(mu_);
+    if (!last_failure_.ok() && std::chrono::steady_clock::now() < retry_at_) return last_failure_;
+  }
+  auto c = Conn::Connect(endpoint_, options_.connect);
+  if (!c.ok() && options_.retry_after_ms > 0 && c.status().code() == Code::kUnavailable) {
+    std::lock_guard lock(mu_);
+    last_failure_ = c.status();
+    retry_at_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.retry_after_ms);
+  }
+  return c;
+}
+
+Result<Pool::Lease> Pool::Take() {
+  {
+    std::lock_guard lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<Conn> c = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(c));
+    }
+  }
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Conn> c, Open());
+  return Lease(this, std::move(c));
+}
+
+void Pool::Give(std::unique_ptr<Conn> conn) {
+  if (!conn->healthy()) return;  // broken: dropped here, a new one is opened on the next Take
+  std::lock_guard lock(mu_);
+  if (static_cast<int>(idle_.size()) < options_.size) idle_.push_back(std::move(conn));
+}
+
+// ---- helpers
+
+std::string LengthPrefixed(std::string_view s) { return std::to_string(s.size()) + ":" + std::string(s); }
+
+std::string GlobEscape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string_view ReplyString(const redisReply* r) {
+  if (r == nullptr || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS)) return {};
+  return {r->str, r->len};
+}
+
+Result<int64_t> ReplyInt(const redisReply* r, std::string_view what) {
+  if (r != nullptr && r->type == REDIS_REPLY_INTEGER) return static_cast<int64_t>(r->integer);
+  std::string_view s = ReplyString(r);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size())
+    return Status::Internal("unexpected reply to " + std::string(what) + ": not an integer");
+  return v;
+}
+
+}  // namespace idem::redis_internal

@@ -1,0 +1,294 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The Redis claim store on a real server (127.0.0.1, started by the CTest
+// fixture "redis"): the claims conformance suite with a fake clock, plus what
+// only a server has: the server's own clock, connection errors that name the
+// address and never the password, many threads on one key, a watch woken
+// from another process, a connection the server closed, key TTLs and
+// binary-safe key names.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "idem/claims.h"
+#include "idem/redis/claim_store.h"
+#include "redis/redis_test_util.h"
+#include "util/claims_conformance.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
+                         ::testing::Values(ClaimsParam{
+                             "redis",
+                             [](const TempDir& d, Env* env) -> Result<std::shared_ptr<ClaimStore>> {
+                               auto s = redis::ClaimStore::Open({.url = RedisUrl(), .prefix = PrefixFor(d), .clock = env});
+                               if (!s.ok()) return s.status();
+                               return std::shared_ptr<ClaimStore>(std::move(*s));
+                             }}),
+                         ClaimsParamName);
+
+namespace {
+
+using Kind = ClaimOutcome::Kind;
+
+ClaimRequest Req(std::string key, std::string_view body = "body", int64_t lease = 30'000) {
+  return ClaimRequest{.scope = "charges", .key = std::move(key), .fingerprint = FingerprintOf(body), .lease_ms = lease};
+}
+
+// A store on the server's clock (no fake), with keys of its own.
+std::unique_ptr<redis::ClaimStore> OpenReal(redis::Options o = {}) {
+  if (o.url == redis::Options{}.url) o.url = RedisUrl();
+  if (o.prefix == redis::Options{}.prefix) o.prefix = UniquePrefix();
+  auto s = redis::ClaimStore::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::string WithUserInfo(const std::string& userinfo) {
+  std::string url = RedisUrl();
+  return "redis://" + userinfo + "@" + url.substr(std::string("redis://").size());
+}
+
+TEST(RedisClaimStore, UnreachableServerIsUnavailableNamingTheAddress) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = redis::ClaimStore::Open({.url = "redis://127.0.0.1:1", .connect_timeout_ms = 2'000});
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+    EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos) << s.status();
+  }
+}
+
+TEST(RedisClaimStore, BadUrlsAndOptionsAreInvalidArguments) {
+  for (const char* url : {"http://127.0.0.1:6379", "redis://", "redis://:6379", "redis://h:0", "redis://h:65536",
+                          "redis://h:port", "redis://h:1/db", "rediss://h:1", "redis://h:1?timeout=5",
+                          "redis://[::1:6379", "redis://pw-no-colon@h:1", "redis://:pw%zz@h:1", "redis://:@h:1"}) {
+    auto s = redis::ClaimStore::Open({.url = url});
+    ASSERT_FALSE(s.ok()) << url;
+    EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << url << ": " << s.status();
+    EXPECT_EQ(s.status().message().find("pw-no-colon"), std::string::npos) << s.status();
+  }
+  EXPECT_EQ(redis::ClaimStore::Open({.url = RedisUrl(), .client_name = "has space"}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(redis::ClaimStore::Open({.url = RedisUrl(), .abandon_margin_ms = -1}).status().code(),
+            Code::kInvalidArgument);
+  auto no_db = redis::ClaimStore::Open({.url = RedisUrl() + "/100000"});
+  EXPECT_EQ(no_db.status().code(), Code::kInvalidArgument) << no_db.status();
+}
+
+TEST(RedisClaimStore, WrongPasswordIsUnavailableAndNeverEchoed) {
+  // An ACL user with another password, and the default user (which has none).
+  for (const std::string userinfo : {"idem_pw:wrong-Secret-4711", ":wrong-Secret-4711"}) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto s = redis::ClaimStore::Open({.url = WithUserInfo(userinfo)});
+      ASSERT_FALSE(s.ok()) << userinfo;
+      EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+      EXPECT_EQ(s.status().message().find("wrong-Secret-4711"), std::string::npos) << s.status();
+      EXPECT_NE(s.status().message().find(RedisAddress()), std::string::npos) << s.status();
+    }
+  }
+  // The right password works (AUTH user password).
+  auto store = OpenReal({.url = WithUserInfo("idem_pw:secret")});
+  ASSERT_NE(store, nullptr);
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto c = store->TryClaim(Req("k"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
+  }
+  EXPECT_EQ(redis::RedactUrl("redis://idem_pw:secret@h:1/2"), "redis://idem_pw:***@h:1/2");
+}
+
+TEST(RedisClaimStore, LeasesAreJudgedByTheServersClock) {
+  auto store = OpenReal();
+  ASSERT_NE(store, nullptr);
+  auto before = store->NowMs();
+  ASSERT_TRUE(before.ok()) << before.status();
+  auto c = store->TryClaim(Req("k", "b", 60'000));
+  ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted) << c.status();
+  auto after = store->NowMs();
+  ASSERT_TRUE(after.ok());
+  EXPECT_GE(c->token.lease_until_ms, *before + 60'000);
+  EXPECT_LE(c->token.lease_until_ms, *after + 60'000);
+  auto again = store->TryClaim(Req("k", "b", 60'000));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->kind, Kind::kInProgress);
+  EXPECT_EQ(again->retry_at_ms, c->token.lease_until_ms);
+}
+
+TEST(RedisClaimStore, SixtyFourThreadsClaimingOneKeyStartOnce) {
+  auto store = OpenReal({.pool_size = 4});
+  ASSERT_NE(store, nullptr);
+  std::atomic<int> started{0}, in_progress{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 64; ++t) {
+    threads.emplace_back([&] {
+      for (int delivery = 0; delivery < 2; ++delivery) {
+        auto c = store->TryClaim(Req("hot"));
+        if (c.ok() && c->kind == Kind::kStarted) {
+          ++started;
+        } else if (c.ok() && c->kind == Kind::kInProgress) {
+          ++in_progress;
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(started.load(), 1);
+  EXPECT_EQ(in_progress.load(), 127);
+  EXPECT_EQ(other.load(), 0);
+}
+
+TEST(RedisClaimStore, LostLeasesSayWhy) {
+  auto store = OpenReal();
+  ASSERT_NE(store, nullptr);
+  auto c = store->TryClaim(Req("k"));
+  ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
+  ASSERT_TRUE(store->Release(c->token).ok());
+  for (int retry = 0; retry < 2; ++retry) {
+    Status s = store->Complete(c->token, "r", false, 60'000);
+    EXPECT_EQ(s.code(), Code::kLeaseLost) << s;
+    EXPECT_NE(s.message().find("no claim on the key (released, expired or purged)"), std::string::npos) << s;
+    EXPECT_EQ(store->Release(c->token).code(), Code::kLeaseLost);
+    EXPECT_EQ(store->Extend(c->token, 1'000).status().code(), Code::kLeaseLost);
+  }
+  auto again = store->TryClaim(Req("k"));
+  ASSERT_TRUE(again.ok() && again->kind == Kind::kStarted);
+  ASSERT_TRUE(store->Complete(again->token, "r", false, 60'000).ok());
+  Status released = store->Release(again->token);
+  EXPECT_EQ(released.code(), Code::kLeaseLost);
+  EXPECT_NE(released.message().find("completed already"), std::string::npos) << released;
+}
+
+// Scopes and keys are any bytes; the length prefix keeps "a:b"/"c" apart
+// from "a"/"b:c".
+TEST(RedisClaimStore, ScopesAndKeysAreBinarySafe) {
+  auto store = OpenReal();
+  ASSERT_NE(store, nullptr);
+  const std::string odd_key("k\0\xff*?[", 6);
+  ClaimRequest a = Req("c"), b = Req("b:c"), c = Req(odd_key);
+  a.scope = "a:b";
+  b.scope = "a";
+  c.scope = "s*";
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    for (const ClaimRequest* r : {&a, &b, &c}) {
+      auto got = store->TryClaim(*r);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
+    }
+  }
+  auto listed = store->ListClaims("s*", 10);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u) << "the scope's glob characters are escaped";
+  EXPECT_EQ((*listed)[0].key, odd_key);
+  auto all = store->ListClaims("", -1);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+  auto found = store->FindClaim("a:b", "c");
+  ASSERT_TRUE(found.ok() && found->has_value());
+  EXPECT_EQ((*found)->scope, "a:b");
+  EXPECT_EQ((*found)->key, "c");
+}
+
+// The documented key layout, and TTLs that let abandoned and expired records
+// vanish without a purge.
+TEST(RedisClaimStore, RecordsCarryTheirTtl) {
+  const std::string prefix = UniquePrefix();
+  auto store = OpenReal({.prefix = prefix, .abandon_margin_ms = 60'000});
+  ASSERT_NE(store, nullptr);
+  const std::string key = prefix + "claim:7:charges:k";
+  auto c = store->TryClaim(Req("k", "b", 1'000));
+  ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
+  int64_t ttl = std::atoll(RedisRaw({"PTTL", key}).c_str());
+  EXPECT_GT(ttl, 0);
+  EXPECT_LE(ttl, 61'000);
+  ASSERT_TRUE(store->Complete(c->token, "r", false, 3'600'000).ok());
+  ttl = std::atoll(RedisRaw({"PTTL", key}).c_str());
+  EXPECT_GT(ttl, 61'000);
+  EXPECT_LE(ttl, 3'600'000);
+  EXPECT_EQ(RedisRaw({"GET", prefix + "fence"}), std::to_string(c->token.fence));
+}
+
+// A Complete made by another process wakes a watch (PUBLISH from the
+// script; not the in-process board, which a fork does not share). Ends only
+// when woken: a broken wake-up fails by the test's timeout.
+TEST(RedisClaimStore, WatchIsWokenByAnotherProcess) {
+  const std::string prefix = UniquePrefix();
+  auto store = OpenReal({.prefix = prefix});
+  ASSERT_NE(store, nullptr);
+  auto c = store->TryClaim(Req("slow"));
+  ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
+  std::unique_ptr<ClaimStore::Watch> watch = store->WatchKey("charges", "slow");
+  const ClaimToken token = c->token;
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto other = redis::ClaimStore::Open({.url = RedisUrl(), .prefix = prefix});
+    bool ok = other.ok() && (*other)->Complete(token, "from the child", false, 60'000).ok() &&
+              (*other)->Complete(token, "from the child", false, 60'000).ok();  // retried: still OK
+    ::_exit(ok ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  watch->Wait(3'600'000);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto replay = store->TryClaim(Req("slow"));
+    ASSERT_TRUE(replay.ok());
+    EXPECT_EQ(replay->kind, Kind::kCompleted);
+    EXPECT_EQ(replay->result, "from the child");
+  }
+}
+
+// A connection the server closed fails one call (kUnavailable), is dropped,
+// and the next call reconnects.
+TEST(RedisClaimStore, BrokenConnectionIsDroppedAndReplaced) {
+  const std::string name = "idem-test-kill-" + std::to_string(::getpid());
+  auto store = OpenReal({.pool_size = 1, .client_name = name});
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->NowMs().ok());
+  ASSERT_GE(KillClientsNamed(name), 1);
+  auto failed = store->TryClaim(Req("after-kill"));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), Code::kUnavailable) << failed.status();
+  EXPECT_NE(failed.status().message().find(RedisAddress()), std::string::npos) << failed.status();
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto c = store->TryClaim(Req("after-kill"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
+  }
+}
+
+// The scripts are loaded again after the server forgot them.
+TEST(RedisClaimStore, ScriptFlushIsSurvived) {
+  auto store = OpenReal({.pool_size = 1});
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->TryClaim(Req("before")).ok());
+  ASSERT_EQ(RedisRaw({"SCRIPT", "FLUSH"}), "OK");
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto c = store->TryClaim(Req("after"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
+  }
+}
+
+// A key under the prefix that idem did not write is reported, not trusted.
+TEST(RedisClaimStore, ForeignRecordIsCorruption) {
+  const std::string prefix = UniquePrefix();
+  auto store = OpenReal({.prefix = prefix});
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(RedisRaw({"SET", prefix + "claim:7:charges:str", "x"}), "OK");
+  ASSERT_EQ(RedisRaw({"HSET", prefix + "claim:7:charges:hash", "st", "p", "fp", "short"}), "2");
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    EXPECT_EQ(store->TryClaim(Req("str")).status().code(), Code::kCorruption);
+    EXPECT_EQ(store->FindClaim("charges", "hash").status().code(), Code::kCorruption);
+  }
+}
+
+}  // namespace
+}  // namespace idem::testing
