@@ -32,7 +32,16 @@ pg_url="postgres://$PGUSER@$PGHOST:$PGPORT/$PGDATABASE"
 common=(--n "$N" --dup "$DUP" --concurrency "$CONCURRENCY")
 for i in $(seq "${RUNS:-3}"); do
   echo "== round $i"
-  (cd "$P/powertools-idempotency" && EFFECT=counter RUNS=1 ./run.sh) | grep -E '^(peer|info)='"|^info:"
+  # Powertools twice: DUP passes, then one pass (first calls only); the difference is its replay
+  # pass, so its replays/s can be set next to idem's.
+  full=$(cd "$P/powertools-idempotency" && EFFECT=counter RUNS=1 ./run.sh | grep -E '^(peer=|info:)')
+  once=$(cd "$P/powertools-idempotency" && EFFECT=counter RUNS=1 DUP=1 ./run.sh | grep -E '^peer=')
+  echo "$full"
+  t_full=$(sed -n 's/.* seconds=\([0-9.]*\) .*/\1/p' <<<"$full")
+  t_once=$(sed -n 's/.* seconds=\([0-9.]*\) .*/\1/p' <<<"$once")
+  awk -v n="$N" -v d="$DUP" -v f="$t_full" -v o="$t_once" 'BEGIN {
+    printf "powertools-derived: claims_per_s=%.1f replays_per_s=%.1f (one-pass run: %s s; replay passes: %.3f s)\n",
+           n / o, (f > o ? n * (d - 1) / (f - o) : 0), o, f - o }'
   "$IDEM" bench claims --store "$REDIS_URL/2" "${common[@]}"
   "$IDEM" bench claims --store "$pg_url" "${common[@]}"
   "$IDEM" bench claims --store "sqlite:$work/sqlite/claims-$i.db" "${common[@]}"
