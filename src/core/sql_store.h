@@ -59,6 +59,14 @@ inline constexpr const char* kListDeadLetters =
     "SELECT consumer, id, reason, error, attempts, payload, at_ms FROM idem_dead_letters"
     " WHERE ($1 = '' OR consumer = $1) ORDER BY at_ms DESC LIMIT $2";
 
+// Reading claim records: the same SQL on every backend.
+inline constexpr const char* kFindClaim =
+    "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+    " updated_at_ms FROM idem_claims WHERE scope = $1 AND key = $2";
+inline constexpr const char* kListClaims =
+    "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+    " updated_at_ms FROM idem_claims WHERE ($1 = '' OR scope = $1) ORDER BY updated_at_ms DESC LIMIT $2";
+
 // A backend's SQL for claims (two-phase mode). `now` parameters are the
 // store's clock, or NULL where the SQL reads the server's clock itself.
 struct ClaimsSql {

@@ -99,10 +99,8 @@ inline constexpr sql_internal::ClaimsSql kClaims{
                " RETURNING 1) SELECT " IDEM_PG_NOTIFY " FROM d",
     .extend = "UPDATE idem_claims SET lease_until_ms = " IDEM_PG_NOW(5) " + $4, updated_at_ms = " IDEM_PG_NOW(5)
               " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING lease_until_ms",
-    .find = "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
-            " updated_at_ms FROM idem_claims WHERE scope = $1 AND key = $2",
-    .list = "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
-            " updated_at_ms FROM idem_claims WHERE ($1 = '' OR scope = $1) ORDER BY updated_at_ms DESC LIMIT $2",
+    .find = sql_internal::kFindClaim,
+    .list = sql_internal::kListClaims,
     .purge = "DELETE FROM idem_claims WHERE (scope, key) IN (SELECT scope, key FROM idem_claims"
              " WHERE ($1 = '' OR scope = $1) AND ((state = 1 AND expires_at_ms <= " IDEM_PG_NOW(4) ")"
              " OR (state = 0 AND lease_until_ms + $2 <= " IDEM_PG_NOW(4) ")) LIMIT $3 FOR UPDATE SKIP LOCKED)",
