@@ -91,19 +91,20 @@ class RedisClaimStore final : public ClaimStore {
         pool_(std::move(ep), {.connect = {.connect_timeout_ms = o.connect_timeout_ms,
                                           .command_timeout_ms = o.command_timeout_ms,
                                           .client_name = o.client_name},
-                              .size = std::max(1, o.pool_size)}) {}
+                              .size = std::max(1, o.pool_size)}),
+        // The claim scripts from every thread share a few pipelined
+        // connections (see Pipeline); the pool serves the rest.
+        scripts_(pool_.endpoint(),
+                 {.connect_timeout_ms = o.connect_timeout_ms,
+                  .command_timeout_ms = o.command_timeout_ms,
+                  .client_name = o.client_name},
+                 {&redis_internal::kTryClaim, &redis_internal::kComplete, &redis_internal::kRelease,
+                  &redis_internal::kExtend},
+                 kPipelinedConnections) {}
 
   // Connects once and loads every script, so that a wrong URL, password or
   // a server without scripting shows at Open.
-  Status Init() {
-    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
-    for (const redis_internal::Script* s : {&redis_internal::kTryClaim, &redis_internal::kComplete,
-                                            &redis_internal::kRelease, &redis_internal::kExtend,
-                                            &redis_internal::kPurge}) {
-      IDEM_RETURN_IF_ERROR(c->Preload(*s));
-    }
-    return Status::OK();
-  }
+  Status Init() { return scripts_.Connect(); }
 
   Result<ClaimOutcome> TryClaim(const ClaimRequest& req) override {
     IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
@@ -226,8 +227,7 @@ class RedisClaimStore final : public ClaimStore {
  private:
   Result<ReplyPtr> Run(const redis_internal::Script& s, std::span<const std::string> keys,
                        std::span<const std::string> args) {
-    IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Eval(s, keys, args));
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, scripts_.Eval(s, keys, args));
     if (r->type != REDIS_REPLY_ARRAY || r->elements == 0)
       return Status::Internal(std::string("unexpected reply from script ") + s.name);
     return r;
@@ -334,8 +334,11 @@ class RedisClaimStore final : public ClaimStore {
     return std::string(reinterpret_cast<const char*>(fp.data()), fp.size());
   }
 
+  static constexpr int kPipelinedConnections = 2;
+
   const Options options_;
   Pool pool_;
+  redis_internal::Pipeline scripts_;
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <thread>
 
 #include "core/url.h"
 #include "idem/redis/claim_store.h"
@@ -316,17 +317,35 @@ Status Conn::Append(std::span<const std::string_view> args) {
 }
 
 Result<ReplyPtr> Conn::Read(std::string_view what) {
+  SigpipeGuard guard;  // the first read writes the queued commands
+  IDEM_ASSIGN_OR_RETURN(ReplyPtr r, ReadReply(what));
+  if (r->type == REDIS_REPLY_ERROR) return Fail(r.get(), what);
+  return r;
+}
+
+Result<ReplyPtr> Conn::ReadReply(std::string_view what) {
   if (ctx_->err != 0) return Fail(nullptr, what);
   void* raw = nullptr;
-  SigpipeGuard guard;  // the first read writes the queued commands
   if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
     freeReplyObject(raw);
     return Fail(nullptr, what);
   }
   if (pending_ > 0) --pending_;
-  ReplyPtr r(static_cast<redisReply*>(raw));
-  if (r->type == REDIS_REPLY_ERROR) return Fail(r.get(), what);
-  return r;
+  return ReplyPtr(static_cast<redisReply*>(raw));
+}
+
+Status Conn::Flush(std::string_view what) {
+  if (ctx_->err != 0) return Fail(nullptr, what);
+  SigpipeGuard guard;
+  for (int done = 0; !done;) {
+    if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) return Fail(nullptr, what);
+  }
+  return Status::OK();
+}
+
+const std::string* Conn::LoadedSha(const Script& script) const {
+  auto it = sha_.find(&script);
+  return it == sha_.end() || it->second.empty() ? nullptr : &it->second;
 }
 
 bool Conn::AwaitReply(int64_t max_wait_ms) {
@@ -382,6 +401,178 @@ void Pool::Give(std::unique_ptr<Conn> conn) {
   if (!conn->healthy()) return;  // broken: dropped here, a new one is opened on the next Take
   std::lock_guard lock(mu_);
   if (static_cast<int>(idle_.size()) < options_.size) idle_.push_back(std::move(conn));
+}
+
+// ---- Pipeline
+
+// One caller's EVALSHA, on its stack while it waits.
+struct Pipeline::Request {
+  const Script* script;
+  std::span<const std::string> keys;
+  std::span<const std::string> args;
+  // Written by the leaders; read by the caller once woken.
+  std::optional<Result<ReplyPtr>> result;
+  bool lead = false;  // woken to read its batch (written already) and lead on
+  // 0 waiting, 1 woken, 2 the waker is done with this request (it may go).
+  std::atomic<int> state{0};
+
+  void Wake() {
+    state.store(1, std::memory_order_release);
+    state.notify_one();
+    state.store(2, std::memory_order_release);
+  }
+  void Await() {
+    for (;;) {
+      const int s = state.load(std::memory_order_acquire);
+      if (s == 2) return;
+      if (s == 0) {
+        state.wait(0, std::memory_order_acquire);
+      } else {
+        std::this_thread::yield();  // the waker is inside notify_one: a moment
+      }
+    }
+  }
+};
+
+// One shared connection and its queue. Only the leader touches `conn` and
+// `inflight`.
+struct Pipeline::Lane {
+  std::mutex mu;
+  std::vector<Request*> queue;     // waiting to be written (under mu)
+  bool leading = false;            // a leader is writing or reading a batch (under mu)
+  std::vector<Request*> inflight;  // written, replies not read yet
+  std::unique_ptr<Conn> conn;      // null until opened, or after it broke
+};
+
+Pipeline::Pipeline(Endpoint endpoint, ConnectOptions options, std::vector<const Script*> scripts, int connections)
+    : endpoint_(std::move(endpoint)), options_(std::move(options)), scripts_(std::move(scripts)) {
+  for (int i = 0; i < std::max(1, connections); ++i) lanes_.push_back(std::make_unique<Lane>());
+}
+
+Pipeline::~Pipeline() = default;
+
+Result<std::unique_ptr<Conn>> Pipeline::Open() {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Conn> c, Conn::Connect(endpoint_, options_));
+  for (const Script* s : scripts_) IDEM_RETURN_IF_ERROR(c->Preload(*s));
+  return c;
+}
+
+Status Pipeline::Connect() {
+  Lane& lane = *lanes_.front();
+  std::lock_guard lock(lane.mu);
+  if (lane.conn != nullptr) return Status::OK();
+  // Nobody else uses the pipeline yet: connecting under the lock is fine.
+  IDEM_ASSIGN_OR_RETURN(lane.conn, Open());
+  return Status::OK();
+}
+
+// The leader of a lane writes a batch (everything queued), reads its replies
+// in order and hands them out; if more calls queued meanwhile, it writes them
+// as the next batch at once and passes the reading of it to one of their
+// callers, so the server works on it while that thread wakes up.
+Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::string> keys,
+                                std::span<const std::string> args) {
+  Lane& lane = *lanes_[lanes_.size() == 1 ? 0 : next_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
+  Request req{.script = &script, .keys = keys, .args = args};
+  std::unique_lock lock(lane.mu);
+  lane.queue.push_back(&req);
+  if (lane.leading) {
+    lock.unlock();
+    req.Await();
+    if (!req.lead) return std::move(*req.result);
+    // Leading now: this call's batch is lane.inflight, written already.
+  } else {
+    lane.leading = true;
+    lane.inflight.swap(lane.queue);
+    lock.unlock();
+    WriteBatch(lane, lane.inflight);
+  }
+  ReadBatch(lane, lane.inflight);
+  for (Request* r : lane.inflight) {
+    if (r != &req) r->Wake();
+  }
+  lane.inflight.clear();
+  lock.lock();
+  if (lane.queue.empty()) {
+    lane.leading = false;
+    return std::move(*req.result);
+  }
+  lane.inflight.swap(lane.queue);
+  lock.unlock();
+  WriteBatch(lane, lane.inflight);
+  Request* next = lane.inflight.front();
+  next->lead = true;
+  next->Wake();  // after this, `lane.inflight` belongs to `next`
+  return std::move(*req.result);
+}
+
+// Queues an EVALSHA per request of `batch` and sends them together. A
+// request that cannot be sent gets its error here.
+void Pipeline::WriteBatch(Lane& lane, std::span<Request* const> batch) {
+  auto fail_all = [&](const Status& s) {
+    for (Request* r : batch) r->result.emplace(s);
+    lane.conn.reset();
+  };
+  if (lane.conn == nullptr || !lane.conn->healthy()) {
+    lane.conn.reset();
+    auto c = Open();
+    if (!c.ok()) return fail_all(c.status());
+    lane.conn = std::move(*c);
+  }
+  Conn& conn = *lane.conn;
+  std::vector<std::string_view> argv;
+  for (Request* r : batch) {
+    const std::string* sha = conn.LoadedSha(*r->script);
+    if (sha == nullptr) {  // not one of scripts_: a bug, but answer it
+      r->result.emplace(Status::Internal("script " + std::string(r->script->name) + " is not preloaded"));
+      continue;
+    }
+    const std::string nkeys = std::to_string(r->keys.size());
+    argv.assign({std::string_view("EVALSHA"), std::string_view(*sha), std::string_view(nkeys)});
+    argv.insert(argv.end(), r->keys.begin(), r->keys.end());
+    argv.insert(argv.end(), r->args.begin(), r->args.end());
+    // Out of memory: nothing was sent yet; the connection is dropped.
+    if (Status s = conn.Append(argv); !s.ok()) return fail_all(s);
+  }
+  if (Status s = conn.Flush(batch.empty() ? std::string_view("script") : batch.front()->script->name); !s.ok())
+    return fail_all(s);
+}
+
+// Reads the replies of a written batch in order into each request's
+// result. A broken connection fails the rest of the batch and is dropped.
+void Pipeline::ReadBatch(Lane& lane, std::span<Request* const> batch) {
+  if (lane.conn == nullptr) return;  // WriteBatch failed every request
+  Conn& conn = *lane.conn;
+  auto what = [](const Request* r) { return std::string("script ") + r->script->name; };
+  std::vector<Request*> noscript;
+  bool broken = false;
+  for (Request* r : batch) {
+    if (r->result.has_value()) continue;
+    if (broken) {
+      r->result.emplace(conn.Fail(nullptr, what(r)));
+      continue;
+    }
+    auto reply = conn.ReadReply(what(r));
+    if (!reply.ok()) {
+      broken = true;  // every later reply is lost with the connection
+      r->result.emplace(reply.status());
+      continue;
+    }
+    const redisReply* rr = reply->get();
+    if (rr->type == REDIS_REPLY_ERROR) {
+      if (std::string_view(rr->str, rr->len).starts_with("NOSCRIPT")) {
+        noscript.push_back(r);
+      } else {
+        r->result.emplace(conn.Fail(rr, what(r)));
+      }
+      continue;
+    }
+    r->result.emplace(std::move(*reply));
+  }
+  // The server forgot its scripts (restarted, SCRIPT FLUSH): load the script
+  // again and run that call on its own (Conn::Eval reloads after NOSCRIPT).
+  for (Request* r : noscript) r->result.emplace(conn.Eval(*r->script, r->keys, r->args));
+  if (!conn.healthy()) lane.conn.reset();
 }
 
 // ---- helpers

@@ -10,9 +10,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -104,6 +106,16 @@ class Conn {
   // returns the next reply (an error reply is returned as a Status).
   Status Append(std::span<const std::string_view> args);
   Result<ReplyPtr> Read(std::string_view what);
+  // Sends what Append queued, without reading.
+  Status Flush(std::string_view what);
+  // As Read, but an error reply is returned as a reply. For replies to
+  // commands already sent with Flush.
+  Result<ReplyPtr> ReadReply(std::string_view what);
+  // The SHA1 of a script loaded with Preload; nullptr when it is not loaded.
+  const std::string* LoadedSha(const Script& script) const;
+  // "Redis at host:port: <what>" as the context to `reply` (nullptr: the
+  // connection's error).
+  Status Fail(const redisReply* reply, std::string_view what) const;
   // Waits up to max_wait_ms for the next reply (a subscriber's message) and
   // discards it; whether one came. Unlike a read timeout, running out of
   // time leaves the connection usable.
@@ -115,8 +127,6 @@ class Conn {
   // a broken connection is an error here.
   Result<ReplyPtr> Call(std::span<const std::string_view> args, std::string_view what);
   Result<std::string> Load(const Script& script);
-  // "Redis at host:port: <what>" as the context to every error.
-  Status Fail(const redisReply* reply, std::string_view what) const;
 
   ContextPtr ctx_;
   std::string address_;
@@ -170,6 +180,43 @@ class Pool {
   // retry_after_ms: the last connect failure and until when it stands.
   Status last_failure_;
   std::chrono::steady_clock::time_point retry_at_{};
+};
+
+// Automatic pipelining of EVALSHA calls from many threads over a few shared
+// connections: callers that arrive while a batch is on the wire queue up;
+// the next leader (one of them) writes the whole queue at once and reads the
+// replies back in order, so the server and the clients make a few syscalls
+// per batch instead of a few per call. Each connection has every script of
+// `scripts` loaded when it opens; NOSCRIPT (a flushed or restarted server)
+// loads the script again and retries that call. A broken connection fails
+// every call in flight on it (kUnavailable: the command may or may not have
+// run) and is replaced by the next batch.
+class Pipeline {
+ public:
+  Pipeline(Endpoint endpoint, ConnectOptions options, std::vector<const Script*> scripts, int connections);
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+  ~Pipeline();
+
+  // Opens the first connection (loading the scripts), so that a wrong URL or
+  // password shows at once.
+  Status Connect();
+  // Runs `script` (one of `scripts`) with EVALSHA. An error reply becomes a
+  // Status, as with Conn::Eval.
+  Result<ReplyPtr> Eval(const Script& script, std::span<const std::string> keys, std::span<const std::string> args);
+
+ private:
+  struct Request;
+  struct Lane;
+  Result<std::unique_ptr<Conn>> Open();
+  void WriteBatch(Lane& lane, std::span<Request* const> batch);
+  void ReadBatch(Lane& lane, std::span<Request* const> batch);
+
+  const Endpoint endpoint_;
+  const ConnectOptions options_;
+  const std::vector<const Script*> scripts_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::atomic<unsigned> next_{0};
 };
 
 // Helpers for building keys and reading replies.
