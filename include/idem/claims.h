@@ -139,6 +139,9 @@ class ClaimStore {
   virtual Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) = 0;
   // Newest first; an empty scope means every scope.
   virtual Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) = 0;
+  // How many records `scope` holds (in progress or completed, expired or
+  // not). The default lists them; the SQL stores count.
+  virtual Result<int64_t> CountClaims(std::string_view scope);
   // Deletes completed records whose retention ended and in-progress records
   // abandoned for longer than `abandoned_after_ms` past their lease, at most
   // `batch_size` per step. Returns how many were deleted.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -87,6 +88,11 @@ class BoardWatch final : public ClaimStore::Watch {
 
 std::unique_ptr<ClaimStore::Watch> ClaimStore::WatchKey(std::string_view scope, std::string_view key) {
   return std::make_unique<BoardWatch>(ChangeBoard::Bucket(scope, key));
+}
+
+Result<int64_t> ClaimStore::CountClaims(std::string_view scope) {
+  IDEM_ASSIGN_OR_RETURN(auto all, ListClaims(scope, std::numeric_limits<int>::max()));
+  return static_cast<int64_t>(all.size());
 }
 
 void ClaimStore::NotifyChanged(std::string_view scope, std::string_view key) {

@@ -207,6 +207,14 @@ Result<int64_t> SqlStore::PurgeClaims(std::string_view scope, int64_t abandoned_
   }
 }
 
+Result<int64_t> SqlStore::CountClaims(std::string_view scope) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  Value p[] = {std::string(scope)};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(kCountClaims, p));
+  return rows.rows[0][0].AsInt();
+}
+
 Result<int64_t> SqlStore::NowMs() {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   IDEM_ASSIGN_OR_RETURN(Lease c, Take());

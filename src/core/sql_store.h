@@ -67,6 +67,8 @@ inline constexpr const char* kListClaims =
     "SELECT scope, key, state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
     " updated_at_ms FROM idem_claims WHERE ($1 = '' OR scope = $1) ORDER BY updated_at_ms DESC LIMIT $2";
 
+inline constexpr const char* kCountClaims = "SELECT count(*) FROM idem_claims WHERE scope = $1";
+
 // A backend's SQL for claims (two-phase mode). `now` parameters are the
 // store's clock, or NULL where the SQL reads the server's clock itself.
 struct ClaimsSql {
@@ -181,6 +183,7 @@ class SqlStore : public Store, public ClaimStore {
   Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override;
   Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override;
   Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override;
+  Result<int64_t> CountClaims(std::string_view scope) override;
   Result<int64_t> NowMs() override;
   // The `now` parameter of claim statements: the store's clock, or NULL
   // when the SQL reads the server's own. Default: the Env's.

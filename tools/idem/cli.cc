@@ -16,6 +16,23 @@
 
 namespace idem::cli {
 
+// "90s", "15m", "24h", "7d", or plain milliseconds.
+Result<int64_t> ParseDurationMs(const std::string& s) {
+  if (s.empty()) return Status::InvalidArgument("duration is empty");
+  char* end = nullptr;
+  double n = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  int64_t mul = 0;
+  if (unit == "ms" || unit.empty()) mul = 1;
+  else if (unit == "s") mul = 1000;
+  else if (unit == "m") mul = 60'000;
+  else if (unit == "h") mul = 3'600'000;
+  else if (unit == "d") mul = 86'400'000;
+  if (mul == 0 || end == s.c_str() || n < 0)
+    return Status::InvalidArgument("'" + s + "' is not a duration (use e.g. 90s, 15m, 24h, 7d)");
+  return static_cast<int64_t>(n * static_cast<double>(mul));
+}
+
 Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
   Args a;
   a.cmd_ = &cmd;
@@ -51,6 +68,7 @@ Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
       value = argv[++i];
     }
     a.values_[name] = value;
+    a.all_[name].push_back(value);
   }
   return a;
 }

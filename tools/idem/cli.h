@@ -52,13 +52,22 @@ class Args {
   Result<int64_t> GetInt(const std::string& name) const;
   bool Bool(const std::string& name) const { return Has(name); }
   const std::vector<std::string>& positional() const { return positional_; }
+  // Every value of a repeatable flag, in order (Get gives the last).
+  std::vector<std::string> GetAll(const std::string& name) const {
+    auto it = all_.find(name);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
 
  private:
   const Command* cmd_ = nullptr;
   bool help_ = false;
   std::map<std::string, std::string> values_;
   std::vector<std::string> positional_;
+  std::map<std::string, std::vector<std::string>> all_;
 };
+
+// "90s", "15m", "24h", "7d", or plain milliseconds.
+Result<int64_t> ParseDurationMs(const std::string& s);
 
 // Prints the command's help to stdout.
 void PrintHelp(const Command& cmd);

@@ -24,6 +24,9 @@ int RunSchema(const Args& args);
 const Command& InspectCommand();
 int RunInspect(const Args& args);
 
+const Command& ProviderCommand();
+int RunProvider(const Args& args);  // provider_cmd.cc
+
 const Command& PurgeCommand();
 int RunPurge(const Args& args);
 

@@ -18,7 +18,7 @@ struct Entry {
 const Entry kEntries[] = {
     {idem::cli::DemoCommand, idem::cli::RunDemo},       {idem::cli::BenchCommand, idem::cli::RunBench},
     {idem::cli::SchemaCommand, idem::cli::RunSchema},   {idem::cli::InspectCommand, idem::cli::RunInspect},
-    {idem::cli::PurgeCommand, idem::cli::RunPurge},
+    {idem::cli::PurgeCommand, idem::cli::RunPurge},     {idem::cli::ProviderCommand, idem::cli::RunProvider},
 };
 
 void PrintUsage(std::ostream& os) {

@@ -1,0 +1,155 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem::http::Idempotency: the Idempotency-Key middleware for cpp-httplib
+// servers (IETF httpapi draft "The Idempotency-Key HTTP Header Field" -07,
+// and Stripe's behaviour). A client retries a POST with the same key; the
+// first request runs, its response is stored; every repeat gets the stored
+// response, byte-identical, with `Idempotent-Replayed: true`.
+//
+//   idem::Claims claims(*store->claim_store());
+//   idem::http::Idempotency idem(claims, idem::http::BearerKeys({{"sk_test_1", "acct_1"}}));
+//   server.Post("/charges", idem.Wrap("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+//     ... create the charge once ...
+//   }));
+//
+// Per request, in order (each failure is an application/problem+json body,
+// RFC 9457, saying whether to retry with the same key or a new one):
+//   401  no principal (the authenticator said no)
+//   413  body larger than max_body_bytes
+//   400  Idempotency-Key missing (where required), empty, longer than 255, or
+//        not an RFC 8941 sf-string
+//   422  the key was used with another request (method, route, body)
+//   409  the first request with the key is still running (Retry-After), unless
+//        the route waits for it (RoutePolicy::wait_ms)
+//   429  the principal has too many stored keys on the route
+// Keys are scoped by principal, method and route: a client never receives
+// another principal's stored response, whatever key it sends.
+//
+// Thread safety: Wrap()'s handlers may run on every server thread at once.
+#ifndef IDEM_HTTP_IDEMPOTENCY_H_
+#define IDEM_HTTP_IDEMPOTENCY_H_
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/claims.h"
+#include "idem/message.h"
+#include "idem/result.h"
+
+namespace idem::http {
+
+// Who is calling, or std::nullopt (401). The principal scopes the keys.
+using Authenticator = std::function<std::optional<std::string>(const httplib::Request&)>;
+
+// `Authorization: Bearer <key>` looked up in a table of key -> principal.
+Authenticator BearerKeys(std::map<std::string, std::string> keys);
+
+struct RoutePolicy {
+  // Methods whose requests the middleware handles; others pass through.
+  std::set<std::string> methods = {"POST", "PATCH"};
+  // Whether a request without Idempotency-Key is refused (400) or runs
+  // unguarded.
+  bool require_key = true;
+  // How long a duplicate waits for the first request's response before 409.
+  int64_t wait_ms = 0;
+  // How long the handler may run before a retry may take the key over.
+  int64_t lease_ms = 30'000;
+  // 5xx responses: stored and replayed (true), or released so a retry with
+  // the same key runs again (false).
+  bool store_5xx = false;
+  // 4xx responses of the handler are validation errors before execution:
+  // not stored (the key is released) unless listed here (402 card declined,
+  // say).
+  std::set<int> stored_4xx = {};
+};
+
+struct Options {
+  // How long a stored response is replayed (advertised in the
+  // Idempotency-Key-Retention response header, in seconds). Default: 24 h.
+  int64_t retention_ms = 24LL * 3600 * 1000;
+  // Larger bodies get 413 before anything is stored. Default: 1 MiB.
+  size_t max_body_bytes = 1 << 20;
+  // Stored keys per principal and route before 429. Counted from the store
+  // at most once a second per scope, plus this process's new keys in
+  // between. Default: 100,000.
+  int64_t max_keys_per_principal = 100'000;
+  // Where the problem types live ("<base>/idempotency-key-missing", ...).
+  std::string problem_base = "https://idem.dev/problems";
+  // Clock for the key-count cache and waits. Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// The stored form of a response.
+struct StoredResponse {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+std::string Encode(const StoredResponse& r);
+Result<StoredResponse> Decode(std::string_view bytes);
+
+// The key of an Idempotency-Key header value: an RFC 8941 sf-string
+// ("..." with \" and \\ escapes, printable ASCII), 1 to 255 characters.
+Result<std::string> ParseKey(std::string_view header_value);
+
+// The request fingerprint: SHA-256 over method, route and body; a JSON body
+// (that parses as JSON) is canonicalised first: object keys sorted, no
+// insignificant whitespace.
+Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body);
+// The canonical JSON text, or std::nullopt when `body` is not JSON.
+std::optional<std::string> CanonicalJson(std::string_view body);
+
+// During a wrapped handler: the claim it runs under (for handlers that fence
+// their own writes with it). Empty outside.
+const ClaimToken* CurrentClaim();
+
+class Idempotency {
+ public:
+  // `claims` must outlive the middleware.
+  Idempotency(Claims& claims, Authenticator authenticate, Options options = {});
+
+  httplib::Server::Handler Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler);
+
+  struct Counters {
+    uint64_t executed = 0, replayed = 0, conflicts = 0, in_progress = 0, rejected = 0;
+  };
+  Counters counters() const;
+
+  // Optional: one line per request (key, outcome) for logs.
+  std::function<void(const std::string& line)> log;
+
+ private:
+  void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
+              const httplib::Request& req, httplib::Response& res);
+  void Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
+               std::string detail, std::string_view retry);
+  // The Idempotency-Key-Retention header's value (seconds).
+  std::string Retention() const;
+  // Whether the scope may store one more key (429 otherwise).
+  Result<bool> UnderLimit(const std::string& scope);
+
+  Claims& claims_;
+  Authenticator authenticate_;
+  Options options_;
+  std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
+  struct KeyCount {
+    int64_t counted_at_ms = -1;
+    int64_t count = 0;
+  };
+  std::mutex counts_mu_;
+  std::map<std::string, KeyCount> counts_;
+};
+
+}  // namespace idem::http
+
+#endif  // IDEM_HTTP_IDEMPOTENCY_H_

@@ -1,0 +1,350 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/http/idempotency.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+namespace idem::http {
+namespace {
+
+thread_local const ClaimToken* g_current_claim = nullptr;
+
+// Headers that belong to one connection, not to the response: never stored.
+bool HopByHop(std::string_view name) {
+  static const char* const kSkip[] = {"connection", "keep-alive", "transfer-encoding", "content-length",
+                                      "date", "idempotent-replayed", "idempotency-key-retention"};
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return std::any_of(std::begin(kSkip), std::end(kSkip), [&](const char* s) { return lower == s; });
+}
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 3; i >= 0; --i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+void PutBytes(std::string& out, std::string_view s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out.append(s);
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool U32(uint32_t* v) {
+    if (in_.size() < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<unsigned char>(in_[i]);
+    in_.remove_prefix(4);
+    return true;
+  }
+  bool Bytes(std::string* s) {
+    uint32_t n = 0;
+    if (!U32(&n) || in_.size() < n) return false;
+    s->assign(in_.substr(0, n));
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  std::string_view in_;
+};
+
+constexpr char kMagic[] = "idem-http-1";
+
+std::string ScopeOf(const std::string& principal, const std::string& method, const std::string& route) {
+  std::string scope = principal + "|" + method + " " + route;
+  // A scope is at most 255 bytes: a long principal or route is hashed.
+  if (scope.size() > 255) scope = "sha256:" + ToHex(FingerprintOf(scope));
+  return scope;
+}
+
+std::string RetryAfterSeconds(int64_t retry_at_ms, int64_t now_ms) {
+  return std::to_string(std::max<int64_t>(1, (retry_at_ms - now_ms + 999) / 1000));
+}
+
+}  // namespace
+
+Authenticator BearerKeys(std::map<std::string, std::string> keys) {
+  return [keys = std::move(keys)](const httplib::Request& req) -> std::optional<std::string> {
+    const std::string auth = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return std::nullopt;
+    auto it = keys.find(auth.substr(kBearer.size()));
+    if (it == keys.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string Encode(const StoredResponse& r) {
+  std::string out(kMagic);
+  PutU32(out, static_cast<uint32_t>(r.status));
+  PutU32(out, static_cast<uint32_t>(r.headers.size()));
+  for (const auto& [k, v] : r.headers) {
+    PutBytes(out, k);
+    PutBytes(out, v);
+  }
+  PutBytes(out, r.body);
+  return out;
+}
+
+Result<StoredResponse> Decode(std::string_view bytes) {
+  const size_t magic = std::strlen(kMagic);
+  if (bytes.substr(0, magic) != kMagic) return Status::Corruption("stored response is not idem's HTTP format");
+  Reader in(bytes.substr(magic));
+  StoredResponse r;
+  uint32_t status = 0, n = 0;
+  if (!in.U32(&status) || !in.U32(&n)) return Status::Corruption("stored response truncated");
+  r.status = static_cast<int>(status);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string k, v;
+    if (!in.Bytes(&k) || !in.Bytes(&v)) return Status::Corruption("stored response header truncated");
+    r.headers.emplace_back(std::move(k), std::move(v));
+  }
+  if (!in.Bytes(&r.body) || !in.done()) return Status::Corruption("stored response body truncated");
+  return r;
+}
+
+Result<std::string> ParseKey(std::string_view v) {
+  // Optional whitespace around the item is allowed by HTTP field parsing.
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  if (v.size() < 2 || v.front() != '"' || v.back() != '"')
+    return Status::InvalidArgument("Idempotency-Key must be a quoted string (RFC 8941 sf-string), e.g. \"8e03978e-40d5\"");
+  std::string key;
+  for (size_t i = 1; i + 1 < v.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    if (c == '\\') {
+      if (i + 2 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\'))
+        return Status::InvalidArgument("Idempotency-Key: a backslash may only escape \" or \\");
+      key += v[++i];
+      continue;
+    }
+    if (c == '"') return Status::InvalidArgument("Idempotency-Key: an unescaped quote inside the string");
+    if (c < 0x20 || c > 0x7e)
+      return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
+    key += static_cast<char>(c);
+  }
+  if (key.empty()) return Status::InvalidArgument("Idempotency-Key is empty");
+  if (key.size() > 255)
+    return Status::InvalidArgument("Idempotency-Key is " + std::to_string(key.size()) + " characters; at most 255");
+  return key;
+}
+
+std::optional<std::string> CanonicalJson(std::string_view body) {
+  // nlohmann::json keeps objects in a std::map: dump() writes keys sorted,
+  // without whitespace.
+  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j.dump();
+}
+
+Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body) {
+  std::string material(method);
+  material += '\0';
+  material += route;
+  material += '\0';
+  if (auto canonical = CanonicalJson(body)) {
+    material += "json:";
+    material += *canonical;
+  } else {
+    material += "raw:";
+    material += body;
+  }
+  return FingerprintOf(material);
+}
+
+const ClaimToken* CurrentClaim() { return g_current_claim; }
+
+Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options options)
+    : claims_(claims), authenticate_(std::move(authenticate)), options_(std::move(options)) {
+  if (options_.env == nullptr) options_.env = Env::Default();
+}
+
+httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler) {
+  return [this, route = std::move(route), policy = std::move(policy), handler = std::move(handler)](
+             const httplib::Request& req, httplib::Response& res) { Handle(route, policy, handler, req, res); };
+}
+
+Idempotency::Counters Idempotency::counters() const {
+  return {executed_.load(), replayed_.load(), conflicts_.load(), in_progress_.load(), rejected_.load()};
+}
+
+void Idempotency::Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
+                          std::string detail, std::string_view retry) {
+  nlohmann::json j = {{"type", options_.problem_base + "/" + std::string(type)},
+                      {"title", title},
+                      {"status", status},
+                      {"detail", detail},
+                      {"retry", retry}};
+  res.status = status;
+  res.set_content(j.dump(), "application/problem+json");
+  res.set_header("Idempotency-Key-Retention", Retention());
+}
+
+std::string Idempotency::Retention() const { return std::to_string(options_.retention_ms / 1000); }
+
+Result<bool> Idempotency::UnderLimit(const std::string& scope) {
+  const int64_t now = options_.env->NowMs();
+  {
+    std::lock_guard lock(counts_mu_);
+    KeyCount& c = counts_[scope];
+    if (c.counted_at_ms >= 0 && now - c.counted_at_ms < 1000) return c.count < options_.max_keys_per_principal;
+  }
+  IDEM_ASSIGN_OR_RETURN(int64_t n, claims_.store().CountClaims(scope));
+  std::lock_guard lock(counts_mu_);
+  counts_[scope] = KeyCount{now, n};
+  return n < options_.max_keys_per_principal;
+}
+
+void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
+                         const httplib::Request& req, httplib::Response& res) {
+  if (!policy.methods.count(req.method)) return handler(req, res);
+  auto say = [&](std::string_view key, std::string_view outcome) {
+    if (log) log(req.method + " " + req.path + " key=" + std::string(key) + " " + std::string(outcome) + " " +
+                 std::to_string(res.status));
+  };
+  auto reject = [&](std::string_view key, std::string_view outcome) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    say(key, outcome);
+  };
+  std::optional<std::string> principal = authenticate_(req);
+  if (!principal) {
+    Problem(res, 401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <API key>", "no");
+    return reject("-", "unauthenticated");
+  }
+  if (req.body.size() > options_.max_body_bytes) {
+    Problem(res, 413, "body-too-large", "Request body too large",
+            "the body is " + std::to_string(req.body.size()) + " bytes; at most " +
+                std::to_string(options_.max_body_bytes),
+            "new-key");
+    return reject("-", "too-large");
+  }
+  if (!req.has_header("Idempotency-Key")) {
+    if (!policy.require_key) return handler(req, res);
+    Problem(res, 400, "idempotency-key-missing", "Idempotency-Key missing",
+            "this endpoint requires an Idempotency-Key header (a quoted string, 1 to 255 characters)", "new-key");
+    return reject("-", "missing-key");
+  }
+  if (req.get_header_value_count("Idempotency-Key") > 1) {
+    Problem(res, 400, "idempotency-key-malformed", "Idempotency-Key malformed",
+            "send exactly one Idempotency-Key header", "new-key");
+    return reject("-", "malformed-key");
+  }
+  Result<std::string> key = ParseKey(req.get_header_value("Idempotency-Key"));
+  if (!key.ok()) {
+    Problem(res, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(), "new-key");
+    return reject("-", "malformed-key");
+  }
+  const std::string scope = ScopeOf(*principal, req.method, route);
+  const Fingerprint fp = RequestFingerprint(req.method, route, req.body);
+
+  auto replay = [&](const std::string& stored) {
+    auto r = Decode(stored);
+    if (!r.ok()) {
+      Problem(res, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
+      return reject(*key, "corrupt");
+    }
+    res.status = r->status;
+    for (auto& [k, v] : r->headers) res.set_header(k, v);
+    res.body = std::move(r->body);
+    res.set_header("Idempotent-Replayed", "true");
+    res.set_header("Idempotency-Key-Retention", Retention());
+    replayed_.fetch_add(1, std::memory_order_relaxed);
+    say(*key, "replayed");
+  };
+
+  auto claim = claims_.Claim(ClaimRequest{
+      .scope = scope, .key = *key, .fingerprint = fp, .lease_ms = policy.lease_ms, .wait_ms = policy.wait_ms});
+  if (!claim.ok()) {
+    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key");
+    res.set_header("Retry-After", "1");
+    return reject(*key, "store-error");
+  }
+  switch (claim->kind) {
+    case ClaimOutcome::Kind::kCompleted:
+      return replay(claim->result);
+    case ClaimOutcome::Kind::kConflict:
+      Problem(res, 422, "idempotency-key-reused", "Idempotency-Key reused",
+              "this key was already used with a different request (method, route or body); use a new key "
+              "for a new request",
+              "new-key");
+      conflicts_.fetch_add(1, std::memory_order_relaxed);
+      return say(*key, "conflict");
+    case ClaimOutcome::Kind::kInProgress: {
+      auto now = claims_.store().NowMs();
+      Problem(res, 409, "request-in-progress", "Request in progress",
+              "a request with this key is still being processed; retry with the same key after Retry-After",
+              "same-key");
+      res.set_header("Retry-After", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
+      in_progress_.fetch_add(1, std::memory_order_relaxed);
+      return say(*key, "in-progress");
+    }
+    case ClaimOutcome::Kind::kStarted:
+      break;
+  }
+  auto under = UnderLimit(scope);
+  if (!under.ok() || !*under) {
+    (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
+    if (!under.ok()) {
+      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key");
+      res.set_header("Retry-After", "1");
+      return reject(*key, "store-error");
+    }
+    Problem(res, 429, "too-many-keys", "Too many stored idempotency keys",
+            "this principal holds " + std::to_string(options_.max_keys_per_principal) +
+                " or more stored keys on this route; retry with the same key once older ones expire",
+            "same-key");
+    res.set_header("Retry-After", "60");
+    return reject(*key, "too-many-keys");
+  }
+  {
+    std::lock_guard lock(counts_mu_);
+    ++counts_[scope].count;
+  }
+
+  // Execute, once.
+  g_current_claim = &claim->token;
+  try {
+    handler(req, res);
+  } catch (const std::exception& e) {
+    res = httplib::Response();
+    Problem(res, 500, "handler-failed", "Internal error", std::string("the handler threw: ") + e.what(), "same-key");
+  } catch (...) {
+    res = httplib::Response();
+    Problem(res, 500, "handler-failed", "Internal error", "the handler threw", "same-key");
+  }
+  g_current_claim = nullptr;
+  res.set_header("Idempotency-Key-Retention", Retention());
+  executed_.fetch_add(1, std::memory_order_relaxed);
+
+  const bool store = (res.status < 400) || (res.status >= 500 && policy.store_5xx) ||
+                     (res.status >= 400 && res.status < 500 && policy.stored_4xx.count(res.status));
+  if (!store) {
+    (void)claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(res.status));
+    return say(*key, "executed-not-stored");
+  }
+  StoredResponse stored{res.status, {}, res.body};
+  for (const auto& [k, v] : res.headers)
+    if (!HopByHop(k)) stored.headers.emplace_back(k, v);
+  Status done = claims_.Complete(claim->token, Encode(stored));
+  if (done.ok()) return say(*key, "executed");
+  // The lease ran out and a retry took the key over: its response is the one
+  // that counts. Answer with it when it is stored; otherwise ask to retry.
+  auto now_claim = claims_.store().FindClaim(scope, *key);
+  if (now_claim.ok() && now_claim->has_value() && (*now_claim)->state == ClaimRecord::State::kCompleted &&
+      (*now_claim)->fingerprint == fp) {
+    res = httplib::Response();
+    return replay((*now_claim)->result);
+  }
+  res = httplib::Response();
+  Problem(res, 409, "lease-lost", "Request superseded",
+          "this request ran past its lease and another request with the key took over (" + done.message() +
+              "); retry with the same key for the stored response",
+          "same-key");
+  res.set_header("Retry-After", "1");
+  say(*key, "lease-lost");
+}
+
+}  // namespace idem::http

@@ -1,0 +1,88 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem provider: the seed's payment provider as an HTTP server.
+#include <signal.h>
+
+#include <charconv>
+#include <iostream>
+#include <mutex>
+
+#include "commands.h"
+#include "provider_server.h"
+
+namespace idem::cli {
+
+const Command& ProviderCommand() {
+  static const Command c{
+      "provider",
+      "Run the seed's payment provider as an HTTP server. POST /charges with a JSON body\n"
+      "{\"amount\": 4000, \"currency\": \"usd\", \"customer\": \"cus_1042\", \"description\": \"...\"} (amount in\n"
+      "cents) and an Idempotency-Key header creates one charge per key and answers 201 with it; a repeat\n"
+      "of the key replays that answer (Idempotent-Replayed: true). GET /charges/{id} and\n"
+      "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
+      "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
+      "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--quiet]",
+      {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
+       {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
+       {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
+       {"api-keys", "FILE", "", "a file of KEY:PRINCIPAL lines (# comments)"},
+       {"retention", "DURATION", "24h", "how long a stored response is replayed"},
+       {"lease", "DURATION", "30s", "how long a request may run before a retry may take its key over"},
+       {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
+       {"quiet", "", "", "no per-request log lines"}}};
+  return c;
+}
+
+int RunProvider(const Args& args) {
+  const std::string cmd = "provider";
+  auto keys = ParseApiKeys(args.GetAll("api-key"), args.Get("api-keys"));
+  if (!keys.ok()) return Fail(cmd, keys.status());
+  const std::string listen = args.Get("listen");
+  auto colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      std::from_chars(listen.data() + colon + 1, listen.data() + listen.size(), port).ec != std::errc() ||
+      port < 1 || port > 65535)
+    return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
+  auto retention = ParseDurationMs(args.Get("retention"));
+  auto lease = ParseDurationMs(args.Get("lease"));
+  auto wait = ParseDurationMs(args.Get("wait"));
+  for (const auto* r : {&retention, &lease, &wait})
+    if (!r->ok()) return Fail(cmd, r->status());
+  if (*lease <= 0) return Fail(cmd, Status::InvalidArgument("--lease must be more than 0"));
+
+  // Signals go to this thread's sigwait, never to a server thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  ProviderServerOptions o;
+  o.host = listen.substr(0, colon);
+  o.port = port;
+  o.store_url = args.Get("store");
+  o.api_keys = std::move(*keys);
+  o.idempotency.retention_ms = *retention;
+  o.lease_ms = *lease;
+  o.wait_ms = *wait;
+  if (!args.Bool("quiet")) {
+    auto mu = std::make_shared<std::mutex>();
+    o.log = [mu](const std::string& line) {
+      std::lock_guard lock(*mu);
+      std::cerr << "idem provider: " << line << "\n";
+    };
+  }
+  auto server = ProviderServer::Start(std::move(o));
+  if (!server.ok()) return Fail(cmd, server.status());
+  std::cerr << "idem provider: serving " << (*server)->url() << " (store " << args.Get("store") << ", retention "
+            << *retention / 1000 << " s)\n";
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::cerr << "idem provider: stopping on signal " << sig << "\n";
+  (*server)->Stop();
+  return kExitOk;
+}
+
+}  // namespace idem::cli

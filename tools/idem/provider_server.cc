@@ -1,0 +1,233 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "provider_server.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <atomic>
+#include <thread>
+
+#include "cli.h"
+#include "idem/claims.h"
+
+namespace idem::cli {
+namespace {
+
+constexpr const char* kCreateCharges =
+    "CREATE TABLE IF NOT EXISTS provider_charges(id TEXT PRIMARY KEY, principal TEXT NOT NULL,"
+    " idem_key TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL, customer TEXT NOT NULL,"
+    " description TEXT NOT NULL, created_ms BIGINT NOT NULL, UNIQUE (principal, idem_key))";
+constexpr const char* kCreateByCustomer =
+    "CREATE INDEX IF NOT EXISTS provider_charges_by_customer ON provider_charges(principal, customer)";
+// A retry that took an expired lease over finds the charge the first try
+// made: the unique (principal, key) makes the charge once either way.
+constexpr const char* kInsertCharge =
+    "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (principal, idem_key) DO NOTHING";
+constexpr const char* kColumns = "SELECT id, idem_key, amount, currency, customer, description, created_ms";
+
+thread_local bool t_drop_response = false;
+
+nlohmann::json ChargeJson(const std::vector<Value>& r) {
+  return {{"id", r[0].AsText()},          {"object", "charge"},           {"idempotency_key", r[1].AsText()},
+          {"amount", r[2].AsInt()},       {"currency", r[3].AsText()},    {"customer", r[4].AsText()},
+          {"description", r[5].AsText()}, {"created", r[6].AsInt() / 1000}};
+}
+
+void Problem(httplib::Response& res, int status, const std::string& type, const std::string& detail) {
+  nlohmann::json j = {{"type", "https://idem.dev/problems/" + type}, {"title", type}, {"status", status},
+                      {"detail", detail}, {"retry", "new-key"}};
+  res.status = status;
+  res.set_content(j.dump(), "application/problem+json");
+}
+
+}  // namespace
+
+struct ProviderServer::Impl {
+  ProviderServerOptions options;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Claims> claims;
+  std::unique_ptr<http::Idempotency> idempotency;
+  http::Authenticator authenticate;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+
+  Status Charge(const httplib::Request& req, httplib::Response& res) {
+    const ClaimToken* claim = http::CurrentClaim();
+    auto principal = authenticate(req);
+    if (claim == nullptr || !principal) {
+      Problem(res, 500, "internal", "POST /charges ran outside the idempotency middleware");
+      return Status::OK();
+    }
+    nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      Problem(res, 400, "invalid-request", "the body must be a JSON object");
+      return Status::OK();
+    }
+    auto amount = body.find("amount");
+    auto currency = body.find("currency");
+    if (amount == body.end() || !amount->is_number_integer() || amount->get<int64_t>() <= 0) {
+      Problem(res, 400, "invalid-request", "amount must be a positive integer (cents)");
+      return Status::OK();
+    }
+    if (currency == body.end() || !currency->is_string() || currency->get<std::string>().size() != 3) {
+      Problem(res, 400, "invalid-request", "currency must be a 3-letter code");
+      return Status::OK();
+    }
+    const std::string customer = body.value("customer", std::string());
+    const std::string description = body.value("description", std::string());
+    if (options.before_charge) options.before_charge(claim->key);
+    char id[24];
+    std::snprintf(id, sizeof id, "ch_%016llx", static_cast<unsigned long long>(Env::Default()->Random()));
+    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+    Value ins[] = {std::string(id), *principal, claim->key, amount->get<int64_t>(), currency->get<std::string>(),
+                   customer, description, Env::Default()->NowMs()};
+    IDEM_RETURN_IF_ERROR(tx->Exec(kInsertCharge, ins).status());
+    Value key[] = {*principal, claim->key};
+    IDEM_ASSIGN_OR_RETURN(
+        Rows rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+    if (rows.rows.empty()) return Status::Internal("the charge just written is not there");
+    res.status = 201;
+    res.set_header("Location", "/charges/" + rows.rows[0][0].AsText());
+    res.set_content(ChargeJson(rows.rows[0]).dump(), "application/json");
+    if (options.lose_response && options.lose_response(claim->key)) t_drop_response = true;
+    return Status::OK();
+  }
+
+  void Read(const httplib::Request& req, httplib::Response& res, bool one) {
+    auto principal = authenticate(req);
+    if (!principal) return Problem(res, 401, "unauthenticated", "send Authorization: Bearer <API key>");
+    auto tx = store->Begin();
+    if (!tx.ok()) return Problem(res, 503, "store-unavailable", tx.status().ToString());
+    Result<Rows> rows = Status::Internal("unset");
+    if (one) {
+      Value p[] = {*principal, req.matches[1].str()};
+      rows = (*tx)->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND id = $2", p);
+    } else {
+      Value p[] = {*principal, req.get_param_value("customer")};
+      rows = (*tx)->Query(std::string(kColumns) +
+                              " FROM provider_charges WHERE principal = $1 AND ($2 = '' OR customer = $2)"
+                              " ORDER BY created_ms, id LIMIT 1000",
+                          p);
+    }
+    if (!rows.ok()) return Problem(res, 503, "store-unavailable", rows.status().ToString());
+    if (one) {
+      if (rows->rows.empty()) return Problem(res, 404, "not-found", "no charge " + req.matches[1].str());
+      res.set_content(ChargeJson(rows->rows[0]).dump(), "application/json");
+      return;
+    }
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& r : rows->rows) list.push_back(ChargeJson(r));
+    res.set_content(nlohmann::json{{"object", "list"}, {"data", list}}.dump(), "application/json");
+  }
+};
+
+ProviderServer::ProviderServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProviderServer::~ProviderServer() { Stop(); }
+
+Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOptions options) {
+  if (options.api_keys.empty()) return Status::InvalidArgument("no API keys: give --api-key KEY:PRINCIPAL");
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  Impl* p = impl.get();
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(p->options.store_url, true));
+  p->store = std::move(store);
+  if (p->store->claim_store() == nullptr) return Status::InvalidArgument("the provider's store keeps no claims");
+  {
+    IDEM_ASSIGN_OR_RETURN(auto tx, p->store->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec(kCreateCharges).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
+  p->claims = std::make_unique<Claims>(*p->store->claim_store(),
+                                       ClaimsOptions{.retention_ms = p->options.idempotency.retention_ms});
+  p->authenticate = http::BearerKeys(p->options.api_keys);
+  p->idempotency = std::make_unique<http::Idempotency>(*p->claims, p->authenticate, p->options.idempotency);
+  p->idempotency->log = p->options.log;
+
+  const int threads = std::max(1, p->options.threads);
+  p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  p->server.Post("/charges", p->idempotency->Wrap("/charges", {.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms},
+                                                  [p](const httplib::Request& req, httplib::Response& res) {
+                                                    t_drop_response = false;
+                                                    Status s = p->Charge(req, res);
+                                                    if (!s.ok()) {  // 5xx: released, retried
+                                                      res = httplib::Response();
+                                                      Problem(res, 503, "store-unavailable", s.ToString());
+                                                    }
+                                                  }));
+  p->server.Get(R"(/charges/([A-Za-z0-9_]+))",
+                [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, true); });
+  p->server.Get("/charges", [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, false); });
+  p->server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+  // A lost response: the charge and its stored response are kept; the
+  // client sees the connection end before a complete answer.
+  p->server.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!t_drop_response) return;
+    t_drop_response = false;
+    const size_t length = res.body.size() + 1;
+    res.set_content_provider(length, "application/json",
+                             [](size_t, size_t, httplib::DataSink&) { return false; });
+  });
+  if (p->options.port == 0) {
+    p->port = p->server.bind_to_any_port(p->options.host);
+    if (p->port <= 0) return Status::Unavailable("cannot bind " + p->options.host + " to any port");
+  } else {
+    if (!p->server.bind_to_port(p->options.host, p->options.port))
+      return Status::Unavailable("cannot listen on " + p->options.host + ":" + std::to_string(p->options.port) +
+                                 " (in use, or not an address of this machine)");
+    p->port = p->options.port;
+  }
+  auto ended = std::make_shared<std::atomic<bool>>(false);
+  p->thread = std::thread([p, ended] {
+    p->server.listen_after_bind();
+    ended->store(true);
+  });
+  // Connections are accepted from the bind on (the listen backlog); this
+  // only waits for the accept loop, so Stop() right after cannot miss it.
+  while (!p->server.is_running() && !ended->load()) std::this_thread::yield();
+  if (ended->load()) {
+    p->thread.join();
+    return Status::Unavailable("the server on " + p->options.host + " stopped at once");
+  }
+  return std::unique_ptr<ProviderServer>(new ProviderServer(std::move(impl)));
+}
+
+int ProviderServer::port() const { return impl_->port; }
+std::string ProviderServer::url() const { return "http://" + impl_->options.host + ":" + std::to_string(impl_->port); }
+void ProviderServer::Stop() {
+  if (!impl_) return;
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+void ProviderServer::Wait() {
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+http::Idempotency::Counters ProviderServer::counters() const { return impl_->idempotency->counters(); }
+
+Result<std::map<std::string, std::string>> ParseApiKeys(const std::vector<std::string>& pairs,
+                                                        const std::string& file) {
+  std::map<std::string, std::string> keys;
+  auto add = [&](const std::string& pair, const std::string& where) -> Status {
+    auto colon = pair.find(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == pair.size())
+      return Status::InvalidArgument(where + ": expected KEY:PRINCIPAL, got '" + pair.substr(0, 8) + "...'");
+    keys[pair.substr(0, colon)] = pair.substr(colon + 1);
+    return Status::OK();
+  };
+  for (const auto& p : pairs) IDEM_RETURN_IF_ERROR(add(p, "--api-key"));
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return Status::InvalidArgument("cannot read the API key file " + file);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (line.empty() || line[0] == '#') continue;
+      IDEM_RETURN_IF_ERROR(add(line, file + ":" + std::to_string(n)));
+    }
+  }
+  return keys;
+}
+
+}  // namespace idem::cli
