@@ -103,6 +103,7 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   impl->http.set_read_timeout(std::chrono::milliseconds(o.read_timeout_ms));
   impl->http.set_write_timeout(std::chrono::milliseconds(o.read_timeout_ms));
   impl->http.set_keep_alive(true);
+  impl->http.set_tcp_nodelay(true);
   if (!o.bearer.empty()) impl->http.set_bearer_token_auth(o.bearer);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
