@@ -523,7 +523,10 @@ void Pipeline::WriteBatch(Lane& lane, std::span<Request* const> batch) {
   std::vector<std::string_view> argv;
   for (Request* r : batch) {
     const std::string* sha = conn.LoadedSha(*r->script);
-    if (sha == nullptr) {  // not one of scripts_: a bug, but answer it
+    // A reload the server refused earlier (NOPERM, BUSY) left no hash: load
+    // it again now rather than failing every later call on this connection.
+    if (sha == nullptr && conn.Preload(*r->script).ok()) sha = conn.LoadedSha(*r->script);
+    if (sha == nullptr) {
       r->result.emplace(Status::Internal("script " + std::string(r->script->name) + " is not preloaded"));
       continue;
     }
