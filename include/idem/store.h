@@ -31,6 +31,9 @@
 namespace idem {
 
 class ClaimStore;
+struct ClaimOutcome;
+struct ClaimRequest;
+struct ClaimToken;
 
 // A SQL parameter or column value.
 struct Blob {
@@ -157,6 +160,14 @@ class StoreTransaction : public Transaction {
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers);
   // Records a dead letter (upsert on (consumer, id)).
   virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
+
+  // Claims (idem/claims.h) inside this transaction: the record's change
+  // commits, or rolls back, with the transaction's other writes (used by
+  // idem::http's transactional routes). A concurrent claim of the same key
+  // waits for this transaction. Default: Code::kInternal (not supported).
+  virtual Result<ClaimOutcome> ClaimInTransaction(const ClaimRequest& request);
+  virtual Status CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
+                                       int64_t retention_ms);
 
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.

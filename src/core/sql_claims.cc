@@ -38,9 +38,15 @@ std::string Describe(const ClaimToken& t) {
 
 }  // namespace
 
-Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(const char* sql,
+Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connection* in_tx, const char* sql,
                                                                         std::span<const Value> params) {
   const ClaimsSql& q = *dialect_.claims;
+  if (in_tx != nullptr) {  // the caller's transaction: it commits
+    if (q.bump_fence != nullptr) IDEM_RETURN_IF_ERROR(in_tx->Exec(q.bump_fence, {}).status());
+    IDEM_ASSIGN_OR_RETURN(Rows rows, in_tx->Query(sql, params));
+    if (rows.rows.empty()) return std::optional<std::pair<int64_t, int64_t>>();
+    return std::optional<std::pair<int64_t, int64_t>>({rows.rows[0][0].AsInt(), rows.rows[0][1].AsInt()});
+  }
   IDEM_ASSIGN_OR_RETURN(Lease c, Take());
   auto rows_of = [&]() -> Result<Rows> {
     if (q.bump_fence == nullptr) return c->Query(sql, params);  // one statement, its own transaction
@@ -61,7 +67,9 @@ Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(const c
   return std::optional<std::pair<int64_t, int64_t>>({rows.rows[0][0].AsInt(), rows.rows[0][1].AsInt()});
 }
 
-Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) {
+Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) { return ClaimOn(nullptr, r); }
+
+Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
   auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) {
@@ -75,13 +83,17 @@ Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) {
     const Value now = ClaimNow();
     Rows rows;
     {
-      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
       Value p[] = {r.scope, IdBlob(r.key), now};
-      IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.select, p));
+      if (in_tx != nullptr) {
+        IDEM_ASSIGN_OR_RETURN(rows, in_tx->Query(q.select, p));
+      } else {
+        IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+        IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.select, p));
+      }
     }
     if (rows.rows.empty()) {
       Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
-      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(q.insert, p));
+      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, p));
       if (w.has_value()) return started(*w, false);
       continue;  // another claimer inserted it first: look again
     }
@@ -112,7 +124,7 @@ Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) {
     }
     // Free to take: the holder's lease ended, or the stored result expired.
     Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now, fence, state};
-    IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(q.take_over, p));
+    IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.take_over, p));
     if (w.has_value()) return started(*w, state == kInProgress);
   }
   return Status::Busy("claim of key '" + r.key + "' in scope '" + r.scope + "' lost " +
@@ -134,13 +146,22 @@ Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
 }
 
 Status SqlStore::Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) {
+  return CompleteOn(nullptr, t, result, is_error, retention_ms);
+}
+
+Status SqlStore::CompleteOn(Connection* in_tx, const ClaimToken& t, std::string_view result, bool is_error,
+                            int64_t retention_ms) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   Rows rows;
   {
-    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
     Value p[] = {t.scope, IdBlob(t.key), t.fence, Blob{std::string(result)}, is_error ? 1 : 0, retention_ms,
                  ClaimNow()};
-    IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->complete, p));
+    if (in_tx != nullptr) {
+      IDEM_ASSIGN_OR_RETURN(rows, in_tx->Query(dialect_.claims->complete, p));
+    } else {
+      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+      IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->complete, p));
+    }
   }
   if (rows.rows.empty()) return LeaseLost(t, /*completed_ok=*/true);
   NotifyChanged(t.scope, t.key);

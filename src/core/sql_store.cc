@@ -56,6 +56,17 @@ Status SqlTransaction::PutDeadLetter(const DeadLetter& d) {
   return conn_->Exec(kPutDeadLetter, p).status();
 }
 
+Result<ClaimOutcome> SqlTransaction::ClaimInTransaction(const ClaimRequest& request) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return store_.ClaimOn(&*conn_, request);
+}
+
+Status SqlTransaction::CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
+                                             int64_t retention_ms) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  return store_.CompleteOn(&*conn_, token, result, is_error, retention_ms);
+}
+
 Status SqlTransaction::Commit() {
   IDEM_RETURN_IF_ERROR(Usable());
   Status s = conn_->Commit();

@@ -141,6 +141,9 @@ class SqlTransaction : public StoreTransaction {
   Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
   Status PutDeadLetter(const DeadLetter& d) override;
+  Result<ClaimOutcome> ClaimInTransaction(const ClaimRequest& request) override;
+  Status CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
+                               int64_t retention_ms) override;
   Status Commit() override;
   void Rollback() noexcept override;
   bool Healthy() const override { return conn_->Healthy(); }
@@ -185,6 +188,11 @@ class SqlStore : public Store, public ClaimStore {
   Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override;
   Result<int64_t> CountClaims(std::string_view scope) override;
   Result<int64_t> NowMs() override;
+  // Claim and complete on `in_tx` (inside the caller's transaction, which
+  // commits them with its own writes), or on their own when null.
+  Result<ClaimOutcome> ClaimOn(Connection* in_tx, const ClaimRequest& request);
+  Status CompleteOn(Connection* in_tx, const ClaimToken& token, std::string_view result, bool is_error,
+                    int64_t retention_ms);
   // The `now` parameter of claim statements: the store's clock, or NULL
   // when the SQL reads the server's own. Default: the Env's.
   virtual Value ClaimNow() { return env_->NowMs(); }
@@ -216,7 +224,8 @@ class SqlStore : public Store, public ClaimStore {
  private:
   // A claim write (insert or take-over) that draws a fence, in the
   // transaction the dialect needs; answers the RETURNING row if it changed.
-  Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(const char* sql, std::span<const Value> params);
+  Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(Connection* in_tx, const char* sql,
+                                                                 std::span<const Value> params);
   // After a fenced write changed nothing: why the token is no longer good.
   Status LeaseLost(const ClaimToken& token, bool completed_ok);
 

@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/store.h"
 
+#include "idem/claims.h"
+
 #include <cstdlib>
 #include <string>
 
@@ -26,6 +28,14 @@ std::string Value::AsText() const {
   if (auto* s = std::get_if<std::string>(&v_)) return *s;
   if (auto* b = std::get_if<Blob>(&v_)) return b->bytes;
   return {};
+}
+
+Result<ClaimOutcome> StoreTransaction::ClaimInTransaction(const ClaimRequest&) {
+  return Status::Internal("this store cannot claim inside a transaction");
+}
+
+Status StoreTransaction::CompleteInTransaction(const ClaimToken&, std::string_view, bool, int64_t) {
+  return Status::Internal("this store cannot complete a claim inside a transaction");
 }
 
 Result<std::vector<std::optional<Fingerprint>>> StoreTransaction::InsertMarkers(std::span<const Marker> markers) {

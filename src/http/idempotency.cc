@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 namespace idem::http {
@@ -162,6 +164,16 @@ Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options opt
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
+httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
+                                                         TxHandler handler) {
+  if (store.claim_store() != &claims_.store())
+    throw std::invalid_argument("WrapInTransaction: the store must be the database the Claims keep their records in");
+  return [this, route = std::move(route), policy = std::move(policy), &store, handler = std::move(handler)](
+             const httplib::Request& req, httplib::Response& res) {
+    Handle(route, policy, nullptr, &store, &handler, req, res);
+  };
+}
+
 httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler) {
   return [this, route = std::move(route), policy = std::move(policy), handler = std::move(handler)](
              const httplib::Request& req, httplib::Response& res) { Handle(route, policy, handler, req, res); };
@@ -200,7 +212,25 @@ Result<bool> Idempotency::UnderLimit(const std::string& scope) {
 
 void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
                          const httplib::Request& req, httplib::Response& res) {
-  if (!policy.methods.count(req.method)) return handler(req, res);
+  Handle(route, policy, handler, nullptr, nullptr, req, res);
+}
+
+void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
+                         Store* store, const TxHandler* tx_handler, const httplib::Request& req,
+                         httplib::Response& res) {
+  // A transactional route runs its handler in `tx`, which also holds the
+  // key's record: claim, effect and stored response commit together.
+  std::unique_ptr<StoreTransaction> tx;
+  auto run_unguarded = [&] {
+    if (tx_handler == nullptr) return handler(req, res);
+    auto t = store->Begin();
+    if (!t.ok()) return Problem(res, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
+    (*tx_handler)(req, res, **t);
+    if (res.status < 400) {
+      if (Status c = (*t)->Commit(); !c.ok()) Problem(res, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
+    }
+  };
+  if (!policy.methods.count(req.method)) return run_unguarded();
   auto say = [&](std::string_view key, std::string_view outcome) {
     if (log) log(req.method + " " + req.path + " key=" + std::string(key) + " " + std::string(outcome) + " " +
                  std::to_string(res.status));
@@ -222,7 +252,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     return reject("-", "too-large");
   }
   if (!req.has_header("Idempotency-Key")) {
-    if (!policy.require_key) return handler(req, res);
+    if (!policy.require_key) return run_unguarded();
     Problem(res, 400, "idempotency-key-missing", "Idempotency-Key missing",
             "this endpoint requires an Idempotency-Key header (a quoted string, 1 to 255 characters)", "new-key");
     return reject("-", "missing-key");
@@ -255,9 +285,26 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     say(*key, "replayed");
   };
 
-  auto claim = claims_.Claim(ClaimRequest{
-      .scope = scope, .key = *key, .fingerprint = fp, .lease_ms = policy.lease_ms, .wait_ms = policy.wait_ms});
+  const ClaimRequest request{
+      .scope = scope, .key = *key, .fingerprint = fp, .lease_ms = policy.lease_ms, .wait_ms = policy.wait_ms};
+  Result<ClaimOutcome> claim = Status::Internal("not claimed");
+  if (tx_handler != nullptr) {
+    auto t = store->Begin();
+    if (!t.ok()) {
+      claim = t.status();
+    } else {
+      tx = std::move(*t);
+      claim = tx->ClaimInTransaction(request);
+      if (claim.ok() && claim->kind != ClaimOutcome::Kind::kStarted) tx.reset();  // rolls back
+      // Held by a two-phase holder elsewhere: wait for it the two-phase way.
+      if (claim.ok() && claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0)
+        claim = claims_.Claim(request);
+    }
+  } else {
+    claim = claims_.Claim(request);
+  }
   if (!claim.ok()) {
+    tx.reset();
     Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key");
     res.set_header("Retry-After", "1");
     return reject(*key, "store-error");
@@ -286,7 +333,11 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   }
   auto under = UnderLimit(scope);
   if (!under.ok() || !*under) {
-    (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
+    if (tx != nullptr) {
+      tx.reset();
+    } else {
+      (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
+    }
     if (!under.ok()) {
       Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key");
       res.set_header("Retry-After", "1");
@@ -307,7 +358,11 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   // Execute, once.
   g_current_claim = &claim->token;
   try {
-    handler(req, res);
+    if (tx_handler != nullptr) {
+      (*tx_handler)(req, res, *tx);
+    } else {
+      handler(req, res);
+    }
   } catch (const std::exception& e) {
     res = httplib::Response();
     Problem(res, 500, "handler-failed", "Internal error", std::string("the handler threw: ") + e.what(), "same-key");
@@ -319,15 +374,35 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   res.set_header("Idempotency-Key-Retention", Retention());
   executed_.fetch_add(1, std::memory_order_relaxed);
 
-  const bool store = (res.status < 400) || (res.status >= 500 && policy.store_5xx) ||
+  const bool keep = (res.status < 400) || (res.status >= 500 && policy.store_5xx) ||
                      (res.status >= 400 && res.status < 500 && policy.stored_4xx.count(res.status));
-  if (!store) {
-    (void)claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(res.status));
+  if (!keep) {
+    if (tx != nullptr) {
+      tx->Rollback();  // the effect goes with the key
+    } else {
+      (void)claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(res.status));
+    }
     return say(*key, "executed-not-stored");
   }
   StoredResponse stored{res.status, {}, res.body};
   for (const auto& [k, v] : res.headers)
     if (!HopByHop(k)) stored.headers.emplace_back(k, v);
+  if (tx != nullptr) {
+    Status done = tx->CompleteInTransaction(claim->token, Encode(stored), /*is_error=*/res.status >= 500,
+                                            claims_.options().retention_ms);
+    if (done.ok()) done = tx->Commit();
+    if (done.ok()) return say(*key, "executed");
+    // Nothing or everything committed (in doubt): a retry with the key gets
+    // either a fresh execution or the replay, never a second effect.
+    tx.reset();
+    res = httplib::Response();
+    Problem(res, 503, "commit-failed", "Commit failed",
+            "the request's effect and stored response could not be committed (" + done.ToString() +
+                "); retry with the same key",
+            "same-key");
+    res.set_header("Retry-After", "1");
+    return reject(*key, "commit-failed");
+  }
   Status done = claims_.Complete(claim->token, Encode(stored));
   if (done.ok()) return say(*key, "executed");
   // The lease ran out and a retry took the key over: its response is the one

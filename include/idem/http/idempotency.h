@@ -45,6 +45,7 @@
 #include "idem/claims.h"
 #include "idem/message.h"
 #include "idem/result.h"
+#include "idem/store.h"
 
 namespace idem::http {
 
@@ -120,6 +121,18 @@ class Idempotency {
 
   httplib::Server::Handler Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler);
 
+  // A transactional route: the handler writes through `tx`, the transaction
+  // that also holds the key's record, so the record, the effect and the
+  // stored response commit together -- one commit per request, as the Inbox
+  // does for messages. A concurrent request with the key waits for that
+  // commit (then replays) instead of getting 409. Only for handlers whose
+  // whole effect is in this database (no calls outside it). `store` must be
+  // the database the Claims keep their records in (std::invalid_argument
+  // otherwise) and must outlive the handler. A response that is not stored
+  // (a 4xx, or a 5xx without store_5xx) rolls the effect back too.
+  using TxHandler = std::function<void(const httplib::Request&, httplib::Response&, Transaction& tx)>;
+  httplib::Server::Handler WrapInTransaction(std::string route, RoutePolicy policy, Store& store, TxHandler handler);
+
   struct Counters {
     uint64_t executed = 0, replayed = 0, conflicts = 0, in_progress = 0, rejected = 0;
   };
@@ -131,6 +144,8 @@ class Idempotency {
  private:
   void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
               const httplib::Request& req, httplib::Response& res);
+  void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
+              Store* store, const TxHandler* tx_handler, const httplib::Request& req, httplib::Response& res);
   void Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
                std::string detail, std::string_view retry);
   // The Idempotency-Key-Retention header's value (seconds).
