@@ -431,13 +431,10 @@ TEST(RedisPipeline, ScriptFlushMidRunIsSurvivedByEveryCall) {
 // calls meanwhile (kUnavailable), and once the server accepts SCRIPT LOAD
 // again every call succeeds on every pipelined connection.
 //
-// DISABLED: reproduces an open bug in src/redis/client.cc. Conn::Eval clears
-// the connection's SHA before SCRIPT LOAD; when the load answers an error
-// reply the connection stays healthy with no SHA for the script, and
-// Pipeline::WriteBatch then answers every later call of that script on that
-// connection "internal: script try_claim is not preloaded" (it never loads a
-// missing script), until the connection happens to break. Enable with the
-// fix.
+// Regression: Conn::Eval clears the connection's SHA before SCRIPT LOAD; when
+// the load was refused, Pipeline::WriteBatch used to answer every later call
+// of that script on that connection "not preloaded" until the connection
+// broke. It now loads a missing script before writing the call.
 TEST(RedisPipeline, RefusedReloadAfterScriptFlushIsRetriedLater) {
   const std::string user = "idem-test-acl-" + std::to_string(::getpid());
   ASSERT_EQ(RedisRaw({"ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "&*", "+@all"}), "OK");

@@ -22,7 +22,7 @@ const Command& ProviderCommand() {
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
-      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--quiet]",
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
@@ -30,6 +30,8 @@ const Command& ProviderCommand() {
        {"retention", "DURATION", "24h", "how long a stored response is replayed"},
        {"lease", "DURATION", "30s", "how long a request may run before a retry may take its key over"},
        {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
+       {"one-transaction", "", "", "run POST /charges in one transaction with its idempotency record (one\n"
+                                   "          commit per request; a duplicate waits for the first instead of 409)"},
        {"quiet", "", "", "no per-request log lines"}}};
   return c;
 }
@@ -67,6 +69,7 @@ int RunProvider(const Args& args) {
   o.idempotency.retention_ms = *retention;
   o.lease_ms = *lease;
   o.wait_ms = *wait;
+  o.one_transaction = args.Bool("one-transaction");
   if (!args.Bool("quiet")) {
     auto mu = std::make_shared<std::mutex>();
     o.log = [mu](const std::string& line) {

@@ -52,7 +52,9 @@ struct ProviderServer::Impl {
   std::thread thread;
   int port = 0;
 
-  Status Charge(const httplib::Request& req, httplib::Response& res) {
+  // In its own transaction (two-phase routes) or in `outer`, the route's
+  // transaction that also holds the key's record.
+  Status Charge(const httplib::Request& req, httplib::Response& res, Transaction* outer) {
     const ClaimToken* claim = http::CurrentClaim();
     auto principal = authenticate(req);
     if (claim == nullptr || !principal) {
@@ -79,14 +81,18 @@ struct ProviderServer::Impl {
     if (options.before_charge) options.before_charge(claim->key);
     char id[24];
     std::snprintf(id, sizeof id, "ch_%016llx", static_cast<unsigned long long>(Env::Default()->Random()));
-    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+    std::unique_ptr<StoreTransaction> own;
+    if (outer == nullptr) {
+      IDEM_ASSIGN_OR_RETURN(own, store->Begin());
+    }
+    Transaction* tx = outer != nullptr ? outer : own.get();
     Value ins[] = {std::string(id), *principal, claim->key, amount->get<int64_t>(), currency->get<std::string>(),
                    customer, description, Env::Default()->NowMs()};
     IDEM_RETURN_IF_ERROR(tx->Exec(kInsertCharge, ins).status());
     Value key[] = {*principal, claim->key};
     IDEM_ASSIGN_OR_RETURN(
         Rows rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
-    IDEM_RETURN_IF_ERROR(tx->Commit());
+    if (own != nullptr) IDEM_RETURN_IF_ERROR(own->Commit());
     if (rows.rows.empty()) return Status::Internal("the charge just written is not there");
     res.status = 201;
     res.set_header("Location", "/charges/" + rows.rows[0][0].AsText());
@@ -150,15 +156,26 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // Without it a small response waits for the client's delayed ACK (~40 ms).
   p->server.set_tcp_nodelay(true);
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  p->server.Post("/charges", p->idempotency->Wrap("/charges", {.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms},
-                                                  [p](const httplib::Request& req, httplib::Response& res) {
-                                                    t_drop_response = false;
-                                                    Status s = p->Charge(req, res);
-                                                    if (!s.ok()) {  // 5xx: released, retried
-                                                      res = httplib::Response();
-                                                      Problem(res, 503, "store-unavailable", s.ToString());
-                                                    }
-                                                  }));
+  const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
+  auto charge = [p](const httplib::Request& req, httplib::Response& res, Transaction* tx) {
+    t_drop_response = false;
+    if (Status s = p->Charge(req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
+      res = httplib::Response();
+      Problem(res, 503, "store-unavailable", s.ToString());
+    }
+  };
+  if (p->options.one_transaction) {
+    p->server.Post("/charges", p->idempotency->WrapInTransaction(
+                                   "/charges", policy, *p->store,
+                                   [charge](const httplib::Request& req, httplib::Response& res, Transaction& tx) {
+                                     charge(req, res, &tx);
+                                   }));
+  } else {
+    p->server.Post("/charges", p->idempotency->Wrap("/charges", policy,
+                                                    [charge](const httplib::Request& req, httplib::Response& res) {
+                                                      charge(req, res, nullptr);
+                                                    }));
+  }
   p->server.Get(R"(/charges/([A-Za-z0-9_]+))",
                 [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, true); });
   p->server.Get("/charges", [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, false); });

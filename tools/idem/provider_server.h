@@ -34,6 +34,11 @@ struct ProviderServerOptions {
   int64_t lease_ms = 30'000;
   int64_t wait_ms = 0;
   int threads = 32;
+  // POST /charges in one transaction with its idempotency record
+  // (Idempotency::WrapInTransaction: one commit per request; a duplicate
+  // waits for the first instead of 409) instead of two-phase (claim
+  // committed first, 409 while it runs, leases and takeover). Default: false.
+  bool one_transaction = false;
   // One line per request (key, outcome) to this sink; none when empty.
   std::function<void(const std::string&)> log;
   // Fault injection (the demo): called after a charge is created; when it
