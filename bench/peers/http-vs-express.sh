@@ -65,15 +65,21 @@ for i in $(seq "${RUNS:-3}"); do
   echo "info: express stats $(curl -sf http://127.0.0.1:58080/stats)"
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 
-  # idem provider (claims, responses and charges in PostgreSQL), a fresh database
-  db=idem_http_$i
-  "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
-  "$IDEM" provider --listen 127.0.0.1:58081 --store "postgres://$PGUSER@$PGHOST:$PGPORT/$db" \
-    --api-key sk_bench:acct_bench --quiet &
-  server_pid=$!
-  wait_up http://127.0.0.1:58081
-  phase idem-provider first http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
-  phase idem-provider replay http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
-  echo "info: idem charges=$("${PSQL[@]}" -d "$db" -c 'SELECT count(*) FROM provider_charges') distinct_keys=$("${PSQL[@]}" -d "$db" -c 'SELECT count(DISTINCT idem_key) FROM provider_charges')"
-  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
+  # idem provider (claims, responses and charges in PostgreSQL), a fresh
+  # database each: two-phase (the default: claim committed, charge, response
+  # committed) and --one-transaction (claim, charge and response in one commit).
+  for mode in two-phase one-transaction; do
+    db=idem_http_${i}_${mode//-/_}
+    "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+    flags=(--quiet)
+    [ "$mode" = one-transaction ] && flags+=(--one-transaction)
+    "$IDEM" provider --listen 127.0.0.1:58081 --store "postgres://$PGUSER@$PGHOST:$PGPORT/$db" \
+      --api-key sk_bench:acct_bench "${flags[@]}" &
+    server_pid=$!
+    wait_up http://127.0.0.1:58081
+    phase "idem-provider-$mode" first http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
+    phase "idem-provider-$mode" replay http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
+    echo "info: idem $mode charges=$("${PSQL[@]}" -d "$db" -c 'SELECT count(*) FROM provider_charges') distinct_keys=$("${PSQL[@]}" -d "$db" -c 'SELECT count(DISTINCT idem_key) FROM provider_charges')"
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
+  done
 done

@@ -70,7 +70,16 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " updated_at_ms bigint NOT NULL,"
      " PRIMARY KEY (scope, key));"
      "CREATE SEQUENCE idem_claim_fence"},
+    {4, "claims: count of waiters, so that only a record someone waits for NOTIFYs",
+     // A transaction that NOTIFYs takes a database-wide lock for its commit,
+     // which serialised every completion's WAL flush (no group commit).
+     "ALTER TABLE idem_claims ADD COLUMN waiters integer NOT NULL DEFAULT 0"},
 };
+
+// A bounded wait's watch registers itself on the record (after LISTEN,
+// before it reads the key), so the completion that follows sees it.
+inline constexpr const char* kAddWaiter =
+    "UPDATE idem_claims SET waiters = waiters + 1 WHERE scope = $1 AND key = $2";
 
 // ---- claims. Judged by the server's clock: `now` is a parameter that is
 // NULL unless the store was given a clock (tests), so every statement reads
@@ -78,7 +87,7 @@ inline constexpr sql_internal::Migration kMigrations[] = {
 // own transaction: the fence comes from the sequence inside it, and a
 // completion or release wakes waiters (LISTEN idem_claims) in the same step.
 #define IDEM_PG_NOW(n) "COALESCE($" #n "::bigint, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
-#define IDEM_PG_NOTIFY "pg_notify('idem_claims', $1 || ':' || encode($2, 'hex'))"
+#define IDEM_PG_NOTIFY "CASE WHEN waiters > 0 THEN pg_notify('idem_claims', $1 || ':' || encode($2, 'hex')) END"
 inline constexpr const char* kClaimsChannel = "idem_claims";
 inline constexpr sql_internal::ClaimsSql kClaims{
     .select = "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
@@ -93,10 +102,10 @@ inline constexpr sql_internal::ClaimsSql kClaims{
     .bump_fence = nullptr,
     .complete = "WITH u AS (UPDATE idem_claims SET state = 1, result = $4, result_is_error = $5,"
                 " expires_at_ms = " IDEM_PG_NOW(7) " + $6, updated_at_ms = " IDEM_PG_NOW(7)
-                " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING 1)"
+                " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING waiters)"
                 " SELECT " IDEM_PG_NOTIFY " FROM u",
     .release = "WITH d AS (DELETE FROM idem_claims WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0"
-               " RETURNING 1) SELECT " IDEM_PG_NOTIFY " FROM d",
+               " RETURNING waiters) SELECT " IDEM_PG_NOTIFY " FROM d",
     .extend = "UPDATE idem_claims SET lease_until_ms = " IDEM_PG_NOW(5) " + $4, updated_at_ms = " IDEM_PG_NOW(5)
               " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING lease_until_ms",
     .find = sql_internal::kFindClaim,

@@ -151,8 +151,14 @@ class PgStore final : public sql_internal::SqlStore {
 
   std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
     auto conn = Take();
-    if (conn.ok() && (*conn)->Script(std::string("LISTEN ") + pg_internal::kClaimsChannel).ok())
-      return std::make_unique<PgWatch>(std::move(*conn), std::string(scope) + ":" + HexOf(key));
+    if (conn.ok() && (*conn)->Script(std::string("LISTEN ") + pg_internal::kClaimsChannel).ok()) {
+      Value p[] = {std::string(scope), sql_internal::IdBlob(key)};
+      // Registered before the caller reads the key: a completion after that
+      // read sees the waiter and notifies (if the record is not there yet, the
+      // poll covers it).
+      if ((*conn)->Exec(pg_internal::kAddWaiter, p).ok())
+        return std::make_unique<PgWatch>(std::move(*conn), std::string(scope) + ":" + HexOf(key));
+    }
     return ClaimStore::WatchKey(scope, key);  // polling still finds the result
   }
 
