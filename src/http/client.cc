@@ -90,8 +90,8 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (auto colon = url.rfind(':'); colon != std::string_view::npos) {
     host = std::string(url.substr(0, colon));
     std::string_view p = url.substr(colon + 1);
-    if (p.empty() || std::from_chars(p.data(), p.data() + p.size(), port).ec != std::errc() || port < 1 ||
-        port > 65535)
+    const auto parsed = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (p.empty() || parsed.ec != std::errc() || parsed.ptr != p.data() + p.size() || port < 1 || port > 65535)
       return Status::InvalidArgument("bad port in base URL '" + options.base_url + "'");
   }
   if (host.empty()) return Status::InvalidArgument("no host in base URL '" + options.base_url + "'");

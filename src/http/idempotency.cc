@@ -205,9 +205,12 @@ Result<bool> Idempotency::UnderLimit(const std::string& scope) {
     if (c.counted_at_ms >= 0 && now - c.counted_at_ms < 1000) return c.count < options_.max_keys_per_principal;
   }
   IDEM_ASSIGN_OR_RETURN(int64_t n, claims_.store().CountClaims(scope));
+  // The count includes this request's own claim (taken before the check,
+  // added by the caller once allowed): the others are n - 1.
+  const int64_t others = std::max<int64_t>(0, n - 1);
   std::lock_guard lock(counts_mu_);
-  counts_[scope] = KeyCount{now, n};
-  return n < options_.max_keys_per_principal;
+  counts_[scope] = KeyCount{now, others};
+  return others < options_.max_keys_per_principal;
 }
 
 void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,

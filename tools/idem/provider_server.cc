@@ -51,6 +51,7 @@ struct ProviderServer::Impl {
   httplib::Server server;
   std::thread thread;
   int port = 0;
+  socket_t listen_fd = INVALID_SOCKET;
 
   // In its own transaction (two-phase routes) or in `outer`, the route's
   // transaction that also holds the key's record.
@@ -186,8 +187,19 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     if (!t_drop_response) return;
     t_drop_response = false;
     const size_t length = res.body.size() + 1;
+    // cpp-httplib writes a non-empty body and ignores the content provider:
+    // without this the "lost" response would arrive complete.
+    res.body.clear();
     res.set_content_provider(length, "application/json",
                              [](size_t, size_t, httplib::DataSink&) { return false; });
+  });
+  // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
+  // use would share it (and its requests) instead of failing. SO_REUSEADDR
+  // only (a restart may still bind over TIME_WAIT).
+  p->server.set_socket_options([p](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    p->listen_fd = sock;
   });
   if (p->options.port == 0) {
     p->port = p->server.bind_to_any_port(p->options.host);
@@ -198,6 +210,10 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
                                  " (in use, or not an address of this machine)");
     p->port = p->options.port;
   }
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients (more
+  // than 5 connecting at once) gets connections reset. Listening again on the
+  // bound socket raises it.
+  if (p->listen_fd != INVALID_SOCKET) ::listen(p->listen_fd, SOMAXCONN);
   auto ended = std::make_shared<std::atomic<bool>>(false);
   p->thread = std::thread([p, ended] {
     p->server.listen_after_bind();

@@ -1,0 +1,283 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Helpers for the HTTP tests: a real httplib::Server on 127.0.0.1 (any free
+// port) on a thread of its own, a gate a handler blocks on until the test
+// opens it, a plain request helper (one fresh httplib::Client per request),
+// a ClaimStore that forwards to another and reports what TryClaim answered,
+// and an Env whose sleeps run a hook (so a retrying client's backoff never
+// really sleeps and the test decides what happens between two attempts).
+#ifndef IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
+#define IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/claims.h"
+#include "idem/env.h"
+
+namespace idem::testing {
+
+// An httplib::Server listening on 127.0.0.1:<any free port>, served on its
+// own thread; stopped (and joined) by the destructor.
+class LoopbackServer {
+ public:
+  explicit LoopbackServer(size_t threads = 64) {
+    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    // Not cpp-httplib's default (SO_REUSEPORT: a busy port would be shared);
+    // and note the socket, to listen on it with a longer backlog below.
+    server_.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listen_fd_ = sock;
+    });
+  }
+  ~LoopbackServer() { Stop(); }
+  httplib::Server& server() { return server_; }
+
+  // Binds and starts serving. Connections are queued from the bind on; this
+  // returns once the accept loop runs.
+  void Start() {
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(port_, 0) << "cannot bind 127.0.0.1";
+    StartBound();
+  }
+  // Binds a given port (which must be free) and starts serving.
+  void StartOn(int port) {
+    ASSERT_TRUE(server_.bind_to_port("127.0.0.1", port)) << "cannot bind 127.0.0.1:" << port;
+    port_ = port;
+    StartBound();
+  }
+  void Stop() {
+    if (thread_.joinable()) {
+      server_.stop();
+      thread_.join();
+    }
+  }
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void StartBound() {
+    // cpp-httplib 0.11 listens with a backlog of 5: a burst of connections
+    // overflows it and the kernel resets some. Listening again only raises it.
+    ASSERT_NE(listen_fd_, INVALID_SOCKET);
+    ASSERT_EQ(::listen(listen_fd_, SOMAXCONN), 0);
+    ended_ = std::make_shared<std::atomic<bool>>(false);
+    thread_ = std::thread([this, ended = ended_] {
+      server_.listen_after_bind();
+      ended->store(true);
+    });
+    while (!server_.is_running() && !ended_->load()) std::this_thread::yield();
+    ASSERT_FALSE(ended_->load()) << "the server stopped at once";
+  }
+
+  httplib::Server server_;
+  std::thread thread_;
+  std::shared_ptr<std::atomic<bool>> ended_;
+  socket_t listen_fd_ = INVALID_SOCKET;
+  int port_ = 0;
+};
+
+// A gate handlers block on until the test opens it; the test can wait until
+// `n` handlers have arrived at it.
+class Gate {
+ public:
+  // Called by the blocked side: counts the arrival, waits for Open().
+  void Arrive() {
+    std::unique_lock lock(mu_);
+    ++arrived_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void WaitArrived(int n = 1) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return arrived_ >= n; });
+  }
+  bool is_open() {
+    std::lock_guard lock(mu_);
+    return open_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  bool open_ = false;
+};
+
+// A one-shot countdown: Wait() returns once CountDown() was called `n` times.
+class Latch {
+ public:
+  explicit Latch(int n) : left_(n) {}
+  void CountDown() {
+    std::lock_guard lock(mu_);
+    if (--left_ <= 0) cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return left_ <= 0; });
+  }
+  void ArriveAndWait() {
+    std::unique_lock lock(mu_);
+    if (--left_ <= 0) cv_.notify_all();
+    cv_.wait(lock, [&] { return left_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int left_;
+};
+
+// One HTTP exchange's outcome.
+struct Reply {
+  bool ok = false;  // a response arrived (false: connection error)
+  std::string error;
+  int status = 0;
+  httplib::Headers headers;
+  std::string body;
+
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+  bool has(const std::string& name) const { return headers.count(name) > 0; }
+  bool replayed() const { return header("Idempotent-Replayed") == "true"; }
+  nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false); }
+};
+
+inline Reply ToReply(const httplib::Result& r) {
+  Reply out;
+  if (!r) {
+    out.error = httplib::to_string(r.error());
+    return out;
+  }
+  out.ok = true;
+  out.status = r->status;
+  out.headers = r->headers;
+  out.body = r->body;
+  return out;
+}
+
+// Sends one request on a fresh connection. `headers` go as given (a
+// multimap: two entries of one name are sent as two header lines).
+inline Reply Send(int port, const std::string& method, const std::string& path, const httplib::Headers& headers,
+                  const std::string& body = "", const std::string& content_type = "application/json") {
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(std::chrono::seconds(30));
+  c.set_read_timeout(std::chrono::seconds(120));
+  if (method == "POST") return ToReply(c.Post(path.c_str(), headers, body, content_type.c_str()));
+  if (method == "PUT") return ToReply(c.Put(path.c_str(), headers, body, content_type.c_str()));
+  if (method == "PATCH") return ToReply(c.Patch(path.c_str(), headers, body, content_type.c_str()));
+  if (method == "DELETE") return ToReply(c.Delete(path.c_str(), headers, body, content_type.c_str()));
+  return ToReply(c.Get(path.c_str(), headers));
+}
+
+// Authorization + a quoted Idempotency-Key (raw: the header value as given).
+inline httplib::Headers Headers(const std::string& bearer, std::optional<std::string> raw_key) {
+  httplib::Headers h;
+  if (!bearer.empty()) h.emplace("Authorization", "Bearer " + bearer);
+  if (raw_key) h.emplace("Idempotency-Key", *raw_key);
+  return h;
+}
+inline std::string Quoted(const std::string& key) { return "\"" + key + "\""; }
+
+// Whether two replies are the same response as far as a client can tell:
+// status, body bytes, and the headers that carry meaning.
+inline void ExpectSameResponse(const Reply& first, const Reply& again) {
+  EXPECT_EQ(again.status, first.status);
+  EXPECT_EQ(again.body, first.body);
+  for (const char* h : {"Location", "Content-Type"}) EXPECT_EQ(again.header(h), first.header(h)) << h;
+}
+
+// Forwards every call to `inner`; calls `on_try` with each TryClaim outcome.
+class ObservedClaimStore final : public ClaimStore {
+ public:
+  explicit ObservedClaimStore(ClaimStore& inner) : inner_(inner) {}
+
+  std::function<void(const ClaimRequest&, const Result<ClaimOutcome>&)> on_try;
+
+  Result<ClaimOutcome> TryClaim(const ClaimRequest& request) override {
+    Result<ClaimOutcome> r = inner_.TryClaim(request);
+    if (on_try) on_try(request, r);
+    return r;
+  }
+  Status Complete(const ClaimToken& token, std::string_view result, bool is_error, int64_t retention_ms) override {
+    return inner_.Complete(token, result, is_error, retention_ms);
+  }
+  Status Release(const ClaimToken& token) override { return inner_.Release(token); }
+  Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) override { return inner_.Extend(token, lease_ms); }
+  Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override {
+    return inner_.FindClaim(scope, key);
+  }
+  Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override {
+    return inner_.ListClaims(scope, limit);
+  }
+  Result<int64_t> CountClaims(std::string_view scope) override { return inner_.CountClaims(scope); }
+  Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override {
+    return inner_.PurgeClaims(scope, abandoned_after_ms, batch_size);
+  }
+  Result<int64_t> NowMs() override { return inner_.NowMs(); }
+  std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
+    return inner_.WatchKey(scope, key);
+  }
+
+ private:
+  ClaimStore& inner_;
+};
+
+// A fake clock whose SleepMs records the requested time and runs a hook
+// (instead of blocking), so a retrying client runs without real sleeps.
+class HookedEnv final : public Env {
+ public:
+  int64_t NowMs() override { return clock_.NowMs(); }
+  uint64_t Random() override { return clock_.Random(); }
+  void SleepMs(int64_t ms) override {
+    std::function<void(int n)> hook;
+    int n = 0;
+    {
+      std::lock_guard lock(mu_);
+      sleeps_.push_back(ms);
+      n = static_cast<int>(sleeps_.size());
+      hook = on_sleep_;
+    }
+    clock_.Advance(ms);
+    if (hook) hook(n);
+  }
+  // Runs at the n-th sleep (1-based), between attempt n and n + 1.
+  void OnSleep(std::function<void(int n)> hook) {
+    std::lock_guard lock(mu_);
+    on_sleep_ = std::move(hook);
+  }
+  std::vector<int64_t> sleeps() {
+    std::lock_guard lock(mu_);
+    return sleeps_;
+  }
+
+ private:
+  FakeEnv clock_;
+  std::mutex mu_;
+  std::vector<int64_t> sleeps_;
+  std::function<void(int)> on_sleep_;
+};
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_

@@ -1,0 +1,268 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The provider's cases, for every store it runs on (see provider_cases.h).
+#include "http/provider_cases.h"
+
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/http/client.h"
+
+namespace idem::testing {
+namespace {
+
+constexpr char kBody[] = R"({"amount":4000,"currency":"usd","customer":"cus_1","description":"order 42"})";
+
+TEST_P(ProviderTest, ChargesOnceAndReplays) {
+  Start();
+  Reply first = Charge("order-42", kBody);
+  ASSERT_TRUE(first.ok) << first.error;
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_FALSE(first.has("Idempotent-Replayed"));
+  auto charge = first.json();
+  ASSERT_TRUE(charge.is_object()) << first.body;
+  const std::string id = charge.value("id", "");
+  EXPECT_EQ(id.rfind("ch_", 0), 0u) << id;
+  EXPECT_EQ(charge.value("amount", 0), 4000);
+  EXPECT_EQ(charge.value("currency", ""), "usd");
+  EXPECT_EQ(charge.value("idempotency_key", ""), "order-42");
+  EXPECT_EQ(first.header("Location"), "/charges/" + id);
+  EXPECT_EQ(first.header("Content-Type"), "application/json");
+  for (int i = 0; i < 2; ++i) {
+    Reply again = Charge("order-42", kBody);
+    EXPECT_TRUE(again.replayed());
+    ExpectSameResponse(first, again);
+  }
+  Reply read = Get("/charges/" + id);
+  EXPECT_EQ(read.status, 200);
+  EXPECT_EQ(read.json(), charge);
+  EXPECT_EQ(Charges().size(), 1u);
+  EXPECT_EQ(Get("/health").body, "healthy");
+  auto c = provider_->counters();
+  EXPECT_EQ(c.executed, 1u);
+  EXPECT_EQ(c.replayed, 2u);
+}
+
+TEST_P(ProviderTest, ReplaysAfterARestart) {
+  Start();
+  Reply first = Charge("restart-1", kBody);
+  ASSERT_EQ(first.status, 201) << first.body;
+  provider_->Stop();
+  provider_.reset();
+  Start();  // the same store, a new process-lifetime of the server
+  for (int i = 0; i < 2; ++i) {
+    Reply again = Charge("restart-1", kBody);
+    ASSERT_TRUE(again.ok) << again.error;
+    EXPECT_TRUE(again.replayed());
+    ExpectSameResponse(first, again);
+    EXPECT_EQ(again.json().value("id", "?"), first.json().value("id", "!"));
+  }
+  EXPECT_EQ(Get(first.header("Location")).json().value("id", ""), first.json().value("id", "?"));
+  EXPECT_EQ(Charges().size(), 1u);
+  EXPECT_EQ(provider_->counters().executed, 0u);
+}
+
+TEST_P(ProviderTest, AnotherPrincipalSendingTheSameKeyGetsItsOwnCharge) {
+  Start();
+  Reply a = Charge("shared-key", kBody, "sk_a");
+  ASSERT_EQ(a.status, 201) << a.body;
+  for (int i = 0; i < 2; ++i) {
+    Reply b = Charge("shared-key", kBody, "sk_b");
+    ASSERT_EQ(b.status, 201) << b.body;
+    EXPECT_EQ(b.replayed(), i == 1);
+    EXPECT_NE(b.body, a.body);
+    EXPECT_NE(b.json().value("id", ""), a.json().value("id", ""));
+    EXPECT_NE(b.header("Location"), a.header("Location"));
+    // B never reads A's charge.
+    EXPECT_EQ(Get(a.header("Location"), "sk_b").status, 404);
+    Reply a_again = Charge("shared-key", kBody, "sk_a");
+    EXPECT_TRUE(a_again.replayed());
+    ExpectSameResponse(a, a_again);
+  }
+  // B may even use the key for another body: it is B's key, not A's.
+  EXPECT_EQ(Charge("a-only", kBody, "sk_a").status, 201);
+  EXPECT_TRUE(Charge("a-only", kBody, "sk_a").replayed());
+  Reply other = Charge("a-only", R"({"amount":1,"currency":"eur"})", "sk_b");
+  EXPECT_EQ(other.status, 201) << other.body;
+  EXPECT_TRUE(Charge("a-only", R"({"amount":1,"currency":"eur"})", "sk_b").replayed());
+  EXPECT_EQ(Charges("sk_a").size(), 2u);
+  EXPECT_EQ(Charges("sk_b").size(), 2u);
+}
+
+TEST_P(ProviderTest, AReorderedJsonBodyReplaysAndAChangedAmountIs422) {
+  Start();
+  Reply first = Charge("json-1", kBody);
+  ASSERT_EQ(first.status, 201) << first.body;
+  const std::string reordered =
+      "{\n  \"description\" : \"order 42\",\n  \"customer\": \"cus_1\",\t\"currency\":\"usd\",  \"amount\" :4000\n}\n";
+  for (int i = 0; i < 2; ++i) {
+    Reply again = Charge("json-1", reordered);
+    EXPECT_TRUE(again.replayed()) << again.status << " " << again.body;
+    ExpectSameResponse(first, again);
+  }
+  for (int i = 0; i < 2; ++i) {
+    Reply changed = Charge("json-1", R"({"amount":5000,"currency":"usd","customer":"cus_1","description":"order 42"})");
+    EXPECT_EQ(changed.status, 422) << changed.body;
+    EXPECT_EQ(changed.header("Content-Type"), "application/problem+json");
+    EXPECT_EQ(changed.json().value("type", ""), "https://idem.dev/problems/idempotency-key-reused");
+    EXPECT_EQ(changed.json().value("retry", ""), "new-key");
+  }
+  auto all = Charges();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].value("amount", 0), 4000);
+}
+
+TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
+  Start();
+  for (const char* bad : {R"({"amount":-5,"currency":"usd"})", R"({"amount":4000,"currency":"dollars"})", "not json"}) {
+    for (int i = 0; i < 2; ++i) {
+      Reply r = Charge("fix-me", bad);
+      EXPECT_EQ(r.status, 400) << bad;
+      EXPECT_FALSE(r.replayed());
+      EXPECT_EQ(r.header("Content-Type"), "application/problem+json");
+    }
+  }
+  EXPECT_EQ(Charges().size(), 0u);
+  // The key was released each time: the corrected request runs with it.
+  Reply ok = Charge("fix-me", kBody);
+  EXPECT_EQ(ok.status, 201);
+  EXPECT_FALSE(ok.replayed());
+  EXPECT_TRUE(Charge("fix-me", kBody).replayed());
+  EXPECT_EQ(Charges().size(), 1u);
+}
+
+TEST_P(ProviderTest, RequiresABearerAndAKey) {
+  Start();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Charge("auth-1", kBody, "sk_nobody").status, 401);
+    EXPECT_EQ(Send(provider_->port(), "POST", "/charges", Headers("sk_a", std::nullopt), kBody).status, 400);
+    EXPECT_EQ(Send(provider_->port(), "POST", "/charges", Headers("sk_a", "auth-1"), kBody).status, 400);
+    EXPECT_EQ(Get("/charges", "sk_nobody").status, 401);
+  }
+  EXPECT_EQ(Charges().size(), 0u);
+  EXPECT_EQ(provider_->counters().executed, 0u);
+}
+
+TEST_P(ProviderTest, AHundredConcurrentRequestsWithOneKeyMakeOneCharge) {
+  Start();
+  constexpr int kThreads = 100;
+  std::vector<Reply> replies(kThreads);
+  Latch start(kThreads);
+  std::vector<std::thread> threads;
+  const int port = provider_->port();
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", port);  // its own client
+      c.set_connection_timeout(std::chrono::seconds(30));
+      c.set_read_timeout(std::chrono::seconds(120));
+      start.ArriveAndWait();
+      replies[i] = ToReply(c.Post("/charges", Headers("sk_a", "\"burst-1\""), kBody, "application/json"));
+    });
+  }
+  for (auto& t : threads) t.join();
+  const Reply* first = nullptr;
+  int executed = 0, replayed = 0, busy = 0;
+  for (const Reply& r : replies) {
+    ASSERT_TRUE(r.ok) << r.error;
+    if (r.status == 201 && !r.replayed()) {
+      ++executed;
+      first = &r;
+    }
+  }
+  ASSERT_EQ(executed, 1);
+  for (const Reply& r : replies) {
+    if (&r == first) continue;
+    if (r.status == 409) {
+      ++busy;
+      EXPECT_FALSE(r.header("Retry-After").empty());
+      continue;
+    }
+    ++replayed;
+    EXPECT_TRUE(r.replayed()) << r.status << " " << r.body;
+    ExpectSameResponse(*first, r);
+  }
+  EXPECT_EQ(executed + replayed + busy, kThreads);
+  Reply after = Charge("burst-1", kBody);
+  EXPECT_TRUE(after.replayed());
+  ExpectSameResponse(*first, after);
+  auto all = Charges();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].value("id", ""), first->json().value("id", "?"));
+  EXPECT_EQ(provider_->counters().executed, 1u);
+}
+
+TEST_P(ProviderTest, ALostResponseIsRetriedByTheClientAndReplayed) {
+  std::atomic<int> lost{0};
+  auto o = Options();
+  o.lose_response = [&](const std::string& key) { return key == "lost-1" && lost++ == 0; };
+  Start(std::move(o));
+  HookedEnv env;
+  auto client = http::Client::Create({.base_url = provider_->url(), .bearer = "sk_a", .env = &env});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto r = (*client)->Post("/charges", kBody, "lost-1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_EQ(r->status, 201);
+  EXPECT_TRUE(r->replayed);
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_EQ(env.sleeps().size(), 1u);
+  auto all = Charges();
+  ASSERT_EQ(all.size(), 1u);
+  auto body = nlohmann::json::parse(r->body, nullptr, false);
+  EXPECT_EQ(body.value("id", ""), all[0].value("id", "?"));
+  EXPECT_EQ(r->header("Location"), "/charges/" + all[0].value("id", "?"));
+  // The caller retries the whole thing later: still the one charge.
+  auto again = (*client)->Post("/charges", kBody, "lost-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->replayed);
+  EXPECT_EQ(again->body, r->body);
+  EXPECT_EQ(Charges().size(), 1u);
+  auto c = provider_->counters();
+  EXPECT_EQ(c.executed, 1u);
+  EXPECT_EQ(c.replayed, 2u);
+}
+
+TEST_P(ProviderTest, ATakeoverAfterAnExpiredLeaseMakesOneCharge) {
+  Gate gate;
+  std::atomic<int> calls{0};
+  auto o = Options();
+  o.lease_ms = 1;  // runs out while the first request is held below
+  o.before_charge = [&](const std::string&) {
+    if (calls++ == 0) gate.Arrive();
+  };
+  Start(std::move(o));
+  Reply first;
+  std::thread t([&] { first = Charge("lease-1", kBody); });
+  gate.WaitArrived();
+  // The first request holds the key until its 1 ms lease is over (on the
+  // store's clock); from then on a retry takes the key over.
+  Reply second;
+  for (int tries = 0; tries < 1'000'000; ++tries) {
+    second = Charge("lease-1", kBody);
+    if (second.status != 409) break;
+  }
+  ASSERT_EQ(second.status, 201) << second.body;
+  EXPECT_FALSE(second.replayed());
+  EXPECT_EQ(calls.load(), 2);
+  gate.Open();
+  t.join();
+  // The first request's completion is fenced off: it answers with the
+  // response the takeover stored, and the charge is the takeover's.
+  ASSERT_TRUE(first.ok) << first.error;
+  EXPECT_EQ(first.status, 201);
+  EXPECT_TRUE(first.replayed());
+  ExpectSameResponse(second, first);
+  Reply third = Charge("lease-1", kBody);
+  EXPECT_TRUE(third.replayed());
+  ExpectSameResponse(second, third);
+  auto all = Charges();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].value("id", ""), second.json().value("id", "?"));
+  EXPECT_EQ(provider_->counters().executed, 2u);
+}
+
+}  // namespace
+}  // namespace idem::testing
