@@ -139,6 +139,10 @@ class ClaimStore {
   virtual Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) = 0;
   // Newest first; an empty scope means every scope.
   virtual Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) = 0;
+  // What TryClaim would answer without writing anything: a replay, a
+  // conflict or in progress; std::nullopt when it would start or take over
+  // (one read; the default always says std::nullopt).
+  virtual Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& request);
   // How many records `scope` holds (in progress or completed, expired or
   // not). The default lists them; the SQL stores count.
   virtual Result<int64_t> CountClaims(std::string_view scope);

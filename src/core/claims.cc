@@ -90,6 +90,8 @@ std::unique_ptr<ClaimStore::Watch> ClaimStore::WatchKey(std::string_view scope, 
   return std::make_unique<BoardWatch>(ChangeBoard::Bucket(scope, key));
 }
 
+Result<std::optional<ClaimOutcome>> ClaimStore::Peek(const ClaimRequest&) { return std::optional<ClaimOutcome>(); }
+
 Result<int64_t> ClaimStore::CountClaims(std::string_view scope) {
   IDEM_ASSIGN_OR_RETURN(auto all, ListClaims(scope, std::numeric_limits<int>::max()));
   return static_cast<int64_t>(all.size());

@@ -69,6 +69,42 @@ Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connect
 
 Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) { return ClaimOn(nullptr, r); }
 
+// What the record in `row` (the select's columns) answers without a write, or
+// std::nullopt when the key may be taken (lease ended, result expired).
+static std::optional<ClaimOutcome> Decide(const std::vector<Value>& row, const ClaimRequest& r) {
+  const int state = static_cast<int>(row[0].AsInt());
+  const Fingerprint stored = ToFingerprint(row[1]);
+  const int64_t lease_until = row[3].AsInt(), expires_at = row[4].AsInt(), store_now = row[8].AsInt();
+  if (state == kCompleted && expires_at <= store_now) return std::nullopt;
+  ClaimOutcome out;
+  if (stored != r.fingerprint) {
+    out.kind = ClaimOutcome::Kind::kConflict;
+    out.stored_fingerprint = stored;
+    return out;
+  }
+  if (state == kCompleted) {
+    out.kind = ClaimOutcome::Kind::kCompleted;
+    out.result = row[5].AsText();
+    out.result_is_error = row[6].AsInt() != 0;
+    return out;
+  }
+  if (lease_until > store_now) {
+    out.kind = ClaimOutcome::Kind::kInProgress;
+    out.retry_at_ms = lease_until;
+    return out;
+  }
+  return std::nullopt;
+}
+
+Result<std::optional<ClaimOutcome>> SqlStore::Peek(const ClaimRequest& r) {
+  if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  Value p[] = {r.scope, IdBlob(r.key), ClaimNow()};
+  IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(dialect_.claims->select, p));
+  if (rows.rows.empty()) return std::optional<ClaimOutcome>();
+  return Decide(rows.rows[0], r);
+}
+
 Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
@@ -81,6 +117,14 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r)
   };
   for (int round = 0; round < kMaxRounds; ++round) {
     const Value now = ClaimNow();
+    if (in_tx != nullptr && round == 0) {
+      // Inside a transaction the caller has usually just seen the key absent
+      // (Peek): insert first; a row already there answers nothing, and the
+      // read below decides.
+      Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
+      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, p));
+      if (w.has_value()) return started(*w, false);
+    }
     Rows rows;
     {
       Value p[] = {r.scope, IdBlob(r.key), now};
@@ -98,30 +142,9 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r)
       continue;  // another claimer inserted it first: look again
     }
     const auto& row = rows.rows[0];
+    if (auto answered = Decide(row, r)) return std::move(*answered);
     const int state = static_cast<int>(row[0].AsInt());
-    const Fingerprint stored = ToFingerprint(row[1]);
-    const int64_t fence = row[2].AsInt(), lease_until = row[3].AsInt(), expires_at = row[4].AsInt();
-    const int64_t store_now = row[8].AsInt();
-    const bool result_expired = state == kCompleted && expires_at <= store_now;
-    if (!result_expired) {
-      ClaimOutcome out;
-      if (stored != r.fingerprint) {
-        out.kind = ClaimOutcome::Kind::kConflict;
-        out.stored_fingerprint = stored;
-        return out;
-      }
-      if (state == kCompleted) {
-        out.kind = ClaimOutcome::Kind::kCompleted;
-        out.result = row[5].AsText();
-        out.result_is_error = row[6].AsInt() != 0;
-        return out;
-      }
-      if (lease_until > store_now) {
-        out.kind = ClaimOutcome::Kind::kInProgress;
-        out.retry_at_ms = lease_until;
-        return out;
-      }
-    }
+    const int64_t fence = row[2].AsInt();
     // Free to take: the holder's lease ended, or the stored result expired.
     Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now, fence, state};
     IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.take_over, p));

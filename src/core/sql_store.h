@@ -187,6 +187,7 @@ class SqlStore : public Store, public ClaimStore {
   Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override;
   Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override;
   Result<int64_t> CountClaims(std::string_view scope) override;
+  Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& request) override;
   Result<int64_t> NowMs() override;
   // Claim and complete on `in_tx` (inside the caller's transaction, which
   // commits them with its own writes), or on their own when null.

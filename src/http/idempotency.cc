@@ -291,7 +291,17 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   const ClaimRequest request{
       .scope = scope, .key = *key, .fingerprint = fp, .lease_ms = policy.lease_ms, .wait_ms = policy.wait_ms};
   Result<ClaimOutcome> claim = Status::Internal("not claimed");
+  std::optional<ClaimOutcome> peeked;
   if (tx_handler != nullptr) {
+    // One read answers replays, conflicts and keys in progress without a
+    // transaction; only a key to start opens one.
+    auto peek = claims_.store().Peek(request);
+    if (peek.ok() && peek->has_value()) peeked = std::move(**peek);
+  }
+  if (peeked.has_value()) {
+    claim = std::move(*peeked);
+    if (claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0) claim = claims_.Claim(request);
+  } else if (tx_handler != nullptr) {
     auto t = store->Begin();
     if (!t.ok()) {
       claim = t.status();

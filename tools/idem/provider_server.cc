@@ -22,7 +22,8 @@ constexpr const char* kCreateByCustomer =
 // made: the unique (principal, key) makes the charge once either way.
 constexpr const char* kInsertCharge =
     "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (principal, idem_key) DO NOTHING";
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (principal, idem_key) DO NOTHING"
+    " RETURNING id, idem_key, amount, currency, customer, description, created_ms";
 constexpr const char* kColumns = "SELECT id, idem_key, amount, currency, customer, description, created_ms";
 
 thread_local bool t_drop_response = false;
@@ -89,10 +90,12 @@ struct ProviderServer::Impl {
     Transaction* tx = outer != nullptr ? outer : own.get();
     Value ins[] = {std::string(id), *principal, claim->key, amount->get<int64_t>(), currency->get<std::string>(),
                    customer, description, Env::Default()->NowMs()};
-    IDEM_RETURN_IF_ERROR(tx->Exec(kInsertCharge, ins).status());
-    Value key[] = {*principal, claim->key};
-    IDEM_ASSIGN_OR_RETURN(
-        Rows rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
+    IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kInsertCharge, ins));
+    if (rows.rows.empty()) {  // made by an earlier holder of the key (a takeover): that one counts
+      Value key[] = {*principal, claim->key};
+      IDEM_ASSIGN_OR_RETURN(
+          rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
+    }
     if (own != nullptr) IDEM_RETURN_IF_ERROR(own->Commit());
     if (rows.rows.empty()) return Status::Internal("the charge just written is not there");
     res.status = 201;
