@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs idem into a temporary prefix and builds the payments example
-# against it with find_package(idem COMPONENTS sqlite embedded), then runs it.
+# against it with find_package(idem COMPONENTS sqlite embedded http), then
+# runs it (its consumer calls a provider it serves on loopback over HTTP).
 # usage: install_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 SRC=$1 BUILD=$2
@@ -15,6 +16,7 @@ mkdir "$T/run"
 "$T/example/payments_example" "$T/run" | tee "$T/out"
 grep -q "order-1042 charged 4000 cents in 1 row(s)" "$T/out"
 grep -q "applied 2, duplicates skipped 2" "$T/out"
+grep -q "provider (HTTP on http://127.0.0.1:[0-9]*): 2 charge(s), 6500 cents" "$T/out"
 # A component that does not exist is refused at configure time.
 mkdir "$T/bad" && cat >"$T/bad/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.25)

@@ -4,7 +4,9 @@
 // queue, each outcome read back from the databases; then why the marker and
 // the work must share one transaction, shown by crashing child processes at
 // named kill points; then a larger run with competing consumer processes and
-// injected faults, checked against the expected totals.
+// injected faults, checked against the expected totals. The payment provider
+// is a real HTTP server on loopback (ProviderServer, its own SQLite file),
+// called with idem::http::Client and the key DownstreamKey(message, "charge").
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,19 +20,23 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "commands.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
+#include "idem/http/client.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
-#include "provider.h"
+#include "provider_server.h"
 
 namespace idem::cli {
 namespace {
@@ -171,6 +177,93 @@ Result<Totals> PaymentsFor(Store& store, const std::string& order) {
 
 std::string Mark(bool good) { return good ? "✓" : "✕"; }
 
+// ---------------------------------------------------------------- the provider over HTTP
+
+// The demo's API key and the account it authenticates at the provider.
+constexpr const char* kApiKey = "sk_demo";
+constexpr const char* kPrincipal = "acct_demo";
+
+// Starts the payment provider on 127.0.0.1 (any free port) on a fresh SQLite
+// file of its own at `path` (charges and idempotency records). When
+// `lose_response(key)` says true, the provider keeps the charge and its
+// stored response but drops the connection.
+Result<std::unique_ptr<ProviderServer>> StartProvider(const std::string& path, int threads,
+                                                      std::function<bool(const std::string&)> lose_response,
+                                                      std::function<void(const std::string&)> log = nullptr) {
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  ProviderServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  // The provider's durability is its own business: WAL without an fsync per
+  // commit (a process crash loses nothing; the demo crashes no provider).
+  o.store_url = "sqlite:" + path + "?synchronous=normal";
+  o.api_keys = {{kApiKey, kPrincipal}};
+  o.threads = threads;
+  o.lose_response = std::move(lose_response);
+  o.log = std::move(log);
+  return ProviderServer::Start(std::move(o));
+}
+
+// The consumer's side: one client per thread (it keeps one keep-alive
+// connection). A dropped connection fails at once; the retry with the same
+// key follows after a few milliseconds, so a lost response costs little.
+Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url) {
+  return http::Client::Create({.base_url = url,
+                               .bearer = kApiKey,
+                               .max_attempts = 8,
+                               .backoff_base_ms = 2,
+                               .backoff_max_ms = 100,
+                               .connect_timeout_ms = 2'000,
+                               .read_timeout_ms = 10'000});
+}
+
+// POST /charges's body for a payment message.
+std::string ChargeBody(const std::string& order, int64_t cents) {
+  return nlohmann::json{{"amount", cents},
+                        {"currency", "usd"},
+                        {"customer", "cus_" + order},
+                        {"description", "order " + order}}
+      .dump();
+}
+
+struct ChargeReply {
+  std::string charge_id;
+  int attempts = 0;       // requests the client sent, the answered one included
+  bool replayed = false;  // Idempotent-Replayed: true
+};
+
+// Charges the message's amount once, whatever happens to the responses: the
+// key is the same on every retry and every redelivery of the message.
+Result<ChargeReply> Charge(http::Client& client, const Message& m) {
+  IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
+  IDEM_ASSIGN_OR_RETURN(http::Response r,
+                        client.Post("/charges", ChargeBody(pay.first, pay.second), DownstreamKey(m, "charge")));
+  if (r.status != 201)
+    return Status::Internal("the provider answered " + std::to_string(r.status) + ": " + r.body.substr(0, 300));
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string())
+    return Status::Internal("the provider's answer has no charge id: " + r.body.substr(0, 300));
+  return ChargeReply{j["id"].get<std::string>(), r.attempts, r.replayed};
+}
+
+// Charges made and their total, read from the provider's own database.
+struct ProviderTotals {
+  int64_t charges = 0, cents = 0, keys = 0;
+};
+Result<ProviderTotals> ProviderCharges(const std::string& path) {
+  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Open({.path = path}));
+  IDEM_ASSIGN_OR_RETURN(auto tx, db->Begin());
+  IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT count(*), coalesce(sum(amount), 0), count(DISTINCT idem_key)"
+                                          " FROM provider_charges"));
+  return ProviderTotals{r.rows[0][0].AsInt(), r.rows[0][1].AsInt(), r.rows[0][2].AsInt()};
+}
+
+// POST /charges requests the provider received, replays included.
+int64_t ProviderCalls(const ProviderServer& provider) {
+  auto c = provider.counters();
+  return static_cast<int64_t>(c.executed + c.replayed + c.conflicts + c.in_progress + c.rejected);
+}
+
 // ---------------------------------------------------------------- the story
 
 // Step 1: a consumer without the guard. The ack is lost, the broker delivers
@@ -256,49 +349,81 @@ Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
 }
 
 struct ProviderResult {
-  int64_t charges = 0, calls = 0, rows = 0;
-  std::string first_error, charge_id;
+  int64_t charges = 0, calls = 0, replays = 0, rows = 0;
+  int attempts = 0;
+  bool replayed = false;
+  std::string charge_id, stored_id;
 };
 
-// Step 4: a call no transaction covers carries DownstreamKey(message,
-// "charge"); its response is lost, the retry with the same key gets the
-// stored result.
+// Step 4: a call no transaction covers goes over HTTP to the provider with
+// the key DownstreamKey(message, "charge"); the provider charges but its
+// response is lost; the client retries with the same key and gets the
+// stored response (Idempotent-Replayed: true); one charge.
 Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step4-provider"));
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
-  IDEM_ASSIGN_OR_RETURN(auto provider, Provider::Open(f.provider));
+  // The provider's own log, printed as it happens (the consumer is waiting
+  // on its call meanwhile). Declared before the server: it outlives it.
+  std::mutex mu;
+  bool lost_one = false, dropping = false;
+  auto lose_first = [&](const std::string&) {
+    std::lock_guard lock(mu);
+    if (lost_one) return false;
+    return lost_one = dropping = true;
+  };
+  auto log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    say("    provider: " + line + (dropping ? "; then it drops the connection: the response is lost" : ""));
+    dropping = false;
+  };
+  IDEM_ASSIGN_OR_RETURN(auto provider, StartProvider(f.provider, 4, lose_first, log));
+  IDEM_ASSIGN_OR_RETURN(auto client, ProviderClient(provider->url()));
+  say("  the provider: an HTTP server on " + provider->url() + " with a database of its own (provider.db)");
   Inbox inbox(*p.store, {.consumer = kConsumer});
-  bool lose_next = true;
   ProviderResult r;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
-    auto c = provider->Charge(DownstreamKey(m, "charge"), pay.first, pay.second, lose_next);
-    lose_next = false;
-    if (!c.ok()) return c.status();
-    r.charge_id = c->charge_id;
-    say("  call with Idempotency-Key " + DownstreamKey(m, "charge") + " -> " + c->charge_id +
-        (c->replayed ? " (key seen before: the stored result, no new charge)" : ""));
-    return InsertPayment(tx, m, c->charge_id);
+    say("  delivery " + std::to_string(m.attempt) + ": BEGIN; INSERT marker; POST /charges Idempotency-Key: " +
+        http::QuoteKey(DownstreamKey(m, "charge")));
+    say("    " + ChargeBody(pay.first, pay.second));
+    IDEM_ASSIGN_OR_RETURN(ChargeReply c, Charge(*client, m));
+    r.charge_id = c.charge_id;
+    r.attempts = c.attempts;
+    r.replayed = c.replayed;
+    say("  the client " +
+        std::string(c.attempts > 1 ? "saw the connection break and retried with the same key: attempt " +
+                                         std::to_string(c.attempts) + " -> "
+                                   : "got ") +
+        "201, Idempotent-Replayed: " + (c.replayed ? "true" : "false") + ", charge " + c.charge_id);
+    return InsertPayment(tx, m, c.charge_id);
   };
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
   IDEM_ASSIGN_OR_RETURN(Delivery d1, Next(*p.queue));
   Outcome o1 = inbox.Handle(d1.message, charge);
-  r.first_error = o1.status.message();
-  say("  delivery 1: the provider charged, but its response was lost -> outcome " + o1.ToString());
-  say("  the transaction rolled back (no marker, no payment row); the message is not acknowledged");
-  IDEM_RETURN_IF_ERROR(p.queue->Nack(d1, 0));
-  IDEM_ASSIGN_OR_RETURN(Delivery d2, Next(*p.queue));
-  Outcome o2 = inbox.Handle(d2.message, charge);
-  say("  delivery 2 -> outcome " + o2.ToString());
-  if (o2.ShouldAck()) IDEM_RETURN_IF_ERROR(p.queue->Ack(d2));
-  IDEM_ASSIGN_OR_RETURN(auto totals, provider->Totals());
-  IDEM_ASSIGN_OR_RETURN(r.calls, provider->Calls());
+  say("  INSERT payment (charge " + r.charge_id + "); COMMIT -> outcome " + o1.ToString() +
+      (o1.ShouldAck() ? "; acknowledged" : ""));
+  if (o1.ShouldAck()) IDEM_RETURN_IF_ERROR(p.queue->Ack(d1));
+  say("  (had every retry failed, the transaction would roll back, and the redelivery would send the same key)");
+
+  // Read back: the provider's charges over HTTP, and what it received.
+  IDEM_ASSIGN_OR_RETURN(http::Response listed, client->Get("/charges?customer=cus_1042"));
+  nlohmann::json list = nlohmann::json::parse(listed.body, nullptr, /*allow_exceptions=*/false);
+  int64_t cents = 0;
+  if (listed.status == 200 && list.is_object() && list.contains("data") && list["data"].is_array()) {
+    r.charges = static_cast<int64_t>(list["data"].size());
+    for (const auto& c : list["data"]) {
+      cents += c.value("amount", int64_t{0});
+      r.stored_id = c.value("id", std::string());
+    }
+  }
+  r.calls = ProviderCalls(*provider);
+  r.replays = static_cast<int64_t>(provider->counters().replayed);
   IDEM_ASSIGN_OR_RETURN(Totals t, PaymentsFor(*p.store, "1042"));
-  r.charges = totals.first;
   r.rows = t.rows;
-  say("  read back: provider calls " + std::to_string(r.calls) + ", charges made " + std::to_string(r.charges) +
-      " (" + Dollars(totals.second) + "), payment rows " + std::to_string(t.rows) + "  " +
-      Mark(r.charges == 1 && t.rows == 1));
+  say("  read back: GET /charges?customer=cus_1042 -> " + std::to_string(r.charges) + " charge (" + Dollars(cents) +
+      ", " + r.stored_id + "); provider calls " + std::to_string(r.calls) + " (" + std::to_string(r.replays) +
+      " replayed); payment rows " + std::to_string(t.rows) + "  " +
+      Mark(r.charges == 1 && t.rows == 1 && r.stored_id == r.charge_id));
   return r;
 }
 
@@ -454,28 +579,54 @@ Stats ReadStats(const std::string& path) {
   return s;
 }
 
-// One competing consumer process: runs until the queue is empty.
-int ConsumerProcess(const Config& cfg, const Files& f, int index) {
+// The consumer processes' provider clients: one per worker thread.
+class ThreadClients {
+ public:
+  explicit ThreadClients(std::string url) : url_(std::move(url)) {}
+  Result<http::Client*> Get() {
+    std::lock_guard lock(mu_);
+    auto& c = clients_[std::this_thread::get_id()];
+    if (!c) {
+      auto made = ProviderClient(url_);
+      if (!made.ok()) return made.status();
+      c = std::move(*made);
+    }
+    return c.get();
+  }
+
+ private:
+  std::string url_;
+  std::mutex mu_;
+  std::map<std::thread::id, std::unique_ptr<http::Client>> clients_;
+};
+
+// One competing consumer process: waits for the provider's port on `port_fd`
+// (the parent starts the provider once its children are forked), then runs
+// until the queue is empty.
+int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
+  int port = 0;
+  ssize_t got = ::read(port_fd, &port, sizeof port);
+  ::close(port_fd);
+  if (got != static_cast<ssize_t>(sizeof port) || port <= 0) return 22;  // the provider did not start
   auto queue = embedded::Queue::Open({.path = f.queue, .queue = "payments", .lease_ms = cfg.lease_ms});
   auto store = OpenStore(f.store);
-  auto provider = Provider::Open(f.provider);
-  if (!queue.ok() || !store.ok() || !provider.ok()) {
-    std::cerr << "consumer " << index << ": "
-              << (!queue.ok() ? queue.status() : !store.ok() ? store.status() : provider.status()) << "\n";
+  if (!queue.ok() || !store.ok()) {
+    std::cerr << "consumer " << index << ": " << (!queue.ok() ? queue.status() : store.status()) << "\n";
     return 20;
   }
+  ThreadClients clients("http://127.0.0.1:" + std::to_string(port));
   FaultySource source(**queue, cfg.seed * 7919 + index, cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   Inbox inbox(**store, {.consumer = kConsumer});
-  std::mt19937_64 rng(cfg.seed * 104729 + index);
-  std::atomic<int64_t> lost_responses{0};
+  std::atomic<int64_t> retries{0}, replays{0}, provider_errors{0};
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
-    IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
-    bool lose = std::uniform_real_distribution<double>(0, 1)(rng) < cfg.lost_response_rate;
-    auto c = (*provider)->Charge(DownstreamKey(m, "charge"), pay.first, pay.second, lose);
+    IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
+    auto c = Charge(*client, m);
     if (!c.ok()) {
-      lost_responses += lose;
+      ++provider_errors;  // the transaction rolls back; the redelivery sends the same key
       return c.status();
     }
+    retries += c->attempts - 1;
+    replays += c->replayed;
     return InsertPayment(tx, m, c->charge_id);
   };
   Consumer consumer(source, inbox, handler,
@@ -500,9 +651,37 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index) {
           {"conflicts", static_cast<int64_t>(ic.conflicts)},
           {"failures", static_cast<int64_t>(ic.failures)},
           {"dead_lettered", static_cast<int64_t>(cs.dead_lettered)},
-          {"lost_responses", lost_responses.load()}};
+          {"provider_retries", retries.load()},
+          {"provider_replays_seen", replays.load()},
+          {"provider_errors", provider_errors.load()}};
   return WriteStats(f.dir + "/consumer-" + std::to_string(index) + ".stats", s).ok() ? 0 : 21;
 }
+
+// The lost responses of the larger run, decided by the provider (seeded, at
+// --lost-response-rate) on a key's first execution only: the retry with the
+// same key gets the stored response.
+class LossInjector {
+ public:
+  LossInjector(uint64_t seed, double rate) : rng_(seed), rate_(rate) {}
+  bool operator()(const std::string& key) {
+    std::lock_guard lock(mu_);
+    if (!seen_.insert(key).second) return false;
+    if (std::uniform_real_distribution<double>(0, 1)(rng_) >= rate_) return false;
+    ++lost_;
+    return true;
+  }
+  int64_t lost() {
+    std::lock_guard lock(mu_);
+    return lost_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+  double rate_;
+  std::unordered_set<std::string> seen_;
+  int64_t lost_ = 0;
+};
 
 struct RunResult {
   Json json;
@@ -518,7 +697,6 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   auto started = std::chrono::steady_clock::now();
   {
     IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms, true));
-    IDEM_ASSIGN_OR_RETURN(auto provider, Provider::Open(f.provider));  // created before the children race
     std::vector<Message> again;
     Progress progress("publishing", cfg.messages);
     for (int64_t i = 0; i < cfg.messages; ++i) {
@@ -544,13 +722,32 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
       std::to_string(published - cfg.messages) + " producer duplicates; starting " + std::to_string(cfg.consumers) +
       " consumer processes");
   std::cout.flush();
+  // The children are forked before the provider's server threads start (a
+  // child of a threaded process could inherit a lock some thread holds);
+  // each waits for the provider's port on a pipe.
+  int port_pipe[2];
+  if (::pipe(port_pipe) != 0) return Status::Unavailable("pipe failed");
   std::vector<pid_t> pids;
   for (int i = 0; i < cfg.consumers; ++i) {
     pid_t pid = ::fork();
-    if (pid < 0) return Status::Unavailable("fork failed");
-    if (pid == 0) ::_exit(ConsumerProcess(cfg, f, i));
+    if (pid < 0) break;
+    if (pid == 0) {
+      ::close(port_pipe[1]);
+      ::_exit(ConsumerProcess(cfg, f, i, port_pipe[0]));
+    }
     pids.push_back(pid);
   }
+  ::close(port_pipe[0]);
+  auto loss = std::make_shared<LossInjector>(cfg.seed * 6151 + 17, cfg.lost_response_rate);
+  Result<std::unique_ptr<ProviderServer>> provider = Status::Unavailable("fork failed");
+  if (pids.size() == static_cast<size_t>(cfg.consumers))
+    provider = StartProvider(f.provider, cfg.consumers + 8, [loss](const std::string& key) { return (*loss)(key); });
+  if (provider.ok()) {
+    const int port = (*provider)->port();
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (::write(port_pipe[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) break;
+  }
+  ::close(port_pipe[1]);  // without a provider, the children end at once
   int failed_children = 0;
   {
     auto queue = embedded::Queue::Open({.path = f.queue, .queue = "payments", .lease_ms = cfg.lease_ms});
@@ -572,24 +769,28 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
     }
     progress.Done();
   }
+  if (!provider.ok()) return provider.status();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   Stats sum;
   for (int i = 0; i < cfg.consumers; ++i)
     for (const auto& [k, v] : ReadStats(f.dir + "/consumer-" + std::to_string(i) + ".stats")) sum[k] += v;
+  const std::string provider_url = (*provider)->url();
+  const int64_t calls = ProviderCalls(**provider);
+  const int64_t replays = static_cast<int64_t>((*provider)->counters().replayed);
+  (*provider)->Stop();
+  IDEM_ASSIGN_OR_RETURN(ProviderTotals charges, ProviderCharges(f.provider));
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms));
-  IDEM_ASSIGN_OR_RETURN(auto provider, Provider::Open(f.provider));
   IDEM_ASSIGN_OR_RETURN(Totals pay, PaymentsFor(*p.store, ""));
-  IDEM_ASSIGN_OR_RETURN(auto charges, provider->Totals());
-  IDEM_ASSIGN_OR_RETURN(int64_t calls, provider->Calls());
   IDEM_ASSIGN_OR_RETURN(auto qs, p.queue->Stats());
   IDEM_ASSIGN_OR_RETURN(int64_t markers, p.store->CountMarkers(kConsumer));
   IDEM_ASSIGN_OR_RETURN(auto dead, p.store->ListDeadLetters(kConsumer, 1000));
   int64_t left = qs.ready + qs.leased + qs.delayed;
 
   RunResult r;
-  r.ok = failed_children == 0 && pay.rows == cfg.messages && pay.cents == expected && charges.first == cfg.messages &&
-         charges.second == expected && markers == cfg.messages && left == 0 && dead.empty();
+  r.ok = failed_children == 0 && pay.rows == cfg.messages && pay.cents == expected && charges.charges == cfg.messages &&
+         charges.keys == cfg.messages && charges.cents == expected && markers == cfg.messages && left == 0 &&
+         dead.empty();
   r.json.Add("messages", cfg.messages)
       .Add("published", published)
       .Add("producer_duplicates", published - cfg.messages)
@@ -598,18 +799,22 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
       .Add("duplicates_skipped", sum["duplicates"])
       .Add("lost_acks", sum["lost_acks"])
       .Add("lease_expiries", sum["stalls"])
-      .Add("lost_provider_responses", sum["lost_responses"])
+      .Add("lost_provider_responses", loss->lost())
+      .Add("provider_retries", sum["provider_retries"])
+      .Add("provider_replays", replays)
+      .Add("provider_errors", sum["provider_errors"])
       .Add("handler_failures", sum["failures"])
       .Add("provider_calls", calls)
-      .Add("charges", charges.first)
+      .Add("charges", charges.charges)
       .Add("payment_rows", pay.rows)
       .Add("markers", markers)
       .Add("dead_letters", static_cast<int64_t>(dead.size()))
       .Add("queue_left", left)
-      .Add("charged_cents", charges.second)
+      .Add("charged_cents", charges.cents)
       .Add("expected_cents", expected)
       .Add("seconds", seconds)
       .Add("seed", static_cast<int64_t>(cfg.seed))
+      .Add("provider", provider_url)
       .Add("dir", cfg.dir);
   if (failed_children > 0) say("  " + std::to_string(failed_children) + " consumer process(es) failed");
   say("");
@@ -621,13 +826,16 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   row("deliveries", std::to_string(sum["deliveries"]));
   row("lost acks (injected)", std::to_string(sum["lost_acks"]));
   row("lease expiries (stalled consumers)", std::to_string(sum["stalls"]));
-  row("lost provider responses (injected)", std::to_string(sum["lost_responses"]));
   row("duplicates skipped by the marker", std::to_string(sum["duplicates"]));
-  row("provider calls", std::to_string(calls));
-  row("charges made", std::to_string(charges.first) + "  " + Mark(charges.first == cfg.messages));
+  row("lost provider responses (injected)", std::to_string(loss->lost()));
+  row("client retries with the same key", std::to_string(sum["provider_retries"]));
+  row("responses replayed by the provider", std::to_string(replays));
+  row("provider calls (POST /charges)", std::to_string(calls));
+  row("charges made (provider's database)", std::to_string(charges.charges) + "  " +
+                                                Mark(charges.charges == cfg.messages && charges.keys == cfg.messages));
   row("payment rows", std::to_string(pay.rows) + "  " + Mark(pay.rows == cfg.messages));
-  row("total charged", Dollars(charges.second));
-  row("expected", Dollars(expected) + "  " + Mark(charges.second == expected && pay.cents == expected));
+  row("total charged", Dollars(charges.cents));
+  row("expected", Dollars(expected) + "  " + Mark(charges.cents == expected && pay.cents == expected));
   row("left in the queue / dead letters", std::to_string(left) + " / " + std::to_string(dead.size()));
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
@@ -635,6 +843,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
   say("  see what is stored: idem inspect --store '" + postgres::RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
       "?queue=payments'");
+  say("  and the provider's idempotency records: idem inspect --store 'sqlite:" + f.provider + "'");
   return r;
 }
 
@@ -645,7 +854,8 @@ const Command& DemoCommand() {
       "demo",
       "Tell the idempotent consumer's story by doing it on SQLite and the embedded queue:\n"
       "no guard (charged twice), the guard (marker + charge in one transaction), redelivery and a race,\n"
-      "a provider call with an idempotency key, crashes between separate writes, then a larger run with\n"
+      "a call over HTTP to a payment provider on loopback with an idempotency key (its response lost, the\n"
+      "retry answered from the provider's store), crashes between separate writes, then a larger run with\n"
       "competing consumer processes, lost acks, lease expiries, producer duplicates and lost provider\n"
       "responses. Exits 1 if the totals differ from the expected ones.",
       "[--dir DIR] [--store URL] [--messages N] [--consumers C] [--json]",
@@ -657,7 +867,7 @@ const Command& DemoCommand() {
        {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
        {"lost-ack-rate", "P", "0.03", "fraction of acks lost"},
        {"stall-rate", "P", "0.002", "fraction of receives that stall past the lease"},
-       {"lost-response-rate", "P", "0.02", "fraction of provider responses lost"},
+       {"lost-response-rate", "P", "0.02", "fraction of charges whose HTTP response the provider drops"},
        {"seed", "S", "1", "random seed of the larger run"},
        {"skip-story", "", "", "only the larger run"},
        {"json", "", "", "print one JSON object instead of the story"}}};
@@ -710,7 +920,8 @@ int RunDemo(const Args& args) {
   Json story;
   bool story_ok = true;
   if (cfg.story) {
-    say("idem demo: the idempotent consumer, on SQLite and the embedded queue (files in " + cfg.dir + ")");
+    say("idem demo: the idempotent consumer, on SQLite, the embedded queue and a payment provider over HTTP");
+    say("(files in " + cfg.dir + ")");
     say("");
     say("Step 1 · Without the guard, a lost ack means a second charge");
     auto s1 = StepWithoutGuard(cfg.dir, say);
@@ -720,7 +931,7 @@ int RunDemo(const Args& args) {
     auto s2 = StepWithGuard(cfg.dir, say);
     if (!s2.ok()) return Fail("demo", s2.status());
     say("");
-    say("Step 4 · Beyond the database: the provider call carries an idempotency key");
+    say("Step 4 · Beyond the database: the call to the provider (HTTP) carries an idempotency key");
     auto s4 = StepProvider(cfg.dir, say);
     if (!s4.ok()) return Fail("demo", s4.status());
     say("");
@@ -751,13 +962,15 @@ int RunDemo(const Args& args) {
       crashes.push_back(Json().Add("scenario", sc.name).Add("kill_point", sc.kp).Add("charges", r->rows).str());
     }
     story_ok &= s1->cents == 8000 && s2->order_1042.rows == 1 && s2->order_1043.rows == 1 && s4->charges == 1 &&
-                s4->rows == 1;
+                s4->rows == 1 && s4->calls == 2 && s4->replayed && s4->stored_id == s4->charge_id;
     story.Add("no_guard_charged_cents", s1->cents)
         .Add("guard_charged_cents", s2->order_1042.cents)
         .Add("race_rows", s2->order_1043.rows)
         .Add("race_outcomes", s2->race_a + " / " + s2->race_b)
         .Add("provider_calls", s4->calls)
         .Add("provider_charges", s4->charges)
+        .Add("provider_attempts", s4->attempts)
+        .Add("provider_replayed", s4->replayed)
         .AddRaw("crashes", JsonArray(crashes));
     say("");
   }
