@@ -306,7 +306,7 @@ bool IsUrl(std::string_view url) { return url.starts_with("postgres://") || url.
 
 namespace {
 // Takes idem's own options out of a postgres:// URL's query (libpq would
-// refuse them): idem_partition_by_day=true|false.
+// refuse them): idem_partition_by_day=true|false, idem_pool_size=N.
 Result<Options> ApplyUrlOptions(Options o) {
   auto q = o.url.find('?');
   if (!IsUrl(o.url) || q == std::string::npos) return o;
@@ -327,9 +327,13 @@ Result<Options> ApplyUrlOptions(Options o) {
       o.partition_by_day = true;
     } else if (k == "idem_partition_by_day" && (v == "false" || v == "0")) {
       o.partition_by_day = false;
+    } else if (k == "idem_pool_size" && !v.empty() && v.size() <= 4 &&
+               v.find_first_not_of("0123456789") == std::string_view::npos && std::stoi(std::string(v)) >= 1) {
+      o.pool_size = std::stoi(std::string(v));
     } else {
-      return Status::InvalidArgument("unknown idem option '" + std::string(kv) +
-                                     "' in the PostgreSQL URL (known: idem_partition_by_day=true|false)");
+      return Status::InvalidArgument("unknown or bad idem option '" + std::string(kv) +
+                                     "' in the PostgreSQL URL (known: idem_partition_by_day=true|false,"
+                                     " idem_pool_size=N)");
     }
   }
   o.url = o.url.substr(0, q) + (kept.empty() ? "" : "?" + kept);

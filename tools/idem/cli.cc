@@ -196,8 +196,12 @@ void Progress::Done() {
   finished_ = true;
 }
 
-Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create) {
-  if (postgres::IsUrl(url)) return postgres::Open({.url = url, .create_if_missing = create});
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create, int pool_size) {
+  if (postgres::IsUrl(url)) {
+    postgres::Options o{.url = url, .create_if_missing = create};
+    if (pool_size > 0) o.pool_size = pool_size;
+    return postgres::Open(o);
+  }
   IDEM_ASSIGN_OR_RETURN(sqlite::Options o, sqlite::ParseUrl(url));
   o.create_if_missing = create;
   return sqlite::Open(o);

@@ -114,7 +114,8 @@ class Progress {
 
 // Opens a store from a URL ("sqlite:PATH", a bare path, "postgres://..."). Without `create`, a
 // missing database file is an error (inspecting must not create one).
-Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true);
+// `pool_size` > 0 sizes a PostgreSQL store's connection pool.
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true, int pool_size = 0);
 
 // A claim store (two-phase mode) from a URL: sqlite:PATH, postgres://... or
 // redis://...; `owner` keeps it alive. `durability` says in words what a

@@ -141,7 +141,9 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   Impl* p = impl.get();
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(p->options.store_url, true));
+  // Every server thread may hold a connection (two while it claims).
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                        OpenStore(p->options.store_url, true, 2 * std::max(1, p->options.threads)));
   p->store = std::move(store);
   if (p->store->claim_store() == nullptr) return Status::InvalidArgument("the provider's store keeps no claims");
   {
@@ -159,6 +161,10 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   const int threads = std::max(1, p->options.threads);
   // Without it a small response waits for the client's delayed ACK (~40 ms).
   p->server.set_tcp_nodelay(true);
+  // cpp-httplib closes a keep-alive connection after 5 requests by default:
+  // every client would reconnect all the time.
+  p->server.set_keep_alive_max_count(100'000);
+  p->server.set_keep_alive_timeout(30);
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
   auto charge = [p](const httplib::Request& req, httplib::Response& res, Transaction* tx) {

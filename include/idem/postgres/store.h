@@ -24,11 +24,12 @@ struct Options {
   // Where to connect: "postgres://user:password@host:port/db?sslmode=disable",
   // libpq "key=value" pairs, or "" to use libpq's environment variables
   // (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...). A URL may also
-  // carry idem's own "idem_partition_by_day=true" (taken out before libpq
-  // sees the URL). Default: "".
+  // carry idem's own "idem_partition_by_day=true" and "idem_pool_size=N"
+  // (taken out before libpq sees the URL). Default: "".
   std::string url;
   // Idle connections kept for reuse. More are opened under load and closed
-  // when returned. Default: 8.
+  // when returned: size it to the threads that use the store at once, or
+  // every call past it pays a new connection. Default: 8.
   int pool_size = 8;
   // Seconds to wait for a connection before Code::kUnavailable. Default: 5.
   int connect_timeout_s = 5;
