@@ -24,7 +24,7 @@ has() {  # has NAME FILE PATTERN
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge; do
+for c in demo bench schema inspect purge provider; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -87,6 +87,33 @@ has purge-none "$T/out" '"purged":0'
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
 has purge-300 "$T/out" '"purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
+
+# idem provider: bad input is refused before serving; a busy port is exit 3.
+check provider-no-keys 2 "$IDEM" provider --store "sqlite:$T/prov.db"
+has provider-no-keys-named "$T/err" "no API keys"
+check provider-bad-listen 2 "$IDEM" provider --api-key k:p --listen nowhere --store "sqlite:$T/prov.db"
+has provider-bad-listen-named "$T/err" "--listen must be HOST:PORT"
+check provider-bad-key 2 "$IDEM" provider --api-key no-colon --store "sqlite:$T/prov.db"
+has provider-bad-key-named "$T/err" "expected KEY:PRINCIPAL"
+# Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
+PPORT=$((20000 + RANDOM % 20000))
+"$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
+PPID_=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PPORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+for n in 1 2; do
+  curl -s -o "$T/charge$n" -D "$T/headers$n" -X POST "http://127.0.0.1:$PPORT/charges" -H 'Authorization: Bearer sk_t' \
+    -H 'Idempotency-Key: "cli-1"' -d '{"amount": 4000, "currency": "usd", "customer": "cus_1"}'
+done
+has provider-201 "$T/headers1" "^HTTP/1.1 201"
+has provider-replayed "$T/headers2" "Idempotent-Replayed: true"
+cmp -s "$T/charge1" "$T/charge2" && pass=$((pass + 1)) || { echo "FAIL provider replay body differs"; fails=$((fails + 1)); }
+check provider-busy-port 3 "$IDEM" provider --api-key k:p --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov2.db"
+has provider-busy-port-named "$T/err" "cannot listen on 127.0.0.1:$PPORT"
+kill "$PPID_"; wait "$PPID_"; rc=$?
+[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL provider exit $rc after SIGTERM"; fails=$((fails + 1)); }
+has provider-log "$T/prov.log" "key=cli-1 replayed 201"
+check inspect-provider-claim 0 "$IDEM" inspect "acct_t|POST /charges" cli-1 --store "sqlite:$T/prov.db" --json
+has inspect-provider-claim-completed "$T/out" '"state":"completed"'
 
 # Bad input: named clearly, exit 3, nothing created.
 check missing-dir 3 "$IDEM" inspect --store "sqlite:$T/no/such/dir/x.db"
