@@ -2,6 +2,8 @@
 #include "idem/redis/claim_store.h"
 
 #include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <cstring>
 #include <string>
 #include <unordered_set>
@@ -55,12 +57,45 @@ Status ValidateName(std::string_view s, std::string_view what) {
   return Status::OK();
 }
 
+// A record as stored (see scripts.h for the layout); views into the value.
+struct StoredRecord {
+  char state = 0;  // 'p' or 'c'
+  bool is_error = false;
+  bool watched = false;
+  std::string_view fingerprint;  // 32 bytes
+  int64_t fence = 0, lease_until_ms = 0, expires_at_ms = 0, updated_at_ms = 0;
+  std::string_view result;
+};
+
+constexpr size_t kHeadBytes = 3 + 32;
+
+// Parses a record written by the scripts; nullopt when `v` is not one.
+std::optional<StoredRecord> ParseRecord(std::string_view v) {
+  if (v.size() < kHeadBytes || (v[0] != 'p' && v[0] != 'c')) return std::nullopt;
+  StoredRecord r;
+  r.state = v[0];
+  r.is_error = v[1] == '1';
+  r.watched = v[2] == '1';
+  r.fingerprint = v.substr(3, 32);
+  const char* p = v.data() + kHeadBytes;
+  const char* end = v.data() + v.size();
+  for (int64_t* field : {&r.fence, &r.lease_until_ms, &r.expires_at_ms, &r.updated_at_ms}) {
+    auto [q, ec] = std::from_chars(p, end, *field);
+    if (ec != std::errc() || q == end || *q != ':') return std::nullopt;
+    p = q + 1;
+  }
+  r.result = std::string_view(p, static_cast<size_t>(end - p));
+  return r;
+}
+
 // Why a token no longer holds its key, from the script's {'lost', fence, state}.
 Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) {
   auto fence = IntElement(r, 1, op);
   std::string_view state = Element(r, 2);
   std::string why;
-  if (!fence.ok() || *fence == 0) {
+  if (!state.empty() && state != "p" && state != "c") {
+    why = "the record is not what idem wrote (state '" + std::string(state) + "')";
+  } else if (!fence.ok() || *fence == 0) {
     why = "no claim on the key (released, expired or purged)";
   } else if (*fence != t.fence) {
     why = "the key was taken over by fence " + std::to_string(*fence) + " after the lease expired";
@@ -73,8 +108,10 @@ Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) 
                                       std::to_string(t.fence) + ": " + why);
 }
 
-// Woken by the PUBLISH of a Complete or Release script. Subscribed before
-// the caller first reads the key, so no later change is missed.
+// Woken by the PUBLISH of a Complete or Release script. Subscribed and
+// registered on the record (add_waiter) before the caller first reads the
+// key, so a later change publishes and is not missed; a claim made after the
+// registration does not publish and is seen at the caller's next poll.
 class RedisWatch final : public idem::ClaimStore::Watch {
  public:
   explicit RedisWatch(std::unique_ptr<Conn> sub) : sub_(std::move(sub)) {}
@@ -99,22 +136,40 @@ class RedisClaimStore final : public ClaimStore {
                   .command_timeout_ms = o.command_timeout_ms,
                   .client_name = o.client_name},
                  {&redis_internal::kTryClaim, &redis_internal::kComplete, &redis_internal::kRelease,
-                  &redis_internal::kExtend},
+                  &redis_internal::kExtend, &redis_internal::kAddWaiter},
                  kPipelinedConnections) {}
 
   // Connects once and loads every script, so that a wrong URL, password or
   // a server without scripting shows at Open.
   Status Init() { return scripts_.Connect(); }
 
+  // A replay, a conflict or a key in progress is answered from one read
+  // with plain commands (a script costs the server several times more);
+  // only a key to start or take over runs the script, which judges it again
+  // atomically. While most keys are new, the read is skipped (PreRead).
   Result<ClaimOutcome> TryClaim(const ClaimRequest& req) override {
     IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
     IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
     if (req.lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(req.lease_ms));
-    const std::string keys[] = {RecordKey(req.scope, req.key), options_.prefix + "fence"};
+    std::string record_key = RecordKey(req.scope, req.key);
+    const bool pre_read = PreRead();
+    if (pre_read) {
+      IDEM_ASSIGN_OR_RETURN(std::optional<ClaimOutcome> known, Judge(record_key, req));
+      Learn(known.has_value());
+      if (known.has_value()) return std::move(*known);
+    }
+    const std::string keys[] = {std::move(record_key), options_.prefix + "fence"};
     const std::string args[] = {NowArg(), FingerprintBytes(req.fingerprint), std::to_string(ClampSpan(req.lease_ms)),
                                 std::to_string(ClampSpan(options_.abandon_margin_ms))};
     IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kTryClaim, keys, args));
+    if (!pre_read) Learn(Element(r.get(), 0) != "started");
     return ToOutcome(r.get(), req);
+  }
+
+  Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& req) override {
+    IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
+    IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
+    return Judge(RecordKey(req.scope, req.key), req);
   }
 
   Status Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) override {
@@ -156,7 +211,7 @@ class RedisClaimStore final : public ClaimStore {
   Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override {
     IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
     const std::string k = RecordKey(scope, key);
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Command(RecordFields("HMGET", k)));
+    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Command({"GET", k}));
     return ToRecord(r.get(), std::string(scope), std::string(key));
   }
 
@@ -166,10 +221,10 @@ class RedisClaimStore final : public ClaimStore {
     IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
     std::unordered_set<std::string> seen;  // SCAN may return a key twice
     IDEM_RETURN_IF_ERROR(Scan(*c, scope, 500, [&](std::span<const std::string> keys) -> Status {
-      // One round trip per page: every HMGET queued, then read.
-      for (const std::string& k : keys) IDEM_RETURN_IF_ERROR(c->Append(RecordFields("HMGET", k)));
+      // One round trip per page: every GET queued, then read.
+      for (const std::string& k : keys) IDEM_RETURN_IF_ERROR(c->Append(std::vector<std::string_view>{"GET", k}));
       for (const std::string& k : keys) {
-        IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Read("HMGET"));
+        IDEM_ASSIGN_OR_RETURN(ReplyPtr r, c->Read("GET"));
         std::string s, kk;
         if (!seen.insert(k).second || !SplitRecordKey(k, s, kk)) continue;
         IDEM_ASSIGN_OR_RETURN(std::optional<ClaimRecord> rec, ToRecord(r.get(), std::move(s), std::move(kk)));
@@ -221,6 +276,10 @@ class RedisClaimStore final : public ClaimStore {
     auto sub = pool_.Open();  // a subscribed connection can serve nothing else: not pooled
     if (!sub.ok() || !(*sub)->Command({"SUBSCRIBE", Channel(scope, key)}).ok())
       return idem::ClaimStore::WatchKey(scope, key);
+    // Subscribed first, then marked: a Complete or Release that sees the
+    // mark publishes to a subscriber that is already listening.
+    const std::string keys[] = {RecordKey(scope, key)};
+    if (!scripts_.Eval(redis_internal::kAddWaiter, keys, {}).ok()) return idem::ClaimStore::WatchKey(scope, key);
     return std::make_unique<RedisWatch>(std::move(*sub));
   }
 
@@ -263,27 +322,81 @@ class RedisClaimStore final : public ClaimStore {
     return out;
   }
 
-  static std::vector<std::string_view> RecordFields(std::string_view cmd, const std::string& key) {
-    return {cmd, key, "st", "fp", "fence", "lease", "exp", "res", "err", "upd"};
+  // Whether TryClaim reads before it runs its script: while reads mostly
+  // answer (replays, keys in progress), they save the server a script each;
+  // while most keys are new they would only add a round trip. Either way the
+  // answer is the same.
+  bool PreRead() const { return hits_.load(std::memory_order_relaxed) >= 0; }
+  // Whether a read alone answered (or would have answered) a TryClaim.
+  void Learn(bool answered) {
+    int h = hits_.load(std::memory_order_relaxed);
+    int n = std::clamp(h + (answered ? 1 : -1), -kLearnRange, kLearnRange);
+    if (n != h) hits_.store(n, std::memory_order_relaxed);
   }
 
-  // An HMGET of RecordFields as a record; nullopt when the key is absent.
+  // What TryClaim answers for the record at `record_key`, judged as its
+  // script would from a GET and the server's TIME (queued together, TIME
+  // after GET, so `now` is no earlier than the read); nullopt when the key is
+  // to be started or taken over (the script decides that).
+  Result<std::optional<ClaimOutcome>> Judge(const std::string& record_key, const ClaimRequest& req) {
+    std::vector<std::string_view> cmds[2] = {{"GET", record_key}, {"TIME"}};
+    const bool own_clock = options_.clock != nullptr;
+    IDEM_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
+                          scripts_.Commands(std::span<const std::vector<std::string_view>>(cmds, own_clock ? 1 : 2)));
+    const std::string what = "claim " + req.scope + "/" + req.key;
+    if (replies.size() != (own_clock ? 1u : 2u)) return Status::Internal("unexpected replies reading " + what);
+    int64_t now = 0;
+    if (own_clock) {
+      now = options_.clock->NowMs();
+    } else {
+      IDEM_ASSIGN_OR_RETURN(int64_t s, IntElement(replies[1].get(), 0, "TIME"));
+      IDEM_ASSIGN_OR_RETURN(int64_t us, IntElement(replies[1].get(), 1, "TIME"));
+      now = s * 1000 + us / 1000;
+    }
+    const redisReply* got = replies[0].get();
+    if (got->type == REDIS_REPLY_NIL) return std::optional<ClaimOutcome>();
+    if (got->type != REDIS_REPLY_STRING) return Status::Internal("unexpected reply to GET reading " + what);
+    std::optional<StoredRecord> rec = ParseRecord(ReplyString(got));
+    if (!rec.has_value()) {
+      return Status::Corruption(what + ": the record's state is '" + std::string(ReplyString(got).substr(0, 1)) +
+                                "', not one idem writes");
+    }
+    if (rec->state == 'c' && rec->expires_at_ms <= now) return std::optional<ClaimOutcome>();  // as absent
+    ClaimOutcome out;
+    if (rec->fingerprint != FingerprintBytes(req.fingerprint)) {
+      out.kind = ClaimOutcome::Kind::kConflict;
+      IDEM_ASSIGN_OR_RETURN(out.stored_fingerprint, ToFingerprint(rec->fingerprint, what));
+    } else if (rec->state == 'c') {
+      out.kind = ClaimOutcome::Kind::kCompleted;
+      out.result = std::string(rec->result);
+      out.result_is_error = rec->is_error;
+    } else if (rec->lease_until_ms > now) {
+      out.kind = ClaimOutcome::Kind::kInProgress;
+      out.retry_at_ms = rec->lease_until_ms;
+    } else {
+      return std::optional<ClaimOutcome>();  // to take over
+    }
+    return std::optional<ClaimOutcome>(std::move(out));
+  }
+
+  // A GET of a record; nullopt when the key is absent.
   static Result<std::optional<ClaimRecord>> ToRecord(const redisReply* r, std::string scope, std::string key) {
     const std::string what = "claim record " + scope + "/" + key;
-    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 8)
-      return Status::Internal("unexpected reply reading " + what);
-    if (r->element[0]->type == REDIS_REPLY_NIL) return std::optional<ClaimRecord>();
+    if (r == nullptr) return Status::Internal("unexpected reply reading " + what);
+    if (r->type == REDIS_REPLY_NIL) return std::optional<ClaimRecord>();
+    if (r->type != REDIS_REPLY_STRING) return Status::Internal("unexpected reply reading " + what);
+    std::optional<StoredRecord> stored = ParseRecord(ReplyString(r));
+    if (!stored.has_value())
+      return Status::Corruption(what + ": '" + std::string(ReplyString(r).substr(0, 8)) + "...' is not idem's record");
     ClaimRecord rec;
-    std::string_view st = ReplyString(r->element[0]);
-    if (st != "p" && st != "c") return Status::Corruption(what + ": state '" + std::string(st) + "' is not idem's");
-    rec.state = st == "c" ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
-    IDEM_ASSIGN_OR_RETURN(rec.fingerprint, ToFingerprint(ReplyString(r->element[1]), what));
-    IDEM_ASSIGN_OR_RETURN(rec.fence, ReplyInt(r->element[2], what));
-    IDEM_ASSIGN_OR_RETURN(rec.lease_until_ms, ReplyInt(r->element[3], what));
-    IDEM_ASSIGN_OR_RETURN(rec.expires_at_ms, ReplyInt(r->element[4], what));
-    rec.result = std::string(ReplyString(r->element[5]));
-    rec.result_is_error = ReplyString(r->element[6]) == "1";
-    IDEM_ASSIGN_OR_RETURN(rec.updated_at_ms, ReplyInt(r->element[7], what));
+    rec.state = stored->state == 'c' ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
+    IDEM_ASSIGN_OR_RETURN(rec.fingerprint, ToFingerprint(stored->fingerprint, what));
+    rec.fence = stored->fence;
+    rec.lease_until_ms = stored->lease_until_ms;
+    rec.expires_at_ms = stored->expires_at_ms;
+    rec.result = std::string(stored->result);
+    rec.result_is_error = stored->is_error;
+    rec.updated_at_ms = stored->updated_at_ms;
     rec.scope = std::move(scope);
     rec.key = std::move(key);
     return std::optional<ClaimRecord>(std::move(rec));
@@ -335,6 +448,12 @@ class RedisClaimStore final : public ClaimStore {
   }
 
   static constexpr int kPipelinedConnections = 2;
+  // How far hits_ moves: it answers within this many TryClaims after the
+  // workload turns.
+  static constexpr int kLearnRange = 16;
+
+  // > 0: recent TryClaims were mostly answered by a read; < 0: mostly started.
+  std::atomic<int> hits_{0};
 
   const Options options_;
   Pool pool_;

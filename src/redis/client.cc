@@ -405,11 +405,14 @@ void Pool::Give(std::unique_ptr<Conn> conn) {
 
 // ---- Pipeline
 
-// One caller's EVALSHA, on its stack while it waits.
+// One caller's EVALSHA (script set), or its plain commands (script null),
+// on its stack while it waits.
 struct Pipeline::Request {
-  const Script* script;
+  const Script* script = nullptr;
   std::span<const std::string> keys;
   std::span<const std::string> args;
+  std::span<const std::vector<std::string_view>> commands;  // script == nullptr
+  std::vector<ReplyPtr> replies;                            // of `commands`, when result is OK
   // Written by the leaders; read by the caller once woken.
   std::optional<Result<ReplyPtr>> result;
   bool lead = false;  // woken to read its batch (written already) and lead on
@@ -466,20 +469,33 @@ Status Pipeline::Connect() {
   return Status::OK();
 }
 
+Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::string> keys,
+                                std::span<const std::string> args) {
+  Request req{.script = &script, .keys = keys, .args = args};
+  Submit(req, next_script_);
+  return std::move(*req.result);
+}
+
+Result<std::vector<ReplyPtr>> Pipeline::Commands(std::span<const std::vector<std::string_view>> commands) {
+  Request req{.commands = commands};
+  if (commands.empty()) return std::vector<ReplyPtr>();
+  Submit(req, next_plain_);
+  if (!req.result->ok()) return req.result->status();
+  return std::move(req.replies);
+}
+
 // The leader of a lane writes a batch (everything queued), reads its replies
 // in order and hands them out; if more calls queued meanwhile, it writes them
 // as the next batch at once and passes the reading of it to one of their
 // callers, so the server works on it while that thread wakes up.
-Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::string> keys,
-                                std::span<const std::string> args) {
-  Lane& lane = *lanes_[lanes_.size() == 1 ? 0 : next_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
-  Request req{.script = &script, .keys = keys, .args = args};
+void Pipeline::Submit(Request& req, std::atomic<unsigned>& turn) {
+  Lane& lane = *lanes_[lanes_.size() == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
   std::unique_lock lock(lane.mu);
   lane.queue.push_back(&req);
   if (lane.leading) {
     lock.unlock();
     req.Await();
-    if (!req.lead) return std::move(*req.result);
+    if (!req.lead) return;
     // Leading now: this call's batch is lane.inflight, written already.
   } else {
     lane.leading = true;
@@ -495,7 +511,7 @@ Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::strin
   lock.lock();
   if (lane.queue.empty()) {
     lane.leading = false;
-    return std::move(*req.result);
+    return;
   }
   lane.inflight.swap(lane.queue);
   lock.unlock();
@@ -503,7 +519,6 @@ Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::strin
   Request* next = lane.inflight.front();
   next->lead = true;
   next->Wake();  // after this, `lane.inflight` belongs to `next`
-  return std::move(*req.result);
 }
 
 // Queues an EVALSHA per request of `batch` and sends them together. A
@@ -522,10 +537,22 @@ void Pipeline::WriteBatch(Lane& lane, std::span<Request* const> batch) {
   Conn& conn = *lane.conn;
   std::vector<std::string_view> argv;
   for (Request* r : batch) {
+    if (r->script == nullptr) {
+      for (const auto& cmd : r->commands) {
+        if (Status s = conn.Append(cmd); !s.ok()) return fail_all(s);
+      }
+      continue;
+    }
     const std::string* sha = conn.LoadedSha(*r->script);
     // A reload the server refused earlier (NOPERM, BUSY) left no hash: load
     // it again now rather than failing every later call on this connection.
-    if (sha == nullptr && conn.Preload(*r->script).ok()) sha = conn.LoadedSha(*r->script);
+    if (sha == nullptr) {
+      if (Status loaded = conn.Preload(*r->script); !loaded.ok()) {
+        r->result.emplace(loaded);
+        continue;
+      }
+      sha = conn.LoadedSha(*r->script);
+    }
     if (sha == nullptr) {
       r->result.emplace(Status::Internal("script " + std::string(r->script->name) + " is not preloaded"));
       continue;
@@ -537,7 +564,9 @@ void Pipeline::WriteBatch(Lane& lane, std::span<Request* const> batch) {
     // Out of memory: nothing was sent yet; the connection is dropped.
     if (Status s = conn.Append(argv); !s.ok()) return fail_all(s);
   }
-  if (Status s = conn.Flush(batch.empty() ? std::string_view("script") : batch.front()->script->name); !s.ok())
+  if (Status s = conn.Flush(batch.empty() || batch.front()->script == nullptr ? std::string_view("pipeline")
+                                                                              : batch.front()->script->name);
+      !s.ok())
     return fail_all(s);
 }
 
@@ -546,13 +575,37 @@ void Pipeline::WriteBatch(Lane& lane, std::span<Request* const> batch) {
 void Pipeline::ReadBatch(Lane& lane, std::span<Request* const> batch) {
   if (lane.conn == nullptr) return;  // WriteBatch failed every request
   Conn& conn = *lane.conn;
-  auto what = [](const Request* r) { return std::string("script ") + r->script->name; };
+  auto what = [](const Request* r) {
+    return r->script != nullptr ? std::string("script ") + r->script->name
+                                : std::string(r->commands.front().empty() ? "command" : r->commands.front().front());
+  };
   std::vector<Request*> noscript;
   bool broken = false;
   for (Request* r : batch) {
     if (r->result.has_value()) continue;
     if (broken) {
       r->result.emplace(conn.Fail(nullptr, what(r)));
+      continue;
+    }
+    if (r->script == nullptr) {  // plain commands: every reply is read, errors too
+      Status first_error;
+      for (size_t i = 0; i < r->commands.size() && !broken; ++i) {
+        auto reply = conn.ReadReply(what(r));
+        if (!reply.ok()) {
+          broken = true;
+          first_error = reply.status();
+        } else if ((*reply)->type == REDIS_REPLY_ERROR) {
+          if (first_error.ok()) first_error = conn.Fail(reply->get(), what(r));
+        } else {
+          r->replies.push_back(std::move(*reply));
+        }
+      }
+      if (first_error.ok()) {
+        r->result.emplace(ReplyPtr());
+      } else {
+        r->replies.clear();
+        r->result.emplace(first_error);
+      }
       continue;
     }
     auto reply = conn.ReadReply(what(r));

@@ -182,7 +182,7 @@ class Pool {
   std::chrono::steady_clock::time_point retry_at_{};
 };
 
-// Automatic pipelining of EVALSHA calls from many threads over a few shared
+// Automatic pipelining of EVALSHA calls (and plain commands) from many threads over a few shared
 // connections: callers that arrive while a batch is on the wire queue up;
 // the next leader (one of them) writes the whole queue at once and reads the
 // replies back in order, so the server and the clients make a few syscalls
@@ -204,11 +204,19 @@ class Pipeline {
   // Runs `script` (one of `scripts`) with EVALSHA. An error reply becomes a
   // Status, as with Conn::Eval.
   Result<ReplyPtr> Eval(const Script& script, std::span<const std::string> keys, std::span<const std::string> args);
+  // Runs plain commands (each an argv), queued together in one batch, so
+  // they run in this order on one connection (other clients' commands may
+  // come between them). Their replies, in order; an error reply of any of
+  // them becomes the Status.
+  Result<std::vector<ReplyPtr>> Commands(std::span<const std::vector<std::string_view>> commands);
 
  private:
   struct Request;
   struct Lane;
   Result<std::unique_ptr<Conn>> Open();
+  // Queues `req` on a lane (taking turns by `turn`) and returns once its
+  // result is in.
+  void Submit(Request& req, std::atomic<unsigned>& turn);
   void WriteBatch(Lane& lane, std::span<Request* const> batch);
   void ReadBatch(Lane& lane, std::span<Request* const> batch);
 
@@ -216,7 +224,9 @@ class Pipeline {
   const ConnectOptions options_;
   const std::vector<const Script*> scripts_;
   std::vector<std::unique_ptr<Lane>> lanes_;
-  std::atomic<unsigned> next_{0};
+  // Scripts and plain commands take turns over the lanes separately.
+  std::atomic<unsigned> next_script_{0};
+  std::atomic<unsigned> next_plain_{0};
 };
 
 // Helpers for building keys and reading replies.

@@ -1,22 +1,26 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Internal: the Lua scripts of the Redis claim store. Each claim operation is
-// one script, so it is atomic on the server: no other command runs between
-// its read and its write.
+// Internal: the Lua scripts of the Redis claim store. Each claim write is one
+// script, so it is atomic on the server: no other command runs between its
+// read and its write. (TryClaim first reads the record with plain commands,
+// see claim_store.cc, and runs its script only to start or take over.)
 //
-// A record is a hash with the fields
-//   st     'p' (in progress) or 'c' (completed)
-//   fp     the 32-byte fingerprint
-//   fence  the fencing token (from INCR on the counter key)
-//   lease  lease end, ms (store clock)
-//   exp    retention end of a completed record, ms
-//   res    the result; err '1' when it is a stored error
-//   upd    last change, ms
+// A record is one string (one GET reads it, one SET ... PX writes it and its
+// TTL; every redis.call costs ~1 us of Lua glue):
+//   byte 1      st: 'p' (in progress) or 'c' (completed)
+//   byte 2      err: '1' when the result is a stored error, else '0'
+//   byte 3      w: '1' once a bounded wait watches the key (Complete and
+//               Release then PUBLISH on its channel), else '0'
+//   bytes 4-35  the 32-byte fingerprint
+//   then        "<fence>:<lease>:<exp>:<upd>:" in decimal (ms, store clock;
+//               exp: retention end of a completed record, else 0)
+//   then        the result (any bytes, to the end)
+// The C++ side reads and writes the same layout (RecordCodec in
+// claim_store.cc).
 //
 // ARGV[1] of the scripts that read the clock is the caller's `now` in ms, or
 // "" to use the server's TIME (allowed before writes since Redis 5: scripts
-// replicate their effects, not their code). Numbers are stored as Lua
-// writes them (%.17g: exact integers for every ms timestamp).
+// replicate their effects, not their code).
 #ifndef IDEM_SRC_REDIS_SCRIPTS_H_
 #define IDEM_SRC_REDIS_SCRIPTS_H_
 
@@ -31,13 +35,25 @@ namespace idem::redis_internal {
   "  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"        \
   "end\n"
 
-// Returns the record's fence and state when it does not match the token:
-// {'lost', fence or 0, state or ''}.
+// Splits the record `v` (a string) into st, fence, lease, exp, upd (strings)
+// and the position of the result; fence is nil when `v` is not idem's.
+#define IDEM_REDIS_LUA_SPLIT                                                   \
+  "local function split(v)\n"                                                  \
+  "  local st = string.sub(v, 1, 1)\n"                                         \
+  "  if (st ~= 'p' and st ~= 'c') or #v < 35 then return st end\n"             \
+  "  return st, string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
+  "end\n"
+
+// Reads the record and checks the token (ARGV[2]): returns {'lost', fence
+// or 0, state or ''} when it does not match; else leaves v, st, fence,
+// lease, exp, upd, pos.
 #define IDEM_REDIS_LUA_CHECK_TOKEN                                             \
-  "local r = redis.call('HMGET', KEYS[1], 'st', 'fence')\n"                    \
-  "if not r[1] then return {'lost', 0, ''} end\n"                              \
-  "local fence = tonumber(r[2]) or 0\n"                                        \
-  "if fence ~= tonumber(ARGV[2]) then return {'lost', fence, r[1]} end\n"
+  IDEM_REDIS_LUA_SPLIT                                                         \
+  "local v = redis.call('GET', KEYS[1])\n"                                     \
+  "if not v then return {'lost', 0, ''} end\n"                                 \
+  "local st, fence, lease, exp, upd, pos = split(v)\n"                         \
+  "if not fence then return {'lost', 0, st} end\n"                             \
+  "if tonumber(fence) ~= tonumber(ARGV[2]) then return {'lost', tonumber(fence), st} end\n"
 
 // KEYS: record, fence counter. ARGV: now, fingerprint, lease_ms,
 // abandon_margin_ms. Returns {'started', fence, lease_until, took_over 0|1},
@@ -45,28 +61,32 @@ namespace idem::redis_internal {
 // {'in_progress', lease_until} or {'corrupt', state}.
 inline constexpr Script kTryClaim{"try_claim",
     IDEM_REDIS_LUA_NOW
-    "local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'lease', 'exp', 'res', 'err')\n"
-    "local st = r[1]\n"
+    IDEM_REDIS_LUA_SPLIT
+    "local v = redis.call('GET', KEYS[1])\n"
     "local took_over = 0\n"
+    "local w = '0'\n"
+    "if v then\n"
+    "  local st, fence, lease, exp, upd, pos = split(v)\n"
+    "  if not fence then return {'corrupt', st} end\n"
+    "  w = string.sub(v, 3, 3)\n"
     // Present, unless completed and past its retention (TTL may lag a caller's clock).
-    "if st and not (st == 'c' and (tonumber(r[4]) or 0) <= now) then\n"
-    "  if st ~= 'p' and st ~= 'c' then return {'corrupt', st} end\n"
-    "  if r[2] ~= ARGV[2] then return {'conflict', r[2] or ''} end\n"
-    "  if st == 'c' then return {'completed', r[5] or '', tonumber(r[6]) or 0} end\n"
-    "  local held = tonumber(r[3]) or 0\n"
-    "  if held > now then return {'in_progress', held} end\n"
-    "  took_over = 1\n"
+    "  if not (st == 'c' and tonumber(exp) <= now) then\n"
+    "    local fp = string.sub(v, 4, 35)\n"
+    "    if fp ~= ARGV[2] then return {'conflict', fp} end\n"
+    "    if st == 'c' then return {'completed', string.sub(v, pos), string.sub(v, 2, 2) == '1' and 1 or 0} end\n"
+    "    local held = tonumber(lease)\n"
+    "    if held > now then return {'in_progress', held} end\n"
+    "    took_over = 1\n"
+    "  end\n"
     "end\n"
-    // Start: every redis.call costs ~1 us of Lua glue, so no more than needed.
     "local fence = redis.call('INCR', KEYS[2])\n"
     "local span = tonumber(ARGV[3])\n"
     "local lease = now + span\n"
-    // A record being replaced leaves no stale result behind.
-    "if st then redis.call('DEL', KEYS[1]) end\n"
-    "redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[2], 'fence', fence, 'lease', lease,\n"
-    "           'exp', 0, 'err', 0, 'upd', now)\n"
-    // Relative TTL: with a caller's clock, absolute times need not be the server's.
-    "redis.call('PEXPIRE', KEYS[1], span + tonumber(ARGV[4]))\n"
+    // A record being replaced leaves no stale result behind; a watcher's
+    // mark stays. Relative TTL: with a caller's clock, absolute times need
+    // not be the server's.
+    "redis.call('SET', KEYS[1], 'p0' .. w .. ARGV[2] .. string.format('%.0f:%.0f:0:%.0f:', fence, lease, now),\n"
+    "           'PX', span + tonumber(ARGV[4]))\n"
     "return {'started', fence, lease, took_over}\n"};
 
 // KEYS: record. ARGV: now, fence, result, is_error '0'|'1', retention_ms,
@@ -74,20 +94,21 @@ inline constexpr Script kTryClaim{"try_claim",
 inline constexpr Script kComplete{"complete",
     IDEM_REDIS_LUA_NOW
     IDEM_REDIS_LUA_CHECK_TOKEN
-    "if r[1] == 'c' then return {'ok'} end\n"  // a retried Complete
-    "if r[1] ~= 'p' then return {'lost', fence, r[1]} end\n"
-    "redis.call('HSET', KEYS[1], 'st', 'c', 'res', ARGV[3], 'err', ARGV[4],\n"
-    "           'exp', now + tonumber(ARGV[5]), 'upd', now)\n"
-    "redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), tonumber(ARGV[7])))\n"
-    "redis.call('PUBLISH', ARGV[6], 'completed')\n"
+    "if st == 'c' then return {'ok'} end\n"  // a retried Complete
+    "local keep = tonumber(ARGV[5])\n"
+    "local w = string.sub(v, 3, 3)\n"
+    "redis.call('SET', KEYS[1], 'c' .. ARGV[4] .. string.sub(v, 3, 35) ..\n"
+    "           string.format('%s:%s:%.0f:%.0f:', fence, lease, now + keep, now) .. ARGV[3],\n"
+    "           'PX', math.max(keep, tonumber(ARGV[7])))\n"
+    "if w == '1' then redis.call('PUBLISH', ARGV[6], 'completed') end\n"
     "return {'ok'}\n"};
 
 // KEYS: record. ARGV: unused, fence, channel. Returns {'ok'} or {'lost', ...}.
 inline constexpr Script kRelease{"release",
     IDEM_REDIS_LUA_CHECK_TOKEN
-    "if r[1] ~= 'p' then return {'lost', fence, r[1]} end\n"
+    "if st ~= 'p' then return {'lost', tonumber(fence), st} end\n"
     "redis.call('DEL', KEYS[1])\n"
-    "redis.call('PUBLISH', ARGV[3], 'released')\n"
+    "if string.sub(v, 3, 3) == '1' then redis.call('PUBLISH', ARGV[3], 'released') end\n"
     "return {'ok'}\n"};
 
 // KEYS: record. ARGV: now, fence, lease_ms, abandon_margin_ms. Returns
@@ -95,30 +116,48 @@ inline constexpr Script kRelease{"release",
 inline constexpr Script kExtend{"extend",
     IDEM_REDIS_LUA_NOW
     IDEM_REDIS_LUA_CHECK_TOKEN
-    "if r[1] ~= 'p' then return {'lost', fence, r[1]} end\n"
-    "local lease = now + tonumber(ARGV[3])\n"
-    "redis.call('HSET', KEYS[1], 'lease', lease, 'upd', now)\n"
-    "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]))\n"
-    "return {'ok', lease}\n"};
+    "if st ~= 'p' then return {'lost', tonumber(fence), st} end\n"
+    "local span = tonumber(ARGV[3])\n"
+    "local until_ms = now + span\n"
+    "redis.call('SET', KEYS[1], string.sub(v, 1, 35) ..\n"
+    "           string.format('%s:%.0f:%s:%.0f:', fence, until_ms, exp, now) .. string.sub(v, pos),\n"
+    "           'PX', span + tonumber(ARGV[4]))\n"
+    "return {'ok', until_ms}\n"};
+
+// KEYS: record. Marks the record as watched (byte 3), keeping its TTL, so
+// that its Complete or Release publishes. No record: nothing to mark (the
+// waiter's polls cover a claim made after this). Returns 1.
+inline constexpr Script kAddWaiter{"add_waiter",
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if v and #v >= 3 and string.sub(v, 3, 3) ~= '1' then\n"
+    "  redis.call('SET', KEYS[1], string.sub(v, 1, 2) .. '1' .. string.sub(v, 4), 'KEEPTTL')\n"
+    "end\n"
+    "return 1\n"};
 
 // KEYS: records found by SCAN. ARGV: now, abandoned_after_ms. Deletes the
 // completed ones past their retention and the in-progress ones abandoned
-// for abandoned_after_ms past their lease; returns how many.
+// for abandoned_after_ms past their lease; returns how many. Keys that are
+// not idem's records are left alone.
 inline constexpr Script kPurge{"purge",
     IDEM_REDIS_LUA_NOW
+    IDEM_REDIS_LUA_SPLIT
     "local after = tonumber(ARGV[2])\n"
     "local n = 0\n"
     "for _, k in ipairs(KEYS) do\n"
-    "  local r = redis.call('HMGET', k, 'st', 'lease', 'exp')\n"
-    "  if (r[1] == 'c' and (tonumber(r[3]) or 0) <= now) or\n"
-    "     (r[1] == 'p' and (tonumber(r[2]) or 0) + after <= now) then\n"
-    "    redis.call('DEL', k)\n"
-    "    n = n + 1\n"
+    "  local v = redis.pcall('GET', k)\n"
+    "  if type(v) == 'string' then\n"
+    "    local st, fence, lease, exp = split(v)\n"
+    "    if fence and ((st == 'c' and tonumber(exp) <= now) or\n"
+    "                  (st == 'p' and tonumber(lease) + after <= now)) then\n"
+    "      redis.call('DEL', k)\n"
+    "      n = n + 1\n"
+    "    end\n"
     "  end\n"
     "end\n"
     "return n\n"};
 
 #undef IDEM_REDIS_LUA_NOW
+#undef IDEM_REDIS_LUA_SPLIT
 #undef IDEM_REDIS_LUA_CHECK_TOKEN
 
 }  // namespace idem::redis_internal

@@ -204,6 +204,7 @@ TEST(RedisClaimStore, RecordsCarryTheirTtl) {
   const std::string key = prefix + "claim:7:charges:k";
   auto c = store->TryClaim(Req("k", "b", 1'000));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
+  EXPECT_EQ(RedisRaw({"TYPE", key}), "string") << "one string per record: one GET reads it";
   int64_t ttl = std::atoll(RedisRaw({"PTTL", key}).c_str());
   EXPECT_GT(ttl, 0);
   EXPECT_LE(ttl, 61'000);

@@ -28,22 +28,34 @@
 //     answers MOVED/CROSSSLOT, reported as Code::kInvalidArgument.
 //
 // Key layout (binary-safe: scope and key may hold any bytes):
-//   <prefix>claim:<scope length>:<scope>:<key>   a hash: the record
+//   <prefix>claim:<scope length>:<scope>:<key>   a string: the record (state,
+//                                                error and waiter flags, the
+//                                                fingerprint, then
+//                                                "fence:lease:exp:upd:" and
+//                                                the result bytes), written
+//                                                with one SET ... PX
 //   <prefix>fence                                the fencing counter (INCR)
 //   <prefix>changed:<scope length>:<scope>:<key> the channel a Complete or
-//                                                Release publishes on
-// Completed records expire (PEXPIRE) when their retention ends; in-progress
+//                                                Release publishes on, when
+//                                                a waiter flagged the record
+// (Records written as hashes by earlier builds are reported as
+// Code::kCorruption: flush them.)
+// Completed records expire (PX) when their retention ends; in-progress
 // records expire abandon_margin_ms after their lease, so abandoned claims do
 // not pile up even if PurgeClaims never runs. ListClaims and PurgeClaims
 // walk the keyspace with SCAN: tools for inspection and maintenance, not for
 // a hot path.
 //
 // Bounded waits (ClaimRequest::wait_ms) subscribe to the key's channel on a
-// connection of their own, so a Complete or Release from any process wakes
-// them.
+// connection of their own and flag the record, so a Complete or Release from
+// any process wakes them (unflagged records publish nothing).
 //
-// Thread safety: safe from many threads; each call takes its own connection
-// from a small pool.
+// A replay is answered with a plain GET (and TIME) and no script while most
+// recent claims found their key present; claim, complete, release and
+// extend are Lua scripts. Concurrent calls are pipelined over two shared
+// connections.
+//
+// Thread safety: safe from many threads.
 #ifndef IDEM_REDIS_CLAIM_STORE_H_
 #define IDEM_REDIS_CLAIM_STORE_H_
 
