@@ -27,6 +27,11 @@ int RunInspect(const Args& args);
 const Command& ProviderCommand();
 int RunProvider(const Args& args);  // provider_cmd.cc
 
+const Command& RunCommand();
+int RunRun(const Args& args);  // run_cmd.cc
+const Command& PublishCommand();
+int RunPublish(const Args& args);  // run_cmd.cc
+
 const Command& PurgeCommand();
 int RunPurge(const Args& args);
 
