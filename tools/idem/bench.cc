@@ -436,11 +436,16 @@ const Command& BenchCommand() {
       "           called --dup times, --concurrency in flight; the first call of a key claims it, runs the\n"
       "           work (a counter) and completes it, later calls replay the stored result. Prints the peers'\n"
       "           result line with claims/s (pass 1) and replays/s (later passes). --store sqlite:PATH,\n"
-      "           postgres://... or redis://... See bench/peers/claims-vs-powertools.sh.",
+      "           postgres://... or redis://... See bench/peers/claims-vs-powertools.sh.\n\n"
+      "  source   what the guard and the store cost on top of a broker: rounds alternate between the\n"
+      "           broker's own consume-and-ack rate (no database) and the Consumer with the Inbox on\n"
+      "           --store, each on freshly published --messages (of which --dup-rate published twice);\n"
+      "           prints raw_per_s, guarded_per_s and the ratio.",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
       "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]\n"
-      "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C]",
+      "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C]\n"
+      "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] [--rounds R]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -456,7 +461,11 @@ const Command& BenchCommand() {
        {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},
        {"concurrency", "C", "", "peers: deliveries in flight (default: $CONCURRENCY or 16)"},
        {"days", "D", "10", "purge: the retained markers' processing times span D days; the oldest is purged"},
-       {"purge-batch", "B", "2000", "purge: markers per purge transaction"}}};
+       {"purge-batch", "B", "2000", "purge: markers per purge transaction"},
+       {"source", "URL", "", "source: the broker (see idem run --help)"},
+       {"messages", "N", "", "source: distinct messages per round (default 10000)"},
+       {"dup-rate", "R", "", "source: fraction published twice (default 0)"},
+       {"workers", "W", "", "source: consumer threads (default 4)"}}};
   return c;
 }
 
@@ -464,13 +473,14 @@ int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
     return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
-  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims")
+  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
-                                                 "': expected marker, peers, purge or claims (see idem bench --help)"));
+                                                 "': expected marker, peers, purge, claims or source (see idem bench --help)"));
   if (pos.size() > 1)
     return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
+  if (pos[0] == "source") return RunBenchSource(args);
   return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 

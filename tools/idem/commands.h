@@ -17,6 +17,7 @@ int RunBench(const Args& args);
 int RunBenchPeers(const Args& args);  // idem bench peers (bench_peers.cc)
 int RunBenchPurge(const Args& args);  // idem bench purge (bench_purge.cc)
 int RunBenchClaims(const Args& args);  // idem bench claims (bench_claims.cc)
+int RunBenchSource(const Args& args);  // idem bench source (bench_source.cc)
 
 const Command& SchemaCommand();
 int RunSchema(const Args& args);
