@@ -21,11 +21,12 @@
 namespace idem::cli {
 
 struct OpenedSource {
+  // Whatever must outlive the source and the publisher (a mock cluster):
+  // declared first, so it is destroyed last.
+  std::shared_ptr<void> owner;
   std::unique_ptr<Source> source;
   // Appends a message as a producer would (with the broker's confirms).
   std::function<Status(const Message&)> publish;
-  // Whatever else must live as long as the source (a mock cluster).
-  std::shared_ptr<void> owner;
   std::string kind;
 };
 

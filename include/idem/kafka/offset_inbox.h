@@ -1,0 +1,88 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// OffsetInbox: the ordered-log mode for Kafka partitions. Instead of one
+// marker per message, it keeps the last applied offset of each
+// (consumer, topic, partition) in the table idem_kafka_offsets, written in
+// the same transaction as the handler's work. A record at or below the
+// stored offset is skipped (kDuplicate) without running the handler; on
+// assignment the source starts each partition at the stored offset + 1
+// (pass StartOffsets() as kafka::Options::start_offset). Kafka's own
+// committed offset becomes a hint. No per-message rows, nothing to purge.
+//
+//   auto oi = idem::kafka::OffsetInbox::Open(*store, {.consumer = "billing"});
+//   auto src = idem::kafka::Source::Open({..., .start_offset = (*oi)->StartOffsets()});
+//   for (auto& d : *src->Receive(1, 500)) {
+//     auto out = (*oi)->Handle(d, handler);
+//     if (out.ShouldAck()) src->Ack(d); else src->Nack(d, 1000);
+//   }
+//
+// What it needs, and what it does not do:
+//   - Records of one partition must be handled one at a time and in order:
+//     one thread per source, one record per Receive, and a failed record
+//     nacked (the source then seeks back to it and holds later records of
+//     the partition back). Applying offset 9 before offset 8 would make 8
+//     look applied.
+//   - It deduplicates redeliveries of a record (same topic, partition,
+//     offset), not a producer retry, which is another record with another
+//     offset: pair it with an idempotent producer (enable.idempotence), or
+//     make the writes naturally idempotent, or use the Inbox (one marker per
+//     message id).
+//   - Not usable through idem::Consumer (which drives an Inbox): call
+//     Handle yourself, as above.
+//
+// Thread safety: Handle may be called from many threads (for different
+// partitions); the Store gives each call its own connection.
+#ifndef IDEM_KAFKA_OFFSET_INBOX_H_
+#define IDEM_KAFKA_OFFSET_INBOX_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/inbox.h"
+#include "idem/result.h"
+#include "idem/source.h"
+#include "idem/store.h"
+
+namespace idem::kafka {
+
+struct OffsetInboxOptions {
+  // The consumer's name: part of the key, so several consumers can share
+  // one database. 1..255 bytes. Default: "default".
+  std::string consumer = "default";
+};
+
+class OffsetInbox {
+ public:
+  // Creates idem_kafka_offsets if missing. `store` must outlive the result.
+  static Result<std::unique_ptr<OffsetInbox>> Open(Store& store, OffsetInboxOptions options = {});
+  OffsetInbox(const OffsetInbox&) = delete;
+  OffsetInbox& operator=(const OffsetInbox&) = delete;
+
+  // Handles one delivery of a kafka::Source: kApplied (handler ran, offset
+  // stored, committed together), kDuplicate (offset at or below the stored
+  // one: nothing ran), or kFailed (nothing committed; kHandlerFailed for
+  // the handler's error, kInvalidArgument for a receipt that is not a Kafka
+  // one, a store code otherwise). A handler's exception propagates after the
+  // rollback.
+  Outcome Handle(const Delivery& delivery, const Handler& handler);
+
+  // The last applied offset of a partition, nullopt when none is stored.
+  Result<std::optional<int64_t>> LastApplied(std::string_view topic, int32_t partition);
+
+  // For kafka::Options::start_offset: the stored offset + 1, or nullopt
+  // (Kafka's committed offset) when none is stored or the store fails.
+  std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> StartOffsets();
+
+ private:
+  OffsetInbox(Store& store, OffsetInboxOptions options) : store_(store), options_(std::move(options)) {}
+  Store& store_;
+  OffsetInboxOptions options_;
+};
+
+}  // namespace idem::kafka
+
+#endif  // IDEM_KAFKA_OFFSET_INBOX_H_

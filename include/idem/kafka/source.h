@@ -1,0 +1,233 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The Kafka source (librdkafka; tested against librdkafka 2.0 and its mock
+// cluster): a consumer-group member that hands records to the Consumer
+// runner as deliveries, with auto commit and auto offset store off, so that
+// an offset is committed only once the work of its record is committed.
+//
+//   auto src = idem::kafka::Source::Open({.brokers = "k1:9092", .topic = "payments", .group = "billing"});
+//   if (!src.ok()) return src.status();
+//   idem::Consumer consumer(**src, inbox, handler);
+//   consumer.Run();
+//
+// What a delivery is:
+//   - message.id comes from the record header Options::id_header (default
+//     "id"), or from the record key when Options::id_from_key is set and the
+//     header is missing. A record with neither gets an empty id: the Inbox
+//     rejects it and the Consumer dead-letters it.
+//   - message.attempt is always 0 (unknown): Kafka keeps no delivery count.
+//     The Consumer then counts failures in the store, as it does for any
+//     source without a count.
+//   - message.headers are all the record's headers; message.producer_time_ms
+//     comes from the header "idem-produced-at-ms" when present (the Producer
+//     below writes it), never from the record timestamp, which a producer
+//     retry changes.
+//   - The receipt names topic, partition, offset and the assignment of the
+//     partition it came from.
+//
+// Acks and commits. A partition is a log: committing offset N says "every
+// record below N is done". So Ack never commits past an unacknowledged
+// record: the source keeps, per assigned partition, the offsets it delivered
+// and not yet acknowledged, and commits (asynchronously) the end of the
+// acknowledged prefix. A record acknowledged after a later one is covered by
+// the commit that follows its own ack. Kafka's committed offset is where a
+// consumer restarts after a crash or a rebalance; records after it may have
+// been applied already, and the Inbox absorbs their repeats.
+//
+// Nack(delay): after the delay (judged by Options::env), the next Receive
+// seeks the partition back to the nacked offset. Kafka cannot skip around
+// inside a partition, so every record after that offset is delivered again
+// too (records of that partition fetched before the seek are held back and
+// come again after it); the Inbox absorbs the repeats. Several nacks on one
+// partition seek once, to the lowest offset, when the latest delay is over.
+//
+// Rebalances. On assignment each partition gets a new assignment number,
+// carried by the receipts; Options::start_offset may choose where a
+// partition starts (the ordered-log mode uses it). On revocation the source
+// waits up to Options::revoke_wait_ms for deliveries of the revoked
+// partitions still being worked on to be acknowledged or nacked, commits
+// the acknowledged prefixes (synchronously), and then forgets the
+// partitions: a later Ack or Nack of one of their receipts returns
+// Code::kLeaseLost (the records go to the partition's next owner, whose
+// Inbox finds the markers of what was committed here).
+//
+// Thread safety: Receive, Ack and Nack may be called from many threads at
+// once. Receive calls are serialised (one poll at a time); the rebalance
+// callbacks run inside Receive (and inside the destructor).
+#ifndef IDEM_KAFKA_SOURCE_H_
+#define IDEM_KAFKA_SOURCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "idem/env.h"
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/source.h"
+#include "idem/status.h"
+
+namespace idem::kafka {
+
+// The header in which the Producer writes Message::producer_time_ms (decimal
+// milliseconds) and from which the Source reads it back.
+inline constexpr std::string_view kProducedAtHeader = "idem-produced-at-ms";
+
+struct Options {
+  // Bootstrap brokers, "host:port,host:port". Required.
+  std::string brokers;
+  // The topic to consume. Required.
+  std::string topic;
+  // The consumer group (group.id). Required.
+  std::string group;
+  // The record header that carries the message id. Default: "id".
+  std::string id_header = "id";
+  // Take the id from the record key when the header is missing.
+  // Default: false.
+  bool id_from_key = false;
+  // client.id, shown in broker logs. Default: "idem".
+  std::string client_id = "idem";
+  // session.timeout.ms: how long the group waits for a silent member before
+  // giving its partitions to others. Default: 10000.
+  int session_timeout_ms = 10'000;
+  // heartbeat.interval.ms. Default: 1000.
+  int heartbeat_interval_ms = 1'000;
+  // max.poll.interval.ms: the longest gap between two Receive calls before
+  // the member is considered stuck and leaves the group. Default: 300000.
+  int max_poll_interval_ms = 300'000;
+  // auto.offset.reset, where a partition with no committed offset starts:
+  // "earliest" or "latest". Default: "earliest".
+  std::string auto_offset_reset = "earliest";
+  // On revocation, how long to wait for the revoked partitions' deliveries
+  // still being worked on to be acknowledged or nacked before giving them
+  // up (a later Ack of them is then kLeaseLost). 0: do not wait.
+  // Default: 5000.
+  int64_t revoke_wait_ms = 5'000;
+  // Called on assignment for each newly assigned partition: the offset to
+  // start from, or nullopt for Kafka's committed offset. Runs on the thread
+  // in Receive. Default: none (committed offsets).
+  std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset;
+  // Extra librdkafka configuration properties, applied last (so they may
+  // override the above; enable.auto.commit and enable.auto.offset.store are
+  // forced off after them). Default: none.
+  std::vector<std::pair<std::string, std::string>> config;
+  // Clock for nack delays. Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// A point-in-time copy of a Source's counters.
+struct SourceStats {
+  uint64_t delivered = 0;        // deliveries handed out by Receive
+  uint64_t held_back = 0;        // records dropped because a seek back was pending
+  uint64_t seeks = 0;            // seeks performed for nacks
+  uint64_t commits = 0;          // commit requests issued
+  uint64_t commit_errors = 0;    // commits that failed (reported by librdkafka)
+  uint64_t assignments = 0;      // assignment callbacks (each rebalance adds one)
+  uint64_t revocations = 0;      // revocation callbacks
+  uint64_t abandoned = 0;        // in-flight deliveries dropped at revocation
+};
+
+// The receipt, decoded. Exposed for tests and tools.
+struct Receipt {
+  std::string topic;
+  int32_t partition = 0;
+  int64_t offset = 0;
+  uint64_t assignment = 0;
+};
+std::string EncodeReceipt(const Receipt& r);
+// Code::kInvalidArgument when `receipt` was not made by EncodeReceipt.
+Result<Receipt> DecodeReceipt(std::string_view receipt);
+
+class Source final : public ::idem::Source {
+ public:
+  // Creates the consumer and subscribes to the topic. Code::kInvalidArgument
+  // for a missing or rejected option; the brokers are contacted lazily (an
+  // unreachable cluster shows as empty Receives).
+  static Result<std::unique_ptr<Source>> Open(Options options);
+  // Leaves the group (the revocation commits acknowledged prefixes) and
+  // destroys the consumer.
+  ~Source() override;
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+
+  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override;
+  // OK when acknowledged (the commit is issued asynchronously; a failed
+  // commit is counted in stats().commit_errors, and the next ack or the
+  // revocation commits again). kLeaseLost when the partition was revoked
+  // since the delivery. kInvalidArgument for a receipt of another source.
+  Status Ack(const Delivery& delivery) override;
+  // OK when the seek back is recorded; kLeaseLost as for Ack.
+  Status Nack(const Delivery& delivery, int64_t delay_ms) override;
+  std::string_view Kind() const override { return "kafka"; }
+
+  // Commits every acknowledged prefix now and waits for the answer.
+  Status CommitSync();
+  // The partitions of the topic assigned to this member right now.
+  std::vector<int32_t> Assignment() const;
+  // This member's id in the group ("" before it joined).
+  std::string MemberId() const;
+  SourceStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit Source(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ProducerOptions {
+  // Bootstrap brokers, "host:port,...". Required.
+  std::string brokers;
+  // The topic to write to. Required.
+  std::string topic;
+  // The header that carries the message id. Default: "id".
+  std::string id_header = "id";
+  // acks: "all", "1" or "0". Default: "all".
+  std::string acks = "all";
+  // Extra librdkafka properties, applied last. Default: none.
+  std::vector<std::pair<std::string, std::string>> config;
+};
+
+struct ProduceOptions {
+  // The partition, or -1 to let the partitioner pick by key. Default: -1.
+  int32_t partition = -1;
+  // The record key; nullopt: the message id (so every copy of a message
+  // lands in one partition, in order). Default: nullopt.
+  std::optional<std::string> key;
+};
+
+// Writes messages as records: payload as value, the id in the id header,
+// the message's headers after it, and producer_time_ms in
+// kProducedAtHeader. For tests, demos and outbox relays.
+//
+// Thread safety: Produce and Flush may be called from many threads.
+class Producer {
+ public:
+  static Result<std::unique_ptr<Producer>> Open(ProducerOptions options);
+  // Flushes (up to 10 s) and destroys the producer.
+  ~Producer();
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  // Queues one record. kBusy when the local queue is full (Flush, retry).
+  Status Produce(const Message& message, const ProduceOptions& options = {});
+  // Waits up to `timeout_ms` for every queued record to be acknowledged by
+  // the brokers. OK when all were; otherwise the first delivery error since
+  // the last Flush (kUnavailable when the wait timed out).
+  Status Flush(int64_t timeout_ms = 30'000);
+
+  struct Impl;
+
+ private:
+  explicit Producer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem::kafka
+
+#endif  // IDEM_KAFKA_SOURCE_H_

@@ -1,0 +1,131 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// StreamSource: a Source over a Redis Stream read through a consumer group
+// (hiredis). Every handle is one consumer of the group.
+//
+//   auto src = idem::redis::StreamSource::Open({.url = "redis://127.0.0.1:6379",
+//                                               .stream = "orders", .group = "payments"});
+//   idem::Consumer consumer(**src, inbox, handler);
+//
+// The message id is read from a field of the entry (`id_field`), never the
+// stream entry id, so a producer that retries an XADD (two entries, one id)
+// is caught by the Inbox. A producer writes entries with Publish(), or with
+// XADD and these fields:
+//   <id_field>          the message id (required; see below)
+//   <payload_field>     the body (missing: empty)
+//   producer_time_ms    decimal milliseconds since the Unix epoch (optional)
+//   header:<name>       one header each, in order (names may repeat)
+// Any other field is delivered as a header under its own name.
+//
+// Leases: Receive first takes over entries of the group whose lease ran
+// out, whoever held them (a crashed or slow consumer): XPENDING IDLE finds
+// them, XCLAIM takes them (the exact form of XAUTOCLAIM, see below). Then it
+// reads new entries (XREADGROUP ... >). Both happen in one server-side
+// script, so an entry is never handed out without its lease. Message.attempt
+// is the entry's delivery count in the group's pending list (XPENDING),
+// which the Consumer's backoff and dead-letter bookkeeping see. Ack is XACK
+// (and XDEL with delete_on_ack); Nack leaves the entry pending and moves its
+// lease end to now + delay, so the first Receive after that (by any
+// consumer) takes it over, with its delivery count raised.
+//
+// The lease clock is the Env, not the server: a lease end E is kept as the
+// pending entry's delivery time (XCLAIM ... TIME), E - kLeaseClockShiftMs,
+// and the script compares E with the Env's now, which Receive passes in
+// (the server's TIME, read around XPENDING, turns idle times back into E).
+// So leases and nack delays follow a FakeEnv in tests, exactly to the
+// millisecond, and nack delays longer than the lease are possible (Redis
+// clamps a delivery time in the future). XAUTOCLAIM would read the server's
+// clock once more and could end a lease a millisecond early. The cost:
+// XPENDING's idle time for an entry leased by idem reads kLeaseClockShiftMs
+// plus the time since its lease ran out (less while it is still leased), and
+// an entry read into the group by something other than idem (a plain
+// XREADGROUP) is not taken over.
+//
+// Waiting: with the real clock (env is Env::Default()), a Receive that finds
+// nothing blocks in Redis (XREAD BLOCK on the stream, which takes nothing)
+// for at most poll_ms at a time, and looks for expired leases between; with
+// another Env it sleeps through env->SleepMs(poll_ms) instead.
+//
+// An entry without the id field (or with an invalid id) is delivered with an
+// empty id and a header "idem-error" that says why, so a Consumer
+// dead-letters it at once and acks it; it is never dropped silently.
+//
+// Receipts are "<entry id>:<delivery count>:<consumer>": an Ack or Nack of a
+// delivery whose entry has been taken over since (or acked) is kLeaseLost,
+// from any handle.
+//
+// Thread safety: a StreamSource may be used from many threads (a pool of
+// connections); many processes may consume one group.
+#ifndef IDEM_REDIS_STREAM_SOURCE_H_
+#define IDEM_REDIS_STREAM_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "idem/env.h"
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/source.h"
+#include "idem/status.h"
+
+namespace idem::redis {
+
+struct StreamSourceOptions {
+  // "redis://[[user]:password@]host[:port][/db]". Required.
+  std::string url;
+  // The stream's key and the consumer group's name. Required.
+  std::string stream;
+  std::string group;
+  // This handle's consumer name in the group. Default (empty): a new name
+  // per handle, "idem-<hostname>-<pid>-<random>". Give a stable name to
+  // keep the group's consumer list short (XGROUP DELCONSUMER removes old
+  // ones).
+  std::string consumer;
+  // The entry fields that hold the message id and the payload.
+  std::string id_field = "id";
+  std::string payload_field = "payload";
+  // How long a received entry stays leased before another Receive (of any
+  // consumer of the group) takes it over: the visibility timeout. Default 30 s.
+  int64_t lease_ms = 30'000;
+  // Create the group (XGROUP CREATE <stream> <group> 0 MKSTREAM) when it does
+  // not exist, at Open and when Redis reports NOGROUP (a flushed server). A
+  // new group starts at the beginning of the stream. Default: true.
+  bool create_group = true;
+  // XDEL an entry after XACK (only when this group is the stream's only
+  // reader). Default: false (trim the stream with XTRIM/MAXLEN instead).
+  bool delete_on_ack = false;
+  // Longest single wait inside Receive; lease expiries are noticed at least
+  // this often. Default: 100 ms.
+  int64_t poll_ms = 100;
+  // Connections kept for reuse. Default: 8.
+  int connections = 8;
+  int connect_timeout_ms = 5'000;
+  // Default: Env::Default().
+  Env* env = nullptr;
+};
+
+// See the header comment. Lease ends are stored as delivery times this far
+// in the past (2^36 ms, about 795 days): also the longest nack delay.
+inline constexpr int64_t kLeaseClockShiftMs = int64_t{1} << 36;
+
+class StreamSource : public Source {
+ public:
+  // Connects and (with create_group) creates the group. Errors:
+  // kInvalidArgument (bad URL, empty stream/group/field names, lease_ms < 1,
+  // an Env clock before 1972), kUnavailable naming host:port (unreachable,
+  // wrong password: never echoed), kNotFound (no group and create_group off).
+  static Result<std::unique_ptr<StreamSource>> Open(const StreamSourceOptions& options);
+
+  // Appends a message to the stream (XADD <stream> * with the fields above).
+  // Returns the entry id. kInvalidArgument for an invalid message id.
+  virtual Result<std::string> Publish(const Message& message) = 0;
+  // This handle's consumer name in the group.
+  virtual const std::string& consumer() const = 0;
+  std::string_view Kind() const override { return "redis-streams"; }
+};
+
+}  // namespace idem::redis
+
+#endif  // IDEM_REDIS_STREAM_SOURCE_H_

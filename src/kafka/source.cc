@@ -1,0 +1,594 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/kafka/source.h"
+
+#include <librdkafka/rdkafka.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kafka/errors.h"
+
+namespace idem::kafka {
+
+using internal::FromKafka;
+
+namespace {
+
+struct RkDeleter {
+  void operator()(rd_kafka_t* rk) const noexcept { rd_kafka_destroy(rk); }
+};
+struct ConfDeleter {
+  void operator()(rd_kafka_conf_t* c) const noexcept { rd_kafka_conf_destroy(c); }
+};
+struct ListDeleter {
+  void operator()(rd_kafka_topic_partition_list_t* l) const noexcept { rd_kafka_topic_partition_list_destroy(l); }
+};
+struct MessageDeleter {
+  void operator()(rd_kafka_message_t* m) const noexcept { rd_kafka_message_destroy(m); }
+};
+struct ErrorDeleter {
+  void operator()(rd_kafka_error_t* e) const noexcept { rd_kafka_error_destroy(e); }
+};
+struct HeadersDeleter {
+  void operator()(rd_kafka_headers_t* h) const noexcept { rd_kafka_headers_destroy(h); }
+};
+using RkPtr = std::unique_ptr<rd_kafka_t, RkDeleter>;
+using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
+using ListPtr = std::unique_ptr<rd_kafka_topic_partition_list_t, ListDeleter>;
+using MessagePtr = std::unique_ptr<rd_kafka_message_t, MessageDeleter>;
+using ErrorPtr = std::unique_ptr<rd_kafka_error_t, ErrorDeleter>;
+using HeadersPtr = std::unique_ptr<rd_kafka_headers_t, HeadersDeleter>;
+
+ListPtr NewList(int size) { return ListPtr(rd_kafka_topic_partition_list_new(std::max(1, size))); }
+
+Status Set(rd_kafka_conf_t* conf, const std::string& name, const std::string& value) {
+  char errstr[512];
+  if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK)
+    return Status::InvalidArgument("kafka: config " + name + "=" + value + ": " + errstr);
+  return Status::OK();
+}
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ParseInt(std::string_view s, int64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Receipts: "kafka:<assignment>:<partition>:<offset>:<topic>", the topic last
+// so that it may hold any bytes.
+// ---------------------------------------------------------------------------
+
+std::string EncodeReceipt(const Receipt& r) {
+  return "kafka:" + std::to_string(r.assignment) + ":" + std::to_string(r.partition) + ":" +
+         std::to_string(r.offset) + ":" + r.topic;
+}
+
+Result<Receipt> DecodeReceipt(std::string_view s) {
+  auto bad = [&] { return Status::InvalidArgument("kafka: not a kafka receipt: \"" + std::string(s) + "\""); };
+  if (s.substr(0, 6) != "kafka:") return bad();
+  s.remove_prefix(6);
+  int64_t fields[3];
+  for (int64_t& f : fields) {
+    size_t colon = s.find(':');
+    if (colon == std::string_view::npos || !ParseInt(s.substr(0, colon), &f) || f < 0) return bad();
+    s.remove_prefix(colon + 1);
+  }
+  if (s.empty() || fields[1] > INT32_MAX) return bad();
+  return Receipt{std::string(s), static_cast<int32_t>(fields[1]), fields[2], static_cast<uint64_t>(fields[0])};
+}
+
+// ---------------------------------------------------------------------------
+// Source
+// ---------------------------------------------------------------------------
+
+struct Source::Impl {
+  enum class State { kWorking, kNacked, kAcked };
+  // One assigned partition of the topic.
+  struct Part {
+    uint64_t assignment = 0;
+    // Offsets delivered and not yet committed past, with their state.
+    std::map<int64_t, State> inflight;
+    // The highest offset delivered, -1 before the first.
+    int64_t high = -1;
+    // The offset last committed (the next to read), or where this assignment
+    // began delivering; -1 before the first delivery.
+    int64_t committed = -1;
+    // A seek back requested by nacks: to this offset, once due (env clock).
+    std::optional<int64_t> seek_offset;
+    int64_t seek_due_ms = 0;
+  };
+
+  Options o;
+  RkPtr rk;
+  std::mutex poll_mu;  // one Receive (poll) at a time
+  mutable std::mutex mu;
+  std::condition_variable cv;  // an in-flight delivery was settled
+  std::map<int32_t, Part> parts;
+  uint64_t next_assignment = 0;
+  bool closing = false;
+  std::atomic<uint64_t> delivered{0}, held_back{0}, seeks{0}, commits{0}, commit_errors{0}, assignments{0},
+      revocations{0}, abandoned{0};
+
+  // Drops the acknowledged prefix of `p` and returns the offset to commit:
+  // the first offset not yet acknowledged, or one past the highest delivered.
+  static int64_t Target(Part& p) {
+    while (!p.inflight.empty() && p.inflight.begin()->second == State::kAcked) p.inflight.erase(p.inflight.begin());
+    return p.inflight.empty() ? p.high + 1 : p.inflight.begin()->first;
+  }
+
+  // Under mu: issues an asynchronous commit of `p`'s acknowledged prefix when
+  // it moved.
+  void CommitAsyncLocked(int32_t partition, Part& p) {
+    if (p.high < 0) return;
+    const int64_t target = Target(p);
+    if (target <= p.committed) return;
+    ListPtr list = NewList(1);
+    rd_kafka_topic_partition_list_add(list.get(), o.topic.c_str(), partition)->offset = target;
+    // Issued under mu so that commits of one partition are queued in
+    // increasing order.
+    rd_kafka_resp_err_t err = rd_kafka_commit(rk.get(), list.get(), 1);
+    commits.fetch_add(1, std::memory_order_relaxed);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      commit_errors.fetch_add(1, std::memory_order_relaxed);
+      return;  // committed stays: the next ack tries again
+    }
+    p.committed = target;
+  }
+
+  void OnAssign(rd_kafka_topic_partition_list_t* list) {
+    assignments.fetch_add(1, std::memory_order_relaxed);
+    for (int i = 0; i < list->cnt; ++i) {
+      rd_kafka_topic_partition_t& tp = list->elems[i];
+      if (o.topic != tp.topic) continue;
+      if (o.start_offset) {
+        if (std::optional<int64_t> start = o.start_offset(o.topic, tp.partition)) tp.offset = *start;
+      }
+      std::lock_guard<std::mutex> l(mu);
+      Part& p = parts[tp.partition];
+      p = Part{};
+      p.assignment = ++next_assignment;
+    }
+  }
+
+  // `lost`: the group already gave the partitions away (no commit possible).
+  void OnRevoke(rd_kafka_topic_partition_list_t* list, bool lost) {
+    revocations.fetch_add(1, std::memory_order_relaxed);
+    std::vector<int32_t> revoked;
+    for (int i = 0; i < list->cnt; ++i)
+      if (o.topic == list->elems[i].topic) revoked.push_back(list->elems[i].partition);
+    std::unique_lock<std::mutex> l(mu);
+    auto working = [&] {
+      for (int32_t partition : revoked) {
+        auto it = parts.find(partition);
+        if (it == parts.end()) continue;
+        for (auto& [offset, state] : it->second.inflight)
+          if (state == State::kWorking) return true;
+      }
+      return false;
+    };
+    // Let work in progress finish (its ack then commits below), within bounds.
+    if (!lost && !closing && o.revoke_wait_ms > 0)
+      cv.wait_for(l, std::chrono::milliseconds(o.revoke_wait_ms), [&] { return !working(); });
+    ListPtr commit = NewList(static_cast<int>(revoked.size()));
+    for (int32_t partition : revoked) {
+      auto it = parts.find(partition);
+      if (it == parts.end()) continue;
+      Part& p = it->second;
+      const int64_t target = Target(p);
+      // Always, even when `committed` says it was: an earlier commit may have
+      // been overtaken by an older one (CommitSync) or lost.
+      if (p.high >= 0)
+        rd_kafka_topic_partition_list_add(commit.get(), o.topic.c_str(), partition)->offset = target;
+      for (auto& [offset, state] : p.inflight)
+        if (state != State::kAcked) abandoned.fetch_add(1, std::memory_order_relaxed);
+      parts.erase(it);
+    }
+    l.unlock();
+    if (!lost && commit->cnt > 0) {
+      commits.fetch_add(1, std::memory_order_relaxed);
+      if (rd_kafka_commit(rk.get(), commit.get(), 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        commit_errors.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  static void RebalanceCb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list,
+                          void* opaque) {
+    auto* self = static_cast<Impl*>(opaque);
+    const char* protocol = rd_kafka_rebalance_protocol(rk);
+    const bool cooperative = protocol != nullptr && std::strcmp(protocol, "COOPERATIVE") == 0;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+      self->OnAssign(list);
+      if (cooperative) {
+        ErrorPtr e(rd_kafka_incremental_assign(rk, list));
+      } else {
+        rd_kafka_assign(rk, list);
+      }
+      return;
+    }
+    self->OnRevoke(list, err != RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || rd_kafka_assignment_lost(rk));
+    if (cooperative) {
+      ErrorPtr e(rd_kafka_incremental_unassign(rk, list));
+    } else {
+      rd_kafka_assign(rk, nullptr);
+    }
+  }
+
+  static void OffsetCommitCb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list,
+                             void* opaque) {
+    auto* self = static_cast<Impl*>(opaque);
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+    self->commit_errors.fetch_add(1, std::memory_order_relaxed);
+    // Let the next ack commit these offsets again: lower `committed` below a
+    // failed offset that is still the latest one issued.
+    std::lock_guard<std::mutex> l(self->mu);
+    for (int i = 0; list != nullptr && i < list->cnt; ++i) {
+      const rd_kafka_topic_partition_t& tp = list->elems[i];
+      if (self->o.topic != tp.topic) continue;
+      auto it = self->parts.find(tp.partition);
+      if (it != self->parts.end() && it->second.committed == tp.offset) it->second.committed = tp.offset - 1;
+    }
+  }
+
+  // Performs the seeks back whose delay is over.
+  void SeekDue() {
+    const int64_t now = o.env->NowMs();
+    ListPtr list = NewList(4);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& [partition, p] : parts) {
+        if (!p.seek_offset || p.seek_due_ms > now) continue;
+        rd_kafka_topic_partition_list_add(list.get(), o.topic.c_str(), partition)->offset = *p.seek_offset;
+        p.seek_offset.reset();
+      }
+    }
+    if (list->cnt == 0) return;
+    seeks.fetch_add(static_cast<uint64_t>(list->cnt), std::memory_order_relaxed);
+    ErrorPtr e(rd_kafka_seek_partitions(rk.get(), list.get(), 5'000));
+    // A seek that failed is requested again (the partition may be between
+    // fetch states); one whose partition is gone is simply dropped.
+    std::lock_guard<std::mutex> l(mu);
+    for (int i = 0; i < list->cnt; ++i) {
+      const rd_kafka_topic_partition_t& tp = list->elems[i];
+      if (!e && tp.err == RD_KAFKA_RESP_ERR_NO_ERROR) continue;
+      auto it = parts.find(tp.partition);
+      if (it == parts.end()) continue;
+      Part& p = it->second;
+      if (!p.seek_offset || *p.seek_offset > tp.offset) p.seek_offset = tp.offset;
+      p.seek_due_ms = std::max(p.seek_due_ms, now);
+    }
+  }
+
+  // Turns a record into a delivery, or nullopt when it is held back.
+  std::optional<Delivery> Take(const rd_kafka_message_t* m) {
+    const char* topic = rd_kafka_topic_name(m->rkt);
+    if (o.topic != topic) return std::nullopt;
+    uint64_t assignment = 0;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = parts.find(m->partition);
+      if (it == parts.end()) return std::nullopt;  // fetched before a revocation
+      Part& p = it->second;
+      if (p.seek_offset && m->offset >= *p.seek_offset) {
+        // A nack asked to go back to an earlier offset: this record comes
+        // again after the seek.
+        held_back.fetch_add(1, std::memory_order_relaxed);
+        return std::nullopt;
+      }
+      auto [e, inserted] = p.inflight.try_emplace(m->offset, State::kWorking);
+      if (!inserted && e->second != State::kAcked) e->second = State::kWorking;
+      p.high = std::max(p.high, m->offset);
+      if (p.committed < 0) p.committed = m->offset;
+      assignment = p.assignment;
+    }
+    Delivery d;
+    d.receipt = EncodeReceipt({o.topic, m->partition, m->offset, assignment});
+    Message& msg = d.message;
+    msg.attempt = 0;  // Kafka keeps no delivery count
+    if (m->payload != nullptr) msg.payload.assign(static_cast<const char*>(m->payload), m->len);
+    rd_kafka_headers_t* hdrs = nullptr;
+    bool have_id = false;
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != nullptr) {
+      const char* name = nullptr;
+      const void* value = nullptr;
+      size_t size = 0;
+      for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
+        std::string v = value ? std::string(static_cast<const char*>(value), size) : std::string();
+        if (!have_id && o.id_header == name) {
+          msg.id = v;
+          have_id = true;
+        }
+        if (!msg.producer_time_ms && kProducedAtHeader == name) {
+          int64_t t = 0;
+          if (ParseInt(v, &t)) msg.producer_time_ms = t;
+        }
+        msg.headers.emplace_back(name, std::move(v));
+      }
+    }
+    if (!have_id && o.id_from_key && m->key != nullptr)
+      msg.id.assign(static_cast<const char*>(m->key), m->key_len);
+    delivered.fetch_add(1, std::memory_order_relaxed);
+    return d;
+  }
+
+  // Finds the delivery's partition under mu; kLeaseLost when it was revoked.
+  Result<Part*> Find(const Receipt& r) {
+    if (r.topic != o.topic)
+      return Status::InvalidArgument("kafka: receipt of topic \"" + r.topic + "\", this source reads \"" + o.topic +
+                                     "\"");
+    auto it = parts.find(r.partition);
+    if (it == parts.end() || it->second.assignment != r.assignment)
+      return Status(Code::kLeaseLost, "kafka: partition " + o.topic + "/" + std::to_string(r.partition) +
+                                          " was revoked since offset " + std::to_string(r.offset) +
+                                          " was delivered; its next owner gets it again");
+    return &it->second;
+  }
+};
+
+Source::Source(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Source::~Source() {
+  if (!impl_ || !impl_->rk) return;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->closing = true;
+  }
+  {
+    std::lock_guard<std::mutex> l(impl_->poll_mu);
+    // Runs the revocation: acknowledged prefixes are committed.
+    rd_kafka_consumer_close(impl_->rk.get());
+  }
+  impl_->rk.reset();
+}
+
+Result<std::unique_ptr<Source>> Source::Open(Options options) {
+  if (options.brokers.empty()) return Status::InvalidArgument("kafka: Options::brokers is required");
+  if (options.topic.empty()) return Status::InvalidArgument("kafka: Options::topic is required");
+  if (options.group.empty()) return Status::InvalidArgument("kafka: Options::group is required");
+  if (options.id_header.empty() && !options.id_from_key)
+    return Status::InvalidArgument("kafka: Options::id_header is empty and id_from_key is off: no message id");
+  if (options.env == nullptr) options.env = Env::Default();
+  auto impl = std::make_unique<Impl>();
+  impl->o = std::move(options);
+  const Options& o = impl->o;
+
+  ConfPtr conf(rd_kafka_conf_new());
+  const std::pair<std::string, std::string> base[] = {
+      {"bootstrap.servers", o.brokers},
+      {"group.id", o.group},
+      {"client.id", o.client_id},
+      {"session.timeout.ms", std::to_string(o.session_timeout_ms)},
+      {"heartbeat.interval.ms", std::to_string(o.heartbeat_interval_ms)},
+      {"max.poll.interval.ms", std::to_string(o.max_poll_interval_ms)},
+      {"auto.offset.reset", o.auto_offset_reset},
+      {"enable.partition.eof", "false"},
+  };
+  for (const auto& [k, v] : base) IDEM_RETURN_IF_ERROR(Set(conf.get(), k, v));
+  for (const auto& [k, v] : o.config) IDEM_RETURN_IF_ERROR(Set(conf.get(), k, v));
+  // Offsets move only when the work is committed: never on their own.
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "enable.auto.commit", "false"));
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "enable.auto.offset.store", "false"));
+  rd_kafka_conf_set_rebalance_cb(conf.get(), &Impl::RebalanceCb);
+  rd_kafka_conf_set_offset_commit_cb(conf.get(), &Impl::OffsetCommitCb);
+  rd_kafka_conf_set_opaque(conf.get(), impl.get());
+
+  char errstr[512];
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr);
+  if (rk == nullptr) return Status::InvalidArgument(std::string("kafka: creating the consumer: ") + errstr);
+  (void)conf.release();  // owned by rk now
+  impl->rk.reset(rk);
+  rd_kafka_poll_set_consumer(rk);
+
+  ListPtr topics = NewList(1);
+  rd_kafka_topic_partition_list_add(topics.get(), o.topic.c_str(), RD_KAFKA_PARTITION_UA);
+  if (Status s = FromKafka(rd_kafka_subscribe(rk, topics.get()), "subscribing to " + o.topic); !s.ok()) {
+    rd_kafka_consumer_close(rk);
+    return s;
+  }
+  return std::unique_ptr<Source>(new Source(std::move(impl)));
+}
+
+Result<std::vector<Delivery>> Source::Receive(int max, int64_t wait_ms) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> poll_lock(s.poll_mu);
+  std::vector<Delivery> out;
+  max = std::max(1, max);
+  const int64_t deadline = SteadyMs() + std::max<int64_t>(0, wait_ms);
+  while (static_cast<int>(out.size()) < max) {
+    s.SeekDue();
+    const int64_t left = deadline - SteadyMs();
+    // Poll in slices, so that a seek falling due during the wait is made.
+    const int timeout = out.empty() ? static_cast<int>(std::clamp<int64_t>(left, 0, 100)) : 0;
+    MessagePtr m(rd_kafka_consumer_poll(s.rk.get(), timeout));
+    if (!m) {
+      if (!out.empty() || SteadyMs() >= deadline) break;
+      continue;
+    }
+    if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) continue;
+      char fatal[256];
+      rd_kafka_resp_err_t ferr = rd_kafka_fatal_error(s.rk.get(), fatal, sizeof fatal);
+      if (ferr != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        if (!out.empty()) break;
+        return Status::Internal(std::string("kafka: fatal consumer error: ") + rd_kafka_err2name(ferr) + ": " + fatal);
+      }
+      Status st = FromKafka(m->err, "consuming " + s.o.topic);
+      // Transport and broker trouble is retried inside librdkafka; a
+      // configuration problem (unknown topic, no authorisation) is the
+      // caller's to see.
+      if (st.code() == Code::kInvalidArgument) {
+        if (!out.empty()) break;
+        return st;
+      }
+      continue;
+    }
+    if (std::optional<Delivery> d = s.Take(m.get())) out.push_back(std::move(*d));
+  }
+  return out;
+}
+
+Status Source::Ack(const Delivery& delivery) {
+  Impl& s = *impl_;
+  IDEM_ASSIGN_OR_RETURN(Receipt r, DecodeReceipt(delivery.receipt));
+  std::lock_guard<std::mutex> l(s.mu);
+  IDEM_ASSIGN_OR_RETURN(Impl::Part * p, s.Find(r));
+  if (auto it = p->inflight.find(r.offset); it != p->inflight.end()) it->second = Impl::State::kAcked;
+  s.cv.notify_all();
+  s.CommitAsyncLocked(r.partition, *p);
+  return Status::OK();
+}
+
+Status Source::Nack(const Delivery& delivery, int64_t delay_ms) {
+  Impl& s = *impl_;
+  IDEM_ASSIGN_OR_RETURN(Receipt r, DecodeReceipt(delivery.receipt));
+  const int64_t due = s.o.env->NowMs() + std::max<int64_t>(0, delay_ms);
+  std::lock_guard<std::mutex> l(s.mu);
+  IDEM_ASSIGN_OR_RETURN(Impl::Part * p, s.Find(r));
+  auto it = p->inflight.find(r.offset);
+  if (it == p->inflight.end() || it->second == Impl::State::kAcked) return Status::OK();  // done already
+  it->second = Impl::State::kNacked;
+  if (!p->seek_offset || r.offset < *p->seek_offset) p->seek_offset = r.offset;
+  p->seek_due_ms = std::max(p->seek_due_ms, due);
+  s.cv.notify_all();
+  return Status::OK();
+}
+
+Status Source::CommitSync() {
+  Impl& s = *impl_;
+  ListPtr list = NewList(4);
+  {
+    std::lock_guard<std::mutex> l(s.mu);
+    for (auto& [partition, p] : s.parts) {
+      if (p.high < 0) continue;
+      rd_kafka_topic_partition_list_add(list.get(), s.o.topic.c_str(), partition)->offset = Impl::Target(p);
+    }
+  }
+  if (list->cnt == 0) return Status::OK();
+  s.commits.fetch_add(1, std::memory_order_relaxed);
+  Status st = FromKafka(rd_kafka_commit(s.rk.get(), list.get(), 0), "committing offsets of " + s.o.topic);
+  if (!st.ok()) {
+    s.commit_errors.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  std::lock_guard<std::mutex> l(s.mu);
+  for (int i = 0; i < list->cnt; ++i) {
+    auto it = s.parts.find(list->elems[i].partition);
+    if (it != s.parts.end()) it->second.committed = std::max(it->second.committed, list->elems[i].offset);
+  }
+  return Status::OK();
+}
+
+std::vector<int32_t> Source::Assignment() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  std::vector<int32_t> out;
+  for (const auto& [partition, p] : impl_->parts) out.push_back(partition);
+  return out;
+}
+
+std::string Source::MemberId() const {
+  char* id = rd_kafka_memberid(impl_->rk.get());
+  if (id == nullptr) return "";
+  std::string out(id);
+  rd_kafka_mem_free(impl_->rk.get(), id);
+  return out;
+}
+
+SourceStats Source::stats() const {
+  const Impl& s = *impl_;
+  return {s.delivered.load(), s.held_back.load(), s.seeks.load(),       s.commits.load(),
+          s.commit_errors.load(), s.assignments.load(), s.revocations.load(), s.abandoned.load()};
+}
+
+// ---------------------------------------------------------------------------
+// Producer
+// ---------------------------------------------------------------------------
+
+struct Producer::Impl {
+  ProducerOptions o;
+  RkPtr rk;
+  std::mutex mu;
+  Status first_error;  // since the last Flush
+
+  static void DeliveryCb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) return;
+    auto* self = static_cast<Impl*>(opaque);
+    std::lock_guard<std::mutex> l(self->mu);
+    if (self->first_error.ok()) self->first_error = FromKafka(m->err, "delivering a record to " + self->o.topic);
+  }
+};
+
+Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Producer::~Producer() {
+  if (impl_ && impl_->rk) (void)rd_kafka_flush(impl_->rk.get(), 10'000);
+}
+
+Result<std::unique_ptr<Producer>> Producer::Open(ProducerOptions options) {
+  if (options.brokers.empty()) return Status::InvalidArgument("kafka: ProducerOptions::brokers is required");
+  if (options.topic.empty()) return Status::InvalidArgument("kafka: ProducerOptions::topic is required");
+  if (options.id_header.empty()) return Status::InvalidArgument("kafka: ProducerOptions::id_header is required");
+  auto impl = std::make_unique<Impl>();
+  impl->o = std::move(options);
+  ConfPtr conf(rd_kafka_conf_new());
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "bootstrap.servers", impl->o.brokers));
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "acks", impl->o.acks));
+  for (const auto& [k, v] : impl->o.config) IDEM_RETURN_IF_ERROR(Set(conf.get(), k, v));
+  rd_kafka_conf_set_dr_msg_cb(conf.get(), &Impl::DeliveryCb);
+  rd_kafka_conf_set_opaque(conf.get(), impl.get());
+  char errstr[512];
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
+  if (rk == nullptr) return Status::InvalidArgument(std::string("kafka: creating the producer: ") + errstr);
+  (void)conf.release();
+  impl->rk.reset(rk);
+  return std::unique_ptr<Producer>(new Producer(std::move(impl)));
+}
+
+Status Producer::Produce(const Message& message, const ProduceOptions& options) {
+  Impl& s = *impl_;
+  IDEM_RETURN_IF_ERROR(ValidateId(message.id));
+  HeadersPtr hdrs(rd_kafka_headers_new(message.headers.size() + 2));
+  rd_kafka_header_add(hdrs.get(), s.o.id_header.data(), static_cast<ssize_t>(s.o.id_header.size()),
+                      message.id.data(), static_cast<ssize_t>(message.id.size()));
+  for (const auto& [name, value] : message.headers)
+    rd_kafka_header_add(hdrs.get(), name.data(), static_cast<ssize_t>(name.size()), value.data(),
+                        static_cast<ssize_t>(value.size()));
+  if (message.producer_time_ms) {
+    std::string t = std::to_string(*message.producer_time_ms);
+    rd_kafka_header_add(hdrs.get(), kProducedAtHeader.data(), static_cast<ssize_t>(kProducedAtHeader.size()),
+                        t.data(), static_cast<ssize_t>(t.size()));
+  }
+  const std::string& key = options.key ? *options.key : message.id;
+  rd_kafka_resp_err_t err = rd_kafka_producev(
+      s.rk.get(), RD_KAFKA_V_TOPIC(s.o.topic.c_str()), RD_KAFKA_V_PARTITION(options.partition),
+      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+      RD_KAFKA_V_VALUE(const_cast<char*>(message.payload.data()), message.payload.size()),
+      RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_HEADERS(hdrs.get()), RD_KAFKA_V_END);
+  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) (void)hdrs.release();  // owned by the record now
+  rd_kafka_poll(s.rk.get(), 0);  // serve delivery reports
+  return FromKafka(err, "producing " + message.id + " to " + s.o.topic);
+}
+
+Status Producer::Flush(int64_t timeout_ms) {
+  Impl& s = *impl_;
+  rd_kafka_resp_err_t err = rd_kafka_flush(s.rk.get(), static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, INT32_MAX)));
+  std::lock_guard<std::mutex> l(s.mu);
+  Status first = std::move(s.first_error);
+  s.first_error = Status::OK();
+  if (!first.ok()) return first;
+  return FromKafka(err, "flushing the producer of " + s.o.topic);
+}
+
+}  // namespace idem::kafka

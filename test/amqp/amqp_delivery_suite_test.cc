@@ -1,0 +1,91 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The delivery suite (util/delivery_suite.h, delivery_suite_test.cc) on
+// idem::amqp::Source: a quorum queue (exact delivery counts through
+// x-delivery-count) and the source's optional leases, on the fixture's
+// broker.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/amqp/source.h"
+#include "util/delivery_suite.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+std::string SuiteUrl() {
+  const char* u = std::getenv("IDEM_TEST_AMQP_URL");
+  return u ? u : "";
+}
+
+// RabbitMQ pushes deliveries to a consumer asynchronously: a message whose
+// publish the broker confirmed reaches the consumer's socket a moment later,
+// and so does one that a nack or an expired lease gave back. The suite's
+// Receive(max, 0) means "whatever is visible now"; on RabbitMQ that is
+// whatever arrives until the socket has stayed quiet for 100 ms of real time
+// (at most 2 s). Everything else is passed through unchanged.
+class Settled final : public Source {
+ public:
+  explicit Settled(std::unique_ptr<amqp::Source> inner) : inner_(std::move(inner)) {}
+
+  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
+    auto got = inner_->Receive(max, wait_ms);
+    if (!got.ok()) return got;
+    std::vector<Delivery> out = std::move(*got);
+    using Clock = std::chrono::steady_clock;
+    const auto hard = Clock::now() + std::chrono::seconds(2);
+    auto quiet_until = Clock::now() + std::chrono::milliseconds(100);
+    while (static_cast<int>(out.size()) < max && Clock::now() < quiet_until && Clock::now() < hard) {
+      auto more = inner_->Receive(max - static_cast<int>(out.size()), 0);
+      if (!more.ok()) break;
+      if (more->empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      for (Delivery& d : *more) out.push_back(std::move(d));
+      quiet_until = Clock::now() + std::chrono::milliseconds(100);
+    }
+    return out;
+  }
+  Status Ack(const Delivery& d) override { return inner_->Ack(d); }
+  Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_->Nack(d, delay_ms); }
+  std::string_view Kind() const override { return inner_->Kind(); }
+
+ private:
+  std::unique_ptr<amqp::Source> inner_;
+};
+
+// The queue of `dir`: the same in a forked child.
+std::string QueueFor(const TempDir& dir) {
+  return "idem-suite-" + std::to_string(std::hash<std::string>{}(dir.path()));
+}
+
+Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
+  if (SuiteUrl().empty()) return Status::Unavailable("IDEM_TEST_AMQP_URL is not set (run via ctest)");
+  const std::string q = QueueFor(dir);
+  // The source declares the quorum queue; the publisher then only publishes.
+  auto s = amqp::Source::Open({.url = SuiteUrl(), .queue = q, .prefetch = 1000, .queue_type = "quorum",
+                               .lease_ms = c.lease_ms, .env = c.env});
+  if (!s.ok()) return s.status();
+  auto p = amqp::Publisher::Open({.url = SuiteUrl()});
+  if (!p.ok()) return p.status();
+  std::shared_ptr<amqp::Publisher> pub = std::move(*p);
+  SourceHandle h;
+  h.publish = [pub, q](const Message& m) { return pub->Publish(q, m); };
+  h.source = std::make_unique<Settled>(std::move(*s));
+  return h;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite, ::testing::Values(SourceParam{"rabbitmq", OpenAmqp, {}}),
+                         [](const ::testing::TestParamInfo<SourceParam>& p) { return p.param.name; });
+
+}  // namespace
+}  // namespace idem::testing

@@ -1,0 +1,486 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem::redis::StreamSource on a real redis-server: the delivery suite, then
+// what only streams have (the id field, XAUTOCLAIM takeover between
+// consumers, entries without an id, a Consumer draining a stream, SIGKILL
+// after commit, a server restart mid-run).
+//
+// Every message is delivered at least twice: published twice (a producer
+// retry), or redelivered.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/consumer.h"
+#include "idem/env.h"
+#include "idem/inbox.h"
+#include "idem/redis/stream_source.h"
+#include "idem/sqlite/store.h"
+#include "redis/redis_test_util.h"
+#include "util/delivery_suite.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+using redis::StreamSource;
+using redis::StreamSourceOptions;
+
+// The stream and group of `dir` (the same in a forked child).
+StreamSourceOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const std::string& url = RedisUrl()) {
+  const std::string prefix = PrefixFor(dir);
+  return {.url = url, .stream = prefix + "orders", .group = "payments", .lease_ms = lease_ms, .poll_ms = 20,
+          .env = env};
+}
+
+Result<SourceHandle> OpenStreams(const TempDir& dir, const SourceConfig& c) {
+  auto s = StreamSource::Open(OptionsFor(dir, c.lease_ms, c.env));
+  if (!s.ok()) return s.status();
+  StreamSource* raw = s->get();
+  SourceHandle h;
+  h.publish = [raw](const Message& m) { return raw->Publish(m).status(); };
+  h.source = std::move(*s);
+  return h;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite, ::testing::Values(SourceParam{"redis_streams", OpenStreams, {}}),
+                         [](const ::testing::TestParamInfo<SourceParam>& p) { return p.param.name; });
+
+// ---------------------------------------------------------------------------
+// Streams only.
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kLease = 10'000;
+
+std::string Id(int i) { return "m-" + std::to_string(i); }
+
+// XPENDING's summary count of the group (-1 on error).
+int64_t PendingCount(const StreamSourceOptions& o, const std::string& url = RedisUrl()) {
+  auto ep = redis_internal::ParseUrl(url);
+  if (!ep.ok()) return -1;
+  auto c = redis_internal::Conn::Connect(*ep, {});
+  if (!c.ok()) return -1;
+  auto r = (*c)->Command({"XPENDING", o.stream, o.group});
+  if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY || (*r)->elements < 1) return -1;
+  return (*r)->element[0]->integer;
+}
+
+class StreamsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<StreamSource> Open(Env* env = nullptr, int64_t lease = kLease, std::string consumer = "") {
+    StreamSourceOptions o = OptionsFor(dir_, lease, env ? env : &env_);
+    o.consumer = std::move(consumer);
+    auto s = StreamSource::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  StreamSourceOptions Opts() { return OptionsFor(dir_, kLease, &env_); }
+  std::vector<Delivery> ReceiveAll(Source& s) {
+    auto got = s.Receive(1000, 0);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? std::move(*got) : std::vector<Delivery>{};
+  }
+  void OpenStore() {
+    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    ASSERT_TRUE(CreatePayments(*store_).ok());
+    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+  }
+  void ExpectExactlyOnce(int n) {
+    for (int i = 0; i < n; ++i) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
+    EXPECT_EQ(Charges(*store_), n);
+  }
+
+  TempDir dir_;
+  FakeEnv env_{Env::Default()->NowMs()};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Inbox> inbox_;
+};
+
+TEST_F(StreamsTest, ProducerRetryIsTwoEntriesWithOneMessageIdFromTheConfiguredField) {
+  StreamSourceOptions o = Opts();
+  o.id_field = "order_id";
+  o.payload_field = "body";
+  auto s = StreamSource::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // A producer that is not idem: XADD with its own fields, twice (a retry).
+  for (int i = 0; i < 2; ++i) {
+    std::string id = RedisRaw({"XADD", o.stream, "*", "order_id", "order-7", "body", "4000", "tenant", "acme"});
+    ASSERT_EQ(id.find("ERROR"), std::string::npos) << id;
+  }
+  auto got = (*s)->Receive(10, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_NE((*got)[0].receipt, (*got)[1].receipt);
+  for (const Delivery& d : *got) {
+    EXPECT_EQ(d.message.id, "order-7");
+    EXPECT_EQ(d.message.payload, "4000");
+    EXPECT_EQ(d.message.attempt, 1);
+    EXPECT_EQ(d.message.Header("tenant"), std::optional<std::string_view>("acme"));
+    EXPECT_TRUE((*s)->Ack(d).ok());
+  }
+  EXPECT_EQ(PendingCount(o), 0);
+}
+
+TEST_F(StreamsTest, UnackedEntryIsTakenOverByAnotherConsumerAfterTheLeaseWithAttemptTwo) {
+  auto a = Open(&env_, kLease, "consumer-a");
+  auto b = Open(&env_, kLease, "consumer-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> held = ReceiveAll(*a);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(ReceiveAll(*b).empty()) << "leased to a";
+  env_.Advance(kLease - 1);
+  EXPECT_TRUE(ReceiveAll(*b).empty()) << "a's lease still runs";
+  env_.Advance(2);
+  std::vector<Delivery> taken = ReceiveAll(*b);
+  ASSERT_EQ(taken.size(), 2u);
+  for (const Delivery& d : taken) {
+    EXPECT_EQ(d.message.id, "m-1");
+    EXPECT_EQ(d.message.attempt, 2);
+  }
+  // The group's pending list agrees: owner b, delivery count 2.
+  std::string pending = RedisRaw({"XPENDING", Opts().stream, "payments", "-", "+", "10"});
+  EXPECT_EQ(pending.find("consumer-a"), std::string::npos) << pending;
+  // a acks after its lease ran out: lease lost, nothing removed.
+  for (const Delivery& d : held) {
+    Status s = a->Ack(d);
+    EXPECT_EQ(s.code(), Code::kLeaseLost) << s;
+    EXPECT_NE(s.message().find("consumer-b"), std::string::npos) << s;
+  }
+  EXPECT_EQ(PendingCount(Opts()), 2);
+  for (const Delivery& d : taken) EXPECT_TRUE(b->Ack(d).ok());
+  EXPECT_EQ(PendingCount(Opts()), 0);
+  // Acked twice: lease lost too.
+  EXPECT_EQ(b->Ack(taken[0]).code(), Code::kLeaseLost);
+}
+
+TEST_F(StreamsTest, ReceiptsWorkFromAnyHandleAndForeignReceiptsAreInvalid) {
+  auto a = Open(&env_, kLease, "consumer-a");
+  auto b = Open(&env_, kLease, "consumer-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> got = ReceiveAll(*a);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(b->Ack(got[0]).ok()) << "the receipt names its consumer";
+  EXPECT_TRUE(b->Nack(got[1], 0).ok());
+  std::vector<Delivery> again = ReceiveAll(*b);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].message.attempt, 2);
+  EXPECT_TRUE(b->Ack(again[0]).ok());
+  Delivery foreign;
+  foreign.message = Msg("m-1");
+  for (std::string r : {"", "not-a-receipt", "1-0", "1-0:x:c", "1-0:0:c", "1-0:1:", "x-0:1:c"}) {
+    foreign.receipt = r;
+    EXPECT_EQ(a->Ack(foreign).code(), Code::kInvalidArgument) << r;
+    EXPECT_EQ(a->Nack(foreign, 0).code(), Code::kInvalidArgument) << r;
+  }
+}
+
+TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
+  OpenStore();
+  auto s = Open();
+  ASSERT_TRUE(s);
+  StreamSourceOptions o = Opts();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(s->Publish(Msg(Id(0))).ok());
+    // A producer that forgot the id field, retrying.
+    RedisRaw({"XADD", o.stream, "*", "payload", "4000"});
+    ASSERT_TRUE(s->Publish(Msg(Id(1))).ok());
+  }
+  // Seen by the source: an empty id and a header that says why.
+  Consumer consumer(*s, *inbox_, ChargeHandler(),
+                    {.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  ExpectExactlyOnce(2);
+  auto dead = store_->ListDeadLetters("payments", 10);
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_EQ(dead->size(), 2u);  // one per entry: told apart by receipt
+  for (const DeadLetter& d : *dead) {
+    EXPECT_NE(d.id.find("invalid id"), std::string::npos) << d.id;
+    EXPECT_NE(d.error.find("message id is empty"), std::string::npos) << d.error;
+    EXPECT_EQ(d.payload, "4000");
+  }
+  EXPECT_EQ(consumer.stats().dead_lettered, 2u);
+  EXPECT_EQ(PendingCount(o), 0);
+}
+
+TEST_F(StreamsTest, MissingIdFieldIsReportedInAHeader) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  RedisRaw({"XADD", Opts().stream, "*", "payload", "x"});
+  std::vector<Delivery> got = ReceiveAll(*s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message.id, "");
+  auto why = got[0].message.Header("idem-error");
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("no field 'id'"), std::string::npos) << *why;
+  EXPECT_TRUE(s->Ack(got[0]).ok());
+}
+
+// A source that loses some acks (reports OK without acking), as a broker or
+// network may: those entries come back after the lease, to be absorbed.
+class DroppingSource final : public Source {
+ public:
+  DroppingSource(Source& inner, int every) : inner_(inner), every_(every) {}
+  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override { return inner_.Receive(max, wait_ms); }
+  Status Ack(const Delivery& d) override {
+    if (++acks_ % every_ == 0) return Status::OK();
+    return inner_.Ack(d);
+  }
+  Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_.Nack(d, delay_ms); }
+  std::string_view Kind() const override { return inner_.Kind(); }
+
+ private:
+  Source& inner_;
+  int every_;
+  std::atomic<int> acks_{0};
+};
+
+TEST_F(StreamsTest, ConsumerDrainsDuplicatesAndLostAcksToExactlyOneEffectPerMessage) {
+  constexpr int kIds = 60;
+  OpenStore();
+  auto s = Open();
+  ASSERT_TRUE(s);
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < kIds; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
+  DroppingSource lossy(*s, 5);
+  for (int run = 0; run < 10 && PendingCount(Opts()) + (run == 0) > 0; ++run) {
+    Consumer consumer(lossy, *inbox_, ChargeHandler(),
+                      {.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    ASSERT_TRUE(consumer.Run().ok());
+    env_.Advance(kLease + 1);  // lost acks come back
+  }
+  ExpectExactlyOnce(kIds);
+  EXPECT_EQ(PendingCount(Opts()), 0);
+  EXPECT_TRUE(ReceiveAll(*s).empty());
+}
+
+TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsumer) {
+  constexpr int kIds = 20;
+  OpenStore();
+  {
+    auto s = Open();
+    ASSERT_TRUE(s);
+    for (int round = 0; round < 2; ++round)
+      for (int i = 0; i < kIds; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
+  }
+  store_.reset();
+  inbox_.reset();
+  // The child consumes with the real clock and a long lease, and SIGKILLs
+  // itself after its 7th commit, before that ack.
+  const int status = RunInChild([&] {
+    auto src = StreamSource::Open(OptionsFor(dir_, 600'000, Env::Default()));
+    if (!src.ok()) return 2;
+    auto st = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
+    if (!st.ok()) return 3;
+    Inbox inbox(**st, {.consumer = "payments"});
+    ArmKillPoint("inbox.after_commit", 7);
+    Consumer c(**src, inbox, ChargeHandler(), {.receive_wait_ms = 50, .stop_when_idle = true});
+    (void)c.Run();
+    return 4;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  EXPECT_GE(PendingCount(Opts()), 1) << "the killed consumer's delivery is still pending";
+  OpenStore();
+  auto s = Open(&env_, kLease, "survivor");
+  ASSERT_TRUE(s);
+  env_.Advance(600'001);  // past the dead consumer's lease
+  Consumer consumer(*s, *inbox_, ChargeHandler(),
+                    {.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  ExpectExactlyOnce(kIds);
+  EXPECT_EQ(PendingCount(Opts()), 0);
+  EXPECT_EQ(inbox_->counters().applied, static_cast<uint64_t>(kIds - 7));
+}
+
+TEST_F(StreamsTest, UnreachableServerIsUnavailableNamingHostPortWithoutThePassword) {
+  StreamSourceOptions o = Opts();
+  o.url = "redis://:hunter2-secret@127.0.0.1:1";
+  o.connect_timeout_ms = 1000;
+  auto s = StreamSource::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:1"), std::string::npos) << s.status();
+  EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos) << s.status();
+  // A wrong password on the real server.
+  auto ep = redis_internal::ParseUrl(RedisUrl());
+  ASSERT_TRUE(ep.ok());
+  o.url = "redis://idem_pw:not-the-password@" + ep->Address();
+  s = StreamSource::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+  EXPECT_EQ(s.status().message().find("not-the-password"), std::string::npos) << s.status();
+}
+
+TEST_F(StreamsTest, InvalidOptionsAndAMissingGroupAreRejected) {
+  auto bad = [&](auto change) {
+    StreamSourceOptions o = Opts();
+    change(o);
+    return StreamSource::Open(o).status().code();
+  };
+  EXPECT_EQ(bad([](auto& o) { o.stream = ""; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.group = ""; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.id_field = ""; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.payload_field = "id"; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.id_field = "header:id"; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.lease_ms = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.url = "http://x"; }), Code::kInvalidArgument);
+  FakeEnv epoch0(0);
+  EXPECT_EQ(bad([&](auto& o) { o.env = &epoch0; }), Code::kInvalidArgument);
+  Status missing = StreamSource::Open([&] {
+                     StreamSourceOptions o = Opts();
+                     o.create_group = false;
+                     return o;
+                   }()).status();
+  EXPECT_EQ(missing.code(), Code::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("payments"), std::string::npos) << missing;
+  auto s = Open();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->Publish(Msg("")).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(s->Receive(0, 0).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(StreamsTest, GroupDestroyedUnderTheSourceIsRecreatedAndLeasesAreLost) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> got = ReceiveAll(*s);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(RedisRaw({"XGROUP", "DESTROY", Opts().stream, "payments"}), "1");
+  EXPECT_EQ(s->Ack(got[0]).code(), Code::kLeaseLost);
+  // Recreated at the start of the stream: the entry comes again.
+  std::vector<Delivery> again = ReceiveAll(*s);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].message.id, "m-1");
+  EXPECT_TRUE(s->Ack(again[0]).ok());
+}
+
+TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
+  auto s = Open(Env::Default(), 5'000);
+  ASSERT_TRUE(s);
+  auto t0 = std::chrono::steady_clock::now();
+  auto none = s->Receive(10, 150);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(140));
+  std::thread producer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)s->Publish(Msg("m-1"));
+    (void)s->Publish(Msg("m-1"));
+  });
+  t0 = std::chrono::steady_clock::now();
+  std::vector<Delivery> got;
+  while (got.size() < 2 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    auto r = s->Receive(10, 5'000);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (auto& d : *r) got.push_back(std::move(d));
+  }
+  producer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "woken by the XADD";
+  ASSERT_EQ(got.size(), 2u);
+  for (const Delivery& d : got) EXPECT_TRUE(s->Ack(d).ok());
+}
+
+// ---------------------------------------------------------------------------
+// A redis-server of this test's own, restarted mid-run.
+// ---------------------------------------------------------------------------
+
+class OwnRedis {
+ public:
+  explicit OwnRedis(int port) : port_(port) {}
+  ~OwnRedis() { Stop(); }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+
+  // Starts redis-server on 127.0.0.1:port with its data (AOF, fsync always)
+  // in dir; waits until it answers.
+  bool Start(const std::string& dir) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setsid();
+      const std::string port = std::to_string(port_), log = dir + "/redis.log";
+      ::execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port.c_str(), "--save", "",
+               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--dir", dir.c_str(),
+               "--logfile", log.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    for (int i = 0; i < 100; ++i) {
+      if (RedisRaw({"PING"}, url()) == "PONG") return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // SIGTERM (the server writes its AOF and exits), by PID.
+  void Stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
+  OwnRedis server(IDEM_TEST_STREAMS_RESTART_PORT);  // IDEM_TEST_REDIS_PORT + 3
+  std::filesystem::create_directories(dir_.File("redis"));
+  ASSERT_TRUE(server.Start(dir_.File("redis")));
+  constexpr int kIds = 200;
+  OpenStore();
+  StreamSourceOptions o = OptionsFor(dir_, 2'000, Env::Default(), server.url());
+  auto s = StreamSource::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < kIds; ++i) ASSERT_TRUE((*s)->Publish(Msg(Id(i))).ok());
+  // Slow handler: the restart falls in the middle of the run.
+  std::atomic<int> handled{0};
+  Handler slow = [&](Transaction& tx, const Message& m) {
+    ++handled;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return ChargeHandler()(tx, m);
+  };
+  Consumer consumer(**s, *inbox_, slow,
+                    {.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  std::thread runner([&] { (void)consumer.Run(); });
+  while (handled.load() < kIds / 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  server.Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(server.Start(dir_.File("redis")));
+  // Done when every message applied and nothing is pending or unread.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    std::string lag = RedisRaw({"XINFO", "GROUPS", o.stream}, server.url());
+    if (Charges(*store_) >= kIds && PendingCount(o, server.url()) == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "not drained: " << lag;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  consumer.Stop();
+  runner.join();
+  ExpectExactlyOnce(kIds);
+  EXPECT_GE(consumer.stats().receive_errors + consumer.stats().ack_errors, 1u) << "the restart was seen";
+  // Every entry was read by the group (none left unread).
+  auto left = (*s)->Receive(1000, 0);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty());
+}
+
+}  // namespace
+}  // namespace idem::testing
