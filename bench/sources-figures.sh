@@ -22,9 +22,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-pg=$("$ROOT/scripts/test-postgres.sh" start "$work/pg" 55471)
-redis=$("$ROOT/scripts/test-redis.sh" start "$work/redis" 56381)
-amqp=$("$ROOT/scripts/test-rabbitmq.sh" start "$work/rmq" 56731)
+pg=$("$ROOT/scripts/test-postgres.sh" start "$work/pg" 55481)
+redis=$("$ROOT/scripts/test-redis.sh" start "$work/redis" 56383)
+amqp=$("$ROOT/scripts/test-rabbitmq.sh" start "$work/rmq" 56741)
 n=0
 for src in "embedded:$work/q.db?queue=bench" "$redis/0?stream=bench" "$amqp?queue=bench" "kafka-mock:?topic=bench"; do
   for store in "sqlite:$work/s$n.db" "$pg"; do

@@ -81,7 +81,7 @@ has purge-claims-kept "$T/out" '"claims_purged":0'
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
 check schema 0 "$IDEM" schema --store "$STORE" --json
-has schema-version "$T/out" '"version":4'
+has schema-version "$T/out" '"version":5'
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
 has purge-none "$T/out" '"purged":0'
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json

@@ -131,12 +131,13 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_markers_by_producer_time").ok());
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_claims").ok());
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_claim_fence").ok());
+    ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_versions").ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   auto s = sqlite::Open({.path = dir.File("old.db")});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ((*s)->Schema()->version, 4);
+  EXPECT_EQ((*s)->Schema()->version, 5);
   auto tx = (*s)->Begin();
   auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
   ASSERT_TRUE(idx.ok());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "idem/inbox.h"
+#include "idem/versioned.h"
 #include "idem/sqlite/store.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
@@ -364,6 +365,38 @@ TEST_P(StoreConformance, SchemaIsVersioned) {
   bool markers = false;
   for (auto& s : info->statements) markers |= s.find("idem_markers") != std::string::npos;
   EXPECT_TRUE(markers);
+}
+
+TEST_P(StoreConformance, ApplyIfNewerAppliesEachVersionOnceAndNeverAnOlderOne) {
+  auto apply = [&](const std::string& key, int64_t version) -> bool {
+    auto tx = store_->Begin();
+    EXPECT_TRUE(tx.ok()) << tx.status();
+    auto newer = ApplyIfNewer(**tx, "account", key, version);
+    EXPECT_TRUE(newer.ok()) << newer.status();
+    EXPECT_TRUE((*tx)->Commit().ok());
+    return newer.ok() && *newer;
+  };
+  // Every version delivered twice, and out of order.
+  EXPECT_TRUE(apply("acc-1", 2));
+  EXPECT_FALSE(apply("acc-1", 2)) << "the redelivery of version 2";
+  EXPECT_FALSE(apply("acc-1", 1)) << "a late version 1";
+  EXPECT_FALSE(apply("acc-1", 1));
+  EXPECT_TRUE(apply("acc-1", 3));
+  EXPECT_FALSE(apply("acc-1", 3));
+  EXPECT_TRUE(apply("acc-2", 1)) << "keys are separate";
+  EXPECT_FALSE(apply("acc-2", 1));
+  // A rolled-back transaction records nothing.
+  {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok());
+    auto newer = ApplyIfNewer(**tx, "account", "acc-1", 9);
+    ASSERT_TRUE(newer.ok() && *newer);
+    (*tx)->Rollback();
+  }
+  EXPECT_TRUE(apply("acc-1", 4));
+  auto tx = store_->Begin();
+  ASSERT_TRUE(tx.ok());
+  EXPECT_EQ(ApplyIfNewer(**tx, "", "k", 1).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

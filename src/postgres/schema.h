@@ -74,6 +74,9 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      // A transaction that NOTIFYs takes a database-wide lock for its commit,
      // which serialised every completion's WAL flush (no group commit).
      "ALTER TABLE idem_claims ADD COLUMN waiters integer NOT NULL DEFAULT 0"},
+    {5, "versions for ApplyIfNewer (naturally idempotent, ordered updates)",
+     "CREATE TABLE idem_versions(entity text NOT NULL, key bytea NOT NULL, version bigint NOT NULL,"
+     " PRIMARY KEY (entity, key))"},
 };
 
 // A bounded wait's watch registers itself on the record (after LISTEN,

@@ -75,6 +75,9 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " PRIMARY KEY (scope, key)) WITHOUT ROWID;"
      "CREATE TABLE idem_claim_fence(one INTEGER PRIMARY KEY CHECK (one = 1), fence INTEGER NOT NULL);"
      "INSERT INTO idem_claim_fence VALUES (1, 0)"},
+    {5, "versions for ApplyIfNewer (naturally idempotent, ordered updates)",
+     "CREATE TABLE idem_versions(entity TEXT NOT NULL, key BLOB NOT NULL, version INTEGER NOT NULL,"
+     " PRIMARY KEY (entity, key)) WITHOUT ROWID"},
 };
 
 // ---- claims. The store's clock is the Env's (SQLite is local): `now` is

@@ -106,6 +106,13 @@ int RunBenchSource(const Args& args) {
   }
   const std::string run = std::to_string(Env::Default()->NowMs());
   std::mt19937_64 rng(7);
+  // Warm-up, untimed: connections, a consumer group's first join (Kafka).
+  {
+    auto warm = PublishRound(*src, "warm-" + run, 1, 0, rng);
+    if (!warm.ok()) return Fail(cmd, warm.status());
+    auto drained = DrainRaw(*src->source, *warm, 1, 1);
+    if (!drained.ok()) return Fail(cmd, drained.status().WithContext("warm-up"));
+  }
   std::vector<double> raw_rates, guarded_rates;
   int64_t applied_total = 0, unique_total = 0;
   for (int64_t round = 0; round < *rounds; ++round) {
