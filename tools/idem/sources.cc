@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
 
 #include "idem/embedded/queue.h"
 #if IDEM_HAVE_REDIS_STREAMS
@@ -150,15 +151,26 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
           if (host != nullptr) rd_kafka_destroy(host);
         }
       };
-      auto m = std::make_shared<Mock>();
-      char err[256];
-      m->host = rd_kafka_new(RD_KAFKA_PRODUCER, rd_kafka_conf_new(), err, sizeof err);
-      if (m->host == nullptr) return Status::Internal(std::string("kafka-mock: ") + err);
-      m->cluster = rd_kafka_mock_cluster_new(m->host, 3);
-      if (m->cluster == nullptr) return Status::Internal("kafka-mock: could not start the mock cluster");
+      // One cluster per URL in this process, while someone holds it: a
+      // second source on the same URL (another group member, a consumer
+      // taking over) joins the same cluster.
+      static std::mutex registry_mu;
+      static std::map<std::string, std::weak_ptr<Mock>> registry;
+      std::lock_guard lock(registry_mu);
+      std::shared_ptr<Mock> m = registry[url].lock();
+      if (m == nullptr) {
+        m = std::make_shared<Mock>();
+        char err[256];
+        m->host = rd_kafka_new(RD_KAFKA_PRODUCER, rd_kafka_conf_new(), err, sizeof err);
+        if (m->host == nullptr) return Status::Internal(std::string("kafka-mock: ") + err);
+        m->cluster = rd_kafka_mock_cluster_new(m->host, 3);
+        if (m->cluster == nullptr) return Status::Internal("kafka-mock: could not start the mock cluster");
+        if (rd_kafka_mock_topic_create(m->cluster, topic.c_str(), std::max(1, partitions), 1) !=
+            RD_KAFKA_RESP_ERR_NO_ERROR)
+          return Status::Internal("kafka-mock: could not create topic " + topic);
+        registry[url] = m;
+      }
       brokers = rd_kafka_mock_cluster_bootstraps(m->cluster);
-      if (rd_kafka_mock_topic_create(m->cluster, topic.c_str(), std::max(1, partitions), 1) != RD_KAFKA_RESP_ERR_NO_ERROR)
-        return Status::Internal("kafka-mock: could not create topic " + topic);
       out.owner = m;
     }
     kafka::Options o{.brokers = brokers, .topic = topic, .group = group};
