@@ -24,7 +24,7 @@ has() {  # has NAME FILE PATTERN
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge provider; do
+for c in demo bench schema inspect purge provider run publish; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -87,6 +87,19 @@ has purge-none "$T/out" '"purged":0'
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
 has purge-300 "$T/out" '"purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
+
+# idem run / publish on the embedded queue: every message once, duplicates absorbed.
+check run-no-source 2 "$IDEM" run --store "sqlite:$T/run.db"
+has run-no-source-named "$T/err" "--source is required"
+check run-unknown-source 2 "$IDEM" run --source "nats://127.0.0.1:4222" --store "sqlite:$T/run.db"
+has run-unknown-source-named "$T/err" "unknown source 'nats:"
+check publish 0 "$IDEM" publish --source "embedded:$T/runq.db?queue=pay" --messages 200 --dup-rate 0.5 --json
+has publish-count "$T/out" '"messages":200'
+check run-drain 0 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --workers 2 --drain --json
+has run-applied "$T/out" '"applied":200,'
+has run-acked-all "$T/out" '"dead_lettered":0'
+check run-again 0 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --json
+has run-again-nothing "$T/out" '"applied":0,'
 
 # idem provider: bad input is refused before serving; a busy port is exit 3.
 check provider-no-keys 2 "$IDEM" provider --store "sqlite:$T/prov.db"
