@@ -25,7 +25,7 @@ const Entry kEntries[] = {
 void PrintUsage(std::ostream& os) {
   os << "usage: idem <command> [flags]\n\n"
         "Exactly-once effects on top of at-least-once delivery: the idempotent consumer (inbox)\n"
-        "and idempotency keys, on SQLite and an embedded durable queue.\n\ncommands:\n";
+        "and idempotency keys (claims, HTTP Idempotency-Key), on SQLite, PostgreSQL and Redis, behind the\nembedded queue, Redis Streams, RabbitMQ or Kafka.\n\ncommands:\n";
   for (const Entry& e : kEntries) {
     const auto& c = e.command();
     os << "  " << c.name << std::string(c.name.size() < 10 ? 10 - c.name.size() : 1, ' ') << c.summary.substr(0, c.summary.find('\n')) << "\n";
