@@ -50,7 +50,7 @@ std::string Url() {
 
 #define REQUIRE_BROKER()                                                             \
   do {                                                                               \
-    if (Url().empty()) GTEST_SKIP() << "IDEM_TEST_AMQP_URL is not set (run via ctest)"; \
+    if (Url().empty()) GTEST_FAIL() << "IDEM_TEST_AMQP_URL is not set: run via ctest, which starts the broker"; \
   } while (0)
 
 std::string UniqueQueue() {
@@ -179,8 +179,9 @@ struct Db {
 // A Consumer running in a thread of its own until destroyed.
 class Running {
  public:
-  Running(idem::Source& src, Inbox& inbox, ConsumerOptions o)
-      : consumer_(src, inbox, ChargeHandler(), o), thread_([this] { (void)consumer_.Run(); }) {}
+  Running(idem::Source& src, Inbox& inbox, ConsumerOptions o) : Running(src, inbox, ChargeHandler(), o) {}
+  Running(idem::Source& src, Inbox& inbox, Handler handler, ConsumerOptions o)
+      : consumer_(src, inbox, std::move(handler), o), thread_([this] { (void)consumer_.Run(); }) {}
   ~Running() {
     consumer_.Stop();
     thread_.join();
@@ -454,6 +455,42 @@ TEST(AmqpSource, MessageWithoutAnyIdGoesToTheDeadLetterPathAndHeaderFallbackWork
   ASSERT_TRUE(dead.ok()) << dead.status();
   ASSERT_EQ(dead->size(), 2u) << "each copy of the id-less message is dead-lettered";
   for (const auto& d : *dead) EXPECT_EQ(d.reason, "failed");
+}
+
+// A message whose handler always fails (a poison message), published twice:
+// nacked with backoff, redelivered by the broker, and after max_attempts moved
+// to the dead-letter table and acknowledged; the others apply once each.
+TEST(AmqpSource, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
+  REQUIRE_BROKER();
+  const std::string q = UniqueQueue();
+  auto pub = OpenPublisher(q);
+  ASSERT_NE(pub, nullptr);
+  for (int round = 0; round < 2; ++round)
+    for (const char* id : {"ok-1", "poison-1", "ok-2"}) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
+  Db db;
+  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto src = OpenSource(q, 100, "");
+  ASSERT_NE(src, nullptr);
+  Handler poison = [](Transaction& tx, const Message& m) -> Status {
+    if (m.id == "poison-1") return Status::HandlerFailed("cannot parse the order");
+    return ChargeHandler()(tx, m);
+  };
+  {
+    Running run(*src, inbox, poison, {.workers = 2, .max_attempts = 3, .backoff_base_ms = 10, .backoff_max_ms = 100});
+    ASSERT_TRUE(WaitFor([&] { return run.stats().dead_lettered >= 1 && run.stats().acked >= 6; }))
+        << "dead-lettered " << run.stats().dead_lettered << ", acked " << run.stats().acked;
+  }
+  src.reset();
+  DrainRest(q, inbox);
+  ExpectExactlyOnce(*db.store, {"ok-1", "ok-2"});
+  EXPECT_EQ(Charges(*db.store, "poison-1"), 0);
+  auto dead = db.store->ListDeadLetters("payments", 100);
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].id, "poison-1");
+  EXPECT_EQ((*dead)[0].reason, "failed");
+  EXPECT_GE((*dead)[0].attempts, 3);
+  EXPECT_NE((*dead)[0].error.find("cannot parse the order"), std::string::npos) << (*dead)[0].error;
 }
 
 TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {

@@ -217,6 +217,36 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
   EXPECT_EQ(PendingCount(o), 0);
 }
 
+// A message whose handler always fails (a poison message), published twice:
+// nacked with backoff, redelivered through the stream's pending list, and
+// after max_attempts moved to the dead-letter table and acknowledged; the
+// other messages apply once each, and nothing stays pending.
+TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
+  OpenStore();
+  auto s = Open();
+  ASSERT_TRUE(s);
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
+  Handler poison = [](Transaction& tx, const Message& m) -> Status {
+    if (m.id == Id(2)) return Status::HandlerFailed("cannot parse order 2");
+    return ChargeHandler()(tx, m);
+  };
+  Consumer consumer(*s, *inbox_, poison,
+                    {.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
+                     .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
+  EXPECT_EQ(Charges(*store_, Id(2)), 0);
+  auto dead = store_->ListDeadLetters("payments", 10);
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].id, Id(2));
+  EXPECT_EQ((*dead)[0].reason, "failed");
+  EXPECT_GE((*dead)[0].attempts, 3) << "max_attempts 3; both copies count";
+  EXPECT_NE((*dead)[0].error.find("cannot parse order 2"), std::string::npos) << (*dead)[0].error;
+  EXPECT_EQ(PendingCount(Opts()), 0) << "the poison message's copies are acknowledged too";
+}
+
 TEST_F(StreamsTest, MissingIdFieldIsReportedInAHeader) {
   auto s = Open();
   ASSERT_TRUE(s);
