@@ -379,6 +379,53 @@ TEST_F(ConsumerTest, HugeBackoffSettingsDoNotOverflow) {
   EXPECT_EQ(st->delayed, 2);
 }
 
+// A message that crashes the consumer each time records no failure; only the
+// source's delivery count shows the loop. Past max_deliveries it is
+// dead-lettered without running the handler again; a message past it whose
+// marker exists (applied, its acks lost) is simply acknowledged.
+TEST_F(ConsumerTest, DeliveriesPastMaxDeliveriesAreDeadLetteredWithoutTheHandlerUnlessApplied) {
+  constexpr int kN = 4;
+  PublishTwice(kN);
+  // m-1 is applied before, by another consumer.
+  ASSERT_TRUE(inbox_->Handle(Msg(Id(1)), ChargeHandler()).applied());
+  TestSource src(*queue_);
+  // As if the broker had delivered m-0 and m-1 25 times already.
+  src.on_receive = [](std::vector<Delivery>& ds) {
+    for (Delivery& d : ds)
+      if (d.message.id == Id(0) || d.message.id == Id(1)) d.message.attempt = 25;
+  };
+  CallCounter calls;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    calls.Next(m.id);
+    return ChargeHandler()(tx, m);
+  };
+  Consumer consumer(src, *inbox_, h, {.max_attempts = 5, .max_deliveries = 20, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  ExpectQueueEmpty();
+  EXPECT_EQ(calls.Of(Id(0)), 0) << "never handled again";
+  EXPECT_EQ(calls.Of(Id(1)), 0);
+  EXPECT_EQ(Charges(*store_, Id(0)), 0);
+  EXPECT_EQ(Charges(*store_, Id(1)), 1) << "applied before: acknowledged, not dead-lettered";
+  for (int i = 2; i < kN; ++i) EXPECT_EQ(Charges(*store_, Id(i)), 1);
+  std::vector<DeadLetter> dead = DeadLetters();
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].id, Id(0));
+  EXPECT_NE(dead[0].error.find("delivered 25 times without an outcome"), std::string::npos) << dead[0].error;
+  EXPECT_EQ(consumer.stats().dead_lettered, 2u) << "both copies of m-0";
+}
+
+TEST_F(ConsumerTest, MaxDeliveriesZeroHandlesEveryDelivery) {
+  PublishTwice(1);
+  TestSource src(*queue_);
+  src.on_receive = [](std::vector<Delivery>& ds) {
+    for (Delivery& d : ds) d.message.attempt = 1000;
+  };
+  Consumer consumer(src, *inbox_, ChargeHandler(), {.max_deliveries = 0, .stop_when_idle = true, .env = &env_});
+  ASSERT_TRUE(consumer.Run().ok());
+  EXPECT_EQ(Charges(*store_, Id(0)), 1);
+  EXPECT_TRUE(DeadLetters().empty());
+}
+
 TEST_F(ConsumerTest, PoisonMessageIsDeadLetteredAfterMaxAttemptsWithItsLastErrorAndAcked) {
   constexpr int kN = 4;  // m-0 is poison, the others are fine
   PublishTwice(kN);

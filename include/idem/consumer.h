@@ -33,6 +33,14 @@ struct ConsumerOptions {
   int batch = 1;
   // Handler failures before a message is dead-lettered. 0: never. Default: 5.
   int max_attempts = 5;
+  // Deliveries (the source's count, Message::attempt) after which a message
+  // that never reached an outcome is dead-lettered without running the
+  // handler: a message that crashes the consumer every time records no
+  // failure, so only the broker's count can stop the crash loop. A message
+  // whose marker exists (applied; its acks were lost) is acknowledged
+  // instead. 0: off. Sources without a count (Kafka: 0) are unaffected.
+  // Default: 20.
+  int max_deliveries = 20;
   // Backoff after a failure: base * 2^(attempt-1), at most max, plus up to
   // 25% jitter. Defaults: 100 ms, 30 s.
   int64_t backoff_base_ms = 100;
@@ -90,6 +98,8 @@ class Consumer {
   // and found nothing may return.
   bool IdleDone(int64_t receive_started_ms);
   void NoteRetryDue(int64_t due_ms);
+  // A delivery past max_deliveries: dead-lettered (or acked, if applied).
+  void SettleCrashLoop(const Delivery& d);
 
   Source& source_;
   Inbox& inbox_;

@@ -99,6 +99,19 @@ void Consumer::Work() {
       busy_.fetch_sub(1);
       return;
     }
+    if (options_.max_deliveries > 0) {
+      // Past the broker's delivery limit: never handled again (see
+      // ConsumerOptions::max_deliveries).
+      std::erase_if(*got, [&](const Delivery& d) {
+        if (d.message.attempt <= options_.max_deliveries) return false;
+        SettleCrashLoop(d);
+        return true;
+      });
+      if (got->empty()) {
+        busy_.fetch_sub(1);
+        continue;
+      }
+    }
     if (got->size() == 1) {
       Settle(got->front(), inbox_.Handle(got->front().message, handler_));
     } else {
@@ -211,6 +224,29 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     }
   }
   nack(attempt, failure_recorded);
+}
+
+void Consumer::SettleCrashLoop(const Delivery& d) {
+  const std::string error = "delivered " + std::to_string(d.message.attempt) +
+                            " times without an outcome (the consumer may crash while handling it); max_deliveries " +
+                            std::to_string(options_.max_deliveries);
+  FailureRecord rec{inbox_.consumer(), &d.message, error, /*max_attempts=*/1, options_.env->NowMs()};
+  auto count = inbox_.store().RecordFailure(rec);
+  if (!count.ok()) {  // the store is down: try again later
+    (void)source_.Nack(d, Backoff(options_, 1, options_.env));
+    nacked_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (count->dead_lettered) {
+    dead_.fetch_add(1, std::memory_order_relaxed);
+    inbox_.NoteDeadLetter();
+  }
+  // Applied earlier (its acks were lost) or dead-lettered now: done either way.
+  if (source_.Ack(d).ok()) {
+    acked_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    ack_errors_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 ConsumerStats Consumer::stats() const {
