@@ -184,7 +184,7 @@ Idempotency::Counters Idempotency::counters() const {
 }
 
 void Idempotency::Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
-                          std::string detail, std::string_view retry) {
+                          std::string detail, std::string_view retry, const std::string& retry_after) {
   nlohmann::json j = {{"type", options_.problem_base + "/" + std::string(type)},
                       {"title", title},
                       {"status", status},
@@ -193,6 +193,7 @@ void Idempotency::Problem(httplib::Response& res, int status, std::string_view t
   res.status = status;
   res.set_content(j.dump(), "application/problem+json");
   res.set_header("Idempotency-Key-Retention", Retention());
+  if (!retry_after.empty()) res.set_header("Retry-After", retry_after);
 }
 
 std::string Idempotency::Retention() const { return std::to_string(options_.retention_ms / 1000); }
@@ -318,8 +319,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   }
   if (!claim.ok()) {
     tx.reset();
-    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key");
-    res.set_header("Retry-After", "1");
+    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key", "1");
     return reject(*key, "store-error");
   }
   switch (claim->kind) {
@@ -336,8 +336,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
       auto now = claims_.store().NowMs();
       Problem(res, 409, "request-in-progress", "Request in progress",
               "a request with this key is still being processed; retry with the same key after Retry-After",
-              "same-key");
-      res.set_header("Retry-After", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
+              "same-key", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
       in_progress_.fetch_add(1, std::memory_order_relaxed);
       return say(*key, "in-progress");
     }
@@ -352,15 +351,13 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
       (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
     }
     if (!under.ok()) {
-      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key");
-      res.set_header("Retry-After", "1");
+      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key", "1");
       return reject(*key, "store-error");
     }
     Problem(res, 429, "too-many-keys", "Too many stored idempotency keys",
             "this principal holds " + std::to_string(options_.max_keys_per_principal) +
                 " or more stored keys on this route; retry with the same key once older ones expire",
-            "same-key");
-    res.set_header("Retry-After", "60");
+            "same-key", "60");
     return reject(*key, "too-many-keys");
   }
   {
@@ -412,8 +409,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     Problem(res, 503, "commit-failed", "Commit failed",
             "the request's effect and stored response could not be committed (" + done.ToString() +
                 "); retry with the same key",
-            "same-key");
-    res.set_header("Retry-After", "1");
+            "same-key", "1");
     return reject(*key, "commit-failed");
   }
   Status done = claims_.Complete(claim->token, Encode(stored));
@@ -430,8 +426,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   Problem(res, 409, "lease-lost", "Request superseded",
           "this request ran past its lease and another request with the key took over (" + done.message() +
               "); retry with the same key for the stored response",
-          "same-key");
-  res.set_header("Retry-After", "1");
+          "same-key", "1");
   say(*key, "lease-lost");
 }
 

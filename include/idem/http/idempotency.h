@@ -146,8 +146,10 @@ class Idempotency {
               const httplib::Request& req, httplib::Response& res);
   void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
               Store* store, const TxHandler* tx_handler, const httplib::Request& req, httplib::Response& res);
+  // Answers `status` with a problem+json body; Retry-After when retry_after
+  // is not empty.
   void Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
-               std::string detail, std::string_view retry);
+               std::string detail, std::string_view retry, const std::string& retry_after = "");
   // The Idempotency-Key-Retention header's value (seconds).
   std::string Retention() const;
   // Whether the scope may store one more key (429 otherwise).
