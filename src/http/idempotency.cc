@@ -319,7 +319,8 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   }
   if (!claim.ok()) {
     tx.reset();
-    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key", "1");
+    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key",
+            "1");
     return reject(*key, "store-error");
   }
   switch (claim->kind) {
@@ -351,7 +352,8 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
       (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
     }
     if (!under.ok()) {
-      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key", "1");
+      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key",
+              "1");
       return reject(*key, "store-error");
     }
     Problem(res, 429, "too-many-keys", "Too many stored idempotency keys",
