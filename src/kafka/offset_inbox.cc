@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/kafka/offset_inbox.h"
 
+#include <exception>
+
 #include "idem/kafka/source.h"
 
 namespace idem::kafka {
@@ -47,7 +49,15 @@ Outcome OffsetInbox::Handle(const Delivery& delivery, const Handler& handler) {
     o.kind = Outcome::Kind::kDuplicate;
     return o;
   }
-  Status hs = handler(**tx, delivery.message);  // an exception rolls back in ~StoreTransaction
+  // As in the Inbox: an exception is the handler's failure, after a rollback.
+  Status hs;
+  try {
+    hs = handler(**tx, delivery.message);
+  } catch (const std::exception& e) {
+    hs = Status::HandlerFailed(std::string("handler threw: ") + e.what());
+  } catch (...) {
+    hs = Status::HandlerFailed("handler threw an exception that is not a std::exception");
+  }
   if (!hs.ok()) {
     // A broken connection is the store's failure, not the handler's.
     Status why = !(*tx)->Healthy() || hs.code() == Code::kHandlerFailed ? hs : Status::HandlerFailed(hs.ToString());

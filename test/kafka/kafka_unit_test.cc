@@ -5,7 +5,12 @@
 #include <gtest/gtest.h>
 #include <librdkafka/rdkafka.h>
 
+#include <stdexcept>
+
+#include "idem/kafka/offset_inbox.h"
 #include "idem/kafka/source.h"
+#include "idem/sqlite/store.h"
+#include "util/test_util.h"
 #include "kafka/errors.h"
 
 namespace idem::kafka {
@@ -83,3 +88,41 @@ TEST(KafkaOptions, MissingRequiredOptionsAreRefused) {
 
 }  // namespace
 }  // namespace idem::kafka
+
+namespace idem::testing {
+namespace {
+
+// The offset mode without a cluster: a delivery only needs a Kafka receipt.
+TEST(KafkaOffsetInbox, AThrowingHandlerIsAFailureStoresNothingAndTheRetryApplies) {
+  TempDir dir;
+  auto store = sqlite::Open({.path = dir.File("store.db")});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto oi = kafka::OffsetInbox::Open(**store, {.consumer = "billing"});
+  ASSERT_TRUE(oi.ok()) << oi.status();
+  Delivery d;
+  d.message = Msg("m-5");
+  d.receipt = "kafka:1:0:5:payments";
+  Outcome thrown = (*oi)->Handle(d, [](Transaction&, const Message&) -> Status { throw std::runtime_error("boom"); });
+  EXPECT_EQ(thrown.kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(thrown.status.code(), Code::kHandlerFailed);
+  EXPECT_NE(thrown.status.message().find("handler threw: boom"), std::string::npos) << thrown.status;
+  auto last = (*oi)->LastApplied("payments", 0);
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE(last->has_value()) << "nothing stored by a failed handler";
+  int runs = 0;
+  auto ok = [&](Transaction&, const Message&) -> Status {
+    ++runs;
+    return Status::OK();
+  };
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    Outcome o = (*oi)->Handle(d, ok);
+    EXPECT_EQ(o.kind, delivery == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << o.ToString();
+  }
+  EXPECT_EQ(runs, 1);
+  last = (*oi)->LastApplied("payments", 0);
+  ASSERT_TRUE(last.ok() && last->has_value());
+  EXPECT_EQ(**last, 5);
+}
+
+}  // namespace
+}  // namespace idem::testing

@@ -66,8 +66,8 @@ class OffsetInbox {
   // stored, committed together), kDuplicate (offset at or below the stored
   // one: nothing ran), or kFailed (nothing committed; kHandlerFailed for
   // the handler's error, kInvalidArgument for a receipt that is not a Kafka
-  // one, a store code otherwise). A handler's exception propagates after the
-  // rollback.
+  // one, a store code otherwise). A handler that throws is kHandlerFailed,
+  // after the rollback, as in the Inbox.
   Outcome Handle(const Delivery& delivery, const Handler& handler);
 
   // The last applied offset of a partition, nullopt when none is stored.
