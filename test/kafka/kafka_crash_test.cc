@@ -41,6 +41,7 @@
 #include "idem/inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
+#include "mock_kafka.h"
 #include "util/test_util.h"
 
 extern char** environ;
@@ -59,10 +60,6 @@ constexpr char kEnvGroup[] = "IDEM_KAFKA_CRASH_CHILD_GROUP";
 constexpr char kEnvStore[] = "IDEM_KAFKA_CRASH_CHILD_STORE";
 constexpr char kEnvLog[] = "IDEM_KAFKA_CRASH_CHILD_LOG";
 
-struct RkDeleter {
-  void operator()(rd_kafka_t* rk) const { rd_kafka_destroy(rk); }
-};
-using RkPtr = std::unique_ptr<rd_kafka_t, RkDeleter>;
 
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
@@ -180,14 +177,10 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
 class KafkaCrash : public ::testing::Test {
  protected:
   void SetUp() override {
-    char errstr[256];
-    rd_kafka_conf_t* conf = rd_kafka_conf_new();
-    host_.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr));
-    ASSERT_TRUE(host_) << errstr;
-    mock_ = rd_kafka_mock_cluster_new(host_.get(), 3);
-    ASSERT_NE(mock_, nullptr);
-    brokers_ = rd_kafka_mock_cluster_bootstraps(mock_);
-    ASSERT_EQ(rd_kafka_mock_topic_create(mock_, kTopic, kPartitions, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+    kafka_ = std::make_unique<MockKafka>(kTopic, kPartitions, kGroup);
+    ASSERT_TRUE(kafka_->ok()) << kafka_->error();
+    mock_ = kafka_->cluster();
+    brokers_ = kafka_->brokers();
 
     auto s = sqlite::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
@@ -200,9 +193,7 @@ class KafkaCrash : public ::testing::Test {
       ::kill(child_, SIGKILL);
       ::waitpid(child_, nullptr, 0);
     }
-    admin_.reset();
-    if (mock_ != nullptr) rd_kafka_mock_cluster_destroy(mock_);
-    host_.reset();
+    kafka_.reset();
   }
 
   std::string StorePath() const { return dir_.File("store.db"); }
@@ -287,31 +278,9 @@ class KafkaCrash : public ::testing::Test {
     ASSERT_TRUE(f.ok()) << f;
   }
 
-  rd_kafka_t* Admin() {
-    if (!admin_) {
-      char errstr[256];
-      rd_kafka_conf_t* conf = rd_kafka_conf_new();
-      rd_kafka_conf_set(conf, "bootstrap.servers", brokers_.c_str(), errstr, sizeof errstr);
-      rd_kafka_conf_set(conf, "group.id", kGroup, errstr, sizeof errstr);
-      rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof errstr);
-      admin_.reset(rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr));
-    }
-    return admin_.get();
-  }
+  rd_kafka_t* Admin() { return kafka_->Admin(); }
 
-  // Whether the group's committed offset of every partition is its end.
-  bool AllCommitted() {
-    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(kPartitions);
-    for (int p = 0; p < kPartitions; ++p) rd_kafka_topic_partition_list_add(list, kTopic, p);
-    bool ok = rd_kafka_committed(Admin(), list, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR;
-    for (int p = 0; ok && p < kPartitions; ++p) {
-      int64_t lo = 0, hi = 0;
-      ok = rd_kafka_query_watermark_offsets(Admin(), kTopic, p, &lo, &hi, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-           (hi == 0 || list->elems[p].offset == hi);
-    }
-    rd_kafka_topic_partition_list_destroy(list);
-    return ok;
-  }
+  bool AllCommitted() { return kafka_->AllCommitted(); }
 
   std::set<std::string> AckedByChild() {
     std::set<std::string> acked;
@@ -329,10 +298,9 @@ class KafkaCrash : public ::testing::Test {
   }
 
   TempDir dir_;
-  RkPtr host_;
-  rd_kafka_mock_cluster_t* mock_ = nullptr;
+  std::unique_ptr<MockKafka> kafka_;
+  rd_kafka_mock_cluster_t* mock_ = nullptr;  // kafka_'s
   std::string brokers_;
-  RkPtr admin_;
   std::unique_ptr<Store> store_;
   pid_t child_ = -1;
 };

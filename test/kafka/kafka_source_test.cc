@@ -27,6 +27,7 @@
 #include "idem/kafka/offset_inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
+#include "mock_kafka.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -38,10 +39,6 @@ constexpr int kPartitions = 4;
 constexpr int16_t kApiFetch = 1;
 constexpr int16_t kApiOffsetCommit = 8;
 
-struct RkDeleter {
-  void operator()(rd_kafka_t* rk) const { rd_kafka_destroy(rk); }
-};
-using RkPtr = std::unique_ptr<rd_kafka_t, RkDeleter>;
 
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
@@ -95,14 +92,10 @@ class GatedSource final : public Source {
 class KafkaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char errstr[256];
-    rd_kafka_conf_t* conf = rd_kafka_conf_new();
-    host_.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr));
-    ASSERT_TRUE(host_) << errstr;
-    mock_ = rd_kafka_mock_cluster_new(host_.get(), 3);
-    ASSERT_NE(mock_, nullptr);
-    brokers_ = rd_kafka_mock_cluster_bootstraps(mock_);
-    ASSERT_EQ(rd_kafka_mock_topic_create(mock_, kTopic, kPartitions, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+    kafka_ = std::make_unique<MockKafka>(kTopic, kPartitions, "payments");
+    ASSERT_TRUE(kafka_->ok()) << kafka_->error();
+    mock_ = kafka_->cluster();
+    brokers_ = kafka_->brokers();
 
     auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
@@ -112,9 +105,7 @@ class KafkaTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    admin_.reset();
-    if (mock_ != nullptr) rd_kafka_mock_cluster_destroy(mock_);
-    host_.reset();
+    kafka_.reset();
   }
 
   // Short timers and backoffs: the mock cluster answers at once.
@@ -157,34 +148,9 @@ class KafkaTest : public ::testing::Test {
             .receive_wait_ms = 100};
   }
 
-  // A consumer handle that never joins the group: reads the group's
-  // committed offsets and the partitions' ends.
-  rd_kafka_t* Admin() {
-    if (!admin_) {
-      char errstr[256];
-      rd_kafka_conf_t* conf = rd_kafka_conf_new();
-      rd_kafka_conf_set(conf, "bootstrap.servers", brokers_.c_str(), errstr, sizeof errstr);
-      rd_kafka_conf_set(conf, "group.id", "payments", errstr, sizeof errstr);
-      rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof errstr);
-      admin_.reset(rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr));
-    }
-    return admin_.get();
-  }
+  rd_kafka_t* Admin() { return kafka_->Admin(); }
 
-  // Whether Kafka's committed offset of every partition is the partition's
-  // end: every record was acknowledged and committed.
-  bool AllCommitted() {
-    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(kPartitions);
-    for (int p = 0; p < kPartitions; ++p) rd_kafka_topic_partition_list_add(list, kTopic, p);
-    bool ok = rd_kafka_committed(Admin(), list, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR;
-    for (int p = 0; ok && p < kPartitions; ++p) {
-      int64_t lo = 0, hi = 0;
-      ok = rd_kafka_query_watermark_offsets(Admin(), kTopic, p, &lo, &hi, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-           (hi == 0 || list->elems[p].offset == hi);
-    }
-    rd_kafka_topic_partition_list_destroy(list);
-    return ok;
-  }
+  bool AllCommitted() { return kafka_->AllCommitted(); }
 
   // Waits until `n` effects exist and every offset is committed; commits
   // what the sources acknowledged once the effects are all there (an async
@@ -216,10 +182,9 @@ class KafkaTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  RkPtr host_;
-  rd_kafka_mock_cluster_t* mock_ = nullptr;
+  std::unique_ptr<MockKafka> kafka_;
+  rd_kafka_mock_cluster_t* mock_ = nullptr;  // kafka_'s
   std::string brokers_;
-  RkPtr admin_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Inbox> inbox_;
 };
