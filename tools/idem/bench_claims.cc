@@ -135,17 +135,7 @@ int RunBenchClaims(const Args& args) {
               static_cast<long long>(claims_pass.in_progress_retries + replays.in_progress_retries),
               *n / claims_pass.seconds, replays.seconds > 0 ? replays.replayed / replays.seconds : 0.0,
               opened->durability.c_str(), ok ? "true" : "false");
-  std::printf("peer=idem-claims-%s store=%s unique=%lld deliveries=%lld seconds=%.3f deliveries_per_s=%.1f "
-              "effects=%lld\n",
-              opened->kind.c_str(), opened->kind.c_str(), static_cast<long long>(*n),
-              static_cast<long long>(deliveries), seconds, deliveries / seconds,
-              static_cast<long long>(counter.load()));
-  std::fflush(stdout);
-  if (!ok) {
-    std::fprintf(stderr, "CORRECTNESS CHECK FAILED\n");
-    return kExitCheckFailed;
-  }
-  return kExitOk;
+  return PeerResult("idem-claims-" + opened->kind, opened->kind, *n, deliveries, seconds, counter.load(), ok);
 }
 
 }  // namespace idem::cli

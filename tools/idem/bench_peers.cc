@@ -122,16 +122,8 @@ int RunBenchPeers(const Args& args) {
               static_cast<unsigned long long>(c.duplicates), static_cast<long long>(failures.load()),
               static_cast<long long>(rows), static_cast<long long>(distinct), static_cast<long long>(*markers),
               ok ? "true" : "false");
-  std::printf("peer=idem%s store=%s unique=%lld deliveries=%zu seconds=%.3f deliveries_per_s=%.1f effects=%lld\n",
-              *batch > 1 ? ("-batch" + std::to_string(*batch)).c_str() : "", std::string(s.Kind()).c_str(),
-              static_cast<long long>(*n), total, seconds, static_cast<double>(total) / seconds,
-              static_cast<long long>(rows));
-  std::fflush(stdout);
-  if (!ok) {
-    std::fprintf(stderr, "CORRECTNESS CHECK FAILED\n");
-    return kExitCheckFailed;
-  }
-  return kExitOk;
+  return PeerResult(*batch > 1 ? "idem-batch" + std::to_string(*batch) : "idem", s.Kind(), *n,
+                    static_cast<int64_t>(total), seconds, rows, ok);
 }
 
 }  // namespace idem::cli

@@ -33,6 +33,18 @@ Result<int64_t> ParseDurationMs(const std::string& s) {
   return static_cast<int64_t>(n * static_cast<double>(mul));
 }
 
+int PeerResult(const std::string& peer, std::string_view store, int64_t unique, int64_t deliveries, double seconds,
+               int64_t effects, bool ok) {
+  std::printf("peer=%s store=%.*s unique=%lld deliveries=%lld seconds=%.3f deliveries_per_s=%.1f effects=%lld\n",
+              peer.c_str(), static_cast<int>(store.size()), store.data(), static_cast<long long>(unique),
+              static_cast<long long>(deliveries), seconds, static_cast<double>(deliveries) / seconds,
+              static_cast<long long>(effects));
+  std::fflush(stdout);
+  if (ok) return kExitOk;
+  std::fprintf(stderr, "CORRECTNESS CHECK FAILED\n");
+  return kExitCheckFailed;
+}
+
 Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
   Args a;
   a.cmd_ = &cmd;

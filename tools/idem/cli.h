@@ -66,6 +66,12 @@ class Args {
   std::map<std::string, std::vector<std::string>> all_;
 };
 
+// The peers' result line ("peer=... store=... unique=... deliveries=...
+// seconds=... deliveries_per_s=... effects=..."), then, when !ok, their
+// "CORRECTNESS CHECK FAILED"; returns the exit code.
+int PeerResult(const std::string& peer, std::string_view store, int64_t unique, int64_t deliveries, double seconds,
+               int64_t effects, bool ok);
+
 // "90s", "15m", "24h", "7d", or plain milliseconds.
 Result<int64_t> ParseDurationMs(const std::string& s);
 
