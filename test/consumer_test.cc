@@ -621,36 +621,14 @@ TEST_F(ConsumerTest, FailureCountIsClearedWhenAnotherCopyApplies) {
 
 // A Store that forwards to another and runs a hook before RecordFailure:
 // the moment between a failed handler's rollback and its failure count.
-class HookedStore final : public Store {
+class HookedStore final : public ForwardingStore {
  public:
-  explicit HookedStore(Store& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
   std::function<void()> before_record_failure;
-
-  Result<std::unique_ptr<StoreTransaction>> Begin() override { return inner_.Begin(); }
-  Result<std::optional<Marker>> FindMarker(std::string_view c, std::string_view id,
-                                           std::optional<int64_t> produced_at_ms = std::nullopt) override {
-    return inner_.FindMarker(c, id, produced_at_ms);
-  }
   Result<FailureCount> RecordFailure(const FailureRecord& f) override {
     if (before_record_failure) before_record_failure();
     return inner_.RecordFailure(f);
   }
-  Status ClearFailures(std::string_view c, std::string_view id) override { return inner_.ClearFailures(c, id); }
-  Result<int64_t> Purge(std::string_view c, int64_t before_ms, int batch) override {
-    return inner_.Purge(c, before_ms, batch);
-  }
-  Result<int64_t> CountMarkers(std::string_view c) override { return inner_.CountMarkers(c); }
-  Result<std::vector<Marker>> ListMarkers(std::string_view c, int limit) override {
-    return inner_.ListMarkers(c, limit);
-  }
-  Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view c, int limit) override {
-    return inner_.ListDeadLetters(c, limit);
-  }
-  Result<SchemaInfo> Schema() override { return inner_.Schema(); }
-  std::string_view Kind() const override { return inner_.Kind(); }
-
- private:
-  Store& inner_;
 };
 
 // The lease runs out while the handler fails; before the failure is counted,

@@ -21,39 +21,16 @@ namespace {
 using Kind = Outcome::Kind;
 
 // Counts Begin() (each is a store transaction); delegates everything.
-class CountingStore final : public Store {
+class CountingStore final : public ForwardingStore {
  public:
-  explicit CountingStore(Store& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
   int begins() const { return begins_.load(); }
-
   Result<std::unique_ptr<StoreTransaction>> Begin() override {
     ++begins_;
     return inner_.Begin();
   }
-  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
-                                           std::optional<int64_t> produced_at_ms) override {
-    return inner_.FindMarker(consumer, id, produced_at_ms);
-  }
-  Result<FailureCount> RecordFailure(const FailureRecord& failure) override { return inner_.RecordFailure(failure); }
-  Status ClearFailures(std::string_view consumer, std::string_view id) override {
-    return inner_.ClearFailures(consumer, id);
-  }
-  Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) override {
-    return inner_.Purge(consumer, before_ms, batch_size);
-  }
-  Result<int64_t> CountMarkers(std::string_view consumer) override { return inner_.CountMarkers(consumer); }
-  Result<std::vector<Marker>> ListMarkers(std::string_view consumer, int limit) override {
-    return inner_.ListMarkers(consumer, limit);
-  }
-  Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view consumer, int limit) override {
-    return inner_.ListDeadLetters(consumer, limit);
-  }
-  Result<SchemaInfo> Schema() override { return inner_.Schema(); }
-  std::string_view Kind() const override { return inner_.Kind(); }
-  ClaimStore* claim_store() override { return inner_.claim_store(); }
 
  private:
-  Store& inner_;
   std::atomic<int> begins_{0};
 };
 

@@ -95,6 +95,36 @@ inline int RunInChild(const std::function<int()>& body) {
   return status;
 }
 
+// A Store that forwards every call to another: derive from it to watch or
+// hook one call.
+class ForwardingStore : public Store {
+ public:
+  explicit ForwardingStore(Store& inner) : inner_(inner) {}
+  Result<std::unique_ptr<StoreTransaction>> Begin() override { return inner_.Begin(); }
+  Result<std::optional<Marker>> FindMarker(std::string_view c, std::string_view id,
+                                           std::optional<int64_t> produced_at_ms = std::nullopt) override {
+    return inner_.FindMarker(c, id, produced_at_ms);
+  }
+  Result<FailureCount> RecordFailure(const FailureRecord& f) override { return inner_.RecordFailure(f); }
+  Status ClearFailures(std::string_view c, std::string_view id) override { return inner_.ClearFailures(c, id); }
+  Result<int64_t> Purge(std::string_view c, int64_t before_ms, int batch) override {
+    return inner_.Purge(c, before_ms, batch);
+  }
+  Result<int64_t> CountMarkers(std::string_view c) override { return inner_.CountMarkers(c); }
+  Result<std::vector<Marker>> ListMarkers(std::string_view c, int limit) override {
+    return inner_.ListMarkers(c, limit);
+  }
+  Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view c, int limit) override {
+    return inner_.ListDeadLetters(c, limit);
+  }
+  Result<SchemaInfo> Schema() override { return inner_.Schema(); }
+  std::string_view Kind() const override { return inner_.Kind(); }
+  ClaimStore* claim_store() override { return inner_.claim_store(); }
+
+ protected:
+  Store& inner_;
+};
+
 }  // namespace idem::testing
 
 #endif  // IDEM_TEST_UTIL_TEST_UTIL_H_
