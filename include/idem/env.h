@@ -64,11 +64,15 @@ class FakeEnv final : public Env {
 // ArmKillPointFromEnv(), which the idem CLI calls at start).
 //
 // The names are listed in doc/reliability.md; the product's are:
+//   inbox.before_marker    transaction begun, marker not yet inserted
 //   inbox.after_marker     marker inserted, handler not yet run
 //   inbox.after_work       handler done, COMMIT not yet issued
 //   inbox.after_commit     COMMIT done, the source not yet acknowledged
 //   consumer.after_ack     the source acknowledged
 //   inbox.batch_mid        half of a batch's handlers done
+//   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
+//   http.after_claim       an HTTP request's key claimed, the handler not yet run
+//   http.before_complete   the handler's effect done, the response not yet stored
 // ---------------------------------------------------------------------------
 
 // Arms `name`: its `hit`-th hit (1-based) runs `action`, or SIGKILLs the

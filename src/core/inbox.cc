@@ -131,6 +131,7 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
   auto tx_or = store_.Begin();
   if (!tx_or.ok()) return fail_all(tx_or.status());
   StoreTransaction& tx = **tx_or;
+  IDEM_KILL_POINT("inbox.before_marker");
   // All markers go in with one call (one statement where the store can).
   auto existing = tx.InsertMarkers(markers);
   if (!existing.ok()) return fail_all(existing.status());

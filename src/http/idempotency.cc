@@ -368,6 +368,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   }
 
   // Execute, once.
+  IDEM_KILL_POINT("http.after_claim");
   g_current_claim = &claim->token;
   try {
     if (tx_handler != nullptr) {
@@ -414,6 +415,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
             "same-key", "1");
     return reject(*key, "commit-failed");
   }
+  IDEM_KILL_POINT("http.before_complete");
   Status done = claims_.Complete(claim->token, Encode(stored));
   if (done.ok()) return say(*key, "executed");
   // The lease ran out and a retry took the key over: its response is the one

@@ -33,6 +33,9 @@ int RunRun(const Args& args);  // run_cmd.cc
 const Command& PublishCommand();
 int RunPublish(const Args& args);  // run_cmd.cc
 
+const Command& ChaosCommand();
+int RunChaos(const Args& args);  // chaos.cc
+
 const Command& PurgeCommand();
 int RunPurge(const Args& args);
 

@@ -37,6 +37,7 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
+#include "payments.h"
 #include "provider_server.h"
 #include "sources.h"
 
@@ -75,45 +76,14 @@ std::string Dollars(int64_t cents) {
   return s;
 }
 
-// A payment message's payload: "<order>:<cents>".
-std::string PaymentPayload(const std::string& order, int64_t cents) { return order + ":" + std::to_string(cents); }
-Result<std::pair<std::string, int64_t>> ParsePayment(const Message& m) {
-  auto colon = m.payload.find(':');
-  if (colon == std::string::npos || colon == 0)
-    return Status::InvalidArgument("malformed payment payload '" + m.payload + "' (want ORDER:CENTS)");
-  char* end = nullptr;
-  long long cents = std::strtoll(m.payload.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || cents <= 0) return Status::InvalidArgument("malformed amount in payload '" + m.payload + "'");
-  return std::make_pair(m.payload.substr(0, colon), static_cast<int64_t>(cents));
-}
-
-Message PaymentMessage(const std::string& id, const std::string& order, int64_t cents) {
-  Message m;
-  m.id = id;
-  m.payload = PaymentPayload(order, cents);
-  m.producer_time_ms = Env::Default()->NowMs();
-  return m;
-}
-
 // The demo's consumer name and tables, distinct from anything a user keeps in
 // a shared PostgreSQL database; each step starts by clearing them.
 constexpr const char* kConsumer = "idem-demo";
 // The store: "" for a SQLite file in each step's directory, or --store.
 std::string g_store_url;
 
-constexpr const char* kCreatePayments =
-    "CREATE TABLE IF NOT EXISTS demo_payments(order_id TEXT NOT NULL, message_id TEXT NOT NULL,"
-    " cents INTEGER NOT NULL, charge_id TEXT)";
 constexpr const char* kCreateNaiveMarkers =
     "CREATE TABLE IF NOT EXISTS demo_processed(message_id TEXT PRIMARY KEY)";
-
-Status InsertPayment(Transaction& tx, const Message& m, const std::string& charge_id = "") {
-  IDEM_ASSIGN_OR_RETURN(auto p, ParsePayment(m));
-  return tx
-      .Exec("INSERT INTO demo_payments(order_id, message_id, cents, charge_id) VALUES ($1, $2, $3, $4)",
-            {p.first, m.id, p.second, charge_id.empty() ? Value() : Value(charge_id)})
-      .status();
-}
 
 // One step's files, in a directory of its own.
 struct Files {
@@ -151,7 +121,7 @@ Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh = false) {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
-  IDEM_RETURN_IF_ERROR(tx->Exec(kCreatePayments).status());
+  IDEM_RETURN_IF_ERROR(tx->Exec(CreatePaymentsSql("demo_payments")).status());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreateNaiveMarkers).status());
   IDEM_RETURN_IF_ERROR(tx->Commit());
   return p;
@@ -181,10 +151,6 @@ std::string Mark(bool good) { return good ? "✓" : "✕"; }
 
 // ---------------------------------------------------------------- the provider over HTTP
 
-// The demo's API key and the account it authenticates at the provider.
-constexpr const char* kApiKey = "sk_demo";
-constexpr const char* kPrincipal = "acct_demo";
-
 // Starts the payment provider on 127.0.0.1 (any free port) on a fresh SQLite
 // file of its own at `path` (charges and idempotency records). When
 // `lose_response(key)` says true, the provider keeps the charge and its
@@ -204,60 +170,6 @@ Result<std::unique_ptr<ProviderServer>> StartProvider(const std::string& path, i
   o.lose_response = std::move(lose_response);
   o.log = std::move(log);
   return ProviderServer::Start(std::move(o));
-}
-
-// The consumer's side: one client per thread (it keeps one keep-alive
-// connection). A dropped connection fails at once; the retry with the same
-// key follows after a few milliseconds, so a lost response costs little.
-Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url) {
-  return http::Client::Create({.base_url = url,
-                               .bearer = kApiKey,
-                               .max_attempts = 8,
-                               .backoff_base_ms = 2,
-                               .backoff_max_ms = 100,
-                               .connect_timeout_ms = 2'000,
-                               .read_timeout_ms = 10'000});
-}
-
-// POST /charges's body for a payment message.
-std::string ChargeBody(const std::string& order, int64_t cents) {
-  return nlohmann::json{{"amount", cents},
-                        {"currency", "usd"},
-                        {"customer", "cus_" + order},
-                        {"description", "order " + order}}
-      .dump();
-}
-
-struct ChargeReply {
-  std::string charge_id;
-  int attempts = 0;       // requests the client sent, the answered one included
-  bool replayed = false;  // Idempotent-Replayed: true
-};
-
-// Charges the message's amount once, whatever happens to the responses: the
-// key is the same on every retry and every redelivery of the message.
-Result<ChargeReply> Charge(http::Client& client, const Message& m) {
-  IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
-  IDEM_ASSIGN_OR_RETURN(http::Response r,
-                        client.Post("/charges", ChargeBody(pay.first, pay.second), DownstreamKey(m, "charge")));
-  if (r.status != 201)
-    return Status::Internal("the provider answered " + std::to_string(r.status) + ": " + r.body.substr(0, 300));
-  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string())
-    return Status::Internal("the provider's answer has no charge id: " + r.body.substr(0, 300));
-  return ChargeReply{j["id"].get<std::string>(), r.attempts, r.replayed};
-}
-
-// Charges made and their total, read from the provider's own database.
-struct ProviderTotals {
-  int64_t charges = 0, cents = 0, keys = 0;
-};
-Result<ProviderTotals> ProviderCharges(const std::string& path) {
-  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Open({.path = path}));
-  IDEM_ASSIGN_OR_RETURN(auto tx, db->Begin());
-  IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT count(*), coalesce(sum(amount), 0), count(DISTINCT idem_key)"
-                                          " FROM provider_charges"));
-  return ProviderTotals{r.rows[0][0].AsInt(), r.rows[0][1].AsInt(), r.rows[0][2].AsInt()};
 }
 
 // POST /charges requests the provider received, replays included.
@@ -517,51 +429,6 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
 
 // ---------------------------------------------------------------- the larger run
 
-// Breaks the source the way networks and slow consumers do: a fraction of
-// acks are lost (the message comes back after its lease), and a fraction of
-// receives stall past the lease (the message goes to a competing consumer
-// while this one still works on it).
-class FaultySource final : public Source {
- public:
-  FaultySource(Source& inner, uint64_t seed, double lost_ack_rate, double stall_rate, int64_t stall_ms)
-      : inner_(inner), rng_(seed), lost_ack_rate_(lost_ack_rate), stall_rate_(stall_rate), stall_ms_(stall_ms) {}
-  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
-    auto got = inner_.Receive(max, wait_ms);
-    if (got.ok()) {
-      received += got->size();
-      if (!got->empty() && Roll(stall_rate_)) {
-        ++stalls;
-        std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_));
-      }
-    }
-    return got;
-  }
-  Status Ack(const Delivery& d) override {
-    if (Roll(lost_ack_rate_)) {
-      ++lost_acks;
-      return Status::OK();  // the consumer thinks it acked; the queue never heard
-    }
-    Status s = inner_.Ack(d);
-    if (s.code() == Code::kLeaseLost) ++stale_acks;
-    return s;
-  }
-  Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_.Nack(d, delay_ms); }
-  std::string_view Kind() const override { return inner_.Kind(); }
-
-  std::atomic<uint64_t> received{0}, lost_acks{0}, stalls{0}, stale_acks{0};
-
- private:
-  bool Roll(double p) {
-    std::lock_guard<std::mutex> l(mu_);
-    return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
-  }
-  Source& inner_;
-  std::mutex mu_;
-  std::mt19937_64 rng_;
-  double lost_ack_rate_, stall_rate_;
-  int64_t stall_ms_;
-};
-
 using Stats = std::map<std::string, int64_t>;
 
 Status WriteStats(const std::string& path, const Stats& s) {
@@ -580,27 +447,6 @@ Stats ReadStats(const std::string& path) {
   while (in >> k >> v) s[k] = v;
   return s;
 }
-
-// The consumer processes' provider clients: one per worker thread.
-class ThreadClients {
- public:
-  explicit ThreadClients(std::string url) : url_(std::move(url)) {}
-  Result<http::Client*> Get() {
-    std::lock_guard lock(mu_);
-    auto& c = clients_[std::this_thread::get_id()];
-    if (!c) {
-      auto made = ProviderClient(url_);
-      if (!made.ok()) return made.status();
-      c = std::move(*made);
-    }
-    return c.get();
-  }
-
- private:
-  std::string url_;
-  std::mutex mu_;
-  std::map<std::thread::id, std::unique_ptr<http::Client>> clients_;
-};
 
 // One competing consumer process: waits for the provider's port on `port_fd`
 // (the parent starts the provider once its children are forked), then runs
@@ -920,7 +766,7 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   {
     auto tx = (*store)->Begin();
     if (!tx.ok()) return Fail(cmd, tx.status());
-    for (const char* sql : {"DROP TABLE IF EXISTS demo_payments", kCreatePayments})
+    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
       if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
     if (Status st = (*tx)->Commit(); !st.ok()) return Fail(cmd, st);
     if (auto p = (*store)->Purge(kConsumer, INT64_MAX, 10000); !p.ok()) return Fail(cmd, p.status());

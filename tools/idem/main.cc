@@ -19,6 +19,7 @@ const Entry kEntries[] = {
     {idem::cli::DemoCommand, idem::cli::RunDemo},       {idem::cli::BenchCommand, idem::cli::RunBench},
     {idem::cli::SchemaCommand, idem::cli::RunSchema},   {idem::cli::InspectCommand, idem::cli::RunInspect},
     {idem::cli::PurgeCommand, idem::cli::RunPurge},     {idem::cli::ProviderCommand, idem::cli::RunProvider},
+    {idem::cli::ChaosCommand, idem::cli::RunChaos},
     {idem::cli::RunCommand, idem::cli::RunRun},         {idem::cli::PublishCommand, idem::cli::RunPublish},
 };
 

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 
@@ -32,7 +33,11 @@ const Command& ProviderCommand() {
        {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
        {"one-transaction", "", "", "run POST /charges in one transaction with its idempotency record (one\n"
                                    "          commit per request; a duplicate waits for the first instead of 409)"},
-       {"quiet", "", "", "no per-request log lines"}}};
+       {"quiet", "", "", "no per-request log lines"},
+       {"lose-responses", "P", "0", "fault injection for tests and idem chaos: on this fraction of keys (chosen\n"
+                                  "          by --seed) the first execution keeps the charge and its stored response\n"
+                                  "          but drops the connection instead of answering, as a lost response would"},
+       {"seed", "S", "1", "seed of --lose-responses"}}};
   return c;
 }
 
@@ -53,6 +58,12 @@ int RunProvider(const Args& args) {
   for (const auto* r : {&retention, &lease, &wait})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*lease <= 0) return Fail(cmd, Status::InvalidArgument("--lease must be more than 0"));
+  const double lose_rate = std::strtod(args.Get("lose-responses").c_str(), nullptr);
+  if (!(lose_rate >= 0 && lose_rate <= 1))
+    return Fail(cmd, Status::InvalidArgument("--lose-responses must be a fraction 0..1, got '" +
+                                             args.Get("lose-responses") + "'"));
+  auto seed = args.GetInt("seed");
+  if (!seed.ok()) return Fail(cmd, seed.status());
 
   // Signals go to this thread's sigwait, never to a server thread.
   sigset_t stop_signals;
@@ -75,6 +86,20 @@ int RunProvider(const Args& args) {
     o.log = [mu](const std::string& line) {
       std::lock_guard lock(*mu);
       std::cerr << "idem provider: " << line << "\n";
+    };
+  }
+  if (lose_rate > 0) {
+    // Which keys lose their first response is a function of the seed and
+    // the key alone, so the same run loses the same responses.
+    o.lose_response = [lose_rate, seed = static_cast<uint64_t>(*seed), log = o.log](const std::string& key) {
+      uint64_t h = 1469598103934665603ULL ^ seed;
+      for (unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+      h ^= h >> 33;
+      h *= 0xff51afd7ed558ccdULL;
+      h ^= h >> 33;
+      const bool lose = static_cast<double>(h >> 11) / 9007199254740992.0 < lose_rate;
+      if (lose && log) log("key=" + key + " outcome=response-dropped (--lose-responses)");
+      return lose;
     };
   }
   auto server = ProviderServer::Start(std::move(o));

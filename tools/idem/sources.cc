@@ -67,7 +67,7 @@ std::string KnownSources() {
   s += ", amqp://USER:PASS@HOST:PORT/VHOST?queue=Q";
 #endif
 #if IDEM_HAVE_KAFKA
-  s += ", kafka://HOST:PORT[,...]?topic=T&group=G, kafka-mock:?topic=T&partitions=N";
+  s += ", kafka://HOST:PORT[,...]?topic=T&group=G[&session_timeout_ms=MS], kafka-mock:?topic=T&partitions=N";
 #endif
   return s;
 }
@@ -82,6 +82,7 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     out.publish = [raw](const Message& m) { return raw->Publish(m); };
     out.source = std::move(q);
     out.kind = "embedded";
+    out.shared_url = url;
     return out;
   }
 #if IDEM_HAVE_REDIS_STREAMS
@@ -103,6 +104,7 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     out.publish = [raw](const Message& m) { return raw->Publish(m).status(); };
     out.source = std::move(src);
     out.kind = "redis-streams";
+    out.shared_url = url;
     return out;
   }
 #endif
@@ -126,6 +128,7 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     out.publish = [publisher, queue](const Message& m) { return publisher->Publish(queue, m); };
     out.source = std::move(src);
     out.kind = "rabbitmq";
+    out.shared_url = url;
     return out;
   }
 #endif
@@ -138,7 +141,13 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     const std::string topic = Take(q, "topic", mock ? "payments" : "");
     const std::string group = Take(q, "group", "idem");
     const int partitions = std::atoi(Take(q, "partitions", "4").c_str());
-    IDEM_RETURN_IF_ERROR(NoOthers(q, "kafka", mock ? "topic, group, partitions" : "topic, group"));
+    // How soon a member that died (kill -9) loses its partitions.
+    const std::string session_ms = Take(q, "session_timeout_ms", "10000");
+    const int session = std::atoi(session_ms.c_str());
+    if (session < 100 || session > 3'600'000)
+      return Status::InvalidArgument("kafka: session_timeout_ms must be 100..3600000, got '" + session_ms + "'");
+    IDEM_RETURN_IF_ERROR(NoOthers(q, "kafka", mock ? "topic, group, partitions, session_timeout_ms"
+                                                   : "topic, group, session_timeout_ms"));
     if (topic.empty()) return Status::InvalidArgument("a kafka:// source needs ?topic=NAME");
     if (mock) {
       // librdkafka's mock cluster, inside this process: the Kafka path
@@ -161,7 +170,11 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
       if (m == nullptr) {
         m = std::make_shared<Mock>();
         char err[256];
-        m->host = rd_kafka_new(RD_KAFKA_PRODUCER, rd_kafka_conf_new(), err, sizeof err);
+        rd_kafka_conf_t* conf = rd_kafka_conf_new();
+        // A client that only hosts the cluster: its "no bootstrap.servers"
+        // warning is noise.
+        rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+        m->host = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
         if (m->host == nullptr) return Status::Internal(std::string("kafka-mock: ") + err);
         m->cluster = rd_kafka_mock_cluster_new(m->host, 3);
         if (m->cluster == nullptr) return Status::Internal("kafka-mock: could not start the mock cluster");
@@ -174,6 +187,8 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
       out.owner = m;
     }
     kafka::Options o{.brokers = brokers, .topic = topic, .group = group};
+    o.session_timeout_ms = session;
+    o.heartbeat_interval_ms = std::max(50, std::min(o.heartbeat_interval_ms, session / 4));
     if (mock) o.config = {{"fetch.wait.max.ms", "20"}, {"topic.metadata.refresh.interval.ms", "500"}};
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Source> src, kafka::Source::Open(o));
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Producer> prod,
@@ -187,6 +202,8 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     out.owner = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<kafka::Producer>>>(out.owner, producer);
     out.source = std::move(src);
     out.kind = mock ? "kafka-mock" : "kafka";
+    out.shared_url =
+        mock ? "kafka://" + brokers + "?topic=" + topic + "&group=" + group + "&session_timeout_ms=" + session_ms : url;
     return out;
   }
 #endif

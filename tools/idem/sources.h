@@ -28,6 +28,10 @@ struct OpenedSource {
   // Appends a message as a producer would (with the broker's confirms).
   std::function<Status(const Message&)> publish;
   std::string kind;
+  // A URL another process can open to reach the same broker and topic: the
+  // URL itself, except for kafka-mock: (the mock cluster's bootstrap address
+  // as kafka://..., valid while `owner` lives).
+  std::string shared_url;
 };
 
 struct SourceSettings {

@@ -1,0 +1,127 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "payments.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "idem/env.h"
+#include "idem/sqlite/store.h"
+
+namespace idem::cli {
+
+std::string PaymentPayload(const std::string& order, int64_t cents) { return order + ":" + std::to_string(cents); }
+
+Result<std::pair<std::string, int64_t>> ParsePayment(const Message& m) {
+  auto colon = m.payload.find(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status::InvalidArgument("malformed payment payload '" + m.payload + "' (want ORDER:CENTS)");
+  char* end = nullptr;
+  long long cents = std::strtoll(m.payload.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || cents <= 0) return Status::InvalidArgument("malformed amount in payload '" + m.payload + "'");
+  return std::make_pair(m.payload.substr(0, colon), static_cast<int64_t>(cents));
+}
+
+Message PaymentMessage(const std::string& id, const std::string& order, int64_t cents) {
+  Message m;
+  m.id = id;
+  m.payload = PaymentPayload(order, cents);
+  m.producer_time_ms = Env::Default()->NowMs();
+  return m;
+}
+
+std::string CreatePaymentsSql(const std::string& table) {
+  return "CREATE TABLE IF NOT EXISTS " + table +
+         "(order_id TEXT NOT NULL, message_id TEXT NOT NULL, cents INTEGER NOT NULL, charge_id TEXT)";
+}
+
+Status InsertPayment(Transaction& tx, const Message& m, const std::string& charge_id, const std::string& table) {
+  IDEM_ASSIGN_OR_RETURN(auto p, ParsePayment(m));
+  return tx
+      .Exec("INSERT INTO " + table + "(order_id, message_id, cents, charge_id) VALUES ($1, $2, $3, $4)",
+            {p.first, m.id, p.second, charge_id.empty() ? Value() : Value(charge_id)})
+      .status();
+}
+
+Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts) {
+  return http::Client::Create({.base_url = url,
+                               .bearer = kApiKey,
+                               .max_attempts = max_attempts,
+                               .backoff_base_ms = 2,
+                               .backoff_max_ms = 100,
+                               .connect_timeout_ms = 2'000,
+                               .read_timeout_ms = 10'000});
+}
+
+std::string ChargeBody(const std::string& order, int64_t cents) {
+  return nlohmann::json{{"amount", cents},
+                        {"currency", "usd"},
+                        {"customer", "cus_" + order},
+                        {"description", "order " + order}}
+      .dump();
+}
+
+Result<ChargeReply> Charge(http::Client& client, const Message& m) {
+  IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
+  IDEM_ASSIGN_OR_RETURN(http::Response r,
+                        client.Post("/charges", ChargeBody(pay.first, pay.second), DownstreamKey(m, "charge")));
+  if (r.status != 201)
+    return Status::Internal("the provider answered " + std::to_string(r.status) + ": " + r.body.substr(0, 300));
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string())
+    return Status::Internal("the provider's answer has no charge id: " + r.body.substr(0, 300));
+  return ChargeReply{j["id"].get<std::string>(), r.attempts, r.replayed};
+}
+
+Result<ProviderTotals> ProviderCharges(const std::string& path) {
+  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Open({.path = path}));
+  IDEM_ASSIGN_OR_RETURN(auto tx, db->Begin());
+  IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT count(*), coalesce(sum(amount), 0), count(DISTINCT idem_key)"
+                                          " FROM provider_charges"));
+  return ProviderTotals{r.rows[0][0].AsInt(), r.rows[0][1].AsInt(), r.rows[0][2].AsInt()};
+}
+
+Result<http::Client*> ThreadClients::Get() {
+  std::lock_guard lock(mu_);
+  auto& c = clients_[std::this_thread::get_id()];
+  if (!c) {
+    auto made = ProviderClient(url_, max_attempts_);
+    if (!made.ok()) return made.status();
+    c = std::move(*made);
+  }
+  return c.get();
+}
+
+Result<std::vector<Delivery>> FaultySource::Receive(int max, int64_t wait_ms) {
+  auto got = inner_.Receive(max, wait_ms);
+  if (got.ok()) {
+    received += got->size();
+    if (on_event)
+      for (const Delivery& d : *got) on_event('R', d);
+    if (!got->empty() && Roll(stall_rate_)) {
+      ++stalls;
+      if (on_event) on_event('S', got->front());
+      std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_));
+    }
+  }
+  return got;
+}
+
+Status FaultySource::Ack(const Delivery& d) {
+  if (Roll(lost_ack_rate_)) {
+    ++lost_acks;
+    if (on_event) on_event('L', d);
+    return Status::OK();  // the consumer thinks it acked; the broker never heard
+  }
+  if (on_event) on_event('A', d);
+  Status s = inner_.Ack(d);
+  if (s.code() == Code::kLeaseLost) ++stale_acks;
+  return s;
+}
+
+bool FaultySource::Roll(double p) {
+  std::lock_guard<std::mutex> l(mu_);
+  return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
+}
+
+}  // namespace idem::cli
