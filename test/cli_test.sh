@@ -24,7 +24,7 @@ has() {  # has NAME FILE PATTERN
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge provider run publish; do
+for c in demo bench schema inspect purge provider run publish chaos; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -127,6 +127,18 @@ kill "$PPID_"; wait "$PPID_"; rc=$?
 has provider-log "$T/prov.log" "key=cli-1 replayed 201"
 check inspect-provider-claim 0 "$IDEM" inspect "acct_t|POST /charges" cli-1 --store "sqlite:$T/prov.db" --json
 has inspect-provider-claim-completed "$T/out" '"state":"completed"'
+
+check provider-bad-lose 2 "$IDEM" provider --api-key k:p --lose-responses 1.5 --store "sqlite:$T/prov.db"
+has provider-bad-lose-named "$T/err" "--lose-responses must be a fraction"
+
+# idem chaos: bad input is refused before anything starts; an unreachable store is exit 3.
+check chaos-bad-broken 2 "$IDEM" chaos --broken sometimes
+has chaos-bad-broken-named "$T/err" "--broken must be no-guard or ack-before-commit"
+check chaos-bad-rate 2 "$IDEM" chaos --fault-rate 3
+has chaos-bad-rate-named "$T/err" "--fault-rate must be a fraction"
+check chaos-bad-consumers 2 "$IDEM" chaos --consumers 0
+check chaos-unreachable-store 3 "$IDEM" chaos --store "postgres://nobody@127.0.0.1:9/none?connect_timeout=1" --dir "$T/chaos-bad"
+check chaos-unknown-source 2 "$IDEM" chaos --source "nats://127.0.0.1:4222" --dir "$T/chaos-bad"
 
 # Bad input: named clearly, exit 3, nothing created.
 check missing-dir 3 "$IDEM" inspect --store "sqlite:$T/no/such/dir/x.db"

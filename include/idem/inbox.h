@@ -137,8 +137,9 @@ class Inbox {
   Attempt TryBatch(std::span<const Message> messages, const Handler& handler, const std::vector<bool>& excluded,
                    std::vector<Outcome>& out);
   // After a commit reported kInDoubt: reads the markers of the messages whose
-  // handler ran back, to learn whether the commit happened.
-  void ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
+  // handler ran back, to learn whether the commit happened. Returns true
+  // when every one of them was found (the batch committed).
+  bool ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
                       std::vector<Outcome>& outcomes, const Status& s);
   void Count(const Outcome& o);
 

@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/inbox.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <string>
@@ -183,7 +184,18 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
   if (cs.code() == Code::kInDoubt) {
     for (size_t i : index)
       if (pending[i]) out[i] = Failed(cs);  // until the marker says otherwise
-    ResolveInDoubt(messages, pending, out, cs);
+    const bool committed = ResolveInDoubt(messages, pending, out, cs);
+    // A duplicate may have been judged against a marker this very batch
+    // inserted (the same id twice in one batch), and a conflict's dead letter
+    // went in with the batch: acknowledging them is safe only if the batch
+    // committed. Without pending markers to prove it, the duplicates were
+    // judged against earlier commits, but a conflict's dead letter is in doubt.
+    for (size_t i : index) {
+      if (pending[i]) continue;
+      const bool conflict = out[i].kind == Outcome::Kind::kConflict;
+      if (!committed && (conflict || std::any_of(pending.begin(), pending.end(), [](bool p) { return p; })))
+        out[i] = Failed(cs.WithContext("the batch's commit did not happen, so this copy is not acknowledged either"));
+    }
   } else if (!cs.ok()) {
     // Nothing of the transaction is saved. Duplicates and conflicts found in
     // it are still true, but a conflict's dead letter was not written, so
@@ -197,8 +209,10 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
   return {};
 }
 
-void Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
+bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
                            std::vector<Outcome>& out, const Status& s) {
+  bool all_present = false;
+  bool any_absent = false;
   // The commit may or may not have happened. Never retry blindly: read each
   // marker back on a fresh connection. Present means the effect is committed
   // (by us, or by a racing consumer): safe to acknowledge.
@@ -207,14 +221,18 @@ void Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
     auto found = store_.FindMarker(options_.consumer, messages[i].id,
                                    options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt);
     if (!found.ok()) {
+      any_absent = true;
       out[i] = Failed(s.WithContext("commit outcome unknown and the marker could not be read (" +
                                     found.status().ToString() + ")"));
     } else if (!found->has_value()) {
+      any_absent = true;
       out[i] = Failed(s.WithContext("no committed marker found after it, so it is treated as not committed and not acknowledged"));
     } else {
+      all_present = true;
       out[i].kind = Outcome::Kind::kApplied;
     }
   }
+  return all_present && !any_absent;
 }
 
 void Inbox::Count(const Outcome& o) {

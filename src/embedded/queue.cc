@@ -284,6 +284,7 @@ Result<std::unique_ptr<Queue>> Queue::Open(const QueueOptions& options) {
   oo.busy_timeout_ms = o.busy_timeout_ms;
   oo.synchronous = o.durable ? "FULL" : "NORMAL";
   oo.cache_kib = 2048;
+  oo.vfs = o.vfs;
   IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
   auto q = std::make_unique<SqliteQueue>(o, std::move(db));
   IDEM_RETURN_IF_ERROR(q->Init());
@@ -313,6 +314,9 @@ Result<QueueOptions> Queue::ParseUrl(std::string_view url) {
       if (v == "1" || v == "true") o.durable = true;
       else if (v == "0" || v == "false") o.durable = false;
       else return Status::InvalidArgument("embedded queue URL: durable must be true or false, not '" + v + "'");
+    } else if (k == "vfs") {
+      if (v.empty()) return Status::InvalidArgument("embedded queue URL: vfs is empty in '" + std::string(url) + "'");
+      o.vfs = v;
     } else {
       return Status::InvalidArgument("unknown embedded queue URL option '" + k + "' in '" + std::string(url) + "'");
     }

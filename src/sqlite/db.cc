@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "idem/sqlite/fault_vfs.h"
+
 namespace idem::sqlite_internal {
 
 Code CodeFor(int rc) {
@@ -89,13 +91,24 @@ std::string RewriteParams(std::string_view sql) {
   return out;
 }
 
-namespace {
 // SQLite counts every allocation under a global mutex unless told not to;
 // idem never reads those counts. Must run before SQLite initialises; if the
 // application initialised it already, the call is refused and harmless.
 void ConfigureSqliteOnce() {
   static std::once_flag once;
   std::call_once(once, [] { (void)sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0); });
+}
+
+namespace {
+// Resolves OpenOptions::vfs: nullptr for the default, else a registered name.
+Result<const char*> FindVfs(const std::string& name) {
+  if (name.empty()) return static_cast<const char*>(nullptr);
+  if (name == sqlite::FaultVfs::kName) IDEM_RETURN_IF_ERROR(sqlite::FaultVfs::Install().status());
+  if (sqlite3_vfs_find(name.c_str()) != nullptr) return name.c_str();
+  std::string known;
+  for (sqlite3_vfs* v = sqlite3_vfs_find(nullptr); v != nullptr; v = v->pNext)
+    known += (known.empty() ? "" : ", ") + std::string(v->zName);
+  return Status::InvalidArgument("no SQLite VFS named '" + name + "' is registered (registered: " + known + ")");
 }
 }  // namespace
 
@@ -113,9 +126,11 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
     if (!o.create && ::stat(o.path.c_str(), &st) != 0)
       return Status::NotFound("database file " + o.path + " does not exist");
   }
+  auto vfs = FindVfs(o.vfs);
+  if (!vfs.ok()) return vfs.status().WithContext("open " + o.path);
   sqlite3* raw = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (o.create ? SQLITE_OPEN_CREATE : 0);
-  int rc = sqlite3_open_v2(o.path.c_str(), &raw, flags, nullptr);
+  int rc = sqlite3_open_v2(o.path.c_str(), &raw, flags, *vfs);
   std::unique_ptr<Db> db(new Db(raw, o.path));  // closes even when open failed
   if (rc != SQLITE_OK) return Translate(rc, raw, "open " + o.path);
   sqlite3_extended_result_codes(raw, 1);

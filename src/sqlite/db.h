@@ -26,6 +26,10 @@ Status Translate(int rc, sqlite3* db, std::string_view what);
 // The code alone, for table-driven tests.
 Code CodeFor(int rc);
 
+// Tells SQLite, once per process and before it initialises, what idem wants
+// of it (no allocation statistics). Harmless when it is too late.
+void ConfigureSqliteOnce();
+
 // Rewrites $1, $2, ... (PostgreSQL style) into ?1, ?2, ... outside quoted
 // strings and identifiers, so that the same SQL runs on both stores.
 std::string RewriteParams(std::string_view sql);
@@ -61,6 +65,9 @@ struct OpenOptions {
   int cache_kib = 16 * 1024;
   int wal_autocheckpoint_pages = 10'000;
   int page_size = 4096;  // new files only
+  // A registered SQLite VFS to open the file through; empty: the default.
+  // "idem-fault" (idem/sqlite/fault_vfs.h) is installed on demand.
+  std::string vfs;
 };
 
 // One connection with a cache of prepared statements. Used by one thread at

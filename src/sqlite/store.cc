@@ -68,6 +68,7 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
   oo.cache_kib = o.cache_kib;
   oo.wal_autocheckpoint_pages = o.wal_autocheckpoint_pages;
   oo.page_size = o.page_size;
+  oo.vfs = o.vfs;
   oo.synchronous = o.synchronous == Synchronous::kFull     ? "FULL"
                    : o.synchronous == Synchronous::kNormal ? "NORMAL"
                                                            : "OFF";
@@ -217,6 +218,11 @@ Result<Options> ParseUrl(std::string_view url) {
           static_cast<int>(n);
     } else if (k == "busy_timeout_ms") {
       o.busy_timeout_ms = std::atoi(v.c_str());
+    } else if (k == "vfs") {
+      // Whether it exists is known only once it may have been registered:
+      // Open says.
+      if (v.empty()) return Status::InvalidArgument("SQLite URL option vfs is empty in " + std::string(url));
+      o.vfs = v;
     } else {
       return Status::InvalidArgument("unknown SQLite URL option '" + k + "' in " + std::string(url));
     }

@@ -51,6 +51,7 @@
 #include "idem/consumer.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
+#include "idem/sqlite/fault_vfs.h"
 #include "payments.h"
 #include "sources.h"
 
@@ -176,6 +177,28 @@ int Worker(const Config& cfg) {
     std::cerr << "chaos consumer " << name << ": " << store.status() << "\n";
     return kExitError;
   }
+  // Faults the fault VFS fired in this life, journalled as they happen (a
+  // kill may lose the last one: the count is a lower bound).
+  std::atomic<bool> done{false};
+  std::thread fault_watch;
+  if (std::getenv(sqlite::FaultVfs::kEnvVar) != nullptr) {
+    fault_watch = std::thread([&journal, &done] {
+      auto vfs = sqlite::FaultVfs::Install();
+      int64_t seen = 0;
+      while (vfs.ok() && !done) {
+        for (int64_t n = (*vfs)->counters().faults; seen < n; ++seen) journal.Line('F', std::to_string(seen + 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  struct JoinAtEnd {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~JoinAtEnd() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } join_at_end{done, fault_watch};
   FaultySource source(*opened->source, cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
@@ -306,12 +329,18 @@ class Schedule {
         p.terminate_after_ms = 20 + static_cast<int64_t>(rng() % 400);
         p.label = "fault:postgres-backend-terminated";
       } else {
-        // An I/O error on the store's write path: transient (the next try
-        // works) or persistent (the consumer is then killed).
-        const int op = 1 + static_cast<int>(rng() % 200);
-        const bool persistent = rng() % 2 == 0;
-        p.vfs = std::string("fail:any:") + std::to_string(op) + (persistent ? ":persistent" : ":transient");
-        p.label = persistent ? "fault:sqlite-io-error-persistent" : "fault:sqlite-io-error-transient";
+        // An I/O error (or a full disk) on the store's write path (writes,
+        // syncs, truncates of the database, WAL and journal), transient (the
+        // next try works) or persistent (until the life's kill). The
+        // operation's number sweeps 1..kSweep over each slot's fault lives,
+        // counted from the life's first store open, so a long run fails
+        // every operation of the write path of the first transactions.
+        const int64_t k = faults_given_[slot]++;
+        const int op = 1 + static_cast<int>((k * 37) % kSweep);
+        static const char* const kKinds[][2] = {{"fail", "transient"}, {"fail", "persistent"}, {"full", "transient"}};
+        const auto& kind = kKinds[(k / kSweep) % 3];
+        p.vfs = std::string(kind[0]) + ":any:" + std::to_string(op) + ":" + kind[1];
+        p.label = std::string("fault:sqlite-") + (kind[0] == std::string("full") ? "disk-full-" : "io-error-") + kind[1];
       }
       // The life then ends by a kill too, so a slot never stays in one life.
       p.kill_after_ms = 300 + static_cast<int64_t>(rng() % 700);
@@ -358,6 +387,8 @@ class Schedule {
   std::vector<std::string> points_;
   std::vector<std::mt19937_64> rngs_;
   std::map<int, size_t> next_point_;
+  std::map<int, int64_t> faults_given_;
+  static constexpr int64_t kSweep = 150;
   std::mt19937_64 provider_rng_;
 };
 
@@ -685,6 +716,7 @@ struct Check {
   int64_t provider_charges = 0, provider_duplicated = 0, provider_unexpected = 0, provider_missing = 0;
   int64_t acked_not_committed = 0, effects_without_charge = 0, lost_acks = 0, stalls = 0, lost_responses = 0;
   int64_t effect_rows = 0, expected_cents = 0, charged_cents = 0;
+  int64_t vfs_faults_fired = 0;  // I/O errors and full disks the fault VFS returned
   std::vector<std::string> examples;  // a few ids per problem, for the report
 };
 
@@ -785,6 +817,7 @@ Result<Check> CheckEffects(const Config& cfg, Store& store) {
         case 'S': ++c.stalls; break;
         case 'L': ++c.lost_acks; acked.insert(id); break;
         case 'A': acked.insert(id); break;
+        case 'F': ++c.vfs_faults_fired; break;
         default: break;
       }
     }
@@ -813,8 +846,11 @@ int Run::Report() {
   auto checked = CheckEffects(cfg_, *store_);
   if (!checked.ok()) return Fail("chaos", checked.status());
   const Check& c = *checked;
-  int64_t faults = c.lost_acks + c.stalls + c.lost_responses;
-  for (const auto& [k, v] : counts_.faults) faults += v;
+  // SQLite faults count when the VFS returned them, not when armed (a life
+  // may die or finish before its operation comes).
+  int64_t faults = c.lost_acks + c.stalls + c.lost_responses + c.vfs_faults_fired;
+  for (const auto& [k, v] : counts_.faults)
+    if (!k.starts_with("sqlite-")) faults += v;
   const bool effects_ok = c.lost == 0 && c.duplicated == 0 && c.unexpected == 0 && c.provider_duplicated == 0 &&
                           c.provider_unexpected == 0 && c.provider_missing == 0 && c.acked_not_committed == 0 &&
                           c.effects_without_charge == 0 && c.applied == c.unique && c.effect_rows == c.unique &&
@@ -830,10 +866,12 @@ int Run::Report() {
         .AddRaw("kills_by_point", JsonCounts(counts_.kills))
         .Add("faults", faults)
         .AddRaw("faults_by_kind", JsonCounts([&] {
-                  auto m = counts_.faults;
+                  std::map<std::string, int64_t> m;
+                  for (const auto& [k, v] : counts_.faults) m[k.starts_with("sqlite-") ? k + "-armed" : k] = v;
                   m["lost-ack"] = c.lost_acks;
                   m["lease-expiry-stall"] = c.stalls;
                   m["lost-provider-response"] = c.lost_responses;
+                  m["sqlite-faults-fired"] = c.vfs_faults_fired;
                   return m;
                 }()))
         .Add("applied", c.applied)
@@ -866,10 +904,12 @@ int Run::Report() {
                                mark(kills_reached_));
     for (const auto& [k, v] : counts_.kills) row("  " + k, std::to_string(v));
     row("faults injected", std::to_string(faults));
-    for (const auto& [k, v] : counts_.faults) row("  " + k, std::to_string(v));
+    for (const auto& [k, v] : counts_.faults)
+      row("  " + k + (k.starts_with("sqlite-") ? " (lives armed)" : ""), std::to_string(v));
     row("  lost acks", std::to_string(c.lost_acks));
     row("  stalls past the lease", std::to_string(c.stalls));
     row("  lost provider responses", std::to_string(c.lost_responses));
+    if (!postgres_) row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
     row("applied (distinct messages with an effect)", std::to_string(c.applied) + mark(c.applied == c.unique));
     row("lost (published, never applied)", std::to_string(c.lost) + mark(c.lost == 0));
     row("duplicated (applied twice: store/provider)",
@@ -1008,7 +1048,7 @@ int RunChaos(const Args& args) {
     std::cout << "idem chaos: seed " << cfg.seed << ", " << cfg.messages << " messages, " << cfg.consumers
               << " consumers, " << cfg.kills << " kills; files in " << cfg.dir << "\n"
               << std::flush;
-  Run run(cfg, /*have_vfs=*/false);
+  Run run(cfg, /*have_vfs=*/true);
   if (Status st = run.Prepare(); !st.ok()) return Fail(cmd, st);
   if (Status st = run.Go(); !st.ok()) return Fail(cmd, st);
   return run.Report();

@@ -44,6 +44,9 @@ struct QueueOptions {
   int64_t poll_ms = 10;
   // Default: Env::Default().
   Env* env = nullptr;
+  // The SQLite VFS to open the file through, as idem::sqlite::Options::vfs
+  // ("idem-fault" for fault injection in tests). Default: SQLite's default.
+  std::string vfs;
 };
 
 struct QueueStats {
@@ -59,7 +62,7 @@ class Queue : public Source {
   // Errors as for idem::sqlite::Open; kSchemaMismatch for a file that holds
   // another schema (not a queue file, or a newer version).
   static Result<std::unique_ptr<Queue>> Open(const QueueOptions& options);
-  // Parses "embedded:PATH" (optionally "?queue=NAME&lease_ms=N").
+  // Parses "embedded:PATH" (optionally "?queue=NAME&lease_ms=N&durable=B&vfs=NAME").
   static Result<QueueOptions> ParseUrl(std::string_view url);
 
   // Appends a message. Its id is validated; the payload is stored as is.

@@ -53,14 +53,21 @@ struct Options {
   bool create_if_missing = true;
   // Default: Env::Default().
   Env* env = nullptr;
+  // The SQLite VFS (the layer under SQLite that does the file I/O) to open
+  // the file through, by its registered name. "idem-fault" is the fault
+  // injection VFS of tests and `idem chaos` (idem/sqlite/fault_vfs.h), never
+  // for production. Default: empty, SQLite's default VFS.
+  std::string vfs;
 };
 
 // Opens (and creates or migrates) the store. Errors: kInvalidArgument (empty
-// path), kUnavailable (missing directory, unreadable file, locked too long),
+// path, a VFS name that is not registered), kUnavailable (missing directory, unreadable file, locked too long),
 // kCorruption (not a SQLite database), kSchemaMismatch (a newer schema).
 Result<std::unique_ptr<Store>> Open(const Options& options);
 
-// Parses "sqlite:PATH", "sqlite://PATH" or a bare PATH into options.
+// Parses "sqlite:PATH", "sqlite://PATH" or a bare PATH into options, with
+// URL options ?synchronous=full|normal|off, page_size, cache_kib,
+// wal_autocheckpoint, busy_timeout_ms and vfs=NAME (checked at Open).
 Result<Options> ParseUrl(std::string_view url);
 
 }  // namespace idem::sqlite
