@@ -48,6 +48,7 @@
 #include <httplib.h>
 
 #include "commands.h"
+#include "cut_proxy.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
@@ -439,6 +440,12 @@ class Run {
   int provider_port_ = 0;
   OpenedSource producer_;
   std::unique_ptr<Store> store_;
+  // PostgreSQL: the consumers reach the server through this proxy, which
+  // cuts the network to it now and then.
+  std::unique_ptr<CutProxy> proxy_;
+  std::string consumer_store_;
+  std::mt19937_64 net_rng_;
+  int64_t next_cut_ms_ = 0;
   std::map<pid_t, Life> lives_;
   std::vector<int64_t> next_life_;
   std::vector<bool> slot_busy_;
@@ -478,6 +485,15 @@ Status Run::Prepare() {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
+  consumer_store_ = cfg_.store;
+  if (postgres_) {
+    std::string host;
+    int target = 0;
+    IDEM_RETURN_IF_ERROR(RouteThrough(cfg_.store, 1, host, target).status());
+    IDEM_ASSIGN_OR_RETURN(proxy_, CutProxy::Start(host, target));
+    IDEM_ASSIGN_OR_RETURN(consumer_store_, RouteThrough(cfg_.store, proxy_->port(), host, target));
+    net_rng_.seed(cfg_.seed * 1'000'003ULL + 424'242ULL);
+  }
   IDEM_ASSIGN_OR_RETURN(provider_port_, FreePort());
   provider_url_ = "http://127.0.0.1:" + std::to_string(provider_port_);
   next_life_.assign(static_cast<size_t>(cfg_.consumers), 0);
@@ -528,7 +544,7 @@ Status Run::StartConsumer(int slot, bool chaos) {
   l.slot = slot;
   l.life = next_life_[static_cast<size_t>(slot)]++;
   if (chaos) l.plan = schedule_.Next(slot);
-  std::string store = cfg_.store;
+  std::string store = consumer_store_;
   if (postgres_) {
     store = WithParam(store, "application_name=idem-chaos-" + std::to_string(slot) + "-" + std::to_string(l.life));
   } else if (!l.plan.vfs.empty()) {
@@ -656,10 +672,6 @@ Status Run::Go() {
   while (true) {
     Reap();
     const int64_t now = SteadyMs();
-    if (chaos && counts_.total_kills >= cfg_.kills) {
-      chaos = false;
-      kills_reached_ = true;
-    }
     if (!provider_up_) {
       ++counts_.provider_restarts;
       if (Status s = StartProvider(chaos); !s.ok()) {
@@ -685,6 +697,12 @@ Status Run::Go() {
         TerminateBackends(l);
       }
     }
+    if (proxy_ != nullptr && chaos && now >= next_cut_ms_) {
+      // A network cut between the consumers and PostgreSQL: every
+      // connection reset, new ones refused for a moment.
+      if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
+      next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
+    }
     if (now - last_poll >= 200) {
       last_poll = now;
       auto applied = Applied();
@@ -697,11 +715,18 @@ Status Run::Go() {
         drained_ = true;
         break;  // every effect is in; a shortfall of kills is reported
       }
-      if (!chaos && now - last_progress_ms > cfg_.drain_timeout_ms) break;  // reported as lost
+      if (now - last_progress_ms > cfg_.drain_timeout_ms) {
+        if (!chaos) break;  // what is missing is reported as lost
+        // No progress under fire: stop breaking things and drain calmly
+        // (lives already armed still end as planned).
+        chaos = false;
+        last_progress_ms = now;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   progress.Done();
+  kills_reached_ = counts_.total_kills >= cfg_.kills;
   StopAll();
   producer.join();
   seconds_ = static_cast<double>(SteadyMs() - started) / 1000.0;
@@ -849,8 +874,12 @@ int Run::Report() {
   // SQLite faults count when the VFS returned them, not when armed (a life
   // may die or finish before its operation comes).
   int64_t faults = c.lost_acks + c.stalls + c.lost_responses + c.vfs_faults_fired;
+  if (proxy_ != nullptr) {
+    counts_.faults["network-cut"] = proxy_->cuts();
+    counts_.faults["network-cut-connections-reset"] = proxy_->connections_reset();
+  }
   for (const auto& [k, v] : counts_.faults)
-    if (!k.starts_with("sqlite-")) faults += v;
+    if (!k.starts_with("sqlite-") && k != "network-cut-connections-reset") faults += v;
   const bool effects_ok = c.lost == 0 && c.duplicated == 0 && c.unexpected == 0 && c.provider_duplicated == 0 &&
                           c.provider_unexpected == 0 && c.provider_missing == 0 && c.acked_not_committed == 0 &&
                           c.effects_without_charge == 0 && c.applied == c.unique && c.effect_rows == c.unique &&
@@ -955,7 +984,8 @@ const Command& ChaosCommand() {
        {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
        {"messages", "N", "2000", "unique payment messages"},
        {"consumers", "M", "4", "consumer processes"},
-       {"kills", "K", "100", "SIGKILLs (consumers and provider) before the run drains"},
+       {"kills", "K", "100", "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
+                              "          on until every message is applied, so more messages mean more kills"},
        {"seed", "S", "1", "seed of the schedule of kills and faults"},
        {"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
@@ -965,7 +995,8 @@ const Command& ChaosCommand() {
        {"fault-rate", "P", "0.15", "fraction of consumer lives given an I/O error or a terminated backend"},
        {"lease-ms", "MS", "400", "the source's lease (visibility timeout) where it has one"},
        {"batch", "N", "8", "batch size of the odd-numbered consumers (the even ones take one at a time)"},
-       {"drain-timeout", "DURATION", "60s", "after the kills, how long without progress before giving up"},
+       {"drain-timeout", "DURATION", "60s", "how long without progress before the faults stop for a calm drain,\n"
+                                           "          and then before what is missing is reported lost"},
        {"json", "", "", "print one JSON object instead of the table"},
        {"broken", "MODE", "", "run a deliberately broken consumer to see the check fail: no-guard (the\n"
                               "          effect without its marker) or ack-before-commit"},
