@@ -131,6 +131,8 @@ class Journal {
 };
 
 std::atomic<bool> g_stop{false};
+// The parent: SIGINT or SIGTERM stops the run, its processes and reports.
+std::atomic<bool> g_interrupted{false};
 
 // The mistakes the pattern exists to prevent, made on purpose (--broken):
 // the run must then report lost or duplicated effects.
@@ -669,7 +671,11 @@ Status Run::Go() {
   bool chaos = true;
   int64_t last_poll = 0, last_progress_ms = SteadyMs();
   Status failure;
-  while (true) {
+  struct sigaction sa{};
+  sa.sa_handler = [](int) { g_interrupted = true; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  while (!g_interrupted) {
     Reap();
     const int64_t now = SteadyMs();
     if (!provider_up_) {
@@ -884,7 +890,8 @@ int Run::Report() {
                           c.provider_unexpected == 0 && c.provider_missing == 0 && c.acked_not_committed == 0 &&
                           c.effects_without_charge == 0 && c.applied == c.unique && c.effect_rows == c.unique &&
                           c.provider_charges == c.unique && c.charged_cents == c.expected_cents;
-  const bool ok = effects_ok && kills_reached_;
+  const bool interrupted = g_interrupted;
+  const bool ok = effects_ok && kills_reached_ && !interrupted;
   if (cfg_.json) {
     Json j;
     j.Add("published", c.published)
@@ -915,6 +922,7 @@ int Run::Report() {
         .Add("seconds", seconds_)
         .Add("source", producer_.kind)
         .Add("store", postgres_ ? "postgres" : "sqlite")
+        .Add("interrupted", interrupted)
         .Add("ok", ok)
         .Add("seed", static_cast<int64_t>(cfg_.seed))
         .Add("dir", cfg_.dir);
@@ -954,6 +962,7 @@ int Run::Report() {
     std::snprintf(secs, sizeof secs, "%.1f s", seconds_);
     row("time", secs);
     for (const auto& e : c.examples) std::cout << "  e.g. " << e << "\n";
+    if (interrupted) std::cout << "  interrupted: the counts are of an unfinished run\n";
     if (!kills_reached_)
       std::cout << "  the messages ran out before the kills did: raise --messages or lower --kills\n";
     std::cout << (ok ? "  OK: every message's effect exactly once, in the store and at the provider\n"
