@@ -21,7 +21,8 @@
 //   }
 //
 // Fencing: every claim that starts the work gets a fencing token from a
-// counter that only grows, store-wide. When a holder's lease expires, the next
+// counter that only grows, store-wide (on Redis, per key: each new holder's
+// token is above every earlier holder's; see redis/claim_store.h). When a holder's lease expires, the next
 // claimer takes the key over with a higher token, and from then on the old
 // holder's Complete, Fail and Extend are refused with Code::kLeaseLost. A
 // holder whose lease expired but was not taken over may still complete.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <chrono>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <unordered_set>
@@ -59,7 +61,7 @@ Status ValidateName(std::string_view s, std::string_view what) {
 
 // A record as stored (see scripts.h for the layout); views into the value.
 struct StoredRecord {
-  char state = 0;  // 'p' or 'c'
+  char state = 0;  // 'p' (in progress), 'c' (completed) or 'r' (released: a tombstone)
   bool is_error = false;
   bool watched = false;
   std::string_view fingerprint;  // 32 bytes
@@ -71,7 +73,7 @@ constexpr size_t kHeadBytes = 3 + 32;
 
 // Parses a record written by the scripts; nullopt when `v` is not one.
 std::optional<StoredRecord> ParseRecord(std::string_view v) {
-  if (v.size() < kHeadBytes || (v[0] != 'p' && v[0] != 'c')) return std::nullopt;
+  if (v.size() < kHeadBytes || (v[0] != 'p' && v[0] != 'c' && v[0] != 'r')) return std::nullopt;
   StoredRecord r;
   r.state = v[0];
   r.is_error = v[1] == '1';
@@ -93,7 +95,9 @@ Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) 
   auto fence = IntElement(r, 1, op);
   std::string_view state = Element(r, 2);
   std::string why;
-  if (!state.empty() && state != "p" && state != "c") {
+  if (state == "r") {
+    why = "no claim on the key (released, expired or purged)";
+  } else if (!state.empty() && state != "p" && state != "c") {
     why = "the record is not what idem wrote (state '" + std::string(state) + "')";
   } else if (!fence.ok() || *fence == 0) {
     why = "no claim on the key (released, expired or purged)";
@@ -141,28 +145,36 @@ class RedisClaimStore final : public ClaimStore {
 
   // Connects once and loads every script, so that a wrong URL, password or
   // a server without scripting shows at Open.
-  Status Init() { return scripts_.Connect(); }
+  Status Init() {
+    IDEM_RETURN_IF_ERROR(scripts_.Connect());
+    if (options_.clock != nullptr) return Status::OK();
+    std::vector<std::string_view> cmd[1] = {{"TIME"}};
+    IDEM_ASSIGN_OR_RETURN(std::vector<ReplyPtr> r, scripts_.Commands(cmd));
+    if (r.size() != 1) return Status::Internal("unexpected reply to TIME");
+    return ServerNow(r[0].get()).status();
+  }
 
-  // A replay, a conflict or a key in progress is answered from one read
-  // with plain commands (a script costs the server several times more);
-  // only a key to start or take over runs the script, which judges it again
-  // atomically. While most keys are new, the read is skipped (PreRead).
+  // A new key is claimed with one plain SET ... NX GET (no script: a script
+  // costs the server several times more); the same command reads the
+  // record when the key exists, and a replay, a conflict or a key in
+  // progress is answered from it. Only a key to take over (or released, or
+  // expired) runs the script, which judges it again atomically.
   Result<ClaimOutcome> TryClaim(const ClaimRequest& req) override {
     IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
     IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
     if (req.lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(req.lease_ms));
     std::string record_key = RecordKey(req.scope, req.key);
-    const bool pre_read = PreRead();
-    if (pre_read) {
-      IDEM_ASSIGN_OR_RETURN(std::optional<ClaimOutcome> known, Judge(record_key, req));
-      Learn(known.has_value());
-      if (known.has_value()) return std::move(*known);
+    if (set_get_.load(std::memory_order_relaxed)) {
+      auto fresh = ClaimIfAbsent(record_key, req);
+      if (fresh.ok() && fresh->has_value()) return std::move(**fresh);
+      if (!fresh.ok() && fresh.status().code() != Code::kInvalidArgument) return fresh.status();
+      // kInvalidArgument: a server before 7.0 refused SET NX GET; scripts from now on.
+      if (!fresh.ok()) set_get_.store(false, std::memory_order_relaxed);
     }
     const std::string keys[] = {std::move(record_key), options_.prefix + "fence"};
     const std::string args[] = {NowArg(), FingerprintBytes(req.fingerprint), std::to_string(ClampSpan(req.lease_ms)),
                                 std::to_string(ClampSpan(options_.abandon_margin_ms))};
     IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kTryClaim, keys, args));
-    if (!pre_read) Learn(Element(r.get(), 0) != "started");
     return ToOutcome(r.get(), req);
   }
 
@@ -191,7 +203,8 @@ class RedisClaimStore final : public ClaimStore {
 
   Status Release(const ClaimToken& t) override {
     const std::string keys[] = {RecordKey(t.scope, t.key)};
-    const std::string args[] = {"", std::to_string(t.fence), Channel(t.scope, t.key)};
+    const std::string args[] = {"", std::to_string(t.fence), Channel(t.scope, t.key),
+                                std::to_string(redis_internal::kReleasedTtlMs)};
     IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kRelease, keys, args));
     if (Element(r.get(), 0) != "ok") return LeaseLost(r.get(), t, "Release");
     NotifyChanged(t.scope, t.key);
@@ -322,16 +335,83 @@ class RedisClaimStore final : public ClaimStore {
     return out;
   }
 
-  // Whether TryClaim reads before it runs its script: while reads mostly
-  // answer (replays, keys in progress), they save the server a script each;
-  // while most keys are new they would only add a round trip. Either way the
-  // answer is the same.
-  bool PreRead() const { return hits_.load(std::memory_order_relaxed) >= 0; }
-  // Whether a read alone answered (or would have answered) a TryClaim.
-  void Learn(bool answered) {
-    int h = hits_.load(std::memory_order_relaxed);
-    int n = std::clamp(h + (answered ? 1 : -1), -kLearnRange, kLearnRange);
-    if (n != h) hits_.store(n, std::memory_order_relaxed);
+  // The server's time as this process last learned it (TIME replies),
+  // carried forward on the steady clock; the caller's clock when given.
+  int64_t EstimatedNowMs() const {
+    if (options_.clock != nullptr) return options_.clock->NowMs();
+    return SteadyMs() + server_offset_ms_.load(std::memory_order_relaxed);
+  }
+  static int64_t SteadyMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  Result<int64_t> ServerNow(const redisReply* time_reply) {
+    IDEM_ASSIGN_OR_RETURN(int64_t s, IntElement(time_reply, 0, "TIME"));
+    IDEM_ASSIGN_OR_RETURN(int64_t us, IntElement(time_reply, 1, "TIME"));
+    const int64_t now = s * 1000 + us / 1000;
+    server_offset_ms_.store(now - SteadyMs(), std::memory_order_relaxed);
+    return now;
+  }
+
+  // A fencing token for a claim of an absent key, without a script: tokens
+  // come from a block of kFenceBlock reserved with INCRBY on the same counter
+  // the scripts INCR. A block serves for at most kFenceBlockMaxAgeMs, and a
+  // key absent now was absent, released (a tombstone that lasts longer than
+  // that) or expired (its TTL is longer) since before the block was
+  // reserved, so the token is above every earlier holder's of the key; a
+  // takeover (the script) INCRs past every reserved block.
+  Result<int64_t> NextFence(int64_t record_ttl_ms) {
+    std::lock_guard lock(fence_mu_);
+    const int64_t now = SteadyMs();
+    if (fence_next_ > fence_end_ || now - fence_reserved_ms_ >= std::min(kFenceBlockMaxAgeMs, record_ttl_ms)) {
+      std::vector<std::string_view> cmd[1] = {{"INCRBY", fence_key_, kFenceBlockText}};
+      IDEM_ASSIGN_OR_RETURN(std::vector<ReplyPtr> r, scripts_.Commands(cmd));
+      if (r.size() != 1) return Status::Internal("unexpected reply to INCRBY of the fence counter");
+      IDEM_ASSIGN_OR_RETURN(int64_t end, ReplyInt(r[0].get(), "INCRBY of the fence counter"));
+      fence_end_ = end;
+      fence_next_ = end - kFenceBlock + 1;
+      fence_reserved_ms_ = now;
+    }
+    return fence_next_++;
+  }
+
+  // Claims `record_key` if it is absent (SET ... NX GET), answering
+  // started; a present record is judged as Judge does. nullopt: the script
+  // must decide (take over, released or expired record).
+  Result<std::optional<ClaimOutcome>> ClaimIfAbsent(const std::string& record_key, const ClaimRequest& req) {
+    const int64_t span = ClampSpan(req.lease_ms);
+    const int64_t ttl = span + ClampSpan(options_.abandon_margin_ms);
+    IDEM_ASSIGN_OR_RETURN(int64_t fence, NextFence(ttl));
+    const int64_t now = EstimatedNowMs();
+    std::string value = "p00" + FingerprintBytes(req.fingerprint) + std::to_string(fence) + ":" +
+                        std::to_string(now + span) + ":0:" + std::to_string(now) + ":";
+    const std::string px = std::to_string(std::max<int64_t>(1, ttl));
+    std::vector<std::string_view> cmds[2] = {{"SET", record_key, value, "NX", "PX", px, "GET"}, {"TIME"}};
+    const bool own_clock = options_.clock != nullptr;
+    auto replies = scripts_.Commands(std::span<const std::vector<std::string_view>>(cmds, own_clock ? 1 : 2));
+    if (!replies.ok()) {
+      // A server before 7.0 answers SET ... NX GET with a syntax error.
+      if (replies.status().message().find("syntax error") != std::string::npos)
+        return Status::InvalidArgument("SET NX GET unsupported");
+      return replies.status();
+    }
+    const std::string what = "claim " + req.scope + "/" + req.key;
+    if (replies->size() != (own_clock ? 1u : 2u)) return Status::Internal("unexpected replies to " + what);
+    int64_t server_now = now;
+    if (!own_clock) {
+      IDEM_ASSIGN_OR_RETURN(server_now, ServerNow((*replies)[1].get()));
+    }
+    const redisReply* got = (*replies)[0].get();
+    if (got->type == REDIS_REPLY_NIL) {  // it was absent: ours now
+      ClaimOutcome out;
+      out.kind = ClaimOutcome::Kind::kStarted;
+      out.token.scope = req.scope;
+      out.token.key = req.key;
+      out.token.fence = fence;
+      out.token.lease_until_ms = now + span;
+      return std::optional<ClaimOutcome>(std::move(out));
+    }
+    return JudgeRecord(got, server_now, req);
   }
 
   // What TryClaim answers for the record at `record_key`, judged as its
@@ -349,18 +429,24 @@ class RedisClaimStore final : public ClaimStore {
     if (own_clock) {
       now = options_.clock->NowMs();
     } else {
-      IDEM_ASSIGN_OR_RETURN(int64_t s, IntElement(replies[1].get(), 0, "TIME"));
-      IDEM_ASSIGN_OR_RETURN(int64_t us, IntElement(replies[1].get(), 1, "TIME"));
-      now = s * 1000 + us / 1000;
+      IDEM_ASSIGN_OR_RETURN(now, ServerNow(replies[1].get()));
     }
-    const redisReply* got = replies[0].get();
+    return JudgeRecord(replies[0].get(), now, req);
+  }
+
+  // A record read (GET, or SET ... GET) judged at `now`, as the claim
+  // script would judge it; nullopt when absent, released, expired or to be
+  // taken over.
+  Result<std::optional<ClaimOutcome>> JudgeRecord(const redisReply* got, int64_t now, const ClaimRequest& req) {
+    const std::string what = "claim " + req.scope + "/" + req.key;
     if (got->type == REDIS_REPLY_NIL) return std::optional<ClaimOutcome>();
-    if (got->type != REDIS_REPLY_STRING) return Status::Internal("unexpected reply to GET reading " + what);
+    if (got->type != REDIS_REPLY_STRING) return Status::Internal("unexpected reply reading " + what);
     std::optional<StoredRecord> rec = ParseRecord(ReplyString(got));
     if (!rec.has_value()) {
       return Status::Corruption(what + ": the record's state is '" + std::string(ReplyString(got).substr(0, 1)) +
                                 "', not one idem writes");
     }
+    if (rec->state == 'r') return std::optional<ClaimOutcome>();                                // released
     if (rec->state == 'c' && rec->expires_at_ms <= now) return std::optional<ClaimOutcome>();  // as absent
     ClaimOutcome out;
     if (rec->fingerprint != FingerprintBytes(req.fingerprint)) {
@@ -388,6 +474,7 @@ class RedisClaimStore final : public ClaimStore {
     std::optional<StoredRecord> stored = ParseRecord(ReplyString(r));
     if (!stored.has_value())
       return Status::Corruption(what + ": '" + std::string(ReplyString(r).substr(0, 8)) + "...' is not idem's record");
+    if (stored->state == 'r') return std::optional<ClaimRecord>();  // a released claim's tombstone
     ClaimRecord rec;
     rec.state = stored->state == 'c' ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
     IDEM_ASSIGN_OR_RETURN(rec.fingerprint, ToFingerprint(stored->fingerprint, what));
@@ -448,14 +535,21 @@ class RedisClaimStore final : public ClaimStore {
   }
 
   static constexpr int kPipelinedConnections = 2;
-  // How far hits_ moves: it answers within this many TryClaims after the
-  // workload turns.
-  static constexpr int kLearnRange = 16;
+  static constexpr int64_t kFenceBlock = 1000;
+  static constexpr const char* kFenceBlockText = "1000";
+  // Below the release tombstone's life (redis_internal::kReleasedTtlMs).
+  static constexpr int64_t kFenceBlockMaxAgeMs = 1000;
+  static_assert(kFenceBlockMaxAgeMs < redis_internal::kReleasedTtlMs);
 
-  // > 0: recent TryClaims were mostly answered by a read; < 0: mostly started.
-  std::atomic<int> hits_{0};
+  // false once the server refused SET ... NX GET (before Redis 7.0).
+  std::atomic<bool> set_get_{true};
+  // The server's clock minus this process's steady clock, from TIME.
+  std::atomic<int64_t> server_offset_ms_{0};
+  std::mutex fence_mu_;
+  int64_t fence_next_ = 1, fence_end_ = 0, fence_reserved_ms_ = 0;  // under fence_mu_
 
   const Options options_;
+  const std::string fence_key_ = options_.prefix + "fence";
   Pool pool_;
   redis_internal::Pipeline scripts_;
 };

@@ -2,12 +2,16 @@
 //
 // Internal: the Lua scripts of the Redis claim store. Each claim write is one
 // script, so it is atomic on the server: no other command runs between its
-// read and its write. (TryClaim first reads the record with plain commands,
-// see claim_store.cc, and runs its script only to start or take over.)
+// read and its write. (TryClaim first tries SET ... NX GET, see
+// claim_store.cc, and runs its script only to take over, or to claim a
+// released or expired record.)
 //
 // A record is one string (one GET reads it, one SET ... PX writes it and its
 // TTL; every redis.call costs ~1 us of Lua glue):
-//   byte 1      st: 'p' (in progress) or 'c' (completed)
+//   byte 1      st: 'p' (in progress), 'c' (completed) or 'r' (released: a
+//               tombstone kept kReleasedTtlMs so that a claim right after a
+//               release goes through kTryClaim and its INCR, see
+//               NextFence in claim_store.cc)
 //   byte 2      err: '1' when the result is a stored error, else '0'
 //   byte 3      w: '1' once a bounded wait watches the key (Complete and
 //               Release then PUBLISH on its channel), else '0'
@@ -28,6 +32,9 @@
 
 namespace idem::redis_internal {
 
+// How long a released claim's tombstone stays.
+inline constexpr int64_t kReleasedTtlMs = 2'000;
+
 #define IDEM_REDIS_LUA_NOW                                                     \
   "local now\n"                                                                \
   "if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else\n"                       \
@@ -40,7 +47,7 @@ namespace idem::redis_internal {
 #define IDEM_REDIS_LUA_SPLIT                                                   \
   "local function split(v)\n"                                                  \
   "  local st = string.sub(v, 1, 1)\n"                                         \
-  "  if (st ~= 'p' and st ~= 'c') or #v < 35 then return st end\n"             \
+  "  if (st ~= 'p' and st ~= 'c' and st ~= 'r') or #v < 35 then return st end\n"             \
   "  return st, string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
   "end\n"
 
@@ -69,8 +76,9 @@ inline constexpr Script kTryClaim{"try_claim",
     "  local st, fence, lease, exp, upd, pos = split(v)\n"
     "  if not fence then return {'corrupt', st} end\n"
     "  w = string.sub(v, 3, 3)\n"
-    // Present, unless completed and past its retention (TTL may lag a caller's clock).
-    "  if not (st == 'c' and tonumber(exp) <= now) then\n"
+    // Present, unless released, or completed and past its retention (TTL
+    // may lag a caller's clock).
+    "  if st ~= 'r' and not (st == 'c' and tonumber(exp) <= now) then\n"
     "    local fp = string.sub(v, 4, 35)\n"
     "    if fp ~= ARGV[2] then return {'conflict', fp} end\n"
     "    if st == 'c' then return {'completed', string.sub(v, pos), string.sub(v, 2, 2) == '1' and 1 or 0} end\n"
@@ -94,6 +102,7 @@ inline constexpr Script kTryClaim{"try_claim",
 inline constexpr Script kComplete{"complete",
     IDEM_REDIS_LUA_NOW
     IDEM_REDIS_LUA_CHECK_TOKEN
+    "if st == 'r' then return {'lost', tonumber(fence), st} end\n"
     "if st == 'c' then return {'ok'} end\n"  // a retried Complete
     "local keep = tonumber(ARGV[5])\n"
     "local w = string.sub(v, 3, 3)\n"
@@ -103,11 +112,12 @@ inline constexpr Script kComplete{"complete",
     "if w == '1' then redis.call('PUBLISH', ARGV[6], 'completed') end\n"
     "return {'ok'}\n"};
 
-// KEYS: record. ARGV: unused, fence, channel. Returns {'ok'} or {'lost', ...}.
+// KEYS: record. ARGV: unused, fence, channel, tombstone TTL ms. Returns
+// {'ok'} or {'lost', ...}. Leaves a tombstone ('r', same fence) for the TTL.
 inline constexpr Script kRelease{"release",
     IDEM_REDIS_LUA_CHECK_TOKEN
     "if st ~= 'p' then return {'lost', tonumber(fence), st} end\n"
-    "redis.call('DEL', KEYS[1])\n"
+    "redis.call('SET', KEYS[1], 'r00' .. string.sub(v, 4, 35) .. fence .. ':0:0:0:', 'PX', tonumber(ARGV[4]))\n"
     "if string.sub(v, 3, 3) == '1' then redis.call('PUBLISH', ARGV[3], 'released') end\n"
     "return {'ok'}\n"};
 

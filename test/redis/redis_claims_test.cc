@@ -197,6 +197,39 @@ TEST(RedisClaimStore, ScopesAndKeysAreBinarySafe) {
 
 // The documented key layout, and TTLs that let abandoned and expired records
 // vanish without a purge.
+// New keys are claimed without a script, their tokens taken from a block
+// each store instance reserves on the shared counter. A key claimed right
+// after a release must still get a token above the released holder's, even
+// from an instance whose block is older: the release leaves a tombstone that
+// sends the next claim through the script's INCR. (Without it, `a` would
+// hand out a token from its older block, below `b`'s.)
+TEST(RedisClaimStore, AClaimAfterAReleaseOutranksTheReleasedHolderAcrossInstances) {
+  const std::string prefix = UniquePrefix();
+  auto a = OpenReal({.prefix = prefix});
+  auto b = OpenReal({.prefix = prefix});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto first = a->TryClaim(Req("a-first"));  // a reserves its block first
+  ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
+  for (int round = 0; round < 2; ++round) {
+    auto held = b->TryClaim(Req("k"));
+    ASSERT_TRUE(held.ok() && held->kind == Kind::kStarted) << round;
+    EXPECT_GT(held->token.fence, first->token.fence);
+    ASSERT_TRUE(b->Release(held->token).ok());
+    auto next = a->TryClaim(Req("k"));
+    ASSERT_TRUE(next.ok() && next->kind == Kind::kStarted) << round;
+    EXPECT_GT(next->token.fence, held->token.fence) << "round " << round;
+    EXPECT_FALSE(next->took_over);
+    // The released holder stays refused; the new one completes.
+    EXPECT_EQ(b->Complete(held->token, "late", false, 60'000).code(), Code::kLeaseLost);
+    ASSERT_TRUE(a->Complete(next->token, "done", false, 60'000).ok());
+    auto replay = b->TryClaim(Req("k"));
+    ASSERT_TRUE(replay.ok() && replay->kind == Kind::kCompleted);
+    EXPECT_EQ(replay->result, "done");
+    ASSERT_EQ(RedisRaw({"DEL", prefix + "claim:7:charges:k"}), "1");
+  }
+}
+
 TEST(RedisClaimStore, RecordsCarryTheirTtl) {
   const std::string prefix = UniquePrefix();
   auto store = OpenReal({.prefix = prefix, .abandon_margin_ms = 60'000});
@@ -212,7 +245,8 @@ TEST(RedisClaimStore, RecordsCarryTheirTtl) {
   ttl = std::atoll(RedisRaw({"PTTL", key}).c_str());
   EXPECT_GT(ttl, 61'000);
   EXPECT_LE(ttl, 3'600'000);
-  EXPECT_EQ(RedisRaw({"GET", prefix + "fence"}), std::to_string(c->token.fence));
+  // New keys take their tokens from a block reserved on the counter.
+  EXPECT_GE(std::atoll(RedisRaw({"GET", prefix + "fence"}).c_str()), c->token.fence);
 }
 
 // A Complete made by another process wakes a watch (PUBLISH from the

@@ -1,9 +1,23 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // The Redis claim store: the two-phase "claims" mode (idem/claims.h) kept in
-// one Redis server (hiredis; tested on Redis 7.0). Every operation is one Lua
-// script, so each is atomic on the server, and leases and expiry are judged
-// by the server's clock (TIME inside the script) unless Options::clock is set.
+// one Redis server (hiredis; tested on Redis 7.0). Every operation is one
+// atomic server command: a new key is claimed with one SET ... NX GET (Redis
+// 7.0+; older servers get the script instead), which also reads the record
+// when the key exists (replays, conflicts, keys in progress are answered from
+// it); takeovers, completions, releases and extensions are Lua scripts.
+// Leases and expiry are judged by the server's clock (TIME) unless
+// Options::clock is set; a new key's lease starts at this process's estimate
+// of the server's clock (the last TIME reply carried forward on the steady
+// clock; every claim refreshes it), off by at most a round trip.
+//
+// Fencing tokens: a new key takes its token from a block of 1,000 that the
+// store instance reserved (INCRBY) on the shared counter at most 1 s before;
+// a takeover's script INCRs past every reserved block. A released claim
+// leaves a tombstone for 2 s, so a claim right after a release goes through
+// the script too. So for every key, each new holder's token is higher than
+// every earlier holder's; across keys and processes tokens are unique but
+// not handed out in one global order.
 //
 //   auto store = idem::redis::ClaimStore::Open({.url = "redis://127.0.0.1:6379/0"});
 //   if (!store.ok()) return store.status();
@@ -34,7 +48,8 @@
 //                                                "fence:lease:exp:upd:" and
 //                                                the result bytes), written
 //                                                with one SET ... PX
-//   <prefix>fence                                the fencing counter (INCR)
+//   <prefix>fence                                the fencing counter (INCR,
+//                                                INCRBY for blocks)
 //   <prefix>changed:<scope length>:<scope>:<key> the channel a Complete or
 //                                                Release publishes on, when
 //                                                a waiter flagged the record
@@ -50,10 +65,7 @@
 // connection of their own and flag the record, so a Complete or Release from
 // any process wakes them (unflagged records publish nothing).
 //
-// A replay is answered with a plain GET (and TIME) and no script while most
-// recent claims found their key present; claim, complete, release and
-// extend are Lua scripts. Concurrent calls are pipelined over two shared
-// connections.
+// Concurrent calls are pipelined over two shared connections.
 //
 // Thread safety: safe from many threads.
 #ifndef IDEM_REDIS_CLAIM_STORE_H_
