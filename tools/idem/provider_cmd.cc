@@ -23,7 +23,7 @@ const Command& ProviderCommand() {
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
-      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--quiet]",
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
@@ -34,6 +34,8 @@ const Command& ProviderCommand() {
        {"one-transaction", "", "", "run POST /charges in one transaction with its idempotency record (one\n"
                                    "          commit per request; a duplicate waits for the first instead of 409)"},
        {"quiet", "", "", "no per-request log lines"},
+       {"max-keys", "N", "100000", "stored idempotency keys per principal and route before 429 (a client\n"
+                                  "          cannot exhaust storage)"},
        {"lose-responses", "P", "0", "fault injection for tests and idem chaos: on this fraction of keys (chosen\n"
                                   "          by --seed) the first execution keeps the charge and its stored response\n"
                                   "          but drops the connection instead of answering, as a lost response would"},
@@ -64,6 +66,9 @@ int RunProvider(const Args& args) {
                                              args.Get("lose-responses") + "'"));
   auto seed = args.GetInt("seed");
   if (!seed.ok()) return Fail(cmd, seed.status());
+  auto max_keys = args.GetInt("max-keys");
+  if (!max_keys.ok()) return Fail(cmd, max_keys.status());
+  if (*max_keys < 1) return Fail(cmd, Status::InvalidArgument("--max-keys must be at least 1"));
 
   // Signals go to this thread's sigwait, never to a server thread.
   sigset_t stop_signals;
@@ -78,6 +83,7 @@ int RunProvider(const Args& args) {
   o.store_url = args.Get("store");
   o.api_keys = std::move(*keys);
   o.idempotency.retention_ms = *retention;
+  o.idempotency.max_keys_per_principal = *max_keys;
   o.lease_ms = *lease;
   o.wait_ms = *wait;
   o.one_transaction = args.Bool("one-transaction");
