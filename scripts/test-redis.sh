@@ -4,6 +4,7 @@
 # no RDB snapshots; stopped by its PID.
 #   test-redis.sh start STATE_DIR PORT   -> prints the URL; writes STATE_DIR/url, STATE_DIR/pid
 #   test-redis.sh stop STATE_DIR
+#   test-redis.sh pause|resume STATE_DIR   (stop and start again, data kept: a restart)
 # Users: "default" (no password) and "idem_pw" (password "secret"), for the
 # wrong-password tests.
 set -euo pipefail
@@ -33,6 +34,16 @@ start() {
   rm -rf "$state"; mkdir -p "$state"
   local base; base=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis.XXXXXX")
   echo "$base" >"$state/base"
+  echo "$port" >"$state/port"
+  launch "$state" "$port" "$base"
+  echo "redis://127.0.0.1:$port" >"$state/url"
+  echo "test-redis: pid $(cat "$state/pid") on 127.0.0.1:$port, data in $base" >&2
+  cat "$state/url"
+}
+
+# Starts redis-server on $2 with its data in $3; exits 3 if it does not answer.
+launch() {
+  local state=$1 port=$2 base=$3
   # In the background, in a session of its own (so a test runner's signals to
   # its process group do not reach it), with no inherited output pipes (so
   # the runner does not wait for them). setsid execs in place: $! is the
@@ -54,9 +65,19 @@ start() {
     echo "test-redis: redis-server (pid $pid) does not answer PING on 127.0.0.1:$port" >&2
     stop "$state"; exit 3
   fi
-  echo "redis://127.0.0.1:$port" >"$state/url"
-  echo "test-redis: pid $pid on 127.0.0.1:$port, data in $base" >&2
-  cat "$state/url"
+}
+
+# Stops the server (SIGTERM: it writes its AOF) but keeps its data.
+pause() {
+  local state=$1
+  local pid; pid=$(cat "$state/pid")
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$state/pid"
+}
+resume() {
+  local state=$1
+  launch "$state" "$(cat "$state/port")" "$(cat "$state/base")"
 }
 
 stop() {
@@ -77,5 +98,7 @@ stop() {
 case "${1:-}" in
   start) start "$2" "$3" ;;
   stop) stop "$2" ;;
-  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR" >&2; exit 2 ;;
+  pause) pause "$2" ;;
+  resume) resume "$2" ;;
+  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR | pause STATE_DIR | resume STATE_DIR" >&2; exit 2 ;;
 esac

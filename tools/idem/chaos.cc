@@ -78,6 +78,14 @@ struct Config {
   int64_t lease_ms = 400;
   int batch = 8;
   int64_t drain_timeout_ms = 60'000;
+  // A kill point fires at its 1st..hits-th hit (drawn); timed kills come
+  // within 10..(60 x hits) ms. Larger: longer lives, fewer process starts
+  // per message (long runs).
+  int64_t hits = 4;
+  // A shell command that restarts the broker (or the database) under test,
+  // run `restarts` times, evenly spread over the kills.
+  std::string restart_cmd;
+  int64_t restarts = 2;
   bool json = false;
   // A deliberately broken consumer, to show the check catches what it
   // claims to: "" (the real one), "no-guard" (effect without the marker) or
@@ -350,7 +358,7 @@ class Schedule {
       return p;
     }
     if (roll < cfg_.fault_rate + 0.15) {
-      p.kill_after_ms = 10 + static_cast<int64_t>(rng() % 240);
+      p.kill_after_ms = 10 + static_cast<int64_t>(rng() % static_cast<uint64_t>(60 * cfg_.hits));
       p.label = "kill:timed";
       return p;
     }
@@ -359,7 +367,7 @@ class Schedule {
     do {
       point = points_[next_point_[slot]++ % points_.size()];
     } while (point == "inbox.batch_mid" && !batch);
-    const int hit = 1 + static_cast<int>(rng() % 4);
+    const int hit = 1 + static_cast<int>(rng() % static_cast<uint64_t>(cfg_.hits));
     p.label = "kill:" + point;
     if (point == "commit") {
       if (postgres_) {
@@ -373,7 +381,7 @@ class Schedule {
       p.kill_point = point + ":" + std::to_string(hit);
     }
     // A life whose point is never reached (idle) still ends.
-    p.kill_after_ms = 3'000 + static_cast<int64_t>(rng() % 2'000);
+    p.kill_after_ms = 3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000);
     return p;
   }
 
@@ -448,6 +456,7 @@ class Run {
   std::string consumer_store_;
   std::mt19937_64 net_rng_;
   int64_t next_cut_ms_ = 0;
+  int64_t restarts_done_ = 0;
   std::map<pid_t, Life> lives_;
   std::vector<int64_t> next_life_;
   std::vector<bool> slot_busy_;
@@ -509,7 +518,9 @@ Status Run::StartProvider(bool chaos) {
                                    "--listen",
                                    "127.0.0.1:" + std::to_string(provider_port_),
                                    "--store",
-                                   "sqlite:" + cfg_.dir + "/provider.db",
+                                   // The provider's durability is its own: WAL without an fsync
+                                   // per commit survives its kills (only a power cut would not).
+                                   "sqlite:" + cfg_.dir + "/provider.db?synchronous=normal",
                                    "--api-key",
                                    std::string(kApiKey) + ":" + kPrincipal,
                                    "--lease",
@@ -675,7 +686,7 @@ Status Run::Go() {
   std::thread producer([this] { Produce(); });
   Progress progress("chaos", cfg_.messages);
   bool chaos = true;
-  int64_t last_poll = 0, last_progress_ms = SteadyMs();
+  int64_t last_poll = 0, last_progress_ms = SteadyMs(), poll_every_ms = 200;
   Status failure;
   struct sigaction sa{};
   sa.sa_handler = [](int) { g_interrupted = true; };
@@ -709,15 +720,29 @@ Status Run::Go() {
         TerminateBackends(l);
       }
     }
+    if (chaos && !cfg_.restart_cmd.empty() && restarts_done_ < cfg_.restarts &&
+        counts_.total_kills >= (restarts_done_ + 1) * cfg_.kills / (cfg_.restarts + 1)) {
+      // A broker (or database) restart; the consumers see it go and come
+      // back. The run pauses meanwhile (nothing is reaped or killed).
+      ++restarts_done_;
+      const int rc = std::system(cfg_.restart_cmd.c_str());
+      if (rc != 0) {
+        failure = Status::Unavailable("--restart-cmd failed (status " + std::to_string(rc) + "): " + cfg_.restart_cmd);
+        break;
+      }
+      ++counts_.faults["restart"];
+    }
     if (proxy_ != nullptr && chaos && now >= next_cut_ms_) {
       // A network cut between the consumers and PostgreSQL: every
       // connection reset, new ones refused for a moment.
       if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
       next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
     }
-    if (now - last_poll >= 200) {
+    if (now - last_poll >= poll_every_ms) {
       last_poll = now;
       auto applied = Applied();
+      // Counting a million markers takes a while: poll at most 10% of the time.
+      poll_every_ms = std::max<int64_t>(200, 10 * (SteadyMs() - now));
       if (applied.ok()) {
         if (*applied != last_applied_) last_progress_ms = now;
         last_applied_ = *applied;
@@ -1008,6 +1033,11 @@ const Command& ChaosCommand() {
        {"stall-rate", "P", "0.005", "fraction of receives that stall past the lease"},
        {"lost-response-rate", "P", "0.02", "fraction of keys whose first provider response is dropped"},
        {"fault-rate", "P", "0.15", "fraction of consumer lives given an I/O error or a terminated backend"},
+       {"hits", "N", "4", "a kill point fires at a hit drawn from 1..N (timed kills within 60*N ms):\n"
+                          "          larger means longer consumer lives, fewer process starts (long runs)"},
+       {"restart-cmd", "CMD", "", "a shell command that restarts the broker (or database) under test, e.g.\n"
+                                  "          'scripts/test-redis.sh pause S && scripts/test-redis.sh resume S'"},
+       {"restarts", "N", "2", "how many times --restart-cmd runs, spread over the kills"},
        {"lease-ms", "MS", "400", "the source's lease (visibility timeout) where it has one"},
        {"batch", "N", "8", "batch size of the odd-numbered consumers (the even ones take one at a time)"},
        {"drain-timeout", "DURATION", "60s", "how long without progress before the faults stop for a calm drain,\n"
@@ -1047,6 +1077,9 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("seed", seed, 0);
   if (s.ok()) s = integer("batch", batch, 1);
   if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50);
+  if (s.ok()) s = integer("hits", cfg.hits, 1);
+  if (s.ok()) s = integer("restarts", cfg.restarts, 0);
+  cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
   if (s.ok()) s = integer("worker", slot, 0);
   if (s.ok()) s = integer("life", cfg.life, 0);
   for (auto [name, out] : {std::pair<const char*, double*>{"dup-rate", &cfg.dup_rate},
