@@ -343,13 +343,14 @@ class Schedule {
         // An I/O error (or a full disk) on the store's write path (writes,
         // syncs, truncates of the database, WAL and journal), transient (the
         // next try works) or persistent (until the life's kill). The
-        // operation's number sweeps 1..kSweep over each slot's fault lives,
+        // operation's number sweeps 1..kSweep over each slot's fault lives of
+        // each kind,
         // counted from the life's first store open, so a long run fails
         // every operation of the write path of the first transactions.
         const int64_t k = faults_given_[slot]++;
-        const int op = 1 + static_cast<int>((k * 37) % kSweep);
         static const char* const kKinds[][2] = {{"fail", "transient"}, {"fail", "persistent"}, {"full", "transient"}};
-        const auto& kind = kKinds[(k / kSweep) % 3];
+        const auto& kind = kKinds[k % 3];
+        const int op = 1 + static_cast<int>((k / 3 * 37) % kSweep);  // 37 and kSweep coprime: every number
         p.vfs = std::string(kind[0]) + ":any:" + std::to_string(op) + ":" + kind[1];
         p.label = std::string("fault:sqlite-") + (kind[0] == std::string("full") ? "disk-full-" : "io-error-") + kind[1];
       }
