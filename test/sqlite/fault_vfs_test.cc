@@ -21,6 +21,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -31,14 +32,6 @@ using Op = FaultVfs::Op;
 using Action = FaultVfs::Action;
 using FileKind = FaultVfs::FileKind;
 
-FaultVfs& Vfs() {
-  auto vfs = FaultVfs::Install();
-  if (!vfs.ok()) {
-    ADD_FAILURE() << vfs.status();
-    std::abort();
-  }
-  return **vfs;
-}
 
 // Every test starts and ends with a pass-through VFS.
 class FaultVfsTest : public ::testing::Test {
@@ -234,12 +227,10 @@ std::string IntegrityCheck(Store& store) {
 
 TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
   TempDir dir;
-  auto o = sqlite::ParseUrl("sqlite:" + dir.File("s.db") + "?vfs=idem-fault");
-  ASSERT_TRUE(o.ok()) << o.status();
-  auto store = sqlite::Open(*o);
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE(CreatePayments(**store).ok());
-  EXPECT_EQ(VfsNameOf(**store).rfind("idem-fault/", 0), 0u) << VfsNameOf(**store);
+  std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(CreatePayments(*store).ok());
+  EXPECT_EQ(VfsNameOf(*store).rfind("idem-fault/", 0), 0u) << VfsNameOf(*store);
 
   auto queue = embedded::Queue::Open({.path = dir.File("q.db"), .vfs = FaultVfs::kName});
   ASSERT_TRUE(queue.ok()) << queue.status();
@@ -247,7 +238,7 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
     for (int i = 0; i < 10; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());
 
   Vfs().ResetCounters();
-  Inbox inbox(**store, {.consumer = "payments"});
+  Inbox inbox(*store, {.consumer = "payments"});
   int applied = 0, duplicates = 0;
   for (;;) {
     auto got = (*queue)->Receive(3, 0);
@@ -264,12 +255,12 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
   }
   EXPECT_EQ(applied, 10);
   EXPECT_EQ(duplicates, 10);
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(Charges(**store, "m-" + std::to_string(i)), 1);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(Charges(*store, "m-" + std::to_string(i)), 1);
   FaultVfs::Counters c = Vfs().counters();
   EXPECT_GT(c.writes, 0);
   EXPECT_GT(c.syncs, 0);
   EXPECT_EQ(c.faults, 0);
-  EXPECT_EQ(IntegrityCheck(**store), "ok");
+  EXPECT_EQ(IntegrityCheck(*store), "ok");
 }
 
 // --- the power-loss model, one file at a time --------------------------------------
@@ -333,26 +324,24 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0;
 // the power-loss test: the second copy used to come back kDuplicate.)
 TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   TempDir dir;
-  auto o = sqlite::ParseUrl("sqlite:" + dir.File("s.db") + "?vfs=idem-fault");
-  ASSERT_TRUE(o.ok()) << o.status();
-  auto store = sqlite::Open(*o);
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE(CreatePayments(**store).ok());
-  Inbox inbox(**store, {.consumer = "payments"});
+  std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(CreatePayments(*store).ok());
+  Inbox inbox(*store, {.consumer = "payments"});
   Vfs().Arm({.action = Action::kIoError, .op = Op::kSync, .at = 1});
   const std::vector<Message> first = {Msg("a"), Msg("a"), Msg("b")};
   auto outcomes = inbox.HandleBatch(first, ChargeHandler());
   Vfs().Disarm();
   ASSERT_EQ(outcomes.size(), 3u);
   for (const Outcome& out : outcomes) EXPECT_FALSE(out.ShouldAck()) << out.ToString();
-  EXPECT_EQ(Charges(**store, "a"), 0);
+  EXPECT_EQ(Charges(*store, "a"), 0);
   // Delivered again (twice): applied once.
   const std::vector<Message> again = {Msg("a"), Msg("b")};
   for (int round = 0; round < 2; ++round)
     for (const Outcome& out : inbox.HandleBatch(again, ChargeHandler()))
       EXPECT_TRUE(out.ShouldAck()) << out.ToString();
-  EXPECT_EQ(Charges(**store, "a"), 1);
-  EXPECT_EQ(Charges(**store, "b"), 1);
+  EXPECT_EQ(Charges(*store, "a"), 1);
+  EXPECT_EQ(Charges(*store, "b"), 1);
 }
 
 TEST_F(FaultVfsTest, HeldBackWritesAreReadBackAndOnlySyncedOnesSurviveACut) {

@@ -48,6 +48,7 @@
 #include "idem/inbox.h"
 #include "idem/sqlite/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -56,14 +57,6 @@ namespace {
 using sqlite::FaultVfs;
 using Op = FaultVfs::Op;
 
-FaultVfs& Vfs() {
-  auto vfs = FaultVfs::Install();
-  if (!vfs.ok()) {
-    ADD_FAILURE() << vfs.status();
-    std::abort();
-  }
-  return **vfs;
-}
 
 uint64_t Seed() {
   if (const char* s = std::getenv("IDEM_POWER_LOSS_SEED")) return std::strtoull(s, nullptr, 10);
