@@ -355,15 +355,17 @@ class RedisClaimStore final : public ClaimStore {
 
   // A fencing token for a claim of an absent key, without a script: tokens
   // come from a block of kFenceBlock reserved with INCRBY on the same counter
-  // the scripts INCR. A block serves for at most kFenceBlockMaxAgeMs, and a
-  // key absent now was absent, released (a tombstone that lasts longer than
-  // that) or expired (its TTL is longer) since before the block was
-  // reserved, so the token is above every earlier holder's of the key; a
-  // takeover (the script) INCRs past every reserved block.
-  Result<int64_t> NextFence(int64_t record_ttl_ms) {
+  // the scripts INCR. A block serves for at most kFenceBlockMaxAgeMs and
+  // less than the lease asked for. A key absent now was never claimed, or
+  // its last holder released it (a tombstone outlives a block), or its
+  // record expired or was purged, which happens no sooner than one lease
+  // after that holder's claim: either way before this block was reserved,
+  // so the token is above every earlier holder's of the key. A takeover
+  // (the script) INCRs past every reserved block.
+  Result<int64_t> NextFence(int64_t lease_ms) {
     std::lock_guard lock(fence_mu_);
     const int64_t now = SteadyMs();
-    if (fence_next_ > fence_end_ || now - fence_reserved_ms_ >= std::min(kFenceBlockMaxAgeMs, record_ttl_ms)) {
+    if (fence_next_ > fence_end_ || now - fence_reserved_ms_ >= std::min(kFenceBlockMaxAgeMs, lease_ms)) {
       std::vector<std::string_view> cmd[1] = {{"INCRBY", fence_key_, kFenceBlockText}};
       IDEM_ASSIGN_OR_RETURN(std::vector<ReplyPtr> r, scripts_.Commands(cmd));
       if (r.size() != 1) return Status::Internal("unexpected reply to INCRBY of the fence counter");
@@ -381,7 +383,7 @@ class RedisClaimStore final : public ClaimStore {
   Result<std::optional<ClaimOutcome>> ClaimIfAbsent(const std::string& record_key, const ClaimRequest& req) {
     const int64_t span = ClampSpan(req.lease_ms);
     const int64_t ttl = span + ClampSpan(options_.abandon_margin_ms);
-    IDEM_ASSIGN_OR_RETURN(int64_t fence, NextFence(ttl));
+    IDEM_ASSIGN_OR_RETURN(int64_t fence, NextFence(span));
     const int64_t now = EstimatedNowMs();
     std::string value = "p00" + FingerprintBytes(req.fingerprint) + std::to_string(fence) + ":" +
                         std::to_string(now + span) + ":0:" + std::to_string(now) + ":";
