@@ -36,7 +36,7 @@ port = $port
 unix_socket_directories = '$base/sock'
 fsync = on
 synchronous_commit = on
-max_connections = 100
+max_connections = 300
 password_encryption = scram-sha-256
 CONF
   cat >"$base/data/pg_hba.conf" <<HBA

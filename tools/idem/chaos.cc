@@ -466,6 +466,7 @@ class Run {
   Counts counts_;
   std::atomic<bool> produced_{false};
   std::atomic<int64_t> published_{0};
+  std::atomic<int64_t> publish_retries_{0};
   Status produce_status_;
   double seconds_ = 0;
   int64_t last_applied_ = 0;
@@ -615,31 +616,42 @@ void Run::Reap() {
 void Run::Produce() {
   std::mt19937_64 rng(cfg_.seed);
   std::ofstream oracle(cfg_.dir + "/oracle.log");
+  // In the oracle before it is published: the oracle holds every message
+  // that may reach a consumer. A failed publication (a broker restarting) is
+  // retried as a producer would, on a fresh connection: when the first
+  // attempt's outcome was unknown, that is a producer duplicate.
+  auto publish = [&](const Message& m) -> Status {
+    Status s;
+    for (int attempt = 0; attempt < 600 && !g_interrupted; ++attempt) {
+      oracle << m.id << " " << m.payload << "\n" << std::flush;
+      s = producer_.publish(m);
+      if (s.ok()) {
+        ++published_;
+        return s;
+      }
+      ++publish_retries_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto reopened = OpenSource(cfg_.source, {.lease_ms = cfg_.lease_ms, .consumer = "chaos-producer"});
+      if (reopened.ok()) {
+        if (reopened->kind.starts_with("kafka")) reopened->source.reset();
+        producer_ = std::move(*reopened);  // only this thread uses it until the run ends
+      }
+    }
+    return s.WithContext("publishing " + m.id + " failed for 2 minutes");
+  };
   std::vector<Message> again;
-  for (int64_t i = 0; i < cfg_.messages; ++i) {
+  for (int64_t i = 0; i < cfg_.messages && produce_status_.ok(); ++i) {
     const int64_t cents = 100 + static_cast<int64_t>(rng() % 99'900);
     std::string order = "o";  // (built in steps: g++ 12 warns falsely on "o" + to_string)
     order += std::to_string(i);
     Message m = PaymentMessage("pay-" + std::to_string(cfg_.seed) + "-" + std::to_string(i), order, cents);
-    // In the oracle before it is published: the oracle holds every message
-    // that may reach a consumer.
-    oracle << m.id << " " << m.payload << "\n" << std::flush;
-    if (Status s = producer_.publish(m); !s.ok()) {
-      produce_status_ = s;
-      break;
-    }
-    ++published_;
+    produce_status_ = publish(m);
     if (std::uniform_real_distribution<double>(0, 1)(rng) < cfg_.dup_rate) again.push_back(m);
   }
   // The producer's retries: the same facts published again.
   for (const Message& m : again) {
     if (!produce_status_.ok()) break;
-    oracle << m.id << " " << m.payload << "\n" << std::flush;
-    if (Status s = producer_.publish(m); !s.ok()) {
-      produce_status_ = s;
-      break;
-    }
-    ++published_;
+    produce_status_ = publish(m);
   }
   produced_ = true;
 }
@@ -951,6 +963,7 @@ int Run::Report() {
         .Add("provider_missing", c.provider_missing)
         .Add("consumer_errors", counts_.consumer_errors)
         .Add("provider_restarts", counts_.provider_restarts)
+        .Add("publish_retries", publish_retries_.load())
         .Add("seconds", seconds_)
         .Add("source", producer_.kind)
         .Add("store", postgres_ ? "postgres" : "sqlite")
