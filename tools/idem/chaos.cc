@@ -66,7 +66,7 @@ constexpr const char* kTable = "chaos_payments";
 
 struct Config {
   std::string dir, source, store;
-  int64_t messages = 2'000;
+  int64_t messages = 3'000;
   int consumers = 4;
   int64_t kills = 100;
   uint64_t seed = 1;
@@ -1036,7 +1036,7 @@ const Command& ChaosCommand() {
       {{"source", "URL", "embedded:DIR/queue.db", "the broker (see idem run --help); kafka-mock: runs the mock\n"
                                                   "          cluster in this process for every consumer"},
        {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
-       {"messages", "N", "2000", "unique payment messages"},
+       {"messages", "N", "3000", "unique payment messages"},
        {"consumers", "M", "4", "consumer processes"},
        {"kills", "K", "100", "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
                               "          on until every message is applied, so more messages mean more kills"},
