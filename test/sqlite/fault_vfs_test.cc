@@ -215,16 +215,6 @@ std::string VfsNameOf(Store& store) {
   return out;
 }
 
-std::string IntegrityCheck(Store& store) {
-  auto tx = store.Begin();
-  if (!tx.ok()) return tx.status().ToString();
-  auto rows = (*tx)->Query("PRAGMA integrity_check");
-  if (!rows.ok()) return rows.status().ToString();
-  std::string out;
-  for (auto& r : rows->rows) out += r[0].AsText();
-  return out;
-}
-
 TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
   TempDir dir;
   std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));

@@ -76,16 +76,6 @@ int CutsFromEnv(int fallback) {
   return s != nullptr && std::atoi(s) > 0 ? std::atoi(s) : fallback;
 }
 
-std::string IntegrityCheck(Store& store) {
-  auto tx = store.Begin();
-  if (!tx.ok()) return tx.status().ToString();
-  auto rows = (*tx)->Query("PRAGMA integrity_check");
-  if (!rows.ok()) return rows.status().ToString();
-  std::string out;
-  for (auto& r : rows->rows) out += r[0].AsText();
-  return out;
-}
-
 // Effects per message id, and the ids that have a marker.
 struct StoreState {
   std::map<std::string, int64_t> rows;

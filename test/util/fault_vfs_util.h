@@ -41,6 +41,17 @@ inline std::unique_ptr<Store> OpenThroughFaultVfs(const std::string& path) {
   return std::move(*store);
 }
 
+// PRAGMA integrity_check's answer ("ok" when the file is sound), or the error.
+inline std::string IntegrityCheck(Store& store) {
+  auto tx = store.Begin();
+  if (!tx.ok()) return tx.status().ToString();
+  auto rows = (*tx)->Query("PRAGMA integrity_check");
+  if (!rows.ok()) return rows.status().ToString();
+  std::string out;
+  for (auto& r : rows->rows) out += r[0].AsText();
+  return out;
+}
+
 }  // namespace idem::testing
 
 #endif  // IDEM_TEST_UTIL_FAULT_VFS_UTIL_H_
