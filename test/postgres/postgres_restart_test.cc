@@ -35,7 +35,7 @@ class PostgresRestart : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* p = std::getenv("IDEM_TEST_PG_RESTART_PORT");
-    port_ = p ? p : "55441";
+    port_ = p ? p : "25441";
     state_ = dir_.File("pg");
     ASSERT_EQ(std::system((Script() + " start " + state_ + " " + port_ + " >/dev/null").c_str()), 0)
         << "could not start the test's own PostgreSQL on port " << port_;
