@@ -46,6 +46,72 @@ TEST_P(ClaimsConformance, NewKeyStartsAndIsCompletedOnceThenReplayed) {
   EXPECT_EQ((*rec)->expires_at_ms, env_.NowMs() + claims.options().retention_ms);
 }
 
+// ClaimMany / CompleteMany answer every key as Claim / Complete would one by
+// one, whatever else is in the batch: new, completed, held, expired, another
+// body, invalid, and the same key twice.
+TEST_P(ClaimsConformance, ManyClaimsAnswerEachKeyAsOneByOne) {
+  Claims claims(*store_, {.env = &env_});
+  auto done = claims.Claim(Req("m-done"));
+  auto held = claims.Claim(Req("m-held"));
+  auto expired = claims.Claim(Req("m-expired", "body", 1'000));
+  ASSERT_TRUE(done.ok() && held.ok() && expired.ok());
+  ASSERT_TRUE(claims.Complete(done->token, "receipt-done").ok());
+  env_.Advance(1'000);  // m-expired's lease is over; m-held's is live
+
+  const std::vector<ClaimRequest> batch = {Req("m-new1"), Req("m-done"),        Req("m-held"),
+                                           Req("m-done", "another body"),       Req("m-expired"),
+                                           Req(""),     Req("m-twice"),         Req("m-twice"),
+                                           Req("m-new2")};
+  auto out = claims.ClaimMany(batch);
+  ASSERT_EQ(out.size(), batch.size());
+  for (size_t i : {0u, 1u, 2u, 3u, 4u, 6u, 7u, 8u}) ASSERT_TRUE(out[i].ok()) << i << ": " << out[i].status();
+  EXPECT_EQ(out[0]->kind, Kind::kStarted);
+  EXPECT_EQ(out[1]->kind, Kind::kCompleted);
+  EXPECT_EQ(out[1]->result, "receipt-done");
+  EXPECT_EQ(out[2]->kind, Kind::kInProgress);
+  EXPECT_EQ(out[2]->retry_at_ms, held->token.lease_until_ms);
+  EXPECT_EQ(out[3]->kind, Kind::kConflict);
+  EXPECT_EQ(out[4]->kind, Kind::kStarted);
+  EXPECT_TRUE(out[4]->took_over);
+  EXPECT_GT(out[4]->token.fence, expired->token.fence);
+  EXPECT_EQ(out[5].status().code(), Code::kInvalidArgument);
+  // The same key twice in one batch: one starts, the other finds it held.
+  EXPECT_EQ((out[6]->kind == Kind::kStarted) + (out[7]->kind == Kind::kStarted), 1);
+  EXPECT_EQ((out[6]->kind == Kind::kInProgress) + (out[7]->kind == Kind::kInProgress), 1);
+  EXPECT_EQ(out[8]->kind, Kind::kStarted);
+  EXPECT_NE(out[0]->token.fence, out[8]->token.fence);
+
+  const ClaimToken& twice = out[6]->kind == Kind::kStarted ? out[6]->token : out[7]->token;
+  const std::vector<Completion> completions = {{.token = &out[0]->token, .result = "r-new1"},
+                                               {.token = &expired->token, .result = "stale"},  // fenced
+                                               {.token = &out[4]->token, .result = "r-expired"},
+                                               {.token = &twice, .result = "failed", .is_error = true},
+                                               {.token = &out[8]->token, .result = "r-new2"}};
+  auto statuses = claims.CompleteMany(completions);
+  ASSERT_EQ(statuses.size(), completions.size());
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_EQ(statuses[1].code(), Code::kLeaseLost) << statuses[1];
+  EXPECT_TRUE(statuses[2].ok()) << statuses[2];
+  EXPECT_TRUE(statuses[3].ok()) << statuses[3];
+  EXPECT_TRUE(statuses[4].ok()) << statuses[4];
+
+  // Delivered again, one by one and as a batch: every key replays.
+  const std::vector<ClaimRequest> again = {Req("m-new1"), Req("m-expired"), Req("m-twice"), Req("m-new2")};
+  const std::vector<std::string> want = {"r-new1", "r-expired", "failed", "r-new2"};
+  auto replays = claims.ClaimMany(again);
+  for (size_t i = 0; i < again.size(); ++i) {
+    auto single = claims.Claim(again[i]);
+    for (const auto* r : {&replays[i], &single}) {
+      ASSERT_TRUE(r->ok()) << r->status();
+      EXPECT_EQ((*r)->kind, Kind::kCompleted) << again[i].key;
+      EXPECT_EQ((*r)->result, want[i]);
+      EXPECT_EQ((*r)->result_is_error, i == 2);
+    }
+  }
+  EXPECT_TRUE(claims.ClaimMany({}).empty());
+  EXPECT_TRUE(claims.CompleteMany({}).empty());
+}
+
 TEST_P(ClaimsConformance, ResultsAreBinarySafe) {
   Claims claims(*store_, {.env = &env_});
   const std::string result("a\0b\xff\n", 5);
@@ -360,6 +426,29 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByTheCompletion) {
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(waited->kind, Kind::kCompleted);
   EXPECT_EQ(waited->result, "the result");
+}
+
+// A key in progress in a batch is waited for when its request says so; the
+// others in the batch are answered as they are.
+TEST_P(ClaimsConformance, ManyClaimsWaitForAKeyInProgressWhenAsked) {
+  ObservedStore observed(*store_);
+  Claims waiting(observed, {.poll_ms = 3'600'000, .env = &env_});  // only the wake-up ends the wait
+  Claims holding(*store_, {.env = &env_});
+  auto holder = holding.Claim(Req("w-held"));
+  ASSERT_TRUE(holder.ok() && holder->kind == Kind::kStarted);
+  ClaimRequest wait = Req("w-held");
+  wait.wait_ms = 3'600'000;
+  std::vector<Result<ClaimOutcome>> out;
+  std::thread duplicate([&] { out = waiting.ClaimMany(std::vector<ClaimRequest>{Req("w-new"), wait}); });
+  // The batch read both keys (2 reads), then the waiting Claim read w-held again.
+  observed.AwaitReads(3);
+  ASSERT_TRUE(holding.Complete(holder->token, "waited-for").ok());
+  duplicate.join();
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[0].ok() && out[1].ok());
+  EXPECT_EQ(out[0]->kind, Kind::kStarted);
+  EXPECT_EQ(out[1]->kind, Kind::kCompleted);
+  EXPECT_EQ(out[1]->result, "waited-for");
 }
 
 TEST_P(ClaimsConformance, BoundedWaitIsWokenByARelease) {

@@ -4,6 +4,8 @@
 # persistence, as the peers run it), then, RUNS times in turn:
 #   Powertools makeIdempotent + its Redis persistence layer, EFFECT=counter
 #   idem bench claims on the same Redis          (redis://.../2)
+#   the same with --batch BATCH (8): CONCURRENCY/BATCH threads, each with
+#     BATCH calls in flight through Claims::ClaimMany / CompleteMany
 #   idem bench claims on the same PostgreSQL     (fsync on, synchronous_commit on)
 #   idem bench claims on SQLite                  (WAL, synchronous=FULL, in $TMPDIR)
 # Same workload everywhere: N unique keys (20000), each called DUP times (2),
@@ -43,6 +45,7 @@ for i in $(seq "${RUNS:-3}"); do
     printf "powertools-derived: claims_per_s=%.1f replays_per_s=%.1f (one-pass run: %s s; replay passes: %.3f s)\n",
            n / o, (f > o ? n * (d - 1) / (f - o) : 0), o, f - o }'
   "$IDEM" bench claims --store "$REDIS_URL/2" "${common[@]}"
+  "$IDEM" bench claims --store "$REDIS_URL/2" "${common[@]}" --batch "${BATCH:-8}"
   "$IDEM" bench claims --store "$pg_url" "${common[@]}"
   "$IDEM" bench claims --store "sqlite:$work/sqlite/claims-$i.db" "${common[@]}"
 done

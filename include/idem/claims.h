@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -116,6 +117,13 @@ enum class FailPolicy {
   kStoreError,  // store the error as the result: later calls replay it
 };
 
+// One completion of a CompleteMany.
+struct Completion {
+  const ClaimToken* token = nullptr;
+  std::string_view result;
+  bool is_error = false;  // a failure stored as the result (FailPolicy::kStoreError)
+};
+
 // The storage contract for claims. Every operation is one atomic step on the
 // store, judged by the store's clock. Implemented by the SQLite and
 // PostgreSQL stores (idem::sqlite::Store, idem::postgres::Store) and by
@@ -132,6 +140,13 @@ class ClaimStore {
   // same token completed it already (a retried Complete).
   virtual Status Complete(const ClaimToken& token, std::string_view result, bool is_error,
                           int64_t retention_ms) = 0;
+  // TryClaim and Complete for many keys at once, one answer each, in order:
+  // each is still its own atomic step (a failure of one says nothing of the
+  // others). The defaults take them one by one; Redis sends them in one
+  // pipeline (one round trip), which is where a consumer's batch or many
+  // calls in flight on one thread gain.
+  virtual std::vector<Result<ClaimOutcome>> TryClaimMany(std::span<const ClaimRequest> requests);
+  virtual std::vector<Status> CompleteMany(std::span<const Completion> completions, int64_t retention_ms);
   // Forgets the claim (FailPolicy::kRelease). kLeaseLost as for Complete.
   virtual Status Release(const ClaimToken& token) = 0;
   // Moves the lease end to now + lease_ms; returns the new end.
@@ -196,6 +211,22 @@ class Claims {
   Result<ClaimOutcome> Claim(const ClaimRequest& request);
   // Stores `result` as the key's result: later claims replay it.
   Status Complete(const ClaimToken& token, std::string_view result);
+
+  // Claim and Complete for many keys at once (a consumer's batch, or many
+  // calls in flight on one thread): one answer per request, in order, as
+  // Claim and Complete would give them one by one. On Redis the claims
+  // travel in one pipeline, and so do the completions. A request with
+  // wait_ms > 0 whose key is in progress is then waited for as Claim does.
+  //
+  //   std::vector<idem::ClaimRequest> reqs = ...;          // one per message
+  //   auto outcomes = claims.ClaimMany(reqs);
+  //   std::vector<idem::Completion> done;
+  //   for (size_t i = 0; i < reqs.size(); ++i)
+  //     if (outcomes[i].ok() && outcomes[i]->kind == idem::ClaimOutcome::Kind::kStarted)
+  //       done.push_back({.token = &outcomes[i]->token, .result = results.emplace_back(Work(reqs[i]))});
+  //   auto statuses = claims.CompleteMany(done);        // results: a std::deque<std::string>
+  std::vector<Result<ClaimOutcome>> ClaimMany(std::span<const ClaimRequest> requests);
+  std::vector<Status> CompleteMany(std::span<const Completion> completions);
   // The work failed with `error`: release the key, or store the error as the
   // result (replayed, with result_is_error).
   Status Fail(const ClaimToken& token, FailPolicy policy, std::string_view error);

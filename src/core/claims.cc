@@ -92,6 +92,20 @@ std::unique_ptr<ClaimStore::Watch> ClaimStore::WatchKey(std::string_view scope, 
 
 Result<std::optional<ClaimOutcome>> ClaimStore::Peek(const ClaimRequest&) { return std::optional<ClaimOutcome>(); }
 
+std::vector<Result<ClaimOutcome>> ClaimStore::TryClaimMany(std::span<const ClaimRequest> requests) {
+  std::vector<Result<ClaimOutcome>> out;
+  out.reserve(requests.size());
+  for (const ClaimRequest& r : requests) out.push_back(TryClaim(r));
+  return out;
+}
+
+std::vector<Status> ClaimStore::CompleteMany(std::span<const Completion> completions, int64_t retention_ms) {
+  std::vector<Status> out;
+  out.reserve(completions.size());
+  for (const Completion& c : completions) out.push_back(Complete(*c.token, c.result, c.is_error, retention_ms));
+  return out;
+}
+
 Result<int64_t> ClaimStore::CountClaims(std::string_view scope) {
   IDEM_ASSIGN_OR_RETURN(auto all, ListClaims(scope, std::numeric_limits<int>::max()));
   return static_cast<int64_t>(all.size());
@@ -122,6 +136,39 @@ Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
     // process the watch cannot hear, or the holder's lease running out).
     watch->Wait(std::min(left, options_.poll_ms));
   }
+}
+
+std::vector<Result<ClaimOutcome>> Claims::ClaimMany(std::span<const ClaimRequest> requests) {
+  std::vector<Result<ClaimOutcome>> out(requests.size(), Status::Internal("not claimed"));
+  std::vector<ClaimRequest> valid;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (Status s = ValidateRequest(requests[i]); !s.ok()) {
+      out[i] = std::move(s);
+    } else {
+      where.push_back(i);
+    }
+  }
+  if (where.size() == requests.size()) {
+    auto claimed = store_.TryClaimMany(requests);
+    for (size_t i = 0; i < claimed.size(); ++i) out[i] = std::move(claimed[i]);
+  } else {
+    for (size_t i : where) valid.push_back(requests[i]);
+    auto claimed = store_.TryClaimMany(valid);
+    for (size_t k = 0; k < claimed.size(); ++k) out[where[k]] = std::move(claimed[k]);
+  }
+  // Keys in progress that may be waited for: as Claim does, one by one.
+  for (size_t i : where)
+    if (requests[i].wait_ms > 0 && out[i].ok() && out[i]->kind == ClaimOutcome::Kind::kInProgress)
+      out[i] = Claim(requests[i]);
+  return out;
+}
+
+std::vector<Status> Claims::CompleteMany(std::span<const Completion> completions) {
+  for (const Completion& c : completions)
+    if (c.token == nullptr)
+      return std::vector<Status>(completions.size(), Status::InvalidArgument("a Completion without a token"));
+  return store_.CompleteMany(completions, options_.retention_ms);
 }
 
 Status Claims::Complete(const ClaimToken& token, std::string_view result) {

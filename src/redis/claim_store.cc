@@ -2,10 +2,13 @@
 #include "idem/redis/claim_store.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <cstring>
 #include <string>
 #include <unordered_set>
@@ -158,24 +161,70 @@ class RedisClaimStore final : public ClaimStore {
   // costs the server several times more); the same command reads the
   // record when the key exists, and a replay, a conflict or a key in
   // progress is answered from it. Only a key to take over (or released, or
-  // expired) runs the script, which judges it again atomically.
+  // expired) runs the script, which judges it again atomically. Many
+  // requests travel together: their SETs in one pipeline, then the scripts
+  // of those that need one in another.
   Result<ClaimOutcome> TryClaim(const ClaimRequest& req) override {
-    IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
-    IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
-    if (req.lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(req.lease_ms));
-    std::string record_key = RecordKey(req.scope, req.key);
-    if (set_get_.load(std::memory_order_relaxed)) {
-      auto fresh = ClaimIfAbsent(record_key, req);
-      if (fresh.ok() && fresh->has_value()) return std::move(**fresh);
-      if (!fresh.ok() && fresh.status().code() != Code::kInvalidArgument) return fresh.status();
-      // kInvalidArgument: a server before 7.0 refused SET NX GET; scripts from now on.
-      if (!fresh.ok()) set_get_.store(false, std::memory_order_relaxed);
+    return std::move(TryClaimMany(std::span<const ClaimRequest>(&req, 1)).front());
+  }
+
+  std::vector<Result<ClaimOutcome>> TryClaimMany(std::span<const ClaimRequest> reqs) override {
+    std::vector<std::optional<Result<ClaimOutcome>>> out(reqs.size());
+    std::vector<size_t> valid;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Status s = ValidateName(reqs[i].scope, "claim scope");
+      if (s.ok()) s = ValidateName(reqs[i].key, "idempotency key");
+      if (s.ok() && reqs[i].lease_ms <= 0)
+        s = Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(reqs[i].lease_ms));
+      if (s.ok()) {
+        valid.push_back(i);
+      } else {
+        out[i].emplace(std::move(s));
+      }
     }
-    const std::string keys[] = {std::move(record_key), options_.prefix + "fence"};
-    const std::string args[] = {NowArg(), FingerprintBytes(req.fingerprint), std::to_string(ClampSpan(req.lease_ms)),
-                                std::to_string(ClampSpan(options_.abandon_margin_ms))};
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kTryClaim, keys, args));
-    return ToOutcome(r.get(), req);
+    if (!valid.empty() && set_get_.load(std::memory_order_relaxed)) {
+      auto fresh = ClaimIfAbsent(reqs, valid);
+      if (fresh.ok()) {
+        for (size_t k = 0; k < valid.size(); ++k)
+          if ((*fresh)[k].has_value()) out[valid[k]].emplace(std::move(*(*fresh)[k]));
+      } else if (fresh.status().code() == Code::kInvalidArgument) {
+        set_get_.store(false, std::memory_order_relaxed);  // a server before 7.0: scripts from now on
+      } else {
+        for (size_t i : valid) out[i].emplace(fresh.status());
+      }
+    }
+    // The rest: the script decides.
+    std::vector<size_t> scripted;
+    for (size_t i : valid)
+      if (!out[i].has_value()) scripted.push_back(i);
+    if (!scripted.empty()) {
+      const std::string fence_key = options_.prefix + "fence";
+      std::vector<std::array<std::string, 2>> keys;
+      std::vector<std::array<std::string, 4>> args;
+      std::vector<redis_internal::Pipeline::EvalCall> calls;
+      keys.reserve(scripted.size());
+      args.reserve(scripted.size());
+      for (size_t i : scripted) {
+        const ClaimRequest& req = reqs[i];
+        keys.push_back({RecordKey(req.scope, req.key), fence_key});
+        args.push_back({NowArg(), FingerprintBytes(req.fingerprint), std::to_string(ClampSpan(req.lease_ms)),
+                        std::to_string(ClampSpan(options_.abandon_margin_ms))});
+        calls.push_back({keys.back(), args.back()});
+      }
+      auto replies = RunMany(redis_internal::kTryClaim, calls);
+      for (size_t k = 0; k < scripted.size(); ++k) {
+        const size_t i = scripted[k];
+        if (!replies[k].ok()) {
+          out[i].emplace(replies[k].status());
+        } else {
+          out[i].emplace(ToOutcome(replies[k]->get(), reqs[i]));
+        }
+      }
+    }
+    std::vector<Result<ClaimOutcome>> answers;
+    answers.reserve(reqs.size());
+    for (auto& o : out) answers.push_back(std::move(*o));
+    return answers;
   }
 
   Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& req) override {
@@ -185,20 +234,51 @@ class RedisClaimStore final : public ClaimStore {
   }
 
   Status Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) override {
+    const Completion c{.token = &t, .result = result, .is_error = is_error};
+    return std::move(CompleteMany(std::span<const Completion>(&c, 1), retention_ms).front());
+  }
+
+  // One script per chunk of completions, every chunk in one pipeline.
+  std::vector<Status> CompleteMany(std::span<const Completion> done, int64_t retention_ms) override {
     if (retention_ms < 0)
-      return Status::InvalidArgument("retention_ms must be >= 0, got " + std::to_string(retention_ms));
-    const std::string keys[] = {RecordKey(t.scope, t.key)};
-    const std::string args[] = {NowArg(),
-                                std::to_string(t.fence),
-                                std::string(result),
-                                is_error ? "1" : "0",
-                                std::to_string(ClampSpan(retention_ms)),
-                                Channel(t.scope, t.key),
-                                std::to_string(kMinCompletedTtlMs)};
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, Run(redis_internal::kComplete, keys, args));
-    if (Element(r.get(), 0) != "ok") return LeaseLost(r.get(), t, "Complete");
-    NotifyChanged(t.scope, t.key);
-    return Status::OK();
+      return std::vector<Status>(done.size(), Status::InvalidArgument("retention_ms must be >= 0, got " +
+                                                                      std::to_string(retention_ms)));
+    // The completion's time only dates the record and its expiry (no lease
+    // is judged by it): the instance's estimate of the server's clock spares
+    // the script a TIME.
+    const std::string now = std::to_string(EstimatedNowMs());
+    const size_t chunks = (done.size() + kCompleteChunk - 1) / kCompleteChunk;
+    std::vector<std::vector<std::string>> keys(chunks), args(chunks);
+    std::vector<redis_internal::Pipeline::EvalCall> calls;
+    for (size_t c = 0; c < chunks; ++c) {
+      args[c] = {now, std::to_string(ClampSpan(retention_ms)), std::to_string(kMinCompletedTtlMs)};
+      for (size_t k = c * kCompleteChunk; k < std::min(done.size(), (c + 1) * kCompleteChunk); ++k) {
+        const ClaimToken& t = *done[k].token;
+        keys[c].push_back(RecordKey(t.scope, t.key));
+        args[c].insert(args[c].end(), {std::to_string(t.fence), std::string(done[k].result),
+                                       done[k].is_error ? "1" : "0", Channel(t.scope, t.key)});
+      }
+      calls.push_back({keys[c], args[c]});
+    }
+    auto replies = RunMany(redis_internal::kComplete, calls);
+    std::vector<Status> out;
+    out.reserve(done.size());
+    for (size_t k = 0; k < done.size(); ++k) {
+      const ClaimToken& t = *done[k].token;
+      const auto& chunk = replies[k / kCompleteChunk];
+      const size_t i = k % kCompleteChunk;
+      if (!chunk.ok()) {
+        out.push_back(chunk.status());
+      } else if (i >= (*chunk)->elements) {
+        out.push_back(Status::Internal("unexpected reply from script complete: too few elements"));
+      } else if (const redisReply* r = (*chunk)->element[i]; Element(r, 0) != "ok") {
+        out.push_back(LeaseLost(r, t, "Complete"));
+      } else {
+        NotifyChanged(t.scope, t.key);
+        out.push_back(Status::OK());
+      }
+    }
+    return out;
   }
 
   Status Release(const ClaimToken& t) override {
@@ -299,10 +379,17 @@ class RedisClaimStore final : public ClaimStore {
  private:
   Result<ReplyPtr> Run(const redis_internal::Script& s, std::span<const std::string> keys,
                        std::span<const std::string> args) {
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, scripts_.Eval(s, keys, args));
-    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0)
-      return Status::Internal(std::string("unexpected reply from script ") + s.name);
-    return r;
+    const redis_internal::Pipeline::EvalCall call{keys, args};
+    return std::move(RunMany(s, std::span(&call, 1)).front());
+  }
+  // Each reply checked to be the array every script answers.
+  std::vector<Result<ReplyPtr>> RunMany(const redis_internal::Script& s,
+                                        std::span<const redis_internal::Pipeline::EvalCall> calls) {
+    std::vector<Result<ReplyPtr>> replies = scripts_.EvalMany(s, calls);
+    for (auto& r : replies)
+      if (r.ok() && ((*r)->type != REDIS_REPLY_ARRAY || (*r)->elements == 0))
+        r = Status::Internal(std::string("unexpected reply from script ") + s.name);
+    return replies;
   }
 
   Result<ClaimOutcome> ToOutcome(const redisReply* r, const ClaimRequest& req) {
@@ -377,43 +464,69 @@ class RedisClaimStore final : public ClaimStore {
     return fence_next_++;
   }
 
-  // Claims `record_key` if it is absent (SET ... NX GET), answering
-  // started; a present record is judged as Judge does. nullopt: the script
-  // must decide (take over, released or expired record).
-  Result<std::optional<ClaimOutcome>> ClaimIfAbsent(const std::string& record_key, const ClaimRequest& req) {
-    const int64_t span = ClampSpan(req.lease_ms);
-    const int64_t ttl = span + ClampSpan(options_.abandon_margin_ms);
-    IDEM_ASSIGN_OR_RETURN(int64_t fence, NextFence(span));
-    const int64_t now = EstimatedNowMs();
-    std::string value = "p00" + FingerprintBytes(req.fingerprint) + std::to_string(fence) + ":" +
-                        std::to_string(now + span) + ":0:" + std::to_string(now) + ":";
-    const std::string px = std::to_string(std::max<int64_t>(1, ttl));
-    std::vector<std::string_view> cmds[2] = {{"SET", record_key, value, "NX", "PX", px, "GET"}, {"TIME"}};
+  // Claims each of reqs[which] whose key is absent (SET ... NX GET, all in
+  // one pipeline, TIME last), answering started; a present record is judged
+  // as Judge does. nullopt: the script must decide (take over, released or
+  // expired record).
+  Result<std::vector<std::optional<Result<ClaimOutcome>>>> ClaimIfAbsent(std::span<const ClaimRequest> reqs,
+                                                                         std::span<const size_t> which) {
     const bool own_clock = options_.clock != nullptr;
-    auto replies = scripts_.Commands(std::span<const std::vector<std::string_view>>(cmds, own_clock ? 1 : 2));
+    std::vector<std::string> record_keys, values, pxs;
+    std::vector<int64_t> fences, lease_ends;
+    record_keys.reserve(which.size());
+    values.reserve(which.size());
+    pxs.reserve(which.size());
+    const int64_t now = EstimatedNowMs();
+    for (size_t i : which) {
+      const ClaimRequest& req = reqs[i];
+      const int64_t span = ClampSpan(req.lease_ms);
+      IDEM_ASSIGN_OR_RETURN(int64_t fence, NextFence(span));
+      fences.push_back(fence);
+      lease_ends.push_back(now + span);
+      record_keys.push_back(RecordKey(req.scope, req.key));
+      values.push_back("p00" + FingerprintBytes(req.fingerprint) + std::to_string(fence) + ":" +
+                       std::to_string(now + span) + ":0:" + std::to_string(now) + ":");
+      pxs.push_back(std::to_string(std::max<int64_t>(1, span + ClampSpan(options_.abandon_margin_ms))));
+    }
+    std::vector<std::vector<std::string_view>> cmds;
+    cmds.reserve(which.size() + 1);
+    for (size_t k = 0; k < which.size(); ++k)
+      cmds.push_back({"SET", record_keys[k], values[k], "NX", "PX", pxs[k], "GET"});
+    if (!own_clock) cmds.push_back({"TIME"});
+    auto replies = scripts_.Commands(cmds);
     if (!replies.ok()) {
       // A server before 7.0 answers SET ... NX GET with a syntax error.
       if (replies.status().message().find("syntax error") != std::string::npos)
         return Status::InvalidArgument("SET NX GET unsupported");
       return replies.status();
     }
-    const std::string what = "claim " + req.scope + "/" + req.key;
-    if (replies->size() != (own_clock ? 1u : 2u)) return Status::Internal("unexpected replies to " + what);
+    if (replies->size() != cmds.size()) return Status::Internal("unexpected replies to SET ... NX GET");
     int64_t server_now = now;
     if (!own_clock) {
-      IDEM_ASSIGN_OR_RETURN(server_now, ServerNow((*replies)[1].get()));
+      IDEM_ASSIGN_OR_RETURN(server_now, ServerNow(replies->back().get()));
     }
-    const redisReply* got = (*replies)[0].get();
-    if (got->type == REDIS_REPLY_NIL) {  // it was absent: ours now
-      ClaimOutcome out;
-      out.kind = ClaimOutcome::Kind::kStarted;
-      out.token.scope = req.scope;
-      out.token.key = req.key;
-      out.token.fence = fence;
-      out.token.lease_until_ms = now + span;
-      return std::optional<ClaimOutcome>(std::move(out));
+    std::vector<std::optional<Result<ClaimOutcome>>> out(which.size());
+    for (size_t k = 0; k < which.size(); ++k) {
+      const ClaimRequest& req = reqs[which[k]];
+      const redisReply* got = (*replies)[k].get();
+      if (got->type == REDIS_REPLY_NIL) {  // it was absent: ours now
+        ClaimOutcome o;
+        o.kind = ClaimOutcome::Kind::kStarted;
+        o.token.scope = req.scope;
+        o.token.key = req.key;
+        o.token.fence = fences[k];
+        o.token.lease_until_ms = lease_ends[k];
+        out[k].emplace(std::move(o));
+        continue;
+      }
+      auto judged = JudgeRecord(got, server_now, req);
+      if (!judged.ok()) {
+        out[k].emplace(judged.status());
+      } else if (judged->has_value()) {
+        out[k].emplace(std::move(**judged));
+      }
     }
-    return JudgeRecord(got, server_now, req);
+    return out;
   }
 
   // What TryClaim answers for the record at `record_key`, judged as its
@@ -537,6 +650,8 @@ class RedisClaimStore final : public ClaimStore {
   }
 
   static constexpr int kPipelinedConnections = 2;
+  // Completions per script call (the server runs nothing else meanwhile).
+  static constexpr size_t kCompleteChunk = 64;
   static constexpr int64_t kFenceBlock = 1000;
   static constexpr const char* kFenceBlockText = "1000";
   // Below the release tombstone's life (redis_internal::kReleasedTtlMs).

@@ -472,14 +472,33 @@ Status Pipeline::Connect() {
 Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::string> keys,
                                 std::span<const std::string> args) {
   Request req{.script = &script, .keys = keys, .args = args};
-  Submit(req, next_script_);
+  Request* reqs[1] = {&req};
+  Submit(reqs, next_script_);
   return std::move(*req.result);
+}
+
+std::vector<Result<ReplyPtr>> Pipeline::EvalMany(const Script& script, std::span<const EvalCall> calls) {
+  std::vector<Request> reqs(calls.size());
+  std::vector<Request*> ptrs;
+  ptrs.reserve(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    reqs[i].script = &script;
+    reqs[i].keys = calls[i].keys;
+    reqs[i].args = calls[i].args;
+    ptrs.push_back(&reqs[i]);
+  }
+  if (!ptrs.empty()) Submit(ptrs, next_script_);
+  std::vector<Result<ReplyPtr>> out;
+  out.reserve(calls.size());
+  for (Request& r : reqs) out.push_back(std::move(*r.result));
+  return out;
 }
 
 Result<std::vector<ReplyPtr>> Pipeline::Commands(std::span<const std::vector<std::string_view>> commands) {
   Request req{.commands = commands};
   if (commands.empty()) return std::vector<ReplyPtr>();
-  Submit(req, next_plain_);
+  Request* reqs[1] = {&req};
+  Submit(reqs, next_plain_);
   if (!req.result->ok()) return req.result->status();
   return std::move(req.replies);
 }
@@ -487,28 +506,38 @@ Result<std::vector<ReplyPtr>> Pipeline::Commands(std::span<const std::vector<std
 // The leader of a lane writes a batch (everything queued), reads its replies
 // in order and hands them out; if more calls queued meanwhile, it writes them
 // as the next batch at once and passes the reading of it to one of their
-// callers, so the server works on it while that thread wakes up.
-void Pipeline::Submit(Request& req, std::atomic<unsigned>& turn) {
+// callers, so the server works on it while that thread wakes up. A caller
+// with many requests queues them together; they go out in one batch, or in
+// consecutive ones, and it may be handed the lead for any of them.
+void Pipeline::Submit(std::span<Request* const> reqs, std::atomic<unsigned>& turn) {
   Lane& lane = *lanes_[lanes_.size() == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
   std::unique_lock lock(lane.mu);
-  lane.queue.push_back(&req);
-  if (lane.leading) {
-    lock.unlock();
-    req.Await();
-    if (!req.lead) return;
-    // Leading now: this call's batch is lane.inflight, written already.
-  } else {
+  lane.queue.insert(lane.queue.end(), reqs.begin(), reqs.end());
+  if (!lane.leading) {
     lane.leading = true;
     lane.inflight.swap(lane.queue);
     lock.unlock();
     WriteBatch(lane, lane.inflight);
+    Lead(lane);
+  } else {
+    lock.unlock();
   }
+  // Requests in the batch this call led were woken by it (state 2): their
+  // Await returns at once.
+  for (Request* r : reqs) {
+    r->Await();
+    if (r->lead) {
+      r->lead = false;
+      Lead(lane);  // this request's batch is lane.inflight, written already
+    }
+  }
+}
+
+void Pipeline::Lead(Lane& lane) {
   ReadBatch(lane, lane.inflight);
-  for (Request* r : lane.inflight) {
-    if (r != &req) r->Wake();
-  }
+  for (Request* r : lane.inflight) r->Wake();
   lane.inflight.clear();
-  lock.lock();
+  std::unique_lock lock(lane.mu);
   if (lane.queue.empty()) {
     lane.leading = false;
     return;

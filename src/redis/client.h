@@ -204,6 +204,14 @@ class Pipeline {
   // Runs `script` (one of `scripts`) with EVALSHA. An error reply becomes a
   // Status, as with Conn::Eval.
   Result<ReplyPtr> Eval(const Script& script, std::span<const std::string> keys, std::span<const std::string> args);
+  // Runs `script` once per call, all queued together on one connection (one
+  // round trip when nothing else is on the wire): one reply per call, in
+  // order, each as Eval would answer it.
+  struct EvalCall {
+    std::span<const std::string> keys;
+    std::span<const std::string> args;
+  };
+  std::vector<Result<ReplyPtr>> EvalMany(const Script& script, std::span<const EvalCall> calls);
   // Runs plain commands (each an argv), queued together in one batch, so
   // they run in this order on one connection (other clients' commands may
   // come between them). Their replies, in order; an error reply of any of
@@ -214,9 +222,12 @@ class Pipeline {
   struct Request;
   struct Lane;
   Result<std::unique_ptr<Conn>> Open();
-  // Queues `req` on a lane (taking turns by `turn`) and returns once its
-  // result is in.
-  void Submit(Request& req, std::atomic<unsigned>& turn);
+  // Queues `reqs` on one lane (taking turns by `turn`) and returns once
+  // every result is in.
+  void Submit(std::span<Request* const> reqs, std::atomic<unsigned>& turn);
+  // The leader's turn: reads the lane's batch in flight, hands its results
+  // out, and passes the next batch (written at once) to one of its callers.
+  void Lead(Lane& lane);
   void WriteBatch(Lane& lane, std::span<Request* const> batch);
   void ReadBatch(Lane& lane, std::span<Request* const> batch);
 

@@ -51,14 +51,22 @@ inline constexpr int64_t kReleasedTtlMs = 2'000;
   "  return st, string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
   "end\n"
 
+// The same inline, as locals (a function defined on every call costs the
+// server more than the match itself): st, fence, lease, exp, upd, pos.
+#define IDEM_REDIS_LUA_SPLIT_V                                                 \
+  "local st = string.sub(v, 1, 1)\n"                                           \
+  "local fence, lease, exp, upd, pos\n"                                        \
+  "if (st == 'p' or st == 'c' or st == 'r') and #v >= 35 then\n"               \
+  "  fence, lease, exp, upd, pos = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
+  "end\n"
+
 // Reads the record and checks the token (ARGV[2]): returns {'lost', fence
 // or 0, state or ''} when it does not match; else leaves v, st, fence,
 // lease, exp, upd, pos.
 #define IDEM_REDIS_LUA_CHECK_TOKEN                                             \
-  IDEM_REDIS_LUA_SPLIT                                                         \
   "local v = redis.call('GET', KEYS[1])\n"                                     \
   "if not v then return {'lost', 0, ''} end\n"                                 \
-  "local st, fence, lease, exp, upd, pos = split(v)\n"                         \
+  IDEM_REDIS_LUA_SPLIT_V                                                       \
   "if not fence then return {'lost', 0, st} end\n"                             \
   "if tonumber(fence) ~= tonumber(ARGV[2]) then return {'lost', tonumber(fence), st} end\n"
 
@@ -68,12 +76,11 @@ inline constexpr int64_t kReleasedTtlMs = 2'000;
 // {'in_progress', lease_until} or {'corrupt', state}.
 inline constexpr Script kTryClaim{"try_claim",
     IDEM_REDIS_LUA_NOW
-    IDEM_REDIS_LUA_SPLIT
     "local v = redis.call('GET', KEYS[1])\n"
     "local took_over = 0\n"
     "local w = '0'\n"
     "if v then\n"
-    "  local st, fence, lease, exp, upd, pos = split(v)\n"
+    IDEM_REDIS_LUA_SPLIT_V
     "  if not fence then return {'corrupt', st} end\n"
     "  w = string.sub(v, 3, 3)\n"
     // Present, unless released, or completed and past its retention (TTL
@@ -97,20 +104,34 @@ inline constexpr Script kTryClaim{"try_claim",
     "           'PX', span + tonumber(ARGV[4]))\n"
     "return {'started', fence, lease, took_over}\n"};
 
-// KEYS: record. ARGV: now, fence, result, is_error '0'|'1', retention_ms,
-// channel, min_ttl_ms. Returns {'ok'} or the token check's {'lost', ...}.
+// KEYS: records. ARGV: now, retention_ms, min_ttl_ms, then for each record
+// (four each): fence, result, is_error '0'|'1', channel. Completes each
+// record whose fence matches (one script for a batch: its cost is mostly
+// per call, not per record). Returns one reply per record: {'ok'} or the
+// token check's {'lost', fence, st}.
 inline constexpr Script kComplete{"complete",
     IDEM_REDIS_LUA_NOW
-    IDEM_REDIS_LUA_CHECK_TOKEN
-    "if st == 'r' then return {'lost', tonumber(fence), st} end\n"
-    "if st == 'c' then return {'ok'} end\n"  // a retried Complete
-    "local keep = tonumber(ARGV[5])\n"
-    "local w = string.sub(v, 3, 3)\n"
-    "redis.call('SET', KEYS[1], 'c' .. ARGV[4] .. string.sub(v, 3, 35) ..\n"
-    "           string.format('%s:%s:%.0f:%.0f:', fence, lease, now + keep, now) .. ARGV[3],\n"
-    "           'PX', math.max(keep, tonumber(ARGV[7])))\n"
-    "if w == '1' then redis.call('PUBLISH', ARGV[6], 'completed') end\n"
-    "return {'ok'}\n"};
+    "local keep = tonumber(ARGV[2])\n"
+    "local ttl = math.max(keep, tonumber(ARGV[3]))\n"
+    "local function complete(key, want, result, is_error, channel)\n"
+    "  local v = redis.call('GET', key)\n"
+    "  if not v then return {'lost', 0, ''} end\n"
+    IDEM_REDIS_LUA_SPLIT_V
+    "  if not fence then return {'lost', 0, st} end\n"
+    "  if tonumber(fence) ~= tonumber(want) then return {'lost', tonumber(fence), st} end\n"
+    "  if st == 'r' then return {'lost', tonumber(fence), st} end\n"
+    "  if st == 'c' then return {'ok'} end\n"  // a retried Complete
+    "  redis.call('SET', key, 'c' .. is_error .. string.sub(v, 3, 35) ..\n"
+    "             string.format('%s:%s:%.0f:%.0f:', fence, lease, now + keep, now) .. result, 'PX', ttl)\n"
+    "  if string.sub(v, 3, 3) == '1' then redis.call('PUBLISH', channel, 'completed') end\n"
+    "  return {'ok'}\n"
+    "end\n"
+    "local out = {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local a = 3 + (i - 1) * 4\n"
+    "  out[i] = complete(KEYS[i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])\n"
+    "end\n"
+    "return out\n"};
 
 // KEYS: record. ARGV: unused, fence, channel, tombstone TTL ms. Returns
 // {'ok'} or {'lost', ...}. Leaves a tombstone ('r', same fence) for the TTL.
@@ -168,6 +189,7 @@ inline constexpr Script kPurge{"purge",
 
 #undef IDEM_REDIS_LUA_NOW
 #undef IDEM_REDIS_LUA_SPLIT
+#undef IDEM_REDIS_LUA_SPLIT_V
 #undef IDEM_REDIS_LUA_CHECK_TOKEN
 
 }  // namespace idem::redis_internal

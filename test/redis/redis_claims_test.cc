@@ -144,6 +144,58 @@ TEST(RedisClaimStore, SixtyFourThreadsClaimingOneKeyStartOnce) {
   EXPECT_EQ(other.load(), 0);
 }
 
+// Batches from many threads share the pipelined connections with single
+// calls: every key starts once, whichever path claimed it, and every
+// completion lands.
+TEST(RedisClaimStore, BatchesAndSingleCallsFromManyThreadsStartEachKeyOnce) {
+  auto store = OpenReal({.pool_size = 4});
+  ASSERT_NE(store, nullptr);
+  Claims claims(*store);
+  constexpr int kKeys = 256, kThreads = 8;
+  std::vector<std::atomic<int>> started(kKeys);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int delivery = 0; delivery < 2; ++delivery) {
+        for (int k0 = 0; k0 < kKeys; k0 += 16) {
+          std::vector<ClaimRequest> reqs;
+          for (int k = k0; k < k0 + 16; ++k) reqs.push_back(Req("b" + std::to_string((k + t * 16) % kKeys)));
+          std::vector<Result<ClaimOutcome>> out;
+          if (t % 2 == 0) {
+            out = claims.ClaimMany(reqs);
+          } else {
+            for (const auto& r : reqs) out.push_back(claims.Claim(r));
+          }
+          std::vector<Completion> done;
+          std::vector<std::string> results(reqs.size());
+          for (size_t i = 0; i < out.size(); ++i) {
+            if (!out[i].ok()) {
+              ++errors;
+            } else if (out[i]->kind == Kind::kStarted) {
+              ++started[std::stoi(reqs[i].key.substr(1))];
+              results[i] = "r-" + reqs[i].key;
+              done.push_back({.token = &out[i]->token, .result = results[i]});
+            }
+          }
+          for (const Status& s : claims.CompleteMany(done)) errors += s.ok() ? 0 : 1;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  for (int k = 0; k < kKeys; ++k) EXPECT_EQ(started[k].load(), 1) << "key b" << k;
+  std::vector<ClaimRequest> all;
+  for (int k = 0; k < kKeys; ++k) all.push_back(Req("b" + std::to_string(k)));
+  auto replays = claims.ClaimMany(all);
+  for (int k = 0; k < kKeys; ++k) {
+    ASSERT_TRUE(replays[k].ok()) << replays[k].status();
+    EXPECT_EQ(replays[k]->kind, Kind::kCompleted);
+    EXPECT_EQ(replays[k]->result, "r-b" + std::to_string(k));
+  }
+}
+
 TEST(RedisClaimStore, LostLeasesSayWhy) {
   auto store = OpenReal();
   ASSERT_NE(store, nullptr);
@@ -310,6 +362,20 @@ TEST(RedisClaimStore, ScriptFlushIsSurvived) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
+  // A batch of completions after a flush: each is loaded again and runs.
+  std::vector<Result<ClaimOutcome>> held = store->TryClaimMany(std::vector<ClaimRequest>{Req("f1"), Req("f2"), Req("f3")});
+  std::vector<Completion> done;
+  for (auto& h : held) {
+    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
+    done.push_back({.token = &h->token, .result = "r"});
+  }
+  ASSERT_EQ(RedisRaw({"SCRIPT", "FLUSH"}), "OK");
+  for (const Status& s : store->CompleteMany(done, 60'000)) EXPECT_TRUE(s.ok()) << s;
+  for (int delivery = 0; delivery < 2; ++delivery)
+    for (auto& r : store->TryClaimMany(std::vector<ClaimRequest>{Req("f1"), Req("f2"), Req("f3")})) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->kind, Kind::kCompleted);
+    }
 }
 
 // A key under the prefix that idem did not write is reported, not trusted.
@@ -322,6 +388,11 @@ TEST(RedisClaimStore, ForeignRecordIsCorruption) {
   for (int delivery = 0; delivery < 2; ++delivery) {
     EXPECT_EQ(store->TryClaim(Req("str")).status().code(), Code::kCorruption);
     EXPECT_EQ(store->FindClaim("charges", "hash").status().code(), Code::kCorruption);
+    // In a batch only the foreign record's answer is an error.
+    auto batch = store->TryClaimMany(std::vector<ClaimRequest>{Req("fine"), Req("str")});
+    ASSERT_TRUE(batch[0].ok()) << batch[0].status();
+    EXPECT_EQ(batch[0]->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
+    EXPECT_EQ(batch[1].status().code(), Code::kCorruption);
   }
 }
 

@@ -433,7 +433,9 @@ const Command& BenchCommand() {
       "           keeps handling messages, and reports the purge time and the consumer's p99 and worst\n"
       "           call next to the same consumer without purge.\n\n"
       "  claims   the two-phase mode (Claims) on the Powertools peer's workload: --n unique keys, each\n"
-      "           called --dup times, --concurrency in flight; the first call of a key claims it, runs the\n"
+      "           called --dup times, --concurrency in flight (one thread each; with --batch B, concurrency/B\n"
+      "           threads each claiming B keys at once with ClaimMany and completing them with CompleteMany);\n"
+      "           the first call of a key claims it, runs the\n"
       "           work (a counter) and completes it, later calls replay the stored result. Prints the peers'\n"
       "           result line with claims/s (pass 1) and replays/s (later passes). --store sqlite:PATH,\n"
       "           postgres://... or redis://... See bench/peers/claims-vs-powertools.sh.\n\n"
@@ -444,7 +446,7 @@ const Command& BenchCommand() {
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
       "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]\n"
-      "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C]\n"
+      "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C] [--batch B]\n"
       "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] [--rounds R]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
