@@ -2,10 +2,14 @@
 #include "idem/http/idempotency.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 namespace idem::http {
@@ -64,6 +68,14 @@ std::string ScopeOf(const std::string& principal, const std::string& method, con
 
 std::string RetryAfterSeconds(int64_t retry_at_ms, int64_t now_ms) {
   return std::to_string(std::max<int64_t>(1, (retry_at_ms - now_ms + 999) / 1000));
+}
+
+// The stored form of a handler's response (hop-by-hop headers left out).
+StoredResponse StoredOf(const httplib::Response& res) {
+  StoredResponse stored{res.status, {}, res.body};
+  for (const auto& [k, v] : res.headers)
+    if (!HopByHop(k)) stored.headers.emplace_back(k, v);
+  return stored;
 }
 
 }  // namespace
@@ -159,15 +171,193 @@ Fingerprint RequestFingerprint(std::string_view method, std::string_view route, 
 
 const ClaimToken* CurrentClaim() { return g_current_claim; }
 
+// One request of a transactional route on its way through a group.
+struct Idempotency::GroupJob {
+  const RoutePolicy* policy;
+  const TxHandler* handler;
+  const httplib::Request* req;
+  httplib::Response* res;
+  ClaimRequest request;
+  enum class Fate {
+    kPending,
+    kDone,          // executed; committed with the group; the response is in *res
+    kOutcome,       // the key was not started (replay, conflict, in progress): `outcome`
+    kAlone,         // run it in a transaction of its own (its response is not kept, or the group failed)
+    kCommitFailed,  // the group's commit failed or is in doubt: `error`
+  };
+  Fate result = Fate::kPending;
+  ClaimOutcome outcome;
+  Status error;
+  std::atomic<bool> decided{false};
+};
+
+// Threads that take the queued jobs, as many as Options::group_commit_max,
+// and run each group in one transaction (Idempotency::RunGroup).
+class Idempotency::Committer {
+ public:
+  Committer(Idempotency& owner, Store& store, int max, int threads) : owner_(owner), store_(store), max_(max) {
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~Committer() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Queues `job` and returns once its group decided it.
+  void Run(GroupJob& job) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(&job);
+      queued_.store(queue_.size(), std::memory_order_relaxed);
+    }
+    cv_.notify_one();
+    job.decided.wait(false, std::memory_order_acquire);
+  }
+  Store& store() const { return store_; }
+  uint64_t queued() const { return queued_.load(std::memory_order_relaxed); }
+
+ private:
+  void Loop() {
+    std::vector<GroupJob*> group;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        const size_t n = std::min(queue_.size(), static_cast<size_t>(max_));
+        group.assign(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+        queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+        queued_.store(queue_.size(), std::memory_order_relaxed);
+      }
+      owner_.RunGroup(store_, group);
+      for (GroupJob* job : group) {
+        job->decided.store(true, std::memory_order_release);
+        job->decided.notify_one();  // `job` may be gone after this
+      }
+    }
+  }
+
+  Idempotency& owner_;
+  Store& store_;
+  const int max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GroupJob*> queue_;
+  bool stopping_ = false;
+  std::atomic<uint64_t> queued_{0};
+  std::vector<std::thread> threads_;
+};
+
 Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options options)
     : claims_(claims), authenticate_(std::move(authenticate)), options_(std::move(options)) {
   if (options_.env == nullptr) options_.env = Env::Default();
+}
+
+Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
+
+bool Idempotency::Kept(const RoutePolicy& policy, int status) {
+  return (status < 400) || (status >= 500 && policy.store_5xx) ||
+         (status >= 400 && status < 500 && policy.stored_4xx.count(status));
+}
+
+void Idempotency::Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run) {
+  g_current_claim = &token;
+  try {
+    run();
+  } catch (const std::exception& e) {
+    res = httplib::Response();
+    Problem(res, 500, "handler-failed", "Internal error", std::string("the handler threw: ") + e.what(), "same-key");
+  } catch (...) {
+    res = httplib::Response();
+    Problem(res, 500, "handler-failed", "Internal error", "the handler threw", "same-key");
+  }
+  g_current_claim = nullptr;
+  res.set_header("Idempotency-Key-Retention", Retention());
+}
+
+// One transaction for the whole group: each job's claim, handler and stored
+// response in turn, then one commit. A job whose response is not kept (or
+// that is over its key limit) is taken out and the rest run again without
+// it; any store error sends every job of the group to a transaction of its
+// own. A key claimed twice in one group is executed by the first job and
+// replayed to the second, after the commit.
+void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
+  using R = GroupJob::Fate;
+  std::vector<GroupJob*> live = group;
+  while (!live.empty()) {
+    auto t = store.Begin();
+    if (!t.ok()) {
+      for (GroupJob* j : live) j->result = R::kAlone;  // each reports the store's error itself
+      return;
+    }
+    StoreTransaction& tx = **t;
+    bool failed = false;
+    GroupJob* out = nullptr;
+    for (GroupJob* j : live) {
+      *j->res = httplib::Response();
+      auto c = tx.ClaimInTransaction(j->request);
+      if (!c.ok()) {
+        failed = true;
+        break;
+      }
+      if (c->kind != ClaimOutcome::Kind::kStarted) {
+        j->result = R::kOutcome;
+        j->outcome = std::move(*c);
+        continue;
+      }
+      auto under = UnderLimit(j->request.scope);
+      if (!under.ok() || !*under) {
+        out = j;
+        break;
+      }
+      Execute(c->token, *j->res, [&] { (*j->handler)(*j->req, *j->res, tx); });
+      if (!Kept(*j->policy, j->res->status)) {
+        out = j;
+        break;
+      }
+      if (!tx.CompleteInTransaction(c->token, Encode(StoredOf(*j->res)), /*is_error=*/j->res->status >= 500,
+                                    claims_.options().retention_ms)
+               .ok()) {
+        failed = true;
+        break;
+      }
+      j->result = R::kDone;
+    }
+    if (failed) {
+      tx.Rollback();
+      for (GroupJob* j : live) j->result = R::kAlone;
+      return;
+    }
+    if (out != nullptr) {  // again without it
+      tx.Rollback();
+      out->result = R::kAlone;
+      live.erase(std::find(live.begin(), live.end(), out));
+      continue;
+    }
+    Status committed = tx.Commit();
+    for (GroupJob* j : live) {
+      if (!committed.ok()) {
+        j->result = R::kCommitFailed;
+        j->error = committed;
+      }
+    }
+    if (committed.ok()) {
+      group_commits_.fetch_add(1, std::memory_order_relaxed);
+      grouped_requests_.fetch_add(live.size(), std::memory_order_relaxed);
+    }
+    return;
+  }
 }
 
 httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
                                                          TxHandler handler) {
   if (store.claim_store() != &claims_.store())
     throw std::invalid_argument("WrapInTransaction: the store must be the database the Claims keep their records in");
+  if (options_.group_commit_max > 1 && committer_ == nullptr)
+    committer_ = std::make_unique<Committer>(*this, store, options_.group_commit_max, options_.group_committers);
   return [this, route = std::move(route), policy = std::move(policy), &store, handler = std::move(handler)](
              const httplib::Request& req, httplib::Response& res) {
     Handle(route, policy, nullptr, &store, &handler, req, res);
@@ -180,7 +370,9 @@ httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy
 }
 
 Idempotency::Counters Idempotency::counters() const {
-  return {executed_.load(), replayed_.load(), conflicts_.load(), in_progress_.load(), rejected_.load()};
+  return {executed_.load(),      replayed_.load(),         conflicts_.load(),
+          in_progress_.load(),   rejected_.load(),         group_commits_.load(),
+          grouped_requests_.load(), committer_ ? committer_->queued() : 0};
 }
 
 void Idempotency::Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
@@ -299,8 +491,43 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     auto peek = claims_.store().Peek(request);
     if (peek.ok() && peek->has_value()) peeked = std::move(**peek);
   }
+  // Nothing committed or everything (in doubt): a retry with the key gets
+  // either a fresh execution or the replay, never a second effect.
+  auto commit_failed = [&](const Status& why) {
+    res = httplib::Response();
+    Problem(res, 503, "commit-failed", "Commit failed",
+            "the request's effect and stored response could not be committed (" + why.ToString() +
+                "); retry with the same key",
+            "same-key", "1");
+    reject(*key, "commit-failed");
+  };
+  bool decided = false;
   if (peeked.has_value()) {
     claim = std::move(*peeked);
+    decided = true;
+  } else if (tx_handler != nullptr && committer_ != nullptr) {
+    GroupJob job{.policy = &policy, .handler = tx_handler, .req = &req, .res = &res, .request = request};
+    committer_->Run(job);
+    switch (job.result) {
+      case GroupJob::Fate::kDone: {
+        executed_.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard lock(counts_mu_);
+        ++counts_[scope].count;
+      }
+        return say(*key, "executed");
+      case GroupJob::Fate::kCommitFailed:
+        return commit_failed(job.error);
+      case GroupJob::Fate::kOutcome:
+        claim = std::move(job.outcome);
+        decided = true;
+        break;
+      case GroupJob::Fate::kAlone:
+      case GroupJob::Fate::kPending:
+        res = httplib::Response();  // a transaction of its own, below
+        break;
+    }
+  }
+  if (decided) {
     if (claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0) claim = claims_.Claim(request);
   } else if (tx_handler != nullptr) {
     auto t = store->Begin();
@@ -369,27 +596,16 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
 
   // Execute, once.
   IDEM_KILL_POINT("http.after_claim");
-  g_current_claim = &claim->token;
-  try {
+  Execute(claim->token, res, [&] {
     if (tx_handler != nullptr) {
       (*tx_handler)(req, res, *tx);
     } else {
       handler(req, res);
     }
-  } catch (const std::exception& e) {
-    res = httplib::Response();
-    Problem(res, 500, "handler-failed", "Internal error", std::string("the handler threw: ") + e.what(), "same-key");
-  } catch (...) {
-    res = httplib::Response();
-    Problem(res, 500, "handler-failed", "Internal error", "the handler threw", "same-key");
-  }
-  g_current_claim = nullptr;
-  res.set_header("Idempotency-Key-Retention", Retention());
+  });
   executed_.fetch_add(1, std::memory_order_relaxed);
 
-  const bool keep = (res.status < 400) || (res.status >= 500 && policy.store_5xx) ||
-                     (res.status >= 400 && res.status < 500 && policy.stored_4xx.count(res.status));
-  if (!keep) {
+  if (!Kept(policy, res.status)) {
     if (tx != nullptr) {
       tx->Rollback();  // the effect goes with the key
     } else {
@@ -397,23 +613,14 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     }
     return say(*key, "executed-not-stored");
   }
-  StoredResponse stored{res.status, {}, res.body};
-  for (const auto& [k, v] : res.headers)
-    if (!HopByHop(k)) stored.headers.emplace_back(k, v);
+  const StoredResponse stored = StoredOf(res);
   if (tx != nullptr) {
     Status done = tx->CompleteInTransaction(claim->token, Encode(stored), /*is_error=*/res.status >= 500,
                                             claims_.options().retention_ms);
     if (done.ok()) done = tx->Commit();
     if (done.ok()) return say(*key, "executed");
-    // Nothing or everything committed (in doubt): a retry with the key gets
-    // either a fresh execution or the replay, never a second effect.
     tx.reset();
-    res = httplib::Response();
-    Problem(res, 503, "commit-failed", "Commit failed",
-            "the request's effect and stored response could not be committed (" + done.ToString() +
-                "); retry with the same key",
-            "same-key", "1");
-    return reject(*key, "commit-failed");
+    return commit_failed(done);
   }
   IDEM_KILL_POINT("http.before_complete");
   Status done = claims_.Complete(claim->token, Encode(stored));

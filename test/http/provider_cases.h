@@ -20,11 +20,16 @@
 
 namespace idem::testing {
 
+// How POST /charges commits: two-phase (the default), in one transaction per
+// request (--one-transaction), or in groups (--group-commit).
+enum class ProviderMode { kTwoPhase, kOneTransaction, kGroupCommit };
+
 struct ProviderParam {
   std::string name;
   // The URL of an empty store for one test (called once per test; the
   // provider is restarted on the same URL).
   std::function<std::string(const TempDir&)> store_url;
+  ProviderMode mode = ProviderMode::kTwoPhase;
 };
 inline void PrintTo(const ProviderParam& p, std::ostream* os) { *os << p.name; }
 inline std::string ProviderParamName(const ::testing::TestParamInfo<ProviderParam>& p) { return p.param.name; }
@@ -41,6 +46,8 @@ class ProviderTest : public ::testing::TestWithParam<ProviderParam> {
     o.store_url = url_;
     o.api_keys = {{"sk_a", "acct_a"}, {"sk_b", "acct_b"}};
     o.threads = 128;
+    o.one_transaction = GetParam().mode != ProviderMode::kTwoPhase;
+    if (GetParam().mode == ProviderMode::kGroupCommit) o.idempotency.group_commit_max = 64;
     return o;
   }
   void Start(cli::ProviderServerOptions o) {
@@ -49,6 +56,7 @@ class ProviderTest : public ::testing::TestWithParam<ProviderParam> {
     provider_ = std::move(*p);
   }
   void Start() { Start(Options()); }
+  bool transactional() const { return GetParam().mode != ProviderMode::kTwoPhase; }
 
   Reply Charge(const std::string& key, const std::string& body, const std::string& bearer = "sk_a") {
     return Send(provider_->port(), "POST", "/charges", Headers(bearer, Quoted(key)), body);

@@ -8,8 +8,12 @@
 namespace idem::testing {
 namespace {
 
+std::string Url(const TempDir&) { return FreshSchemaUrl(); }
+
 INSTANTIATE_TEST_SUITE_P(Postgres, ProviderTest,
-                         ::testing::Values(ProviderParam{"Postgres", [](const TempDir&) { return FreshSchemaUrl(); }}),
+                         ::testing::Values(ProviderParam{"Postgres", Url},
+                                           ProviderParam{"PostgresOneTransaction", Url, ProviderMode::kOneTransaction},
+                                           ProviderParam{"PostgresGroupCommit", Url, ProviderMode::kGroupCommit}),
                          ProviderParamName);
 
 }  // namespace

@@ -7,9 +7,13 @@
 namespace idem::testing {
 namespace {
 
+std::string SqliteUrl(const TempDir& dir) { return "sqlite:" + dir.File("provider.db"); }
+
 INSTANTIATE_TEST_SUITE_P(SQLite, ProviderTest,
-                         ::testing::Values(ProviderParam{
-                             "SQLite", [](const TempDir& dir) { return "sqlite:" + dir.File("provider.db"); }}),
+                         ::testing::Values(ProviderParam{"SQLite", SqliteUrl},
+                                           ProviderParam{"SQLiteOneTransaction", SqliteUrl,
+                                                         ProviderMode::kOneTransaction},
+                                           ProviderParam{"SQLiteGroupCommit", SqliteUrl, ProviderMode::kGroupCommit}),
                          ProviderParamName);
 
 TEST(ProviderServerStart, RefusesNoKeysAndAnUnopenableStore) {

@@ -23,7 +23,8 @@ const Command& ProviderCommand() {
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
-      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--max-keys N] [--quiet]",
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--group-commit N]\n"
+      "       [--committers C] [--threads T] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
@@ -33,6 +34,10 @@ const Command& ProviderCommand() {
        {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
        {"one-transaction", "", "", "run POST /charges in one transaction with its idempotency record (one\n"
                                    "          commit per request; a duplicate waits for the first instead of 409)"},
+       {"group-commit", "N", "0", "with --one-transaction: requests that arrive while a commit is under way share\n"
+                                 "          the next transaction and its commit (one fsync), up to N (0: each its own)"},
+       {"committers", "C", "1", "with --group-commit: transactions open at once (1 for SQLite; a few for PostgreSQL)"},
+       {"threads", "T", "32", "server threads (each serves one connection at a time)"},
        {"quiet", "", "", "no per-request log lines"},
        {"max-keys", "N", "100000", "stored idempotency keys per principal and route before 429 (a client\n"
                                   "          cannot exhaust storage)"},
@@ -66,6 +71,16 @@ int RunProvider(const Args& args) {
                                              args.Get("lose-responses") + "'"));
   auto seed = args.GetInt("seed");
   if (!seed.ok()) return Fail(cmd, seed.status());
+  auto group = args.GetInt("group-commit");
+  auto committers = args.GetInt("committers");
+  auto threads = args.GetInt("threads");
+  for (const auto* r : {&group, &committers, &threads})
+    if (!r->ok()) return Fail(cmd, r->status());
+  if (*group < 0 || *group > 10'000) return Fail(cmd, Status::InvalidArgument("--group-commit must be 0..10000"));
+  if (*committers < 1 || *committers > 64) return Fail(cmd, Status::InvalidArgument("--committers must be 1..64"));
+  if (*threads < 1 || *threads > 1024) return Fail(cmd, Status::InvalidArgument("--threads must be 1..1024"));
+  if (*group > 1 && !args.Bool("one-transaction"))
+    return Fail(cmd, Status::InvalidArgument("--group-commit needs --one-transaction (it groups transactions)"));
   auto max_keys = args.GetInt("max-keys");
   if (!max_keys.ok()) return Fail(cmd, max_keys.status());
   if (*max_keys < 1) return Fail(cmd, Status::InvalidArgument("--max-keys must be at least 1"));
@@ -87,6 +102,9 @@ int RunProvider(const Args& args) {
   o.lease_ms = *lease;
   o.wait_ms = *wait;
   o.one_transaction = args.Bool("one-transaction");
+  o.idempotency.group_commit_max = static_cast<int>(*group);
+  o.idempotency.group_committers = static_cast<int>(*committers);
+  o.threads = static_cast<int>(*threads);
   if (!args.Bool("quiet")) {
     auto mu = std::make_shared<std::mutex>();
     o.log = [mu](const std::string& line) {

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "cli.h"
@@ -26,7 +28,6 @@ constexpr const char* kInsertCharge =
     " RETURNING id, idem_key, amount, currency, customer, description, created_ms";
 constexpr const char* kColumns = "SELECT id, idem_key, amount, currency, customer, description, created_ms";
 
-thread_local bool t_drop_response = false;
 
 nlohmann::json ChargeJson(const std::vector<Value>& r) {
   return {{"id", r[0].AsText()},          {"object", "charge"},           {"idempotency_key", r[1].AsText()},
@@ -51,6 +52,11 @@ struct ProviderServer::Impl {
   http::Authenticator authenticate;
   httplib::Server server;
   std::thread thread;
+  // Responses to drop (options.lose_response), by principal and key: the
+  // handler decides (on a committer's thread under group commit), the
+  // server's thread drops the answer after routing.
+  std::mutex drop_mu;
+  std::set<std::pair<std::string, std::string>> drop;
   int port = 0;
   socket_t listen_fd = INVALID_SOCKET;
 
@@ -101,7 +107,10 @@ struct ProviderServer::Impl {
     res.status = 201;
     res.set_header("Location", "/charges/" + rows.rows[0][0].AsText());
     res.set_content(ChargeJson(rows.rows[0]).dump(), "application/json");
-    if (options.lose_response && options.lose_response(claim->key)) t_drop_response = true;
+    if (options.lose_response && options.lose_response(claim->key)) {
+      std::lock_guard lock(drop_mu);
+      drop.emplace(*principal, claim->key);
+    }
     return Status::OK();
   }
 
@@ -168,7 +177,6 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
   auto charge = [p](const httplib::Request& req, httplib::Response& res, Transaction* tx) {
-    t_drop_response = false;
     if (Status s = p->Charge(req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
       res = httplib::Response();
       Problem(res, 503, "store-unavailable", s.ToString());
@@ -192,9 +200,15 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("healthy", "text/plain"); });
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
-  p->server.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!t_drop_response) return;
-    t_drop_response = false;
+  p->server.set_post_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
+    if (res.status != 201 || res.has_header("Idempotent-Replayed") || !req.has_header("Idempotency-Key")) return;
+    auto principal = p->authenticate(req);
+    auto key = http::ParseKey(req.get_header_value("Idempotency-Key"));
+    if (!principal || !key.ok()) return;
+    {
+      std::lock_guard lock(p->drop_mu);
+      if (p->drop.erase({*principal, *key}) == 0) return;
+    }
     const size_t length = res.body.size() + 1;
     // cpp-httplib writes a non-empty body and ignores the content provider:
     // without this the "lost" response would arrive complete.

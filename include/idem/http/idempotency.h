@@ -88,6 +88,20 @@ struct Options {
   std::string problem_base = "https://idem.dev/problems";
   // Clock for the key-count cache and waits. Default: Env::Default().
   Env* env = nullptr;
+  // Group commit, for transactional routes (WrapInTransaction): requests
+  // that arrive while a transaction is being committed run together in the
+  // next one -- their claims, effects and stored responses -- and share its
+  // commit (one fsync on SQLite FULL or PostgreSQL), up to this many. A
+  // request whose response is not stored, or that a store error stops, is
+  // taken out and run in a transaction of its own, so the others never
+  // depend on it. 0 or 1: every request commits on its own (on the
+  // server's thread). Handlers of grouped routes run on the committer's
+  // threads and one at a time per group: keep them short (they are already
+  // local to the database).
+  int group_commit_max = 0;
+  // Transactions open at once for groups (their threads): 1 suits SQLite's
+  // single writer; a few suit PostgreSQL.
+  int group_committers = 1;
 };
 
 // The stored form of a response.
@@ -133,8 +147,15 @@ class Idempotency {
   using TxHandler = std::function<void(const httplib::Request&, httplib::Response&, Transaction& tx)>;
   httplib::Server::Handler WrapInTransaction(std::string route, RoutePolicy policy, Store& store, TxHandler handler);
 
+  ~Idempotency();
+  Idempotency(const Idempotency&) = delete;
+  Idempotency& operator=(const Idempotency&) = delete;
+
   struct Counters {
     uint64_t executed = 0, replayed = 0, conflicts = 0, in_progress = 0, rejected = 0;
+    // Group commit: transactions committed for groups, the requests they
+    // carried, and the requests waiting for the next group now.
+    uint64_t group_commits = 0, grouped_requests = 0, group_queue = 0;
   };
   Counters counters() const;
 
@@ -154,11 +175,24 @@ class Idempotency {
   std::string Retention() const;
   // Whether the scope may store one more key (429 otherwise).
   Result<bool> UnderLimit(const std::string& scope);
+  // Runs the route's handler for a started claim (as CurrentClaim), turning
+  // an exception into a 500, and adds the retention header.
+  void Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run);
+  // Whether the route stores a response with this status.
+  static bool Kept(const RoutePolicy& policy, int status);
+
+  // Group commit (Options::group_commit_max): the queue, its threads, and
+  // one request's passage through them.
+  struct GroupJob;
+  class Committer;
+  void RunGroup(Store& store, const std::vector<GroupJob*>& group);
+  std::unique_ptr<Committer> committer_;
 
   Claims& claims_;
   Authenticator authenticate_;
   Options options_;
   std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
+  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0};
   struct KeyCount {
     int64_t counted_at_ms = -1;
     int64_t count = 0;

@@ -1,0 +1,228 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Idempotency::WrapInTransaction on a real httplib::Server over loopback, on
+// SQLite: the key's record, the handler's effect (a row in `effects`) and the
+// stored response commit together, one request per transaction or in groups
+// (Options::group_commit_max). Handlers that must be "still running" block on
+// a Gate the test opens; nothing sleeps. Every key is sent at least twice.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http/http_test_util.h"
+#include "idem/http/idempotency.h"
+#include "idem/sqlite/store.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+using http::Idempotency;
+
+// group_commit_max: 0 (each request its own transaction) or 64.
+class TransactionalRouteTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    auto s = sqlite::Open({.path = dir_.File("idem.db"), .env = &env_});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_TRUE((*tx)->Exec("CREATE TABLE effects(k TEXT NOT NULL, amount INTEGER NOT NULL)", {}).ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+    claims_ = std::make_unique<Claims>(*store_->claim_store());
+    idem_ = std::make_unique<Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
+                                          http::Options{.env = &env_, .group_commit_max = GetParam()});
+  }
+  void TearDown() override { server_.Stop(); }
+
+  // POST /charges: inserts a row (the effect) through the route's
+  // transaction, then answers 201 -- or 400 for a negative amount, after
+  // writing its row, which the middleware must roll back.
+  void Route(std::function<void(const std::string& key)> before = nullptr) {
+    auto handler = [this, before](const httplib::Request& req, httplib::Response& res, Transaction& tx) {
+      const std::string key = http::CurrentClaim()->key;
+      if (before) before(key);
+      auto body = nlohmann::json::parse(req.body, nullptr, false);
+      const int64_t amount = body.value("amount", 0);
+      Value row[] = {key, amount};
+      if (auto w = tx.Exec("INSERT INTO effects(k, amount) VALUES ($1, $2)", row); !w.ok()) {
+        res.status = 500;
+        return;
+      }
+      const int n = ++executions_;
+      if (body.value("throw", false)) throw std::runtime_error("handler bug");
+      if (amount < 0) {
+        res.status = 400;
+        res.set_content(R"({"error":"amount must be positive"})", "application/json");
+        return;
+      }
+      res.status = 201;
+      res.set_header("Location", "/charges/" + key);
+      res.set_content(nlohmann::json{{"key", key}, {"amount", amount}, {"execution", n}}.dump(), "application/json");
+    };
+    server_.server().Post("/charges", idem_->WrapInTransaction("/charges", {}, *store_, handler));
+    server_.Start();
+  }
+  Reply Post(const std::string& key, int64_t amount, bool throws = false) {
+    nlohmann::json body = {{"amount", amount}, {"currency", "usd"}};
+    if (throws) body["throw"] = true;
+    return Send(server_.port(), "POST", "/charges", Headers("sk_a", Quoted(key)), body.dump());
+  }
+  // Committed effect rows for `key` ("" for all).
+  int64_t Effects(const std::string& key = "") {
+    auto tx = store_->Begin();
+    EXPECT_TRUE(tx.ok()) << tx.status();
+    if (!tx.ok()) return -1;
+    Value p[] = {key};
+    auto rows = (*tx)->Query("SELECT count(*) FROM effects WHERE $1 = '' OR k = $1", p);
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    return rows.ok() ? rows->rows[0][0].AsInt() : -1;
+  }
+  // Sends every request at once, each on its own connection.
+  std::vector<Reply> Burst(const std::vector<std::pair<std::string, int64_t>>& requests) {
+    std::vector<Reply> replies(requests.size());
+    Latch start(static_cast<int>(requests.size()));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        start.ArriveAndWait();
+        replies[i] = Post(requests[i].first, requests[i].second);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return replies;
+  }
+
+  TempDir dir_;
+  FakeEnv env_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Claims> claims_;
+  std::unique_ptr<Idempotency> idem_;
+  LoopbackServer server_{128};
+  std::atomic<int> executions_{0};
+};
+
+INSTANTIATE_TEST_SUITE_P(Commits, TransactionalRouteTest, ::testing::Values(0, 64),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return p.param == 0 ? std::string("EachItsOwn") : "GroupsOf" + std::to_string(p.param);
+                         });
+
+TEST_P(TransactionalRouteTest, TheEffectAndTheResponseCommitTogetherAndReplay) {
+  Route();
+  Reply first = Post("k-1", 4000);
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_FALSE(first.replayed());
+  for (int again = 0; again < 2; ++again) {
+    Reply r = Post("k-1", 4000);
+    EXPECT_TRUE(r.replayed());
+    ExpectSameResponse(first, r);
+  }
+  EXPECT_EQ(Effects("k-1"), 1);
+  EXPECT_EQ(Post("k-1", 8000).status, 422);  // another body with the key
+  EXPECT_EQ(Effects(), 1);
+  EXPECT_EQ(idem_->counters().executed, 1u);
+}
+
+// Forty keys at once, every fifth one answered 400 after writing its row:
+// those rows roll back with their keys (released: sent again, they run
+// again), every other request commits once -- grouped or not.
+TEST_P(TransactionalRouteTest, AResponseNotStoredRollsBackItsEffectAndNoOtherRequests) {
+  Route();
+  std::vector<std::pair<std::string, int64_t>> requests;
+  for (int i = 0; i < 40; ++i) requests.emplace_back("b-" + std::to_string(i), i % 5 == 0 ? -1 : 100 + i);
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto replies = Burst(requests);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const Reply& r = replies[i];
+      ASSERT_TRUE(r.ok) << r.error;
+      if (requests[i].second < 0) {
+        EXPECT_EQ(r.status, 400) << r.body;
+        EXPECT_FALSE(r.replayed());
+      } else {
+        EXPECT_EQ(r.status, 201) << r.body;
+        EXPECT_EQ(r.replayed(), delivery == 1) << requests[i].first;
+        EXPECT_EQ(r.json().value("key", ""), requests[i].first);
+      }
+    }
+  }
+  EXPECT_EQ(Effects(), 32);
+  for (const auto& [key, amount] : requests) EXPECT_EQ(Effects(key), amount < 0 ? 0 : 1) << key;
+  auto c = idem_->counters();
+  EXPECT_EQ(c.replayed, 32u);
+  if (GetParam() > 1) {
+    EXPECT_GE(c.grouped_requests, 32u);  // every stored response came through a group
+    EXPECT_LE(c.group_commits, c.grouped_requests);
+  } else {
+    EXPECT_EQ(c.group_commits, 0u);
+  }
+}
+
+TEST_P(TransactionalRouteTest, AThrowingHandlerIs500AndItsEffectRollsBack) {
+  Route();
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    Reply r = Post("t-1", 4000, /*throws=*/true);
+    EXPECT_EQ(r.status, 500) << r.body;
+  }
+  EXPECT_EQ(Effects("t-1"), 0);
+  Reply ok = Post("t-1", 4000);  // released: the fixed request runs
+  EXPECT_EQ(ok.status, 201) << ok.body;
+  EXPECT_EQ(Effects("t-1"), 1);
+}
+
+TEST_P(TransactionalRouteTest, AHundredConcurrentRequestsWithOneKeyMakeOneEffect) {
+  Route();
+  std::vector<std::pair<std::string, int64_t>> requests(100, {"one-key", 4000});
+  auto replies = Burst(requests);
+  int executed = 0;
+  const Reply* first = nullptr;
+  for (const Reply& r : replies) {
+    ASSERT_TRUE(r.ok) << r.error;
+    ASSERT_EQ(r.status, 201) << r.body;  // a duplicate waits for the commit, then replays: no 409
+    if (!r.replayed()) {
+      ++executed;
+      first = &r;
+    }
+  }
+  ASSERT_EQ(executed, 1);
+  for (const Reply& r : replies) ExpectSameResponse(*first, r);
+  EXPECT_EQ(Effects("one-key"), 1);
+}
+
+// The requests that arrive while a group runs wait, and then share the next
+// transaction and its one commit.
+class GroupCommitTest : public TransactionalRouteTest {};
+INSTANTIATE_TEST_SUITE_P(Commits, GroupCommitTest, ::testing::Values(64),
+                         [](const ::testing::TestParamInfo<int>& p) { return "GroupsOf" + std::to_string(p.param); });
+
+TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
+  Gate gate;
+  Route([&](const std::string& key) {
+    if (key == "g-first") gate.Arrive();
+  });
+  Reply first;
+  std::thread t([&] { first = Post("g-first", 1); });
+  gate.WaitArrived();  // the first group (of one) is running
+  constexpr int kOthers = 31;
+  std::vector<Reply> others(kOthers);
+  std::vector<std::thread> senders;
+  for (int i = 0; i < kOthers; ++i) senders.emplace_back([&, i] { others[i] = Post("g-" + std::to_string(i), 2); });
+  while (idem_->counters().group_queue < kOthers) std::this_thread::yield();
+  gate.Open();
+  t.join();
+  for (auto& s : senders) s.join();
+  ASSERT_EQ(first.status, 201) << first.body;
+  for (const Reply& r : others) ASSERT_EQ(r.status, 201) << r.body;
+  auto c = idem_->counters();
+  EXPECT_EQ(c.group_commits, 2u);
+  EXPECT_EQ(c.grouped_requests, 32u);
+  EXPECT_EQ(c.group_queue, 0u);
+  EXPECT_EQ(Effects(), 32);
+  for (int i = 0; i < kOthers; ++i) EXPECT_TRUE(Post("g-" + std::to_string(i), 2).replayed());
+}
+
+}  // namespace
+}  // namespace idem::testing
