@@ -7,7 +7,8 @@
 # express-idempotency keeps its records in Redis (no persistence, as the peers
 # run it) and inserts the charge row in PostgreSQL (autocommit, fsync on).
 # idem provider keeps claims, stored responses and charges in PostgreSQL
-# (fsync on, synchronous_commit on): every commit is on disk before it answers.
+# (fsync on, synchronous_commit on), or in SQLite (WAL, synchronous=FULL):
+# every commit is on disk before it answers.
 #   bench/peers/http-vs-express.sh                 # RUNS=3, N=20000
 #   RUNS=1 N=2000 bench/peers/http-vs-express.sh   # smoke
 # Needs node/npm, redis-server and wrk (the peers' README).
@@ -67,19 +68,31 @@ for i in $(seq "${RUNS:-3}"); do
 
   # idem provider (claims, responses and charges in PostgreSQL), a fresh
   # database each: two-phase (the default: claim committed, charge, response
-  # committed) and --one-transaction (claim, charge and response in one commit).
-  for mode in two-phase one-transaction; do
+  # committed), --one-transaction (claim, charge and response in one commit),
+  # and --group-commit (requests arriving during a commit share the next
+  # one); then the same group commit on SQLite (WAL, synchronous=FULL).
+  for mode in two-phase one-transaction group-commit sqlite-group-commit; do
     db=idem_http_${i}_${mode//-/_}
-    "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
     flags=(--quiet)
-    [ "$mode" = one-transaction ] && flags+=(--one-transaction)
-    "$IDEM" provider --listen 127.0.0.1:58081 --store "postgres://$PGUSER@$PGHOST:$PGPORT/$db" \
-      --api-key sk_bench:acct_bench "${flags[@]}" &
+    case $mode in
+      one-transaction) flags+=(--one-transaction) ;;
+      group-commit) flags+=(--one-transaction --group-commit 64) ;;
+      sqlite-group-commit) flags+=(--one-transaction --group-commit 64) ;;
+    esac
+    if [ "$mode" = sqlite-group-commit ]; then
+      store="sqlite:$work/$db.db"
+      count() { sqlite3 "$work/$db.db" "$1"; }
+    else
+      "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+      store="postgres://$PGUSER@$PGHOST:$PGPORT/$db"
+      count() { "${PSQL[@]}" -d "$db" -c "$1"; }
+    fi
+    "$IDEM" provider --listen 127.0.0.1:58081 --store "$store" --api-key sk_bench:acct_bench "${flags[@]}" &
     server_pid=$!
     wait_up http://127.0.0.1:58081
     phase "idem-provider-$mode" first http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
     phase "idem-provider-$mode" replay http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
-    echo "info: idem $mode charges=$("${PSQL[@]}" -d "$db" -c 'SELECT count(*) FROM provider_charges') distinct_keys=$("${PSQL[@]}" -d "$db" -c 'SELECT count(DISTINCT idem_key) FROM provider_charges')"
+    echo "info: idem $mode charges=$(count 'SELECT count(*) FROM provider_charges') distinct_keys=$(count 'SELECT count(DISTINCT idem_key) FROM provider_charges')"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
-  done
+done
 done
