@@ -87,8 +87,12 @@ struct ProviderServer::Impl {
     const std::string customer = body.value("customer", std::string());
     const std::string description = body.value("description", std::string());
     if (options.before_charge) options.before_charge(claim->key);
-    char id[24];
-    std::snprintf(id, sizeof id, "ch_%016llx", static_cast<unsigned long long>(Env::Default()->Random()));
+    // Time first, then 48 random bits: ids are unique and sort by creation,
+    // so each new charge lands at the end of the id index instead of on a
+    // page of its own (fewer pages written per commit).
+    char id[32];
+    std::snprintf(id, sizeof id, "ch_%012llx%012llx", static_cast<unsigned long long>(Env::Default()->NowMs()),
+                  static_cast<unsigned long long>(Env::Default()->Random() & 0xffffffffffffULL));
     std::unique_ptr<StoreTransaction> own;
     if (outer == nullptr) {
       IDEM_ASSIGN_OR_RETURN(own, store->Begin());
