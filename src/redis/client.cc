@@ -473,7 +473,7 @@ Result<ReplyPtr> Pipeline::Eval(const Script& script, std::span<const std::strin
                                 std::span<const std::string> args) {
   Request req{.script = &script, .keys = keys, .args = args};
   Request* reqs[1] = {&req};
-  Submit(reqs, next_script_);
+  Submit(reqs);
   return std::move(*req.result);
 }
 
@@ -487,7 +487,7 @@ std::vector<Result<ReplyPtr>> Pipeline::EvalMany(const Script& script, std::span
     reqs[i].args = calls[i].args;
     ptrs.push_back(&reqs[i]);
   }
-  if (!ptrs.empty()) Submit(ptrs, next_script_);
+  if (!ptrs.empty()) Submit(ptrs);
   std::vector<Result<ReplyPtr>> out;
   out.reserve(calls.size());
   for (Request& r : reqs) out.push_back(std::move(*r.result));
@@ -498,7 +498,7 @@ Result<std::vector<ReplyPtr>> Pipeline::Commands(std::span<const std::vector<std
   Request req{.commands = commands};
   if (commands.empty()) return std::vector<ReplyPtr>();
   Request* reqs[1] = {&req};
-  Submit(reqs, next_plain_);
+  Submit(reqs);
   if (!req.result->ok()) return req.result->status();
   return std::move(req.replies);
 }
@@ -509,8 +509,12 @@ Result<std::vector<ReplyPtr>> Pipeline::Commands(std::span<const std::vector<std
 // callers, so the server works on it while that thread wakes up. A caller
 // with many requests queues them together; they go out in one batch, or in
 // consecutive ones, and it may be handed the lead for any of them.
-void Pipeline::Submit(std::span<Request* const> reqs, std::atomic<unsigned>& turn) {
-  Lane& lane = *lanes_[lanes_.size() == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
+void Pipeline::Submit(std::span<Request* const> reqs) {
+  // A thread keeps to one lane: a few threads with many requests each then
+  // never queue behind one another (and many threads spread evenly).
+  static std::atomic<unsigned> next_thread{0};
+  thread_local const unsigned mine = next_thread.fetch_add(1, std::memory_order_relaxed);
+  Lane& lane = *lanes_[mine % lanes_.size()];
   std::unique_lock lock(lane.mu);
   lane.queue.insert(lane.queue.end(), reqs.begin(), reqs.end());
   if (!lane.leading) {

@@ -222,9 +222,9 @@ class Pipeline {
   struct Request;
   struct Lane;
   Result<std::unique_ptr<Conn>> Open();
-  // Queues `reqs` on one lane (taking turns by `turn`) and returns once
-  // every result is in.
-  void Submit(std::span<Request* const> reqs, std::atomic<unsigned>& turn);
+  // Queues `reqs` on the calling thread's lane and returns once every
+  // result is in.
+  void Submit(std::span<Request* const> reqs);
   // The leader's turn: reads the lane's batch in flight, hands its results
   // out, and passes the next batch (written at once) to one of its callers.
   void Lead(Lane& lane);
@@ -235,9 +235,6 @@ class Pipeline {
   const ConnectOptions options_;
   const std::vector<const Script*> scripts_;
   std::vector<std::unique_ptr<Lane>> lanes_;
-  // Scripts and plain commands take turns over the lanes separately.
-  std::atomic<unsigned> next_script_{0};
-  std::atomic<unsigned> next_plain_{0};
 };
 
 // Helpers for building keys and reading replies.

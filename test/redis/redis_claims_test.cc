@@ -147,6 +147,8 @@ TEST(RedisClaimStore, SixtyFourThreadsClaimingOneKeyStartOnce) {
 // Batches from many threads share the pipelined connections with single
 // calls: every key starts once, whichever path claimed it, and every
 // completion lands.
+std::string Key(int k) { return std::string("b").append(std::to_string(k)); }
+
 TEST(RedisClaimStore, BatchesAndSingleCallsFromManyThreadsStartEachKeyOnce) {
   auto store = OpenReal({.pool_size = 4});
   ASSERT_NE(store, nullptr);
@@ -160,7 +162,7 @@ TEST(RedisClaimStore, BatchesAndSingleCallsFromManyThreadsStartEachKeyOnce) {
       for (int delivery = 0; delivery < 2; ++delivery) {
         for (int k0 = 0; k0 < kKeys; k0 += 16) {
           std::vector<ClaimRequest> reqs;
-          for (int k = k0; k < k0 + 16; ++k) reqs.push_back(Req("b" + std::to_string((k + t * 16) % kKeys)));
+          for (int k = k0; k < k0 + 16; ++k) reqs.push_back(Req(Key((k + t * 16) % kKeys)));
           std::vector<Result<ClaimOutcome>> out;
           if (t % 2 == 0) {
             out = claims.ClaimMany(reqs);
@@ -174,7 +176,7 @@ TEST(RedisClaimStore, BatchesAndSingleCallsFromManyThreadsStartEachKeyOnce) {
               ++errors;
             } else if (out[i]->kind == Kind::kStarted) {
               ++started[std::stoi(reqs[i].key.substr(1))];
-              results[i] = "r-" + reqs[i].key;
+              results[i] = std::string("r-").append(reqs[i].key);
               done.push_back({.token = &out[i]->token, .result = results[i]});
             }
           }
@@ -187,12 +189,12 @@ TEST(RedisClaimStore, BatchesAndSingleCallsFromManyThreadsStartEachKeyOnce) {
   EXPECT_EQ(errors.load(), 0);
   for (int k = 0; k < kKeys; ++k) EXPECT_EQ(started[k].load(), 1) << "key b" << k;
   std::vector<ClaimRequest> all;
-  for (int k = 0; k < kKeys; ++k) all.push_back(Req("b" + std::to_string(k)));
+  for (int k = 0; k < kKeys; ++k) all.push_back(Req(Key(k)));
   auto replays = claims.ClaimMany(all);
   for (int k = 0; k < kKeys; ++k) {
     ASSERT_TRUE(replays[k].ok()) << replays[k].status();
     EXPECT_EQ(replays[k]->kind, Kind::kCompleted);
-    EXPECT_EQ(replays[k]->result, "r-b" + std::to_string(k));
+    EXPECT_EQ(replays[k]->result, "r-" + Key(k));
   }
 }
 
