@@ -108,6 +108,11 @@ check provider-bad-listen 2 "$IDEM" provider --api-key k:p --listen nowhere --st
 has provider-bad-listen-named "$T/err" "--listen must be HOST:PORT"
 check provider-bad-key 2 "$IDEM" provider --api-key no-colon --store "sqlite:$T/prov.db"
 has provider-bad-key-named "$T/err" "expected KEY:PRINCIPAL"
+check provider-group-needs-one-tx 2 "$IDEM" provider --api-key k:p --group-commit 8 --store "sqlite:$T/prov.db"
+has provider-group-needs-one-tx-named "$T/err" "--group-commit needs --one-transaction"
+check provider-bad-committers 2 "$IDEM" provider --api-key k:p --one-transaction --group-commit 8 --committers 0 --store "sqlite:$T/prov.db"
+has provider-bad-committers-named "$T/err" "--committers must be 1..64"
+check provider-bad-threads 2 "$IDEM" provider --api-key k:p --threads many --store "sqlite:$T/prov.db"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
 PPORT=$((20000 + RANDOM % 20000))
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
