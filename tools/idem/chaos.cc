@@ -278,20 +278,28 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<std:
   return pid;
 }
 
+// A port that is free now, for a server the run restarts many times on the
+// same port. It lies below Linux's ephemeral range (32768-60999): no
+// outgoing connection -- not even a client's connect to this very port
+// while nothing listens, which can connect a socket to itself -- can hold
+// it when the server comes back.
 Result<int> FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Unavailable("socket: " + std::string(std::strerror(errno)));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  if (port == 0) return Status::Unavailable("no free port on 127.0.0.1");
-  return port;
+  constexpr int kLow = 28'000, kHigh = 32'700;
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) * 2654435761u ^ static_cast<unsigned>(SteadyMs()));
+  const int start = kLow + static_cast<int>(rng() % (kHigh - kLow));
+  for (int i = 0; i < kHigh - kLow; ++i) {
+    const int port = kLow + (start - kLow + i) % (kHigh - kLow);
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::Unavailable("socket: " + std::string(std::strerror(errno)));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  return Status::Unavailable("no free port on 127.0.0.1 in " + std::to_string(kLow) + "-" + std::to_string(kHigh));
 }
 
 bool ProviderHealthy(int port) {
@@ -436,6 +444,7 @@ class Run {
   Status StartConsumer(int slot, bool chaos);
   Status StartProvider(bool chaos);
   void Reap();
+  void Ended(pid_t pid, int status);
   void Produce();
   Result<int64_t> Applied();
   void TerminateBackends(const Life& l);
@@ -545,14 +554,23 @@ Status Run::StartProvider(bool chaos) {
   l.started_ms = SteadyMs();
   // It serves within a moment; until then the consumers' calls fail and are
   // retried, which is part of the test.
-  for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
-    int st = 0;
-    if (::waitpid(l.pid, &st, WNOHANG) == l.pid)
-      return Status::Unavailable("the provider exited at start; see " + cfg_.dir + "/provider.log");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
   lives_[l.pid] = l;
   provider_up_ = true;
+  for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
+    int st = 0;
+    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) {
+      // Killed at its kill point by a consumer's first call, before it
+      // answered the health check: a death like any other (restarted).
+      if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+        Ended(l.pid, st);
+        return Status::OK();
+      }
+      lives_.erase(l.pid);
+      provider_up_ = false;
+      return Status::Unavailable("the provider exited at start; see " + cfg_.dir + "/provider.log");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   return Status::OK();
 }
 
@@ -590,26 +608,29 @@ Status Run::StartConsumer(int slot, bool chaos) {
 void Run::Reap() {
   int st = 0;
   pid_t pid;
-  while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
-    auto it = lives_.find(pid);
-    if (it == lives_.end()) continue;
-    const Life l = it->second;
-    lives_.erase(it);
-    if (l.slot < 0) {
-      provider_up_ = false;
-    } else {
-      slot_busy_[static_cast<size_t>(l.slot)] = false;
-    }
-    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
-      ++counts_.total_kills;
-      // Killed by the schedule's timer, or by itself at its kill point.
-      std::string what = l.killed_by_us ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
-                                        : l.plan.label;
-      if (l.slot < 0) what = "provider " + what;
-      ++counts_.kills[what.empty() ? "kill:unplanned" : what];
-    } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-      ++counts_.consumer_errors;
-    }
+  while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) Ended(pid, st);
+}
+
+// Counts how a process of the run ended (its status from waitpid).
+void Run::Ended(pid_t pid, int st) {
+  auto it = lives_.find(pid);
+  if (it == lives_.end()) return;
+  const Life l = it->second;
+  lives_.erase(it);
+  if (l.slot < 0) {
+    provider_up_ = false;
+  } else {
+    slot_busy_[static_cast<size_t>(l.slot)] = false;
+  }
+  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+    ++counts_.total_kills;
+    // Killed by the schedule's timer, or by itself at its kill point.
+    std::string what = l.killed_by_us ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
+                                      : l.plan.label;
+    if (l.slot < 0) what = "provider " + what;
+    ++counts_.kills[what.empty() ? "kill:unplanned" : what];
+  } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    ++counts_.consumer_errors;
   }
 }
 
