@@ -14,7 +14,9 @@
 
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
+#include "idem/sqlite/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -26,7 +28,9 @@ using http::Idempotency;
 class TransactionalRouteTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("idem.db"), .env = &env_});
+    // Through the fault VFS (passing everything through until a test arms it).
+    (void)Vfs();
+    auto s = sqlite::Open({.path = dir_.File("idem.db"), .env = &env_, .vfs = sqlite::FaultVfs::kName});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     auto tx = store_->Begin();
@@ -37,7 +41,10 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
     idem_ = std::make_unique<Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
                                           http::Options{.env = &env_, .group_commit_max = GetParam()});
   }
-  void TearDown() override { server_.Stop(); }
+  void TearDown() override {
+    Vfs().Disarm();
+    server_.Stop();
+  }
 
   // POST /charges: inserts a row (the effect) through the route's
   // transaction, then answers 201 -- or 400 for a negative amount, after
@@ -173,6 +180,39 @@ TEST_P(TransactionalRouteTest, AThrowingHandlerIs500AndItsEffectRollsBack) {
   EXPECT_EQ(Effects("t-1"), 1);
 }
 
+// The commit's fsync fails: no request of that commit is answered 2xx (503
+// commit-failed, retry with the same key), and the retries apply once.
+TEST_P(TransactionalRouteTest, ACommitThatFailsAnswersNoRequestOfItAsDoneAndRetriesApplyOnce) {
+  Route();
+  std::vector<std::pair<std::string, int64_t>> requests;
+  for (int i = 0; i < 24; ++i) requests.emplace_back("f-" + std::to_string(i), 100 + i);
+  Vfs().Arm({.op = sqlite::FaultVfs::Op::kSync, .file = sqlite::FaultVfs::FileKind::kWal, .at = 1});
+  auto replies = Burst(requests);
+  Vfs().Disarm();
+  int failed = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Reply& r = replies[i];
+    ASSERT_TRUE(r.ok) << r.error;
+    if (r.status == 503) {
+      ++failed;
+      EXPECT_EQ(r.json().value("type", ""), "https://idem.dev/problems/commit-failed") << r.body;
+      EXPECT_EQ(r.json().value("retry", ""), "same-key");
+      EXPECT_EQ(Effects(requests[i].first), 0) << requests[i].first;
+    } else {
+      EXPECT_EQ(r.status, 201) << r.body;
+      EXPECT_EQ(Effects(requests[i].first), 1) << requests[i].first;
+    }
+  }
+  EXPECT_GE(failed, 1);
+  EXPECT_GE(Vfs().counters().faults, 1);
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    auto again = Burst(requests);
+    for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(again[i].status, 201) << again[i].body;
+  }
+  for (const auto& [key, amount] : requests) EXPECT_EQ(Effects(key), 1) << key;
+  EXPECT_EQ(IntegrityCheck(*store_), "ok");
+}
+
 TEST_P(TransactionalRouteTest, AHundredConcurrentRequestsWithOneKeyMakeOneEffect) {
   Route();
   std::vector<std::pair<std::string, int64_t>> requests(100, {"one-key", 4000});
@@ -222,6 +262,44 @@ TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
   EXPECT_EQ(c.group_queue, 0u);
   EXPECT_EQ(Effects(), 32);
   for (int i = 0; i < kOthers; ++i) EXPECT_TRUE(Post("g-" + std::to_string(i), 2).replayed());
+}
+
+// A whole group's commit fails: every request of it is answered 503
+// commit-failed, none has an effect, and each retry applies once.
+TEST_P(GroupCommitTest, AFailedGroupCommitAnswersEveryRequestOfIt503) {
+  Gate gate;
+  Route([&](const std::string& key) {
+    if (key == "h-first") gate.Arrive();
+  });
+  Reply first;
+  std::thread t([&] { first = Post("h-first", 1); });
+  gate.WaitArrived();
+  constexpr int kOthers = 12;
+  std::vector<Reply> others(kOthers);
+  std::vector<std::thread> senders;
+  for (int i = 0; i < kOthers; ++i) senders.emplace_back([&, i] { others[i] = Post("h-" + std::to_string(i), 2); });
+  while (idem_->counters().group_queue < kOthers) std::this_thread::yield();
+  // The first group's commit syncs the WAL once; the second one's sync fails.
+  Vfs().Arm({.op = sqlite::FaultVfs::Op::kSync, .file = sqlite::FaultVfs::FileKind::kWal, .at = 2});
+  gate.Open();
+  t.join();
+  for (auto& s : senders) s.join();
+  Vfs().Disarm();
+  EXPECT_EQ(first.status, 201) << first.body;
+  for (int i = 0; i < kOthers; ++i) {
+    EXPECT_EQ(others[i].status, 503) << others[i].body;
+    EXPECT_EQ(others[i].json().value("type", ""), "https://idem.dev/problems/commit-failed") << others[i].body;
+    EXPECT_EQ(Effects("h-" + std::to_string(i)), 0);
+  }
+  EXPECT_EQ(idem_->counters().group_commits, 1u);
+  for (int delivery = 0; delivery < 2; ++delivery)
+    for (int i = 0; i < kOthers; ++i) {
+      Reply r = Post("h-" + std::to_string(i), 2);
+      EXPECT_EQ(r.status, 201) << r.body;
+      EXPECT_EQ(r.replayed(), delivery == 1);
+    }
+  EXPECT_EQ(Effects(), kOthers + 1);
+  EXPECT_EQ(IntegrityCheck(*store_), "ok");
 }
 
 }  // namespace
