@@ -205,7 +205,9 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
   p->server.set_post_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
-    if (res.status != 201 || res.has_header("Idempotent-Replayed") || !req.has_header("Idempotency-Key")) return;
+    if (!p->options.lose_response || res.status != 201 || res.has_header("Idempotent-Replayed") ||
+        !req.has_header("Idempotency-Key"))
+      return;
     auto principal = p->authenticate(req);
     auto key = http::ParseKey(req.get_header_value("Idempotency-Key"));
     if (!principal || !key.ok()) return;
