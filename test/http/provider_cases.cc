@@ -46,6 +46,22 @@ TEST_P(ProviderTest, ChargesOnceAndReplays) {
   EXPECT_EQ(c.replayed, 2u);
 }
 
+TEST_P(ProviderTest, MetricsCountExecutionsReplaysAndConflicts) {
+  Start();
+  ASSERT_EQ(Charge("m-1", kBody).status, 201);
+  for (int again = 0; again < 2; ++again) EXPECT_TRUE(Charge("m-1", kBody).replayed());
+  EXPECT_EQ(Charge("m-1", R"({"amount":9999,"currency":"usd","customer":"cus_1"})").status, 422);
+  Reply m = Send(provider_->port(), "GET", "/metrics", {});
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_NE(m.header("Content-Type").find("text/plain"), std::string::npos);
+  for (const char* line : {"# TYPE idem_http_executed_total counter\nidem_http_executed_total 1\n",
+                           "idem_http_replayed_total 2\n", "idem_http_conflicts_total 1\n",
+                           "# TYPE idem_http_group_queue gauge\nidem_http_group_queue 0\n"})
+    EXPECT_NE(m.body.find(line), std::string::npos) << line << "\n" << m.body;
+  const std::string grouped = GetParam().mode == ProviderMode::kGroupCommit ? "1" : "0";
+  EXPECT_NE(m.body.find("idem_http_grouped_requests_total " + grouped + "\n"), std::string::npos) << m.body;
+}
+
 TEST_P(ProviderTest, ReplaysAfterARestart) {
   Start();
   Reply first = Charge("restart-1", kBody);

@@ -143,6 +143,14 @@ std::string JsonString(std::string_view s) {
   return out + "\"";
 }
 
+void AppendMetric(std::string& out, std::string_view name, std::string_view help, std::string_view type,
+                  std::string_view labels, uint64_t value) {
+  out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" ");
+  out.append(type).append("\n").append(name);
+  if (!labels.empty()) out.append("{").append(labels).append("}");
+  out.append(" ").append(std::to_string(value)).append("\n");
+}
+
 std::string JsonArray(const std::vector<std::string>& items) {
   std::string out = "[";
   for (const auto& item : items) {

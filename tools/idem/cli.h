@@ -102,6 +102,11 @@ std::string JsonString(std::string_view s);
 // "[a,b,...]" from already-encoded JSON values.
 std::string JsonArray(const std::vector<std::string>& items);
 
+// One metric in the Prometheus text format (HELP, TYPE, one sample) appended
+// to `out`. `type` is "counter" or "gauge"; `labels` is "" or `k="v",...`.
+void AppendMetric(std::string& out, std::string_view name, std::string_view help, std::string_view type,
+                  std::string_view labels, uint64_t value);
+
 // A one-line progress bar on stderr, only when stderr is a terminal.
 class Progress {
  public:

@@ -202,6 +202,29 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
                 [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, true); });
   p->server.Get("/charges", [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, false); });
   p->server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+  // Prometheus text format, without authentication (the provider listens on
+  // loopback by default): what the Idempotency-Key middleware did.
+  p->server.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
+    const http::Idempotency::Counters c = p->idempotency->counters();
+    std::string out;
+    AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
+                 c.executed);
+    AppendMetric(out, "idem_http_replayed_total", "Requests answered with a stored response.", "counter", "",
+                 c.replayed);
+    AppendMetric(out, "idem_http_conflicts_total", "Requests refused 422: the key was used for another request.",
+                 "counter", "", c.conflicts);
+    AppendMetric(out, "idem_http_in_progress_total", "Requests refused 409: the key's first request still ran.",
+                 "counter", "", c.in_progress);
+    AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).",
+                 "counter", "", c.rejected);
+    AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter",
+                 "", c.group_commits);
+    AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter", "",
+                 c.grouped_requests);
+    AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "",
+                 c.group_queue);
+    res.set_content(out, "text/plain; version=0.0.4");
+  });
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
   p->server.set_post_routing_handler([p](const httplib::Request& req, httplib::Response& res) {

@@ -38,10 +38,8 @@ Status RecordPayment(Transaction& tx, const Message& m) {
 
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
-  auto add = [&](const char* name, const char* help, uint64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + "{consumer=\"" +
-           consumer + "\"} " + std::to_string(v) + "\n";
-  };
+  const std::string labels = "consumer=\"" + consumer + "\"";
+  auto add = [&](const char* name, const char* help, uint64_t v) { AppendMetric(out, name, help, "counter", labels, v); };
   add("idem_applied_total", "Messages whose effect was committed by this process.", c.applied);
   add("idem_duplicates_total", "Deliveries skipped because the marker existed.", c.duplicates);
   add("idem_conflicts_total", "Deliveries whose id was reused for another payload.", c.conflicts);
