@@ -100,6 +100,21 @@ has run-applied "$T/out" '"applied":200,'
 has run-acked-all "$T/out" '"dead_lettered":0'
 check run-again 0 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --json
 has run-again-nothing "$T/out" '"applied":0,'
+# idem run --metrics: Prometheus counters while it runs; stopped by its PID.
+MPORT=$((23000 + RANDOM % 1000))
+"$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --metrics "127.0.0.1:$MPORT" 2>"$T/run.log" &
+RPID=$!
+# 10 new messages: applied once each, acknowledged after their commits.
+"$IDEM" publish --source "embedded:$T/runq.db?queue=pay" --messages 10 >/dev/null
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q 'idem_acked_total{consumer="payments"} 10$' "$T/metrics" && break
+  sleep 0.1
+done
+has run-metrics-acked "$T/metrics" 'idem_acked_total{consumer="payments"} 10$'
+has run-metrics-applied "$T/metrics" 'idem_applied_total{consumer="payments"} 10$'
+has run-metrics-type "$T/metrics" '# TYPE idem_duplicates_total counter'
+kill -TERM "$RPID"; wait "$RPID"; rc=$?
+[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL run exit $rc after SIGTERM"; fails=$((fails + 1)); }
 
 # idem provider: bad input is refused before serving; a busy port is exit 3.
 check provider-no-keys 2 "$IDEM" provider --store "sqlite:$T/prov.db"
@@ -114,7 +129,7 @@ check provider-bad-committers 2 "$IDEM" provider --api-key k:p --one-transaction
 has provider-bad-committers-named "$T/err" "--committers must be 1..64"
 check provider-bad-threads 2 "$IDEM" provider --api-key k:p --threads many --store "sqlite:$T/prov.db"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
-PPORT=$((20000 + RANDOM % 20000))
+PPORT=$((24000 + RANDOM % 1000))  # below the ephemeral range, apart from the other test ports
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
 PPID_=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PPORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
