@@ -149,14 +149,12 @@ std::vector<Result<ClaimOutcome>> Claims::ClaimMany(std::span<const ClaimRequest
       where.push_back(i);
     }
   }
-  if (where.size() == requests.size()) {
-    auto claimed = store_.TryClaimMany(requests);
-    for (size_t i = 0; i < claimed.size(); ++i) out[i] = std::move(claimed[i]);
-  } else {
+  // The store sees the valid requests only (copied only when some are not).
+  const bool all_valid = where.size() == requests.size();
+  if (!all_valid)
     for (size_t i : where) valid.push_back(requests[i]);
-    auto claimed = store_.TryClaimMany(valid);
-    for (size_t k = 0; k < claimed.size(); ++k) out[where[k]] = std::move(claimed[k]);
-  }
+  auto claimed = store_.TryClaimMany(all_valid ? requests : std::span<const ClaimRequest>(valid));
+  for (size_t k = 0; k < claimed.size(); ++k) out[where[k]] = std::move(claimed[k]);
   // Keys in progress that may be waited for: as Claim does, one by one.
   for (size_t i : where)
     if (requests[i].wait_ms > 0 && out[i].ok() && out[i]->kind == ClaimOutcome::Kind::kInProgress)
