@@ -73,6 +73,8 @@ class FakeEnv final : public Env {
 //   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
 //   http.after_claim       an HTTP request's key claimed, the handler not yet run
 //   http.before_complete   the handler's effect done, the response not yet stored
+//   http.group_before_commit  a group of transactional requests run, COMMIT not yet issued
+//   http.group_after_commit   the group committed, no request of it answered yet
 // ---------------------------------------------------------------------------
 
 // Arms `name`: its `hit`-th hit (1-based) runs `action`, or SIGKILLs the

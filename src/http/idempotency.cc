@@ -337,7 +337,9 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
       live.erase(std::find(live.begin(), live.end(), out));
       continue;
     }
+    IDEM_KILL_POINT("http.group_before_commit");
     Status committed = tx.Commit();
+    if (committed.ok()) IDEM_KILL_POINT("http.group_after_commit");
     for (GroupJob* j : live) {
       if (!committed.ok()) {
         j->result = R::kCommitFailed;

@@ -91,6 +91,11 @@ struct Config {
   // claims to: "" (the real one), "no-guard" (effect without the marker) or
   // "ack-before-commit" (the delivery acknowledged before the transaction).
   std::string broken;
+  // How the provider commits POST /charges: "two-phase" (claim committed,
+  // charge, response committed) or "group-commit" (--one-transaction
+  // --group-commit: claim, charge and response of many requests in one
+  // transaction).
+  std::string provider_mode = "two-phase";
   // Worker mode (internal): this process is consumer `slot`, life `life`.
   int slot = -1;
   int64_t life = 0;
@@ -396,7 +401,9 @@ class Schedule {
 
   // The provider's next life: it dies at one of its kill points.
   std::string NextProviderPoint() {
-    const char* point = provider_rng_() % 2 == 0 ? "http.after_claim" : "http.before_complete";
+    const bool group = cfg_.provider_mode == "group-commit";
+    const char* point = provider_rng_() % 2 == 0 ? (group ? "http.group_before_commit" : "http.after_claim")
+                                                 : (group ? "http.group_after_commit" : "http.before_complete");
     return std::string(point) + ":" + std::to_string(20 + provider_rng_() % 200);
   }
 
@@ -542,6 +549,7 @@ Status Run::StartProvider(bool chaos) {
                                    std::to_string(cfg_.seed),
                                    "--max-keys",
                                    std::to_string(std::max<int64_t>(100'000, 2 * cfg_.messages))};
+  if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
   Life l;
   l.life = provider_lives_++;
   if (chaos) {
@@ -1080,6 +1088,9 @@ const Command& ChaosCommand() {
        {"json", "", "", "print one JSON object instead of the table"},
        {"broken", "MODE", "", "run a deliberately broken consumer to see the check fail: no-guard (the\n"
                               "          effect without its marker) or ack-before-commit"},
+       {"provider-mode", "MODE", "two-phase", "how the provider commits a charge: two-phase (killed after a claim and\n"
+                                              "          before a completion) or group-commit (one transaction for many\n"
+                                              "          requests; killed before and after a group's commit)"},
        {"worker", "SLOT", "", "(internal) run as consumer SLOT"},
        {"life", "N", "0", "(internal) the consumer's life number"},
        {"provider", "URL", "", "(internal) the provider's URL"}}};
@@ -1143,6 +1154,10 @@ int RunChaos(const Args& args) {
   cfg.broken = args.Has("broken") ? args.Get("broken") : "";
   if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit")
     return Fail(cmd, Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
+  cfg.provider_mode = args.Get("provider-mode");
+  if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")
+    return Fail(cmd, Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" +
+                                             cfg.provider_mode + "'"));
   if (cfg.slot >= 0) return Worker(cfg);
 
   if (cfg.dir.empty()) {
