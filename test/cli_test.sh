@@ -65,6 +65,10 @@ has inspect-count "$T/out" '"markers":300'
 check bench-claims 0 "$IDEM" bench claims --store "sqlite:$T/claims.db" --n 40 --dup 2 --concurrency 4
 has bench-claims-ok "$T/out" "ok=true"
 has bench-claims-line "$T/out" "peer=idem-claims-sqlite store=sqlite unique=40 deliveries=80 .* effects=40"
+check bench-claims-batch 0 "$IDEM" bench claims --store "sqlite:$T/claims-batch.db" --n 40 --dup 2 --concurrency 4 --batch 2
+has bench-claims-batch-line "$T/out" "peer=idem-claims-sqlite-batch2 store=sqlite unique=40 deliveries=80 .* effects=40"
+check bench-claims-bad-batch 2 "$IDEM" bench claims --store "sqlite:$T/claims-batch.db" --concurrency 4 --batch 3
+has bench-claims-bad-batch-named "$T/err" "--batch must be >= 1 and divide --concurrency"
 check inspect-claims 0 "$IDEM" inspect --store "sqlite:$T/claims.db" --limit 100 --json
 SCOPE=$(sed -n 's/.*"scope":"\(bench-[0-9]*\)".*/\1/p' "$T/out" | head -1)
 has inspect-claims-listed "$T/out" '"state":"completed","fence":[0-9]+'
