@@ -340,16 +340,15 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
     IDEM_KILL_POINT("http.group_before_commit");
     Status committed = tx.Commit();
     if (committed.ok()) IDEM_KILL_POINT("http.group_after_commit");
-    for (GroupJob* j : live) {
-      if (!committed.ok()) {
+    if (!committed.ok()) {
+      for (GroupJob* j : live) {
         j->result = R::kCommitFailed;
         j->error = committed;
       }
+      return;
     }
-    if (committed.ok()) {
-      group_commits_.fetch_add(1, std::memory_order_relaxed);
-      grouped_requests_.fetch_add(live.size(), std::memory_order_relaxed);
-    }
+    group_commits_.fetch_add(1, std::memory_order_relaxed);
+    grouped_requests_.fetch_add(live.size(), std::memory_order_relaxed);
     return;
   }
 }
@@ -391,6 +390,11 @@ void Idempotency::Problem(httplib::Response& res, int status, std::string_view t
 }
 
 std::string Idempotency::Retention() const { return std::to_string(options_.retention_ms / 1000); }
+
+void Idempotency::CountNewKey(const std::string& scope) {
+  std::lock_guard lock(counts_mu_);
+  ++counts_[scope].count;
+}
 
 Result<bool> Idempotency::UnderLimit(const std::string& scope) {
   const int64_t now = options_.env->NowMs();
@@ -511,11 +515,9 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     GroupJob job{.policy = &policy, .handler = tx_handler, .req = &req, .res = &res, .request = request};
     committer_->Run(job);
     switch (job.result) {
-      case GroupJob::Fate::kDone: {
+      case GroupJob::Fate::kDone:
         executed_.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard lock(counts_mu_);
-        ++counts_[scope].count;
-      }
+        CountNewKey(scope);
         return say(*key, "executed");
       case GroupJob::Fate::kCommitFailed:
         return commit_failed(job.error);
@@ -591,10 +593,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
             "same-key", "60");
     return reject(*key, "too-many-keys");
   }
-  {
-    std::lock_guard lock(counts_mu_);
-    ++counts_[scope].count;
-  }
+  CountNewKey(scope);
 
   // Execute, once.
   IDEM_KILL_POINT("http.after_claim");

@@ -94,6 +94,12 @@ std::optional<StoredRecord> ParseRecord(std::string_view v) {
 }
 
 // Why a token no longer holds its key, from the script's {'lost', fence, state}.
+// A request's scope and key, as Redis key names can hold them.
+Status ValidateKey(const ClaimRequest& r) {
+  IDEM_RETURN_IF_ERROR(ValidateName(r.scope, "claim scope"));
+  return ValidateName(r.key, "idempotency key");
+}
+
 Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) {
   auto fence = IntElement(r, 1, op);
   std::string_view state = Element(r, 2);
@@ -172,8 +178,7 @@ class RedisClaimStore final : public ClaimStore {
     std::vector<std::optional<Result<ClaimOutcome>>> out(reqs.size());
     std::vector<size_t> valid;
     for (size_t i = 0; i < reqs.size(); ++i) {
-      Status s = ValidateName(reqs[i].scope, "claim scope");
-      if (s.ok()) s = ValidateName(reqs[i].key, "idempotency key");
+      Status s = ValidateKey(reqs[i]);
       if (s.ok() && reqs[i].lease_ms <= 0)
         s = Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(reqs[i].lease_ms));
       if (s.ok()) {
@@ -228,8 +233,7 @@ class RedisClaimStore final : public ClaimStore {
   }
 
   Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& req) override {
-    IDEM_RETURN_IF_ERROR(ValidateName(req.scope, "claim scope"));
-    IDEM_RETURN_IF_ERROR(ValidateName(req.key, "idempotency key"));
+    IDEM_RETURN_IF_ERROR(ValidateKey(req));
     return Judge(RecordKey(req.scope, req.key), req);
   }
 

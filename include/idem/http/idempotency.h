@@ -175,6 +175,8 @@ class Idempotency {
   std::string Retention() const;
   // Whether the scope may store one more key (429 otherwise).
   Result<bool> UnderLimit(const std::string& scope);
+  // One more key stored in the scope by this process (until the next count).
+  void CountNewKey(const std::string& scope);
   // Runs the route's handler for a started claim (as CurrentClaim), turning
   // an exception into a 500, and adds the retention header.
   void Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run);
