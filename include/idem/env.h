@@ -71,6 +71,8 @@ class FakeEnv final : public Env {
 //   consumer.after_ack     the source acknowledged
 //   inbox.batch_mid        half of a batch's handlers done
 //   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
+//   postgres.round_trip    a request PostgreSQL must answer before the client
+//                          goes on is about to be sent (tests count them)
 //   http.after_claim       an HTTP request's key claimed, the handler not yet run
 //   http.before_complete   the handler's effect done, the response not yet stored
 //   http.group_before_commit  a group of transactional requests run, COMMIT not yet issued

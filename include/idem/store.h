@@ -187,6 +187,12 @@ class Store {
   // Begins a write transaction (on SQLite: BEGIN IMMEDIATE, so two processes
   // on one file are serialised rather than failing at commit).
   virtual Result<std::unique_ptr<StoreTransaction>> Begin() = 0;
+  // The same, except that the store may hold BEGIN back and send it with
+  // the transaction's first statement, in one round trip (PostgreSQL, by
+  // libpq's pipeline mode). The Inbox begins this way: its first statement
+  // is always the marker, so a guarded transaction makes no more round
+  // trips than the work alone in a transaction begun by Begin().
+  virtual Result<std::unique_ptr<StoreTransaction>> BeginDeferred() { return Begin(); }
 
   // Reads a marker outside any transaction (on a fresh connection). Give the
   // producer time when the marker may have been keyed by it.

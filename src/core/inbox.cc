@@ -129,7 +129,7 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
     return Attempt{};
   };
 
-  auto tx_or = store_.Begin();
+  auto tx_or = store_.BeginDeferred();  // BEGIN goes with the markers where the store can
   if (!tx_or.ok()) return fail_all(tx_or.status());
   StoreTransaction& tx = **tx_or;
   IDEM_KILL_POINT("inbox.before_marker");

@@ -109,12 +109,16 @@ Result<Lease> SqlStore::Take() {
   return Lease(this, std::move(c));
 }
 
-Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() {
+Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() { return Start(/*defer=*/false); }
+Result<std::unique_ptr<StoreTransaction>> SqlStore::BeginDeferred() { return Start(/*defer=*/true); }
+
+Result<std::unique_ptr<StoreTransaction>> SqlStore::Start(bool defer) {
   // A pooled connection may have died since its last use (a server restart):
   // BEGIN on it fails, nothing was done, so one more try on a new one is safe.
+  // (A held-back BEGIN is retried the same way with its first statement.)
   for (int attempt = 0;; ++attempt) {
     IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
-    Status s = conn->Script(dialect_.begin);
+    Status s = defer && conn->DeferBegin(dialect_.begin) ? Status::OK() : conn->Script(dialect_.begin);
     if (s.ok()) return std::unique_ptr<StoreTransaction>(new SqlTransaction(*this, std::move(conn)));
     if (attempt > 0 || conn->Healthy()) return s;
   }

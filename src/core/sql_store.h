@@ -33,6 +33,12 @@ class Connection {
   // while committing).
   virtual Status Commit() = 0;
   virtual bool InTransaction() const = 0;
+  // Holds back `begin` and sends it with the next statement, in one round
+  // trip, if the connection can (true); otherwise does nothing (false).
+  virtual bool DeferBegin(std::string_view begin) {
+    (void)begin;
+    return false;
+  }
   // False once the connection is known to be broken (never reuse it).
   virtual bool Healthy() const = 0;
   virtual void* Native() = 0;
@@ -166,6 +172,7 @@ class SqlStore : public Store, public ClaimStore {
   Status Init(bool create_if_missing, const std::string& name);
 
   Result<std::unique_ptr<StoreTransaction>> Begin() override;
+  Result<std::unique_ptr<StoreTransaction>> BeginDeferred() override;
   Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
                                            std::optional<int64_t> produced_at_ms = std::nullopt) override;
   Result<FailureCount> RecordFailure(const FailureRecord& failure) override;
@@ -223,6 +230,8 @@ class SqlStore : public Store, public ClaimStore {
   Result<Lease> Take();
 
  private:
+  // Begin(), or with BEGIN held back for the first statement.
+  Result<std::unique_ptr<StoreTransaction>> Start(bool defer);
   // A claim write (insert or take-over) that draws a fence, in the
   // transaction the dialect needs; answers the RETURNING row if it changed.
   Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(Connection* in_tx, const char* sql,

@@ -3,6 +3,8 @@
 
 #include "idem/postgres/store.h"
 
+#include "idem/env.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -100,61 +102,149 @@ bool Conn::in_transaction() const {
 }
 
 Status Conn::Script(std::string_view sql) {
+  IDEM_KILL_POINT("postgres.round_trip");
   std::string s(sql);
   ResultPtr r(PQexec(conn_, s.c_str()));
   return Translate(r.get(), conn_, s.size() > 80 ? s.substr(0, 80) + "..." : s);
 }
 
-Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
-  const int n = static_cast<int>(params.size());
-  std::vector<Oid> types(n, 0);
-  std::vector<std::string> text(n);
-  std::vector<const char*> values(n, nullptr);
-  std::vector<int> lengths(n, 0), formats(n, 0);
-  std::string sig;
-  for (int i = 0; i < n; ++i) {
+// Parameters in libpq's form; the pointers point into `text` or the Values.
+struct Encoded {
+  int n = 0;
+  std::vector<Oid> types;
+  std::vector<std::string> text;
+  std::vector<const char*> values;
+  std::vector<int> lengths, formats;
+  std::string sig;  // one letter per parameter kind: statements are prepared per (SQL, kinds)
+};
+
+namespace {
+
+Result<Encoded> Encode(std::span<const Value> params) {
+  Encoded e;
+  e.n = static_cast<int>(params.size());
+  e.types.assign(e.n, 0);
+  e.text.resize(e.n);
+  e.values.assign(e.n, nullptr);
+  e.lengths.assign(e.n, 0);
+  e.formats.assign(e.n, 0);
+  for (int i = 0; i < e.n; ++i) {
     const auto& v = params[i].raw();
     if (std::holds_alternative<std::monostate>(v)) {
-      sig += 'n';
+      e.sig += 'n';
     } else if (auto* x = std::get_if<int64_t>(&v)) {
-      types[i] = kInt8Oid;
-      text[i] = std::to_string(*x);
-      values[i] = text[i].c_str();
-      sig += 'i';
+      e.types[i] = kInt8Oid;
+      e.text[i] = std::to_string(*x);
+      e.values[i] = e.text[i].c_str();
+      e.sig += 'i';
     } else if (auto* d = std::get_if<double>(&v)) {
-      types[i] = kFloat8Oid;
+      e.types[i] = kFloat8Oid;
       char buf[40];
       std::snprintf(buf, sizeof buf, "%.17g", *d);
-      text[i] = buf;
-      values[i] = text[i].c_str();
-      sig += 'd';
+      e.text[i] = buf;
+      e.values[i] = e.text[i].c_str();
+      e.sig += 'd';
     } else if (auto* s = std::get_if<std::string>(&v)) {
       if (s->find('\0') != std::string::npos)
         return Status::InvalidArgument("parameter $" + std::to_string(i + 1) +
                                        " is text with a NUL byte; pass it as idem::Blob");
-      values[i] = s->c_str();
-      sig += 's';
+      e.values[i] = s->c_str();
+      e.sig += 's';
     } else if (auto* b = std::get_if<Blob>(&v)) {
-      types[i] = kByteaOid;
-      values[i] = b->bytes.data();
-      lengths[i] = static_cast<int>(b->bytes.size());
-      formats[i] = 1;
-      sig += 'b';
+      e.types[i] = kByteaOid;
+      e.values[i] = b->bytes.data();
+      e.lengths[i] = static_cast<int>(b->bytes.size());
+      e.formats[i] = 1;
+      e.sig += 'b';
     }
   }
+  return e;
+}
+
+std::string What(std::string_view sql) { return std::string(sql.substr(0, 120)); }
+
+}  // namespace
+
+Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
   // Prepared once per (SQL, parameter kinds); NULLs match any kind.
-  std::string key = std::string(sql) + '\x1f' + sig;
+  std::string key = std::string(sql) + '\x1f' + e.sig;
   auto it = prepared_.find(key);
   if (it == prepared_.end()) {
     std::string name = "idem_" + std::to_string(prepared_.size() + 1);
     std::string text_sql(sql);
-    ResultPtr r(PQprepare(conn_, name.c_str(), text_sql.c_str(), n, types.data()));
-    IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "prepare: " + text_sql.substr(0, 120)));
+    IDEM_KILL_POINT("postgres.round_trip");
+    ResultPtr r(PQprepare(conn_, name.c_str(), text_sql.c_str(), e.n, e.types.data()));
+    IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "prepare: " + What(sql)));
     it = prepared_.emplace(key, name).first;
   }
-  ResultPtr r(PQexecPrepared(conn_, it->second.c_str(), n, values.data(), lengths.data(), formats.data(), 0));
-  IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, sql.substr(0, 120)));
+  IDEM_KILL_POINT("postgres.round_trip");
+  ResultPtr r(PQexecPrepared(conn_, it->second.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(), 0));
+  IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, What(sql)));
   return r;
+}
+
+Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e) {
+  if (PQenterPipelineMode(conn_) != 1)
+    return Status::Unavailable("cannot enter pipeline mode: " + Trim(PQerrorMessage(conn_)));
+  std::string key = std::string(sql) + '\x1f' + e.sig;
+  auto it = prepared_.find(key);
+  const bool prepare = it == prepared_.end();
+  const std::string name = prepare ? "idem_" + std::to_string(prepared_.size() + 1) : it->second;
+  const std::string first_sql(first), text_sql(sql);
+  // One flight: `first`, [the statement's PREPARE,] the statement, a sync.
+  IDEM_KILL_POINT("postgres.round_trip");
+  const bool sent = PQsendQueryParams(conn_, first_sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) == 1 &&
+                    (!prepare || PQsendPrepare(conn_, name.c_str(), text_sql.c_str(), e.n, e.types.data()) == 1) &&
+                    PQsendQueryPrepared(conn_, name.c_str(), e.n, e.values.data(), e.lengths.data(),
+                                        e.formats.data(), 0) == 1 &&
+                    PQpipelineSync(conn_) == 1;
+  // Each query's result is followed by a NULL; the sync's result comes last.
+  const size_t queries = prepare ? 3 : 2;
+  std::vector<ResultPtr> got;
+  bool synced = false;
+  for (size_t nulls = 0; sent && PQstatus(conn_) == CONNECTION_OK;) {
+    PGresult* r = PQgetResult(conn_);
+    if (r == nullptr) {
+      if (++nulls > queries) break;
+      continue;
+    }
+    if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      PQclear(r);
+      synced = true;
+      break;
+    }
+    got.emplace_back(r);
+  }
+  if (synced) PQexitPipelineMode(conn_);
+  const std::string what[] = {first_sql, "prepare: " + What(sql), What(sql)};
+  for (size_t i = 0; i < queries; ++i) {
+    const std::string& w = what[prepare ? i : (i == 0 ? 0 : 2)];
+    // The first failure is the one to report: later queries only say the pipeline was aborted.
+    if (i >= got.size()) return Translate(nullptr, conn_, w);
+    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, w));
+  }
+  if (!synced) return Translate(nullptr, conn_, What(sql));
+  if (prepare) prepared_.emplace(key, name);
+  return std::move(got.back());
+}
+
+Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params) {
+  IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
+  Result<ResultPtr> r = PipelinedAfter(first, sql, e);
+  if (r.ok() || healthy()) return r;
+  // A pooled connection found dead (a server restart since its last use):
+  // nothing of `first` and `sql` can have committed, so one more try on a
+  // fresh connection is safe.
+  PQreset(conn_);
+  prepared_.clear();
+  if (!healthy()) return r;
+  return PipelinedAfter(first, sql, e);
+}
+
+int64_t AffectedRows(const PGresult* res) {
+  const char* n = PQcmdTuples(const_cast<PGresult*>(res));
+  return static_cast<int64_t>(n && *n ? std::atoll(n) : 0);
 }
 
 Result<Rows> Conn::Query(std::string_view sql, std::span<const Value> params) {
@@ -164,8 +254,7 @@ Result<Rows> Conn::Query(std::string_view sql, std::span<const Value> params) {
 
 Result<int64_t> Conn::Affected(std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(ResultPtr r, Exec(sql, params));
-  const char* n = PQcmdTuples(r.get());
-  return static_cast<int64_t>(n && *n ? std::atoll(n) : 0);
+  return AffectedRows(r.get());
 }
 
 Rows ToRows(const PGresult* res) {

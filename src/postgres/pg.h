@@ -29,6 +29,8 @@ struct ResultDeleter {
 };
 using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
 
+struct Encoded;  // a statement's parameters in libpq's form (pg.cc)
+
 // One connection with a cache of prepared statements. One thread at a time.
 class Conn {
  public:
@@ -51,9 +53,14 @@ class Conn {
   Result<ResultPtr> Exec(std::string_view sql, std::span<const Value> params);
   Result<Rows> Query(std::string_view sql, std::span<const Value> params);
   Result<int64_t> Affected(std::string_view sql, std::span<const Value> params);
+  // Sends `first` (no parameters, e.g. BEGIN) and the statement in one round
+  // trip (libpq's pipeline mode) and returns the statement's result. If the
+  // connection turns out to be dead, reconnects once and tries again.
+  Result<ResultPtr> ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params);
 
  private:
   explicit Conn(PGconn* c) : conn_(c) {}
+  Result<ResultPtr> PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e);
   PGconn* conn_;
   std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
 };
@@ -61,6 +68,8 @@ class Conn {
 // Decodes every row of a text-format result into Values (bytea -> Blob,
 // integers -> int, floats -> double, bool -> 0/1, the rest -> text).
 Rows ToRows(const PGresult* res);
+// The row count of an INSERT/UPDATE/DELETE result.
+int64_t AffectedRows(const PGresult* res);
 
 }  // namespace idem::pg_internal
 

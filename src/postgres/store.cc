@@ -27,12 +27,32 @@ class PgConnection final : public sql_internal::Connection {
  public:
   explicit PgConnection(std::unique_ptr<Conn> c) : c_(std::move(c)) {}
   Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) override {
-    return c_->Affected(sql, params);
+    IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
+    return pg_internal::AffectedRows(r.get());
   }
-  Result<Rows> Query(std::string_view sql, std::span<const Value> params) override { return c_->Query(sql, params); }
-  Status Script(std::string_view sql) override { return c_->Script(sql); }
+  Result<Rows> Query(std::string_view sql, std::span<const Value> params) override {
+    IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
+    return pg_internal::ToRows(r.get());
+  }
+  Status Script(std::string_view sql) override {
+    if (begin_) {
+      begin_ = false;
+      if (sql == "ROLLBACK") return Status::OK();  // nothing was sent
+      IDEM_RETURN_IF_ERROR(c_->Script("BEGIN"));
+    }
+    return c_->Script(sql);
+  }
+  bool DeferBegin(std::string_view sql) override {
+    begin_ = sql == "BEGIN";
+    return begin_;
+  }
   Status Commit() override {
+    if (begin_) {  // nothing was sent, so there is nothing to commit
+      begin_ = false;
+      return Status::OK();
+    }
     PGconn* c = c_->raw();
+    IDEM_KILL_POINT("postgres.round_trip");
     if (PQsendQuery(c, "COMMIT") != 1)
       return Status::Unavailable("cannot send COMMIT: " + std::string(PQerrorMessage(c)));
     // The window where the server may commit while the client never learns
@@ -51,12 +71,24 @@ class PgConnection final : public sql_internal::Connection {
       return Status(Code::kAborted, "COMMIT rolled back: an earlier statement in the transaction failed");
     return Status::OK();
   }
-  bool InTransaction() const override { return c_->in_transaction(); }
+  bool InTransaction() const override { return begin_ || c_->in_transaction(); }
   bool Healthy() const override { return c_->healthy(); }
-  void* Native() override { return c_->raw(); }
+  void* Native() override {
+    // Whoever takes the handle expects the transaction to have begun.
+    if (begin_ && c_->Script("BEGIN").ok()) begin_ = false;
+    return c_->raw();
+  }
 
  private:
+  // A held-back BEGIN goes with the first statement, in one round trip.
+  Result<pg_internal::ResultPtr> Run(std::string_view sql, std::span<const Value> params) {
+    if (!begin_) return c_->Exec(sql, params);
+    begin_ = false;
+    return c_->ExecAfter("BEGIN", sql, params);
+  }
+
   std::unique_ptr<Conn> c_;
+  bool begin_ = false;  // BEGIN held back until the first statement
 };
 
 constexpr sql_internal::Dialect kDialect{

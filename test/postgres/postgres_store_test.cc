@@ -223,6 +223,72 @@ TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
   }
 }
 
+// How many requests `run` makes that PostgreSQL must answer before the client
+// goes on: the n-th hit of postgres.round_trip is armed for n = 1, 2, ...
+// until a run no longer reaches it. `run` must do the same work every call.
+int RoundTrips(const std::function<void()>& run) {
+  for (int n = 1; n <= 64; ++n) {
+    bool reached = false;
+    ArmKillPoint("postgres.round_trip", n, [&] { reached = true; });
+    run();
+    DisarmKillPoints();
+    if (!reached) return n - 1;
+  }
+  return -1;
+}
+
+// BEGIN goes with the marker in one flight (libpq pipeline mode): a guarded
+// transaction makes as many round trips as the same work in a transaction
+// of its own (BEGIN, INSERT, COMMIT), for one message and for a batch.
+TEST_F(Postgres, TheMarkerTravelsWithBeginSoTheGuardAddsNoRoundTrip) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  int next = 0, next_bare = 0;
+  auto fresh = [&] { return Msg("rt-" + std::to_string(next++)); };
+  auto bare = [&](int n) {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    for (int i = 0; i < n; ++i) ASSERT_TRUE(ChargeHandler()(**tx, Msg("bare-" + std::to_string(next_bare++))).ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+  };
+  auto guarded = [&](int n) {
+    std::vector<Message> batch;
+    for (int i = 0; i < n; ++i) batch.push_back(fresh());
+    for (const Outcome& o : inbox.HandleBatch(batch, ChargeHandler()))
+      ASSERT_EQ(o.kind, Outcome::Kind::kApplied) << o.ToString();
+  };
+  for (int n : {1, 10}) {
+    bare(n);  // statements are prepared once per connection: warm both up
+    guarded(n);
+    const int bare_trips = RoundTrips([&] { bare(n); });
+    const int guarded_trips = RoundTrips([&] { guarded(n); });
+    EXPECT_EQ(bare_trips, n + 2) << n;  // BEGIN, the inserts, COMMIT
+    EXPECT_EQ(guarded_trips, bare_trips) << n;
+  }
+  // Every guarded message delivered again: a duplicate, one charge each.
+  for (int i = 0; i < next; ++i) {
+    const std::string id = "rt-" + std::to_string(i);
+    EXPECT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kDuplicate) << id;
+    EXPECT_EQ(Charges(*store_, id), 1) << id;
+  }
+}
+
+// A held-back BEGIN that is never followed by a statement sends nothing, and
+// the connection goes back to the pool clean.
+TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
+  const int trips = RoundTrips([&] {
+    auto tx = store_->BeginDeferred();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_TRUE((*tx)->Commit().ok());
+    auto tx2 = store_->BeginDeferred();
+    ASSERT_TRUE(tx2.ok()) << tx2.status();
+    (*tx2)->Rollback();
+  });
+  EXPECT_EQ(trips, 0);
+  Inbox inbox(*store_, {.consumer = "payments"});
+  for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-empty"), ChargeHandler());
+  EXPECT_EQ(Charges(*store_, "after-empty"), 1);
+}
+
 // The backend dies in the middle of a batch: nothing of it is committed or
 // acknowledged, and the redelivered batch applies every message once.
 TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
