@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
@@ -72,6 +75,87 @@ TEST(SqliteStore, UrlParsing) {
   EXPECT_EQ(tuned->cache_kib, 4096);
   EXPECT_EQ(tuned->wal_autocheckpoint_pages, 500);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(sqlite::ParseUrl("sqlite:x.db")->checkpoint_in_background);
+  EXPECT_FALSE(sqlite::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint_in_background);
+  EXPECT_TRUE(sqlite::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint_in_background);
+  auto bad = sqlite::ParseUrl("sqlite:x.db?checkpoint=sometimes");
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("background or inline"), std::string::npos) << bad.status();
+}
+
+// Delivers `n` fresh messages, each twice, through an Inbox on `store`:
+// one charge each.
+void DeliverTwice(Store& store, const std::string& prefix, int n) {
+  Inbox inbox(store, {.consumer = "payments"});
+  for (int i = 0; i < n; ++i) {
+    const std::string id = prefix + std::to_string(i);
+    ASSERT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kApplied) << id;
+    ASSERT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kDuplicate) << id;
+  }
+}
+
+// With checkpoints in the background, a commit that fills the WAL only wakes
+// the store's checkpointer: the checkpoint runs on its thread, never in the
+// consumer's. Inline, SQLite runs it in the commit and the thread never starts.
+TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
+  for (bool background : {true, false}) {
+    TempDir dir;
+    auto store = sqlite::Open(
+        {.path = dir.File("c.db"), .wal_autocheckpoint_pages = 4, .checkpoint_in_background = background});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE(CreatePayments(**store).ok());
+    std::promise<std::thread::id> ran;
+    std::future<std::thread::id> ran_on = ran.get_future();
+    ArmKillPoint("sqlite.checkpoint", 1, [&] { ran.set_value(std::this_thread::get_id()); });
+    DeliverTwice(**store, "c-", 50);
+    if (background) {
+      // A bounded wait for the event, not a timing assertion.
+      ASSERT_EQ(ran_on.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+      EXPECT_NE(ran_on.get(), std::this_thread::get_id());
+    } else {
+      EXPECT_EQ(ran_on.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+    }
+    DisarmKillPoints();
+    EXPECT_EQ(Charges(**store), 50);
+  }
+}
+
+// A checkpointer that cannot keep up (here: stuck) does not let the WAL grow
+// without bound: at 8 x wal_autocheckpoint pages the committing thread
+// checkpoints itself. Nothing is lost, and the file reopens with every charge.
+TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
+  TempDir dir;
+  const int pages = 4;
+  {
+    auto store = sqlite::Open({.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE(CreatePayments(**store).ok());
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::promise<void> stuck;
+    ArmKillPoint("sqlite.checkpoint", 1, [&] {
+      stuck.set_value();
+      released.wait();
+    });
+    uintmax_t largest = 0;
+    Inbox inbox(**store, {.consumer = "payments"});
+    for (int i = 0; i < 300; ++i) {
+      const std::string id = "w-" + std::to_string(i);
+      for (int d = 0; d < 2; ++d) ASSERT_TRUE(inbox.Handle(Msg(id), ChargeHandler()).ShouldAck()) << id;
+      largest = std::max(largest, std::filesystem::file_size(dir.File("w.db") + "-wal"));
+    }
+    ASSERT_EQ(stuck.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    release.set_value();
+    DisarmKillPoints();
+    // Frames of 4 KiB pages plus a 24-byte header each, after a 32-byte file
+    // header: at most 8 x 4 pages and one commit's pages (a few) more.
+    const uintmax_t frame = 4096 + 24;
+    EXPECT_LE(largest, 32 + (8 * pages + 8) * frame) << "the WAL grew to " << largest / frame << " frames";
+    EXPECT_EQ(Charges(**store), 300);
+  }
+  auto reopened = sqlite::Open({.path = dir.File("w.db")});
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(Charges(**reopened), 300);
 }
 
 TEST(SqliteStore, PageSizeAppliesToNewFilesAndIsValidated) {

@@ -71,6 +71,8 @@ class FakeEnv final : public Env {
 //   consumer.after_ack     the source acknowledged
 //   inbox.batch_mid        half of a batch's handlers done
 //   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
+//   sqlite.checkpoint      the store's checkpointer thread is about to copy the
+//                          WAL back into the database file
 //   postgres.round_trip    a request PostgreSQL must answer before the client
 //                          goes on is about to be sent (tests count them)
 //   http.after_claim       an HTTP request's key claimed, the handler not yet run

@@ -96,6 +96,11 @@ void SqlStore::Return(std::unique_ptr<Connection> conn) {
   if (pool_.size() < pool_size_) pool_.push_back(std::move(conn));
 }
 
+void SqlStore::ClosePool() {
+  std::lock_guard<std::mutex> l(mu_);
+  pool_.clear();
+}
+
 Result<Lease> SqlStore::Take() {
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -228,6 +228,9 @@ class SqlStore : public Store, public ClaimStore {
 
  protected:
   Result<Lease> Take();
+  // Closes the pooled connections (a backend whose connections point into
+  // its own members calls it from its destructor).
+  void ClosePool();
 
  private:
   // Begin(), or with BEGIN held back for the first statement.

@@ -158,11 +158,32 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
     return s;
   }
   // page_size only takes effect before the file's first table exists.
+  const bool hook = o.on_wal_full && o.wal_autocheckpoint_pages > 0;
   std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +
                         "; PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=" +
-                        std::to_string(o.wal_autocheckpoint_pages) + "; PRAGMA synchronous=" + o.synchronous +
-                        "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) + "; PRAGMA foreign_keys=ON;";
+                        std::to_string(hook ? 0 : o.wal_autocheckpoint_pages) + "; PRAGMA synchronous=" +
+                        o.synchronous + "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) +
+                        "; PRAGMA foreign_keys=ON;";
   IDEM_RETURN_IF_ERROR(db->Script(pragmas).WithContext("configure " + o.path));
+  if (hook) {
+    // Replaces SQLite's autocheckpoint (itself a WAL hook). Runs in the
+    // committing thread, after the commit, with the WAL's size in pages.
+    db->wal_full_pages_ = o.wal_autocheckpoint_pages;
+    db->on_wal_full_ = o.on_wal_full;
+    sqlite3_wal_hook(
+        raw,
+        [](void* arg, sqlite3* conn, const char* name, int pages) -> int {
+          const Db& d = *static_cast<const Db*>(arg);
+          if (pages >= 8 * d.wal_full_pages_) {
+            // The checkpointer fell behind: bound the WAL here, as SQLite would.
+            sqlite3_wal_checkpoint_v2(conn, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+          } else if (pages >= d.wal_full_pages_) {
+            d.on_wal_full_();
+          }
+          return SQLITE_OK;
+        },
+        db.get());
+  }
   return db;
 }
 

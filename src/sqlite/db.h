@@ -7,6 +7,7 @@
 
 #include <sqlite3.h>
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,6 +65,11 @@ struct OpenOptions {
   std::string synchronous = "FULL";
   int cache_kib = 16 * 1024;
   int wal_autocheckpoint_pages = 10'000;
+  // When set, commits never checkpoint by themselves: once the WAL holds
+  // wal_autocheckpoint_pages, each commit calls this instead (a checkpointer
+  // elsewhere copies the WAL back). Should the WAL reach 8 times that, the
+  // committing connection checkpoints itself, so the WAL stays bounded.
+  std::function<void()> on_wal_full;
   int page_size = 4096;  // new files only
   // A registered SQLite VFS to open the file through; empty: the default.
   // "idem-fault" (idem/sqlite/fault_vfs.h) is installed on demand.
@@ -103,6 +109,8 @@ class Db {
   sqlite3* db_;
   std::string path_;
   int busy_timeout_ms_ = 0;
+  int wal_full_pages_ = 0;
+  std::function<void()> on_wal_full_;
   std::unordered_map<std::string, StmtPtr> cache_;
 };
 

@@ -1,8 +1,13 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <thread>
+
+#include "idem/env.h"
 
 #include "core/sql_store.h"
 #include "core/url.h"
@@ -60,6 +65,62 @@ constexpr sql_internal::Dialect kDialect{
     .claims = &sqlite_internal::kClaims,
 };
 
+// Copies the WAL back into the database file on a thread of its own, woken
+// by the commits that find the WAL full (Options::checkpoint_in_background).
+// Its connection is opened on first use; a checkpoint that fails (busy, an
+// I/O error) is left to the next wake-up, and the committing threads' own
+// checkpoint at 8x keeps the WAL bounded whatever happens here.
+class Checkpointer {
+ public:
+  explicit Checkpointer(sqlite_internal::OpenOptions o) : options_(std::move(o)) {}
+  ~Checkpointer() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (woken_ || stop_) return;
+      woken_ = true;
+      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    std::unique_ptr<Db> db;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return woken_ || stop_; });
+        if (stop_) return;
+        woken_ = false;
+      }
+      if (db == nullptr) {
+        auto opened = Db::Open(options_);
+        if (!opened.ok()) continue;
+        db = std::move(*opened);
+      }
+      IDEM_KILL_POINT("sqlite.checkpoint");
+      sqlite3_wal_checkpoint_v2(db->raw(), "main", SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    }
+  }
+
+  const sqlite_internal::OpenOptions options_;  // without on_wal_full: this connection never commits
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool woken_ = false, stop_ = false;
+  std::thread thread_;
+};
+
 sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
   sqlite_internal::OpenOptions oo;
   oo.path = o.path;
@@ -77,10 +138,17 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
 
 class SqliteStore final : public sql_internal::SqlStore {
  public:
-  explicit SqliteStore(const Options& o) : SqlStore(kDialect, o.env, 16), options_(o) {}
+  explicit SqliteStore(const Options& o) : SqlStore(kDialect, o.env, 16), options_(o) {
+    if (o.checkpoint_in_background && o.wal_autocheckpoint_pages > 0)
+      checkpointer_ = std::make_unique<Checkpointer>(OpenOptionsFor(o, /*create=*/false));
+  }
+  // The pooled connections hold hooks into the checkpointer: close them first.
+  ~SqliteStore() override { ClosePool(); }
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
-    IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(OpenOptionsFor(options_, create_file_)));
+    sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_);
+    if (checkpointer_ != nullptr) oo.on_wal_full = [c = checkpointer_.get()] { c->Wake(); };
+    IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
     create_file_ = true;  // once it exists
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
   }
@@ -184,6 +252,7 @@ class SqliteStore final : public sql_internal::SqlStore {
  private:
   Options options_;
   bool create_file_ = true;
+  std::unique_ptr<Checkpointer> checkpointer_;
 };
 
 }  // namespace
@@ -216,6 +285,10 @@ Result<Options> ParseUrl(std::string_view url) {
         return Status::InvalidArgument("SQLite URL option " + k + " must be a number, not '" + v + "'");
       (k == "page_size" ? o.page_size : k == "cache_kib" ? o.cache_kib : o.wal_autocheckpoint_pages) =
           static_cast<int>(n);
+    } else if (k == "checkpoint") {
+      if (v != "background" && v != "inline")
+        return Status::InvalidArgument("SQLite URL option checkpoint must be background or inline, not '" + v + "'");
+      o.checkpoint_in_background = v == "background";
     } else if (k == "busy_timeout_ms") {
       o.busy_timeout_ms = std::atoi(v.c_str());
     } else if (k == "vfs") {

@@ -10,8 +10,12 @@ IDEM=$1 KIND=$2 PORT=$3 SEED=$4
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SCRIPT=$ROOT/scripts/test-$KIND.sh
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/idem-chaos-$KIND.XXXXXX")
-trap 'bash "$SCRIPT" stop "$STATE" >/dev/null 2>&1 || true; rm -rf "$STATE" "$STATE.lock"' EXIT
-url=$(bash "$SCRIPT" start "$STATE" "$PORT" 2>/dev/null)
+trap 'bash "$SCRIPT" stop "$STATE" >/dev/null 2>&1 || true; rm -rf "$STATE" "$STATE.lock" "$STATE.start.log"' EXIT
+if ! url=$(bash "$SCRIPT" start "$STATE" "$PORT" 2>"$STATE.start.log"); then
+  echo "chaos_broker.sh: could not start $KIND on 127.0.0.1:$PORT:" >&2
+  cat "$STATE.start.log" >&2
+  exit 3
+fi
 case $KIND in
   redis) source="$url/0?stream=payments" ;;
   rabbitmq) source="$url?queue=payments" ;;

@@ -44,6 +44,14 @@ struct Options {
   // database file (a checkpoint). Larger: fewer, longer checkpoints and a
   // larger -wal file (pages x page size). Default: 10000.
   int wal_autocheckpoint_pages = 10'000;
+  // Where checkpoints run. true (default): on a thread of the store's own,
+  // so a commit never waits for one (with random ids a checkpoint writes
+  // back one scattered page per marker, and SQLite would run it inside the
+  // commit that filled the WAL); a commit only wakes it. Should it fall
+  // behind to 8 x wal_autocheckpoint_pages, the committing thread
+  // checkpoints itself, so the WAL stays bounded. false: SQLite's own
+  // autocheckpoint, in the committing thread. URL: ?checkpoint=background|inline.
+  bool checkpoint_in_background = true;
   // Page size of a NEW database file, in bytes (512..65536, a power of two);
   // an existing file keeps its own. Random marker keys dirty one page each
   // per commit, so smaller pages mean fewer bytes written. Default: 4096.
@@ -67,7 +75,8 @@ Result<std::unique_ptr<Store>> Open(const Options& options);
 
 // Parses "sqlite:PATH", "sqlite://PATH" or a bare PATH into options, with
 // URL options ?synchronous=full|normal|off, page_size, cache_kib,
-// wal_autocheckpoint, busy_timeout_ms and vfs=NAME (checked at Open).
+// wal_autocheckpoint, checkpoint=background|inline, busy_timeout_ms and
+// vfs=NAME (checked at Open).
 Result<Options> ParseUrl(std::string_view url);
 
 }  // namespace idem::sqlite
