@@ -75,12 +75,13 @@ TEST(SqliteStore, UrlParsing) {
   EXPECT_EQ(tuned->cache_kib, 4096);
   EXPECT_EQ(tuned->wal_autocheckpoint_pages, 500);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
-  EXPECT_TRUE(sqlite::ParseUrl("sqlite:x.db")->checkpoint_in_background);
-  EXPECT_FALSE(sqlite::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint_in_background);
-  EXPECT_TRUE(sqlite::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint_in_background);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db")->checkpoint, sqlite::Checkpoint::kAuto);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint, sqlite::Checkpoint::kInline);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint, sqlite::Checkpoint::kBackground);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=auto")->checkpoint, sqlite::Checkpoint::kAuto);
   auto bad = sqlite::ParseUrl("sqlite:x.db?checkpoint=sometimes");
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("background or inline"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("auto, background or inline"), std::string::npos) << bad.status();
 }
 
 // Delivers `n` fresh messages, each twice, through an Inbox on `store`:
@@ -96,19 +97,30 @@ void DeliverTwice(Store& store, const std::string& prefix, int n) {
 
 // With checkpoints in the background, a commit that fills the WAL only wakes
 // the store's checkpointer: the checkpoint runs on its thread, never in the
-// consumer's. Inline, SQLite runs it in the commit and the thread never starts.
+// consumer's. Inline, SQLite runs it in the commit and the thread never
+// starts. kAuto is background with synchronous NORMAL, inline with FULL.
 TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
-  for (bool background : {true, false}) {
+  struct Case {
+    sqlite::Checkpoint mode;
+    sqlite::Synchronous sync;
+    bool background;
+  };
+  for (Case c : {Case{sqlite::Checkpoint::kBackground, sqlite::Synchronous::kFull, true},
+                 Case{sqlite::Checkpoint::kAuto, sqlite::Synchronous::kNormal, true},
+                 Case{sqlite::Checkpoint::kInline, sqlite::Synchronous::kNormal, false},
+                 Case{sqlite::Checkpoint::kAuto, sqlite::Synchronous::kFull, false}}) {
     TempDir dir;
-    auto store = sqlite::Open(
-        {.path = dir.File("c.db"), .wal_autocheckpoint_pages = 4, .checkpoint_in_background = background});
+    auto store = sqlite::Open({.path = dir.File("c.db"),
+                               .synchronous = c.sync,
+                               .wal_autocheckpoint_pages = 4,
+                               .checkpoint = c.mode});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
     std::promise<std::thread::id> ran;
     std::future<std::thread::id> ran_on = ran.get_future();
     ArmKillPoint("sqlite.checkpoint", 1, [&] { ran.set_value(std::this_thread::get_id()); });
     DeliverTwice(**store, "c-", 50);
-    if (background) {
+    if (c.background) {
       // A bounded wait for the event, not a timing assertion.
       ASSERT_EQ(ran_on.wait_for(std::chrono::seconds(60)), std::future_status::ready);
       EXPECT_NE(ran_on.get(), std::this_thread::get_id());
@@ -127,7 +139,8 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
   TempDir dir;
   const int pages = 4;
   {
-    auto store = sqlite::Open({.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages});
+    auto store = sqlite::Open(
+        {.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages, .checkpoint = sqlite::Checkpoint::kBackground});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
     std::promise<void> release;

@@ -158,7 +158,7 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
     return s;
   }
   // page_size only takes effect before the file's first table exists.
-  const bool hook = o.on_wal_full && o.wal_autocheckpoint_pages > 0;
+  const bool hook = static_cast<bool>(o.after_commit);
   std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +
                         "; PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=" +
                         std::to_string(hook ? 0 : o.wal_autocheckpoint_pages) + "; PRAGMA synchronous=" +
@@ -166,20 +166,13 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
                         "; PRAGMA foreign_keys=ON;";
   IDEM_RETURN_IF_ERROR(db->Script(pragmas).WithContext("configure " + o.path));
   if (hook) {
-    // Replaces SQLite's autocheckpoint (itself a WAL hook). Runs in the
-    // committing thread, after the commit, with the WAL's size in pages.
-    db->wal_full_pages_ = o.wal_autocheckpoint_pages;
-    db->on_wal_full_ = o.on_wal_full;
+    // Replaces SQLite's autocheckpoint (itself a WAL hook).
+    db->after_commit_ = o.after_commit;
     sqlite3_wal_hook(
         raw,
         [](void* arg, sqlite3* conn, const char* name, int pages) -> int {
-          const Db& d = *static_cast<const Db*>(arg);
-          if (pages >= 8 * d.wal_full_pages_) {
-            // The checkpointer fell behind: bound the WAL here, as SQLite would.
+          if (static_cast<const Db*>(arg)->after_commit_(pages))
             sqlite3_wal_checkpoint_v2(conn, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
-          } else if (pages >= d.wal_full_pages_) {
-            d.on_wal_full_();
-          }
           return SQLITE_OK;
         },
         db.get());

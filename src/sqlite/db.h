@@ -65,11 +65,10 @@ struct OpenOptions {
   std::string synchronous = "FULL";
   int cache_kib = 16 * 1024;
   int wal_autocheckpoint_pages = 10'000;
-  // When set, commits never checkpoint by themselves: once the WAL holds
-  // wal_autocheckpoint_pages, each commit calls this instead (a checkpointer
-  // elsewhere copies the WAL back). Should the WAL reach 8 times that, the
-  // committing connection checkpoints itself, so the WAL stays bounded.
-  std::function<void()> on_wal_full;
+  // When set, SQLite's autocheckpoint is off and this is called in the
+  // committing thread after each commit with the WAL's size in pages; when
+  // it answers true, that thread runs a (passive) checkpoint there and then.
+  std::function<bool(int pages)> after_commit;
   int page_size = 4096;  // new files only
   // A registered SQLite VFS to open the file through; empty: the default.
   // "idem-fault" (idem/sqlite/fault_vfs.h) is installed on demand.
@@ -109,8 +108,7 @@ class Db {
   sqlite3* db_;
   std::string path_;
   int busy_timeout_ms_ = 0;
-  int wal_full_pages_ = 0;
-  std::function<void()> on_wal_full_;
+  std::function<bool(int)> after_commit_;
   std::unordered_map<std::string, StmtPtr> cache_;
 };
 
