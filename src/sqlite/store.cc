@@ -159,9 +159,7 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
 class SqliteStore final : public sql_internal::SqlStore {
  public:
   explicit SqliteStore(const Options& o) : SqlStore(kDialect, o.env, 16), options_(o) {
-    const bool background = o.checkpoint == Checkpoint::kBackground ||
-                            (o.checkpoint == Checkpoint::kAuto && o.synchronous != Synchronous::kFull);
-    if (background && o.wal_autocheckpoint_pages > 0)
+    if (CheckpointsInBackground(o))
       checkpointer_ = std::make_unique<Checkpointer>(OpenOptionsFor(o, /*create=*/false), o.wal_autocheckpoint_pages);
   }
   // The pooled connections hold hooks into the checkpointer: close them first.
@@ -278,6 +276,12 @@ class SqliteStore final : public sql_internal::SqlStore {
 };
 
 }  // namespace
+
+bool CheckpointsInBackground(const Options& o) {
+  return o.wal_autocheckpoint_pages > 0 &&
+         (o.checkpoint == Checkpoint::kBackground ||
+          (o.checkpoint == Checkpoint::kAuto && o.synchronous != Synchronous::kFull));
+}
 
 Result<std::unique_ptr<Store>> Open(const Options& options) {
   if (options.path.empty()) return Status::InvalidArgument("SQLite store: path is empty");

@@ -53,6 +53,7 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/fault_vfs.h"
+#include "idem/sqlite/store.h"
 #include "payments.h"
 #include "sources.h"
 
@@ -335,6 +336,11 @@ class Schedule {
     points_ = {"inbox.before_marker", "inbox.after_marker", "inbox.after_work", "commit",
                "inbox.after_commit", "consumer.after_ack", "inbox.batch_mid"};
     if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
+    // A store that checkpoints on its own thread: that thread dies too.
+    if (!postgres) {
+      auto o = sqlite::ParseUrl(cfg.store);
+      if (o.ok() && sqlite::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
+    }
     for (int s = 0; s < cfg.consumers; ++s) {
       rngs_.emplace_back(cfg.seed * 1'000'003ULL + static_cast<uint64_t>(s) * 7'919ULL + 1);
       next_point_[s] = static_cast<size_t>(s);  // the slots start at different points

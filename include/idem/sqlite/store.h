@@ -74,6 +74,10 @@ struct Options {
   std::string vfs;
 };
 
+// Whether a store opened with `options` checkpoints on its own thread
+// (Options::checkpoint, resolving kAuto by the synchronous setting).
+bool CheckpointsInBackground(const Options& options);
+
 // Opens (and creates or migrates) the store. Errors: kInvalidArgument (empty
 // path, a VFS name that is not registered), kUnavailable (missing directory, unreadable file, locked too long),
 // kCorruption (not a SQLite database), kSchemaMismatch (a newer schema).
