@@ -47,6 +47,7 @@ class PgConnection final : public sql_internal::Connection {
     return begin_;
   }
   Status Commit() override {
+    if (!begin_failed_.ok()) return begin_failed_.WithContext("the transaction never began");
     if (begin_) {  // nothing was sent, so there is nothing to commit
       begin_ = false;
       return Status::OK();
@@ -74,21 +75,28 @@ class PgConnection final : public sql_internal::Connection {
   bool InTransaction() const override { return begin_ || c_->in_transaction(); }
   bool Healthy() const override { return c_->healthy(); }
   void* Native() override {
-    // Whoever takes the handle expects the transaction to have begun.
-    if (begin_ && c_->Script("BEGIN").ok()) begin_ = false;
+    // Whoever takes the handle expects the transaction to have begun. If
+    // BEGIN fails here, the transaction can only fail: whatever was run on
+    // the handle ran outside it.
+    if (begin_) {
+      begin_ = false;
+      begin_failed_ = c_->Script("BEGIN");
+    }
     return c_->raw();
   }
 
  private:
   // A held-back BEGIN goes with the first statement, in one round trip.
   Result<pg_internal::ResultPtr> Run(std::string_view sql, std::span<const Value> params) {
+    IDEM_RETURN_IF_ERROR(begin_failed_);
     if (!begin_) return c_->Exec(sql, params);
     begin_ = false;
     return c_->ExecAfter("BEGIN", sql, params);
   }
 
   std::unique_ptr<Conn> c_;
-  bool begin_ = false;  // BEGIN held back until the first statement
+  bool begin_ = false;   // BEGIN held back until the first statement
+  Status begin_failed_;  // BEGIN sent for Native() failed
 };
 
 constexpr sql_internal::Dialect kDialect{

@@ -289,6 +289,27 @@ TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
   EXPECT_EQ(Charges(*store_, "after-empty"), 1);
 }
 
+// A handler that takes the native handle of a transaction whose BEGIN is held
+// back gets it with the transaction begun: what it runs there rolls back with it.
+TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
+  for (bool commit : {false, true}) {
+    auto tx = store_->BeginDeferred();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto* conn = static_cast<PGconn*>((*tx)->NativeHandle());
+    ASSERT_NE(conn, nullptr);
+    EXPECT_EQ(PQtransactionStatus(conn), PQTRANS_INTRANS);
+    PGresult* r = PQexec(conn, "INSERT INTO payments(message_id, cents) VALUES ('native', 1)");
+    EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQresultErrorMessage(r);
+    PQclear(r);
+    if (commit) {
+      ASSERT_TRUE((*tx)->Commit().ok());
+    } else {
+      (*tx)->Rollback();
+    }
+    EXPECT_EQ(Charges(*store_, "native"), commit ? 1 : 0);
+  }
+}
+
 // The backend dies in the middle of a batch: nothing of it is committed or
 // acknowledged, and the redelivered batch applies every message once.
 TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
