@@ -297,7 +297,10 @@ int RunMarker(const Args& args) {
     if (!r.ok()) return Fail(cmd, r.status());
     sync = r->rows[0][0].AsText();
   }
-  const std::string sync_label = (pg ? "synchronous_commit " : "synchronous ") + sync;
+  // SQLite: where checkpoints ran (Options::checkpoint, auto resolved).
+  const std::string checkpoint = pg ? "" : sqlite::CheckpointsInBackground(opts) ? "background" : "inline";
+  const std::string sync_label =
+      (pg ? "synchronous_commit " : "synchronous ") + sync + (pg ? "" : ", checkpoints " + checkpoint);
   const std::string where = pg ? postgres::RedactUrl(url) : opts.path;
 
   double fsync_per_s = 0;
@@ -360,8 +363,9 @@ int RunMarker(const Args& args) {
         .Add("retain_seconds", retain_s)
         .Add("markers_in_store", *total_markers)
         .Add("batch", *batch)
-        .Add("synchronous", sync)
-        .Add("seconds", *seconds)
+        .Add("synchronous", sync);
+    if (!pg) j.Add("checkpoint", checkpoint);
+    j.Add("seconds", *seconds)
         .Add("rounds", *rounds)
         .Add("warmup_seconds", warmup)
         .Add("bare_messages", b.messages)
