@@ -216,6 +216,8 @@ Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view 
     }
     got.emplace_back(r);
   }
+  // Without the sync the connection stays in pipeline mode: it then counts
+  // as in a transaction, so it is never pooled again.
   if (synced) PQexitPipelineMode(conn_);
   const std::string what[] = {first_sql, "prepare: " + What(sql), What(sql)};
   for (size_t i = 0; i < queries; ++i) {
@@ -226,7 +228,7 @@ Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view 
   }
   if (!synced) return Translate(nullptr, conn_, What(sql));
   if (prepare) prepared_.emplace(key, name);
-  return std::move(got.back());
+  return std::move(got[queries - 1]);
 }
 
 Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params) {
