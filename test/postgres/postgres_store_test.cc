@@ -289,6 +289,24 @@ TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
   EXPECT_EQ(Charges(*store_, "after-empty"), 1);
 }
 
+// A statement that fails in the flight that carries the held-back BEGIN is a
+// clear error naming the problem, and the connection comes out of pipeline
+// mode usable: the next transactions on the pool work.
+TEST_F(Postgres, AFailingFirstStatementIsAClearErrorAndTheConnectionStaysUsable) {
+  for (int i = 0; i < 3; ++i) {
+    auto tx = store_->BeginDeferred();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto r = (*tx)->Exec("INSERT INTO no_such_table(x) VALUES ($1)", {int64_t{1}});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("no_such_table"), std::string::npos) << r.status();
+    (*tx)->Rollback();
+  }
+  Inbox inbox(*store_, {.consumer = "payments"});
+  for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-error"), ChargeHandler());
+  EXPECT_EQ(Charges(*store_, "after-error"), 1);
+}
+
 // A handler that takes the native handle of a transaction whose BEGIN is held
 // back gets it with the transaction begun: what it runs there rolls back with it.
 TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
