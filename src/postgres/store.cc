@@ -88,7 +88,7 @@ class PgConnection final : public sql_internal::Connection {
  private:
   // A held-back BEGIN goes with the first statement, in one round trip.
   Result<pg_internal::ResultPtr> Run(std::string_view sql, std::span<const Value> params) {
-    IDEM_RETURN_IF_ERROR(begin_failed_);
+    if (!begin_failed_.ok()) return begin_failed_;
     if (!begin_) return c_->Exec(sql, params);
     begin_ = false;
     return c_->ExecAfter("BEGIN", sql, params);
