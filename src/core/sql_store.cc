@@ -215,11 +215,21 @@ Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkersMultiRow(
   return out;
 }
 
+Result<Rows> SqlStore::Read(std::string_view sql, std::span<const Value> params) {
+  // A pooled connection may have died since its last use (a server restart,
+  // a connection cut after its last answer): the query then fails with the
+  // connection found broken, nothing was done, so one more try on a new one.
+  for (int attempt = 0;; ++attempt) {
+    IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+    Result<Rows> r = conn->Query(sql, params);
+    if (r.ok() || attempt > 0 || conn->Healthy()) return r;
+  }
+}
+
 Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, std::string_view id,
                                                    std::optional<int64_t>) {
-  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value key[] = {std::string(consumer), IdBlob(id)};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.find_marker, key));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, Read(dialect_.find_marker, key));
   if (rows.rows.empty()) return std::optional<Marker>();
   return std::optional<Marker>(
       Marker{std::string(consumer), std::string(id), ToFingerprint(rows.rows[0][0]), rows.rows[0][1].AsInt()});
@@ -276,25 +286,22 @@ Result<int64_t> SqlStore::Purge(std::string_view consumer, int64_t before_ms, in
 }
 
 Result<int64_t> SqlStore::CountMarkers(std::string_view consumer) {
-  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer)};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.count_markers, p));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, Read(dialect_.count_markers, p));
   return rows.rows[0][0].AsInt();
 }
 
 Result<std::vector<Marker>> SqlStore::ListMarkers(std::string_view consumer, int limit) {
-  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer), int64_t{limit}};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(dialect_.list_markers, p));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, Read(dialect_.list_markers, p));
   std::vector<Marker> out;
   for (auto& r : rows.rows) out.push_back(Marker{r[0].AsText(), r[1].AsText(), ToFingerprint(r[2]), r[3].AsInt()});
   return out;
 }
 
 Result<std::vector<DeadLetter>> SqlStore::ListDeadLetters(std::string_view consumer, int limit) {
-  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer), int64_t{limit}};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, conn->Query(kListDeadLetters, p));
+  IDEM_ASSIGN_OR_RETURN(Rows rows, Read(kListDeadLetters, p));
   std::vector<DeadLetter> out;
   for (auto& r : rows.rows)
     out.push_back(DeadLetter{r[0].AsText(), r[1].AsText(), r[2].AsText(), r[3].AsText(),

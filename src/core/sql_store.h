@@ -231,6 +231,9 @@ class SqlStore : public Store, public ClaimStore {
   // Closes the pooled connections (a backend whose connections point into
   // its own members calls it from its destructor).
   void ClosePool();
+  // One query outside any transaction, on a pooled connection; run again on
+  // a new connection if the pooled one turns out to be dead.
+  Result<Rows> Read(std::string_view sql, std::span<const Value> params);
 
  private:
   // Begin(), or with BEGIN held back for the first statement.

@@ -373,6 +373,38 @@ TEST_F(Postgres, RecoversWhenPooledConnectionsDie) {
   EXPECT_EQ(Charges(*store_), 2);
 }
 
+// A pooled connection cut after its last answer (so it still looks healthy)
+// fails the next read on it: the read runs again on a new connection. (The
+// in-doubt resolution reads the marker this way.)
+TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  int sock = -1;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    sock = PQsocket(static_cast<PGconn*>(tx.NativeHandle()));
+    return ChargeHandler()(tx, m);
+  };
+  auto cut_pooled = [&](const std::string& id) {
+    ASSERT_EQ(inbox.Handle(Msg(id), h).kind, Outcome::Kind::kApplied);
+    ASSERT_EQ(::shutdown(sock, SHUT_RDWR), 0);  // that connection is back in the pool now
+  };
+  cut_pooled("dead-1");
+  auto marker = store_->FindMarker("payments", "dead-1");
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  EXPECT_TRUE(marker->has_value());
+  cut_pooled("dead-2");
+  auto count = store_->CountMarkers("payments");
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 2);
+  cut_pooled("dead-3");
+  auto list = store_->ListMarkers("payments", 10);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->size(), 3u);
+  for (const char* id : {"dead-1", "dead-2", "dead-3"}) {
+    EXPECT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kDuplicate) << id;
+    EXPECT_EQ(Charges(*store_, id), 1) << id;
+  }
+}
+
 TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
   Inbox inbox(*store_, {.consumer = "payments"});
   std::vector<Message> batch;
