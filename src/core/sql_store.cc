@@ -2,6 +2,7 @@
 #include "core/sql_store.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <cstring>
@@ -117,16 +118,27 @@ Result<Lease> SqlStore::Take() {
 Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() { return Start(/*defer=*/false); }
 Result<std::unique_ptr<StoreTransaction>> SqlStore::BeginDeferred() { return Start(/*defer=*/true); }
 
-Result<std::unique_ptr<StoreTransaction>> SqlStore::Start(bool defer) {
-  // A pooled connection may have died since its last use (a server restart):
-  // BEGIN on it fails, nothing was done, so one more try on a new one is safe.
-  // (A held-back BEGIN is retried the same way with its first statement.)
+Status SqlStore::OnPooled(const std::function<Status(Lease&)>& op) {
+  // A pooled connection may have died since its last use (a server restart,
+  // a connection cut after its last answer): `op` then fails with the
+  // connection found broken and nothing done, so one more try on a new one.
   for (int attempt = 0;; ++attempt) {
     IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
-    Status s = defer && conn->DeferBegin(dialect_.begin) ? Status::OK() : conn->Script(dialect_.begin);
-    if (s.ok()) return std::unique_ptr<StoreTransaction>(new SqlTransaction(*this, std::move(conn)));
-    if (attempt > 0 || conn->Healthy()) return s;
+    Status s = op(conn);
+    if (s.ok() || attempt > 0 || conn->Healthy()) return s;
   }
+}
+
+Result<std::unique_ptr<StoreTransaction>> SqlStore::Start(bool defer) {
+  // (A held-back BEGIN is retried the same way, by the connection, with its
+  // first statement.)
+  std::unique_ptr<StoreTransaction> tx;
+  IDEM_RETURN_IF_ERROR(OnPooled([&](Lease& conn) {
+    IDEM_RETURN_IF_ERROR(defer && conn->DeferBegin(dialect_.begin) ? Status::OK() : conn->Script(dialect_.begin));
+    tx.reset(new SqlTransaction(*this, std::move(conn)));
+    return Status::OK();
+  }));
+  return tx;
 }
 
 Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkers(Connection& c,
@@ -216,14 +228,12 @@ Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkersMultiRow(
 }
 
 Result<Rows> SqlStore::Read(std::string_view sql, std::span<const Value> params) {
-  // A pooled connection may have died since its last use (a server restart,
-  // a connection cut after its last answer): the query then fails with the
-  // connection found broken, nothing was done, so one more try on a new one.
-  for (int attempt = 0;; ++attempt) {
-    IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
-    Result<Rows> r = conn->Query(sql, params);
-    if (r.ok() || attempt > 0 || conn->Healthy()) return r;
-  }
+  Rows rows;
+  IDEM_RETURN_IF_ERROR(OnPooled([&](Lease& conn) -> Status {
+    IDEM_ASSIGN_OR_RETURN(rows, conn->Query(sql, params));
+    return Status::OK();
+  }));
+  return rows;
 }
 
 Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, std::string_view id,

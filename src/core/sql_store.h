@@ -8,6 +8,7 @@
 #ifndef IDEM_SRC_CORE_SQL_STORE_H_
 #define IDEM_SRC_CORE_SQL_STORE_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -238,6 +239,9 @@ class SqlStore : public Store, public ClaimStore {
  private:
   // Begin(), or with BEGIN held back for the first statement.
   Result<std::unique_ptr<StoreTransaction>> Start(bool defer);
+  // Runs `op` on a pooled connection, and once more on a new one if it
+  // failed because that connection was dead.
+  Status OnPooled(const std::function<Status(Lease&)>& op);
   // A claim write (insert or take-over) that draws a fence, in the
   // transaction the dialect needs; answers the RETURNING row if it changed.
   Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(Connection* in_tx, const char* sql,

@@ -165,21 +165,27 @@ std::string What(std::string_view sql) { return std::string(sql.substr(0, 120));
 
 }  // namespace
 
+Conn::Statement Conn::StatementFor(std::string_view sql, const Encoded& e) const {
+  // Prepared once per (SQL, parameter kinds); NULLs match any kind.
+  Statement st;
+  st.key = std::string(sql) + '\x1f' + e.sig;
+  auto it = prepared_.find(st.key);
+  st.prepare = it == prepared_.end();
+  st.name = st.prepare ? "idem_" + std::to_string(prepared_.size() + 1) : it->second;
+  return st;
+}
+
 Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-  // Prepared once per (SQL, parameter kinds); NULLs match any kind.
-  std::string key = std::string(sql) + '\x1f' + e.sig;
-  auto it = prepared_.find(key);
-  if (it == prepared_.end()) {
-    std::string name = "idem_" + std::to_string(prepared_.size() + 1);
-    std::string text_sql(sql);
+  const Statement st = StatementFor(sql, e);
+  if (st.prepare) {
     IDEM_KILL_POINT("postgres.round_trip");
-    ResultPtr r(PQprepare(conn_, name.c_str(), text_sql.c_str(), e.n, e.types.data()));
+    ResultPtr r(PQprepare(conn_, st.name.c_str(), std::string(sql).c_str(), e.n, e.types.data()));
     IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "prepare: " + What(sql)));
-    it = prepared_.emplace(key, name).first;
+    prepared_.emplace(st.key, st.name);
   }
   IDEM_KILL_POINT("postgres.round_trip");
-  ResultPtr r(PQexecPrepared(conn_, it->second.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(), 0));
+  ResultPtr r(PQexecPrepared(conn_, st.name.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(), 0));
   IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, What(sql)));
   return r;
 }
@@ -187,10 +193,9 @@ Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params
 Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e) {
   if (PQenterPipelineMode(conn_) != 1)
     return Status::Unavailable("cannot enter pipeline mode: " + Trim(PQerrorMessage(conn_)));
-  std::string key = std::string(sql) + '\x1f' + e.sig;
-  auto it = prepared_.find(key);
-  const bool prepare = it == prepared_.end();
-  const std::string name = prepare ? "idem_" + std::to_string(prepared_.size() + 1) : it->second;
+  const Statement st = StatementFor(sql, e);
+  const bool prepare = st.prepare;
+  const std::string& name = st.name;
   const std::string first_sql(first), text_sql(sql);
   // One flight: `first`, [the statement's PREPARE,] the statement, a sync.
   IDEM_KILL_POINT("postgres.round_trip");
@@ -227,7 +232,7 @@ Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view 
     IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, w));
   }
   if (!synced) return Translate(nullptr, conn_, What(sql));
-  if (prepare) prepared_.emplace(key, name);
+  if (prepare) prepared_.emplace(st.key, name);
   return std::move(got[queries - 1]);
 }
 
@@ -247,16 +252,6 @@ Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, 
 int64_t AffectedRows(const PGresult* res) {
   const char* n = PQcmdTuples(const_cast<PGresult*>(res));
   return static_cast<int64_t>(n && *n ? std::atoll(n) : 0);
-}
-
-Result<Rows> Conn::Query(std::string_view sql, std::span<const Value> params) {
-  IDEM_ASSIGN_OR_RETURN(ResultPtr r, Exec(sql, params));
-  return ToRows(r.get());
-}
-
-Result<int64_t> Conn::Affected(std::string_view sql, std::span<const Value> params) {
-  IDEM_ASSIGN_OR_RETURN(ResultPtr r, Exec(sql, params));
-  return AffectedRows(r.get());
 }
 
 Rows ToRows(const PGresult* res) {

@@ -49,10 +49,8 @@ class Conn {
   // Runs SQL without parameters (may hold several statements).
   Status Script(std::string_view sql);
   // A statement with $1..$n parameters, prepared once per connection. The
-  // result is kept; rows/affected are read from it.
+  // result is kept; read it with ToRows / AffectedRows.
   Result<ResultPtr> Exec(std::string_view sql, std::span<const Value> params);
-  Result<Rows> Query(std::string_view sql, std::span<const Value> params);
-  Result<int64_t> Affected(std::string_view sql, std::span<const Value> params);
   // Sends `first` (no parameters, e.g. BEGIN) and the statement in one round
   // trip (libpq's pipeline mode) and returns the statement's result. If the
   // connection turns out to be dead, reconnects once and tries again.
@@ -60,6 +58,13 @@ class Conn {
 
  private:
   explicit Conn(PGconn* c) : conn_(c) {}
+  // The prepared statement for (sql, parameter kinds): its name, and whether
+  // it must be prepared first.
+  struct Statement {
+    std::string key, name;
+    bool prepare = false;
+  };
+  Statement StatementFor(std::string_view sql, const Encoded& e) const;
   Result<ResultPtr> PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e);
   PGconn* conn_;
   std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
