@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/versioned.h"
 #include "idem/sqlite/store.h"
@@ -21,6 +22,89 @@
 
 namespace idem::testing {
 namespace {
+
+// Claims inside a transaction (the HTTP middleware's transactional routes),
+// many at once: each is answered as the one-key call would be, and the
+// records commit or roll back with the transaction. Every key is claimed at
+// least twice.
+TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
+  ClaimStore* claims = store_->claim_store();
+  ASSERT_NE(claims, nullptr) << "every SQL store keeps claims";
+  using Kind = ClaimOutcome::Kind;
+  auto req = [](std::string key, std::string_view body = "body") {
+    return ClaimRequest{
+        .scope = "charges", .key = std::move(key), .fingerprint = FingerprintOf(body), .lease_ms = 30'000};
+  };
+  auto complete_all = [](StoreTransaction& tx, const std::vector<ClaimToken>& tokens) {
+    std::vector<std::string> results;
+    for (const ClaimToken& t : tokens) results.push_back("result of " + t.key);
+    std::vector<Completion> done;
+    for (size_t i = 0; i < tokens.size(); ++i) done.push_back(Completion{&tokens[i], results[i]});
+    return tx.CompleteManyInTransaction(done, 60'000);
+  };
+  // 1. Claimed, completed, rolled back: nothing stays. The same key twice in
+  //    one call: the second finds the first in progress.
+  {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    std::vector<ClaimRequest> reqs = {req("k1"), req("k2"), req("k1")};
+    auto got = (*tx)->ClaimManyInTransaction(reqs);
+    ASSERT_EQ(got.size(), 3u);
+    for (auto& g : got) ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(got[0]->kind, Kind::kStarted);
+    EXPECT_EQ(got[1]->kind, Kind::kStarted);
+    EXPECT_EQ(got[2]->kind, Kind::kInProgress);
+    for (const Status& s : complete_all(**tx, {got[0]->token, got[1]->token})) EXPECT_TRUE(s.ok()) << s;
+    (*tx)->Rollback();
+  }
+  for (const char* k : {"k1", "k2"}) {
+    auto rec = claims->FindClaim("charges", k);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    EXPECT_FALSE(rec->has_value()) << k << " survived the rollback";
+  }
+  // 2. Again, committed this time.
+  {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    std::vector<ClaimRequest> reqs = {req("k1"), req("k2")};
+    auto got = (*tx)->ClaimManyInTransaction(reqs);
+    ASSERT_EQ(got.size(), 2u);
+    for (auto& g : got) {
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ(g->kind, Kind::kStarted);
+    }
+    for (const Status& s : complete_all(**tx, {got[0]->token, got[1]->token})) EXPECT_TRUE(s.ok()) << s;
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  // 3. A replay, a conflict and a new key in one call; a completion with a
+  //    token that does not hold its key fails and says why.
+  {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    std::vector<ClaimRequest> reqs = {req("k1"), req("k2", "another body"), req("k3")};
+    auto got = (*tx)->ClaimManyInTransaction(reqs);
+    ASSERT_EQ(got.size(), 3u);
+    for (auto& g : got) ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(got[0]->kind, Kind::kCompleted);
+    EXPECT_EQ(got[0]->result, "result of k1");
+    EXPECT_EQ(got[1]->kind, Kind::kConflict);
+    ASSERT_EQ(got[2]->kind, Kind::kStarted);
+    ClaimToken stale = got[2]->token;
+    stale.fence += 1000;
+    auto done = complete_all(**tx, {got[2]->token, stale});
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_TRUE(done[0].ok()) << done[0];
+    EXPECT_EQ(done[1].code(), Code::kLeaseLost) << done[1];
+    (*tx)->Rollback();
+  }
+  auto k3 = claims->FindClaim("charges", "k3");
+  ASSERT_TRUE(k3.ok()) << k3.status();
+  EXPECT_FALSE(k3->has_value());
+  auto k1 = claims->FindClaim("charges", "k1");
+  ASSERT_TRUE(k1.ok()) << k1.status();
+  ASSERT_TRUE(k1->has_value());
+  EXPECT_EQ((*k1)->state, ClaimRecord::State::kCompleted);
+}
 
 TEST_P(StoreConformance, EveryMessageDeliveredTwiceHasOneEffect) {
   Inbox inbox(*store_, {.consumer = "payments", .env = &env_});

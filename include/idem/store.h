@@ -34,6 +34,7 @@ class ClaimStore;
 struct ClaimOutcome;
 struct ClaimRequest;
 struct ClaimToken;
+struct Completion;
 
 // A SQL parameter or column value.
 struct Blob {
@@ -168,6 +169,12 @@ class StoreTransaction : public Transaction {
   virtual Result<ClaimOutcome> ClaimInTransaction(const ClaimRequest& request);
   virtual Status CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
                                        int64_t retention_ms);
+  // Many at once, each answered as the one-key call would; later requests
+  // see earlier ones (the same key twice: the second finds the first in
+  // progress). PostgreSQL sends the inserts, and the completions, in one
+  // round trip each. Default: the one-key calls in turn.
+  virtual std::vector<Result<ClaimOutcome>> ClaimManyInTransaction(std::span<const ClaimRequest> requests);
+  virtual std::vector<Status> CompleteManyInTransaction(std::span<const Completion> completions, int64_t retention_ms);
 
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.

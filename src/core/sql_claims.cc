@@ -105,7 +105,7 @@ Result<std::optional<ClaimOutcome>> SqlStore::Peek(const ClaimRequest& r) {
   return Decide(rows.rows[0], r);
 }
 
-Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r) {
+Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r, bool inserted) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
   auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) {
@@ -117,7 +117,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r)
   };
   for (int round = 0; round < kMaxRounds; ++round) {
     const Value now = ClaimNow();
-    if (in_tx != nullptr && round == 0) {
+    if (in_tx != nullptr && round == 0 && !inserted) {
       // Inside a transaction the caller has usually just seen the key absent
       // (Peek): insert first; a row already there answers nothing, and the
       // read below decides.
@@ -152,6 +152,68 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r)
   }
   return Status::Busy("claim of key '" + r.key + "' in scope '" + r.scope + "' lost " +
                       std::to_string(kMaxRounds) + " races in a row; retry");
+}
+
+std::vector<Result<ClaimOutcome>> SqlStore::ClaimManyOn(Connection& tx, std::span<const ClaimRequest> requests) {
+  std::vector<Result<ClaimOutcome>> out;
+  out.reserve(requests.size());
+  if (dialect_.claims == nullptr || dialect_.claims->bump_fence != nullptr || requests.size() < 2) {
+    for (const ClaimRequest& r : requests) out.push_back(ClaimOn(&tx, r));
+    return out;
+  }
+  const Value now = ClaimNow();
+  std::vector<std::vector<Value>> params;
+  params.reserve(requests.size());
+  for (const ClaimRequest& r : requests)
+    params.push_back({r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now});
+  Result<std::vector<Rows>> inserted = tx.QueryMany(dialect_.claims->insert, params);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ClaimRequest& r = requests[i];
+    if (!inserted.ok()) {
+      out.push_back(inserted.status());
+    } else if ((*inserted)[i].rows.empty()) {
+      out.push_back(ClaimOn(&tx, r, /*inserted=*/true));  // the key has a record: read it, decide
+    } else {
+      const auto& row = (*inserted)[i].rows[0];
+      ClaimOutcome o;
+      o.kind = ClaimOutcome::Kind::kStarted;
+      o.token = ClaimToken{r.scope, r.key, row[0].AsInt(), row[1].AsInt()};
+      out.push_back(std::move(o));
+    }
+  }
+  return out;
+}
+
+std::vector<Status> SqlStore::CompleteManyOn(Connection& tx, std::span<const Completion> completions,
+                                             int64_t retention_ms) {
+  std::vector<Status> out;
+  out.reserve(completions.size());
+  if (dialect_.claims == nullptr || completions.size() < 2) {
+    for (const Completion& c : completions)
+      out.push_back(CompleteOn(&tx, *c.token, c.result, c.is_error, retention_ms));
+    return out;
+  }
+  const Value now = ClaimNow();
+  std::vector<std::vector<Value>> params;
+  params.reserve(completions.size());
+  for (const Completion& c : completions) {
+    const ClaimToken& t = *c.token;
+    params.push_back(
+        {t.scope, IdBlob(t.key), t.fence, Blob{std::string(c.result)}, c.is_error ? 1 : 0, retention_ms, now});
+  }
+  Result<std::vector<Rows>> done = tx.QueryMany(dialect_.claims->complete, params);
+  for (size_t i = 0; i < completions.size(); ++i) {
+    const ClaimToken& t = *completions[i].token;
+    if (!done.ok()) {
+      out.push_back(done.status());
+    } else if ((*done)[i].rows.empty()) {
+      out.push_back(LeaseLost(t, /*completed_ok=*/true));
+    } else {
+      NotifyChanged(t.scope, t.key);
+      out.push_back(Status::OK());
+    }
+  }
+  return out;
 }
 
 Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {

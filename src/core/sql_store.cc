@@ -36,6 +36,16 @@ Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value
   return conn_->Exec(sql, params);
 }
 
+Result<std::vector<Rows>> Connection::QueryMany(std::string_view sql, std::span<const std::vector<Value>> each) {
+  std::vector<Rows> out;
+  out.reserve(each.size());
+  for (const auto& params : each) {
+    IDEM_ASSIGN_OR_RETURN(Rows r, Query(sql, params));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   return conn_->Query(sql, params);
@@ -66,6 +76,17 @@ Status SqlTransaction::CompleteInTransaction(const ClaimToken& token, std::strin
                                              int64_t retention_ms) {
   IDEM_RETURN_IF_ERROR(Usable());
   return store_.CompleteOn(&*conn_, token, result, is_error, retention_ms);
+}
+
+std::vector<Result<ClaimOutcome>> SqlTransaction::ClaimManyInTransaction(std::span<const ClaimRequest> requests) {
+  if (Status s = Usable(); !s.ok()) return std::vector<Result<ClaimOutcome>>(requests.size(), s);
+  return store_.ClaimManyOn(*conn_, requests);
+}
+
+std::vector<Status> SqlTransaction::CompleteManyInTransaction(std::span<const Completion> completions,
+                                                              int64_t retention_ms) {
+  if (Status s = Usable(); !s.ok()) return std::vector<Status>(completions.size(), s);
+  return store_.CompleteManyOn(*conn_, completions, retention_ms);
 }
 
 Status SqlTransaction::Commit() {
@@ -122,11 +143,15 @@ Status SqlStore::OnPooled(const std::function<Status(Lease&)>& op) {
   // A pooled connection may have died since its last use (a server restart,
   // a connection cut after its last answer): `op` then fails with the
   // connection found broken and nothing done, so one more try on a new one.
-  for (int attempt = 0;; ++attempt) {
-    IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
-    Status s = op(conn);
-    if (s.ok() || attempt > 0 || conn->Healthy()) return s;
-  }
+  // The other pooled connections date from before the same restart: they
+  // are dropped too, and the retry connects afresh.
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  Status s = op(conn);
+  if (s.ok() || conn->Healthy()) return s;
+  ClosePool();
+  IDEM_ASSIGN_OR_RETURN(auto fresh, Connect());
+  Lease again(this, std::move(fresh));
+  return op(again);
 }
 
 Result<std::unique_ptr<StoreTransaction>> SqlStore::Start(bool defer) {

@@ -28,6 +28,9 @@ class Connection {
   virtual ~Connection() = default;
   virtual Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) = 0;
   virtual Result<Rows> Query(std::string_view sql, std::span<const Value> params) = 0;
+  // One statement once per parameter list, the results in order; a backend
+  // with round trips sends them all in one. Default: Query in turn.
+  virtual Result<std::vector<Rows>> QueryMany(std::string_view sql, std::span<const std::vector<Value>> each);
   // SQL without parameters (BEGIN, DDL).
   virtual Status Script(std::string_view sql) = 0;
   // COMMIT. Code::kInDoubt when the outcome is unknown (connection lost
@@ -151,6 +154,8 @@ class SqlTransaction : public StoreTransaction {
   Result<ClaimOutcome> ClaimInTransaction(const ClaimRequest& request) override;
   Status CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
                                int64_t retention_ms) override;
+  std::vector<Result<ClaimOutcome>> ClaimManyInTransaction(std::span<const ClaimRequest> requests) override;
+  std::vector<Status> CompleteManyInTransaction(std::span<const Completion> completions, int64_t retention_ms) override;
   Status Commit() override;
   void Rollback() noexcept override;
   bool Healthy() const override { return conn_->Healthy(); }
@@ -199,7 +204,14 @@ class SqlStore : public Store, public ClaimStore {
   Result<int64_t> NowMs() override;
   // Claim and complete on `in_tx` (inside the caller's transaction, which
   // commits them with its own writes), or on their own when null.
-  Result<ClaimOutcome> ClaimOn(Connection* in_tx, const ClaimRequest& request);
+  // `inserted`: the caller already tried the insert in this transaction
+  // (it answered no row), so the first round only reads.
+  Result<ClaimOutcome> ClaimOn(Connection* in_tx, const ClaimRequest& request, bool inserted = false);
+  // Many claims and completions inside `tx`, each answered as ClaimOn and
+  // CompleteOn would; the inserts (and the completions) go in one QueryMany
+  // where the dialect needs no fence bump before them.
+  std::vector<Result<ClaimOutcome>> ClaimManyOn(Connection& tx, std::span<const ClaimRequest> requests);
+  std::vector<Status> CompleteManyOn(Connection& tx, std::span<const Completion> completions, int64_t retention_ms);
   Status CompleteOn(Connection* in_tx, const ClaimToken& token, std::string_view result, bool is_error,
                     int64_t retention_ms);
   // The `now` parameter of claim statements: the store's clock, or NULL

@@ -38,6 +38,22 @@ Status StoreTransaction::CompleteInTransaction(const ClaimToken&, std::string_vi
   return Status::Internal("this store cannot complete a claim inside a transaction");
 }
 
+std::vector<Result<ClaimOutcome>> StoreTransaction::ClaimManyInTransaction(std::span<const ClaimRequest> requests) {
+  std::vector<Result<ClaimOutcome>> out;
+  out.reserve(requests.size());
+  for (const ClaimRequest& r : requests) out.push_back(ClaimInTransaction(r));
+  return out;
+}
+
+std::vector<Status> StoreTransaction::CompleteManyInTransaction(std::span<const Completion> completions,
+                                                                int64_t retention_ms) {
+  std::vector<Status> out;
+  out.reserve(completions.size());
+  for (const Completion& c : completions)
+    out.push_back(CompleteInTransaction(*c.token, c.result, c.is_error, retention_ms));
+  return out;
+}
+
 Result<std::vector<std::optional<Fingerprint>>> StoreTransaction::InsertMarkers(std::span<const Marker> markers) {
   std::vector<std::optional<Fingerprint>> out;
   out.reserve(markers.size());

@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -173,10 +174,10 @@ const ClaimToken* CurrentClaim() { return g_current_claim; }
 
 // One request of a transactional route on its way through a group.
 struct Idempotency::GroupJob {
-  const RoutePolicy* policy;
-  const TxHandler* handler;
-  const httplib::Request* req;
-  httplib::Response* res;
+  const RoutePolicy* policy = nullptr;
+  const TxHandler* handler = nullptr;
+  const httplib::Request* req = nullptr;
+  httplib::Response* res = nullptr;
   ClaimRequest request;
   enum class Fate {
     kPending,
@@ -206,21 +207,24 @@ class Idempotency::Committer {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  // Queues `job` and returns once its group decided it.
-  void Run(GroupJob& job) {
+  // Queues `job` and returns once its group decided it. The queue holds a
+  // reference too: the job outlives the notify even if its waiter returns
+  // as soon as it sees the decision.
+  void Run(const std::shared_ptr<GroupJob>& job) {
     {
       std::lock_guard lock(mu_);
-      queue_.push_back(&job);
+      queue_.push_back(job);
       queued_.store(queue_.size(), std::memory_order_relaxed);
     }
     cv_.notify_one();
-    job.decided.wait(false, std::memory_order_acquire);
+    job->decided.wait(false, std::memory_order_acquire);
   }
   Store& store() const { return store_; }
   uint64_t queued() const { return queued_.load(std::memory_order_relaxed); }
 
  private:
   void Loop() {
+    std::vector<std::shared_ptr<GroupJob>> held;
     std::vector<GroupJob*> group;
     for (;;) {
       {
@@ -228,15 +232,18 @@ class Idempotency::Committer {
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, nothing left
         const size_t n = std::min(queue_.size(), static_cast<size_t>(max_));
-        group.assign(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+        held.assign(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
         queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
         queued_.store(queue_.size(), std::memory_order_relaxed);
       }
+      group.clear();
+      for (const auto& job : held) group.push_back(job.get());
       owner_.RunGroup(store_, group);
-      for (GroupJob* job : group) {
+      for (const auto& job : held) {
         job->decided.store(true, std::memory_order_release);
-        job->decided.notify_one();  // `job` may be gone after this
+        job->decided.notify_one();
       }
+      held.clear();
     }
   }
 
@@ -245,7 +252,7 @@ class Idempotency::Committer {
   const int max_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<GroupJob*> queue_;
+  std::deque<std::shared_ptr<GroupJob>> queue_;
   bool stopping_ = false;
   std::atomic<uint64_t> queued_{0};
   std::vector<std::thread> threads_;
@@ -278,12 +285,14 @@ void Idempotency::Execute(const ClaimToken& token, httplib::Response& res, const
   res.set_header("Idempotency-Key-Retention", Retention());
 }
 
-// One transaction for the whole group: each job's claim, handler and stored
-// response in turn, then one commit. A job whose response is not kept (or
-// that is over its key limit) is taken out and the rest run again without
-// it; any store error sends every job of the group to a transaction of its
-// own. A key claimed twice in one group is executed by the first job and
-// replayed to the second, after the commit.
+// One transaction for the whole group: every job's claim (in one call, one
+// round trip on PostgreSQL), each started job's handler in turn, their stored
+// responses (one call again), then one commit. A job whose response is not
+// kept (or that is over its key limit) is taken out and the rest run again
+// without it; any store error sends every job of the group to a transaction
+// of its own. A key twice in one group: the first job executes it, and the
+// later one claims after the completions, so it finds the stored response
+// (a replay, after the commit) or a conflict.
 void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   using R = GroupJob::Fate;
   std::vector<GroupJob*> live = group;
@@ -294,37 +303,60 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
       return;
     }
     StoreTransaction& tx = **t;
+    // Each job's key once in the first pass; the repeats in a second one.
+    std::vector<GroupJob*> passes[2];
+    {
+      std::set<std::pair<std::string_view, std::string_view>> seen;
+      for (GroupJob* j : live) passes[seen.insert({j->request.scope, j->request.key}).second ? 0 : 1].push_back(j);
+    }
     bool failed = false;
     GroupJob* out = nullptr;
-    for (GroupJob* j : live) {
-      *j->res = httplib::Response();
-      auto c = tx.ClaimInTransaction(j->request);
-      if (!c.ok()) {
-        failed = true;
-        break;
+    for (const std::vector<GroupJob*>& pass : passes) {
+      if (pass.empty() || failed || out != nullptr) continue;
+      std::vector<ClaimRequest> requests;
+      for (GroupJob* j : pass) requests.push_back(j->request);
+      std::vector<Result<ClaimOutcome>> claimed = tx.ClaimManyInTransaction(requests);
+      std::vector<ClaimToken> tokens;
+      std::vector<std::string> stored;
+      std::vector<GroupJob*> started;
+      tokens.reserve(pass.size());  // Completions point into these
+      stored.reserve(pass.size());
+      for (size_t k = 0; k < pass.size() && !failed && out == nullptr; ++k) {
+        GroupJob* j = pass[k];
+        *j->res = httplib::Response();
+        if (k >= claimed.size() || !claimed[k].ok()) {
+          failed = true;
+          break;
+        }
+        ClaimOutcome& c = *claimed[k];
+        if (c.kind != ClaimOutcome::Kind::kStarted) {
+          j->result = R::kOutcome;
+          j->outcome = std::move(c);
+          continue;
+        }
+        auto under = UnderLimit(j->request.scope);
+        if (!under.ok() || !*under) {
+          out = j;
+          break;
+        }
+        Execute(c.token, *j->res, [&] { (*j->handler)(*j->req, *j->res, tx); });
+        if (!Kept(*j->policy, j->res->status)) {
+          out = j;
+          break;
+        }
+        tokens.push_back(c.token);
+        stored.push_back(Encode(StoredOf(*j->res)));
+        started.push_back(j);
       }
-      if (c->kind != ClaimOutcome::Kind::kStarted) {
-        j->result = R::kOutcome;
-        j->outcome = std::move(*c);
-        continue;
-      }
-      auto under = UnderLimit(j->request.scope);
-      if (!under.ok() || !*under) {
-        out = j;
-        break;
-      }
-      Execute(c->token, *j->res, [&] { (*j->handler)(*j->req, *j->res, tx); });
-      if (!Kept(*j->policy, j->res->status)) {
-        out = j;
-        break;
-      }
-      if (!tx.CompleteInTransaction(c->token, Encode(StoredOf(*j->res)), /*is_error=*/j->res->status >= 500,
-                                    claims_.options().retention_ms)
-               .ok()) {
-        failed = true;
-        break;
-      }
-      j->result = R::kDone;
+      if (failed || out != nullptr) break;
+      std::vector<Completion> completions;
+      for (size_t k = 0; k < started.size(); ++k)
+        completions.push_back(Completion{&tokens[k], stored[k],
+                                         /*is_error=*/started[k]->res->status >= 500});
+      for (const Status& done : tx.CompleteManyInTransaction(completions, claims_.options().retention_ms))
+        failed = failed || !done.ok();
+      if (!failed)
+        for (GroupJob* j : started) j->result = R::kDone;
     }
     if (failed) {
       tx.Rollback();
@@ -512,17 +544,22 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     claim = std::move(*peeked);
     decided = true;
   } else if (tx_handler != nullptr && committer_ != nullptr) {
-    GroupJob job{.policy = &policy, .handler = tx_handler, .req = &req, .res = &res, .request = request};
+    auto job = std::make_shared<GroupJob>();
+    job->policy = &policy;
+    job->handler = tx_handler;
+    job->req = &req;
+    job->res = &res;
+    job->request = request;
     committer_->Run(job);
-    switch (job.result) {
+    switch (job->result) {
       case GroupJob::Fate::kDone:
         executed_.fetch_add(1, std::memory_order_relaxed);
         CountNewKey(scope);
         return say(*key, "executed");
       case GroupJob::Fate::kCommitFailed:
-        return commit_failed(job.error);
+        return commit_failed(job->error);
       case GroupJob::Fate::kOutcome:
-        claim = std::move(job.outcome);
+        claim = std::move(job->outcome);
         decided = true;
         break;
       case GroupJob::Fate::kAlone:

@@ -190,22 +190,29 @@ Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params
   return r;
 }
 
-Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e) {
+Result<std::vector<ResultPtr>> Conn::Pipelined(std::string_view first, std::string_view sql,
+                                               std::span<const Encoded> each) {
+  // Statements are prepared per parameter kinds: a flight prepares at most one.
+  const Statement st = StatementFor(sql, each.front());
+  for (const Encoded& e : each)
+    if (e.sig != each.front().sig)
+      return Status::Internal("a pipeline's executions must have the same parameter kinds: " + What(sql));
   if (PQenterPipelineMode(conn_) != 1)
     return Status::Unavailable("cannot enter pipeline mode: " + Trim(PQerrorMessage(conn_)));
-  const Statement st = StatementFor(sql, e);
-  const bool prepare = st.prepare;
-  const std::string& name = st.name;
   const std::string first_sql(first), text_sql(sql);
-  // One flight: `first`, [the statement's PREPARE,] the statement, a sync.
+  // One flight: [`first`,] [the statement's PREPARE,] each execution, a sync.
   IDEM_KILL_POINT("postgres.round_trip");
-  const bool sent = PQsendQueryParams(conn_, first_sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) == 1 &&
-                    (!prepare || PQsendPrepare(conn_, name.c_str(), text_sql.c_str(), e.n, e.types.data()) == 1) &&
-                    PQsendQueryPrepared(conn_, name.c_str(), e.n, e.values.data(), e.lengths.data(),
-                                        e.formats.data(), 0) == 1 &&
-                    PQpipelineSync(conn_) == 1;
+  bool sent =
+      first.empty() || PQsendQueryParams(conn_, first_sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) == 1;
+  sent = sent && (!st.prepare || PQsendPrepare(conn_, st.name.c_str(), text_sql.c_str(), each.front().n,
+                                               each.front().types.data()) == 1);
+  for (const Encoded& e : each)
+    sent = sent && PQsendQueryPrepared(conn_, st.name.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(),
+                                       0) == 1;
+  sent = sent && PQpipelineSync(conn_) == 1;
   // Each query's result is followed by a NULL; the sync's result comes last.
-  const size_t queries = prepare ? 3 : 2;
+  const size_t lead = (first.empty() ? 0 : 1) + (st.prepare ? 1 : 0);
+  const size_t queries = lead + each.size();
   std::vector<ResultPtr> got;
   bool synced = false;
   for (size_t nulls = 0; sent && PQstatus(conn_) == CONNECTION_OK;) {
@@ -224,29 +231,52 @@ Result<ResultPtr> Conn::PipelinedAfter(std::string_view first, std::string_view 
   // Without the sync the connection stays in pipeline mode: it then counts
   // as in a transaction, so it is never pooled again.
   if (synced) PQexitPipelineMode(conn_);
-  const std::string what[] = {first_sql, "prepare: " + What(sql), What(sql)};
+  // A PREPARE that succeeded stays on the server whatever came after it
+  // (a failing execution, a rollback): the cache must know its name.
+  if (st.prepare && got.size() >= lead && PQresultStatus(got[lead - 1].get()) == PGRES_COMMAND_OK)
+    prepared_.emplace(st.key, st.name);
   for (size_t i = 0; i < queries; ++i) {
-    const std::string& w = what[prepare ? i : (i == 0 ? 0 : 2)];
+    const std::string what = (!first.empty() && i == 0)      ? first_sql
+                             : (st.prepare && i + 1 == lead) ? "prepare: " + What(sql)
+                                                             : What(sql);
     // The first failure is the one to report: later queries only say the pipeline was aborted.
-    if (i >= got.size()) return Translate(nullptr, conn_, w);
-    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, w));
+    if (i >= got.size()) return Translate(nullptr, conn_, what);
+    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, what));
   }
   if (!synced) return Translate(nullptr, conn_, What(sql));
-  if (prepare) prepared_.emplace(st.key, name);
-  return std::move(got[queries - 1]);
+  got.erase(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(lead));
+  return got;
+}
+
+Result<std::vector<ResultPtr>> Conn::PipelinedOrAgain(std::string_view first, std::string_view sql,
+                                                      std::span<const Encoded> each) {
+  Result<std::vector<ResultPtr>> r = Pipelined(first, sql, each);
+  if (r.ok() || first.empty() || healthy()) return r;
+  // A pooled connection found dead (a server restart since its last use)
+  // by the flight that begins the transaction: nothing of it can have
+  // committed, so one more try on a fresh connection is safe.
+  PQreset(conn_);
+  prepared_.clear();
+  if (!healthy()) return r;
+  return Pipelined(first, sql, each);
+}
+
+Result<std::vector<ResultPtr>> Conn::ExecMany(std::string_view first, std::string_view sql,
+                                              std::span<const std::vector<Value>> each) {
+  if (each.empty()) return std::vector<ResultPtr>();
+  std::vector<Encoded> encoded;
+  encoded.reserve(each.size());
+  for (const auto& params : each) {
+    IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
+    encoded.push_back(std::move(e));
+  }
+  return PipelinedOrAgain(first, sql, encoded);
 }
 
 Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-  Result<ResultPtr> r = PipelinedAfter(first, sql, e);
-  if (r.ok() || healthy()) return r;
-  // A pooled connection found dead (a server restart since its last use):
-  // nothing of `first` and `sql` can have committed, so one more try on a
-  // fresh connection is safe.
-  PQreset(conn_);
-  prepared_.clear();
-  if (!healthy()) return r;
-  return PipelinedAfter(first, sql, e);
+  IDEM_ASSIGN_OR_RETURN(auto results, PipelinedOrAgain(first, sql, std::span<const Encoded>(&e, 1)));
+  return std::move(results.front());
 }
 
 int64_t AffectedRows(const PGresult* res) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "idem/result.h"
 #include "idem/status.h"
@@ -55,6 +56,12 @@ class Conn {
   // trip (libpq's pipeline mode) and returns the statement's result. If the
   // connection turns out to be dead, reconnects once and tries again.
   Result<ResultPtr> ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params);
+  // One statement run once per parameter list, all in one round trip after
+  // `first` (when not empty), in pipeline mode; the results in order. Inside
+  // a transaction a failing execution aborts it (the later ones are not run).
+  // Reconnects and tries again once only when `first` begins the transaction.
+  Result<std::vector<ResultPtr>> ExecMany(std::string_view first, std::string_view sql,
+                                          std::span<const std::vector<Value>> each);
 
  private:
   explicit Conn(PGconn* c) : conn_(c) {}
@@ -65,7 +72,11 @@ class Conn {
     bool prepare = false;
   };
   Statement StatementFor(std::string_view sql, const Encoded& e) const;
-  Result<ResultPtr> PipelinedAfter(std::string_view first, std::string_view sql, const Encoded& e);
+  Result<std::vector<ResultPtr>> Pipelined(std::string_view first, std::string_view sql, std::span<const Encoded> each);
+  // Pipelined, and once more on a reset connection when the flight that
+  // begins the transaction (`first` not empty) found the connection dead.
+  Result<std::vector<ResultPtr>> PipelinedOrAgain(std::string_view first, std::string_view sql,
+                                                  std::span<const Encoded> each);
   PGconn* conn_;
   std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
 };

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "core/sql_store.h"
 #include "postgres/pg.h"
@@ -34,7 +35,21 @@ class PgConnection final : public sql_internal::Connection {
     IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
     return pg_internal::ToRows(r.get());
   }
+  // All in one round trip (with a held-back BEGIN in front).
+  Result<std::vector<Rows>> QueryMany(std::string_view sql, std::span<const std::vector<Value>> each) override {
+    if (!begin_failed_.ok()) return begin_failed_;
+    const bool begin = begin_;
+    begin_ = false;
+    auto results = c_->ExecMany(begin ? "BEGIN" : "", sql, each);
+    if (begin) BeganOrNot(results.status());
+    IDEM_RETURN_IF_ERROR(results.status());
+    std::vector<Rows> out;
+    out.reserve(results->size());
+    for (const auto& r : *results) out.push_back(pg_internal::ToRows(r.get()));
+    return out;
+  }
   Status Script(std::string_view sql) override {
+    if (sql == "ROLLBACK") begin_failed_ = Status::OK();  // the transaction ends
     if (begin_) {
       begin_ = false;
       if (sql == "ROLLBACK") return Status::OK();  // nothing was sent
@@ -43,11 +58,14 @@ class PgConnection final : public sql_internal::Connection {
     return c_->Script(sql);
   }
   bool DeferBegin(std::string_view sql) override {
+    begin_failed_ = Status::OK();
     begin_ = sql == "BEGIN";
     return begin_;
   }
   Status Commit() override {
-    if (!begin_failed_.ok()) return begin_failed_.WithContext("the transaction never began");
+    // Whatever happens below, the transaction ends here.
+    const Status began = std::exchange(begin_failed_, Status::OK());
+    if (!began.ok()) return began.WithContext("the transaction never began");
     if (begin_) {  // nothing was sent, so there is nothing to commit
       begin_ = false;
       return Status::OK();
@@ -91,12 +109,20 @@ class PgConnection final : public sql_internal::Connection {
     if (!begin_failed_.ok()) return begin_failed_;
     if (!begin_) return c_->Exec(sql, params);
     begin_ = false;
-    return c_->ExecAfter("BEGIN", sql, params);
+    auto r = c_->ExecAfter("BEGIN", sql, params);
+    BeganOrNot(r.status());
+    return r;
+  }
+  // After a flight that carried the held-back BEGIN failed: if the
+  // connection is up but outside a transaction, BEGIN itself failed, and
+  // the statements that follow must not run on their own (autocommit).
+  void BeganOrNot(const Status& flight) {
+    if (!flight.ok() && c_->healthy() && !c_->in_transaction()) begin_failed_ = flight;
   }
 
   std::unique_ptr<Conn> c_;
   bool begin_ = false;   // BEGIN held back until the first statement
-  Status begin_failed_;  // BEGIN sent for Native() failed
+  Status begin_failed_;  // the held-back BEGIN failed: this transaction can only fail
 };
 
 constexpr sql_internal::Dialect kDialect{

@@ -376,6 +376,99 @@ TEST_F(Postgres, RecoversWhenPooledConnectionsDie) {
 // A pooled connection cut after its last answer (so it still looks healthy)
 // fails the next read on it: the read runs again on a new connection. (The
 // in-doubt resolution reads the marker this way.)
+// The HTTP middleware's group commit claims and completes many keys in one
+// transaction: on PostgreSQL the claims go in one round trip, and the
+// completions in one more, whatever their number.
+TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
+  int next = 0;
+  std::vector<ClaimRequest> all;
+  auto group = [&](int n) {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    std::vector<ClaimRequest> reqs;
+    for (int i = 0; i < n; ++i)
+      reqs.push_back(ClaimRequest{.scope = "charges",
+                                  .key = "rt-" + std::to_string(next++),
+                                  .fingerprint = FingerprintOf("body"),
+                                  .lease_ms = 30'000});
+    auto got = (*tx)->ClaimManyInTransaction(reqs);
+    std::vector<ClaimToken> tokens;
+    for (auto& g : got) {
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_EQ(g->kind, ClaimOutcome::Kind::kStarted);
+      tokens.push_back(g->token);
+    }
+    std::vector<Completion> done;
+    for (const ClaimToken& t : tokens) done.push_back(Completion{&t, "charged"});
+    for (const Status& st : (*tx)->CompleteManyInTransaction(done, 60'000)) ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE((*tx)->Commit().ok());
+    all.insert(all.end(), reqs.begin(), reqs.end());
+  };
+  for (int n : {1, 2, 16}) EXPECT_EQ(RoundTrips([&] { group(n); }), 4) << n;  // BEGIN, claims, completions, COMMIT
+  // Each key claimed again: the stored result, once.
+  Claims claims(*store_->claim_store());
+  for (const ClaimRequest& r : all) {
+    auto again = claims.Claim(r);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << r.key;
+    EXPECT_EQ(again->result, "charged") << r.key;
+  }
+}
+
+// A statement whose PREPARE succeeded in the flight that carried BEGIN, and
+// whose execution then failed: the server keeps the prepared statement, and
+// the connection's cache must know it, or every new statement after it on
+// that connection fails ("prepared statement already exists").
+TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
+  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  Store& store = **one;
+  for (int divisor : {0, 0, 2}) {
+    auto tx = store.BeginDeferred();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto r = (*tx)->Query("SELECT 10 / $1::bigint", {int64_t{divisor}});
+    if (divisor == 0) {
+      EXPECT_FALSE(r.ok());
+      (*tx)->Rollback();
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->rows[0][0].AsInt(), 5);
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  // A statement new to the connection after it.
+  Inbox inbox(store, {.consumer = "payments"});
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NE(inbox.Handle(Msg("after-failed-exec"), ChargeHandler()).kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(Charges(store, "after-failed-exec"), 1);
+}
+
+// After a server restart every pooled connection is dead, though each looks
+// fine until used: reads and new transactions still work, on new connections.
+TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
+  Inbox inbox(*store_, {.consumer = "payments"});
+  ASSERT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kApplied);
+  // Four connections at once, back in the pool afterwards.
+  std::vector<std::unique_ptr<StoreTransaction>> open;
+  std::vector<int> pids;
+  for (int i = 0; i < 4; ++i) {
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    pids.push_back(BackendPid(**tx));
+    open.push_back(std::move(*tx));
+  }
+  for (auto& tx : open) ASSERT_TRUE(tx->Commit().ok());
+  open.clear();
+  for (int pid : pids) Terminate(pid);
+  auto count = store_->CountMarkers("payments");
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 1);
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NE(inbox.Handle(Msg("after-restart"), ChargeHandler()).kind, Outcome::Kind::kFailed);
+  EXPECT_EQ(Charges(*store_, "after-restart"), 1);
+  EXPECT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+}
+
 TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
   Inbox inbox(*store_, {.consumer = "payments"});
   int sock = -1;
