@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "idem/env.h"
@@ -109,7 +110,16 @@ class Checkpointer {
       std::lock_guard<std::mutex> l(mu_);
       if (woken_ || stop_) return;
       woken_ = true;
-      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+      // Called from SQLite's WAL hook: no exception may leave. Without the
+      // thread the commits checkpoint themselves at 8x the threshold.
+      if (!thread_.joinable()) {
+        try {
+          thread_ = std::thread([this] { Run(); });
+        } catch (const std::system_error&) {
+          woken_ = false;
+          return;
+        }
+      }
     }
     cv_.notify_one();
   }
