@@ -97,11 +97,20 @@ struct Config {
   // --group-commit: claim, charge and response of many requests in one
   // transaction).
   std::string provider_mode = "two-phase";
+  // The provider's own store; empty: sqlite:DIR/provider.db (synchronous=normal).
+  std::string provider_store;
   // Worker mode (internal): this process is consumer `slot`, life `life`.
   int slot = -1;
   int64_t life = 0;
   std::string provider;
 };
+
+std::string ProviderStore(const Config& cfg) {
+  // The provider's durability is its own: WAL without an fsync per commit
+  // survives its kills (only a power cut would not).
+  return cfg.provider_store.empty() ? "sqlite:" + cfg.dir + "/provider.db?synchronous=normal" : cfg.provider_store;
+}
+
 
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -520,6 +529,13 @@ Status Run::Prepare() {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
+  if (!cfg_.provider_store.empty()) {  // (the default's files are gone already)
+    IDEM_ASSIGN_OR_RETURN(auto provider, OpenStore(cfg_.provider_store, true, 1));
+    IDEM_ASSIGN_OR_RETURN(auto tx, provider->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS provider_charges").status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_claims").status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
   consumer_store_ = cfg_.store;
   if (postgres_) {
     std::string host;
@@ -542,9 +558,7 @@ Status Run::StartProvider(bool chaos) {
                                    "--listen",
                                    "127.0.0.1:" + std::to_string(provider_port_),
                                    "--store",
-                                   // The provider's durability is its own: WAL without an fsync
-                                   // per commit survives its kills (only a power cut would not).
-                                   "sqlite:" + cfg_.dir + "/provider.db?synchronous=normal",
+                                   ProviderStore(cfg_),
                                    "--api-key",
                                    std::string(kApiKey) + ":" + kPrincipal,
                                    "--lease",
@@ -884,7 +898,7 @@ Result<Check> CheckEffects(const Config& cfg, Store& store) {
   c.applied = static_cast<int64_t>(applied.size());
   // Effects at the provider: charges per order (its customer is "cus_<order>").
   {
-    IDEM_ASSIGN_OR_RETURN(auto db, OpenStore("sqlite:" + cfg.dir + "/provider.db", false));
+    IDEM_ASSIGN_OR_RETURN(auto db, OpenStore(ProviderStore(cfg), false));
     IDEM_ASSIGN_OR_RETURN(auto tx, db->Begin());
     IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT id, customer, amount FROM provider_charges"));
     std::unordered_map<std::string, int64_t> per_order;
@@ -1071,6 +1085,9 @@ const Command& ChaosCommand() {
       {{"source", "URL", "embedded:DIR/queue.db", "the broker (see idem run --help); kafka-mock: runs the mock\n"
                                                   "          cluster in this process for every consumer"},
        {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
+       {"provider-store", "URL", "sqlite:DIR/provider.db",
+        "the provider's store (its claims, charges and stored responses): sqlite:PATH\n"
+        "          or postgres://...; emptied of charges and claims first"},
        {"messages", "N", "3000", "unique payment messages"},
        {"consumers", "M", "4", "consumer processes"},
        {"kills", "K", "100", "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
@@ -1161,6 +1178,7 @@ int RunChaos(const Args& args) {
   if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit")
     return Fail(cmd, Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
   cfg.provider_mode = args.Get("provider-mode");
+  cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
   if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")
     return Fail(cmd, Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" +
                                              cfg.provider_mode + "'"));
