@@ -77,7 +77,7 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   // 3. A replay, a conflict and a new key in one call; a completion with a
-  //    token that does not hold its key fails and says why.
+  //    token that does not hold its key fails.
   {
     auto tx = store_->Begin();
     ASSERT_TRUE(tx.ok()) << tx.status();
@@ -100,6 +100,16 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
   auto k3 = claims->FindClaim("charges", "k3");
   ASSERT_TRUE(k3.ok()) << k3.status();
   EXPECT_FALSE(k3->has_value());
+  {  // k3 again: rolled back, so it starts afresh
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    std::vector<ClaimRequest> reqs = {req("k3")};
+    auto got = (*tx)->ClaimManyInTransaction(reqs);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_TRUE(got[0].ok()) << got[0].status();
+    EXPECT_EQ(got[0]->kind, Kind::kStarted);
+    (*tx)->Rollback();
+  }
   auto k1 = claims->FindClaim("charges", "k1");
   ASSERT_TRUE(k1.ok()) << k1.status();
   ASSERT_TRUE(k1->has_value());

@@ -297,7 +297,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   using R = GroupJob::Fate;
   std::vector<GroupJob*> live = group;
   while (!live.empty()) {
-    auto t = store.Begin();
+    auto t = store.BeginDeferred();  // BEGIN goes with the claims where the store can
     if (!t.ok()) {
       for (GroupJob* j : live) j->result = R::kAlone;  // each reports the store's error itself
       return;

@@ -192,7 +192,8 @@ Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params
 
 Result<std::vector<ResultPtr>> Conn::Pipelined(std::string_view first, std::string_view sql,
                                                std::span<const Encoded> each) {
-  // Statements are prepared per parameter kinds: a flight prepares at most one.
+  // Statements are prepared per parameter kinds (NULL counts as a kind of its
+  // own here): a flight prepares at most one, so all must have the same.
   const Statement st = StatementFor(sql, each.front());
   for (const Encoded& e : each)
     if (e.sig != each.front().sig)

@@ -60,8 +60,6 @@ class Conn {
   // `first` (when not empty), in pipeline mode; the results in order. Inside
   // a transaction a failing execution aborts it (the later ones are not run).
   // Reconnects and tries again once only when `first` begins the transaction.
-  // The whole flight is written before any result is read: for statements
-  // with small results (a blocking connection could otherwise stall).
   Result<std::vector<ResultPtr>> ExecMany(std::string_view first, std::string_view sql,
                                           std::span<const std::vector<Value>> each);
 

@@ -38,6 +38,7 @@ class PgConnection final : public sql_internal::Connection {
   // All in one round trip (with a held-back BEGIN in front).
   Result<std::vector<Rows>> QueryMany(std::string_view sql, std::span<const std::vector<Value>> each) override {
     if (!begin_failed_.ok()) return begin_failed_;
+    if (each.empty()) return std::vector<Rows>();  // nothing to send: a held-back BEGIN stays held
     const bool begin = begin_;
     begin_ = false;
     auto results = c_->ExecMany(begin ? "BEGIN" : "", sql, each);
@@ -49,11 +50,21 @@ class PgConnection final : public sql_internal::Connection {
     return out;
   }
   Status Script(std::string_view sql) override {
-    if (sql == "ROLLBACK") begin_failed_ = Status::OK();  // the transaction ends
+    if (sql == "ROLLBACK" || sql == "BEGIN") {
+      // The transaction ends (or a new one starts): a failed held-back BEGIN
+      // is forgotten, and with nothing open on the server nothing is sent.
+      const bool failed = !begin_failed_.ok();
+      begin_failed_ = Status::OK();
+      if (sql == "ROLLBACK" && (begin_ || failed) && !c_->in_transaction()) {
+        begin_ = false;
+        return Status::OK();
+      }
+    }
     if (begin_) {
       begin_ = false;
-      if (sql == "ROLLBACK") return Status::OK();  // nothing was sent
-      IDEM_RETURN_IF_ERROR(c_->Script("BEGIN"));
+      Status began = c_->Script("BEGIN");
+      BeganOrNot(began);
+      IDEM_RETURN_IF_ERROR(began);
     }
     return c_->Script(sql);
   }
@@ -90,7 +101,9 @@ class PgConnection final : public sql_internal::Connection {
       return Status(Code::kAborted, "COMMIT rolled back: an earlier statement in the transaction failed");
     return Status::OK();
   }
-  bool InTransaction() const override { return begin_ || c_->in_transaction(); }
+  // A transaction whose held-back BEGIN failed is still one until it ends
+  // (ROLLBACK, Commit): until then the connection must not be pooled.
+  bool InTransaction() const override { return begin_ || !begin_failed_.ok() || c_->in_transaction(); }
   bool Healthy() const override { return c_->healthy(); }
   void* Native() override {
     // Whoever takes the handle expects the transaction to have begun. If

@@ -398,8 +398,10 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
       ASSERT_EQ(g->kind, ClaimOutcome::Kind::kStarted);
       tokens.push_back(g->token);
     }
+    std::vector<std::string> results;
+    for (const ClaimToken& t : tokens) results.push_back("charged " + t.key);
     std::vector<Completion> done;
-    for (const ClaimToken& t : tokens) done.push_back(Completion{&t, "charged"});
+    for (size_t i = 0; i < tokens.size(); ++i) done.push_back(Completion{&tokens[i], results[i]});
     for (const Status& st : (*tx)->CompleteManyInTransaction(done, 60'000)) ASSERT_TRUE(st.ok()) << st;
     ASSERT_TRUE((*tx)->Commit().ok());
     all.insert(all.end(), reqs.begin(), reqs.end());
@@ -411,7 +413,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
     auto again = claims.Claim(r);
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << r.key;
-    EXPECT_EQ(again->result, "charged") << r.key;
+    EXPECT_EQ(again->result, "charged " + r.key);  // each key its own result
   }
 }
 
@@ -444,29 +446,73 @@ TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
 }
 
 // After a server restart every pooled connection is dead, though each looks
-// fine until used: reads and new transactions still work, on new connections.
+// fine until used: reads, new transactions and the Inbox still work, on new
+// connections, whichever of them meets the dead pool first.
 TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
   Inbox inbox(*store_, {.consumer = "payments"});
   ASSERT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kApplied);
-  // Four connections at once, back in the pool afterwards.
-  std::vector<std::unique_ptr<StoreTransaction>> open;
-  std::vector<int> pids;
-  for (int i = 0; i < 4; ++i) {
-    auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
-    pids.push_back(BackendPid(**tx));
-    open.push_back(std::move(*tx));
-  }
-  for (auto& tx : open) ASSERT_TRUE(tx->Commit().ok());
-  open.clear();
-  for (int pid : pids) Terminate(pid);
-  auto count = store_->CountMarkers("payments");
+  // Four connections at once, back in the pool afterwards, then their backends ended.
+  auto kill_the_pool = [&] {
+    std::vector<std::unique_ptr<StoreTransaction>> open;
+    std::vector<int> pids;
+    for (int i = 0; i < 4; ++i) {
+      auto tx = store_->Begin();
+      ASSERT_TRUE(tx.ok()) << tx.status();
+      pids.push_back(BackendPid(**tx));
+      open.push_back(std::move(*tx));
+    }
+    for (auto& tx : open) ASSERT_TRUE(tx->Commit().ok());
+    for (int pid : pids) Terminate(pid);
+  };
+  kill_the_pool();
+  auto count = store_->CountMarkers("payments");  // a read
   ASSERT_TRUE(count.ok()) << count.status();
   EXPECT_EQ(*count, 1);
-  for (int d = 0; d < 2; ++d)
+  kill_the_pool();
+  {
+    auto tx = store_->Begin();  // BEGIN on its own
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto one = (*tx)->Query("SELECT 1", {});
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  kill_the_pool();
+  for (int d = 0; d < 2; ++d)  // BEGIN held back, sent with the marker
     EXPECT_NE(inbox.Handle(Msg("after-restart"), ChargeHandler()).kind, Outcome::Kind::kFailed);
   EXPECT_EQ(Charges(*store_, "after-restart"), 1);
   EXPECT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+}
+
+// A transaction whose held-back BEGIN never went out (its first flight
+// failed before anything was sent: here a text parameter with a NUL byte)
+// fails, and the connection goes back to the pool clean: the next read and
+// the next transaction on it work.
+TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
+  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  Store& store = **one;
+  for (bool rollback : {true, false}) {
+    {
+      auto tx = store.BeginDeferred();
+      ASSERT_TRUE(tx.ok()) << tx.status();
+      Value p[] = {std::string("a\0b", 3)};
+      auto r = (*tx)->Query("SELECT $1::text", p);
+      EXPECT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find("NUL"), std::string::npos) << r.status();
+      if (rollback) {
+        (*tx)->Rollback();
+      } else {
+        EXPECT_FALSE((*tx)->Commit().ok());
+      }
+    }
+    auto count = store.CountMarkers("payments");
+    EXPECT_TRUE(count.ok()) << count.status();
+    auto tx = store.Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto r = (*tx)->Query("SELECT 1", {});
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE((*tx)->Commit().ok());
+  }
 }
 
 TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
