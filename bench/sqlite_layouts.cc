@@ -7,7 +7,7 @@
 // with a marker insert per message, in alternating rounds, synchronous=NORMAL,
 // checkpoints on a thread of their own (as the store does with NORMAL).
 //
-//   idem_sqlite_layouts LAYOUT PATH N [PAGE_SIZE [SECONDS_PER_ROUND]]
+//   idem_sqlite_layouts LAYOUT PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]
 //     LAYOUT  pk          the store's layout: (consumer, id) primary key, WITHOUT ROWID
 //             hash16      a rowid table of markers, unique index on a 16-byte hash of (consumer, id)
 //             hash8       the same with an 8-byte integer hash (the index's entries are smallest)
@@ -199,7 +199,7 @@ class Bloom {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s pk|hash16|hash8|lsm_floor PATH N [PAGE_SIZE [SECONDS_PER_ROUND]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s pk|hash16|hash8|lsm_floor PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]\n", argv[0]);
     return 2;
   }
   const Layout layout = LayoutFor(argv[1]);
@@ -207,6 +207,9 @@ int main(int argc, char** argv) {
   const int64_t n = std::atoll(argv[3]);
   const int page_size = argc > 4 ? std::atoi(argv[4]) : 4096;
   const double seconds = argc > 5 ? std::atof(argv[5]) : 2.0;  // per round
+  // "ordered": the measured ids are time-ordered (after every retained one), as UUIDv7 would be.
+  const bool ordered = argc > 6 && std::string(argv[6]) == "ordered";
+  int64_t next_ordered = 0;
   std::mt19937_64 rng(std::random_device{}());  // a rerun on the same file must not repeat its ids
   int64_t at = 1'700'000'000'000;
   const bool fresh = !std::filesystem::exists(path);
@@ -255,7 +258,12 @@ int main(int argc, char** argv) {
     while (elapsed < seconds) {
       Exec(db, "BEGIN IMMEDIATE");
       for (int i = 0; i < 100; ++i) {
-        const std::string id = RandomId(rng);
+        std::string id = RandomId(rng);
+        if (ordered) {  // "ffffffff-" sorts after every random id; then a counter
+          char head[32];
+          std::snprintf(head, sizeof head, "ffffffff-%018lld", static_cast<long long>(++next_ordered));
+          id = std::string(head) + id.substr(27);
+        }
         if (guarded && lsm) {
           const std::string h = Sha256("bench-random" + std::string(1, '\0') + id);
           uint64_t v = 0;
@@ -307,9 +315,9 @@ int main(int argc, char** argv) {
   sqlite3_close(db);
   std::printf(
       "{\"layout\":\"%s\",\"page_size\":%d,\"retained\":%lld,\"bare_per_s\":%.0f,\"guarded_per_s\":%.0f,"
-      "\"ratio\":%.2f,\"file_mib\":%.0f,\"runs_built\":%lld,\"bloom_maybes\":%lld}\n",
+      "\"ratio\":%.2f,\"file_mib\":%.0f,\"runs_built\":%lld,\"bloom_maybes\":%lld,\"ids\":\"%s\"}\n",
       layout.name.c_str(), page_size, static_cast<long long>(n), bare, guarded, bare / guarded,
       static_cast<double>(std::filesystem::file_size(path)) / (1 << 20), static_cast<long long>(runs),
-      static_cast<long long>(maybes));
+      static_cast<long long>(maybes), ordered ? "ordered" : "random");
   return 0;
 }
