@@ -36,6 +36,23 @@ std::string Describe(const ClaimToken& t) {
   return "key '" + t.key + "' in scope '" + t.scope + "' (fence " + std::to_string(t.fence) + ")";
 }
 
+// The parameters of the claims SQL's insert and complete (see ClaimsSql).
+std::vector<Value> InsertParams(const ClaimRequest& r, const Value& now) {
+  return {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
+}
+std::vector<Value> CompleteParams(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms,
+                                  const Value& now) {
+  return {t.scope, IdBlob(t.key), t.fence, Blob{std::string(result)}, is_error ? 1 : 0, retention_ms, now};
+}
+
+ClaimOutcome Started(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
+  ClaimOutcome out;
+  out.kind = ClaimOutcome::Kind::kStarted;
+  out.token = ClaimToken{r.scope, r.key, fence, lease_until_ms};
+  out.took_over = took_over;
+  return out;
+}
+
 }  // namespace
 
 Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connection* in_tx, const char* sql,
@@ -109,11 +126,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
   auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) {
-    ClaimOutcome out;
-    out.kind = ClaimOutcome::Kind::kStarted;
-    out.token = ClaimToken{r.scope, r.key, fence_lease.first, fence_lease.second};
-    out.took_over = took_over;
-    return out;
+    return Started(r, fence_lease.first, fence_lease.second, took_over);
   };
   for (int round = 0; round < kMaxRounds; ++round) {
     const Value now = ClaimNow();
@@ -121,8 +134,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
       // Inside a transaction the caller has usually just seen the key absent
       // (Peek): insert first; a row already there answers nothing, and the
       // read below decides.
-      Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
-      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, p));
+      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, InsertParams(r, now)));
       if (w.has_value()) return started(*w, false);
     }
     Rows rows;
@@ -136,8 +148,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
       }
     }
     if (rows.rows.empty()) {
-      Value p[] = {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
-      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, p));
+      IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.insert, InsertParams(r, now)));
       if (w.has_value()) return started(*w, false);
       continue;  // another claimer inserted it first: look again
     }
@@ -164,8 +175,7 @@ std::vector<Result<ClaimOutcome>> SqlStore::ClaimManyOn(Connection& tx, std::spa
   const Value now = ClaimNow();
   std::vector<std::vector<Value>> params;
   params.reserve(requests.size());
-  for (const ClaimRequest& r : requests)
-    params.push_back({r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now});
+  for (const ClaimRequest& r : requests) params.push_back(InsertParams(r, now));
   Result<std::vector<Rows>> inserted = tx.QueryMany(dialect_.claims->insert, params);
   for (size_t i = 0; i < requests.size(); ++i) {
     const ClaimRequest& r = requests[i];
@@ -175,10 +185,7 @@ std::vector<Result<ClaimOutcome>> SqlStore::ClaimManyOn(Connection& tx, std::spa
       out.push_back(ClaimOn(&tx, r, /*inserted=*/true));  // the key has a record: read it, decide
     } else {
       const auto& row = (*inserted)[i].rows[0];
-      ClaimOutcome o;
-      o.kind = ClaimOutcome::Kind::kStarted;
-      o.token = ClaimToken{r.scope, r.key, row[0].AsInt(), row[1].AsInt()};
-      out.push_back(std::move(o));
+      out.push_back(Started(r, row[0].AsInt(), row[1].AsInt(), /*took_over=*/false));
     }
   }
   return out;
@@ -196,11 +203,7 @@ std::vector<Status> SqlStore::CompleteManyOn(Connection& tx, std::span<const Com
   const Value now = ClaimNow();
   std::vector<std::vector<Value>> params;
   params.reserve(completions.size());
-  for (const Completion& c : completions) {
-    const ClaimToken& t = *c.token;
-    params.push_back(
-        {t.scope, IdBlob(t.key), t.fence, Blob{std::string(c.result)}, c.is_error ? 1 : 0, retention_ms, now});
-  }
+  for (const Completion& c : completions) params.push_back(CompleteParams(*c.token, c.result, c.is_error, retention_ms, now));
   Result<std::vector<Rows>> done = tx.QueryMany(dialect_.claims->complete, params);
   for (size_t i = 0; i < completions.size(); ++i) {
     const ClaimToken& t = *completions[i].token;
@@ -239,8 +242,7 @@ Status SqlStore::CompleteOn(Connection* in_tx, const ClaimToken& t, std::string_
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   Rows rows;
   {
-    Value p[] = {t.scope, IdBlob(t.key), t.fence, Blob{std::string(result)}, is_error ? 1 : 0, retention_ms,
-                 ClaimNow()};
+    const std::vector<Value> p = CompleteParams(t, result, is_error, retention_ms, ClaimNow());
     if (in_tx != nullptr) {
       IDEM_ASSIGN_OR_RETURN(rows, in_tx->Query(dialect_.claims->complete, p));
     } else {
