@@ -457,7 +457,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   std::unique_ptr<StoreTransaction> tx;
   auto run_unguarded = [&] {
     if (tx_handler == nullptr) return handler(req, res);
-    auto t = store->Begin();
+    auto t = store->BeginDeferred();
     if (!t.ok()) return Problem(res, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
     (*tx_handler)(req, res, **t);
     if (res.status < 400) {
@@ -571,7 +571,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   if (decided) {
     if (claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0) claim = claims_.Claim(request);
   } else if (tx_handler != nullptr) {
-    auto t = store->Begin();
+    auto t = store->BeginDeferred();  // BEGIN goes with the claim where the store can
     if (!t.ok()) {
       claim = t.status();
     } else {

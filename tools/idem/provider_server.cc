@@ -95,7 +95,7 @@ struct ProviderServer::Impl {
                   static_cast<unsigned long long>(Env::Default()->Random() & 0xffffffffffffULL));
     std::unique_ptr<StoreTransaction> own;
     if (outer == nullptr) {
-      IDEM_ASSIGN_OR_RETURN(own, store->Begin());
+      IDEM_ASSIGN_OR_RETURN(own, store->BeginDeferred());  // BEGIN goes with the insert where the store can
     }
     Transaction* tx = outer != nullptr ? outer : own.get();
     Value ins[] = {std::string(id), *principal, claim->key, amount->get<int64_t>(), currency->get<std::string>(),
@@ -121,7 +121,7 @@ struct ProviderServer::Impl {
   void Read(const httplib::Request& req, httplib::Response& res, bool one) {
     auto principal = authenticate(req);
     if (!principal) return Problem(res, 401, "unauthenticated", "send Authorization: Bearer <API key>");
-    auto tx = store->Begin();
+    auto tx = store->BeginDeferred();
     if (!tx.ok()) return Problem(res, 503, "store-unavailable", tx.status().ToString());
     Result<Rows> rows = Status::Internal("unset");
     if (one) {
