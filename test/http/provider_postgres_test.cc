@@ -3,6 +3,7 @@
 // The provider's cases (provider_cases.cc) on PostgreSQL: a fresh schema of
 // the throwaway server (CTest fixture "postgres") per test.
 #include "http/provider_cases.h"
+#include "idem/env.h"
 #include "postgres/pg_test_util.h"
 
 namespace idem::testing {
@@ -15,6 +16,37 @@ INSTANTIATE_TEST_SUITE_P(Postgres, ProviderTest,
                                            ProviderParam{"PostgresOneTransaction", Url, ProviderMode::kOneTransaction},
                                            ProviderParam{"PostgresGroupCommit", Url, ProviderMode::kGroupCommit}),
                          ProviderParamName);
+
+// A first execution in the two-phase mode makes five round trips: the read
+// of the key (Peek), the claim, the charge's BEGIN with its INSERT, its
+// COMMIT, the completion. (BEGIN on its own would make it six.) A replay
+// makes one. Every key is sent twice.
+TEST(ProviderOnPostgres, ATwoPhaseFirstExecutionMakesFiveRoundTripsAndAReplayOne) {
+  FakeEnv env;  // the per-principal key count is read once and then kept
+  cli::ProviderServerOptions o;
+  o.store_url = FreshSchemaUrl();
+  o.api_keys = {{"sk_a", "acct_a"}};
+  o.idempotency.env = &env;
+  auto started = cli::ProviderServer::Start(std::move(o));
+  ASSERT_TRUE(started.ok()) << started.status();
+  cli::ProviderServer& provider = **started;
+  const std::string body = R"({"amount":4000,"currency":"usd","customer":"cus_1"})";
+  auto post = [&](const std::string& key) {
+    return Send(provider.port(), "POST", "/charges", Headers("sk_a", Quoted(key)), body);
+  };
+  ASSERT_EQ(post("warm-up").status, 201);  // connections, prepared statements, the key count
+  int next = 0;
+  std::vector<std::string> keys;
+  const int first = RoundTrips([&] {
+    keys.push_back("rt-" + std::to_string(next++));
+    EXPECT_EQ(post(keys.back()).status, 201);
+  });
+  EXPECT_EQ(first, 5);
+  const int replay = RoundTrips([&] { EXPECT_TRUE(post(keys.front()).replayed()); });
+  EXPECT_EQ(replay, 1);
+  for (const std::string& k : keys) EXPECT_TRUE(post(k).replayed()) << k;
+  provider.Stop();
+}
 
 }  // namespace
 }  // namespace idem::testing

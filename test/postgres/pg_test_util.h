@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "idem/env.h"
 #include "idem/postgres/store.h"
 
 namespace idem::testing {
@@ -63,6 +64,21 @@ inline std::string FreshSchemaUrl() {
   std::string key = std::to_string(::getpid()) + "/" + std::to_string(counter++) + "/" + std::to_string(::time(nullptr));
   PgAdmin("DROP SCHEMA IF EXISTS t_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL) + " CASCADE");
   return SchemaUrl(key);
+}
+
+// How many requests `run` makes that PostgreSQL must answer before the client
+// goes on: the n-th hit of postgres.round_trip (on any thread) is armed for
+// n = 1, 2, ... until a run no longer reaches it. `run` must do the same work
+// every call.
+inline int RoundTrips(const std::function<void()>& run) {
+  for (int n = 1; n <= 64; ++n) {
+    std::atomic<bool> reached{false};
+    ArmKillPoint("postgres.round_trip", n, [&] { reached = true; });
+    run();
+    DisarmKillPoints();
+    if (!reached) return n - 1;
+  }
+  return -1;
 }
 
 }  // namespace idem::testing

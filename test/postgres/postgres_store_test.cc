@@ -223,20 +223,6 @@ TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
   }
 }
 
-// How many requests `run` makes that PostgreSQL must answer before the client
-// goes on: the n-th hit of postgres.round_trip is armed for n = 1, 2, ...
-// until a run no longer reaches it. `run` must do the same work every call.
-int RoundTrips(const std::function<void()>& run) {
-  for (int n = 1; n <= 64; ++n) {
-    bool reached = false;
-    ArmKillPoint("postgres.round_trip", n, [&] { reached = true; });
-    run();
-    DisarmKillPoints();
-    if (!reached) return n - 1;
-  }
-  return -1;
-}
-
 // BEGIN goes with the marker in one flight (libpq pipeline mode): a guarded
 // transaction makes as many round trips as the same work in a transaction
 // of its own (BEGIN, INSERT, COMMIT), for one message and for a batch.
