@@ -174,6 +174,9 @@ check corrupt 3 "$IDEM" inspect --store "sqlite:$T/corrupt.db"
 has corrupt-named "$T/err" "not a SQLite database"
 check queue-wrong-schema 3 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/payments.db"
 has queue-wrong-schema-named "$T/err" "not a queue file"
+(cd "$T" && check unknown-scheme 2 "$IDEM" inspect --store "mysql:orders")
+has unknown-scheme-named "$T/err" "not a SQLite URL: 'mysql:orders' \\(expected sqlite:PATH\\)"
+[ ! -e "$T/mysql:orders" ] && pass=$((pass + 1)) || { echo "FAIL a mistyped URL became a file"; fails=$((fails + 1)); }
 check postgres-unreachable 3 "$IDEM" inspect --store "postgres://postgres@127.0.0.1:1/x"
 has postgres-unreachable-named "$T/err" "cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/x"
 

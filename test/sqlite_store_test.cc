@@ -66,6 +66,14 @@ TEST(SqliteStore, UrlParsing) {
   EXPECT_EQ(sqlite::ParseUrl("sqlite:///tmp/y.db")->path, "/tmp/y.db");
   EXPECT_EQ(sqlite::ParseUrl("plain.db")->path, "plain.db");
   EXPECT_EQ(sqlite::ParseUrl("postgres://h/db").status().code(), Code::kInvalidArgument);
+  // Something that starts like another URL is not taken for a file name.
+  for (const char* other : {"bogus:thing", "postgresql:dbname=x", "redis:localhost", "file:x.db"}) {
+    auto r = sqlite::ParseUrl(other);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << other;
+    EXPECT_NE(r.status().message().find("expected sqlite:PATH"), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(sqlite::ParseUrl("./odd:name.db")->path, "./odd:name.db");  // a path can still hold a colon
+  EXPECT_EQ(sqlite::ParseUrl("/tmp/a:b.db")->path, "/tmp/a:b.db");
   EXPECT_EQ(sqlite::ParseUrl("sqlite:").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?synchronous=maybe").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?color=red").status().code(), Code::kInvalidArgument);

@@ -5,6 +5,7 @@
 #ifndef IDEM_SRC_CORE_URL_H_
 #define IDEM_SRC_CORE_URL_H_
 
+#include <cctype>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -35,7 +36,15 @@ inline Result<Url> Parse(std::string_view url, std::initializer_list<std::string
       break;
     }
   }
-  if (!matched && (!bare_ok || rest.find("://") != std::string_view::npos))
+  // A bare path is accepted where allowed, unless it starts like another
+  // URL ("scheme:" or "scheme://"): a mistyped URL would otherwise become a
+  // file of that name.
+  const size_t colon = rest.find(':');
+  const bool looks_like_url =
+      colon != std::string_view::npos && colon > 0 && std::isalpha(static_cast<unsigned char>(rest[0])) &&
+      rest.substr(0, colon).find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-") ==
+          std::string_view::npos;
+  if (!matched && (!bare_ok || looks_like_url))
     return Status::InvalidArgument("not " + std::string(what) + " URL: '" + std::string(url) + "' (expected " +
                                    std::string(*(prefixes.end() - 1)) + "PATH)");
   Url out;
