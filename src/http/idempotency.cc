@@ -312,16 +312,17 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
     bool failed = false;
     GroupJob* out = nullptr;
     for (const std::vector<GroupJob*>& pass : passes) {
-      if (pass.empty() || failed || out != nullptr) continue;
+      if (pass.empty()) continue;
       std::vector<ClaimRequest> requests;
       for (GroupJob* j : pass) requests.push_back(j->request);
       std::vector<Result<ClaimOutcome>> claimed = tx.ClaimManyInTransaction(requests);
-      std::vector<ClaimToken> tokens;
-      std::vector<std::string> stored;
-      std::vector<GroupJob*> started;
-      tokens.reserve(pass.size());  // Completions point into these
-      stored.reserve(pass.size());
-      for (size_t k = 0; k < pass.size() && !failed && out == nullptr; ++k) {
+      struct Started {
+        GroupJob* job;
+        ClaimToken token;
+        std::string stored;  // the encoded response
+      };
+      std::vector<Started> started;
+      for (size_t k = 0; k < pass.size(); ++k) {
         GroupJob* j = pass[k];
         *j->res = httplib::Response();
         if (k >= claimed.size() || !claimed[k].ok()) {
@@ -344,19 +345,16 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
           out = j;
           break;
         }
-        tokens.push_back(c.token);
-        stored.push_back(Encode(StoredOf(*j->res)));
-        started.push_back(j);
+        started.push_back({j, c.token, Encode(StoredOf(*j->res))});
       }
       if (failed || out != nullptr) break;
-      std::vector<Completion> completions;
-      for (size_t k = 0; k < started.size(); ++k)
-        completions.push_back(Completion{&tokens[k], stored[k],
-                                         /*is_error=*/started[k]->res->status >= 500});
+      std::vector<Completion> completions;  // pointing into `started`, which no longer grows
+      for (const Started& st : started)
+        completions.push_back(Completion{&st.token, st.stored, /*is_error=*/st.job->res->status >= 500});
       for (const Status& done : tx.CompleteManyInTransaction(completions, claims_.options().retention_ms))
         failed = failed || !done.ok();
-      if (!failed)
-        for (GroupJob* j : started) j->result = R::kDone;
+      if (failed) break;
+      for (const Started& st : started) st.job->result = R::kDone;
     }
     if (failed) {
       tx.Rollback();
