@@ -19,7 +19,6 @@
 // Only the write path is measured: what the index costs per marker. A hash
 // layout would also need the collision check (compare the full id on a hash
 // hit) and a migration; see doc/performance.md.
-#include <openssl/evp.h>
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -35,6 +34,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "idem/message.h"
 
 namespace {
 
@@ -55,11 +56,10 @@ std::string RandomId(std::mt19937_64& rng) {
   return s;
 }
 
+// SHA-256 as the store computes it (idem::FingerprintOf), as bytes.
 std::string Sha256(const std::string& in) {
-  unsigned char out[32];
-  unsigned int n = 0;
-  EVP_Digest(in.data(), in.size(), out, &n, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<char*>(out), 32);
+  const idem::Fingerprint f = idem::FingerprintOf(in);
+  return std::string(reinterpret_cast<const char*>(f.data()), f.size());
 }
 
 struct Layout {
