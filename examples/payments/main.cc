@@ -7,7 +7,7 @@
 // provider charges once per key.
 //
 // The provider is a stand-in, served from this process on 127.0.0.1 (any
-// free port) with a database of its own: an httplib::Server whose
+// free port) with a database of its own: an idem::http::Server (cpp-httplib's) whose
 // POST /charges is wrapped in idem::http::Idempotency, as a real provider
 // (Stripe, say) honours the Idempotency-Key header.
 //
@@ -25,6 +25,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/http/client.h"
 #include "idem/http/idempotency.h"
+#include "idem/http/server.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 
@@ -101,7 +102,7 @@ class Provider {
   std::unique_ptr<idem::Store> db_;
   std::unique_ptr<idem::Claims> claims_;
   std::unique_ptr<idem::http::Idempotency> idempotency_;
-  httplib::Server server_;
+  idem::http::Server server_;
   std::thread thread_;
   int port_ = 0;
 };

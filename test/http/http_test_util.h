@@ -26,11 +26,13 @@
 
 #include "idem/claims.h"
 #include "idem/env.h"
+#include "idem/http/server.h"
 
 namespace idem::testing {
 
-// An httplib::Server listening on 127.0.0.1:<any free port>, served on its
-// own thread; stopped (and joined) by the destructor.
+// A server (idem::http::Server, cpp-httplib's with idem's connection loop)
+// listening on 127.0.0.1:<any free port>, served on its own thread; stopped
+// (and joined) by the destructor.
 class LoopbackServer {
  public:
   explicit LoopbackServer(size_t threads = 64) {
@@ -83,7 +85,7 @@ class LoopbackServer {
     ASSERT_FALSE(ended_->load()) << "the server stopped at once";
   }
 
-  httplib::Server server_;
+  http::Server server_;
   std::thread thread_;
   std::shared_ptr<std::atomic<bool>> ended_;
   socket_t listen_fd_ = INVALID_SOCKET;

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "idem/claims.h"
+#include "idem/http/server.h"
 
 namespace idem::cli {
 namespace {
@@ -50,7 +51,7 @@ struct ProviderServer::Impl {
   std::unique_ptr<Claims> claims;
   std::unique_ptr<http::Idempotency> idempotency;
   http::Authenticator authenticate;
-  httplib::Server server;
+  http::Server server;  // cpp-httplib's, one recv and one send per request
   std::thread thread;
   // Responses to drop (options.lose_response), by principal and key: the
   // handler decides (on a committer's thread under group commit), the
