@@ -104,14 +104,25 @@ has run-applied "$T/out" '"applied":200,'
 has run-acked-all "$T/out" '"dead_lettered":0'
 check run-again 0 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --json
 has run-again-nothing "$T/out" '"applied":0,'
+# A port in [$1, $1 + 1000) that nothing listens on now (ctest runs other
+# tests beside this one).
+free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$(($1 + RANDOM % 1000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
+  done
+  echo "$p"
+}
 # idem run --metrics: Prometheus counters while it runs; stopped by its PID.
-MPORT=$((23000 + RANDOM % 1000))
+MPORT=$(free_port 23000)
 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --metrics "127.0.0.1:$MPORT" 2>"$T/run.log" &
 RPID=$!
 # 10 new messages: applied once each, acknowledged after their commits.
 "$IDEM" publish --source "embedded:$T/runq.db?queue=pay" --messages 10 >/dev/null
-for _ in $(seq 100); do
+for _ in $(seq 600); do  # up to 60 s on a loaded machine; not once it has exited
   curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q 'idem_acked_total{consumer="payments"} 10$' "$T/metrics" && break
+  kill -0 "$RPID" 2>/dev/null || break
   sleep 0.1
 done
 has run-metrics-acked "$T/metrics" 'idem_acked_total{consumer="payments"} 10$'
@@ -133,10 +144,14 @@ check provider-bad-committers 2 "$IDEM" provider --api-key k:p --one-transaction
 has provider-bad-committers-named "$T/err" "--committers must be 1..64"
 check provider-bad-threads 2 "$IDEM" provider --api-key k:p --threads many --store "sqlite:$T/prov.db"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
-PPORT=$((24000 + RANDOM % 1000))  # below the ephemeral range, apart from the other test ports
+PPORT=$(free_port 24000)  # below the ephemeral range, apart from the other test ports
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
 PPID_=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PPORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$PPORT/health" >/dev/null 2>&1 && break
+  kill -0 "$PPID_" 2>/dev/null || break
+  sleep 0.1
+done
 for n in 1 2; do
   curl -s -o "$T/charge$n" -D "$T/headers$n" -X POST "http://127.0.0.1:$PPORT/charges" -H 'Authorization: Bearer sk_t' \
     -H 'Idempotency-Key: "cli-1"' -d '{"amount": 4000, "currency": "usd", "customer": "cus_1"}'

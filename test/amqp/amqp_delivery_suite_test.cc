@@ -30,8 +30,9 @@ std::string SuiteUrl() {
 // publish the broker confirmed reaches the consumer's socket a moment later,
 // and so does one that a nack or an expired lease gave back. The suite's
 // Receive(max, 0) means "whatever is visible now"; on RabbitMQ that is
-// whatever arrives until the socket has stayed quiet for 100 ms of real time
-// (at most 2 s). Everything else is passed through unchanged.
+// whatever arrives until the socket has stayed quiet for 250 ms of real time
+// (at most 10 s: a requeue on a quorum queue goes through Raft first, which
+// on a loaded CI machine can take longer than a short window). Everything else is passed through unchanged.
 class Settled final : public Source {
  public:
   explicit Settled(std::unique_ptr<amqp::Source> inner) : inner_(std::move(inner)) {}
@@ -41,8 +42,9 @@ class Settled final : public Source {
     if (!got.ok()) return got;
     std::vector<Delivery> out = std::move(*got);
     using Clock = std::chrono::steady_clock;
-    const auto hard = Clock::now() + std::chrono::seconds(2);
-    auto quiet_until = Clock::now() + std::chrono::milliseconds(100);
+    const auto hard = Clock::now() + std::chrono::seconds(10);
+    constexpr auto kQuiet = std::chrono::milliseconds(250);
+    auto quiet_until = Clock::now() + kQuiet;
     while (static_cast<int>(out.size()) < max && Clock::now() < quiet_until && Clock::now() < hard) {
       auto more = inner_->Receive(max - static_cast<int>(out.size()), 0);
       if (!more.ok()) break;
@@ -51,7 +53,7 @@ class Settled final : public Source {
         continue;
       }
       for (Delivery& d : *more) out.push_back(std::move(d));
-      quiet_until = Clock::now() + std::chrono::milliseconds(100);
+      quiet_until = Clock::now() + kQuiet;
     }
     return out;
   }

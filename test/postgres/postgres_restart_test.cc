@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -59,7 +60,12 @@ TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
 
   Inbox inbox(**store, {.consumer = "payments"});
   std::atomic<int> applied{0};
+  std::atomic<bool> paused{false};
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    // From the 10th on, deliveries wait (in their transactions) until the
+    // server is down: stopping it takes a while, and without the wait the
+    // rest could all be applied before it goes, so nothing would meet it down.
+    while (applied.load() >= 10 && !paused.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
     ++applied;
     return Status::OK();
@@ -71,6 +77,7 @@ TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
 
   ASSERT_TRUE(WaitFor([&] { return applied.load() >= 10; }));
   ASSERT_EQ(std::system((Script() + " pause " + state_).c_str()), 0);
+  paused = true;
   // While the server is down, deliveries fail and are given back, not acked.
   EXPECT_TRUE(WaitFor([&] { return inbox.counters().failures >= 3; }));
   ASSERT_EQ(std::system((Script() + " resume " + state_).c_str()), 0);

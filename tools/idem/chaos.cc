@@ -533,7 +533,10 @@ Status Run::Prepare() {
     IDEM_ASSIGN_OR_RETURN(auto provider, OpenStore(cfg_.provider_store, true, 1));
     IDEM_ASSIGN_OR_RETURN(auto tx, provider->Begin());
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS provider_charges").status());
-    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_claims").status());
+    // Only this run's principal: other users of the database keep theirs.
+    IDEM_RETURN_IF_ERROR(
+        tx->Exec("DELETE FROM idem_claims WHERE substr(scope, 1, length($1)) = $1", {std::string(kPrincipal) + "|"})
+            .status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   consumer_store_ = cfg_.store;
