@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/http/idempotency.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -197,7 +199,11 @@ struct Idempotency::GroupJob {
 class Idempotency::Committer {
  public:
   Committer(Idempotency& owner, Store& store, int max, int threads) : owner_(owner), store_(store), max_(max) {
-    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
+    for (int i = 0; i < std::max(1, threads); ++i)
+      threads_.emplace_back([this] {
+        ::pthread_setname_np(::pthread_self(), "idem-committer");  // in ps -L, top -H, gdb
+        Loop();
+      });
   }
   ~Committer() {
     {

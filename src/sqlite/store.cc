@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -114,7 +116,10 @@ class Checkpointer {
       // thread the commits checkpoint themselves at 8x the threshold.
       if (!thread_.joinable()) {
         try {
-          thread_ = std::thread([this] { Run(); });
+          thread_ = std::thread([this] {
+            ::pthread_setname_np(::pthread_self(), "idem-checkpoint");  // in ps -L, top -H, gdb
+            Run();
+          });
         } catch (const std::system_error&) {
           woken_ = false;
           return;
