@@ -13,7 +13,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -82,6 +85,14 @@ class RawConnection {
     }
     return closed_;
   }
+  // Bytes read but not taken by Read().
+  const std::string& rest() const { return buf_; }
+  // Reads at least one more byte (false: the connection ended or timed out).
+  bool ReadMore() { return Fill(); }
+  void Close() {
+    ::close(fd_);
+    fd_ = -1;
+  }
 
  private:
   static std::string Lower(std::string s) {
@@ -107,12 +118,17 @@ std::string Post(const std::string& path, const std::string& body, const std::st
          std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
 }
 
+// POST /echo answers "echo:" and the body.
+void AddEcho(httplib::Server& server) {
+  server.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_content("echo:" + req.body, "text/plain");
+  });
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_.server().Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
-      res.set_content("echo:" + req.body, "text/plain");
-    });
+    AddEcho(server_.server());
     server_.server().Get("/peer", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.remote_addr + " " + std::to_string(req.remote_port) + " " + req.local_addr + " " +
                           std::to_string(req.local_port),
@@ -159,9 +175,12 @@ TEST_F(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
   EXPECT_TRUE(c.SeesClose());
 }
 
-TEST_F(ServerTest, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
-  server_.server().set_keep_alive_max_count(1000);
-  RawConnection c(server_.port());
+TEST(ServerKeepAlive, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
+  LoopbackServer server;
+  server.server().set_keep_alive_max_count(1000);
+  AddEcho(server.server());
+  server.Start();
+  RawConnection c(server.port());
   ASSERT_TRUE(c.connected());
   for (int i = 0; i < 200; ++i) {
     ASSERT_TRUE(c.Send(Post("/echo", std::to_string(i))));
@@ -227,14 +246,116 @@ TEST_F(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
   EXPECT_TRUE(c.SeesClose());
 }
 
-TEST_F(ServerTest, AMalformedRequestGets400AndTheConnectionCloses) {
+TEST_F(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
-  ASSERT_TRUE(c.Send("NOT A REQUEST\r\n\r\n"));
+  ASSERT_TRUE(c.Send("NOT A REQUEST\r\nHost: x\r\n\r\n"));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 400);
+  // Closed at once (the 20 s read timeout would fail SeesClose), and the
+  // unread header lines were not taken for requests of their own.
+  EXPECT_TRUE(c.SeesClose());
+  EXPECT_EQ(c.rest(), "") << "more responses after the 400";
+}
+
+// A request cpp-httplib rejects before reading its body: the body must not
+// be read as the next request on the connection (request smuggling).
+TEST_F(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
+  std::atomic<int> hidden{0};
+  server_.server().Post("/hidden", [&](const httplib::Request&, httplib::Response& res) {
+    ++hidden;
+    res.set_content("ran", "text/plain");
+  });
+  RawConnection c(server_.port());
+  ASSERT_TRUE(c.connected());
+  const std::string inner = Post("/hidden", "x");
+  ASSERT_TRUE(c.Send("BREW /pot HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(inner.size()) +
+                     "\r\n\r\n" + inner));
   auto r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 400);
   EXPECT_TRUE(c.SeesClose());
+  EXPECT_EQ(c.rest(), "") << "more responses after the 400";
+  EXPECT_EQ(hidden.load(), 0) << "the rejected request's body ran as a request";
+}
+
+// A handler's own 4xx after the whole request was read keeps the connection.
+TEST_F(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
+  server_.server().Post("/reject", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 400;
+    res.set_content("no", "text/plain");
+  });
+  RawConnection c(server_.port());
+  ASSERT_TRUE(c.connected());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c.Send(Post("/reject", "body")));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value()) << i << ": the connection was closed after a handler's 400";
+    EXPECT_EQ(r->status, 400);
+  }
+}
+
+// A streamed response goes out as the provider writes it: here the provider
+// waits for the client to have read the first chunk before it writes more.
+TEST_F(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool client_has_first = false;
+  server_.server().Get("/stream", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/plain", [&](size_t offset, httplib::DataSink& sink) {
+      if (offset == 0) {
+        sink.write("first;", 6);
+        std::unique_lock l(mu);
+        // Bounded: without streaming the client never sees the chunk.
+        cv.wait_for(l, std::chrono::seconds(30), [&] { return client_has_first; });
+        return true;
+      }
+      sink.write("second", 6);
+      sink.done();
+      return true;
+    });
+  });
+  RawConnection c(server_.port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send("GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  while (c.rest().find("first;") == std::string::npos)
+    ASSERT_TRUE(c.ReadMore()) << "the first chunk did not arrive while the provider waited: " << c.rest();
+  {
+    std::lock_guard l(mu);
+    client_has_first = true;
+  }
+  cv.notify_all();
+  while (c.rest().find("second") == std::string::npos) ASSERT_TRUE(c.ReadMore()) << c.rest();
+  EXPECT_NE(c.rest().find("Transfer-Encoding: chunked"), std::string::npos) << c.rest();
+}
+
+// A provider that writes while its client is there stops once it is gone.
+TEST_F(ServerTest, AProviderSeesItsClientLeave) {
+  std::atomic<bool> ended{false};
+  server_.server().Get("/forever", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider(
+        "text/plain",
+        [](size_t, httplib::DataSink& sink) {
+          while (sink.is_writable()) {
+            sink.write("tick\n", 5);
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+          return false;
+        },
+        [&](bool) { ended = true; });
+  });
+  {
+    RawConnection c(server_.port());
+    ASSERT_TRUE(c.connected());
+    ASSERT_TRUE(c.Send("GET /forever HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+    while (c.rest().find("tick") == std::string::npos) ASSERT_TRUE(c.ReadMore());
+    c.Close();
+  }
+  // Bounded wait for an event (not a speed check): a provider that never
+  // saw the client leave would write forever.
+  for (int i = 0; i < 3000 && !ended.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(ended.load()) << "the provider kept writing to a client that had left";
 }
 
 // cpp-httplib's own loop waits out the keep-alive timeout of an idle
@@ -243,9 +364,7 @@ TEST_F(ServerTest, AMalformedRequestGets400AndTheConnectionCloses) {
 TEST(ServerStop, StopReturnsWhileKeepAliveConnectionsIdle) {
   LoopbackServer server;
   server.server().set_keep_alive_timeout(3600);
-  server.server().Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
-    res.set_content("echo:" + req.body, "text/plain");
-  });
+  AddEcho(server.server());
   server.Start();
   std::vector<std::unique_ptr<RawConnection>> idle;
   for (int i = 0; i < 4; ++i) {

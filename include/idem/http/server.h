@@ -16,11 +16,18 @@
 // before it are lost), and waits for a keep-alive connection's next request
 // in 10 ms polls with 1 ms naps between them, without watching for stop().
 // This server keeps one stream for the life of the connection and per request
-// makes one poll (while the connection waits for it), one recv and one send
-// of the whole response; a reply the client waits for before it sends more
-// (`100 Continue`) goes out before the next read. Idle connections see stop()
-// within 100 ms. Requests are parsed, routed and answered by cpp-httplib
-// itself, unchanged.
+// makes one poll (while the connection waits for it), one recv and one send:
+// a response's head goes out with the first piece of its body in one writev;
+// the later pieces of a streamed body go out as they are written; a reply the
+// client waits for before it sends more (`100 Continue`) goes out before the
+// next read. It follows each request through the bytes cpp-httplib reads and
+// closes the connection after a response to a request whose head or body was
+// not read to its end (a request line it cannot parse, a body too long, a
+// handler that left its body unread), so those bytes are never taken for a
+// request of their own. Idle connections see stop() within 100 ms. Requests
+// are parsed, routed and answered by cpp-httplib itself, unchanged (its
+// logger and content-provider callbacks run before the last send, as
+// cpp-httplib's own loop does for a response's final bytes).
 #ifndef IDEM_HTTP_SERVER_H_
 #define IDEM_HTTP_SERVER_H_
 
