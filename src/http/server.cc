@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
 #include <chrono>
@@ -30,7 +31,12 @@ constexpr int64_t kIdleSliceMs = 100;
 // Longer timeouts are taken as "a very long time" (no overflow).
 constexpr int64_t kMaxTimeoutMs = int64_t{INT_MAX};
 
-void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip, int& port) {
+// The address getpeername or getsockname gives for `sock`, as cpp-httplib
+// reports it (numeric host, port); left unchanged on an error.
+void AddressOf(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (get(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
   char host[NI_MAXHOST] = {};
   if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
     return;
@@ -98,7 +104,8 @@ class ConnectionStream final : public httplib::Stream {
       // A response head (cpp-httplib writes the status line and headers in
       // one write): held back for its body. An interim one (100 Continue)
       // goes before the next read; a final one's status is noted.
-      const int status = std::atoi(std::string(ptr + 9, 3).c_str());
+      int status = 0;
+      std::from_chars(ptr + 9, ptr + 12, status);
       if (status >= 200) {
         status_ = status;
         head_expected_ = false;
@@ -109,16 +116,8 @@ class ConnectionStream final : public httplib::Stream {
     return Send(ptr, size) ? static_cast<ssize_t>(size) : -1;
   }
 
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t n = sizeof a;
-    if (::getpeername(sock_, reinterpret_cast<sockaddr*>(&a), &n) == 0) AddressOf(a, n, ip, port);
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t n = sizeof a;
-    if (::getsockname(sock_, reinterpret_cast<sockaddr*>(&a), &n) == 0) AddressOf(a, n, ip, port);
-  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { AddressOf(::getpeername, sock_, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { AddressOf(::getsockname, sock_, ip, port); }
   socket_t socket() const override { return sock_; }
 
   // Sends what is held back (a head without a body, a 100 Continue).
