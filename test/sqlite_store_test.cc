@@ -140,6 +140,38 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
   }
 }
 
+// The next write transaction gets the connection that committed last: its
+// page cache is current. Any other connection's cache is dropped at its next
+// transaction, since another connection wrote (under group commit that was
+// a reread of every page a group touches). Reads take the other connections.
+TEST(SqliteStore, WritesGoToTheConnectionThatCommittedLast) {
+  TempDir dir;
+  auto store = sqlite::Open({.path = dir.File("w.db")});
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(CreatePayments(**store).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto wrote = (*store)->Begin();
+    ASSERT_TRUE(wrote.ok()) << wrote.status();
+    ASSERT_TRUE((*wrote)
+                    ->Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 1)",
+                           std::vector<Value>{"p" + std::to_string(i)})
+                    .ok());
+    ASSERT_TRUE((*wrote)->Commit().ok());
+    void* writer = (*wrote)->NativeHandle();
+    // Another connection, used while the writer's transaction object still
+    // lives, goes back to the pool after the writer: the last one returned.
+    auto other = (*store)->Begin();
+    ASSERT_TRUE(other.ok()) << other.status();
+    ASSERT_NE((*other)->NativeHandle(), writer);
+    (*other)->Rollback();
+    wrote->reset();
+    other->reset();
+    auto next = (*store)->Begin();
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ((*next)->NativeHandle(), writer) << "round " << i;
+  }
+}
+
 // A checkpointer that cannot keep up (here: stuck) does not let the WAL grow
 // without bound: at 8 x wal_autocheckpoint pages the committing thread
 // checkpoints itself. Nothing is lost, and the file reopens with every charge.

@@ -92,6 +92,7 @@ std::vector<Status> SqlTransaction::CompleteManyInTransaction(std::span<const Co
 Status SqlTransaction::Commit() {
   IDEM_RETURN_IF_ERROR(Usable());
   Status s = conn_->Commit();
+  if (s.ok()) store_.Committed(conn_.get());
   if (s.ok() || s.code() == Code::kInDoubt || !conn_->InTransaction()) {
     done_ = true;
     return s;
@@ -115,17 +116,28 @@ void SqlStore::Return(std::unique_ptr<Connection> conn) {
   // Never reuse a connection that is broken or in an unknown state.
   if (!conn->Healthy() || conn->InTransaction()) return;
   std::lock_guard<std::mutex> l(mu_);
+  if (conn.get() == last_committed_) {
+    std::swap(conn, warm_);
+    if (conn == nullptr) return;
+  }
   if (pool_.size() < pool_size_) pool_.push_back(std::move(conn));
+}
+
+void SqlStore::Committed(const Connection* conn) {
+  std::lock_guard<std::mutex> l(mu_);
+  last_committed_ = conn;
 }
 
 void SqlStore::ClosePool() {
   std::lock_guard<std::mutex> l(mu_);
   pool_.clear();
+  warm_.reset();
 }
 
-Result<Lease> SqlStore::Take() {
+Result<Lease> SqlStore::Take(bool for_write) {
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (for_write && warm_ != nullptr && warm_->Healthy()) return Lease(this, std::move(warm_));
     while (!pool_.empty()) {
       auto c = std::move(pool_.back());
       pool_.pop_back();
@@ -139,13 +151,13 @@ Result<Lease> SqlStore::Take() {
 Result<std::unique_ptr<StoreTransaction>> SqlStore::Begin() { return Start(/*defer=*/false); }
 Result<std::unique_ptr<StoreTransaction>> SqlStore::BeginDeferred() { return Start(/*defer=*/true); }
 
-Status SqlStore::OnPooled(const std::function<Status(Lease&)>& op) {
+Status SqlStore::OnPooled(const std::function<Status(Lease&)>& op, bool for_write) {
   // A pooled connection may have died since its last use (a server restart,
   // a connection cut after its last answer): `op` then fails with the
   // connection found broken and nothing done, so one more try on a new one.
   // The other pooled connections date from before the same restart: they
   // are dropped too, and the retry connects afresh.
-  IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
+  IDEM_ASSIGN_OR_RETURN(Lease conn, Take(for_write));
   Status s = op(conn);
   if (s.ok() || conn->Healthy()) return s;
   ClosePool();
@@ -158,11 +170,13 @@ Result<std::unique_ptr<StoreTransaction>> SqlStore::Start(bool defer) {
   // (A held-back BEGIN is retried the same way, by the connection, with its
   // first statement.)
   std::unique_ptr<StoreTransaction> tx;
-  IDEM_RETURN_IF_ERROR(OnPooled([&](Lease& conn) {
-    IDEM_RETURN_IF_ERROR(defer && conn->DeferBegin(dialect_.begin) ? Status::OK() : conn->Script(dialect_.begin));
-    tx.reset(new SqlTransaction(*this, std::move(conn)));
-    return Status::OK();
-  }));
+  IDEM_RETURN_IF_ERROR(OnPooled(
+      [&](Lease& conn) {
+        IDEM_RETURN_IF_ERROR(defer && conn->DeferBegin(dialect_.begin) ? Status::OK() : conn->Script(dialect_.begin));
+        tx.reset(new SqlTransaction(*this, std::move(conn)));
+        return Status::OK();
+      },
+      /*for_write=*/true));
   return tx;
 }
 

@@ -133,6 +133,7 @@ class Lease {
   Lease& operator=(Lease&&) = default;
   ~Lease();
   Connection* operator->() const { return conn_.get(); }
+  const Connection* get() const { return conn_.get(); }
   Connection& operator*() const { return *conn_; }
 
  private:
@@ -238,9 +239,16 @@ class SqlStore : public Store, public ClaimStore {
   const Dialect& dialect() const { return dialect_; }
   Env* env() const { return env_; }
   void Return(std::unique_ptr<Connection> conn);
+  // `conn`'s transaction committed (Take(/*for_write=*/true) prefers it).
+  void Committed(const Connection* conn);
 
  protected:
-  Result<Lease> Take();
+  // A pooled connection (or a new one). `for_write`: the one that committed
+  // last first, whose page cache is still current on SQLite (any other
+  // connection's cache is dropped at its next transaction once another
+  // one wrote); otherwise any other (or a new one): that one is left to
+  // writers.
+  Result<Lease> Take(bool for_write = false);
   // Closes the pooled connections (a backend whose connections point into
   // its own members calls it from its destructor).
   void ClosePool();
@@ -253,7 +261,7 @@ class SqlStore : public Store, public ClaimStore {
   Result<std::unique_ptr<StoreTransaction>> Start(bool defer);
   // Runs `op` on a pooled connection, and once more on a new one if it
   // failed because that connection was dead.
-  Status OnPooled(const std::function<Status(Lease&)>& op);
+  Status OnPooled(const std::function<Status(Lease&)>& op, bool for_write = false);
   // A claim write (insert or take-over) that draws a fence, in the
   // transaction the dialect needs; answers the RETURNING row if it changed.
   Result<std::optional<std::pair<int64_t, int64_t>>> FencedWrite(Connection* in_tx, const char* sql,
@@ -266,6 +274,10 @@ class SqlStore : public Store, public ClaimStore {
   size_t pool_size_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Connection>> pool_;
+  // The connection whose transaction committed last, once it is back
+  // (kept out of pool_ for the next writer), and which one that was.
+  std::unique_ptr<Connection> warm_;
+  const Connection* last_committed_ = nullptr;
 };
 
 }  // namespace idem::sql_internal

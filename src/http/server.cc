@@ -45,6 +45,8 @@ void AddressOf(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, std::strin
   if (a.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
 }
 
+char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
 // The value of header `name` (lower case, with its colon) in a request head
 // (lower-cased), or empty.
 std::string HeaderIn(const std::string& head, const char* name) {
@@ -116,8 +118,10 @@ class ConnectionStream final : public httplib::Stream {
     return Send(ptr, size) ? static_cast<ssize_t>(size) : -1;
   }
 
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { AddressOf(::getpeername, sock_, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { AddressOf(::getsockname, sock_, ip, port); }
+  // Asked for every request; a connection's addresses do not change, so
+  // each is looked up once.
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Cached(::getpeername, remote_, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Cached(::getsockname, local_, ip, port); }
   socket_t socket() const override { return sock_; }
 
   // Sends what is held back (a head without a body, a 100 Continue).
@@ -189,15 +193,30 @@ class ConnectionStream final : public httplib::Stream {
     return true;
   }
 
+  struct Address {
+    bool known = false;
+    std::string ip;
+    int port = 0;
+  };
+  void Cached(int (*get)(int, sockaddr*, socklen_t*), Address& a, std::string& ip, int& port) const {
+    if (!a.known) {
+      AddressOf(get, sock_, a.ip, a.port);
+      a.known = true;
+    }
+    ip = a.ip;
+    port = a.port;
+  }
+
   // Follows the request through the bytes cpp-httplib read: its head (to
-  // the empty line), then its body.
+  // the empty line), then its body. (cpp-httplib reads a head one byte at a
+  // time: this is called per byte until the empty line.)
   void Consumed(const char* p, size_t k) {
     if (head_done_) {
       body_read_ += k;
       return;
     }
     for (size_t i = 0; i < k; ++i) {
-      if (head_.size() < kMaxHead) head_.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(p[i]))));
+      if (head_.size() < kMaxHead) head_.push_back(AsciiLower(p[i]));
       const size_t n = head_.size();
       if (n >= 4 && head_.compare(n - 4, 4, "\r\n\r\n") == 0) {
         head_done_ = true;
@@ -220,6 +239,7 @@ class ConnectionStream final : public httplib::Stream {
 
   socket_t sock_;
   int read_timeout_ms_;
+  mutable Address remote_, local_;
   std::vector<char> in_;
   size_t off_ = 0, len_ = 0;
   std::string out_;  // a response head held back for its body

@@ -19,6 +19,10 @@ constexpr const char* kCreateCharges =
     "CREATE TABLE IF NOT EXISTS provider_charges(id TEXT PRIMARY KEY, principal TEXT NOT NULL,"
     " idem_key TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL, customer TEXT NOT NULL,"
     " description TEXT NOT NULL, created_ms BIGINT NOT NULL, UNIQUE (principal, idem_key))";
+// On SQLite the rows live in the id's B-tree itself (no rowid table beside
+// an index on id): one B-tree less to write per charge. A table made by an
+// earlier version keeps its layout; both answer the same queries.
+constexpr const char* kSqliteWithoutRowid = " WITHOUT ROWID";
 constexpr const char* kCreateByCustomer =
     "CREATE INDEX IF NOT EXISTS provider_charges_by_customer ON provider_charges(principal, customer)";
 // A retry that took an expired lease over finds the charge the first try
@@ -162,7 +166,8 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   if (p->store->claim_store() == nullptr) return Status::InvalidArgument("the provider's store keeps no claims");
   {
     IDEM_ASSIGN_OR_RETURN(auto tx, p->store->Begin());
-    IDEM_RETURN_IF_ERROR(tx->Exec(kCreateCharges).status());
+    const bool sqlite = p->store->Kind() == "sqlite";
+    IDEM_RETURN_IF_ERROR(tx->Exec(std::string(kCreateCharges) + (sqlite ? kSqliteWithoutRowid : "")).status());
     IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
