@@ -43,6 +43,10 @@ wait_up() {  # wait_up URL
 # phase NAME PHASE URL LUA: one wrk pass of N requests; prints one result line.
 phase() {
   local name=$1 ph=$2 url=$3 lua=$4 out
+  # Every pass starts with nothing left to write back from the one before
+  # (or from the setup: npm ci, initdb), so no pass pays for another's dirty
+  # pages with slower syncs.
+  sync
   out=$(K=$N TOTAL=$N API_KEY=sk_bench wrk -t1 -c"$CONCURRENCY" -d600s --timeout 30s -s "$lua" "$url" 2>&1)
   local line; line=$(grep -o 'lua: .*' <<<"$out") || { echo "$out" >&2; exit 3; }
   local s p50 p99 bad

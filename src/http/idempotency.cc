@@ -369,6 +369,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
     }
     if (out != nullptr) {  // again without it
       tx.Rollback();
+      group_reruns_.fetch_add(1, std::memory_order_relaxed);
       out->result = R::kAlone;
       live.erase(std::find(live.begin(), live.end(), out));
       continue;
@@ -407,9 +408,18 @@ httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy
 }
 
 Idempotency::Counters Idempotency::counters() const {
-  return {executed_.load(),      replayed_.load(),         conflicts_.load(),
-          in_progress_.load(),   rejected_.load(),         group_commits_.load(),
-          grouped_requests_.load(), committer_ ? committer_->queued() : 0};
+  Counters c;
+  c.executed = executed_.load();
+  c.replayed = replayed_.load();
+  c.conflicts = conflicts_.load();
+  c.in_progress = in_progress_.load();
+  c.rejected = rejected_.load();
+  c.group_commits = group_commits_.load();
+  c.grouped_requests = grouped_requests_.load();
+  c.group_queue = committer_ ? committer_->queued() : 0;
+  c.group_reruns = group_reruns_.load();
+  c.invalid = invalid_.load();
+  return c;
 }
 
 void Idempotency::Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
@@ -504,6 +514,23 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   if (!key.ok()) {
     Problem(res, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(), "new-key");
     return reject("-", "malformed-key");
+  }
+  if (policy.validate) {
+    bool valid = false;
+    try {
+      valid = policy.validate(req, res);
+    } catch (const std::exception& e) {
+      res = httplib::Response();
+      Problem(res, 500, "handler-failed", "Internal error", std::string("validate threw: ") + e.what(), "same-key");
+    }
+    if (!valid) {
+      if (res.status < 400) {  // refused without saying why
+        res = httplib::Response();
+        Problem(res, 400, "invalid-request", "Invalid request", "the request was refused before it ran", "new-key");
+      }
+      invalid_.fetch_add(1, std::memory_order_relaxed);
+      return reject(*key, "invalid");
+    }
   }
   const std::string scope = ScopeOf(*principal, req.method, route);
   const Fingerprint fp = RequestFingerprint(req.method, route, req.body);

@@ -51,12 +51,14 @@ TEST_P(ProviderTest, MetricsCountExecutionsReplaysAndConflicts) {
   ASSERT_EQ(Charge("m-1", kBody).status, 201);
   for (int again = 0; again < 2; ++again) EXPECT_TRUE(Charge("m-1", kBody).replayed());
   EXPECT_EQ(Charge("m-1", R"({"amount":9999,"currency":"usd","customer":"cus_1"})").status, 422);
+  for (int again = 0; again < 2; ++again) EXPECT_EQ(Charge("m-2", R"({"amount":0,"currency":"usd"})").status, 400);
   Reply m = Send(provider_->port(), "GET", "/metrics", {});
   ASSERT_EQ(m.status, 200) << m.body;
   EXPECT_NE(m.header("Content-Type").find("text/plain"), std::string::npos);
-  for (const char* line : {"# TYPE idem_http_executed_total counter\nidem_http_executed_total 1\n",
-                           "idem_http_replayed_total 2\n", "idem_http_conflicts_total 1\n",
-                           "# TYPE idem_http_group_queue gauge\nidem_http_group_queue 0\n"})
+  for (const char* line :
+       {"# TYPE idem_http_executed_total counter\nidem_http_executed_total 1\n", "idem_http_replayed_total 2\n",
+        "idem_http_conflicts_total 1\n", "# TYPE idem_http_group_queue gauge\nidem_http_group_queue 0\n",
+        "idem_http_invalid_total 2\n", "idem_http_group_reruns_total 0\n"})
     EXPECT_NE(m.body.find(line), std::string::npos) << line << "\n" << m.body;
   const std::string grouped = GetParam().mode == ProviderMode::kGroupCommit ? "1" : "0";
   EXPECT_NE(m.body.find("idem_http_grouped_requests_total " + grouped + "\n"), std::string::npos) << m.body;
@@ -133,7 +135,9 @@ TEST_P(ProviderTest, AReorderedJsonBodyReplaysAndAChangedAmountIs422) {
 
 TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
   Start();
-  for (const char* bad : {R"({"amount":-5,"currency":"usd"})", R"({"amount":4000,"currency":"dollars"})", "not json"}) {
+  const char* const kBad[] = {R"({"amount":-5,"currency":"usd"})", R"({"amount":4000,"currency":"dollars"})",
+                              R"({"amount":4000,"currency":"usd","customer":42})", "not json"};
+  for (const char* bad : kBad) {
     for (int i = 0; i < 2; ++i) {
       Reply r = Charge("fix-me", bad);
       EXPECT_EQ(r.status, 400) << bad;
@@ -142,6 +146,10 @@ TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
     }
   }
   EXPECT_EQ(Charges().size(), 0u);
+  // Refused before the claim: never executed, never grouped.
+  EXPECT_EQ(provider_->counters().invalid, 2 * std::size(kBad));
+  EXPECT_EQ(provider_->counters().executed, 0u);
+  EXPECT_EQ(provider_->counters().group_reruns, 0u);
   // The key was released each time: the corrected request runs with it.
   Reply ok = Charge("fix-me", kBody);
   EXPECT_EQ(ok.status, 201);

@@ -71,7 +71,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
       res.set_header("Location", "/charges/" + key);
       res.set_content(nlohmann::json{{"key", key}, {"amount", amount}, {"execution", n}}.dump(), "application/json");
     };
-    server_.server().Post("/charges", idem_->WrapInTransaction("/charges", {}, *store_, handler));
+    server_.server().Post("/charges", idem_->WrapInTransaction("/charges", policy_, *store_, handler));
     server_.Start();
   }
   Reply Post(const std::string& key, int64_t amount, bool throws = false) {
@@ -111,6 +111,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
   std::unique_ptr<Idempotency> idem_;
   LoopbackServer server_{128};
   std::atomic<int> executions_{0};
+  http::RoutePolicy policy_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Commits, TransactionalRouteTest, ::testing::Values(0, 64),
@@ -166,6 +167,30 @@ TEST_P(TransactionalRouteTest, AResponseNotStoredRollsBackItsEffectAndNoOtherReq
   } else {
     EXPECT_EQ(c.group_commits, 0u);
   }
+}
+
+// RoutePolicy::validate refuses a request before its key is claimed: the
+// handler never runs, nothing is stored, and the key stays free.
+TEST_P(TransactionalRouteTest, AValidateRefusalClaimsNothingAndLeavesTheKeyFree) {
+  policy_.validate = [](const httplib::Request& req, httplib::Response& res) {
+    if (nlohmann::json::parse(req.body, nullptr, false).value("amount", 0) >= 0) return true;
+    res.status = 400;
+    res.set_content(R"({"error":"amount must be positive"})", "application/json");
+    return false;
+  };
+  Route();
+  for (int delivery = 0; delivery < 2; ++delivery) {
+    Reply r = Post("v-1", -5);
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.body, R"({"error":"amount must be positive"})");
+    EXPECT_FALSE(r.replayed());
+  }
+  EXPECT_EQ(executions_, 0);
+  EXPECT_EQ(idem_->counters().invalid, 2u);
+  Reply ok = Post("v-1", 10);  // another body with the key: not 422, the key was never taken
+  EXPECT_EQ(ok.status, 201) << ok.body;
+  EXPECT_TRUE(Post("v-1", 10).replayed());
+  EXPECT_EQ(Effects("v-1"), 1);
 }
 
 TEST_P(TransactionalRouteTest, AThrowingHandlerIs500AndItsEffectRollsBack) {
@@ -234,27 +259,41 @@ TEST_P(TransactionalRouteTest, AHundredConcurrentRequestsWithOneKeyMakeOneEffect
 
 // The requests that arrive while a group runs wait, and then share the next
 // transaction and its one commit.
-class GroupCommitTest : public TransactionalRouteTest {};
+class GroupCommitTest : public TransactionalRouteTest {
+ protected:
+  // Holds a first group (one request, key "<prefix>first") open while the
+  // others are sent, each on its own thread, until `queued` of them wait;
+  // then `before_open`, and the held group goes on: the queued requests
+  // make the next group. Answers the others' replies, in order.
+  std::vector<Reply> BehindAHeldGroup(const std::string& prefix, const std::vector<int64_t>& amounts, uint64_t queued,
+                                      const std::function<void()>& before_open = nullptr) {
+    Gate gate;
+    Route([&](const std::string& key) {
+      if (key == prefix + "first") gate.Arrive();
+    });
+    Reply first;
+    std::thread t([&] { first = Post(prefix + "first", 1); });
+    gate.WaitArrived();  // the first group (of one) is running
+    std::vector<Reply> others(amounts.size());
+    std::vector<std::thread> senders;
+    for (size_t i = 0; i < amounts.size(); ++i)
+      senders.emplace_back([&, i] { others[i] = Post(prefix + std::to_string(i), amounts[i]); });
+    while (idem_->counters().group_queue < queued) std::this_thread::yield();
+    if (before_open) before_open();
+    gate.Open();
+    t.join();
+    for (auto& s : senders) s.join();
+    EXPECT_EQ(first.status, 201) << first.body;
+    return others;
+  }
+  void GroupWithInvalidRequests(bool validate);
+};
 INSTANTIATE_TEST_SUITE_P(Commits, GroupCommitTest, ::testing::Values(64),
                          [](const ::testing::TestParamInfo<int>& p) { return "GroupsOf" + std::to_string(p.param); });
 
 TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
-  Gate gate;
-  Route([&](const std::string& key) {
-    if (key == "g-first") gate.Arrive();
-  });
-  Reply first;
-  std::thread t([&] { first = Post("g-first", 1); });
-  gate.WaitArrived();  // the first group (of one) is running
   constexpr int kOthers = 31;
-  std::vector<Reply> others(kOthers);
-  std::vector<std::thread> senders;
-  for (int i = 0; i < kOthers; ++i) senders.emplace_back([&, i] { others[i] = Post("g-" + std::to_string(i), 2); });
-  while (idem_->counters().group_queue < kOthers) std::this_thread::yield();
-  gate.Open();
-  t.join();
-  for (auto& s : senders) s.join();
-  ASSERT_EQ(first.status, 201) << first.body;
+  std::vector<Reply> others = BehindAHeldGroup("g-", std::vector<int64_t>(kOthers, 2), kOthers);
   for (const Reply& r : others) ASSERT_EQ(r.status, 201) << r.body;
   auto c = idem_->counters();
   EXPECT_EQ(c.group_commits, 2u);
@@ -264,28 +303,45 @@ TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
   for (int i = 0; i < kOthers; ++i) EXPECT_TRUE(Post("g-" + std::to_string(i), 2).replayed());
 }
 
+// A group holding requests whose handler answers 4xx is rolled back and run
+// again without each of them; with RoutePolicy::validate refusing them
+// first, they never join the group. The same 32 requests each way, queued
+// behind a first group held open, so they make one group.
+void GroupCommitTest::GroupWithInvalidRequests(bool validate) {
+  if (validate)
+    policy_.validate = [](const httplib::Request& req, httplib::Response& res) {
+      if (nlohmann::json::parse(req.body, nullptr, false).value("amount", 0) >= 0) return true;
+      res.status = 400;
+      return false;
+    };
+  std::vector<int64_t> amounts;
+  for (int i = 0; i < 32; ++i) amounts.push_back(i % 4 == 0 ? -1 : 2);  // 8 of 32 invalid
+  // Those refused by validate are answered at once, never queued.
+  std::vector<Reply> others = BehindAHeldGroup("r-", amounts, validate ? 24 : 32);
+  for (size_t i = 0; i < amounts.size(); ++i) EXPECT_EQ(others[i].status, amounts[i] < 0 ? 400 : 201) << others[i].body;
+  auto c = idem_->counters();
+  EXPECT_EQ(c.group_commits, 2u);
+  EXPECT_EQ(c.grouped_requests, 25u);
+  EXPECT_EQ(c.group_reruns, validate ? 0u : 8u);
+  EXPECT_EQ(c.invalid, validate ? 8u : 0u);
+  EXPECT_EQ(Effects(), 25);
+  for (size_t i = 0; i < amounts.size(); ++i)
+    if (amounts[i] > 0) EXPECT_TRUE(Post("r-" + std::to_string(i), 2).replayed()) << i;
+}
+
+TEST_P(GroupCommitTest, AHandlers4xxRunsTheGroupAgainWithoutIt) { GroupWithInvalidRequests(/*validate=*/false); }
+
+TEST_P(GroupCommitTest, RequestsRefusedByValidateNeverJoinAGroup) { GroupWithInvalidRequests(/*validate=*/true); }
+
 // A whole group's commit fails: every request of it is answered 503
 // commit-failed, none has an effect, and each retry applies once.
 TEST_P(GroupCommitTest, AFailedGroupCommitAnswersEveryRequestOfIt503) {
-  Gate gate;
-  Route([&](const std::string& key) {
-    if (key == "h-first") gate.Arrive();
-  });
-  Reply first;
-  std::thread t([&] { first = Post("h-first", 1); });
-  gate.WaitArrived();
   constexpr int kOthers = 12;
-  std::vector<Reply> others(kOthers);
-  std::vector<std::thread> senders;
-  for (int i = 0; i < kOthers; ++i) senders.emplace_back([&, i] { others[i] = Post("h-" + std::to_string(i), 2); });
-  while (idem_->counters().group_queue < kOthers) std::this_thread::yield();
-  // The first group's commit syncs the WAL once; the second one's sync fails.
-  Vfs().Arm({.op = sqlite::FaultVfs::Op::kSync, .file = sqlite::FaultVfs::FileKind::kWal, .at = 2});
-  gate.Open();
-  t.join();
-  for (auto& s : senders) s.join();
+  std::vector<Reply> others = BehindAHeldGroup("h-", std::vector<int64_t>(kOthers, 2), kOthers, [] {
+    // The first group's commit syncs the WAL once; the second one's sync fails.
+    Vfs().Arm({.op = sqlite::FaultVfs::Op::kSync, .file = sqlite::FaultVfs::FileKind::kWal, .at = 2});
+  });
   Vfs().Disarm();
-  EXPECT_EQ(first.status, 201) << first.body;
   for (int i = 0; i < kOthers; ++i) {
     EXPECT_EQ(others[i].status, 503) << others[i].body;
     EXPECT_EQ(others[i].json().value("type", ""), "https://idem.dev/problems/commit-failed") << others[i].body;

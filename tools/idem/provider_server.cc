@@ -47,6 +47,41 @@ void Problem(httplib::Response& res, int status, const std::string& type, const 
   res.set_content(j.dump(), "application/problem+json");
 }
 
+// A charge's fields, read from the body of POST /charges; nullopt (with a
+// 400 problem in `res`) when they are not valid.
+struct ChargeFields {
+  int64_t amount = 0;
+  std::string currency, customer, description;
+};
+std::optional<ChargeFields> ReadCharge(const httplib::Request& req, httplib::Response& res) {
+  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    Problem(res, 400, "invalid-request", "the body must be a JSON object");
+    return std::nullopt;
+  }
+  auto amount = body.find("amount");
+  auto currency = body.find("currency");
+  if (amount == body.end() || !amount->is_number_integer() || amount->get<int64_t>() <= 0) {
+    Problem(res, 400, "invalid-request", "amount must be a positive integer (cents)");
+    return std::nullopt;
+  }
+  if (currency == body.end() || !currency->is_string() || currency->get<std::string>().size() != 3) {
+    Problem(res, 400, "invalid-request", "currency must be a 3-letter code");
+    return std::nullopt;
+  }
+  ChargeFields f{amount->get<int64_t>(), currency->get<std::string>(), "", ""};
+  for (auto [name, field] : {std::pair{"customer", &f.customer}, std::pair{"description", &f.description}}) {
+    auto it = body.find(name);
+    if (it == body.end()) continue;
+    if (!it->is_string()) {
+      Problem(res, 400, "invalid-request", std::string(name) + " must be a string");
+      return std::nullopt;
+    }
+    *field = it->get<std::string>();
+  }
+  return f;
+}
+
 }  // namespace
 
 struct ProviderServer::Impl {
@@ -74,23 +109,10 @@ struct ProviderServer::Impl {
       Problem(res, 500, "internal", "POST /charges ran outside the idempotency middleware");
       return Status::OK();
     }
-    nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded() || !body.is_object()) {
-      Problem(res, 400, "invalid-request", "the body must be a JSON object");
-      return Status::OK();
-    }
-    auto amount = body.find("amount");
-    auto currency = body.find("currency");
-    if (amount == body.end() || !amount->is_number_integer() || amount->get<int64_t>() <= 0) {
-      Problem(res, 400, "invalid-request", "amount must be a positive integer (cents)");
-      return Status::OK();
-    }
-    if (currency == body.end() || !currency->is_string() || currency->get<std::string>().size() != 3) {
-      Problem(res, 400, "invalid-request", "currency must be a 3-letter code");
-      return Status::OK();
-    }
-    const std::string customer = body.value("customer", std::string());
-    const std::string description = body.value("description", std::string());
+    // Checked before the claim too (RoutePolicy::validate); read again here
+    // for the fields.
+    std::optional<ChargeFields> charge = ReadCharge(req, res);
+    if (!charge) return Status::OK();
     if (options.before_charge) options.before_charge(claim->key);
     // Time first, then 48 random bits: ids are unique and sort by creation,
     // so each new charge lands at the end of the id index instead of on a
@@ -103,8 +125,8 @@ struct ProviderServer::Impl {
       IDEM_ASSIGN_OR_RETURN(own, store->BeginDeferred());  // BEGIN goes with the insert where the store can
     }
     Transaction* tx = outer != nullptr ? outer : own.get();
-    Value ins[] = {std::string(id), *principal, claim->key, amount->get<int64_t>(), currency->get<std::string>(),
-                   customer, description, Env::Default()->NowMs()};
+    Value ins[] = {std::string(id),  *principal,       claim->key,          charge->amount,
+                   charge->currency, charge->customer, charge->description, Env::Default()->NowMs()};
     IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kInsertCharge, ins));
     if (rows.rows.empty()) {  // made by an earlier holder of the key (a takeover): that one counts
       Value key[] = {*principal, claim->key};
@@ -185,7 +207,12 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.set_keep_alive_max_count(100'000);
   p->server.set_keep_alive_timeout(30);
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
+  // A body that is not a valid charge is refused before its key is claimed
+  // (nothing stored; under group commit it never joins a group).
+  const http::RoutePolicy policy{
+      .wait_ms = p->options.wait_ms,
+      .lease_ms = p->options.lease_ms,
+      .validate = [](const httplib::Request& req, httplib::Response& res) { return ReadCharge(req, res).has_value(); }};
   auto charge = [p](const httplib::Request& req, httplib::Response& res, Transaction* tx) {
     if (Status s = p->Charge(req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
       res = httplib::Response();
@@ -229,6 +256,11 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
                  c.grouped_requests);
     AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "",
                  c.group_queue);
+    AppendMetric(out, "idem_http_group_reruns_total",
+                 "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
+                 "", c.group_reruns);
+    AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
+                 "counter", "", c.invalid);
     res.set_content(out, "text/plain; version=0.0.4");
   });
   // A lost response: the charge and its stored response are kept; the

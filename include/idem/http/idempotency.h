@@ -72,6 +72,14 @@ struct RoutePolicy {
   // not stored (the key is released) unless listed here (402 card declined,
   // say).
   std::set<int> stored_4xx = {};
+  // Optional: checks a request before anything is claimed or stored, on the
+  // request's own thread, after authentication and the key's checks. False:
+  // the request is answered with what `validate` wrote into the response (a
+  // 4xx problem, say), the handler does not run, and the key stays free for
+  // a corrected request. Checks that need no transaction belong here: a
+  // handler's own 4xx comes after the claim, and under group commit it
+  // rolls its group back to run again without it (Counters::group_reruns).
+  std::function<bool(const httplib::Request&, httplib::Response&)> validate;
 };
 
 struct Options {
@@ -156,6 +164,11 @@ class Idempotency {
     // Group commit: transactions committed for groups, the requests they
     // carried, and the requests waiting for the next group now.
     uint64_t group_commits = 0, grouped_requests = 0, group_queue = 0;
+    // Groups rolled back and run again without one of their requests (its
+    // response was not to be stored, or it was over its key limit).
+    uint64_t group_reruns = 0;
+    // Requests refused by RoutePolicy::validate (also counted in rejected).
+    uint64_t invalid = 0;
   };
   Counters counters() const;
 
@@ -194,7 +207,7 @@ class Idempotency {
   Authenticator authenticate_;
   Options options_;
   std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
-  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0};
+  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
   struct KeyCount {
     int64_t counted_at_ms = -1;
     int64_t count = 0;
