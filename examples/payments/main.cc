@@ -52,8 +52,17 @@ class Provider {
     p->idempotency_ = std::make_unique<idem::http::Idempotency>(
         *p->claims_, idem::http::BearerKeys({{"sk_test_example", "acct_example"}}));
     Provider* self = p.get();
-    p->server_.Post("/charges", p->idempotency_->Wrap("/charges", {}, [self](const httplib::Request& req,
-                                                                              httplib::Response& res) {
+    // A bad amount is refused before the key is claimed: nothing is stored,
+    // and the client may send the corrected request with the same key.
+    idem::http::RoutePolicy policy;
+    policy.validate = [](const httplib::Request& req, httplib::Response& res) {
+      if (Cents(req) > 0) return true;
+      res.status = 400;
+      res.set_content(R"({"error":"amount must be a positive integer, in cents"})", "application/json");
+      return false;
+    };
+    p->server_.Post("/charges", p->idempotency_->Wrap("/charges", policy, [self](const httplib::Request& req,
+                                                                                  httplib::Response& res) {
       self->Charge(req, res);
     }));
     p->port_ = p->server_.bind_to_any_port("127.0.0.1");
@@ -75,14 +84,11 @@ class Provider {
 
  private:
   Provider() = default;
-  // Runs once per key (the middleware replays every repeat).
+  static long long Cents(const httplib::Request& req) { return std::atoll(req.get_param_value("amount").c_str()); }
+  // Runs once per key (the middleware replays every repeat), for a request
+  // the policy's validate let through.
   void Charge(const httplib::Request& req, httplib::Response& res) {
-    const long long cents = std::atoll(req.get_param_value("amount").c_str());
-    if (cents <= 0) {
-      res.status = 400;
-      res.set_content(R"({"error":"amount must be a positive integer, in cents"})", "application/json");
-      return;
-    }
+    const long long cents = Cents(req);
     auto tx = db_->Begin();
     if (!tx.ok()) return Unavailable(res);
     auto ins = (*tx)->Query("INSERT INTO charges(idem_key, cents, description) VALUES ($1, $2, $3) RETURNING id",
