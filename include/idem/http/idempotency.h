@@ -18,6 +18,8 @@
 //   413  body larger than max_body_bytes
 //   400  Idempotency-Key missing (where required), empty, longer than 255, or
 //        not an RFC 8941 sf-string
+//   4xx  the route's RoutePolicy::validate refused the request (its answer;
+//        nothing claimed, the key stays free)
 //   422  the key was used with another request (method, route, body)
 //   409  the first request with the key is still running (Retry-After), unless
 //        the route waits for it (RoutePolicy::wait_ms)
