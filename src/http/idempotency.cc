@@ -526,7 +526,9 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
     if (!valid) {
       if (res.status < 400) {  // refused without saying why
         res = httplib::Response();
-        Problem(res, 400, "invalid-request", "Invalid request", "the request was refused before it ran", "new-key");
+        Problem(res, 400, "invalid-request", "Invalid request",
+                "the request was refused before it ran; correct it and send it again, with the same key if you like",
+                "same-key");
       }
       invalid_.fetch_add(1, std::memory_order_relaxed);
       return reject(*key, "invalid");

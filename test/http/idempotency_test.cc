@@ -511,6 +511,35 @@ TEST_F(IdempotencyTest, A4xxFromTheHandlerIsReleasedUnlessListedInStored4xx) {
   EXPECT_EQ(executions_.load(), 5);
 }
 
+// On a plain (two-phase) route too: a request validate refuses is answered
+// before any claim; one refused without a 4xx of its own gets a 400
+// problem; one whose validate throws, a 500. The handler never runs for
+// them, and the key stays free.
+TEST_F(IdempotencyTest, ValidateRefusesBeforeTheClaim) {
+  RoutePolicy silent;
+  silent.validate = [](const httplib::Request& req, httplib::Response&) { return req.body == kBody; };
+  Route("/silent", silent, ChargeHandler());  // counts its executions
+  RoutePolicy throwing;
+  throwing.validate = [](const httplib::Request&, httplib::Response&) -> bool { throw std::runtime_error("bug"); };
+  Route("/throwing", throwing, [&](const httplib::Request&, httplib::Response&) { ++executions_; });
+  Start();
+  for (int i = 0; i < 2; ++i) {
+    Reply r = Post("\"val-1\"", R"({"amount":1})", "sk_a", "/silent");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.json().value("type", ""), "https://idem.dev/problems/invalid-request") << r.body;
+    EXPECT_EQ(r.json().value("retry", ""), "same-key") << r.body;
+    Reply t = Post("\"val-2\"", kBody, "sk_a", "/throwing");
+    EXPECT_EQ(t.status, 500) << t.body;
+    EXPECT_NE(t.body.find("validate threw: bug"), std::string::npos) << t.body;
+  }
+  EXPECT_EQ(executions_.load(), 0);
+  EXPECT_EQ(idem_->counters().invalid, 4u);
+  Reply ok = Post("\"val-1\"", kBody, "sk_a", "/silent");  // the same key, now valid: not 422
+  EXPECT_EQ(ok.status, 201) << ok.body;
+  EXPECT_TRUE(Post("\"val-1\"", kBody, "sk_a", "/silent").replayed());
+  EXPECT_EQ(executions_.load(), 1);
+}
+
 TEST_F(IdempotencyTest, AThrowingHandlerIs500AndReleased) {
   auto charge = ChargeHandler();
   Route("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
