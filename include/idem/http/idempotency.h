@@ -78,9 +78,12 @@ struct RoutePolicy {
   // request's own thread, after authentication and the key's checks. False:
   // the request is answered with what `validate` wrote into the response (a
   // 4xx problem, say), the handler does not run, and the key stays free for
-  // a corrected request. Checks that need no transaction belong here: a
-  // handler's own 4xx comes after the claim, and under group commit it
-  // rolls its group back to run again without it (Counters::group_reruns).
+  // a corrected request. It runs for repeats too, before their stored
+  // response is looked up: keep it a function of the request alone (what
+  // it let through once, it lets through again). Checks that need no
+  // transaction belong here: a handler's own 4xx comes after the claim, and
+  // under group commit it rolls its group back to run again without it
+  // (Counters::group_reruns).
   std::function<bool(const httplib::Request&, httplib::Response&)> validate;
 };
 
