@@ -21,6 +21,8 @@ const Command& ProviderCommand() {
       "cents) and an Idempotency-Key header creates one charge per key and answers 201 with it; a repeat\n"
       "of the key replays that answer (Idempotent-Replayed: true). GET /charges/{id} and\n"
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
+      "A body that is not a valid charge gets 400 before its key is claimed (the key stays free for the\n"
+      "corrected request). GET /metrics serves Prometheus counters (no authentication).\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
       "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--group-commit N]\n"
