@@ -271,6 +271,21 @@ Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options opt
 
 Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
 
+bool Idempotency::Threw(std::string_view who, httplib::Response& res, const std::function<void()>& run) {
+  std::string what;
+  try {
+    run();
+    return false;
+  } catch (const std::exception& e) {
+    what = std::string(who) + " threw: " + e.what();
+  } catch (...) {
+    what = std::string(who) + " threw";
+  }
+  res = httplib::Response();
+  Problem(res, 500, "handler-failed", "Internal error", what, "same-key");
+  return true;
+}
+
 bool Idempotency::Kept(const RoutePolicy& policy, int status) {
   return (status < 400) || (status >= 500 && policy.store_5xx) ||
          (status >= 400 && status < 500 && policy.stored_4xx.count(status));
@@ -278,15 +293,7 @@ bool Idempotency::Kept(const RoutePolicy& policy, int status) {
 
 void Idempotency::Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run) {
   g_current_claim = &token;
-  try {
-    run();
-  } catch (const std::exception& e) {
-    res = httplib::Response();
-    Problem(res, 500, "handler-failed", "Internal error", std::string("the handler threw: ") + e.what(), "same-key");
-  } catch (...) {
-    res = httplib::Response();
-    Problem(res, 500, "handler-failed", "Internal error", "the handler threw", "same-key");
-  }
+  (void)Threw("the handler", res, run);
   g_current_claim = nullptr;
   res.set_header("Idempotency-Key-Retention", Retention());
 }
@@ -517,12 +524,7 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   }
   if (policy.validate) {
     bool valid = false;
-    try {
-      valid = policy.validate(req, res);
-    } catch (const std::exception& e) {
-      res = httplib::Response();
-      Problem(res, 500, "handler-failed", "Internal error", std::string("validate threw: ") + e.what(), "same-key");
-    }
+    (void)Threw("validate", res, [&] { valid = policy.validate(req, res); });
     if (!valid) {
       if (res.status < 400) {  // refused without saying why
         res = httplib::Response();

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <charconv>
 #include <cerrno>
 #include <cstdint>
@@ -67,7 +66,11 @@ std::string HeaderIn(const std::string& head, const char* name) {
 class ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(socket_t sock, int read_timeout_ms)
-      : sock_(sock), read_timeout_ms_(read_timeout_ms), in_(kReadBuffer) {}
+      : sock_(sock), read_timeout_ms_(read_timeout_ms), in_(kReadBuffer) {
+    // cpp-httplib asks for them with every request; they do not change.
+    AddressOf(::getpeername, sock_, remote_.ip, remote_.port);
+    AddressOf(::getsockname, sock_, local_.ip, local_.port);
+  }
 
   bool is_readable() const override { return off_ < len_ || PollIn(read_timeout_ms_) > 0; }
   // As cpp-httplib's own: false once a send failed or the peer is gone (a
@@ -118,10 +121,14 @@ class ConnectionStream final : public httplib::Stream {
     return Send(ptr, size) ? static_cast<ssize_t>(size) : -1;
   }
 
-  // Asked for every request; a connection's addresses do not change, so
-  // each is looked up once.
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { Cached(::getpeername, remote_, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { Cached(::getsockname, local_, ip, port); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = remote_.ip;
+    port = remote_.port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = local_.ip;
+    port = local_.port;
+  }
   socket_t socket() const override { return sock_; }
 
   // Sends what is held back (a head without a body, a 100 Continue).
@@ -193,20 +200,6 @@ class ConnectionStream final : public httplib::Stream {
     return true;
   }
 
-  struct Address {
-    bool known = false;
-    std::string ip;
-    int port = 0;
-  };
-  void Cached(int (*get)(int, sockaddr*, socklen_t*), Address& a, std::string& ip, int& port) const {
-    if (!a.known) {
-      AddressOf(get, sock_, a.ip, a.port);
-      a.known = true;
-    }
-    ip = a.ip;
-    port = a.port;
-  }
-
   // Follows the request through the bytes cpp-httplib read: its head (to
   // the empty line), then its body. (cpp-httplib reads a head one byte at a
   // time: this is called per byte until the empty line.)
@@ -237,9 +230,13 @@ class ConnectionStream final : public httplib::Stream {
     return r;
   }
 
+  struct Address {
+    std::string ip;
+    int port = 0;
+  };
   socket_t sock_;
   int read_timeout_ms_;
-  mutable Address remote_, local_;
+  Address remote_, local_;  // looked up once, at the start
   std::vector<char> in_;
   size_t off_ = 0, len_ = 0;
   std::string out_;  // a response head held back for its body

@@ -198,6 +198,9 @@ class Idempotency {
   // Runs the route's handler for a started claim (as CurrentClaim), turning
   // an exception into a 500, and adds the retention header.
   void Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run);
+  // Runs the application's `run` (a handler, a validate); if it throws,
+  // `res` becomes a 500 problem ("<who> threw: ...") and the answer is true.
+  bool Threw(std::string_view who, httplib::Response& res, const std::function<void()>& run);
   // Whether the route stores a response with this status.
   static bool Kept(const RoutePolicy& policy, int status);
 
