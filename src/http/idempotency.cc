@@ -15,6 +15,8 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "http/fiber.h"
+
 namespace idem::http {
 namespace {
 
@@ -192,6 +194,7 @@ struct Idempotency::GroupJob {
   ClaimOutcome outcome;
   Status error;
   std::atomic<bool> decided{false};
+  internal::Fiber* fiber = nullptr;  // a Server's fiber waits for the decision here (set_fibers)
 };
 
 // Threads that take the queued jobs, as many as Options::group_commit_max,
@@ -217,12 +220,19 @@ class Idempotency::Committer {
   // reference too: the job outlives the notify even if its waiter returns
   // as soon as it sees the decision.
   void Run(const std::shared_ptr<GroupJob>& job) {
+    job->fiber = internal::CurrentFiber();
     {
       std::lock_guard lock(mu_);
       queue_.push_back(job);
       queued_.store(queue_.size(), std::memory_order_relaxed);
     }
     cv_.notify_one();
+    if (job->fiber != nullptr) {
+      // Its thread serves other connections meanwhile; the only Wake of a
+      // parked fiber is the committer's, after the decision.
+      internal::ParkUntilWoken();
+      return;
+    }
     job->decided.wait(false, std::memory_order_acquire);
   }
   Store& store() const { return store_; }
@@ -247,7 +257,11 @@ class Idempotency::Committer {
       owner_.RunGroup(store_, group);
       for (const auto& job : held) {
         job->decided.store(true, std::memory_order_release);
-        job->decided.notify_one();
+        if (job->fiber != nullptr) {
+          internal::Wake(job->fiber);
+        } else {
+          job->decided.notify_one();
+        }
       }
       held.clear();
     }

@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/http/server.h"
 
+#include "http/fiber.h"
+
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -65,14 +67,18 @@ std::string HeaderIn(const std::string& head, const char* name) {
 // (a streamed body) go out as written.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(socket_t sock, int read_timeout_ms)
-      : sock_(sock), read_timeout_ms_(read_timeout_ms), in_(kReadBuffer) {
+  ConnectionStream(socket_t sock, int read_timeout_ms, int write_timeout_ms)
+      : sock_(sock),
+        fiber_(internal::CurrentFiber() != nullptr),
+        read_timeout_ms_(read_timeout_ms),
+        write_timeout_ms_(write_timeout_ms),
+        in_(kReadBuffer) {
     // cpp-httplib asks for them with every request; they do not change.
     AddressOf(::getpeername, sock_, remote_.ip, remote_.port);
     AddressOf(::getsockname, sock_, local_.ip, local_.port);
   }
 
-  bool is_readable() const override { return off_ < len_ || PollIn(read_timeout_ms_) > 0; }
+  bool is_readable() const override { return off_ < len_ || WaitIn(read_timeout_ms_) > 0; }
   // As cpp-httplib's own: false once a send failed or the peer is gone (a
   // content provider looping on DataSink::is_writable() stops).
   bool is_writable() const override {
@@ -89,9 +95,16 @@ class ConnectionStream final : public httplib::Stream {
     if (!out_.empty() && !Send(nullptr, 0)) return -1;
     if (off_ == len_) {
       ssize_t n;
-      do {
-        n = ::recv(sock_, in_.data(), in_.size(), 0);  // SO_RCVTIMEO (the read timeout) bounds it
-      } while (n < 0 && errno == EINTR);
+      for (;;) {
+        // On a thread SO_RCVTIMEO (the read timeout) bounds it; a fiber
+        // waits for the bytes with the same timeout.
+        n = ::recv(sock_, in_.data(), in_.size(), fiber_ ? MSG_DONTWAIT : 0);
+        if (n >= 0) break;
+        if (errno == EINTR) continue;
+        if (!fiber_ || (errno != EAGAIN && errno != EWOULDBLOCK) ||
+            internal::WaitForFd(sock_, /*write=*/false, read_timeout_ms_) <= 0)
+          break;
+      }
       if (n <= 0) return n < 0 ? -1 : 0;
       off_ = 0;
       len_ = static_cast<size_t>(n);
@@ -165,7 +178,7 @@ class ConnectionStream final : public httplib::Stream {
       const int64_t waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
       const int64_t left = keep_alive_ms - waited;
-      const int r = PollIn(static_cast<int>(std::clamp<int64_t>(left, 0, kIdleSliceMs)));
+      const int r = WaitIn(static_cast<int>(std::clamp<int64_t>(left, 0, kIdleSliceMs)));
       if (r != 0) return r > 0;  // readable, closed by the peer (recv says so) or an error
       if (left <= 0 || listening == INVALID_SOCKET) return false;
     }
@@ -184,8 +197,13 @@ class ConnectionStream final : public httplib::Stream {
       msghdr m{};
       m.msg_iov = v;
       m.msg_iovlen = static_cast<size_t>(n);
-      const ssize_t w = ::sendmsg(sock_, &m, MSG_NOSIGNAL);  // SO_SNDTIMEO (the write timeout) bounds it
+      // On a thread SO_SNDTIMEO (the write timeout) bounds it; a fiber waits
+      // for room with the same timeout.
+      const ssize_t w = ::sendmsg(sock_, &m, MSG_NOSIGNAL | (fiber_ ? MSG_DONTWAIT : 0));
       if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && fiber_ && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+          internal::WaitForFd(sock_, /*write=*/true, write_timeout_ms_) > 0)
+        continue;
       if (w <= 0) {
         failed_ = true;
         out_.clear();
@@ -221,7 +239,10 @@ class ConnectionStream final : public httplib::Stream {
     }
   }
 
-  int PollIn(int timeout_ms) const {
+  // Waits until the socket is readable: > 0 readable (or closed, or an
+  // error: recv says which), 0 timed out.
+  int WaitIn(int timeout_ms) const {
+    if (fiber_) return internal::WaitForFd(sock_, /*write=*/false, timeout_ms);
     pollfd p{sock_, POLLIN, 0};
     int r;
     do {
@@ -235,7 +256,8 @@ class ConnectionStream final : public httplib::Stream {
     int port = 0;
   };
   socket_t sock_;
-  int read_timeout_ms_;
+  bool fiber_;  // run by a Server's fiber (set_fibers): waits give the thread up
+  int read_timeout_ms_, write_timeout_ms_;
   Address remote_, local_;  // looked up once, at the start
   std::vector<char> in_;
   size_t off_ = 0, len_ = 0;
@@ -266,9 +288,22 @@ int64_t Millis(time_t sec, time_t usec) {
 
 }  // namespace
 
+Server::Server() = default;
+Server::~Server() = default;
+
+void Server::set_fibers(int threads) { loops_ = threads > 0 ? std::make_unique<internal::Loops>(threads) : nullptr; }
+
 bool Server::process_and_close_socket(socket_t sock) {
   SocketCloser closer{sock};
-  ConnectionStream strm(sock, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)));
+  if (loops_ == nullptr) return Serve(sock);
+  bool ret = false;
+  loops_->Run(sock, [&] { ret = Serve(sock); });
+  return ret;
+}
+
+bool Server::Serve(socket_t sock) {
+  ConnectionStream strm(sock, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
+                        static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)));
   const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
   bool ret = false;
   for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {

@@ -46,7 +46,7 @@ class LoopbackServer {
     });
   }
   ~LoopbackServer() { Stop(); }
-  httplib::Server& server() { return server_; }
+  http::Server& server() { return server_; }
 
   // Binds and starts serving. Connections are queued from the bind on; this
   // returns once the accept loop runs.

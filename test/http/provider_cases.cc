@@ -60,7 +60,9 @@ TEST_P(ProviderTest, MetricsCountExecutionsReplaysAndConflicts) {
         "idem_http_conflicts_total 1\n", "# TYPE idem_http_group_queue gauge\nidem_http_group_queue 0\n",
         "idem_http_invalid_total 2\n", "idem_http_group_reruns_total 0\n"})
     EXPECT_NE(m.body.find(line), std::string::npos) << line << "\n" << m.body;
-  const std::string grouped = GetParam().mode == ProviderMode::kGroupCommit ? "1" : "0";
+  const bool groups =
+      GetParam().mode == ProviderMode::kGroupCommit || GetParam().mode == ProviderMode::kGroupCommitOnFibers;
+  const std::string grouped = groups ? "1" : "0";
   EXPECT_NE(m.body.find("idem_http_grouped_requests_total " + grouped + "\n"), std::string::npos) << m.body;
 }
 

@@ -21,8 +21,9 @@
 namespace idem::testing {
 
 // How POST /charges commits: two-phase (the default), in one transaction per
-// request (--one-transaction), or in groups (--group-commit).
-enum class ProviderMode { kTwoPhase, kOneTransaction, kGroupCommit };
+// request (--one-transaction), or in groups (--group-commit), with the
+// connections as fibers (--fibers) or not.
+enum class ProviderMode { kTwoPhase, kOneTransaction, kGroupCommit, kGroupCommitOnFibers };
 
 struct ProviderParam {
   std::string name;
@@ -47,7 +48,9 @@ class ProviderTest : public ::testing::TestWithParam<ProviderParam> {
     o.api_keys = {{"sk_a", "acct_a"}, {"sk_b", "acct_b"}};
     o.threads = 128;
     o.one_transaction = GetParam().mode != ProviderMode::kTwoPhase;
-    if (GetParam().mode == ProviderMode::kGroupCommit) o.idempotency.group_commit_max = 64;
+    if (GetParam().mode == ProviderMode::kGroupCommit || GetParam().mode == ProviderMode::kGroupCommitOnFibers)
+      o.idempotency.group_commit_max = 64;
+    if (GetParam().mode == ProviderMode::kGroupCommitOnFibers) o.fibers = 2;
     return o;
   }
   void Start(cli::ProviderServerOptions o) {

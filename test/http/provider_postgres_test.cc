@@ -14,7 +14,9 @@ std::string Url(const TempDir&) { return FreshSchemaUrl(); }
 INSTANTIATE_TEST_SUITE_P(Postgres, ProviderTest,
                          ::testing::Values(ProviderParam{"Postgres", Url},
                                            ProviderParam{"PostgresOneTransaction", Url, ProviderMode::kOneTransaction},
-                                           ProviderParam{"PostgresGroupCommit", Url, ProviderMode::kGroupCommit}),
+                                           ProviderParam{"PostgresGroupCommit", Url, ProviderMode::kGroupCommit},
+                                           ProviderParam{"PostgresGroupCommitOnFibers", Url,
+                                                         ProviderMode::kGroupCommitOnFibers}),
                          ProviderParamName);
 
 // A first execution in the two-phase mode makes five round trips: the read

@@ -9,12 +9,13 @@ namespace {
 
 std::string SqliteUrl(const TempDir& dir) { return "sqlite:" + dir.File("provider.db"); }
 
-INSTANTIATE_TEST_SUITE_P(SQLite, ProviderTest,
-                         ::testing::Values(ProviderParam{"SQLite", SqliteUrl},
-                                           ProviderParam{"SQLiteOneTransaction", SqliteUrl,
-                                                         ProviderMode::kOneTransaction},
-                                           ProviderParam{"SQLiteGroupCommit", SqliteUrl, ProviderMode::kGroupCommit}),
-                         ProviderParamName);
+INSTANTIATE_TEST_SUITE_P(
+    SQLite, ProviderTest,
+    ::testing::Values(ProviderParam{"SQLite", SqliteUrl},
+                      ProviderParam{"SQLiteOneTransaction", SqliteUrl, ProviderMode::kOneTransaction},
+                      ProviderParam{"SQLiteGroupCommit", SqliteUrl, ProviderMode::kGroupCommit},
+                      ProviderParam{"SQLiteGroupCommitOnFibers", SqliteUrl, ProviderMode::kGroupCommitOnFibers}),
+    ProviderParamName);
 
 TEST(ProviderServerStart, RefusesNoKeysAndAnUnopenableStore) {
   TempDir dir;

@@ -125,9 +125,12 @@ void AddEcho(httplib::Server& server) {
   });
 }
 
-class ServerTest : public ::testing::Test {
+// Every case runs with a thread per connection (0) and with the connections
+// as fibers on 2 threads (Server::set_fibers).
+class ServerTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
+    server_.server().set_fibers(GetParam());
     AddEcho(server_.server());
     server_.server().Get("/peer", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.remote_addr + " " + std::to_string(req.remote_port) + " " + req.local_addr + " " +
@@ -149,7 +152,12 @@ class ServerTest : public ::testing::Test {
   LoopbackServer server_;
 };
 
-TEST_F(ServerTest, PipelinedRequestsSentInOneWriteAreEachAnsweredInOrder) {
+std::string ModeName(const ::testing::TestParamInfo<int>& p) {
+  return p.param == 0 ? std::string("Threads") : "FibersOn" + std::to_string(p.param);
+}
+INSTANTIATE_TEST_SUITE_P(Connections, ServerTest, ::testing::Values(0, 2), ModeName);
+
+TEST_P(ServerTest, PipelinedRequestsSentInOneWriteAreEachAnsweredInOrder) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   // Three requests in one segment: the first read takes all of them.
@@ -162,7 +170,7 @@ TEST_F(ServerTest, PipelinedRequestsSentInOneWriteAreEachAnsweredInOrder) {
   }
 }
 
-TEST_F(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
+TEST_P(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   for (int i = 1; i <= 5; ++i) {  // cpp-httplib's default maximum: 5
@@ -175,8 +183,9 @@ TEST_F(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
   EXPECT_TRUE(c.SeesClose());
 }
 
-TEST(ServerKeepAlive, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
+TEST_P(ServerTest, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
   LoopbackServer server;
+  server.server().set_fibers(GetParam());
   server.server().set_keep_alive_max_count(1000);
   AddEcho(server.server());
   server.Start();
@@ -191,7 +200,7 @@ TEST(ServerKeepAlive, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
   }
 }
 
-TEST_F(ServerTest, ExpectContinueGetsItsInterimReplyBeforeTheBodyIsSent) {
+TEST_P(ServerTest, ExpectContinueGetsItsInterimReplyBeforeTheBodyIsSent) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   const std::string body = "payload";
@@ -209,7 +218,7 @@ TEST_F(ServerTest, ExpectContinueGetsItsInterimReplyBeforeTheBodyIsSent) {
   EXPECT_EQ(r->body, "echo:payload");
 }
 
-TEST_F(ServerTest, LongBodiesBothWaysArriveByteExact) {
+TEST_P(ServerTest, LongBodiesBothWaysArriveByteExact) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   std::string big(1'000'003, '\0');
@@ -228,7 +237,7 @@ TEST_F(ServerTest, LongBodiesBothWaysArriveByteExact) {
 
 // Every request of a keep-alive connection (the addresses are looked up
 // once per connection).
-TEST_F(ServerTest, TheRequestKnowsThePeerAndLocalAddress) {
+TEST_P(ServerTest, TheRequestKnowsThePeerAndLocalAddress) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   std::string first;
@@ -243,7 +252,7 @@ TEST_F(ServerTest, TheRequestKnowsThePeerAndLocalAddress) {
   }
 }
 
-TEST_F(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
+TEST_P(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx"));
@@ -253,7 +262,7 @@ TEST_F(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
   EXPECT_TRUE(c.SeesClose());
 }
 
-TEST_F(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
+TEST_P(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send("NOT A REQUEST\r\nHost: x\r\n\r\n"));
@@ -268,7 +277,7 @@ TEST_F(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
 
 // A request cpp-httplib rejects before reading its body: the body must not
 // be read as the next request on the connection (request smuggling).
-TEST_F(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
+TEST_P(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
   std::atomic<int> hidden{0};
   server_.server().Post("/hidden", [&](const httplib::Request&, httplib::Response& res) {
     ++hidden;
@@ -288,7 +297,7 @@ TEST_F(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
 }
 
 // A handler's own 4xx after the whole request was read keeps the connection.
-TEST_F(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
+TEST_P(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
   server_.server().Post("/reject", [](const httplib::Request&, httplib::Response& res) {
     res.status = 400;
     res.set_content("no", "text/plain");
@@ -305,7 +314,7 @@ TEST_F(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
 
 // A streamed response goes out as the provider writes it: here the provider
 // waits for the client to have read the first chunk before it writes more.
-TEST_F(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
+TEST_P(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
   std::mutex mu;
   std::condition_variable cv;
   bool client_has_first = false;
@@ -338,7 +347,7 @@ TEST_F(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
 }
 
 // A provider that writes while its client is there stops once it is gone.
-TEST_F(ServerTest, AProviderSeesItsClientLeave) {
+TEST_P(ServerTest, AProviderSeesItsClientLeave) {
   std::atomic<bool> ended{false};
   server_.server().Get("/forever", [&](const httplib::Request&, httplib::Response& res) {
     res.set_chunked_content_provider(
@@ -368,8 +377,9 @@ TEST_F(ServerTest, AProviderSeesItsClientLeave) {
 // cpp-httplib's own loop waits out the keep-alive timeout of an idle
 // connection before it looks at stop() again: with an hour's timeout this
 // test would hang until ctest's TIMEOUT fails it.
-TEST(ServerStop, StopReturnsWhileKeepAliveConnectionsIdle) {
+TEST_P(ServerTest, StopReturnsWhileKeepAliveConnectionsIdle) {
   LoopbackServer server;
+  server.server().set_fibers(GetParam());
   server.server().set_keep_alive_timeout(3600);
   AddEcho(server.server());
   server.Start();
@@ -382,6 +392,64 @@ TEST(ServerStop, StopReturnsWhileKeepAliveConnectionsIdle) {
   }
   server.Stop();  // returns: every idle connection saw stop()
   for (auto& c : idle) EXPECT_TRUE(c->SeesClose());
+}
+
+// One fiber thread, many connections: a connection waiting for the rest of
+// its request gives the thread up, so the others are served meanwhile. (A
+// fiber that blocked its thread in recv would hold every other connection
+// until the read timeout, and the requests below would time out.)
+TEST(ServerFibers, AConnectionWaitingForItsBodyDoesNotHoldUpTheOthers) {
+  LoopbackServer server;
+  server.server().set_fibers(1);
+  server.server().set_read_timeout(60);
+  AddEcho(server.server());
+  server.Start();
+  std::vector<std::unique_ptr<RawConnection>> waiting;
+  for (int i = 0; i < 8; ++i) {
+    waiting.push_back(std::make_unique<RawConnection>(server.port()));
+    ASSERT_TRUE(waiting.back()->connected());
+    // The head says 10 bytes of body; 4 come now, the rest at the end.
+    ASSERT_TRUE(waiting.back()->Send("POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nwait"));
+  }
+  for (int i = 0; i < 20; ++i) {
+    RawConnection c(server.port());
+    ASSERT_TRUE(c.connected());
+    ASSERT_TRUE(c.Send(Post("/echo", "go" + std::to_string(i))));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value()) << i << ": not answered while other connections waited for their bodies";
+    EXPECT_EQ(r->body, "echo:go" + std::to_string(i));
+  }
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    ASSERT_TRUE(waiting[i]->Send("ing" + std::to_string(i) + "xx"));
+    auto r = waiting[i]->Read();
+    ASSERT_TRUE(r.has_value()) << i;
+    EXPECT_EQ(r->body, "echo:waiting" + std::to_string(i) + "xx");
+  }
+}
+
+// A response larger than the socket's send buffer, to a client that reads it
+// slowly: the fiber waits for room (the socket writable) and the whole body
+// arrives, while another connection on the same thread is served.
+TEST(ServerFibers, ALargeResponseToASlowReaderArrivesWholeWhileOthersAreServed) {
+  LoopbackServer server;
+  server.server().set_fibers(1);
+  AddEcho(server.server());
+  server.Start();
+  RawConnection slow(server.port());
+  ASSERT_TRUE(slow.connected());
+  std::string big(4'000'000, 'b');
+  ASSERT_TRUE(slow.Send(Post("/echo", big)));
+  // Not read yet: the server's send fills the socket buffers and waits.
+  RawConnection quick(server.port());
+  ASSERT_TRUE(quick.connected());
+  ASSERT_TRUE(quick.Send(Post("/echo", "q")));
+  auto q = quick.Read();
+  ASSERT_TRUE(q.has_value()) << "a connection was held up by another's full send buffer";
+  EXPECT_EQ(q->body, "echo:q");
+  auto r = slow.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->body.size(), big.size() + 5);
+  EXPECT_EQ(r->body, "echo:" + big);
 }
 
 }  // namespace

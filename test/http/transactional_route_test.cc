@@ -24,8 +24,18 @@ namespace {
 
 using http::Idempotency;
 
-// group_commit_max: 0 (each request its own transaction) or 64.
-class TransactionalRouteTest : public ::testing::TestWithParam<int> {
+// group_commit_max: 0 (each request its own transaction) or 64; fibers: the
+// server's connections as fibers on that many threads (0: a thread each).
+struct Commits {
+  int group = 0;
+  int fibers = 0;
+};
+std::string CommitsName(const ::testing::TestParamInfo<Commits>& p) {
+  return (p.param.group == 0 ? std::string("EachItsOwn") : "GroupsOf" + std::to_string(p.param.group)) +
+         (p.param.fibers > 0 ? "OnFibers" : "");
+}
+
+class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
  protected:
   void SetUp() override {
     // Through the fault VFS (passing everything through until a test arms it).
@@ -39,7 +49,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
     ASSERT_TRUE((*tx)->Commit().ok());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     idem_ = std::make_unique<Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
-                                          http::Options{.env = &env_, .group_commit_max = GetParam()});
+                                          http::Options{.env = &env_, .group_commit_max = GetParam().group});
   }
   void TearDown() override {
     Vfs().Disarm();
@@ -72,6 +82,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
       res.set_content(nlohmann::json{{"key", key}, {"amount", amount}, {"execution", n}}.dump(), "application/json");
     };
     server_.server().Post("/charges", idem_->WrapInTransaction("/charges", policy_, *store_, handler));
+    server_.server().set_fibers(GetParam().fibers);
     server_.Start();
   }
   Reply Post(const std::string& key, int64_t amount, bool throws = false) {
@@ -114,10 +125,8 @@ class TransactionalRouteTest : public ::testing::TestWithParam<int> {
   http::RoutePolicy policy_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Commits, TransactionalRouteTest, ::testing::Values(0, 64),
-                         [](const ::testing::TestParamInfo<int>& p) {
-                           return p.param == 0 ? std::string("EachItsOwn") : "GroupsOf" + std::to_string(p.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(Commits, TransactionalRouteTest,
+                         ::testing::Values(Commits{0, 0}, Commits{64, 0}, Commits{64, 2}), CommitsName);
 
 TEST_P(TransactionalRouteTest, TheEffectAndTheResponseCommitTogetherAndReplay) {
   Route();
@@ -161,7 +170,7 @@ TEST_P(TransactionalRouteTest, AResponseNotStoredRollsBackItsEffectAndNoOtherReq
   for (const auto& [key, amount] : requests) EXPECT_EQ(Effects(key), amount < 0 ? 0 : 1) << key;
   auto c = idem_->counters();
   EXPECT_EQ(c.replayed, 32u);
-  if (GetParam() > 1) {
+  if (GetParam().group > 1) {
     EXPECT_GE(c.grouped_requests, 32u);  // every stored response came through a group
     EXPECT_LE(c.group_commits, c.grouped_requests);
   } else {
@@ -288,8 +297,7 @@ class GroupCommitTest : public TransactionalRouteTest {
   }
   void GroupWithInvalidRequests(bool validate);
 };
-INSTANTIATE_TEST_SUITE_P(Commits, GroupCommitTest, ::testing::Values(64),
-                         [](const ::testing::TestParamInfo<int>& p) { return "GroupsOf" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(Commits, GroupCommitTest, ::testing::Values(Commits{64, 0}, Commits{64, 2}), CommitsName);
 
 TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
   constexpr int kOthers = 31;

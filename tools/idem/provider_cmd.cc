@@ -26,7 +26,7 @@ const Command& ProviderCommand() {
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
       "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--group-commit N]\n"
-      "       [--committers C] [--threads T] [--max-keys N] [--quiet]",
+      "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
@@ -34,18 +34,26 @@ const Command& ProviderCommand() {
        {"retention", "DURATION", "24h", "how long a stored response is replayed"},
        {"lease", "DURATION", "30s", "how long a request may run before a retry may take its key over"},
        {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
-       {"one-transaction", "", "", "run POST /charges in one transaction with its idempotency record (one\n"
-                                   "          commit per request; a duplicate waits for the first instead of 409)"},
-       {"group-commit", "N", "0", "with --one-transaction: requests that arrive while a commit is under way share\n"
-                                 "          the next transaction and its commit (one fsync), up to N (0: each its own)"},
+       {"one-transaction", "", "",
+        "run POST /charges in one transaction with its idempotency record (one\n"
+        "          commit per request; a duplicate waits for the first instead of 409)"},
+       {"group-commit", "N", "0",
+        "with --one-transaction: requests that arrive while a commit is under way share\n"
+        "          the next transaction and its commit (one fsync), up to N (0: each its own)"},
        {"committers", "C", "1", "with --group-commit: transactions open at once (1 for SQLite; a few for PostgreSQL)"},
        {"threads", "T", "32", "server threads (each serves one connection at a time)"},
+       {"fibers", "F", "0",
+        "with --group-commit: serve the connections as fibers on F threads instead of a thread\n"
+        "          each (a request gives its thread up while its group commits: fewer thread\n"
+        "          switches on a machine with few cores); --threads still bounds the connections"},
        {"quiet", "", "", "no per-request log lines"},
-       {"max-keys", "N", "100000", "stored idempotency keys per principal and route before 429 (a client\n"
-                                  "          cannot exhaust storage)"},
-       {"lose-responses", "P", "0", "fault injection for tests and idem chaos: on this fraction of keys (chosen\n"
-                                  "          by --seed) the first execution keeps the charge and its stored response\n"
-                                  "          but drops the connection instead of answering, as a lost response would"},
+       {"max-keys", "N", "100000",
+        "stored idempotency keys per principal and route before 429 (a client\n"
+        "          cannot exhaust storage)"},
+       {"lose-responses", "P", "0",
+        "fault injection for tests and idem chaos: on this fraction of keys (chosen\n"
+        "          by --seed) the first execution keeps the charge and its stored response\n"
+        "          but drops the connection instead of answering, as a lost response would"},
        {"seed", "S", "1", "seed of --lose-responses"}}};
   return c;
 }
@@ -76,11 +84,16 @@ int RunProvider(const Args& args) {
   auto group = args.GetInt("group-commit");
   auto committers = args.GetInt("committers");
   auto threads = args.GetInt("threads");
-  for (const auto* r : {&group, &committers, &threads})
+  auto fibers = args.GetInt("fibers");
+  for (const auto* r : {&group, &committers, &threads, &fibers})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*group < 0 || *group > 10'000) return Fail(cmd, Status::InvalidArgument("--group-commit must be 0..10000"));
   if (*committers < 1 || *committers > 64) return Fail(cmd, Status::InvalidArgument("--committers must be 1..64"));
   if (*threads < 1 || *threads > 1024) return Fail(cmd, Status::InvalidArgument("--threads must be 1..1024"));
+  if (*fibers < 0 || *fibers > 64) return Fail(cmd, Status::InvalidArgument("--fibers must be 0..64"));
+  if (*fibers > 0 && *group <= 1)
+    return Fail(cmd, Status::InvalidArgument(
+                         "--fibers needs --group-commit (a request's only wait must be its group's commit)"));
   if (*group > 1 && !args.Bool("one-transaction"))
     return Fail(cmd, Status::InvalidArgument("--group-commit needs --one-transaction (it groups transactions)"));
   auto max_keys = args.GetInt("max-keys");
@@ -107,6 +120,7 @@ int RunProvider(const Args& args) {
   o.idempotency.group_commit_max = static_cast<int>(*group);
   o.idempotency.group_committers = static_cast<int>(*committers);
   o.threads = static_cast<int>(*threads);
+  o.fibers = static_cast<int>(*fibers);
   if (!args.Bool("quiet")) {
     auto mu = std::make_shared<std::mutex>();
     o.log = [mu](const std::string& line) {

@@ -207,6 +207,7 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.set_keep_alive_max_count(100'000);
   p->server.set_keep_alive_timeout(30);
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  p->server.set_fibers(p->options.fibers);
   // A body that is not a valid charge is refused before its key is claimed
   // (nothing stored; under group commit it never joins a group).
   const http::RoutePolicy policy{

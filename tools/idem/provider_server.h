@@ -34,6 +34,10 @@ struct ProviderServerOptions {
   int64_t lease_ms = 30'000;
   int64_t wait_ms = 0;
   int threads = 32;
+  // Connections served as fibers on this many threads (http::Server::
+  // set_fibers); 0: a thread per connection. For group commit, where a
+  // request's only wait is its group's commit.
+  int fibers = 0;
   // POST /charges in one transaction with its idempotency record
   // (Idempotency::WrapInTransaction: one commit per request; a duplicate
   // waits for the first instead of 409) instead of two-phase (claim

@@ -33,13 +33,37 @@
 
 #include <httplib.h>
 
+#include <memory>
+
 namespace idem::http {
+namespace internal {
+class Loops;
+}
 
 class Server : public httplib::Server {
+ public:
+  Server();
+  ~Server() override;
+
+  // Serves the connections as fibers on `threads` threads (call before
+  // listen): a connection gives its thread up where a thread of its own
+  // would sleep (waiting for bytes, or for its group of requests to commit
+  // under Options::group_commit_max), so a few threads serve every
+  // connection without a thread switch per request. For routes whose
+  // handlers do not block: a handler that waits (a network round trip, a
+  // lock held elsewhere, a sleep) holds up every connection of its thread.
+  // cpp-httplib's thread pool still takes each connection (one pool thread
+  // sleeps per open connection) and bounds how many are served at once.
+  // 0 (the default): a thread per connection.
+  void set_fibers(int threads);
+
  private:
   // Overrides cpp-httplib's per-connection loop (a virtual of httplib::Server,
   // as its SSLServer does); requests still go through its process_request.
   bool process_and_close_socket(socket_t sock) override;
+  bool Serve(socket_t sock);
+
+  std::unique_ptr<internal::Loops> loops_;
 };
 
 }  // namespace idem::http

@@ -1,0 +1,288 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "http/fiber.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+namespace idem::http::internal {
+namespace {
+
+// A fiber's stack: only the pages it touches take memory. SQLite, cpp-httplib
+// and a handler's JSON fit in a fraction of it.
+constexpr size_t kStackBytes = 1024 * 1024;
+// How long a loop sleeps at most, and how often it looks at deadlines.
+constexpr int kTickMs = 10;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+class Loops::Loop {
+ public:
+  Loop();
+  ~Loop();
+  void Start(Fiber* f) { Post(f); }
+  void Post(Fiber* f);
+  void Yield(Fiber* f);
+  void WatchWrites(Fiber* f, bool on);
+
+ private:
+  void Main();
+  void Enqueue(Fiber* f);
+  void Resume(Fiber* f);
+  void Finish(Fiber* f);
+
+  int epfd_ = -1, evfd_ = -1;
+  ucontext_t main_ctx_{};
+  std::mutex mu_;
+  std::vector<Fiber*> inbox_;  // new fibers and wakes from other threads
+  bool stopping_ = false;
+  std::deque<Fiber*> ready_;
+  std::unordered_set<Fiber*> fibers_;
+  std::thread thread_;
+};
+
+class Fiber {
+ public:
+  enum class State { kNew, kRunning, kReady, kWaitFd, kParked, kDone };
+  Loops::Loop* loop = nullptr;
+  int fd = -1;
+  const std::function<void()>* body = nullptr;
+  ucontext_t ctx{};
+  void* stack = nullptr;
+  State state = State::kNew;
+  bool queued = false;
+  bool fd_ready = false;
+  // Bytes (or the peer's end) came while the fiber was not waiting for
+  // them: its next wait to read returns at once (the socket is edge-
+  // triggered, so that edge will not come again).
+  bool in_pending = false;
+  bool wait_write = false;
+  int64_t deadline_ms = 0;
+  // Run()'s caller sleeps on these until the fiber is done.
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+};
+
+namespace {
+thread_local Fiber* tl_fiber = nullptr;
+
+void Trampoline() {
+  Fiber* f = tl_fiber;
+  try {
+    (*f->body)();
+  } catch (...) {  // the connection ends; the server goes on
+  }
+  f->state = Fiber::State::kDone;
+  // Back to the loop for good: it frees this stack after the switch.
+  tl_fiber = nullptr;
+  f->loop->Yield(f);
+}
+}  // namespace
+
+Fiber* CurrentFiber() { return tl_fiber; }
+
+void ParkUntilWoken() {
+  Fiber* f = tl_fiber;
+  f->state = Fiber::State::kParked;
+  f->loop->Yield(f);
+}
+
+void Wake(Fiber* fiber) { fiber->loop->Post(fiber); }
+
+int WaitForFd(int fd, bool write, int64_t timeout_ms) {
+  Fiber* f = tl_fiber;
+  (void)fd;  // the fiber's own socket, watched since it started
+  if (!write && f->in_pending) {
+    f->in_pending = false;
+    return 1;
+  }
+  f->state = Fiber::State::kWaitFd;
+  f->wait_write = write;
+  f->fd_ready = false;
+  f->deadline_ms = NowMs() + std::max<int64_t>(0, timeout_ms);
+  if (write) f->loop->WatchWrites(f, true);
+  f->loop->Yield(f);
+  if (write) f->loop->WatchWrites(f, false);
+  return f->fd_ready ? 1 : 0;
+}
+
+Loops::Loop::Loop() {
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  evfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error("idem::http::Server: cannot make an epoll set for fibers");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the eventfd
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, evfd_, &ev);
+  thread_ = std::thread([this] { Main(); });
+}
+
+Loops::Loop::~Loop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!::write(evfd_, &one, sizeof one);
+  thread_.join();
+  ::close(evfd_);
+  ::close(epfd_);
+}
+
+void Loops::Loop::Post(Fiber* f) {
+  bool first;
+  {
+    std::lock_guard lock(mu_);
+    first = inbox_.empty();
+    inbox_.push_back(f);
+  }
+  // One write per batch: the loop takes the whole inbox each time it looks.
+  if (first) {
+    const uint64_t one = 1;
+    (void)!::write(evfd_, &one, sizeof one);
+  }
+}
+
+void Loops::Loop::Yield(Fiber* f) { ::swapcontext(&f->ctx, &main_ctx_); }
+
+void Loops::Loop::WatchWrites(Fiber* f, bool on) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (on ? EPOLLOUT : 0u);
+  ev.data.ptr = f;
+  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, f->fd, &ev);
+}
+
+void Loops::Loop::Enqueue(Fiber* f) {
+  if (f->queued) return;
+  f->queued = true;
+  f->state = f->state == Fiber::State::kNew ? Fiber::State::kNew : Fiber::State::kReady;
+  ready_.push_back(f);
+}
+
+void Loops::Loop::Resume(Fiber* f) {
+  if (f->state == Fiber::State::kNew) {
+    f->stack = ::mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (f->stack == MAP_FAILED) {
+      f->stack = nullptr;
+      f->state = Fiber::State::kDone;  // the connection is closed unserved
+      return;
+    }
+    ::mprotect(f->stack, 4096, PROT_NONE);  // a guard page below the stack
+    ::getcontext(&f->ctx);
+    f->ctx.uc_stack.ss_sp = f->stack;
+    f->ctx.uc_stack.ss_size = kStackBytes;
+    f->ctx.uc_link = nullptr;
+    ::makecontext(&f->ctx, &Trampoline, 0);
+  }
+  f->state = Fiber::State::kRunning;
+  tl_fiber = f;
+  ::swapcontext(&main_ctx_, &f->ctx);
+  tl_fiber = nullptr;
+}
+
+void Loops::Loop::Finish(Fiber* f) {
+  ::epoll_ctl(epfd_, EPOLL_CTL_DEL, f->fd, nullptr);
+  fibers_.erase(f);
+  if (f->stack != nullptr) ::munmap(f->stack, kStackBytes);
+  f->stack = nullptr;
+  std::lock_guard lock(f->done_mu);
+  f->done = true;
+  f->done_cv.notify_one();  // Run() returns and frees the fiber
+}
+
+void Loops::Loop::Main() {
+  std::vector<Fiber*> inbox;
+  epoll_event events[64];
+  int64_t next_check = NowMs() + kTickMs;
+  for (;;) {
+    bool stop;
+    {
+      std::lock_guard lock(mu_);
+      inbox.swap(inbox_);
+      stop = stopping_;
+    }
+    for (Fiber* f : inbox) {
+      if (f->state == Fiber::State::kNew) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+        ev.data.ptr = f;
+        ::epoll_ctl(epfd_, EPOLL_CTL_ADD, f->fd, &ev);
+        fibers_.insert(f);
+      }
+      Enqueue(f);  // new, or woken by another thread
+    }
+    inbox.clear();
+    while (!ready_.empty()) {
+      Fiber* f = ready_.front();
+      ready_.pop_front();
+      f->queued = false;
+      Resume(f);
+      if (f->state == Fiber::State::kDone) Finish(f);
+    }
+    if (stop && fibers_.empty()) return;
+    int timeout = kTickMs;
+    {
+      std::lock_guard lock(mu_);
+      if (!inbox_.empty()) timeout = 0;
+    }
+    const int n = ::epoll_wait(epfd_, events, 64, timeout);
+    for (int i = 0; i < n; ++i) {
+      auto* f = static_cast<Fiber*>(events[i].data.ptr);
+      if (f == nullptr) {
+        uint64_t count;
+        (void)!::read(evfd_, &count, sizeof count);
+        continue;
+      }
+      const uint32_t e = events[i].events;
+      const bool in = (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
+      const bool out = (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0;
+      const bool waiting = f->state == Fiber::State::kWaitFd;
+      if (in && !(waiting && !f->wait_write)) f->in_pending = true;
+      if (waiting && (f->wait_write ? out : in)) {
+        f->fd_ready = true;
+        Enqueue(f);
+      }
+    }
+    const int64_t now = NowMs();
+    if (now >= next_check) {
+      next_check = now + kTickMs;
+      for (Fiber* f : fibers_)
+        if (f->state == Fiber::State::kWaitFd && f->deadline_ms <= now) Enqueue(f);  // timed out: fd_ready false
+    }
+  }
+}
+
+Loops::Loops(int threads) {
+  for (int i = 0; i < std::max(1, threads); ++i) loops_.push_back(std::make_unique<Loop>());
+}
+
+Loops::~Loops() = default;
+
+void Loops::Run(int fd, const std::function<void()>& body) {
+  Fiber f;
+  f.fd = fd;
+  f.body = &body;
+  f.loop = loops_[next_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
+  f.loop->Start(&f);
+  std::unique_lock lock(f.done_mu);
+  f.done_cv.wait(lock, [&] { return f.done; });
+}
+
+}  // namespace idem::http::internal
