@@ -74,16 +74,19 @@ for i in $(seq "${RUNS:-3}"); do
   # database each: two-phase (the default: claim committed, charge, response
   # committed), --one-transaction (claim, charge and response in one commit),
   # and --group-commit (requests arriving during a commit share the next
-  # one); then the same group commit on SQLite (WAL, synchronous=FULL).
-  for mode in two-phase one-transaction group-commit sqlite-group-commit; do
+  # one); then the same group commit on SQLite (WAL, synchronous=FULL), with
+  # a thread per connection and with the connections as fibers on one thread
+  # (--fibers 1).
+  for mode in two-phase one-transaction group-commit sqlite-group-commit sqlite-group-commit-fibers; do
     db=idem_http_${i}_${mode//-/_}
     flags=(--quiet)
     case $mode in
       one-transaction) flags+=(--one-transaction) ;;
       group-commit) flags+=(--one-transaction --group-commit 64) ;;
       sqlite-group-commit) flags+=(--one-transaction --group-commit 64) ;;
+      sqlite-group-commit-fibers) flags+=(--one-transaction --group-commit 64 --fibers 1) ;;
     esac
-    if [ "$mode" = sqlite-group-commit ]; then
+    if [[ $mode == sqlite-* ]]; then
       store="sqlite:$work/$db.db"
       count() { sqlite3 "$work/$db.db" "$1"; }
     else

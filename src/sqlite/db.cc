@@ -9,6 +9,7 @@
 #include <string>
 
 #include "idem/sqlite/fault_vfs.h"
+#include "sqlite/batched_wal.h"
 
 namespace idem::sqlite_internal {
 
@@ -128,10 +129,21 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
   }
   auto vfs = FindVfs(o.vfs);
   if (!vfs.ok()) return vfs.status().WithContext("open " + o.path);
+  // The batched-WAL shim, over the chosen VFS, only where every commit
+  // syncs its WAL before it becomes visible (batched_wal.h).
+  const bool batched = o.batch_wal_writes && (o.synchronous == "FULL" || o.synchronous == "EXTRA");
+  std::string shim;
+  if (batched) {
+    auto name = BatchedWalVfs(o.vfs);
+    if (!name.ok()) return name.status().WithContext("open " + o.path);
+    shim = *name;
+    vfs = shim.c_str();
+  }
   sqlite3* raw = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (o.create ? SQLITE_OPEN_CREATE : 0);
   int rc = sqlite3_open_v2(o.path.c_str(), &raw, flags, *vfs);
   std::unique_ptr<Db> db(new Db(raw, o.path));  // closes even when open failed
+  db->batched_wal_ = batched;
   if (rc != SQLITE_OK) return Translate(rc, raw, "open " + o.path);
   sqlite3_extended_result_codes(raw, 1);
   // Waiting for another writer's lock: retry every millisecond up to the

@@ -73,6 +73,10 @@ struct OpenOptions {
   // A registered SQLite VFS to open the file through; empty: the default.
   // "idem-fault" (idem/sqlite/fault_vfs.h) is installed on demand.
   std::string vfs;
+  // With synchronous FULL or EXTRA: open through the batched-WAL shim over
+  // `vfs` (batched_wal.h); commits in a BatchedWalWrites scope write their
+  // frames in one write.
+  bool batch_wal_writes = false;
 };
 
 // One connection with a cache of prepared statements. Used by one thread at
@@ -87,6 +91,8 @@ class Db {
   Db& operator=(const Db&) = delete;
 
   sqlite3* raw() const { return db_; }
+  // Opened through the batched-WAL shim: wrap commits in BatchedWalWrites.
+  bool batched_wal() const { return batched_wal_; }
   const std::string& path() const { return path_; }
 
   // Runs one or more statements without parameters or results.
@@ -108,6 +114,7 @@ class Db {
   sqlite3* db_;
   std::string path_;
   int busy_timeout_ms_ = 0;
+  bool batched_wal_ = false;
   std::function<bool(int)> after_commit_;
   std::unordered_map<std::string, StmtPtr> cache_;
 };

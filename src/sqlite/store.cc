@@ -13,6 +13,7 @@
 #include "idem/env.h"
 
 #include "core/sql_store.h"
+#include "sqlite/batched_wal.h"
 #include "core/url.h"
 #include "sqlite/db.h"
 #include "sqlite/schema.h"
@@ -34,6 +35,8 @@ class SqliteConnection final : public sql_internal::Connection {
     return db_->Exec(sql, {}).status();
   }
   Status Commit() override {
+    // With FULL, the commit's WAL frames go out in one write (batched_wal.h).
+    sqlite_internal::BatchedWalWrites batched(db_->batched_wal());
     auto r = db_->Exec("COMMIT", {});
     if (r.ok()) return Status::OK();
     // SQLite rolled back by itself. After an I/O error during COMMIT the WAL
@@ -165,6 +168,7 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
   oo.wal_autocheckpoint_pages = o.wal_autocheckpoint_pages;
   oo.page_size = o.page_size;
   oo.vfs = o.vfs;
+  oo.batch_wal_writes = o.batch_wal_writes;
   oo.synchronous = o.synchronous == Synchronous::kFull     ? "FULL"
                    : o.synchronous == Synchronous::kNormal ? "NORMAL"
                                                            : "OFF";
@@ -331,6 +335,13 @@ Result<Options> ParseUrl(std::string_view url) {
       else if (v == "background") o.checkpoint = Checkpoint::kBackground;
       else if (v == "inline") o.checkpoint = Checkpoint::kInline;
       else return Status::InvalidArgument("SQLite URL option checkpoint must be auto, background or inline, not '" + v + "'");
+    } else if (k == "batch_wal") {
+      if (v == "on")
+        o.batch_wal_writes = true;
+      else if (v == "off")
+        o.batch_wal_writes = false;
+      else
+        return Status::InvalidArgument("SQLite URL option batch_wal must be on or off, not '" + v + "'");
     } else if (k == "busy_timeout_ms") {
       o.busy_timeout_ms = std::atoi(v.c_str());
     } else if (k == "vfs") {

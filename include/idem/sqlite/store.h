@@ -72,6 +72,12 @@ struct Options {
   // injection VFS of tests and `idem chaos` (idem/sqlite/fault_vfs.h), never
   // for production. Default: empty, SQLite's default VFS.
   std::string vfs;
+  // With synchronous FULL: a commit's WAL frames go to the file in one write
+  // instead of two per page (its header, then the page), through a thin VFS
+  // layer over `vfs` (src/sqlite/batched_wal.h says when the gathered bytes
+  // are written: always before the commit is synced or made visible). No
+  // effect with NORMAL or OFF. Default: true. URL: ?batch_wal=on|off.
+  bool batch_wal_writes = true;
 };
 
 // Whether a store opened with `options` checkpoints on its own thread
@@ -85,8 +91,8 @@ Result<std::unique_ptr<Store>> Open(const Options& options);
 
 // Parses "sqlite:PATH", "sqlite://PATH" or a bare PATH into options, with
 // URL options ?synchronous=full|normal|off, page_size, cache_kib,
-// wal_autocheckpoint, checkpoint=auto|background|inline, busy_timeout_ms and
-// vfs=NAME (checked at Open).
+// wal_autocheckpoint, checkpoint=auto|background|inline, busy_timeout_ms,
+// batch_wal=on|off and vfs=NAME (checked at Open).
 Result<Options> ParseUrl(std::string_view url);
 
 }  // namespace idem::sqlite
