@@ -42,6 +42,7 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
     for (size_t i = 0; i < tokens.size(); ++i) done.push_back(Completion{&tokens[i], results[i]});
     return tx.CompleteManyInTransaction(done, 60'000);
   };
+  int64_t last_fence = 0;
   // 1. Claimed, completed, rolled back: nothing stays. The same key twice in
   //    one call: the second finds the first in progress.
   {
@@ -73,6 +74,8 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
       ASSERT_TRUE(g.ok()) << g.status();
       EXPECT_EQ(g->kind, Kind::kStarted);
     }
+    EXPECT_NE(got[0]->token.fence, got[1]->token.fence) << "two claims with one fence";
+    last_fence = std::max(got[0]->token.fence, got[1]->token.fence);
     for (const Status& s : complete_all(**tx, {got[0]->token, got[1]->token})) EXPECT_TRUE(s.ok()) << s;
     ASSERT_TRUE((*tx)->Commit().ok());
   }
@@ -89,6 +92,7 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
     EXPECT_EQ(got[0]->result, "result of k1");
     EXPECT_EQ(got[1]->kind, Kind::kConflict);
     ASSERT_EQ(got[2]->kind, Kind::kStarted);
+    EXPECT_GT(got[2]->token.fence, last_fence) << "a later claim's fence must be larger";
     ClaimToken stale = got[2]->token;
     stale.fence += 1000;
     auto done = complete_all(**tx, {got[2]->token, stale});

@@ -168,11 +168,38 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
 std::vector<Result<ClaimOutcome>> SqlStore::ClaimManyOn(Connection& tx, std::span<const ClaimRequest> requests) {
   std::vector<Result<ClaimOutcome>> out;
   out.reserve(requests.size());
-  if (dialect_.claims == nullptr || dialect_.claims->bump_fence != nullptr || requests.size() < 2) {
+  const ClaimsSql* q = dialect_.claims;
+  if (q == nullptr || requests.size() < 2 || (q->bump_fence != nullptr && q->reserve_fences == nullptr)) {
     for (const ClaimRequest& r : requests) out.push_back(ClaimOn(&tx, r));
     return out;
   }
   const Value now = ClaimNow();
+  if (q->bump_fence != nullptr) {
+    // A counter row (SQLite): the call's fences in one update, then one
+    // insert per key with its own. A key that has a record leaves its fence
+    // unused; fences only have to be unique and growing.
+    Value n[] = {static_cast<int64_t>(requests.size())};
+    Result<Rows> top = tx.Query(q->reserve_fences, n);
+    if (!top.ok() || top->rows.empty()) {
+      const Status failed = top.ok() ? Status::Internal("the claims' fence counter is missing") : top.status();
+      out.assign(requests.size(), failed);
+      return out;
+    }
+    int64_t fence = top->rows[0][0].AsInt() - static_cast<int64_t>(requests.size());
+    for (const ClaimRequest& r : requests) {
+      std::vector<Value> p = InsertParams(r, now);
+      p.push_back(++fence);
+      Result<Rows> rows = tx.Query(q->insert_fenced, p);
+      if (!rows.ok()) {
+        out.push_back(rows.status());
+      } else if (rows->rows.empty()) {
+        out.push_back(ClaimOn(&tx, r, /*inserted=*/true));  // the key has a record: read it, decide
+      } else {
+        out.push_back(Started(r, rows->rows[0][0].AsInt(), rows->rows[0][1].AsInt(), /*took_over=*/false));
+      }
+    }
+    return out;
+  }
   std::vector<std::vector<Value>> params;
   params.reserve(requests.size());
   for (const ClaimRequest& r : requests) params.push_back(InsertParams(r, now));

@@ -95,6 +95,10 @@ struct ClaimsSql {
   const char* list;        // ($1 scope or '', $2 limit) -> as find
   const char* purge;       // ($1 scope or '', $2 abandoned_after_ms, $3 limit, $4 now)
   const char* now;         // ($1 now) -> now
+  // With bump_fence, for ClaimMany: take $1 fences at once (-> the counter
+  // after), then insert with a given one (insert's parameters, $6 fence).
+  const char* reserve_fences = nullptr;
+  const char* insert_fenced = nullptr;
 };
 
 // A backend's SQL for its markers (the layout it tunes). Parameters are $1..$n.

@@ -84,27 +84,37 @@ inline constexpr sql_internal::Migration kMigrations[] = {
 // always a parameter. Writes that take a fence run in a transaction that
 // first bumps the counter.
 inline constexpr sql_internal::ClaimsSql kClaims{
-    .select = "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
-              " updated_at_ms, $3 FROM idem_claims WHERE scope = $1 AND key = $2",
-    .insert = "INSERT INTO idem_claims VALUES ($1, $2, 0, $3, (SELECT fence FROM idem_claim_fence), $5 + $4, 0,"
-              " NULL, 0, $5) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms",
-    .take_over = "UPDATE idem_claims SET state = 0, fingerprint = $3, fence = (SELECT fence FROM idem_claim_fence),"
-                 " lease_until_ms = $5 + $4, expires_at_ms = 0, result = NULL, result_is_error = 0,"
-                 " updated_at_ms = $5 WHERE scope = $1 AND key = $2 AND fence = $6 AND state = $7"
-                 " AND CASE state WHEN 0 THEN lease_until_ms <= $5 ELSE expires_at_ms <= $5 END"
-                 " RETURNING fence, lease_until_ms",
+    .select =
+        "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error,"
+        " updated_at_ms, $3 FROM idem_claims WHERE scope = $1 AND key = $2",
+    .insert =
+        "INSERT INTO idem_claims VALUES ($1, $2, 0, $3, (SELECT fence FROM idem_claim_fence), $5 + $4, 0,"
+        " NULL, 0, $5) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms",
+    .take_over =
+        "UPDATE idem_claims SET state = 0, fingerprint = $3, fence = (SELECT fence FROM idem_claim_fence),"
+        " lease_until_ms = $5 + $4, expires_at_ms = 0, result = NULL, result_is_error = 0,"
+        " updated_at_ms = $5 WHERE scope = $1 AND key = $2 AND fence = $6 AND state = $7"
+        " AND CASE state WHEN 0 THEN lease_until_ms <= $5 ELSE expires_at_ms <= $5 END"
+        " RETURNING fence, lease_until_ms",
     .bump_fence = "UPDATE idem_claim_fence SET fence = fence + 1",
-    .complete = "UPDATE idem_claims SET state = 1, result = $4, result_is_error = $5, expires_at_ms = $7 + $6,"
-                " updated_at_ms = $7 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING 1",
+    .complete =
+        "UPDATE idem_claims SET state = 1, result = $4, result_is_error = $5, expires_at_ms = $7 + $6,"
+        " updated_at_ms = $7 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING 1",
     .release = "DELETE FROM idem_claims WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING 1",
-    .extend = "UPDATE idem_claims SET lease_until_ms = $5 + $4, updated_at_ms = $5"
-              " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING lease_until_ms",
+    .extend =
+        "UPDATE idem_claims SET lease_until_ms = $5 + $4, updated_at_ms = $5"
+        " WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 0 RETURNING lease_until_ms",
     .find = sql_internal::kFindClaim,
     .list = sql_internal::kListClaims,
-    .purge = "DELETE FROM idem_claims WHERE (scope, key) IN (SELECT scope, key FROM idem_claims"
-             " WHERE ($1 = '' OR scope = $1) AND ((state = 1 AND expires_at_ms <= $4)"
-             " OR (state = 0 AND lease_until_ms + $2 <= $4)) LIMIT $3)",
+    .purge =
+        "DELETE FROM idem_claims WHERE (scope, key) IN (SELECT scope, key FROM idem_claims"
+        " WHERE ($1 = '' OR scope = $1) AND ((state = 1 AND expires_at_ms <= $4)"
+        " OR (state = 0 AND lease_until_ms + $2 <= $4)) LIMIT $3)",
     .now = "SELECT $1",
+    .reserve_fences = "UPDATE idem_claim_fence SET fence = fence + $1 RETURNING fence",
+    .insert_fenced =
+        "INSERT INTO idem_claims VALUES ($1, $2, 0, $3, $6, $5 + $4, 0, NULL, 0, $5) ON CONFLICT DO NOTHING"
+        " RETURNING fence, lease_until_ms",
 };
 
 inline constexpr const char* kInsertMarker =

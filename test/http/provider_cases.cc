@@ -46,6 +46,33 @@ TEST_P(ProviderTest, ChargesOnceAndReplays) {
   EXPECT_EQ(c.replayed, 2u);
 }
 
+// Text that JSON must escape comes back as it was sent, in the same bytes
+// nlohmann::json writes (the provider writes charges without it), from the
+// POST, its replay, GET /charges/{id} and GET /charges.
+TEST_P(ProviderTest, AChargesTextComesBackExactlyInCanonicalJson) {
+  Start();
+  const std::string text = "quote \" backslash \\ newline \n tab \t bell \x07 del \x7f slash / \xc3\xa9 \xe6\x97\xa5";
+  nlohmann::json body = {{"amount", 1234}, {"currency", "eur"}, {"customer", "cus_\"x\""}, {"description", text}};
+  Reply first = Charge("text-1", body.dump());
+  ASSERT_EQ(first.status, 201) << first.body;
+  nlohmann::json charge = first.json();
+  ASSERT_TRUE(charge.is_object()) << first.body;
+  EXPECT_EQ(charge["description"], text);
+  EXPECT_EQ(charge["customer"], "cus_\"x\"");
+  EXPECT_EQ(charge["amount"], 1234);
+  EXPECT_EQ(first.body, charge.dump()) << "not the canonical form";
+  Reply again = Charge("text-1", body.dump());
+  EXPECT_TRUE(again.replayed());
+  EXPECT_EQ(again.body, first.body);
+  Reply one = Get("/charges/" + charge["id"].get<std::string>());
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(one.body, first.body);
+  Reply list = Get("/charges?customer=cus_%22x%22");
+  ASSERT_EQ(list.status, 200) << list.body;
+  EXPECT_EQ(list.body, "{\"data\":[" + first.body + "],\"object\":\"list\"}");
+  EXPECT_EQ(list.body, list.json().dump());
+}
+
 TEST_P(ProviderTest, MetricsCountExecutionsReplaysAndConflicts) {
   Start();
   ASSERT_EQ(Charge("m-1", kBody).status, 201);
