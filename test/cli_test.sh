@@ -143,6 +143,10 @@ has provider-group-needs-one-tx-named "$T/err" "--group-commit needs --one-trans
 check provider-bad-committers 2 "$IDEM" provider --api-key k:p --one-transaction --group-commit 8 --committers 0 --store "sqlite:$T/prov.db"
 has provider-bad-committers-named "$T/err" "--committers must be 1..64"
 check provider-bad-threads 2 "$IDEM" provider --api-key k:p --threads many --store "sqlite:$T/prov.db"
+check provider-fibers-need-groups 2 "$IDEM" provider --api-key k:p --one-transaction --fibers 2 --store "sqlite:$T/prov.db"
+has provider-fibers-need-groups-named "$T/err" "--fibers needs --group-commit"
+check provider-bad-fibers 2 "$IDEM" provider --api-key k:p --one-transaction --group-commit 8 --fibers 65 --store "sqlite:$T/prov.db"
+has provider-bad-fibers-named "$T/err" "--fibers must be 0..64"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
 PPORT=$(free_port 24000)  # below the ephemeral range, apart from the other test ports
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
