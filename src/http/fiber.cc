@@ -106,9 +106,8 @@ void ParkUntilWoken() {
 
 void Wake(Fiber* fiber) { fiber->loop->Post(fiber); }
 
-int WaitForFd(int fd, bool write, int64_t timeout_ms) {
-  Fiber* f = tl_fiber;
-  (void)fd;  // the fiber's own socket, watched since it started
+int WaitForSocket(bool write, int64_t timeout_ms) {
+  Fiber* f = tl_fiber;  // its socket is in the loop's epoll set since it started
   if (!write && f->in_pending) {
     f->in_pending = false;
     return 1;

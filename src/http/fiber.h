@@ -36,9 +36,10 @@ void ParkUntilWoken();
 // Resumes `fiber` (parked in ParkUntilWoken). Thread-safe; from any thread.
 void Wake(Fiber* fiber);
 
-// Waits until `fd` is readable (or writable) or `timeout_ms` passed; from a
-// fiber only. 1: ready (or an error to be read from the socket); 0: timeout.
-int WaitForFd(int fd, bool write, int64_t timeout_ms);
+// Waits until the fiber's socket is readable (or writable) or `timeout_ms`
+// passed; from a fiber only. 1: ready (or an error to be read from the
+// socket); 0: timeout.
+int WaitForSocket(bool write, int64_t timeout_ms);
 
 // The loop threads. Run() blocks its caller (a thread of cpp-httplib's pool,
 // which then sleeps for the connection's life) until `body` returned.

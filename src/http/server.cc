@@ -102,7 +102,7 @@ class ConnectionStream final : public httplib::Stream {
         if (n >= 0) break;
         if (errno == EINTR) continue;
         if (!fiber_ || (errno != EAGAIN && errno != EWOULDBLOCK) ||
-            internal::WaitForFd(sock_, /*write=*/false, read_timeout_ms_) <= 0)
+            internal::WaitForSocket(/*write=*/false, read_timeout_ms_) <= 0)
           break;
       }
       if (n <= 0) return n < 0 ? -1 : 0;
@@ -202,7 +202,7 @@ class ConnectionStream final : public httplib::Stream {
       const ssize_t w = ::sendmsg(sock_, &m, MSG_NOSIGNAL | (fiber_ ? MSG_DONTWAIT : 0));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && fiber_ && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-          internal::WaitForFd(sock_, /*write=*/true, write_timeout_ms_) > 0)
+          internal::WaitForSocket(/*write=*/true, write_timeout_ms_) > 0)
         continue;
       if (w <= 0) {
         failed_ = true;
@@ -242,7 +242,7 @@ class ConnectionStream final : public httplib::Stream {
   // Waits until the socket is readable: > 0 readable (or closed, or an
   // error: recv says which), 0 timed out.
   int WaitIn(int timeout_ms) const {
-    if (fiber_) return internal::WaitForFd(sock_, /*write=*/false, timeout_ms);
+    if (fiber_) return internal::WaitForSocket(/*write=*/false, timeout_ms);
     pollfd p{sock_, POLLIN, 0};
     int r;
     do {
