@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@ struct Commits {
   int group = 0;
   int fibers = 0;
 };
+void PrintTo(const Commits& c, std::ostream* os) { *os << "groups of " << c.group << ", fibers " << c.fibers; }
 std::string CommitsName(const ::testing::TestParamInfo<Commits>& p) {
   return (p.param.group == 0 ? std::string("EachItsOwn") : "GroupsOf" + std::to_string(p.param.group)) +
          (p.param.fibers > 0 ? "OnFibers" : "");
