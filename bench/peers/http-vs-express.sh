@@ -59,14 +59,14 @@ phase() {
 }
 
 for i in $(seq "${RUNS:-3}"); do
-  echo "== round $i"
+  echo "== round $i" | tee -a "$work/lines"
   # express + express-idempotency (Redis records, PostgreSQL charge row)
   (cd "$P/http-idempotency-key" && HTTP_PORT=58080 EFFECT=pg exec node server.js >/dev/null) &
   server_pid=$!
   wait_up http://127.0.0.1:58080
   curl -sf -X POST http://127.0.0.1:58080/reset >/dev/null
-  phase express-idempotency first http://127.0.0.1:58080 "$P/http-idempotency-key/charges.lua"
-  phase express-idempotency replay http://127.0.0.1:58080 "$P/http-idempotency-key/charges.lua"
+  phase express-idempotency first http://127.0.0.1:58080 "$P/http-idempotency-key/charges.lua" | tee -a "$work/lines"
+  phase express-idempotency replay http://127.0.0.1:58080 "$P/http-idempotency-key/charges.lua" | tee -a "$work/lines"
   echo "info: express stats $(curl -sf http://127.0.0.1:58080/stats)"
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 
@@ -97,9 +97,11 @@ for i in $(seq "${RUNS:-3}"); do
     "$IDEM" provider --listen 127.0.0.1:58081 --store "$store" --api-key sk_bench:acct_bench "${flags[@]}" &
     server_pid=$!
     wait_up http://127.0.0.1:58081
-    phase "idem-provider-$mode" first http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
-    phase "idem-provider-$mode" replay http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua"
+    phase "idem-provider-$mode" first http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua" | tee -a "$work/lines"
+    phase "idem-provider-$mode" replay http://127.0.0.1:58081 "$ROOT/bench/http/charges.lua" | tee -a "$work/lines"
     echo "info: idem $mode charges=$(count 'SELECT count(*) FROM provider_charges') distinct_keys=$(count 'SELECT count(DISTINCT idem_key) FROM provider_charges')"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 done
 done
+echo "== summary: requests/s against express's in the same round (bench/peers/http-summary.sh)"
+"$ROOT/bench/peers/http-summary.sh" "$work/lines"
