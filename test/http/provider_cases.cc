@@ -164,8 +164,19 @@ TEST_P(ProviderTest, AReorderedJsonBodyReplaysAndAChangedAmountIs422) {
 
 TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
   Start();
-  const char* const kBad[] = {R"({"amount":-5,"currency":"usd"})", R"({"amount":4000,"currency":"dollars"})",
-                              R"({"amount":4000,"currency":"usd","customer":42})", "not json"};
+  const char* const kBad[] = {R"({"amount":-5,"currency":"usd"})",
+                              R"({"amount":4000,"currency":"dollars"})",
+                              R"({"amount":4000,"currency":"usd","customer":42})",
+                              "not json",
+                              R"({"amount":40.5,"currency":"usd"})",
+                              R"({"amount":18446744073709551615,"currency":"usd"})",
+                              R"({"amount":{"value":4000},"currency":"usd"})",
+                              R"({"amount":4000,"currency":["usd"]})",
+                              R"({"amount":4000,"currency":"usd","description":null})",
+                              R"({"amount":4000,"currency":"usd","amount":0})",
+                              R"([{"amount":4000,"currency":"usd"}])",
+                              R"({"amount":4000,"currency":"usd"} trailing)",
+                              R"("a string")"};
   for (const char* bad : kBad) {
     for (int i = 0; i < 2; ++i) {
       Reply r = Charge("fix-me", bad);
@@ -185,6 +196,25 @@ TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
   EXPECT_FALSE(ok.replayed());
   EXPECT_TRUE(Charge("fix-me", kBody).replayed());
   EXPECT_EQ(Charges().size(), 1u);
+}
+
+// What the charge's fields are read from: the top-level members, a member
+// given twice counting with its last value, nested values ignored.
+TEST_P(ProviderTest, AChargeIsReadFromTheBodysTopLevelMembers) {
+  Start();
+  Reply r =
+      Charge("members-1", R"({"meta":{"amount":1,"currency":"xxx","list":[1,{"customer":7}]},"amount":1,"amount":2500,)"
+                          R"("currency":"gbp","customer":"cus_9","tags":["a",{"b":null}],"description":"last"})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  nlohmann::json c = r.json();
+  EXPECT_EQ(c["amount"], 2500);
+  EXPECT_EQ(c["currency"], "gbp");
+  EXPECT_EQ(c["customer"], "cus_9");
+  EXPECT_EQ(c["description"], "last");
+  Reply plain = Charge("members-2", R"({"currency":"usd","amount":7})");  // no customer, no description
+  ASSERT_EQ(plain.status, 201) << plain.body;
+  EXPECT_EQ(plain.json()["customer"], "");
+  EXPECT_EQ(plain.json()["description"], "");
 }
 
 TEST_P(ProviderTest, RequiresABearerAndAKey) {
