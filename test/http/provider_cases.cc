@@ -202,10 +202,14 @@ TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
 // given twice counting with its last value, nested values ignored.
 TEST_P(ProviderTest, AChargeIsReadFromTheBodysTopLevelMembers) {
   Start();
-  Reply r =
-      Charge("members-1", R"({"meta":{"amount":1,"currency":"xxx","list":[1,{"customer":7}]},"amount":1,"amount":2500,)"
-                          R"("currency":"gbp","customer":"cus_9","tags":["a",{"b":null}],"description":"last"})");
+  const std::string body =
+      R"({"meta":{"amount":1,"currency":"xxx","list":[1,{"customer":7}]},"amount":1,"amount":2500,)"
+      R"("currency":"gbp","customer":"cus_9","tags":["a",{"b":null}],"description":"last"})";
+  Reply r = Charge("members-1", body);
   ASSERT_EQ(r.status, 201) << r.body;
+  Reply again = Charge("members-1", body);  // every request twice: the second replays
+  EXPECT_TRUE(again.replayed());
+  EXPECT_EQ(again.body, r.body);
   nlohmann::json c = r.json();
   EXPECT_EQ(c["amount"], 2500);
   EXPECT_EQ(c["currency"], "gbp");
@@ -213,6 +217,8 @@ TEST_P(ProviderTest, AChargeIsReadFromTheBodysTopLevelMembers) {
   EXPECT_EQ(c["description"], "last");
   Reply plain = Charge("members-2", R"({"currency":"usd","amount":7})");  // no customer, no description
   ASSERT_EQ(plain.status, 201) << plain.body;
+  EXPECT_TRUE(Charge("members-2", R"({"currency":"usd","amount":7})").replayed());
+  EXPECT_EQ(Charges().size(), 2u);
   EXPECT_EQ(plain.json()["customer"], "");
   EXPECT_EQ(plain.json()["description"], "");
 }
