@@ -36,7 +36,7 @@ class Loops::Loop {
  public:
   Loop();
   ~Loop();
-  void Start(Fiber* f) { Post(f); }
+  // Queues a new fiber, or a parked one to resume; from any thread.
   void Post(Fiber* f);
   void Yield(Fiber* f);
   void WatchWrites(Fiber* f, bool on);
@@ -279,7 +279,7 @@ void Loops::Run(int fd, const std::function<void()>& body) {
   f.fd = fd;
   f.body = &body;
   f.loop = loops_[next_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
-  f.loop->Start(&f);
+  f.loop->Post(&f);
   std::unique_lock lock(f.done_mu);
   f.done_cv.wait(lock, [&] { return f.done; });
 }
