@@ -13,6 +13,9 @@
 //             hash8       the same with an 8-byte integer hash (the index's entries are smallest)
 //             lsm_floor   a log plus sorted runs and an in-memory Bloom filter: the lower bound of
 //                         a log-structured layout's write path (see the class Bloom below)
+//             rowid_key   a rowid table keyed by a 64-bit integer: for time-ordered ids one that
+//                         grows with them (as a UUIDv7's first 64 bits do), else an 8-byte hash;
+//                         appends at the right edge take SQLite's cheap split of rowid tables
 //     PATH    the file; written with N random markers on first use, reused after
 //   prints one JSON line: bare and guarded messages/s, the ratio, the file's size.
 //
@@ -93,8 +96,24 @@ Layout LayoutFor(const std::string& name) {
              " fingerprint BLOB NOT NULL, at INTEGER NOT NULL)"},
             {},
             "INSERT INTO m(h, consumer, id, fingerprint, at) VALUES (?5, ?1, ?2, ?3, ?4)"};
-  std::fprintf(stderr, "unknown layout %s (pk, hash16, hash8, lsm_floor)\n", name.c_str());
+  if (name == "rowid_key")
+    return {name,
+            {"CREATE TABLE m(k INTEGER PRIMARY KEY, consumer TEXT NOT NULL, id BLOB NOT NULL, fingerprint BLOB NOT NULL,"
+             " at INTEGER NOT NULL)"},
+            {},
+            "INSERT INTO m(k, consumer, id, fingerprint, at) VALUES (?5, ?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING"};
+  std::fprintf(stderr, "unknown layout %s (pk, hash16, hash8, lsm_floor, rowid_key)\n", name.c_str());
   std::exit(2);
+}
+
+// rowid_key's key: the measured time-ordered ids ("ffffffff-" and a counter,
+// see main) map above every random one, in their order; random ids to a hash.
+int64_t RowidKey(const std::string& id) {
+  if (id.rfind("ffffffff-", 0) == 0) return (int64_t{1} << 62) + std::atoll(id.substr(9, 18).c_str());
+  const std::string h = Sha256("bench-random" + std::string(1, '\0') + id);
+  int64_t v = 0;
+  std::memcpy(&v, h.data(), sizeof v);
+  return v & ((int64_t{1} << 62) - 1);
 }
 
 void BindMarker(sqlite3_stmt* st, const Layout& l, const std::string& id, int64_t at) {
@@ -107,6 +126,8 @@ void BindMarker(sqlite3_stmt* st, const Layout& l, const std::string& id, int64_
   sqlite3_bind_int64(st, 4, at);
   if (l.name == "hash16") {
     sqlite3_bind_blob(st, 5, h.data(), 16, SQLITE_TRANSIENT);
+  } else if (l.name == "rowid_key") {
+    sqlite3_bind_int64(st, 5, RowidKey(id));
   } else if (l.name == "hash8" || l.name == "lsm_floor") {
     int64_t v = 0;
     std::memcpy(&v, h.data(), sizeof v);
@@ -199,7 +220,7 @@ class Bloom {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s pk|hash16|hash8|lsm_floor PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s pk|hash16|hash8|lsm_floor|rowid_key PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]\n", argv[0]);
     return 2;
   }
   const Layout layout = LayoutFor(argv[1]);
@@ -221,6 +242,13 @@ int main(int argc, char** argv) {
     std::vector<std::string> ids(static_cast<size_t>(n));
     for (auto& id : ids) id = RandomId(rng);
     if (layout.name == "pk") std::sort(ids.begin(), ids.end());
+    if (layout.name == "rowid_key") {
+      std::vector<std::pair<int64_t, std::string>> keyed;
+      keyed.reserve(ids.size());
+      for (auto& id : ids) keyed.emplace_back(RowidKey(id), std::move(id));
+      std::sort(keyed.begin(), keyed.end());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = std::move(keyed[i].second);
+    }
     sqlite3_stmt* ins = nullptr;
     Check(sqlite3_prepare_v2(db, layout.insert.c_str(), -1, &ins, nullptr), db, "prepare");
     Exec(db, "BEGIN");
@@ -233,6 +261,12 @@ int main(int argc, char** argv) {
     sqlite3_finalize(ins);
     for (const auto& s : layout.index_after_load) Exec(db, s);
     Exec(db, "PRAGMA wal_checkpoint(TRUNCATE)");
+  }
+  if (layout.name == "rowid_key") {  // an earlier run's ordered ids came first: count on from them
+    sqlite3_stmt* mx = nullptr;
+    Check(sqlite3_prepare_v2(db, "SELECT max(k) FROM m", -1, &mx, nullptr), db, "prepare");
+    if (sqlite3_step(mx) == SQLITE_ROW) next_ordered = std::max<int64_t>(0, sqlite3_column_int64(mx, 0) - (int64_t{1} << 62));
+    sqlite3_finalize(mx);
   }
   const bool lsm = layout.name == "lsm_floor";
   Bloom bloom(lsm ? n + 8'000'000 : 1);  // sized for the retained and the ones a run adds
