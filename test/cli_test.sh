@@ -82,12 +82,20 @@ has inspect-claim-missing-named "$T/err" "no claim for key 'no-such-key'"
 check inspect-claim-half 2 "$IDEM" inspect "$SCOPE" --store "sqlite:$T/claims.db"
 check purge-claims 0 "$IDEM" purge --store "sqlite:$T/claims.db" --older-than 1s --json
 has purge-claims-kept "$T/out" '"claims_purged":0'
+# A filter purges only the kind it names.
+check purge-one-consumer 0 "$IDEM" purge --store "sqlite:$T/claims.db" --older-than 1s --consumer nobody --json
+has purge-one-consumer-markers "$T/out" '"purged":0'
+if grep -q claims_purged "$T/out"; then echo "FAIL purge --consumer touched claim records"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
+check purge-one-scope 0 "$IDEM" purge --store "sqlite:$T/claims.db" --older-than 1s --scope "$SCOPE" --json
+has purge-one-scope-claims "$T/out" '"claims_purged":0'
+if grep -q '"purged"' "$T/out"; then echo "FAIL purge --scope touched markers"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
 check schema 0 "$IDEM" schema --store "$STORE" --json
 has schema-version "$T/out" '"version":5'
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
 has purge-none "$T/out" '"purged":0'
+check purge-scope-keeps-markers 0 "$IDEM" purge --store "$STORE" --older-than 0s --scope "no-such-scope" --json
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
 has purge-300 "$T/out" '"purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon

@@ -92,6 +92,7 @@ struct ClaimOutcome {
   Fingerprint stored_fingerprint{};  // kConflict
 };
 
+// The kind's name in lower case ("started", "completed", ...), for logs.
 std::string_view KindName(ClaimOutcome::Kind kind);
 
 // A key's record, for inspection.
@@ -109,6 +110,7 @@ struct ClaimRecord {
   int64_t updated_at_ms = 0;
 };
 
+// "in_progress" or "completed".
 std::string_view StateName(ClaimRecord::State state);
 
 // What Fail does with the key.
@@ -126,8 +128,8 @@ struct Completion {
 
 // The storage contract for claims. Every operation is one atomic step on the
 // store, judged by the store's clock. Implemented by the SQLite and
-// PostgreSQL stores (idem::sqlite::Store, idem::postgres::Store) and by
-// idem::redis::ClaimStore.
+// PostgreSQL stores (Store::claim_store() of what idem::sqlite::Open and
+// idem::postgres::Open return) and by idem::redis::ClaimStore.
 class ClaimStore {
  public:
   virtual ~ClaimStore() = default;

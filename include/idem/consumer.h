@@ -80,6 +80,8 @@ class Consumer {
   void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
   bool stopping() const noexcept { return stop_.load(std::memory_order_relaxed); }
 
+  // The counters so far, each read atomically (not one snapshot of all);
+  // callable from any thread while Run() runs.
   ConsumerStats stats() const;
 
  private:

@@ -51,7 +51,9 @@ struct Outcome {
   };
   Kind kind = Kind::kFailed;
   // kFailed: why. Code::kHandlerFailed for the handler's own error or
-  // exception; a store code (kBusy, kIoError, kUnavailable, ...) otherwise.
+  // exception; Code::kInProgress when a CallOnce step of the handler is held
+  // by another delivery (the Consumer redelivers it later without counting a
+  // failure); a store code (kBusy, kIoError, kUnavailable, ...) otherwise.
   Status status;
   // kConflict: the fingerprint stored with the marker, and this message's.
   Fingerprint stored_fingerprint{};
@@ -61,8 +63,11 @@ struct Outcome {
   // (now or earlier), or the message can never be applied (conflict).
   bool ShouldAck() const { return kind != Kind::kFailed; }
   bool applied() const { return kind == Kind::kApplied; }
+  // "applied", "duplicate", "conflict (stored fingerprint ..., incoming ...)"
+  // or "failed (<status>)", for logs.
   std::string ToString() const;
 };
+// "applied", "duplicate", "conflict" or "failed".
 std::string_view KindName(Outcome::Kind kind);
 
 struct InboxOptions {

@@ -19,8 +19,12 @@ std::string QuoteKey(std::string_view key) {
 }
 
 std::string Response::header(const std::string& name) const {
-  auto it = headers.find(name);
-  return it == headers.end() ? std::string() : it->second;
+  for (const auto& [k, v] : headers)
+    if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        }))
+      return v;
+  return std::string();
 }
 
 struct Client::Impl {

@@ -456,7 +456,7 @@ void Idempotency::Problem(httplib::Response& res, int status, std::string_view t
   if (!retry_after.empty()) res.set_header("Retry-After", retry_after);
 }
 
-std::string Idempotency::Retention() const { return std::to_string(options_.retention_ms / 1000); }
+std::string Idempotency::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }
 
 void Idempotency::CountNewKey(const std::string& scope) {
   std::lock_guard lock(counts_mu_);

@@ -128,6 +128,9 @@ TEST_F(ClientTest, Retries5xxWithTheSameKeyUntil201) {
   EXPECT_FALSE(r->replayed);
   EXPECT_EQ(r->body, R"({"id":"ch_1"})");
   EXPECT_EQ(r->header("Location"), "/charges/ch_1");
+  EXPECT_EQ(r->header("location"), "/charges/ch_1");  // header names are case-insensitive
+  EXPECT_EQ(r->header("LOCATION"), "/charges/ch_1");
+  EXPECT_EQ(r->header("Locatio"), "");
   EXPECT_EQ(seen_.keys, std::vector<std::string>(3, "\"order-42:charge\""));
   // Exponential backoff with up to 25% jitter: 50 ms, then 100 ms.
   auto sleeps = env_.sleeps();

@@ -135,8 +135,12 @@ TEST_F(IdempotencyTest, ReplayIsByteIdenticalWithIdempotentReplayed) {
   EXPECT_EQ(c.replayed, 3u);
 }
 
-TEST_F(IdempotencyTest, RetentionHeaderFollowsTheOption) {
-  Middleware({.retention_ms = 7LL * 24 * 3600 * 1000});
+// The header says how long the store keeps the response, and it does: the
+// Claims' retention is the one setting for both.
+TEST_F(IdempotencyTest, RetentionHeaderSaysHowLongTheResponseIsKept) {
+  constexpr int64_t kWeekMs = 7LL * 24 * 3600 * 1000;
+  claims_ = std::make_unique<Claims>(*observed_, ClaimsOptions{.retention_ms = kWeekMs});
+  Middleware();
   Route("/charges", {}, ChargeHandler());
   Start();
   Reply first = PostKey("ret-1");
@@ -147,6 +151,17 @@ TEST_F(IdempotencyTest, RetentionHeaderFollowsTheOption) {
   Reply missing = Post("\"\"", kBody);  // an empty key
   EXPECT_EQ(missing.status, 400);
   EXPECT_EQ(missing.header("Idempotency-Key-Retention"), "604800");
+
+  env_.Advance(kWeekMs - 1'000);  // past the default 24 h, within the week: still replayed
+  Reply late = PostKey("ret-1");
+  EXPECT_TRUE(late.replayed());
+  EXPECT_EQ(late.body, first.body);
+  EXPECT_EQ(executions_, 1);
+  env_.Advance(2'000);  // past the week: the key is free again and runs anew
+  Reply expired = PostKey("ret-1");
+  EXPECT_EQ(expired.status, 201);
+  EXPECT_FALSE(expired.replayed());
+  EXPECT_EQ(executions_, 2);
 }
 
 TEST_F(IdempotencyTest, NoOrUnknownBearerIs401) {

@@ -2,6 +2,8 @@
 //
 // idem schema | inspect | purge: see and clean what a store holds.
 #include <cstdio>
+#include <optional>
+#include <string>
 #include <iostream>
 
 #include "commands.h"
@@ -231,10 +233,11 @@ const Command& PurgeCommand() {
       "A purged id is forgotten: a late duplicate of it would be applied again, so the retention must\n"
       "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
       "acked; Kafka can replay its whole retention).",
-      "--older-than DURATION [--store URL] [--consumer NAME] [--batch N] [--json]",
+      "--older-than DURATION [--store URL] [--consumer NAME] [--scope SCOPE] [--batch N] [--json]",
       {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"older-than", "DURATION", "7d", "retention: markers processed before now minus this go (90s, 15m, 24h, 7d)"},
-       {"consumer", "NAME", "", "only this consumer (default: all)"},
+       {"consumer", "NAME", "", "only this consumer's markers; claim records are left alone unless --scope"},
+       {"scope", "SCOPE", "", "only this scope's claim records; markers are left alone unless --consumer"},
        {"batch", "N", "10000", "markers deleted per transaction"},
        {"json", "", "", "print one JSON object"}}};
   return c;
@@ -245,10 +248,18 @@ int RunPurge(const Args& args) {
   if (!older.ok()) return Fail("purge", older.status());
   auto batch = args.GetInt("batch");
   if (!batch.ok()) return Fail("purge", batch.status());
+  // With a filter, only what it names is purged: --consumer markers,
+  // --scope claim records; with neither, both kinds.
+  const std::string consumer = args.Get("consumer"), scope = args.Get("scope");
+  const bool markers = !consumer.empty() || scope.empty();
+  const bool claim_records = !scope.empty() || consumer.empty();
   if (IsClaimsOnlyUrl(args.Get("store"))) {
+    if (!consumer.empty())
+      return Fail("purge", Status::InvalidArgument("--consumer names markers, and " + args.Get("store") +
+                                                   " keeps only claim records (use --scope)"));
     auto opened = OpenClaimStore(args.Get("store"));
     if (!opened.ok()) return Fail("purge", opened.status());
-    auto c = opened->claims->PurgeClaims("", *older, static_cast<int>(*batch));
+    auto c = opened->claims->PurgeClaims(scope, *older, static_cast<int>(*batch));
     if (!c.ok()) return Fail("purge", c.status());
     if (args.Bool("json")) std::cout << Json().Add("claims_purged", *c).str() << "\n";
     else std::cout << "purged " << *c << " claim record(s)\n";
@@ -256,20 +267,29 @@ int RunPurge(const Args& args) {
   }
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("purge", store.status());
-  int64_t before = Env::Default()->NowMs() - *older;
-  auto n = (*store)->Purge(args.Get("consumer"), before, static_cast<int>(*batch));
-  if (!n.ok()) return Fail("purge", n.status());
-  int64_t claims = 0;
-  if (ClaimStore* cs = (*store)->claim_store()) {
-    auto c = cs->PurgeClaims("", *older, static_cast<int>(*batch));
+  const int64_t before = Env::Default()->NowMs() - *older;
+  std::optional<int64_t> purged, claims;
+  if (markers) {
+    auto n = (*store)->Purge(consumer, before, static_cast<int>(*batch));
+    if (!n.ok()) return Fail("purge", n.status());
+    purged = *n;
+  }
+  ClaimStore* cs = (*store)->claim_store();
+  if (claim_records && cs != nullptr) {
+    auto c = cs->PurgeClaims(scope, *older, static_cast<int>(*batch));
     if (!c.ok()) return Fail("purge", c.status());
     claims = *c;
   }
-  if (args.Bool("json")) {
-    std::cout << Json().Add("purged", *n).Add("claims_purged", claims).Add("before_ms", before).str() << "\n";
+  if (args.Bool("json")) {  // a kind left alone has no count
+    Json j;
+    if (purged) j.Add("purged", *purged).Add("before_ms", before);
+    if (claims) j.Add("claims_purged", *claims);
+    std::cout << j.str() << "\n";
   } else {
-    std::cout << "purged " << *n << " marker(s) processed before " << before << " ms and " << claims
-              << " claim record(s)\n";
+    std::string what;
+    if (purged) what = std::to_string(*purged) + " marker(s) processed before " + std::to_string(before) + " ms";
+    if (claims) what += (what.empty() ? "" : " and ") + std::to_string(*claims) + " claim record(s)";
+    std::cout << "purged " << (what.empty() ? "nothing (this store keeps no claim records)" : what) << "\n";
   }
   return kExitOk;
 }

@@ -112,7 +112,7 @@ int RunProvider(const Args& args) {
   o.port = port;
   o.store_url = args.Get("store");
   o.api_keys = std::move(*keys);
-  o.idempotency.retention_ms = *retention;
+  o.retention_ms = *retention;
   o.idempotency.max_keys_per_principal = *max_keys;
   o.lease_ms = *lease;
   o.wait_ms = *wait;

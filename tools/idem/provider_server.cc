@@ -255,8 +255,8 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
-  p->claims = std::make_unique<Claims>(*p->store->claim_store(),
-                                       ClaimsOptions{.retention_ms = p->options.idempotency.retention_ms});
+  p->claims =
+      std::make_unique<Claims>(*p->store->claim_store(), ClaimsOptions{.retention_ms = p->options.retention_ms});
   p->authenticate = http::BearerKeys(p->options.api_keys);
   p->idempotency = std::make_unique<http::Idempotency>(*p->claims, p->authenticate, p->options.idempotency);
   p->idempotency->log = p->options.log;

@@ -29,6 +29,8 @@ struct ProviderServerOptions {
   // API key -> principal ("Authorization: Bearer <key>").
   std::map<std::string, std::string> api_keys;
   http::Options idempotency;
+  // How long a stored response is replayed (ClaimsOptions::retention_ms).
+  int64_t retention_ms = 24LL * 3600 * 1000;
   // How long POST /charges may run before a retry may take its key over,
   // and how long a duplicate waits for it before 409.
   int64_t lease_ms = 30'000;

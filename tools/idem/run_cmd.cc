@@ -60,10 +60,11 @@ const Command& RunCommand() {
       "run",
       "Run the payments consumer: receive from --source, apply each message once in --store (one row in\n"
       "idem_run_payments per message; payload ORDER:CENTS) and acknowledge only after the commit.\n"
-      "Sources: embedded:PATH?queue=NAME, redis://HOST:PORT/DB?stream=S&group=G,\n"
-      "amqp://USER:PASS@HOST:PORT/VHOST?queue=Q, kafka://HOST:PORT?topic=T&group=G (as this build has them).\n"
-      "Prometheus metrics on --metrics HOST:PORT (GET /metrics); a progress line on stderr every 5 s.\n"
-      "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.",
+      "Sources (those this build has): " +
+          KnownSources() +
+          ".\n"
+          "Prometheus metrics on --metrics HOST:PORT (GET /metrics); a progress line on stderr every 5 s.\n"
+          "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.",
       "--source URL [--store URL] [--consumer NAME] [--workers N] [--batch N] [--max-attempts N]\n"
       "       [--lease DURATION] [--drain] [--metrics HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},

@@ -51,6 +51,7 @@ struct Response {
   std::string body;
   int attempts = 0;       // requests sent, the answered one included
   bool replayed = false;  // Idempotent-Replayed: true
+  // The first value of a header (names compared case-insensitively); "" if absent.
   std::string header(const std::string& name) const;
 };
 

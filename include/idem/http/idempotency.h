@@ -24,6 +24,10 @@
 //   409  the first request with the key is still running (Retry-After), unless
 //        the route waits for it (RoutePolicy::wait_ms)
 //   429  the principal has too many stored keys on the route
+//   409  lease-lost: the handler ran past its lease and a retry took the key
+//        over (the winner's stored response instead, once it is stored)
+//   503  the store is unavailable, or the commit failed (retry, same key)
+//   500  the handler threw, or a stored response cannot be read
 // Keys are scoped by principal, method and route: a client never receives
 // another principal's stored response, whatever key it sends.
 //
@@ -88,9 +92,9 @@ struct RoutePolicy {
 };
 
 struct Options {
-  // How long a stored response is replayed (advertised in the
-  // Idempotency-Key-Retention response header, in seconds). Default: 24 h.
-  int64_t retention_ms = 24LL * 3600 * 1000;
+  // How long a stored response is replayed is the Claims' setting
+  // (ClaimsOptions::retention_ms, default 24 h): it is what the store keeps,
+  // and every response advertises it in Idempotency-Key-Retention (seconds).
   // Larger bodies get 413 before anything is stored. Default: 1 MiB.
   size_t max_body_bytes = 1 << 20;
   // Stored keys per principal and route before 429. Counted from the store
@@ -146,6 +150,11 @@ class Idempotency {
   // `claims` must outlive the middleware.
   Idempotency(Claims& claims, Authenticator authenticate, Options options = {});
 
+  // The handler for a route, guarded: register it with the server for the
+  // methods to guard. `route` names the scope (with the principal and the
+  // method) and is part of every key's fingerprint; it is not matched
+  // against the request's path, so one name may serve a pattern such as
+  // "/charges/:id/refunds".
   httplib::Server::Handler Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler);
 
   // A transactional route: the handler writes through `tx`, the transaction

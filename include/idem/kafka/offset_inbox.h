@@ -11,9 +11,12 @@
 //
 //   auto oi = idem::kafka::OffsetInbox::Open(*store, {.consumer = "billing"});
 //   auto src = idem::kafka::Source::Open({..., .start_offset = (*oi)->StartOffsets()});
-//   for (auto& d : *src->Receive(1, 500)) {
-//     auto out = (*oi)->Handle(d, handler);
-//     if (out.ShouldAck()) src->Ack(d); else src->Nack(d, 1000);
+//   auto got = (*src)->Receive(1, 500);
+//   if (got.ok()) {
+//     for (auto& d : *got) {
+//       auto out = (*oi)->Handle(d, handler);
+//       if (out.ShouldAck()) (*src)->Ack(d); else (*src)->Nack(d, 1000);
+//     }
 //   }
 //
 // What it needs, and what it does not do:
