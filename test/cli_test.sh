@@ -80,6 +80,10 @@ has inspect-claim-text-state "$T/out" "completed  fence [0-9]+  result [0-9]+ by
 check inspect-claim-missing 1 "$IDEM" inspect "$SCOPE" no-such-key --store "sqlite:$T/claims.db"
 has inspect-claim-missing-named "$T/err" "no claim for key 'no-such-key'"
 check inspect-claim-half 2 "$IDEM" inspect "$SCOPE" --store "sqlite:$T/claims.db"
+# JSON stays valid whatever bytes a scope or key holds.
+check inspect-claim-bytes 1 "$IDEM" inspect $'a\xffb\xc3' k --store "sqlite:$T/claims.db" --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["scope"] == "a\ufffdb\ufffd", d' "$T/out" \
+  && pass=$((pass + 1)) || { echo "FAIL inspect --json with invalid UTF-8 is not valid JSON: $(cat "$T/out")"; fails=$((fails + 1)); }
 check purge-claims 0 "$IDEM" purge --store "sqlite:$T/claims.db" --older-than 1s --json
 has purge-claims-kept "$T/out" '"claims_purged":0'
 # A filter purges only the kind it names.
@@ -99,6 +103,29 @@ check purge-scope-keeps-markers 0 "$IDEM" purge --store "$STORE" --older-than 0s
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
 has purge-300 "$T/out" '"purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
+for d in inf nan 1e300d -5s; do
+  check "bad-duration-$d" 2 "$IDEM" purge --store "$STORE" --older-than "$d"
+done
+has bad-duration-huge-named "$T/err" "is not a duration|longer than a century"
+check huge-duration 2 "$IDEM" purge --store "$STORE" --older-than 1e300d
+has huge-duration-named "$T/err" "longer than a century"
+check purge-huge-batch 2 "$IDEM" purge --store "$STORE" --older-than 1h --batch 4294967296
+has purge-huge-batch-named "$T/err" "--batch must be 1..1000000"
+check inspect-zero-limit 2 "$IDEM" inspect --store "$STORE" --limit 0
+# Arguments: a flag twice, a stray argument, a one-dash flag, a flag where a value belongs.
+check flag-twice 2 "$IDEM" schema --store "$STORE" --store "$STORE"
+has flag-twice-named "$T/err" "flag --store given twice"
+check stray-argument 2 "$IDEM" schema extra
+has stray-argument-named "$T/err" "unexpected argument 'extra'"
+check one-dash-flag 2 "$IDEM" schema -j
+has one-dash-flag-named "$T/err" "unknown flag -j"
+check flag-as-value 2 "$IDEM" schema --store --json
+has flag-as-value-named "$T/err" "flag --store needs a value \\(URL\\), not the flag --json"
+check bench-no-subcommand 2 "$IDEM" bench
+has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims or source"
+check bench-source-bad-rate 2 "$IDEM" bench source --source "embedded:$T/bs.db?queue=q" --store "sqlite:$T/bs-store.db" --dup-rate banana
+has bench-source-bad-rate-named "$T/err" "--dup-rate must be a number in 0..1, not 'banana'"
+[ ! -e "$T/bs-store.db" ] && pass=$((pass + 1)) || { echo "FAIL bench source created a store before refusing"; fails=$((fails + 1)); }
 
 # idem run / publish on the embedded queue: every message once, duplicates absorbed.
 check run-no-source 2 "$IDEM" run --store "sqlite:$T/run.db"
@@ -179,8 +206,15 @@ has provider-log "$T/prov.log" "key=cli-1 replayed 201"
 check inspect-provider-claim 0 "$IDEM" inspect "acct_t|POST /charges" cli-1 --store "sqlite:$T/prov.db" --json
 has inspect-provider-claim-completed "$T/out" '"state":"completed"'
 
+check provider-lose-not-a-number 2 "$IDEM" provider --api-key k:p --lose-responses 0.5abc --store "sqlite:$T/prov.db"
+check provider-port-suffix 2 "$IDEM" provider --api-key k:p --listen 127.0.0.1:28431x --store "sqlite:$T/prov.db"
+check provider-retention-inf 2 "$IDEM" provider --api-key k:p --retention inf --store "sqlite:$T/prov.db"
+check provider-retention-zero 2 "$IDEM" provider --api-key k:p --retention 0s --store "sqlite:$T/prov.db"
+check provider-key-twice 2 "$IDEM" provider --api-key k:alice --api-key k:bob --store "sqlite:$T/prov.db"
+has provider-key-twice-named "$T/err" "is given twice"
+if grep -q "k:alice\|alice" "$T/err"; then echo "FAIL provider-key-twice prints the principal/secret"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
 check provider-bad-lose 2 "$IDEM" provider --api-key k:p --lose-responses 1.5 --store "sqlite:$T/prov.db"
-has provider-bad-lose-named "$T/err" "--lose-responses must be a fraction"
+has provider-bad-lose-named "$T/err" "--lose-responses must be a number in 0..1"
 
 # idem chaos: bad input is refused before anything starts; an unreachable store is exit 3.
 check chaos-bad-broken 2 "$IDEM" chaos --broken sometimes

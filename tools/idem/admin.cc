@@ -62,15 +62,17 @@ int RunSchema(const Args& args) {
 }
 
 const Command& InspectCommand() {
-  static const Command c{"inspect", "Show what a store holds: marker count, recent markers, dead letters and claims\n"
-                                    "(two-phase records); with SCOPE KEY, one claim record; with --queue, the state\n"
-                                    "of an embedded queue. Exit 1 when the claim asked for does not exist.",
+  static const Command c{"inspect",
+                         "Show what a store holds: marker count, recent markers, dead letters and claims\n"
+                         "(two-phase records); with SCOPE KEY, one claim record; with --queue, the state\n"
+                         "of an embedded queue. Exit 1 when the claim asked for does not exist.",
                          "[SCOPE KEY] [--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
                          {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
                           {"consumer", "NAME", "", "only this consumer (default: all)"},
                           {"limit", "N", "10", "how many recent markers and dead letters to list"},
                           {"queue", "URL", "", "also show an embedded queue (embedded:PATH)"},
-                          {"json", "", "", "print one JSON object"}}};
+                          {"json", "", "", "print one JSON object"}},
+                         /*max_positional=*/2};
   return c;
 }
 
@@ -149,7 +151,7 @@ int InspectClaimsOnly(const Args& args, int limit) {
 }  // namespace
 
 int RunInspect(const Args& args) {
-  auto limit = args.GetInt("limit");
+  auto limit = args.GetInt("limit", 1, 1'000'000);
   if (!limit.ok()) return Fail("inspect", limit.status());
   if (args.positional().size() != 0 && args.positional().size() != 2)
     return Fail("inspect", Status::InvalidArgument("give both SCOPE and KEY of a claim, or neither"));
@@ -246,7 +248,7 @@ const Command& PurgeCommand() {
 int RunPurge(const Args& args) {
   auto older = ParseDurationMs(args.Get("older-than"));
   if (!older.ok()) return Fail("purge", older.status());
-  auto batch = args.GetInt("batch");
+  auto batch = args.GetInt("batch", 1, 1'000'000);
   if (!batch.ok()) return Fail("purge", batch.status());
   // With a filter, only what it names is purged: --consumer markers,
   // --scope claim records; with neither, both kinds.

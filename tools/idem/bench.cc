@@ -48,24 +48,6 @@ Result<sqlite::Synchronous> ParseSync(const std::string& v) {
   return Status::InvalidArgument("--synchronous must be full, normal or off, not '" + v + "'");
 }
 
-Result<double> ParsePositiveDouble(const Args& args, const std::string& name) {
-  std::string v = args.Get(name);
-  char* end = nullptr;
-  errno = 0;
-  double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d <= 0)
-    return Status::InvalidArgument("--" + name + " must be a positive number of seconds, not '" + v + "'");
-  return d;
-}
-
-Result<int64_t> IntInRange(const Args& args, const std::string& name, int64_t lo, int64_t hi) {
-  IDEM_ASSIGN_OR_RETURN(int64_t n, args.GetInt(name));
-  if (n < lo || n > hi)
-    return Status::InvalidArgument("--" + name + " must be between " + std::to_string(lo) + " and " +
-                                   std::to_string(hi) + ", not " + std::to_string(n));
-  return n;
-}
-
 std::string Directory(const std::string& path) {
   auto slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -202,15 +184,15 @@ std::string RatesJson(const std::vector<double>& v) {
 int RunMarker(const Args& args) {
   const std::string cmd = "bench marker";
   // --- flags
-  auto retained = IntInRange(args, "retained", 0, int64_t{1} << 40);
+  auto retained = args.GetInt("retained", 0, int64_t{1} << 40);
   if (!retained.ok()) return Fail(cmd, retained.status());
-  auto batch = IntInRange(args, "batch", 1, kMaxBatch);
+  auto batch = args.GetInt("batch", 1, kMaxBatch);
   if (!batch.ok()) return Fail(cmd, batch.status());
-  auto rounds = IntInRange(args, "rounds", 1, 1000);
+  auto rounds = args.GetInt("rounds", 1, 1000);
   if (!rounds.ok()) return Fail(cmd, rounds.status());
-  auto seconds = ParsePositiveDouble(args, "seconds");
+  auto seconds = args.GetDouble("seconds", 0.001, 3600);
   if (!seconds.ok()) return Fail(cmd, seconds.status());
-  auto consumers = IntInRange(args, "consumers", 1, 64);
+  auto consumers = args.GetInt("consumers", 1, 64);
   if (!consumers.ok()) return Fail(cmd, consumers.status());
   bench::IdKind kind;
   if (std::string ids = args.Get("ids"); ids == "random") {
@@ -447,11 +429,13 @@ const Command& BenchCommand() {
       "           broker's own consume-and-ack rate (no database) and the Consumer with the Inbox on\n"
       "           --store, each on freshly published --messages (of which --dup-rate published twice);\n"
       "           prints raw_per_s, guarded_per_s and the ratio.",
-      "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] [--json]\n"
+      "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
+      "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
       "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]\n"
       "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C] [--batch B]\n"
-      "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] [--rounds R]",
+      "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] "
+      "[--rounds R]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -471,14 +455,17 @@ const Command& BenchCommand() {
        {"source", "URL", "", "source: the broker (see idem run --help)"},
        {"messages", "N", "", "source: distinct messages per round (default 10000)"},
        {"dup-rate", "R", "", "source: fraction published twice (default 0)"},
-       {"workers", "W", "", "source: consumer threads (default 4)"}}};
+       {"workers", "W", "", "source: consumer threads (default 4)"}},
+      /*max_positional=*/1};
   return c;
 }
 
 int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
-    return Fail("bench", Status::InvalidArgument("missing subcommand: expected 'marker' (see idem bench --help)"));
+    return Fail("bench",
+                Status::InvalidArgument(
+                    "missing subcommand: expected marker, peers, purge, claims or source (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
                                                  "': expected marker, peers, purge, claims or source (see idem bench --help)"));

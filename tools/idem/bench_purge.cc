@@ -49,9 +49,9 @@ Status Consume(Inbox& inbox, const std::atomic<bool>& stop, Latencies* out) {
 
 int RunBenchPurge(const Args& args) {
   const std::string cmd = "bench purge";
-  auto retained = args.GetInt("retained");
-  auto days = args.GetInt("days");
-  auto batch = args.GetInt("purge-batch");
+  auto retained = args.GetInt("retained", 1, int64_t{1} << 40);
+  auto days = args.GetInt("days", 2, 3650);
+  auto batch = args.GetInt("purge-batch", 1, 1'000'000);
   for (const auto* r : {&retained, &days, &batch})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*retained < 1 || *days < 2 || *batch < 1)

@@ -89,9 +89,11 @@ int RunBenchSource(const Args& args) {
   auto rounds = args.GetInt("rounds");
   for (const auto* r : {&n, &workers, &batch, &rounds})
     if (!r->ok()) return Fail(cmd, r->status());
-  const double dup = args.Has("dup-rate") ? std::atof(args.Get("dup-rate").c_str()) : 0.0;
-  if (*n < 1 || *workers < 1 || *batch < 1 || *rounds < 1 || dup < 0 || dup > 1)
-    return Fail(cmd, Status::InvalidArgument("need --messages, --workers, --batch, --rounds >= 1 and 0 <= --dup-rate <= 1"));
+  auto dup_rate = args.Has("dup-rate") ? args.GetDouble("dup-rate", 0, 1) : Result<double>(0.0);
+  if (!dup_rate.ok()) return Fail(cmd, dup_rate.status());
+  const double dup = *dup_rate;
+  if (*n < 1 || *workers < 1 || *batch < 1 || *rounds < 1)
+    return Fail(cmd, Status::InvalidArgument("need --messages, --workers, --batch, --rounds >= 1"));
   auto src = OpenSource(args.Get("source"), {.lease_ms = 60'000, .consumer = "bench"});
   if (!src.ok()) return Fail(cmd, src.status());
   auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 2);

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <string_view>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -28,8 +30,11 @@ Result<int64_t> ParseDurationMs(const std::string& s) {
   else if (unit == "m") mul = 60'000;
   else if (unit == "h") mul = 3'600'000;
   else if (unit == "d") mul = 86'400'000;
-  if (mul == 0 || end == s.c_str() || n < 0)
+  constexpr double kMaxMs = 100.0 * 365 * 86'400'000;  // a century
+  if (mul == 0 || end == s.c_str() || !std::isfinite(n) || n < 0)
     return Status::InvalidArgument("'" + s + "' is not a duration (use e.g. 90s, 15m, 24h, 7d)");
+  if (n * static_cast<double>(mul) > kMaxMs)
+    return Status::InvalidArgument("duration '" + s + "' is longer than a century");
   return static_cast<int64_t>(n * static_cast<double>(mul));
 }
 
@@ -54,7 +59,11 @@ Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
       a.help_ = true;
       continue;
     }
+    if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-')
+      return Status::InvalidArgument("unknown flag " + arg + " (flags are --name; see idem " + cmd.name + " --help)");
     if (arg.rfind("--", 0) != 0 || arg == "--") {
+      if (static_cast<int>(a.positional_.size()) >= cmd.max_positional)
+        return Status::InvalidArgument("unexpected argument '" + arg + "' (see idem " + cmd.name + " --help)");
       a.positional_.push_back(arg);
       continue;
     }
@@ -70,13 +79,17 @@ Result<Args> Args::Parse(const Command& cmd, int argc, char** argv) {
       if (f.name == name) spec = &f;
     if (spec == nullptr)
       return Status::InvalidArgument("unknown flag --" + name + " (see idem " + cmd.name + " --help)");
+    if (!spec->repeatable && a.values_.count(name) > 0)
+      return Status::InvalidArgument("flag --" + name + " given twice");
     if (spec->value.empty()) {
       if (has_value) return Status::InvalidArgument("flag --" + name + " takes no value");
       a.values_[name] = "true";
       continue;
     }
     if (!has_value) {
-      if (i + 1 >= argc) return Status::InvalidArgument("flag --" + name + " needs a value (" + spec->value + ")");
+      if (i + 1 >= argc || std::string_view(argv[i + 1]).rfind("--", 0) == 0)
+        return Status::InvalidArgument("flag --" + name + " needs a value (" + spec->value + ")" +
+                                       (i + 1 < argc ? ", not the flag " + std::string(argv[i + 1]) : ""));
       value = argv[++i];
     }
     a.values_[name] = value;
@@ -102,6 +115,27 @@ Result<int64_t> Args::GetInt(const std::string& name) const {
   return static_cast<int64_t>(n);
 }
 
+Result<int64_t> Args::GetInt(const std::string& name, int64_t lo, int64_t hi) const {
+  IDEM_ASSIGN_OR_RETURN(int64_t n, GetInt(name));
+  if (n < lo || n > hi)
+    return Status::InvalidArgument("--" + name + " must be " + std::to_string(lo) + ".." + std::to_string(hi) +
+                                   ", not " + std::to_string(n));
+  return n;
+}
+
+Result<double> Args::GetDouble(const std::string& name, double lo, double hi) const {
+  const std::string v = Get(name);
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d) || d < lo || d > hi) {
+    char range[64];
+    std::snprintf(range, sizeof range, "%g..%g", lo, hi);
+    return Status::InvalidArgument("--" + name + " must be a number in " + range + ", not '" + v + "'");
+  }
+  return d;
+}
+
 void PrintHelp(const Command& cmd) {
   std::cout << "usage: idem " << cmd.name << " " << cmd.usage << "\n\n" << cmd.summary << "\n";
   if (!cmd.flags.empty()) std::cout << "\nflags:\n";
@@ -121,9 +155,45 @@ int Fail(const std::string& cmd, const Status& s) {
   return s.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
 }
 
+namespace {
+// The length of the valid UTF-8 sequence at s[i] (overlong forms, surrogates
+// and code points past U+10FFFF are invalid), or 0.
+size_t Utf8Length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const auto cont = [&](size_t k) { return i + k < s.size() && (b(k) & 0xc0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c >= 0xc2 && c <= 0xdf) return cont(1) ? 2 : 0;
+  if (c >= 0xe0 && c <= 0xef) {
+    if (!cont(1) || !cont(2)) return 0;
+    if ((c == 0xe0 && b(1) < 0xa0) || (c == 0xed && b(1) > 0x9f)) return 0;
+    return 3;
+  }
+  if (c >= 0xf0 && c <= 0xf4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if ((c == 0xf0 && b(1) < 0x90) || (c == 0xf4 && b(1) > 0x8f)) return 0;
+    return 4;
+  }
+  return 0;
+}
+}  // namespace
+
+// Always valid JSON: a byte that is not part of valid UTF-8 (an id may hold
+// any bytes) becomes U+FFFD.
 std::string JsonString(std::string_view s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t n = Utf8Length(s, i);
+      if (n == 0) {
+        out += "\\ufffd";
+        ++i;
+      } else {
+        out.append(s.substr(i, n));
+        i += n;
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -139,6 +209,7 @@ std::string JsonString(std::string_view s) {
           out += static_cast<char>(c);
         }
     }
+    ++i;
   }
   return out + "\"";
 }

@@ -30,6 +30,7 @@ struct FlagSpec {
   std::string value;  // placeholder ("N", "URL"); empty for a boolean flag
   std::string def;    // default, shown in --help
   std::string help;
+  bool repeatable = false;  // may be given more than once (GetAll); else twice is an error
 };
 
 struct Command {
@@ -37,19 +38,24 @@ struct Command {
   std::string summary;
   std::string usage;  // text after "idem <name> "
   std::vector<FlagSpec> flags;
+  int max_positional = 0;  // arguments that are not flags (inspect SCOPE KEY, bench SUBCOMMAND)
 };
 
 class Args {
  public:
   // Parses argv (after the command name) against the command's flags.
-  // Returns an error naming the unknown flag or missing value.
+  // Returns an error naming the unknown flag, the missing value, the flag
+  // given twice (unless repeatable) or the argument the command takes none of.
   static Result<Args> Parse(const Command& cmd, int argc, char** argv);
 
   bool help() const { return help_; }
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string Get(const std::string& name) const;
-  // InvalidArgument when the value is not an integer.
+  // InvalidArgument when the value is not an integer (in [lo, hi]).
   Result<int64_t> GetInt(const std::string& name) const;
+  Result<int64_t> GetInt(const std::string& name, int64_t lo, int64_t hi) const;
+  // InvalidArgument when the value is not a finite number in [lo, hi].
+  Result<double> GetDouble(const std::string& name, double lo, double hi) const;
   bool Bool(const std::string& name) const { return Has(name); }
   const std::vector<std::string>& positional() const { return positional_; }
   // Every value of a repeatable flag, in order (Get gives the last).

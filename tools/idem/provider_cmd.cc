@@ -29,7 +29,7 @@ const Command& ProviderCommand() {
       "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
-       {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)"},
+       {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)", true},
        {"api-keys", "FILE", "", "a file of KEY:PRINCIPAL lines (# comments)"},
        {"retention", "DURATION", "24h", "how long a stored response is replayed"},
        {"lease", "DURATION", "30s", "how long a request may run before a retry may take its key over"},
@@ -66,7 +66,8 @@ int RunProvider(const Args& args) {
   auto colon = listen.rfind(':');
   int port = 0;
   if (colon == std::string::npos || colon == 0 ||
-      std::from_chars(listen.data() + colon + 1, listen.data() + listen.size(), port).ec != std::errc() ||
+      std::from_chars(listen.data() + colon + 1, listen.data() + listen.size(), port).ptr !=
+          listen.data() + listen.size() ||
       port < 1 || port > 65535)
     return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
   auto retention = ParseDurationMs(args.Get("retention"));
@@ -75,10 +76,10 @@ int RunProvider(const Args& args) {
   for (const auto* r : {&retention, &lease, &wait})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*lease <= 0) return Fail(cmd, Status::InvalidArgument("--lease must be more than 0"));
-  const double lose_rate = std::strtod(args.Get("lose-responses").c_str(), nullptr);
-  if (!(lose_rate >= 0 && lose_rate <= 1))
-    return Fail(cmd, Status::InvalidArgument("--lose-responses must be a fraction 0..1, got '" +
-                                             args.Get("lose-responses") + "'"));
+  if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
+  auto lose = args.GetDouble("lose-responses", 0, 1);
+  if (!lose.ok()) return Fail(cmd, lose.status());
+  const double lose_rate = *lose;
   auto seed = args.GetInt("seed");
   if (!seed.ok()) return Fail(cmd, seed.status());
   auto group = args.GetInt("group-commit");

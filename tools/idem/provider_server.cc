@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "provider_server.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <atomic>
@@ -401,7 +402,10 @@ Result<std::map<std::string, std::string>> ParseApiKeys(const std::vector<std::s
     auto colon = pair.find(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == pair.size())
       return Status::InvalidArgument(where + ": expected KEY:PRINCIPAL, got '" + pair.substr(0, 8) + "...'");
-    keys[pair.substr(0, colon)] = pair.substr(colon + 1);
+    // A key is the secret: print its first characters only.
+    if (!keys.emplace(pair.substr(0, colon), pair.substr(colon + 1)).second)
+      return Status::InvalidArgument(where + ": the API key '" + pair.substr(0, std::min<size_t>(colon, 4)) +
+                                     "...' is given twice (one key, one principal)");
     return Status::OK();
   };
   for (const auto& p : pairs) IDEM_RETURN_IF_ERROR(add(p, "--api-key"));
