@@ -198,6 +198,13 @@ done
 has provider-201 "$T/headers1" "^HTTP/1.1 201"
 has provider-replayed "$T/headers2" "Idempotent-Replayed: true"
 cmp -s "$T/charge1" "$T/charge2" && pass=$((pass + 1)) || { echo "FAIL provider replay body differs"; fails=$((fails + 1)); }
+# A Content-Length past the body limit is refused from the header, before any body is read
+# (none is sent: reading one would wait for it and end in a 400).
+curl -s --max-time 20 -o "$T/big" -D "$T/big-headers" -X POST "http://127.0.0.1:$PPORT/charges" \
+  -H 'Authorization: Bearer sk_t' -H 'Idempotency-Key: "cli-big"' -H 'Content-Length: 99999999999' --data-binary ''
+has provider-413-from-header "$T/big-headers" "^HTTP/1.1 413"
+has provider-413-problem "$T/big" '"type":"https://idem.dev/problems/body-too-large"'
+
 check provider-busy-port 3 "$IDEM" provider --api-key k:p --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov2.db"
 has provider-busy-port-named "$T/err" "cannot listen on 127.0.0.1:$PPORT"
 kill "$PPID_"; wait "$PPID_"; rc=$?

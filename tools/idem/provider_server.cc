@@ -271,6 +271,21 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.set_keep_alive_timeout(30);
   p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   p->server.set_fibers(p->options.fibers);
+  // A body past the limit is refused before it is read (cpp-httplib answers
+  // 413 from the Content-Length), so no client can make the provider hold it.
+  p->server.set_payload_max_length(p->options.idempotency.max_body_bytes);
+  p->server.set_error_handler(
+      [base = p->options.idempotency.problem_base, limit = p->options.idempotency.max_body_bytes](
+          const httplib::Request&, httplib::Response& res) {
+        if (res.status != 413 || !res.body.empty()) return;
+        res.set_content(nlohmann::json{{"type", base + "/body-too-large"},
+                                       {"title", "Request body too large"},
+                                       {"status", 413},
+                                       {"detail", "the body is larger than " + std::to_string(limit) + " bytes"},
+                                       {"retry", "new-key"}}
+                            .dump(),
+                        "application/problem+json");
+      });
   // A body that is not a valid charge is refused before its key is claimed
   // (nothing stored; under group commit it never joins a group).
   const http::RoutePolicy policy{

@@ -95,7 +95,10 @@ struct Options {
   // How long a stored response is replayed is the Claims' setting
   // (ClaimsOptions::retention_ms, default 24 h): it is what the store keeps,
   // and every response advertises it in Idempotency-Key-Retention (seconds).
-  // Larger bodies get 413 before anything is stored. Default: 1 MiB.
+  // Larger bodies get 413 before anything is stored. Default: 1 MiB. The
+  // body is read before the middleware runs: also give the server the limit
+  // (server.set_payload_max_length(max_body_bytes)) so that a larger
+  // Content-Length is refused with 413 before its bytes are read.
   size_t max_body_bytes = 1 << 20;
   // Stored keys per principal and route before 429. Counted from the store
   // at most once a second per scope, plus this process's new keys in
