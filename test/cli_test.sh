@@ -247,6 +247,17 @@ has unknown-scheme-named "$T/err" "not a SQLite URL: 'mysql:orders' \\(expected 
 [ ! -e "$T/mysql:orders" ] && pass=$((pass + 1)) || { echo "FAIL a mistyped URL became a file"; fails=$((fails + 1)); }
 check postgres-unreachable 3 "$IDEM" inspect --store "postgres://postgres@127.0.0.1:1/x"
 has postgres-unreachable-named "$T/err" "cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/x"
+# A password never shows, wherever the URL carries it; a URL libpq cannot parse is bad usage.
+no_secret() {  # no_secret NAME: the last command's stderr does not hold the password
+  if grep -q s3cret "$T/err"; then echo "FAIL $1 printed the password: $(cat "$T/err")"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
+}
+check postgres-query-password 3 "$IDEM" inspect --store "postgres://u@127.0.0.1:1/x?password=s3cret&connect_timeout=1"
+has postgres-query-password-redacted "$T/err" "password=\\*\\*\\*"
+no_secret postgres-query-password
+check postgres-bad-url 2 "$IDEM" inspect --store "postgres://u:s3cret@[::1/x"
+has postgres-bad-url-named "$T/err" "not a valid PostgreSQL URL"
+no_secret postgres-bad-url
+check postgres-bad-escape 2 "$IDEM" inspect --store "postgres://%zz@127.0.0.1:1/x"
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -74,6 +74,25 @@ Status Translate(const PGresult* res, PGconn* conn, std::string_view what) {
 }
 
 Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int connect_timeout_s) {
+  // A URL libpq cannot parse is the caller's mistake, named without its
+  // password (libpq's message may quote the whole URL).
+  const auto redacted = [&](std::string text) {
+    const std::string safe = postgres::RedactUrl(conninfo);
+    if (!conninfo.empty())
+      for (size_t at = text.find(conninfo); at != std::string::npos; at = text.find(conninfo, at + safe.size()))
+        text.replace(at, conninfo.size(), safe);
+    return Trim(text);
+  };
+  if (!conninfo.empty()) {
+    char* err = nullptr;
+    PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &err);
+    if (parsed == nullptr) {
+      std::string why = err != nullptr ? redacted(err) : "out of memory";
+      PQfreemem(err);
+      return Status::InvalidArgument("not a valid PostgreSQL URL: " + postgres::RedactUrl(conninfo) + ": " + why);
+    }
+    PQconninfoFree(parsed);
+  }
   std::string timeout = std::to_string(connect_timeout_s > 0 ? connect_timeout_s : 5);
   // Expand the URL or key=value string, then add our defaults for anything
   // it does not set (a URL's own connect_timeout wins).
@@ -85,7 +104,7 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int con
   if (PQstatus(c) != CONNECTION_OK) {
     // Never echo a password back.
     std::string where = conninfo.empty() ? "(PG* environment)" : postgres::RedactUrl(conninfo);
-    return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + Trim(PQerrorMessage(c)));
+    return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + redacted(PQerrorMessage(c)));
   }
   // Notices (e.g. "relation already exists, skipping") are not for stderr.
   PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);

@@ -3,6 +3,7 @@
 
 #include "idem/env.h"
 
+#include <cctype>
 #include <poll.h>
 
 #include <algorithm>
@@ -372,12 +373,30 @@ class PgStore final : public sql_internal::SqlStore {
 
 std::string RedactUrl(std::string_view url) {
   std::string out(url);
-  auto scheme = out.find("://");
-  if (scheme == std::string::npos) return out;
-  auto at = out.find('@', scheme + 3);
-  if (at == std::string::npos) return out;
-  auto colon = out.find(':', scheme + 3);
-  if (colon != std::string::npos && colon < at) out.replace(colon + 1, at - colon - 1, "***");
+  if (auto scheme = out.find("://"); scheme != std::string::npos) {
+    auto at = out.find('@', scheme + 3);
+    auto colon = out.find(':', scheme + 3);
+    if (at != std::string::npos && colon != std::string::npos && colon < at)
+      out.replace(colon + 1, at - colon - 1, "***");
+  }
+  // password=... in a URL's query (?password=, &password=) or a key=value
+  // string (password=... or password = '...').
+  for (size_t at = out.find("password"); at != std::string::npos; at = out.find("password", at + 1)) {
+    if (at > 0 && std::isalnum(static_cast<unsigned char>(out[at - 1]))) continue;  // e.g. "mypassword="
+    size_t v = at + 8;
+    while (v < out.size() && out[v] == ' ') ++v;
+    if (v >= out.size() || out[v] != '=') continue;
+    ++v;
+    while (v < out.size() && out[v] == ' ') ++v;
+    size_t end = v;
+    if (end < out.size() && out[end] == '\'') {
+      end = out.find('\'', end + 1);
+      end = end == std::string::npos ? out.size() : end + 1;
+    } else {
+      while (end < out.size() && out[end] != '&' && out[end] != ' ') ++end;
+    }
+    out.replace(v, end - v, "***");
+  }
   return out;
 }
 

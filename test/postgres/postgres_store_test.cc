@@ -689,6 +689,23 @@ TEST(PostgresBadInput, PasswordsAreRedacted) {
   EXPECT_EQ(postgres::RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
   EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
   EXPECT_EQ(postgres::RedactUrl("postgresql://h/db"), "postgresql://h/db");
+  // In the query, and in key=value strings.
+  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
+            "postgres://u@h/db?password=***&sslmode=off");
+  EXPECT_EQ(postgres::RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
+            "postgres://u:***@h/db?sslmode=off&password=***");
+  EXPECT_EQ(postgres::RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
+  EXPECT_EQ(postgres::RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
+  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?application_name=mypassword"),
+            "postgres://u@h/db?application_name=mypassword");
+}
+
+TEST(PostgresBadInput, AnUnparsableUrlIsBadUsageAndKeepsItsPasswordSecret) {
+  auto bad = postgres::Open({.url = "postgres://u:s3cret@[::1/x"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("not a valid PostgreSQL URL"), std::string::npos) << bad.status();
+  EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos) << bad.status();
 }
 
 TEST(PostgresBadInput, UrlRecognition) {
