@@ -83,6 +83,14 @@ TEST(SqliteStore, UrlParsing) {
   EXPECT_EQ(tuned->cache_kib, 4096);
   EXPECT_EQ(tuned->wal_autocheckpoint_pages, 500);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?busy_timeout_ms=250")->busy_timeout_ms, 250);
+  // Numbers that are not whole, negative or past what SQLite takes are refused, not truncated.
+  for (const char* q : {"busy_timeout_ms=banana", "busy_timeout_ms=-1", "busy_timeout_ms=99999999999999999999",
+                        "page_size=4294967808", "cache_kib=4294967295", "wal_autocheckpoint=12x"}) {
+    auto r = sqlite::ParseUrl(std::string("sqlite:x.db?") + q);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << q;
+    EXPECT_NE(r.status().message().find("must be a whole number"), std::string::npos) << r.status();
+  }
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db")->checkpoint, sqlite::Checkpoint::kAuto);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint, sqlite::Checkpoint::kInline);
   EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint, sqlite::Checkpoint::kBackground);

@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
 
+#include <cerrno>
 #include <pthread.h>
 
 #include <condition_variable>
@@ -323,13 +324,22 @@ Result<Options> ParseUrl(std::string_view url) {
       else if (v == "normal" || v == "NORMAL") o.synchronous = Synchronous::kNormal;
       else if (v == "off" || v == "OFF") o.synchronous = Synchronous::kOff;
       else return Status::InvalidArgument("synchronous must be full, normal or off, not '" + v + "'");
-    } else if (k == "page_size" || k == "cache_kib" || k == "wal_autocheckpoint") {
+    } else if (k == "page_size" || k == "cache_kib" || k == "wal_autocheckpoint" || k == "busy_timeout_ms") {
+      // Whole numbers in a range SQLite takes (page_size is checked by Open).
+      const long max = k == "page_size"         ? 65536
+                       : k == "cache_kib"       ? 64L << 20
+                       : k == "busy_timeout_ms" ? 3'600'000
+                                                : 1L << 30;
       char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0)
-        return Status::InvalidArgument("SQLite URL option " + k + " must be a number, not '" + v + "'");
-      (k == "page_size" ? o.page_size : k == "cache_kib" ? o.cache_kib : o.wal_autocheckpoint_pages) =
-          static_cast<int>(n);
+      errno = 0;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno != 0 || n < 0 || n > max)
+        return Status::InvalidArgument("SQLite URL option " + k + " must be a whole number 0.." + std::to_string(max) +
+                                       ", not '" + v + "'");
+      (k == "page_size"         ? o.page_size
+       : k == "cache_kib"       ? o.cache_kib
+       : k == "busy_timeout_ms" ? o.busy_timeout_ms
+                                : o.wal_autocheckpoint_pages) = static_cast<int>(n);
     } else if (k == "checkpoint") {
       if (v == "auto") o.checkpoint = Checkpoint::kAuto;
       else if (v == "background") o.checkpoint = Checkpoint::kBackground;
@@ -342,8 +352,6 @@ Result<Options> ParseUrl(std::string_view url) {
         o.batch_wal_writes = false;
       else
         return Status::InvalidArgument("SQLite URL option batch_wal must be on or off, not '" + v + "'");
-    } else if (k == "busy_timeout_ms") {
-      o.busy_timeout_ms = std::atoi(v.c_str());
     } else if (k == "vfs") {
       // Whether it exists is known only once it may have been registered:
       // Open says.
