@@ -298,6 +298,67 @@ TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
   EXPECT_FALSE(s.ok());
 }
 
+// Opening a store already at this build's version writes nothing, so a
+// reader (idem inspect) opens it while another process holds the write lock.
+TEST(SqliteStore, AStoreAtTheCurrentVersionOpensWhileAnotherProcessWrites) {
+  TempDir dir;
+  ASSERT_TRUE(sqlite::Open({.path = dir.File("s.db")}).ok());  // created and migrated
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(dir.File("s.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE; CREATE TABLE busy(x)", nullptr, nullptr, nullptr), SQLITE_OK);
+  for (int i = 0; i < 2; ++i) {
+    auto reader = sqlite::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50, .create_if_missing = false});
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    auto n = (*reader)->CountMarkers("");
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, 0);
+  }
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+}
+
+// An empty file is not a store, and looking at it does not change it.
+TEST(SqliteStore, AnEmptyFileIsRefusedAndLeftEmpty) {
+  TempDir dir;
+  { std::ofstream(dir.File("empty.db")); }
+  for (int i = 0; i < 2; ++i) {
+    auto s = sqlite::Open({.path = dir.File("empty.db"), .create_if_missing = false});
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), Code::kSchemaMismatch) << s.status();
+    EXPECT_NE(s.status().message().find("empty database"), std::string::npos) << s.status();
+    EXPECT_EQ(std::filesystem::file_size(dir.File("empty.db")), 0u);
+  }
+}
+
+// A damaged schema table is reported as corruption, not as a missing schema.
+TEST(SqliteStore, ADamagedMigrationsTableIsCorruptionNotAMissingSchema) {
+  TempDir dir;
+  const std::string path = dir.File("c.db");
+  int64_t root = 0;
+  {
+    auto s = sqlite::Open({.path = path});
+    ASSERT_TRUE(s.ok());
+    auto tx = (*s)->Begin();
+    ASSERT_TRUE(tx.ok());
+    auto r = (*tx)->Query("SELECT rootpage FROM sqlite_schema WHERE name = 'idem_migrations'");
+    ASSERT_TRUE(r.ok()) << r.status();
+    root = r->rows[0][0].AsInt();
+    (*tx)->Rollback();
+  }  // closed: the WAL is checkpointed into the file
+  ASSERT_GT(root, 1);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp((root - 1) * 4096);
+    const std::string junk(4096, '\x5a');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto s = sqlite::Open({.path = path, .create_if_missing = false});
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), Code::kCorruption) << s.status();
+  }
+}
+
 TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   TempDir dir;
   auto store = sqlite::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50});

@@ -381,6 +381,17 @@ Result<Store::SchemaInfo> SqlStore::Schema() {
 Status SqlStore::Init(bool create_if_missing, const std::string& name) {
   IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Connection& c = *conn;
+  const int known = dialect_.migrations.empty() ? 0 : dialect_.migrations.back().version;
+  // A store already at this build's version needs no write: it opens
+  // without the write lock, so a reader (`idem inspect`) never waits for a
+  // busy writer. A missing table is the only failure that means "no schema
+  // yet"; any other (a corrupt file, a lost server) is reported as itself.
+  if (auto v = c.Query("SELECT coalesce(max(version), 0) FROM idem_migrations", {}); v.ok()) {
+    const int version = static_cast<int>(v->rows[0][0].AsInt());
+    if (version == known) return Status::OK();
+  } else if (v.status().code() != Code::kInvalidArgument) {
+    return v.status().WithContext(name);
+  }
   IDEM_RETURN_IF_ERROR(c.Script(dialect_.begin).WithContext("migrate " + name));
   auto fail = [&](Status s) {
     if (c.Healthy() && c.InTransaction()) (void)c.Script("ROLLBACK");
@@ -390,6 +401,7 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
     if (auto r = c.Query(dialect_.migration_lock, {}); !r.ok()) return fail(r.status());
   }
   auto has = c.Query("SELECT count(*) FROM idem_migrations", {});
+  if (!has.ok() && has.status().code() != Code::kInvalidArgument) return fail(has.status());
   if (!has.ok()) {
     // No migrations table. On PostgreSQL the failed SELECT aborted the
     // transaction, so start over before creating it.
@@ -405,7 +417,6 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
   auto v = c.Query("SELECT coalesce(max(version), 0) FROM idem_migrations", {});
   if (!v.ok()) return fail(v.status());
   int version = static_cast<int>(v->rows[0][0].AsInt());
-  int known = dialect_.migrations.empty() ? 0 : dialect_.migrations.back().version;
   if (version > known)
     return fail(Status(Code::kSchemaMismatch, "idem schema version " + std::to_string(version) +
                                                   " is newer than this build understands (" + std::to_string(known) +

@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "sqlite/db.h"
 
+#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,13 +163,24 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
       &db->busy_timeout_ms_);
   // Reading the schema makes SQLite read the header: a file that is not a
   // database fails here rather than at the first message.
-  rc = sqlite3_exec(raw, "SELECT count(*) FROM sqlite_schema", nullptr, nullptr, nullptr);
+  int64_t tables = 0;
+  rc = sqlite3_exec(
+      raw, "SELECT count(*) FROM sqlite_schema",
+      [](void* out, int, char** values, char**) {
+        *static_cast<int64_t*>(out) = values[0] != nullptr ? std::atoll(values[0]) : 0;
+        return 0;
+      },
+      &tables, nullptr);
   if (rc != SQLITE_OK) {
     Status s = Translate(rc, raw, "open " + o.path);
     if (s.code() == Code::kCorruption)
       return Status::Corruption(o.path + " is not a SQLite database, or it is corrupt (" + s.message() + ")");
     return s;
   }
+  // An existing file that holds nothing (an empty file, say) is left as it
+  // is when we may not create: configuring it below would write to it.
+  if (!o.create && tables == 0)
+    return Status(Code::kSchemaMismatch, o.path + " is an empty database: it holds no tables (not idem's)");
   // page_size only takes effect before the file's first table exists.
   const bool hook = static_cast<bool>(o.after_commit);
   std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +

@@ -2,6 +2,7 @@
 //
 // idem schema | inspect | purge: see and clean what a store holds.
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <iostream>
@@ -184,6 +185,9 @@ int RunInspect(const Args& args) {
   if (args.Has("queue")) {
     auto qo = embedded::Queue::ParseUrl(args.Get("queue"));
     if (!qo.ok()) return Fail("inspect", qo.status());
+    std::error_code ec;  // looking must not create one
+    if (!std::filesystem::exists(qo->path, ec))
+      return Fail("inspect", Status::NotFound("no queue file at " + qo->path));
     auto q = embedded::Queue::Open(*qo);
     if (!q.ok()) return Fail("inspect", q.status());
     auto st = (*q)->Stats();
