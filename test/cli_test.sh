@@ -202,6 +202,9 @@ cmp -s "$T/charge1" "$T/charge2" && pass=$((pass + 1)) || { echo "FAIL provider 
 # (none is sent: reading one would wait for it and end in a 400).
 curl -s --max-time 20 -o "$T/big" -D "$T/big-headers" -X POST "http://127.0.0.1:$PPORT/charges" \
   -H 'Authorization: Bearer sk_t' -H 'Idempotency-Key: "cli-big"' -H 'Content-Length: 99999999999' --data-binary ''
+# A key that looks like log fields stays one quoted token in the log.
+curl -s -o /dev/null -X POST "http://127.0.0.1:$PPORT/charges" -H 'Authorization: Bearer sk_t' \
+  -H 'Idempotency-Key: "x replayed 201 fake=1"' -d '{"amount": 1, "currency": "usd"}'
 has provider-413-from-header "$T/big-headers" "^HTTP/1.1 413"
 has provider-413-problem "$T/big" '"type":"https://idem.dev/problems/body-too-large"'
 
@@ -210,6 +213,8 @@ has provider-busy-port-named "$T/err" "cannot listen on 127.0.0.1:$PPORT"
 kill "$PPID_"; wait "$PPID_"; rc=$?
 [ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL provider exit $rc after SIGTERM"; fails=$((fails + 1)); }
 has provider-log "$T/prov.log" "key=cli-1 replayed 201"
+has provider-log-quotes-keys "$T/prov.log" 'key="x replayed 201 fake=1" executed 201'
+
 check inspect-provider-claim 0 "$IDEM" inspect "acct_t|POST /charges" cli-1 --store "sqlite:$T/prov.db" --json
 has inspect-provider-claim-completed "$T/out" '"state":"completed"'
 

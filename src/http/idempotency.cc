@@ -4,6 +4,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -19,6 +21,31 @@
 
 namespace idem::http {
 namespace {
+
+// A client's text in a log line, as one token: as it is when it holds only
+// characters that cannot split or fake a field, else quoted with " and \
+// escaped and other bytes as \xHH (a key "x replayed 201" must not read as
+// an outcome).
+std::string LogToken(std::string_view s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_.:/@+", c) != nullptr;
+  });
+  if (plain) return std::string(s);
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
 
 thread_local const ClaimToken* g_current_claim = nullptr;
 
@@ -501,8 +528,9 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   };
   if (!policy.methods.count(req.method)) return run_unguarded();
   auto say = [&](std::string_view key, std::string_view outcome) {
-    if (log) log(req.method + " " + req.path + " key=" + std::string(key) + " " + std::string(outcome) + " " +
-                 std::to_string(res.status));
+    if (log)
+      log(req.method + " " + LogToken(req.path) + " key=" + LogToken(key) + " " + std::string(outcome) + " " +
+          std::to_string(res.status));
   };
   auto reject = [&](std::string_view key, std::string_view outcome) {
     rejected_.fetch_add(1, std::memory_order_relaxed);

@@ -198,13 +198,12 @@ TEST_P(ProviderTest, AnInvalidBodyIs400AndReleasesTheKey) {
   EXPECT_EQ(Charges().size(), 1u);
 }
 
-// What the charge's fields are read from: the top-level members, a member
-// given twice counting with its last value, nested values ignored.
+// What the charge's fields are read from: the top-level members, nested
+// values ignored.
 TEST_P(ProviderTest, AChargeIsReadFromTheBodysTopLevelMembers) {
   Start();
-  const std::string body =
-      R"({"meta":{"amount":1,"currency":"xxx","list":[1,{"customer":7}]},"amount":1,"amount":2500,)"
-      R"("currency":"gbp","customer":"cus_9","tags":["a",{"b":null}],"description":"last"})";
+  const std::string body = R"({"meta":{"amount":1,"currency":"xxx","list":[1,{"customer":7}]},"amount":2500,)"
+                           R"("currency":"gbp","customer":"cus_9","tags":["a",{"b":null}],"description":"last"})";
   Reply r = Charge("members-1", body);
   ASSERT_EQ(r.status, 201) << r.body;
   Reply again = Charge("members-1", body);  // every request twice: the second replays
@@ -221,6 +220,42 @@ TEST_P(ProviderTest, AChargeIsReadFromTheBodysTopLevelMembers) {
   EXPECT_EQ(Charges().size(), 2u);
   EXPECT_EQ(plain.json()["customer"], "");
   EXPECT_EQ(plain.json()["description"], "");
+}
+
+// A member given twice is refused, at any depth: parsers differ on which
+// one counts, and a charge must mean one amount. Bad JSON is named as such.
+TEST_P(ProviderTest, AMemberGivenTwiceIsRefusedAndNamed) {
+  Start();
+  for (int i = 0; i < 2; ++i) {
+    Reply twice = Charge("twice-1", R"({"amount":100,"currency":"usd","amount":200})");
+    EXPECT_EQ(twice.status, 400) << twice.body;
+    EXPECT_NE(twice.json().value("detail", "").find(R"(the member "amount" is given twice)"), std::string::npos)
+        << twice.body;
+    Reply nested = Charge("twice-1", R"({"amount":100,"currency":"usd","meta":{"a":1,"a":2}})");
+    EXPECT_EQ(nested.status, 400) << nested.body;
+    Reply huge = Charge("twice-1", R"({"amount":1e400,"currency":"usd"})");
+    EXPECT_EQ(huge.status, 400) << huge.body;
+    EXPECT_NE(huge.json().value("detail", "").find("not valid JSON"), std::string::npos) << huge.body;
+  }
+  EXPECT_EQ(Charges().size(), 0u);
+  Reply ok = Charge("twice-1", R"({"amount":100,"currency":"usd","meta":{"a":1},"other":{"a":2}})");
+  EXPECT_EQ(ok.status, 201) << ok.body;  // the same name in two objects is fine
+  EXPECT_TRUE(Charge("twice-1", R"({"amount":100,"currency":"usd","meta":{"a":1},"other":{"a":2}})").replayed());
+}
+
+// 401 reads the same on every route: no retry helps.
+TEST_P(ProviderTest, UnauthenticatedIsTheSameProblemOnEveryRoute) {
+  Start();
+  for (int i = 0; i < 2; ++i) {
+    Reply post = Charge("auth-2", kBody, "sk_nobody");
+    Reply get = Get("/charges", "sk_nobody");
+    ASSERT_EQ(post.status, 401);
+    ASSERT_EQ(get.status, 401);
+    for (const Reply* r : {&post, &get}) {
+      EXPECT_EQ(r->json().value("title", ""), "Unauthenticated") << r->body;
+      EXPECT_EQ(r->json().value("retry", ""), "no") << r->body;
+    }
+  }
 }
 
 TEST_P(ProviderTest, RequiresABearerAndAKey) {

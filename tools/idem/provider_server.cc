@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <atomic>
 #include <mutex>
+#include <map>
 #include <set>
+#include <vector>
 #include <thread>
 
 #include "cli.h"
@@ -99,9 +101,21 @@ std::string ChargeJson(const std::vector<Value>& r) {
   return out;
 }
 
+// The provider's own problems (outside the middleware), in the middleware's
+// shape: a title per type, and whether a retry can help.
 void Problem(httplib::Response& res, int status, const std::string& type, const std::string& detail) {
-  nlohmann::json j = {{"type", "https://idem.dev/problems/" + type}, {"title", type}, {"status", status},
-                      {"detail", detail}, {"retry", "new-key"}};
+  static const std::map<std::string, std::pair<const char*, const char*>> kKinds = {
+      {"invalid-request", {"Invalid request", "new-key"}},
+      {"unauthenticated", {"Unauthenticated", "no"}},
+      {"not-found", {"Not found", "no"}},
+      {"store-unavailable", {"Store unavailable", "same-key"}},
+      {"internal", {"Internal error", "no"}}};
+  auto kind = kKinds.find(type);
+  nlohmann::json j = {{"type", "https://idem.dev/problems/" + type},
+                      {"title", kind != kKinds.end() ? kind->second.first : type.c_str()},
+                      {"status", status},
+                      {"detail", detail},
+                      {"retry", kind != kKinds.end() ? kind->second.second : "no"}};
   res.status = status;
   res.set_content(j.dump(), "application/problem+json");
 }
@@ -113,9 +127,32 @@ struct ChargeFields {
   std::string currency, customer, description;
 };
 std::optional<ChargeFields> ReadCharge(const httplib::Request& req, httplib::Response& res) {
-  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
+  // A member given twice is refused: which one a reader takes differs
+  // between parsers, and a charge must mean one amount.
+  std::vector<std::set<std::string>> members;  // per open object
+  std::string twice;
+  const nlohmann::json::parser_callback_t watch = [&](int, nlohmann::json::parse_event_t event,
+                                                      nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) members.emplace_back();
+    if (event == nlohmann::json::parse_event_t::object_end && !members.empty()) members.pop_back();
+    if (event == nlohmann::json::parse_event_t::key && !members.empty() &&
+        !members.back().insert(parsed.get<std::string>()).second && twice.empty())
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json body;
+  try {
+    body = nlohmann::json::parse(req.body, watch);
+  } catch (const nlohmann::json::exception& e) {  // the parser's message says where
+    Problem(res, 400, "invalid-request", std::string("the body is not valid JSON: ") + e.what());
+    return std::nullopt;
+  }
+  if (!body.is_object()) {
     Problem(res, 400, "invalid-request", "the body must be a JSON object");
+    return std::nullopt;
+  }
+  if (!twice.empty()) {
+    Problem(res, 400, "invalid-request", "the member \"" + twice + "\" is given twice");
     return std::nullopt;
   }
   auto amount = body.find("amount");
