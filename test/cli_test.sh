@@ -18,6 +18,10 @@ check() {  # check NAME WANT_RC CMD... ; output in $T/out
   fi
   pass=$((pass + 1))
 }
+ok() {  # ok NAME CMD... : passes when CMD succeeds
+  local name=$1; shift
+  if "$@"; then pass=$((pass + 1)); else echo "FAIL $name: $*"; fails=$((fails + 1)); fi
+}
 has() {  # has NAME FILE PATTERN
   if grep -qE -- "$3" "$2"; then pass=$((pass + 1)); else echo "FAIL $1: '$3' not in $2:"; head -5 "$2"; fails=$((fails + 1)); fi
 }
@@ -36,6 +40,11 @@ has unknown-flag-named "$T/err" "unknown flag --frobnicate"
 check bad-number 2 "$IDEM" demo --messages many
 has bad-number-named "$T/err" "--messages must be an integer"
 check bad-rate 2 "$IDEM" demo --lost-ack-rate 2
+# Rates are finite numbers in [0, 1]: NaN fails every comparison, so a range check alone lets it through.
+check demo-rate-nan 2 timeout 60 "$IDEM" demo --dup-rate nan --skip-story --messages 20 --dir "$T/demo-nan"
+has demo-rate-nan-named "$T/err" "--dup-rate must be a number from 0 to 1"
+check demo-rate-inf 2 timeout 60 "$IDEM" demo --lost-ack-rate inf --skip-story --messages 20 --dir "$T/demo-nan"
+check demo-consumers-wrap 2 timeout 60 "$IDEM" demo --consumers 4294967297 --skip-story --messages 20 --dir "$T/demo-nan"
 touch "$T/afile"
 check dir-is-file 2 "$IDEM" demo --dir "$T/afile"
 
@@ -139,6 +148,23 @@ has run-applied "$T/out" '"applied":200,'
 has run-acked-all "$T/out" '"dead_lettered":0'
 check run-again 0 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --json
 has run-again-nothing "$T/out" '"applied":0,'
+# Bad flags of run and publish: refused up front, exit 2, not a crash, a hang or a silent 0.
+check run-too-many-workers 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --workers 100000
+has run-too-many-workers-named "$T/err" "--workers must be from 1 to 256"
+# Threads the system refuses (an address-space limit far below 256 stacks): exit 3, named, no abort.
+check run-threads-refused 3 timeout 20 bash -c 'ulimit -v 400000 && exec "$0" "$@"' "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --workers 256
+has run-threads-refused-named "$T/err" "cannot start worker thread"
+# An empty consumer name: the Inbox would refuse every message, retried forever.
+check run-empty-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --consumer ""
+has run-empty-consumer-named "$T/err" "--consumer must be a name of 1 to 255 bytes"
+check run-long-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --consumer "$(printf 'c%.0s' $(seq 300))"
+check run-bad-metrics-port 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --metrics 127.0.0.1:80x
+for r in banana nan inf -0.5 1.5 0.5x ""; do
+  check "publish-bad-dup-rate-$r" 2 "$IDEM" publish --source "embedded:$T/rates.db?queue=pay" --messages 3 --dup-rate "$r"
+  has "publish-bad-dup-rate-$r-named" "$T/err" "--dup-rate must be a number from 0 to 1"
+done
+check publish-dup-rate-1 0 "$IDEM" publish --source "embedded:$T/rates.db?queue=pay" --messages 3 --dup-rate 1 --json
+has publish-dup-rate-1-all-twice "$T/out" '"published":6'
 # A port in [$1, $1 + 1000) that nothing listens on now (ctest runs other
 # tests beside this one).
 free_port() {
@@ -236,6 +262,37 @@ has chaos-bad-rate-named "$T/err" "--fault-rate must be a fraction"
 check chaos-bad-consumers 2 "$IDEM" chaos --consumers 0
 check chaos-unreachable-store 3 "$IDEM" chaos --store "postgres://nobody@127.0.0.1:9/none?connect_timeout=1" --dir "$T/chaos-bad"
 check chaos-unknown-source 2 "$IDEM" chaos --source "nats://127.0.0.1:4222" --dir "$T/chaos-bad"
+check chaos-dir-is-file 2 "$IDEM" chaos --dir "$T/afile" --messages 5 --kills 0
+has chaos-dir-is-file-named "$T/err" "--dir .*afile is not a directory"
+# chaos deletes its queue file first: only an embedded queue file (or nothing) is reset. A store
+# with markers, another file, a SQLite file of someone else's, a directory (empty or not) are
+# refused, named, and left exactly as they were.
+cp "$T/run.db" "$T/victim-store.db" && cp "$T/run.db" "$T/victim-store.orig"
+head -c 5000 /dev/urandom >"$T/victim.bin" && cp "$T/victim.bin" "$T/victim.bin.orig"
+: >"$T/victim-empty"
+mkdir -p "$T/victim-dir" "$T/victim-full" && echo keep >"$T/victim-full/keep"
+check chaos-keeps-store 2 "$IDEM" chaos --dir "$T/chaos-v" --messages 5 --kills 0 --source "embedded:$T/victim-store.db?queue=q"
+has chaos-keeps-store-named "$T/err" "will not delete .*victim-store.db: .*is an idem store \(markers\), not a queue file"
+ok chaos-keeps-store-intact cmp -s "$T/victim-store.db" "$T/victim-store.orig"
+check chaos-keeps-file 2 "$IDEM" chaos --dir "$T/chaos-v" --messages 5 --kills 0 --source "embedded:$T/victim.bin?queue=q"
+has chaos-keeps-file-named "$T/err" "will not delete .*victim.bin: it is not an embedded queue file"
+ok chaos-keeps-file-intact cmp -s "$T/victim.bin" "$T/victim.bin.orig"
+check chaos-keeps-empty-file 2 "$IDEM" chaos --dir "$T/chaos-v" --messages 5 --kills 0 --source "embedded:$T/victim-empty?queue=q"
+ok chaos-keeps-empty-file-there test -f "$T/victim-empty"
+check chaos-keeps-empty-dir 2 "$IDEM" chaos --dir "$T/chaos-v" --messages 5 --kills 0 --source "embedded:$T/victim-dir?queue=q"
+has chaos-keeps-empty-dir-named "$T/err" "will not delete .*victim-dir: it is a directory"
+ok chaos-keeps-empty-dir-there test -d "$T/victim-dir"
+check chaos-keeps-full-dir 2 "$IDEM" chaos --dir "$T/chaos-v" --messages 5 --kills 0 --source "embedded:$T/victim-full?queue=q"
+ok chaos-keeps-full-dir-there test -f "$T/victim-full/keep"
+# A real queue file with an earlier run's messages is reset (none of them counted), and a path
+# where nothing is becomes one.
+"$IDEM" publish --source "embedded:$T/oldq.db?queue=payments" --messages 3 >/dev/null
+check chaos-resets-queue 0 "$IDEM" chaos --dir "$T/chaos-q" --messages 5 --kills 0 --source "embedded:$T/oldq.db?queue=payments" --json
+has chaos-resets-queue-ok "$T/out" '"unique":5,.*"unexpected":0,.*"ok":true'
+check chaos-new-queue 0 "$IDEM" chaos --dir "$T/chaos-n" --messages 5 --kills 0 --json
+has chaos-new-queue-ok "$T/out" '"unique":5,.*"ok":true'
+check help-chaos-source 0 "$IDEM" chaos --help
+has help-chaos-source-says "$T/out" "an embedded queue file or a path where nothing is is accepted"
 
 # Bad input: named clearly, exit 3, nothing created.
 check missing-dir 3 "$IDEM" inspect --store "sqlite:$T/no/such/dir/x.db"
@@ -270,6 +327,31 @@ check postgres-bad-url 2 "$IDEM" inspect --store "postgres://u:s3cret@[::1/x"
 has postgres-bad-url-named "$T/err" "not a valid PostgreSQL URL"
 no_secret postgres-bad-url
 check postgres-bad-escape 2 "$IDEM" inspect --store "postgres://%zz@127.0.0.1:1/x"
+
+# URL parameters are integers in range or an error naming them (atoi read "99999999999" as a
+# huge partition count that aborted librdkafka, and "0" or "-1" as accepted).
+if "$IDEM" run --help | grep -q "kafka-mock:"; then
+  for p in 99999999999 0 -1 4x ""; do
+    check "kafka-mock-partitions-$p" 2 timeout 20 "$IDEM" publish --source "kafka-mock:?topic=t&partitions=$p" --messages 1
+    has "kafka-mock-partitions-$p-named" "$T/err" "partitions must be an integer from 1 to 1000"
+  done
+  check kafka-session-timeout-units 2 timeout 20 "$IDEM" publish --source "kafka-mock:?topic=t&session_timeout_ms=10s" --messages 1
+  has kafka-session-timeout-units-named "$T/err" "session_timeout_ms must be an integer from 100 to 3600000"
+  check kafka-mock-publish 0 timeout 60 "$IDEM" publish --source "kafka-mock:?topic=t&partitions=2" --messages 3 --json
+  has kafka-mock-publish-count "$T/out" '"published":3'
+  # Nothing listens on port 1: exit 3 within the connect timeout (5 s), naming the brokers,
+  # not exit 0 with nothing applied (run) or a 30 s wait per message (publish).
+  check kafka-unreachable-run 3 timeout 20 "$IDEM" run --source "kafka://127.0.0.1:1?topic=t&group=g" --store "sqlite:$T/kafka.db" --drain --json
+  has kafka-unreachable-run-named "$T/err" "cannot connect to Kafka at 127.0.0.1:1"
+  check kafka-unreachable-publish 3 timeout 20 "$IDEM" publish --source "kafka://127.0.0.1:1?topic=t" --messages 5
+  has kafka-unreachable-publish-named "$T/err" "cannot connect to Kafka at 127.0.0.1:1: no broker answered within 5000 ms"
+  check kafka-bad-connect-timeout 2 timeout 20 "$IDEM" publish --source "kafka://127.0.0.1:1?topic=t&connect_timeout_ms=0" --messages 1
+  has kafka-bad-connect-timeout-named "$T/err" "connect_timeout_ms must be an integer from 100 to 600000"
+fi
+if "$IDEM" run --help | grep -q "amqp://"; then
+  check amqp-bad-prefetch 2 timeout 20 "$IDEM" publish --source "amqp://guest:guest@127.0.0.1:1/?queue=q&prefetch=abc" --messages 1
+  has amqp-bad-prefetch-named "$T/err" "prefetch must be an integer from 1 to 65535"
+fi
 
 echo "cli: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

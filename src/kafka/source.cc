@@ -65,6 +65,26 @@ bool ParseInt(std::string_view s, int64_t* out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+// Asks the cluster behind `rk` for its metadata (the brokers; no topic) and
+// waits up to `timeout_ms` for an answer: kUnavailable naming `brokers` when
+// none came (librdkafka itself would only log and retry forever).
+Status CheckBrokers(rd_kafka_t* rk, const std::string& brokers, int64_t timeout_ms) {
+  const int timeout = static_cast<int>(std::clamp<int64_t>(timeout_ms, 1, INT32_MAX));
+  const rd_kafka_metadata_t* md = nullptr;
+  rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, nullptr, &md, timeout);
+  int answered = 0;
+  if (md != nullptr) {
+    answered = md->broker_cnt;
+    rd_kafka_metadata_destroy(md);
+  }
+  if (err == RD_KAFKA_RESP_ERR_NO_ERROR && answered > 0) return Status::OK();
+  return Status::Unavailable("kafka: cannot connect to Kafka at " + brokers + ": no broker answered within " +
+                             std::to_string(timeout) + " ms (" +
+                             (err == RD_KAFKA_RESP_ERR_NO_ERROR ? std::string("no brokers in the metadata")
+                                                                : std::string(rd_kafka_err2str(err))) +
+                             ")");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -391,6 +411,8 @@ Result<std::unique_ptr<Source>> Source::Open(Options options) {
   (void)conf.release();  // owned by rk now
   impl->rk.reset(rk);
   rd_kafka_poll_set_consumer(rk);
+  // Before subscribing: a consumer that never joined closes at once.
+  if (o.connect_timeout_ms > 0) IDEM_RETURN_IF_ERROR(CheckBrokers(rk, o.brokers, o.connect_timeout_ms));
 
   ListPtr topics = NewList(1);
   rd_kafka_topic_partition_list_add(topics.get(), o.topic.c_str(), RD_KAFKA_PARTITION_UA);
@@ -553,6 +575,8 @@ Result<std::unique_ptr<Producer>> Producer::Open(ProducerOptions options) {
   if (rk == nullptr) return Status::InvalidArgument(std::string("kafka: creating the producer: ") + errstr);
   (void)conf.release();
   impl->rk.reset(rk);
+  if (impl->o.connect_timeout_ms > 0)
+    IDEM_RETURN_IF_ERROR(CheckBrokers(rk, impl->o.brokers, impl->o.connect_timeout_ms));
   return std::unique_ptr<Producer>(new Producer(std::move(impl)));
 }
 

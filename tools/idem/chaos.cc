@@ -50,6 +50,7 @@
 #include "commands.h"
 #include "cut_proxy.h"
 #include "idem/consumer.h"
+#include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/fault_vfs.h"
@@ -118,6 +119,80 @@ int64_t SteadyMs() {
 }
 
 bool IsPostgres(const std::string& url) { return postgres::IsUrl(url); }
+
+// The entries of `dir` (std::filesystem's error_code overloads throughout:
+// nothing here may throw).
+Result<std::vector<std::filesystem::path>> ListDir(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    out.push_back(it->path());
+  if (ec) return Status::Unavailable("cannot list " + dir + ": " + ec.message());
+  return out;
+}
+
+Status RemoveFile(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) return Status::Unavailable("cannot remove " + path + ": " + ec.message());
+  return Status::OK();
+}
+
+// The run starts on an empty embedded queue (what an earlier run left would
+// count as unexpected effects), so it deletes the queue file of `url` and
+// its -wal and -shm. Only what is certainly an embedded queue file -- or
+// nothing at all -- is deleted; anything else there is refused
+// (kInvalidArgument naming the path and why) and left as it is.
+Status ResetEmbeddedQueue(const std::string& url) {
+  IDEM_ASSIGN_OR_RETURN(embedded::QueueOptions o, embedded::Queue::ParseUrl(url));
+  const std::string& path = o.path;
+  auto refuse = [&](const std::string& why) {
+    return Status::InvalidArgument("--source: will not delete " + path + ": " + why +
+                                   " (chaos starts from an empty queue: give it an embedded queue file to reset, or a "
+                                   "path where nothing is)");
+  };
+  auto size_of = [](const std::string& p) -> int64_t {  // -1: absent
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) return refuse(std::string("cannot examine it: ") + std::strerror(errno));
+    // Nothing there. A -wal or -shm without its database is not ours to judge.
+    for (const char* suffix : {"-wal", "-shm"})
+      if (size_of(path + suffix) >= 0) return refuse("it does not exist, but " + path + suffix + " does");
+    return Status::OK();
+  }
+  if (S_ISDIR(st.st_mode)) return refuse("it is a directory, not an embedded queue file");
+  if (!S_ISREG(st.st_mode)) return refuse("it is not a regular file");
+  if (st.st_size == 0) return refuse("it is an empty file, not an embedded queue file");
+  // A queue file is a SQLite database in WAL mode (opening anything else as a
+  // queue could change it: the journal mode, or a queue schema created in
+  // an empty database).
+  unsigned char header[100] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(reinterpret_cast<char*>(header), sizeof header);
+    if (!in || std::memcmp(header, "SQLite format 3\0", 16) != 0)
+      return refuse("it is not an embedded queue file (not a SQLite database)");
+  }
+  if (header[18] != 2 || header[19] != 2)
+    return refuse("it is not an embedded queue file (a SQLite database not in WAL mode)");
+  const int64_t page = header[16] == 0 && header[17] == 1 ? 65'536 : header[16] * 256 + header[17];
+  // One page and no WAL: the schema page alone, no table at all.
+  if (st.st_size <= page && size_of(path + "-wal") <= 0)
+    return refuse("it is an empty SQLite database, not an embedded queue file");
+  {
+    auto q = embedded::Queue::Open(o);
+    if (!q.ok()) {
+      if (q.status().code() == Code::kSchemaMismatch || q.status().code() == Code::kCorruption)
+        return refuse(q.status().message());
+      return q.status().WithContext("checking --source " + path);
+    }
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) IDEM_RETURN_IF_ERROR(RemoveFile(path + suffix));
+  return Status::OK();
+}
 
 std::string WithParam(const std::string& url, const std::string& kv) {
   return url + (url.find('?') == std::string::npos ? "?" : "&") + kv;
@@ -509,9 +584,10 @@ Status Run::Prepare() {
   std::error_code ec;
   std::filesystem::create_directories(cfg_.dir + "/journal", ec);
   if (ec) return Status::Unavailable("cannot create " + cfg_.dir + "/journal: " + ec.message());
-  for (const auto& e : std::filesystem::directory_iterator(cfg_.dir + "/journal")) std::filesystem::remove(e.path());
+  IDEM_ASSIGN_OR_RETURN(auto journals, ListDir(cfg_.dir + "/journal"));
+  for (const auto& p : journals) IDEM_RETURN_IF_ERROR(RemoveFile(p.string()));
   for (const char* name : {"oracle.log", "provider.db", "provider.db-wal", "provider.db-shm", "provider.log"})
-    std::filesystem::remove(cfg_.dir + "/" + name);
+    IDEM_RETURN_IF_ERROR(RemoveFile(cfg_.dir + "/" + name));
   // The producer's side of the source. A Kafka group member the parent
   // never polls would hold partitions, so that one goes (elsewhere the
   // publisher is the source itself, or the source holds nothing).
@@ -674,7 +750,9 @@ void Run::Produce() {
   // attempt's outcome was unknown, that is a producer duplicate.
   auto publish = [&](const Message& m) -> Status {
     Status s;
-    for (int attempt = 0; attempt < 600 && !g_interrupted; ++attempt) {
+    // For 2 minutes, however long a reopening waits for the broker.
+    const int64_t deadline = SteadyMs() + 120'000;
+    for (int attempt = 0; (attempt == 0 || SteadyMs() < deadline) && !g_interrupted; ++attempt) {
       oracle << m.id << " " << m.payload << "\n" << std::flush;
       s = producer_.publish(m);
       if (s.ok()) {
@@ -933,8 +1011,9 @@ Result<Check> CheckEffects(const Config& cfg, Store& store) {
   }
   // What the consumers acknowledged, from their journals.
   std::unordered_set<std::string> acked;
-  for (const auto& e : std::filesystem::directory_iterator(cfg.dir + "/journal")) {
-    std::ifstream in(e.path());
+  IDEM_ASSIGN_OR_RETURN(auto journals, ListDir(cfg.dir + "/journal"));
+  for (const auto& journal : journals) {
+    std::ifstream in(journal);
     std::string line;
     while (std::getline(in, line)) {
       if (line.size() < 3) continue;  // a line cut by a kill
@@ -1085,16 +1164,22 @@ const Command& ChaosCommand() {
       "when all are 0 and every message's effect is there exactly once. Every run prints its seed;\n"
       "the same seed replays the same schedule of faults.",
       "[--source URL] [--store URL] [--messages N] [--consumers M] [--kills K] [--seed S] [--json]",
-      {{"source", "URL", "embedded:DIR/queue.db", "the broker (see idem run --help); kafka-mock: runs the mock\n"
-                                                  "          cluster in this process for every consumer"},
+      {{"source", "URL", "embedded:DIR/queue.db",
+        "the broker (see idem run --help); kafka-mock: runs the mock\n"
+        "          cluster in this process for every consumer. An embedded queue\n"
+        "          file is deleted first (the whole file, every queue in it); only\n"
+        "          an embedded queue file or a path where nothing is is accepted:\n"
+        "          anything else there (a store, another file, a directory) is\n"
+        "          refused and left alone"},
        {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
        {"provider-store", "URL", "sqlite:DIR/provider.db",
         "the provider's store (its claims, charges and stored responses): sqlite:PATH\n"
         "          or postgres://...; emptied of charges and claims first"},
        {"messages", "N", "3000", "unique payment messages"},
        {"consumers", "M", "4", "consumer processes"},
-       {"kills", "K", "100", "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
-                              "          on until every message is applied, so more messages mean more kills"},
+       {"kills", "K", "100",
+        "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
+        "          on until every message is applied, so more messages mean more kills"},
        {"seed", "S", "1", "seed of the schedule of kills and faults"},
        {"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
@@ -1102,21 +1187,26 @@ const Command& ChaosCommand() {
        {"stall-rate", "P", "0.005", "fraction of receives that stall past the lease"},
        {"lost-response-rate", "P", "0.02", "fraction of keys whose first provider response is dropped"},
        {"fault-rate", "P", "0.15", "fraction of consumer lives given an I/O error or a terminated backend"},
-       {"hits", "N", "4", "a kill point fires at a hit drawn from 1..N (timed kills within 60*N ms):\n"
-                          "          larger means longer consumer lives, fewer process starts (long runs)"},
-       {"restart-cmd", "CMD", "", "a shell command that restarts the broker (or database) under test, e.g.\n"
-                                  "          'scripts/test-redis.sh pause S && scripts/test-redis.sh resume S'"},
+       {"hits", "N", "4",
+        "a kill point fires at a hit drawn from 1..N (timed kills within 60*N ms):\n"
+        "          larger means longer consumer lives, fewer process starts (long runs)"},
+       {"restart-cmd", "CMD", "",
+        "a shell command that restarts the broker (or database) under test, e.g.\n"
+        "          'scripts/test-redis.sh pause S && scripts/test-redis.sh resume S'"},
        {"restarts", "N", "2", "how many times --restart-cmd runs, spread over the kills"},
        {"lease-ms", "MS", "400", "the source's lease (visibility timeout) where it has one"},
        {"batch", "N", "8", "batch size of the odd-numbered consumers (the even ones take one at a time)"},
-       {"drain-timeout", "DURATION", "60s", "how long without progress before the faults stop for a calm drain,\n"
-                                           "          and then before what is missing is reported lost"},
+       {"drain-timeout", "DURATION", "60s",
+        "how long without progress before the faults stop for a calm drain,\n"
+        "          and then before what is missing is reported lost"},
        {"json", "", "", "print one JSON object instead of the table"},
-       {"broken", "MODE", "", "run a deliberately broken consumer to see the check fail: no-guard (the\n"
-                              "          effect without its marker) or ack-before-commit"},
-       {"provider-mode", "MODE", "two-phase", "how the provider commits a charge: two-phase (killed after a claim and\n"
-                                              "          before a completion) or group-commit (one transaction for many\n"
-                                              "          requests; killed before and after a group's commit)"},
+       {"broken", "MODE", "",
+        "run a deliberately broken consumer to see the check fail: no-guard (the\n"
+        "          effect without its marker) or ack-before-commit"},
+       {"provider-mode", "MODE", "two-phase",
+        "how the provider commits a charge: two-phase (killed after a claim and\n"
+        "          before a completion) or group-commit (one transaction for many\n"
+        "          requests; killed before and after a group's commit)"},
        {"worker", "SLOT", "", "(internal) run as consumer SLOT"},
        {"life", "N", "0", "(internal) the consumer's life number"},
        {"provider", "URL", "", "(internal) the provider's URL"}}};
@@ -1126,11 +1216,12 @@ const Command& ChaosCommand() {
 int RunChaos(const Args& args) {
   const std::string cmd = "chaos";
   Config cfg;
-  auto integer = [&](const char* name, int64_t& out, int64_t min) -> Status {
+  auto integer = [&](const char* name, int64_t& out, int64_t min, int64_t max = INT64_MAX) -> Status {
     if (!args.Has(name)) return Status::OK();
     IDEM_ASSIGN_OR_RETURN(out, args.GetInt(name));
     if (out < min)
       return Status::InvalidArgument("--" + std::string(name) + " must be at least " + std::to_string(min));
+    if (out > max) return Status::InvalidArgument("--" + std::string(name) + " must be at most " + std::to_string(max));
     return Status::OK();
   };
   auto fraction = [&](const char* name, double& out) -> Status {
@@ -1148,8 +1239,9 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("kills", cfg.kills, 0);
   if (s.ok()) s = integer("seed", seed, 0);
   if (s.ok()) s = integer("batch", batch, 1);
-  if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50);
-  if (s.ok()) s = integer("hits", cfg.hits, 1);
+  // (Bounded above: the schedule multiplies them.)
+  if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50, 3'600'000);
+  if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
   if (s.ok()) s = integer("restarts", cfg.restarts, 0);
   cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
   if (s.ok()) s = integer("worker", slot, 0);
@@ -1188,17 +1280,21 @@ int RunChaos(const Args& args) {
   if (cfg.slot >= 0) return Worker(cfg);
 
   if (cfg.dir.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "idem-chaos-XXXXXX").string();
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string tmpl = (tmp / "idem-chaos-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) return Fail(cmd, Status::Unavailable("cannot create a temporary directory"));
     cfg.dir = tmpl;
+  } else {
+    struct stat st {};
+    if (::stat(cfg.dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      return Fail(cmd, Status::InvalidArgument("--dir " + cfg.dir + " is not a directory"));
   }
   if (cfg.source.empty()) cfg.source = "embedded:" + cfg.dir + "/queue.db?queue=payments";
   if (cfg.store.empty()) cfg.store = "sqlite:" + cfg.dir + "/payments.db";
   if (cfg.source.starts_with("embedded:")) {
-    // A fresh queue: what an earlier run left would be unexpected effects.
-    const std::string path = cfg.source.substr(9, cfg.source.find('?') == std::string::npos ? std::string::npos
-                                                                                          : cfg.source.find('?') - 9);
-    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+    if (Status st = ResetEmbeddedQueue(cfg.source); !st.ok()) return Fail(cmd, st);
   }
   if (!cfg.json)
     std::cout << "idem chaos: seed " << cfg.seed << ", " << cfg.messages << " messages, " << cfg.consumers

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +27,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -45,6 +48,16 @@ namespace idem::cli {
 namespace {
 
 // ---------------------------------------------------------------- plumbing
+
+// Removes `path` and its SQLite -wal and -shm files (absent ones are fine).
+Status RemoveDbFiles(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::error_code ec;
+    std::filesystem::remove(path + suffix, ec);
+    if (ec) return Status::IoError("cannot remove " + path + suffix + ": " + ec.message());
+  }
+  return Status::OK();
+}
 
 struct Config {
   std::string dir;
@@ -158,7 +171,7 @@ std::string Mark(bool good) { return good ? "✓" : "✕"; }
 Result<std::unique_ptr<ProviderServer>> StartProvider(const std::string& path, int threads,
                                                       std::function<bool(const std::string&)> lose_response,
                                                       std::function<void(const std::string&)> log = nullptr) {
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  IDEM_RETURN_IF_ERROR(RemoveDbFiles(path));
   ProviderServerOptions o;
   o.host = "127.0.0.1";
   o.port = 0;
@@ -436,7 +449,9 @@ Status WriteStats(const std::string& path, const Stats& s) {
   for (const auto& [k, v] : s) out << k << " " << v << "\n";
   out.close();
   if (!out) return Status::IoError("cannot write " + path);
-  std::filesystem::rename(path + ".tmp", path);
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) return Status::IoError("cannot write " + path + ": " + ec.message());
   return Status::OK();
 }
 Stats ReadStats(const std::string& path) {
@@ -539,7 +554,7 @@ struct RunResult {
 Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(cfg.dir, "run"));
   for (const char* name : {"queue.db", "payments.db", "provider.db"})
-    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(f.dir + "/" + name + suffix);
+    IDEM_RETURN_IF_ERROR(RemoveDbFiles(f.dir + "/" + name));
   std::mt19937_64 rng(cfg.seed);
   int64_t expected = 0, published = 0;
   auto started = std::chrono::steady_clock::now();
@@ -750,7 +765,9 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   const std::string cmd = "demo";
   auto t0 = std::chrono::steady_clock::now();
   const std::string dir = cfg.dir + "/on-source";
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Fail(cmd, Status::Unavailable("cannot create " + dir + ": " + ec.message()));
   std::mt19937_64 rng(static_cast<uint64_t>(cfg.seed));
   std::mutex lose_mu;
   std::set<std::string> executed;
@@ -908,21 +925,25 @@ int RunDemo(const Args& args) {
     out = static_cast<std::remove_reference_t<decltype(out)>>(*v);
     return Status::OK();
   };
+  // A finite number from 0 to 1, nothing else: "nan" (which fails every
+  // comparison), "inf", "0.5x" and "" are refused.
   auto rate = [&](const char* name, double& out) -> Status {
     std::string v = args.Get(name);
-    char* end = nullptr;
-    out = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || out < 0 || out > 1)
+    const char* end = v.data() + v.size();
+    auto [p, ec] = std::from_chars(v.data(), end, out);
+    if (v.empty() || ec != std::errc() || p != end || !std::isfinite(out) || out < 0 || out > 1)
       return Status::InvalidArgument("--" + std::string(name) + " must be a number from 0 to 1, not '" + v + "'");
     return Status::OK();
   };
-  for (Status s : {num("messages", cfg.messages), num("consumers", cfg.consumers), num("lease-ms", cfg.lease_ms),
+  int64_t consumers = cfg.consumers;
+  for (Status s : {num("messages", cfg.messages), num("consumers", consumers), num("lease-ms", cfg.lease_ms),
                    num("seed", cfg.seed), rate("dup-rate", cfg.dup_rate), rate("lost-ack-rate", cfg.lost_ack_rate),
                    rate("stall-rate", cfg.stall_rate), rate("lost-response-rate", cfg.lost_response_rate)})
     if (!s.ok()) return Fail("demo", s);
   if (cfg.messages < 1) return Fail("demo", Status::InvalidArgument("--messages must be at least 1"));
-  if (cfg.consumers < 1 || cfg.consumers > 64)
-    return Fail("demo", Status::InvalidArgument("--consumers must be from 1 to 64"));
+  // (Checked before it narrows to an int: 4294967297 is not 1.)
+  if (consumers < 1 || consumers > 64) return Fail("demo", Status::InvalidArgument("--consumers must be from 1 to 64"));
+  cfg.consumers = static_cast<int>(consumers);
   if (cfg.lease_ms < 50) return Fail("demo", Status::InvalidArgument("--lease-ms must be at least 50"));
   cfg.json = args.Bool("json");
   g_store_url = args.Get("store");
@@ -938,7 +959,10 @@ int RunDemo(const Args& args) {
       return Fail("demo", Status::InvalidArgument("--dir " + cfg.dir + " is not a directory"));
     }
   } else {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "idem-demo-XXXXXX").string();
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string tmpl = (tmp / "idem-demo-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) return Fail("demo", Status::Unavailable("cannot create a temporary directory"));
     cfg.dir = tmpl;
   }

@@ -6,11 +6,16 @@
 #include <signal.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <random>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "commands.h"
 #include "idem/consumer.h"
@@ -53,6 +58,62 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
   return out;
 }
 
+// The most worker threads `idem run --workers` starts.
+constexpr int64_t kMaxWorkers = 256;
+
+// A rate flag's value: a finite number from 0 to 1 and nothing else
+// ("banana", "nan", "inf", "0.5x" and "" are refused, not read as 0).
+Result<double> ParseRate(const std::string& flag, const std::string& v) {
+  double d = 0;
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, d);
+  if (v.empty() || ec != std::errc() || p != end || !std::isfinite(d) || d < 0 || d > 1)
+    return Status::InvalidArgument("--" + flag + " must be a number from 0 to 1, got '" + v.substr(0, 40) + "'");
+  return d;
+}
+
+// A consumer name the Inbox accepts (else it would refuse every message, and
+// the run would retry them forever).
+Status ValidateConsumer(const std::string& name) {
+  if (ValidateId(name).ok()) return Status::OK();
+  return Status::InvalidArgument("--consumer must be a name of 1 to " + std::to_string(kMaxIdBytes) + " bytes, got " +
+                                 (name.empty() ? std::string("an empty one") : std::to_string(name.size()) + " bytes"));
+}
+
+// Runs `runner` on `workers` threads (this one included) until it returns.
+// The threads are started here rather than by Consumer::Run, so that one the
+// system refuses is an error (kUnavailable, the others stopped and joined)
+// instead of an exception that would abort: each extra thread calls Run()
+// of a one-worker Consumer, the same loop Run's own workers would.
+Status RunWorkers(Consumer& runner, int workers) {
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(workers));
+  Status started;
+  for (int i = 1; i < workers; ++i) {
+    try {
+      threads.emplace_back([&runner] { (void)runner.Run(); });
+    } catch (const std::system_error& e) {
+      started = Status::Unavailable("cannot start worker thread " + std::to_string(i + 1) + " of " +
+                                    std::to_string(workers) + ": " + e.what() + " (lower --workers)");
+      runner.Stop();
+      break;
+    }
+  }
+  Status s = started.ok() ? runner.Run() : Status::OK();
+  for (auto& t : threads) t.join();
+  return started.ok() ? s : started;
+}
+
+// A thread for `fn`, or kUnavailable when the system refuses one.
+Status StartThread(std::thread& t, std::function<void()> fn, const std::string& what) {
+  try {
+    t = std::thread(std::move(fn));
+  } catch (const std::system_error& e) {
+    return Status::Unavailable("cannot start the " + what + " thread: " + e.what());
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 const Command& RunCommand() {
@@ -69,9 +130,9 @@ const Command& RunCommand() {
       "       [--lease DURATION] [--drain] [--metrics HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},
        {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
-       {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member)"},
-       {"workers", "N", "1", "worker threads"},
-       {"batch", "N", "1", "deliveries per transaction"},
+       {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
+       {"workers", "N", "1", "worker threads, 1..256"},
+       {"batch", "N", "1", "deliveries per transaction, 1..10000"},
        {"max-attempts", "N", "5", "handler failures before a message is dead-lettered"},
        {"lease", "DURATION", "30s", "visibility timeout where the source has one"},
        {"drain", "", "", "return once the source is idle"},
@@ -89,9 +150,26 @@ int RunRun(const Args& args) {
   auto lease = ParseDurationMs(args.Get("lease"));
   for (const auto* r : {&workers, &batch, &attempts, &lease})
     if (!r->ok()) return Fail(cmd, r->status());
-  if (*workers < 1 || *batch < 1 || *attempts < 0 || *lease <= 0)
-    return Fail(cmd, Status::InvalidArgument("need --workers >= 1, --batch >= 1, --max-attempts >= 0, --lease > 0"));
+  if (*workers < 1 || *workers > kMaxWorkers)
+    return Fail(cmd, Status::InvalidArgument("--workers must be from 1 to " + std::to_string(kMaxWorkers) + ", got " +
+                                             std::to_string(*workers)));
+  if (*batch < 1 || *batch > 10'000 || *attempts < 0 || *attempts > 1'000'000 || *lease <= 0)
+    return Fail(cmd,
+                Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0"));
   const std::string consumer = args.Get("consumer");
+  if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
+  std::string metrics_host;
+  int metrics_port = 0;
+  if (args.Has("metrics")) {
+    const std::string at = args.Get("metrics");
+    const auto colon = at.rfind(':');
+    const char* end = at.data() + at.size();
+    const char* digits = colon == std::string::npos ? end : at.data() + colon + 1;
+    auto [p, ec] = std::from_chars(digits, end, metrics_port);
+    if (colon == std::string::npos || ec != std::errc() || p != end || metrics_port <= 0 || metrics_port > 65535)
+      return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
+    metrics_host = at.substr(0, colon);
+  }
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
   auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 2);
@@ -103,48 +181,62 @@ int RunRun(const Args& args) {
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
   Inbox inbox(**store, {.consumer = consumer});
+  // One worker per Consumer::Run call: RunWorkers starts the threads.
   Consumer runner(*source->source, inbox, RecordPayment,
-                  {.workers = static_cast<int>(*workers), .batch = static_cast<int>(*batch),
-                   .max_attempts = static_cast<int>(*attempts), .stop_when_idle = args.Bool("drain")});
+                  {.workers = 1,
+                   .batch = static_cast<int>(*batch),
+                   .max_attempts = static_cast<int>(*attempts),
+                   .stop_when_idle = args.Bool("drain")});
 
   httplib::Server metrics;
   std::thread metrics_thread;
+  auto stop_metrics = [&] {
+    if (metrics_thread.joinable()) {
+      metrics.stop();
+      metrics_thread.join();
+    }
+  };
   if (args.Has("metrics")) {
-    const std::string at = args.Get("metrics");
-    auto colon = at.rfind(':');
-    int port = colon == std::string::npos ? 0 : std::atoi(at.c_str() + colon + 1);
-    if (colon == std::string::npos || port <= 0 || port > 65535)
-      return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
     metrics.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
       res.set_content(Metrics(consumer, inbox.counters(), runner.stats()), "text/plain; version=0.0.4");
     });
-    if (!metrics.bind_to_port(at.substr(0, colon), port))
-      return Fail(cmd, Status::Unavailable("cannot serve metrics on " + at + " (in use?)"));
-    metrics_thread = std::thread([&] { metrics.listen_after_bind(); });
+    if (!metrics.bind_to_port(metrics_host, metrics_port))
+      return Fail(cmd, Status::Unavailable("cannot serve metrics on " + args.Get("metrics") + " (in use?)"));
+    if (Status st = StartThread(
+            metrics_thread, [&] { metrics.listen_after_bind(); }, "metrics");
+        !st.ok())
+      return Fail(cmd, st);
   }
   StopOnSignals(&runner);
   std::atomic<bool> done{false};
-  std::thread progress([&] {
-    int64_t last = 0;
-    while (!done.load()) {
-      for (int i = 0; i < 50 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (done.load()) break;
-      InboxCounters c = inbox.counters();
-      std::fprintf(stderr, "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
-                   static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
-                   static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
-                   static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
-      last = static_cast<int64_t>(c.applied + c.duplicates);
-    }
-  });
-  Status s = runner.Run();
+  std::thread progress;
+  Status progress_started = StartThread(
+      progress,
+      [&] {
+        int64_t last = 0;
+        while (!done.load()) {
+          for (int i = 0; i < 50 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          if (done.load()) break;
+          InboxCounters c = inbox.counters();
+          std::fprintf(stderr,
+                       "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
+                       static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
+                       static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
+                       static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
+          last = static_cast<int64_t>(c.applied + c.duplicates);
+        }
+      },
+      "progress");
+  if (!progress_started.ok()) {
+    StopOnSignals(nullptr);
+    stop_metrics();
+    return Fail(cmd, progress_started);
+  }
+  Status s = RunWorkers(runner, static_cast<int>(*workers));
   done = true;
   progress.join();
   StopOnSignals(nullptr);
-  if (metrics_thread.joinable()) {
-    metrics.stop();
-    metrics_thread.join();
-  }
+  stop_metrics();
   InboxCounters c = inbox.counters();
   ConsumerStats st = runner.stats();
   if (args.Bool("json")) {
@@ -187,9 +279,10 @@ int RunPublish(const Args& args) {
   if (!args.Has("source")) return Fail(cmd, Status::InvalidArgument("--source is required"));
   auto n = args.GetInt("messages");
   if (!n.ok()) return Fail(cmd, n.status());
-  const double dup = std::atof(args.Get("dup-rate").c_str());
-  if (*n < 1 || dup < 0 || dup > 1)
-    return Fail(cmd, Status::InvalidArgument("need --messages >= 1 and 0 <= --dup-rate <= 1"));
+  if (*n < 1) return Fail(cmd, Status::InvalidArgument("--messages must be at least 1"));
+  auto dup_rate = ParseRate("dup-rate", args.Get("dup-rate"));
+  if (!dup_rate.ok()) return Fail(cmd, dup_rate.status());
+  const double dup = *dup_rate;
   auto source = OpenSource(args.Get("source"), {});
   if (!source.ok()) return Fail(cmd, source.status());
   std::mt19937_64 rng(42);

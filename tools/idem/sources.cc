@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <map>
 #include <mutex>
+#include <system_error>
 
 #include "idem/embedded/queue.h"
 #if IDEM_HAVE_REDIS_STREAMS
@@ -56,6 +58,26 @@ std::string Take(std::map<std::string, std::string>& q, const std::string& key, 
   return v;
 }
 
+// The integer parameter `key` of a `scheme` URL, taken out of `q`: `def`
+// when absent; otherwise decimal digits only (no sign, spaces, units or
+// fraction) within [min, max], else kInvalidArgument naming the parameter
+// and the bounds.
+Result<int64_t> TakeInt(std::map<std::string, std::string>& q, const std::string& scheme, const std::string& key,
+                        int64_t def, int64_t min, int64_t max) {
+  auto it = q.find(key);
+  if (it == q.end()) return def;
+  const std::string v = it->second;
+  q.erase(it);
+  int64_t n = 0;
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, n);
+  const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || ec != std::errc() || p != end || n < min || n > max)
+    return Status::InvalidArgument(scheme + ": " + key + " must be an integer from " + std::to_string(min) + " to " +
+                                   std::to_string(max) + ", got '" + v.substr(0, 40) + "'");
+  return n;
+}
+
 }  // namespace
 
 std::string KnownSources() {
@@ -67,7 +89,8 @@ std::string KnownSources() {
   s += ", amqp://USER:PASS@HOST:PORT/VHOST?queue=Q";
 #endif
 #if IDEM_HAVE_KAFKA
-  s += ", kafka://HOST:PORT[,...]?topic=T&group=G[&session_timeout_ms=MS], kafka-mock:?topic=T&partitions=N";
+  s += ", kafka://HOST:PORT[,...]?topic=T&group=G[&session_timeout_ms=MS][&connect_timeout_ms=MS (default 5000)],"
+       " kafka-mock:?topic=T&partitions=N (1..1000)";
 #endif
   return s;
 }
@@ -115,7 +138,8 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     o.url = base;
     o.queue = Take(q, "queue");
     o.id_header = Take(q, "id_header");
-    o.prefetch = std::atoi(Take(q, "prefetch", "100").c_str());
+    IDEM_ASSIGN_OR_RETURN(int64_t prefetch, TakeInt(q, "amqp", "prefetch", 100, 1, 65'535));
+    o.prefetch = static_cast<int>(prefetch);
     o.lease_ms = settings.lease_ms;
     IDEM_RETURN_IF_ERROR(NoOthers(q, "amqp", "queue, id_header, prefetch"));
     if (o.queue.empty()) return Status::InvalidArgument("an amqp:// source needs ?queue=NAME");
@@ -140,14 +164,20 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     std::string brokers = mock ? "" : base.substr(std::string("kafka://").size());
     const std::string topic = Take(q, "topic", mock ? "payments" : "");
     const std::string group = Take(q, "group", "idem");
-    const int partitions = std::atoi(Take(q, "partitions", "4").c_str());
+    // The mock cluster's topic (kafka:// has no such parameter: NoOthers
+    // below names it).
+    int64_t partitions = 4;
+    if (mock) {
+      IDEM_ASSIGN_OR_RETURN(partitions, TakeInt(q, "kafka-mock", "partitions", 4, 1, 1'000));
+    }
     // How soon a member that died (kill -9) loses its partitions.
-    const std::string session_ms = Take(q, "session_timeout_ms", "10000");
-    const int session = std::atoi(session_ms.c_str());
-    if (session < 100 || session > 3'600'000)
-      return Status::InvalidArgument("kafka: session_timeout_ms must be 100..3600000, got '" + session_ms + "'");
-    IDEM_RETURN_IF_ERROR(NoOthers(q, "kafka", mock ? "topic, group, partitions, session_timeout_ms"
-                                                   : "topic, group, session_timeout_ms"));
+    IDEM_ASSIGN_OR_RETURN(const int64_t session, TakeInt(q, "kafka", "session_timeout_ms", 10'000, 100, 3'600'000));
+    // How long opening waits for a broker to answer before it gives up
+    // (librdkafka alone would retry an unreachable cluster forever).
+    IDEM_ASSIGN_OR_RETURN(const int64_t connect, TakeInt(q, "kafka", "connect_timeout_ms", 5'000, 100, 600'000));
+    IDEM_RETURN_IF_ERROR(NoOthers(q, "kafka",
+                                  mock ? "topic, group, partitions, session_timeout_ms, connect_timeout_ms"
+                                       : "topic, group, session_timeout_ms, connect_timeout_ms"));
     if (topic.empty()) return Status::InvalidArgument("a kafka:// source needs ?topic=NAME");
     if (mock) {
       // librdkafka's mock cluster, inside this process: the Kafka path
@@ -178,7 +208,7 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
         if (m->host == nullptr) return Status::Internal(std::string("kafka-mock: ") + err);
         m->cluster = rd_kafka_mock_cluster_new(m->host, 3);
         if (m->cluster == nullptr) return Status::Internal("kafka-mock: could not start the mock cluster");
-        if (rd_kafka_mock_topic_create(m->cluster, topic.c_str(), std::max(1, partitions), 1) !=
+        if (rd_kafka_mock_topic_create(m->cluster, topic.c_str(), static_cast<int>(partitions), 1) !=
             RD_KAFKA_RESP_ERR_NO_ERROR)
           return Status::Internal("kafka-mock: could not create topic " + topic);
         registry[url] = m;
@@ -187,12 +217,13 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
       out.owner = m;
     }
     kafka::Options o{.brokers = brokers, .topic = topic, .group = group};
-    o.session_timeout_ms = session;
-    o.heartbeat_interval_ms = std::max(50, std::min(o.heartbeat_interval_ms, session / 4));
+    o.session_timeout_ms = static_cast<int>(session);
+    o.heartbeat_interval_ms = std::max(50, std::min(o.heartbeat_interval_ms, o.session_timeout_ms / 4));
+    o.connect_timeout_ms = connect;
     if (mock) o.config = {{"fetch.wait.max.ms", "20"}, {"topic.metadata.refresh.interval.ms", "500"}};
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Source> src, kafka::Source::Open(o));
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Producer> prod,
-                          kafka::Producer::Open({.brokers = brokers, .topic = topic}));
+                          kafka::Producer::Open({.brokers = brokers, .topic = topic, .connect_timeout_ms = connect}));
     std::shared_ptr<kafka::Producer> producer(std::move(prod));
     out.publish = [producer](const Message& m) {
       IDEM_RETURN_IF_ERROR(producer->Produce(m));
@@ -202,8 +233,10 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     out.owner = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<kafka::Producer>>>(out.owner, producer);
     out.source = std::move(src);
     out.kind = mock ? "kafka-mock" : "kafka";
-    out.shared_url =
-        mock ? "kafka://" + brokers + "?topic=" + topic + "&group=" + group + "&session_timeout_ms=" + session_ms : url;
+    out.shared_url = mock ? "kafka://" + brokers + "?topic=" + topic + "&group=" + group +
+                                "&session_timeout_ms=" + std::to_string(session) +
+                                "&connect_timeout_ms=" + std::to_string(connect)
+                          : url;
     return out;
   }
 #endif

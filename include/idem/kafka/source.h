@@ -118,6 +118,12 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> config;
   // Clock for nack delays. Default: Env::Default().
   Env* env = nullptr;
+  // When > 0, Open asks the cluster for its metadata and waits up to this
+  // long for a broker to answer; none did: Code::kUnavailable ("cannot
+  // connect to Kafka at <brokers>"). 0: the brokers are contacted lazily
+  // (an unreachable cluster then shows only as empty Receives, librdkafka
+  // retrying forever). Default: 0.
+  int64_t connect_timeout_ms = 0;
 };
 
 // A point-in-time copy of a Source's counters.
@@ -146,8 +152,9 @@ Result<Receipt> DecodeReceipt(std::string_view receipt);
 class Source final : public ::idem::Source {
  public:
   // Creates the consumer and subscribes to the topic. Code::kInvalidArgument
-  // for a missing or rejected option; the brokers are contacted lazily (an
-  // unreachable cluster shows as empty Receives).
+  // for a missing or rejected option. Unless Options::connect_timeout_ms is
+  // set, the brokers are contacted lazily (an unreachable cluster shows as
+  // empty Receives); with it, kUnavailable when no broker answers in time.
   static Result<std::unique_ptr<Source>> Open(Options options);
   // Leaves the group (the revocation commits acknowledged prefixes) and
   // destroys the consumer.
@@ -191,6 +198,10 @@ struct ProducerOptions {
   std::string acks = "all";
   // Extra librdkafka properties, applied last. Default: none.
   std::vector<std::pair<std::string, std::string>> config;
+  // As Options::connect_timeout_ms: when > 0, Open fails with
+  // Code::kUnavailable unless a broker answers a metadata request within
+  // this long. Default: 0 (lazily).
+  int64_t connect_timeout_ms = 0;
 };
 
 struct ProduceOptions {
