@@ -42,7 +42,7 @@ has bad-number-named "$T/err" "--messages must be an integer"
 check bad-rate 2 "$IDEM" demo --lost-ack-rate 2
 # Rates are finite numbers in [0, 1]: NaN fails every comparison, so a range check alone lets it through.
 check demo-rate-nan 2 timeout 60 "$IDEM" demo --dup-rate nan --skip-story --messages 20 --dir "$T/demo-nan"
-has demo-rate-nan-named "$T/err" "--dup-rate must be a number from 0 to 1"
+has demo-rate-nan-named "$T/err" "--dup-rate must be a number in 0..1"
 check demo-rate-inf 2 timeout 60 "$IDEM" demo --lost-ack-rate inf --skip-story --messages 20 --dir "$T/demo-nan"
 check demo-consumers-wrap 2 timeout 60 "$IDEM" demo --consumers 4294967297 --skip-story --messages 20 --dir "$T/demo-nan"
 touch "$T/afile"
@@ -161,7 +161,7 @@ check run-long-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?q
 check run-bad-metrics-port 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --metrics 127.0.0.1:80x
 for r in banana nan inf -0.5 1.5 0.5x ""; do
   check "publish-bad-dup-rate-$r" 2 "$IDEM" publish --source "embedded:$T/rates.db?queue=pay" --messages 3 --dup-rate "$r"
-  has "publish-bad-dup-rate-$r-named" "$T/err" "--dup-rate must be a number from 0 to 1"
+  has "publish-bad-dup-rate-$r-named" "$T/err" "--dup-rate must be a number in 0..1"
 done
 check publish-dup-rate-1 0 "$IDEM" publish --source "embedded:$T/rates.db?queue=pay" --messages 3 --dup-rate 1 --json
 has publish-dup-rate-1-all-twice "$T/out" '"published":6'

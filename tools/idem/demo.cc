@@ -928,11 +928,7 @@ int RunDemo(const Args& args) {
   // A finite number from 0 to 1, nothing else: "nan" (which fails every
   // comparison), "inf", "0.5x" and "" are refused.
   auto rate = [&](const char* name, double& out) -> Status {
-    std::string v = args.Get(name);
-    const char* end = v.data() + v.size();
-    auto [p, ec] = std::from_chars(v.data(), end, out);
-    if (v.empty() || ec != std::errc() || p != end || !std::isfinite(out) || out < 0 || out > 1)
-      return Status::InvalidArgument("--" + std::string(name) + " must be a number from 0 to 1, not '" + v + "'");
+    IDEM_ASSIGN_OR_RETURN(out, args.GetDouble(name, 0, 1));
     return Status::OK();
   };
   int64_t consumers = cfg.consumers;

@@ -61,17 +61,6 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
 // The most worker threads `idem run --workers` starts.
 constexpr int64_t kMaxWorkers = 256;
 
-// A rate flag's value: a finite number from 0 to 1 and nothing else
-// ("banana", "nan", "inf", "0.5x" and "" are refused, not read as 0).
-Result<double> ParseRate(const std::string& flag, const std::string& v) {
-  double d = 0;
-  const char* end = v.data() + v.size();
-  auto [p, ec] = std::from_chars(v.data(), end, d);
-  if (v.empty() || ec != std::errc() || p != end || !std::isfinite(d) || d < 0 || d > 1)
-    return Status::InvalidArgument("--" + flag + " must be a number from 0 to 1, got '" + v.substr(0, 40) + "'");
-  return d;
-}
-
 // A consumer name the Inbox accepts (else it would refuse every message, and
 // the run would retry them forever).
 Status ValidateConsumer(const std::string& name) {
@@ -280,7 +269,7 @@ int RunPublish(const Args& args) {
   auto n = args.GetInt("messages");
   if (!n.ok()) return Fail(cmd, n.status());
   if (*n < 1) return Fail(cmd, Status::InvalidArgument("--messages must be at least 1"));
-  auto dup_rate = ParseRate("dup-rate", args.Get("dup-rate"));
+  auto dup_rate = args.GetDouble("dup-rate", 0, 1);
   if (!dup_rate.ok()) return Fail(cmd, dup_rate.status());
   const double dup = *dup_rate;
   auto source = OpenSource(args.Get("source"), {});
