@@ -291,6 +291,12 @@ check chaos-resets-queue 0 "$IDEM" chaos --dir "$T/chaos-q" --messages 5 --kills
 has chaos-resets-queue-ok "$T/out" '"unique":5,.*"unexpected":0,.*"ok":true'
 check chaos-new-queue 0 "$IDEM" chaos --dir "$T/chaos-n" --messages 5 --kills 0 --json
 has chaos-new-queue-ok "$T/out" '"unique":5,.*"ok":true'
+check chaos-reuses-its-dir 0 "$IDEM" chaos --dir "$T/chaos-n" --messages 5 --kills 0 --json
+# A directory whose provider.db chaos did not make is refused, and the file kept.
+mkdir -p "$T/users-dir" && echo precious >"$T/users-dir/provider.db"
+check chaos-keeps-users-files 2 "$IDEM" chaos --dir "$T/users-dir" --messages 5 --kills 0
+has chaos-keeps-users-files-named "$T/err" "holds provider.db, which idem chaos did not make"
+ok chaos-keeps-users-files-intact grep -q precious "$T/users-dir/provider.db"
 check help-chaos-source 0 "$IDEM" chaos --help
 has help-chaos-source-says "$T/out" "an embedded queue file or a path where nothing is is accepted"
 

@@ -74,7 +74,8 @@ class Consumer {
 
   // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
   // deliveries finish (commit, then ack) or are given back unacknowledged.
-  // Returns OK on a clean stop.
+  // Returns OK on a clean stop; kUnavailable when the system will not start
+  // a worker thread (the workers already started stop first, as on Stop()).
   Status Run();
   // Asks Run() to return. Async-signal-safe.
   void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }

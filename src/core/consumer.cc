@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -20,7 +21,18 @@ Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOption
 
 Status Consumer::Run() {
   std::vector<std::thread> threads;
-  for (int i = 1; i < options_.workers; ++i) threads.emplace_back([this] { Work(); });
+  for (int i = 1; i < options_.workers; ++i) {
+    try {
+      threads.emplace_back([this] { Work(); });
+    } catch (const std::system_error& e) {
+      // The system has no thread for this worker: stop the ones started
+      // (each finishes or gives back what it holds) and say why.
+      Stop();
+      for (auto& t : threads) t.join();
+      return Status::Unavailable("cannot start worker " + std::to_string(i + 1) + " of " +
+                                 std::to_string(options_.workers) + ": " + e.what());
+    }
+  }
   Work();
   for (auto& t : threads) t.join();
   return Status::OK();

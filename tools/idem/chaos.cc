@@ -582,8 +582,23 @@ class Run {
 
 Status Run::Prepare() {
   std::error_code ec;
+  // A run deletes its own files from the work directory before it starts:
+  // only from one it made (it leaves a mark), never a user's provider.db.
+  const std::string mark = cfg_.dir + "/.idem-chaos";
+  if (!std::filesystem::exists(mark, ec)) {
+    for (const char* name : {"oracle.log", "provider.db", "provider.log", "journal"})
+      if (std::filesystem::exists(cfg_.dir + "/" + name, ec))
+        return Status::InvalidArgument("--dir " + cfg_.dir + " holds " + name +
+                                       ", which idem chaos did not make: give a new or empty directory");
+  }
   std::filesystem::create_directories(cfg_.dir + "/journal", ec);
   if (ec) return Status::Unavailable("cannot create " + cfg_.dir + "/journal: " + ec.message());
+  if (FILE* f = std::fopen(mark.c_str(), "w")) {
+    std::fputs("a work directory of idem chaos: a later run may delete its files\n", f);
+    std::fclose(f);
+  } else {
+    return Status::Unavailable("cannot write " + mark + ": " + std::strerror(errno));
+  }
   IDEM_ASSIGN_OR_RETURN(auto journals, ListDir(cfg_.dir + "/journal"));
   for (const auto& p : journals) IDEM_RETURN_IF_ERROR(RemoveFile(p.string()));
   for (const char* name : {"oracle.log", "provider.db", "provider.db-wal", "provider.db-shm", "provider.log"})
