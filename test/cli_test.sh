@@ -318,7 +318,9 @@ has corrupt-named "$T/err" "not a SQLite database"
 check queue-wrong-schema 3 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/payments.db"
 has queue-wrong-schema-named "$T/err" "not a queue file"
 (cd "$T" && check unknown-scheme 2 "$IDEM" inspect --store "mysql:orders")
-has unknown-scheme-named "$T/err" "not a SQLite URL: 'mysql:orders' \\(expected sqlite:PATH\\)"
+has unknown-scheme-named "$T/err" "not a store URL: 'mysql:orders' \\(expected sqlite:PATH or postgres://...\\)"
+check bench-claims-json 2 "$IDEM" bench claims --store "sqlite:$T/bcj.db" --json
+has bench-claims-json-named "$T/err" "prints the peers' result line, not JSON"
 [ ! -e "$T/mysql:orders" ] && pass=$((pass + 1)) || { echo "FAIL a mistyped URL became a file"; fails=$((fails + 1)); }
 check postgres-unreachable 3 "$IDEM" inspect --store "postgres://postgres@127.0.0.1:1/x"
 has postgres-unreachable-named "$T/err" "cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/x"

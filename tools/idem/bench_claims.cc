@@ -45,6 +45,8 @@ struct PassResult {
 
 int RunBenchClaims(const Args& args) {
   const std::string cmd = "bench claims";
+  if (args.Bool("json"))  // its output is the peers' result line, for their scripts
+    return Fail(cmd, Status::InvalidArgument("--json: bench claims prints the peers' result line, not JSON"));
   auto n = args.Has("n") ? args.GetInt("n") : Result<int64_t>(20000);
   auto dup = args.Has("dup") ? args.GetInt("dup") : Result<int64_t>(2);
   auto conc = args.Has("concurrency") ? args.GetInt("concurrency") : Result<int64_t>(16);

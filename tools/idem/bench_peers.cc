@@ -26,6 +26,8 @@ namespace idem::cli {
 
 int RunBenchPeers(const Args& args) {
   const std::string cmd = "bench peers";
+  if (args.Bool("json"))  // its output is the peers' result line, for their scripts
+    return Fail(cmd, Status::InvalidArgument("--json: bench peers prints the peers' result line, not JSON"));
   auto env_or = [&](const char* flag, const char* var, int64_t def) -> Result<int64_t> {
     if (args.Has(flag)) return args.GetInt(flag);
     const char* v = std::getenv(var);

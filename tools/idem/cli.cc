@@ -293,7 +293,10 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create, in
     if (pool_size > 0) o.pool_size = pool_size;
     return postgres::Open(o);
   }
-  IDEM_ASSIGN_OR_RETURN(sqlite::Options o, sqlite::ParseUrl(url));
+  auto parsed = sqlite::ParseUrl(url);
+  if (!parsed.ok() && parsed.status().message().find("expected sqlite:PATH") != std::string::npos)
+    return Status::InvalidArgument("not a store URL: '" + url + "' (expected sqlite:PATH or postgres://...)");
+  IDEM_ASSIGN_OR_RETURN(sqlite::Options o, std::move(parsed));
   o.create_if_missing = create;
   return sqlite::Open(o);
 }
