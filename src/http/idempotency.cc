@@ -178,7 +178,33 @@ Result<std::string> ParseKey(std::string_view v) {
   return key;
 }
 
+// Whether JSON text nests arrays and objects at most `max` deep (strings
+// skipped). A deeper body is not canonicalised: dump() recurses once per
+// level, and 100,000 levels in a 200 KB body would overflow the stack.
+bool NestsAtMost(std::string_view body, int max) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 std::optional<std::string> CanonicalJson(std::string_view body) {
+  // Deeper than any request a route means: fingerprinted as bytes instead.
+  if (!NestsAtMost(body, 128)) return std::nullopt;
   // nlohmann::json keeps objects in a std::map: dump() writes keys sorted,
   // without whitespace.
   nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);

@@ -84,6 +84,20 @@ TEST(CanonicalJson, SortsKeysAndDropsWhitespace) {
   EXPECT_EQ(*CanonicalJson("4000"), "4000");
 }
 
+// 100,000 nested arrays in a 200 KB body (under the default body limit):
+// fingerprinted as bytes, not canonicalised (dump() would recurse per level
+// and overflow the stack: a crash any client could cause).
+TEST(CanonicalJson, ADeepBodyIsFingerprintedAsBytesWithoutCrashing) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_EQ(CanonicalJson(deep), std::nullopt);
+  const auto a = RequestFingerprint("POST", "/charges", deep);
+  EXPECT_EQ(a, RequestFingerprint("POST", "/charges", deep));
+  EXPECT_NE(a, RequestFingerprint("POST", "/charges", deep + " "));  // bytes, so whitespace counts
+  const std::string fine = std::string(128, '[') + std::string(128, ']');
+  EXPECT_NE(CanonicalJson(fine), std::nullopt);
+  EXPECT_EQ(CanonicalJson(R"({"a":"[[[[","b":[1]})"), R"({"a":"[[[[","b":[1]})");  // brackets in strings do not count
+}
+
 TEST(CanonicalJson, NotJsonIsNullopt) {
   EXPECT_FALSE(CanonicalJson("").has_value());
   EXPECT_FALSE(CanonicalJson("amount=4000&currency=usd").has_value());

@@ -237,6 +237,10 @@ TEST_P(ProviderTest, AMemberGivenTwiceIsRefusedAndNamed) {
     EXPECT_EQ(huge.status, 400) << huge.body;
     EXPECT_NE(huge.json().value("detail", "").find("not valid JSON"), std::string::npos) << huge.body;
   }
+  // 100,000 nested arrays (200 KB, under the body limit) are refused, and
+  // the server lives on.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Charge("deep-1", deep).status, 400);
   EXPECT_EQ(Charges().size(), 0u);
   Reply ok = Charge("twice-1", R"({"amount":100,"currency":"usd","meta":{"a":1},"other":{"a":2}})");
   EXPECT_EQ(ok.status, 201) << ok.body;  // the same name in two objects is fine

@@ -141,7 +141,9 @@ Result<std::string> ParseKey(std::string_view header_value);
 // (that parses as JSON) is canonicalised first: object keys sorted, no
 // insignificant whitespace.
 Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body);
-// The canonical JSON text, or std::nullopt when `body` is not JSON.
+// The canonical JSON text, or std::nullopt when `body` is not JSON or nests
+// arrays and objects more than 128 deep (fingerprinted as bytes then: a
+// client must not crash the server with a deep body).
 std::optional<std::string> CanonicalJson(std::string_view body);
 
 // During a wrapped handler: the claim it runs under (for handlers that fence
