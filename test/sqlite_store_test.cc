@@ -298,6 +298,27 @@ TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
   EXPECT_FALSE(s.ok());
 }
 
+// One statement per call: SQLite would run the first and silently drop the
+// rest (PostgreSQL refuses such a prepared statement itself).
+TEST(SqliteStore, ASecondStatementInOneCallIsRefusedNotDropped) {
+  TempDir dir;
+  auto s = sqlite::Open({.path = dir.File("s.db")});
+  ASSERT_TRUE(s.ok());
+  auto tx = (*s)->Begin();
+  ASSERT_TRUE(tx.ok());
+  ASSERT_TRUE((*tx)->Exec("CREATE TABLE t(x)").ok());
+  for (int i = 0; i < 2; ++i) {
+    auto two = (*tx)->Exec("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)");
+    EXPECT_EQ(two.status().code(), Code::kInvalidArgument) << two.status();
+    EXPECT_NE(two.status().message().find("one statement per call"), std::string::npos) << two.status();
+  }
+  EXPECT_TRUE((*tx)->Exec("INSERT INTO t VALUES (3);  ;\n").ok());  // trailing semicolons are fine
+  auto n = (*tx)->Query("SELECT count(*), sum(x) FROM t");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->rows[0][0].AsInt(), 1);
+  EXPECT_EQ(n->rows[0][1].AsInt(), 3);
+}
+
 // Opening a store already at this build's version writes nothing, so a
 // reader (idem inspect) opens it while another process holds the write lock.
 TEST(SqliteStore, AStoreAtTheCurrentVersionOpensWhileAnotherProcessWrites) {

@@ -163,6 +163,43 @@ TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
   EXPECT_EQ(inbox.counters().failures, 1u);
 }
 
+// A handler cannot end the transaction idem gave it: the marker and the
+// effect commit together or not at all. Savepoints stay allowed.
+TEST_P(StoreConformance, AHandlerCannotEndIdemsTransaction) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  const char* const kEnders[] = {
+      "COMMIT", "ROLLBACK", "begin", "END", "rollback work", "/* x */ Commit", "-- note\nROLLBACK TRANSACTION"};
+  for (const char* ender : kEnders) {
+    for (int i = 0; i < 2; ++i) {  // every message delivered twice
+      std::string refused;
+      Handler h = [&](Transaction& tx, const Message& m) -> Status {
+        IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+        Status s = tx.Exec(ender).status();
+        refused = s.ToString();
+        return s;  // a handler passing the error on
+      };
+      Outcome o = inbox.Handle(Msg("m-end"), h);
+      EXPECT_EQ(o.kind, Outcome::Kind::kFailed) << ender;
+      EXPECT_NE(refused.find("inside idem's transaction"), std::string::npos) << ender << ": " << refused;
+      EXPECT_EQ(Charges(*store_), 0) << ender;
+      auto marker = store_->FindMarker("payments", "m-end");
+      ASSERT_TRUE(marker.ok());
+      EXPECT_FALSE(marker->has_value()) << ender;
+    }
+  }
+  // Savepoints inside the work are fine.
+  Handler with_savepoint = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(tx.Exec("SAVEPOINT step").status());
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+    IDEM_RETURN_IF_ERROR(tx.Exec("ROLLBACK TO SAVEPOINT step").status());  // undo the first try
+    IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
+    return tx.Exec("RELEASE SAVEPOINT step").status();
+  };
+  EXPECT_EQ(inbox.Handle(Msg("m-end"), with_savepoint).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-end"), with_savepoint).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(Charges(*store_), 1);
+}
+
 TEST_P(StoreConformance, ThrowingHandlerRollsBackAndSaysSo) {
   Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
   int calls = 0;

@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "core/sql_store.h"
 
+#include <cctype>
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -31,8 +32,66 @@ Status SqlTransaction::Usable() const {
   return done_ ? Status::Internal("transaction already committed or rolled back") : Status::OK();
 }
 
+namespace {
+// The words of `sql` from the start, upper-cased, past whitespace and
+// comments (at most `n` of them).
+std::vector<std::string> LeadingWords(std::string_view sql, size_t n) {
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < sql.size() && words.size() < n) {
+    const char c = sql[i];
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+    } else if (sql.substr(i, 2) == "--") {
+      i = sql.find('\n', i);
+      if (i == std::string_view::npos) break;
+    } else if (sql.substr(i, 2) == "/*") {
+      i = sql.find("*/", i + 2);
+      if (i == std::string_view::npos) break;
+      i += 2;
+    } else if (std::isalpha(static_cast<unsigned char>(c))) {
+      std::string w;
+      while (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i])))
+        w += static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i++])));
+      words.push_back(std::move(w));
+    } else {
+      break;
+    }
+  }
+  return words;
+}
+}  // namespace
+
+// A statement that would end (or nest) the transaction idem runs the work
+// in: the marker and the effect would no longer commit together. Savepoints
+// (SAVEPOINT, RELEASE, ROLLBACK TO) stay inside it and are allowed.
+bool EndsOrStartsATransaction(std::string_view sql) {
+  const std::vector<std::string> w = LeadingWords(sql, 3);
+  if (w.empty()) return false;
+  const std::string& first = w[0];
+  if (first == "BEGIN" || first == "COMMIT" || first == "END" || first == "ABORT") return true;
+  if (first == "ROLLBACK") {
+    // ROLLBACK [TRANSACTION|WORK] TO [SAVEPOINT] name stays inside.
+    size_t k = 1;
+    if (k < w.size() && (w[k] == "TRANSACTION" || w[k] == "WORK")) ++k;
+    return !(k < w.size() && w[k] == "TO");
+  }
+  if ((first == "START" || first == "PREPARE") && w.size() > 1 && w[1] == "TRANSACTION") return true;
+  return false;
+}
+
+namespace {
+Status NotInsideIdemsTransaction(std::string_view sql) {
+  if (!EndsOrStartsATransaction(sql)) return Status::OK();
+  return Status::InvalidArgument(
+      "'" + std::string(sql.substr(0, 40)) +
+      "': work runs inside idem's transaction, which idem begins and commits with the marker (savepoints are fine)");
+}
+}  // namespace
+
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
   return conn_->Exec(sql, params);
 }
 
@@ -48,6 +107,7 @@ Result<std::vector<Rows>> Connection::QueryMany(std::string_view sql, std::span<
 
 Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
   return conn_->Query(sql, params);
 }
 

@@ -145,6 +145,10 @@ class Lease {
   std::unique_ptr<Connection> conn_;
 };
 
+// Whether `sql` begins, commits or rolls back a transaction (not a
+// savepoint): refused inside the transaction idem runs a handler's work in.
+bool EndsOrStartsATransaction(std::string_view sql);
+
 class SqlTransaction : public StoreTransaction {
  public:
   SqlTransaction(SqlStore& store, Lease conn) : store_(store), conn_(std::move(conn)) {}

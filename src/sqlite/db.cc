@@ -223,10 +223,19 @@ Result<sqlite3_stmt*> Db::Prepare(std::string_view sql) {
   // Cached under the caller's text; $N is rewritten once, on the miss.
   std::string text = RewriteParams(sql);
   sqlite3_stmt* stmt = nullptr;
-  int rc = sqlite3_prepare_v3(db_, text.data(), static_cast<int>(text.size()), SQLITE_PREPARE_PERSISTENT, &stmt,
-                              nullptr);
+  const char* tail = nullptr;
+  int rc = sqlite3_prepare_v3(db_, text.data(), static_cast<int>(text.size()), SQLITE_PREPARE_PERSISTENT, &stmt, &tail);
   if (rc != SQLITE_OK) return Translate(rc, db_, "prepare: " + std::string(sql.substr(0, 120)));
   if (stmt == nullptr) return Status::InvalidArgument("prepare: the SQL is empty");
+  // One statement per call: SQLite would run the first and drop the rest.
+  std::string_view rest(tail, static_cast<size_t>(text.data() + text.size() - tail));
+  while (!rest.empty() && (std::isspace(static_cast<unsigned char>(rest.front())) || rest.front() == ';'))
+    rest.remove_prefix(1);
+  if (!rest.empty()) {
+    sqlite3_finalize(stmt);
+    return Status::InvalidArgument("one statement per call: after '" + std::string(sql.substr(0, 60)) + "' comes '" +
+                                   std::string(rest.substr(0, 40)) + "'");
+  }
   auto* raw = stmt;
   cache_.emplace(std::string(sql), StmtPtr(stmt));
   return raw;
