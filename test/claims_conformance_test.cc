@@ -3,6 +3,7 @@
 // The claims conformance suite: every ClaimStore (SQLite, PostgreSQL, Redis)
 // passes these. The store's clock is a FakeEnv: leases expire when a test
 // advances it, and nothing sleeps. Every key is claimed at least twice.
+#include <limits>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -242,6 +243,36 @@ TEST_P(ClaimsConformance, StoredFailureIsReplayedAsAnError) {
     EXPECT_TRUE(replay->result_is_error);
     EXPECT_EQ(replay->result, "card declined");
   }
+}
+
+// A result kept for no time would let the work run again at once: Claims
+// with retention_ms <= 0 start no work at all.
+TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
+  for (int64_t retention : {int64_t{0}, int64_t{-1}}) {
+    Claims claims(*store_, {.retention_ms = retention, .env = &env_});
+    EXPECT_EQ(claims.CheckOptions().code(), Code::kInvalidArgument);
+    for (int i = 0; i < 2; ++i) {
+      auto c = claims.Claim(Req("no-retention"));
+      ASSERT_FALSE(c.ok());
+      EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+      EXPECT_NE(c.status().message().find("retention_ms"), std::string::npos) << c.status();
+      const ClaimRequest reqs[] = {Req("no-retention"), Req("other")};
+      for (const auto& r : claims.ClaimMany(reqs)) EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    }
+  }
+  auto rec = store_->FindClaim("charges", "no-retention");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_FALSE(rec->has_value());  // nothing was claimed
+  // A wait "for ever" does not overflow the deadline.
+  Claims claims(*store_, {.env = &env_});
+  auto held = claims.Claim(Req("forever"));
+  ASSERT_TRUE(held.ok() && held->kind == Kind::kStarted);
+  ASSERT_TRUE(claims.Complete(held->token, "done").ok());
+  ClaimRequest waiting = Req("forever");
+  waiting.wait_ms = std::numeric_limits<int64_t>::max();
+  auto replay = claims.Claim(waiting);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->kind, Kind::kCompleted);
 }
 
 TEST_P(ClaimsConformance, CompletedRecordsExpireAfterRetentionAndArePurged) {

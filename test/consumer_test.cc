@@ -352,6 +352,20 @@ TEST_F(ConsumerTest, BackoffDoublesPerFailureWithAtMostAQuarterOfJitter) {
   }
 }
 
+// An empty handler is refused before anything is received: no message is
+// taken, failed or dead-lettered for the caller's mistake.
+TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
+  PublishTwice(2);
+  TestSource src(*queue_);
+  Consumer consumer(src, *inbox_, Handler{}, {.stop_when_idle = true, .env = &env_});
+  Status s = consumer.Run();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
+  EXPECT_EQ(consumer.stats().received, 0u);
+  auto st = queue_->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready, 4);  // all still there
+}
+
 TEST_F(ConsumerTest, HugeBackoffSettingsDoNotOverflow) {
   PublishTwice(1);
   TestSource src(*queue_);

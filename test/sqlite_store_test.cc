@@ -298,6 +298,17 @@ TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
   EXPECT_FALSE(s.ok());
 }
 
+// An in-memory database is one per connection: the pool's connections would
+// not share the markers. Refused, with what to do instead.
+TEST(SqliteStore, AnInMemoryDatabaseIsRefused) {
+  for (const char* path : {":memory:", "file::memory:?cache=shared"}) {
+    auto s = sqlite::Open({.path = path});
+    ASSERT_FALSE(s.ok()) << path;
+    EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("one per connection"), std::string::npos) << s.status();
+  }
+}
+
 // One statement per call: SQLite would run the first and silently drop the
 // rest (PostgreSQL refuses such a prepared statement itself).
 TEST(SqliteStore, ASecondStatementInOneCallIsRefusedNotDropped) {

@@ -163,6 +163,21 @@ TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
   EXPECT_EQ(inbox.counters().failures, 1u);
 }
 
+// An empty handler is the caller's mistake: refused, nothing counted as the
+// message's failure, nothing stored.
+TEST_P(StoreConformance, AnEmptyHandlerIsRefused) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  for (int i = 0; i < 2; ++i) {
+    Outcome o = inbox.Handle(Msg("m-nohandler"), Handler{});
+    EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+    EXPECT_EQ(o.status.code(), Code::kInvalidArgument) << o.status;
+  }
+  EXPECT_EQ(inbox.counters().failures, 0u);
+  auto marker = store_->FindMarker("payments", "m-nohandler");
+  ASSERT_TRUE(marker.ok());
+  EXPECT_FALSE(marker->has_value());
+}
+
 // A handler cannot end the transaction idem gave it: the marker and the
 // effect commit together or not at all. Savepoints stay allowed.
 TEST_P(StoreConformance, AHandlerCannotEndIdemsTransaction) {

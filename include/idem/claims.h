@@ -238,6 +238,9 @@ class Claims {
 
   ClaimStore& store() { return store_; }
   const ClaimsOptions& options() const { return options_; }
+  // kInvalidArgument when the options cannot work (retention_ms <= 0); Claim
+  // and ClaimMany refuse to start work then.
+  Status CheckOptions() const;
 
  private:
   ClaimStore& store_;

@@ -192,7 +192,10 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Begins a write transaction (on SQLite: BEGIN IMMEDIATE, so two processes
-  // on one file are serialised rather than failing at commit).
+  // on one file are serialised rather than failing at commit). The
+  // transaction holds one of the store's connections: end it (or destroy
+  // it) before the Store is destroyed. Inside it, BEGIN, COMMIT and ROLLBACK
+  // through Exec/Query are refused (use Commit/Rollback; savepoints are fine).
   virtual Result<std::unique_ptr<StoreTransaction>> Begin() = 0;
   // The same, except that the store may hold BEGIN back and send it with
   // the transaction's first statement, in one round trip (PostgreSQL, by

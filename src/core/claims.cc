@@ -120,10 +120,22 @@ Claims::Claims(ClaimStore& store, ClaimsOptions options) : store_(store), option
   if (options_.poll_ms <= 0) options_.poll_ms = 50;
 }
 
+// A result kept for no time would let the work run again at once.
+Status Claims::CheckOptions() const {
+  if (options_.retention_ms <= 0)
+    return Status::InvalidArgument("ClaimsOptions::retention_ms must be > 0 (how long a result is kept), got " +
+                                   std::to_string(options_.retention_ms));
+  return Status::OK();
+}
+
 Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
+  IDEM_RETURN_IF_ERROR(CheckOptions());
   IDEM_RETURN_IF_ERROR(ValidateRequest(request));
   Env* env = options_.env;
-  const int64_t deadline = env->NowMs() + request.wait_ms;
+  const int64_t now = env->NowMs();
+  const int64_t deadline = request.wait_ms > std::numeric_limits<int64_t>::max() - now
+                               ? std::numeric_limits<int64_t>::max()
+                               : now + request.wait_ms;
   if (request.wait_ms == 0) return store_.TryClaim(request);
   // Watch before the first read, so a completion right after it wakes us.
   std::unique_ptr<ClaimStore::Watch> watch = store_.WatchKey(request.scope, request.key);
@@ -139,6 +151,7 @@ Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
 }
 
 std::vector<Result<ClaimOutcome>> Claims::ClaimMany(std::span<const ClaimRequest> requests) {
+  if (Status s = CheckOptions(); !s.ok()) return std::vector<Result<ClaimOutcome>>(requests.size(), s);
   std::vector<Result<ClaimOutcome>> out(requests.size(), Status::Internal("not claimed"));
   std::vector<ClaimRequest> valid;
   std::vector<size_t> where;

@@ -20,6 +20,7 @@ Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOption
 }
 
 Status Consumer::Run() {
+  if (!handler_) return Status::InvalidArgument("Consumer: the handler is empty");
   std::vector<std::thread> threads;
   for (int i = 1; i < options_.workers; ++i) {
     try {

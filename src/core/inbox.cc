@@ -64,6 +64,10 @@ Outcome Inbox::Handle(const Message& message, const Handler& handler) {
 std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const Handler& handler) {
   std::vector<Outcome> out(messages.size());
   if (messages.empty()) return out;
+  if (!handler) {  // a caller's mistake, not the message's: nothing is counted or dead-lettered
+    for (auto& o : out) o = Failed(Status::InvalidArgument("Inbox: the handler is empty"));
+    return out;
+  }
   if (Status s = ValidateId(options_.consumer); !s.ok()) {
     for (auto& o : out) o = Failed(s.WithContext("consumer name"));
     return out;

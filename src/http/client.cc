@@ -100,6 +100,10 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   }
   if (host.empty()) return Status::InvalidArgument("no host in base URL '" + options.base_url + "'");
   if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be at least 1");
+  if (options.backoff_base_ms < 0 || options.backoff_max_ms < 0)
+    return Status::InvalidArgument("backoff_base_ms and backoff_max_ms must be >= 0, got " +
+                                   std::to_string(options.backoff_base_ms) + " and " +
+                                   std::to_string(options.backoff_max_ms));
   if (options.env == nullptr) options.env = Env::Default();
   auto impl = std::make_unique<Impl>(std::move(options), host, port);
   const ClientOptions& o = impl->options;
@@ -115,6 +119,16 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 Result<Response> Client::Post(std::string_view path, std::string_view body, std::string_view key,
                               std::string_view content_type) {
   if (key.empty()) return Status::InvalidArgument("an idempotency key is required");
+  // An sf-string holds printable ASCII only: anything else (a CR or LF would
+  // even start a header of its own) is refused, not sent.
+  if (key.size() > 255)
+    return Status::InvalidArgument("the idempotency key is " + std::to_string(key.size()) +
+                                   " bytes; the header takes at most 255");
+  for (unsigned char c : key)
+    if (c < 0x20 || c > 0x7e)
+      return Status::InvalidArgument("the idempotency key holds a byte the header cannot carry (0x" +
+                                     std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15] +
+                                     "): use printable ASCII, e.g. a hash of the message id");
   httplib::Headers headers{{"Idempotency-Key", QuoteKey(key)}};
   const std::string p(path), b(body), ct(content_type);
   return impl_->Run("POST " + p, /*retry_409=*/true,

@@ -334,6 +334,9 @@ class Idempotency::Committer {
 Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options options)
     : claims_(claims), authenticate_(std::move(authenticate)), options_(std::move(options)) {
   if (options_.env == nullptr) options_.env = Env::Default();
+  // Set-up mistakes fail at start-up, not as a 5xx on every request.
+  if (Status s = claims_.CheckOptions(); !s.ok()) throw std::invalid_argument("Idempotency: " + s.message());
+  if (!authenticate_) throw std::invalid_argument("Idempotency: the Authenticator is empty");
 }
 
 Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
@@ -466,6 +469,8 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
 
 httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
                                                          TxHandler handler) {
+  if (route.empty())
+    throw std::invalid_argument("Idempotency::WrapInTransaction: the route name is empty (it scopes the keys)");
   if (store.claim_store() != &claims_.store())
     throw std::invalid_argument("WrapInTransaction: the store must be the database the Claims keep their records in");
   if (options_.group_commit_max > 1 && committer_ == nullptr)
@@ -477,6 +482,7 @@ httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, Route
 }
 
 httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler) {
+  if (route.empty()) throw std::invalid_argument("Idempotency::Wrap: the route name is empty (it scopes the keys)");
   return [this, route = std::move(route), policy = std::move(policy), handler = std::move(handler)](
              const httplib::Request& req, httplib::Response& res) { Handle(route, policy, handler, req, res); };
 }

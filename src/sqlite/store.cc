@@ -305,6 +305,11 @@ bool CheckpointsInBackground(const Options& o) {
 
 Result<std::unique_ptr<Store>> Open(const Options& options) {
   if (options.path.empty()) return Status::InvalidArgument("SQLite store: path is empty");
+  // Each pooled connection would open a database of its own.
+  if (options.path == ":memory:" || options.path.rfind("file::memory:", 0) == 0)
+    return Status::InvalidArgument("SQLite store: '" + options.path +
+                                   "' is not a file path (an in-memory database is one per connection; use a file, "
+                                   "in a temporary directory for tests)");
   if (options.page_size < 512 || options.page_size > 65536 || (options.page_size & (options.page_size - 1)) != 0)
     return Status::InvalidArgument("SQLite store: page_size must be a power of two from 512 to 65536, not " +
                                    std::to_string(options.page_size));

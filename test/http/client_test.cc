@@ -344,6 +344,40 @@ TEST_F(ClientTest, GetRetries5xxButNot409) {
   EXPECT_EQ(busy->attempts, 1);
 }
 
+// Negative backoffs would sleep for ever (the jitter of a negative delay
+// wraps to a huge one): refused at Create.
+TEST(ClientCreate, RejectsNegativeBackoffs) {
+  for (auto [base, max] : {std::pair<int64_t, int64_t>{-1, 2000}, {50, -1}}) {
+    auto c = Client::Create({.base_url = "http://127.0.0.1:8080", .backoff_base_ms = base, .backoff_max_ms = max});
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("backoff"), std::string::npos) << c.status();
+  }
+}
+
+// A key the header cannot carry is refused before anything is sent: a CR
+// or LF would start a header of its own (header injection).
+TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
+  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+    seen_.Record(req);
+    res.status = 201;
+  });
+  server_.Start();
+  auto client = NewClient(server_.port());
+  for (const std::string key :
+       {std::string("k\r\nX-Injected: yes"), std::string("caf\xc3\xa9"), std::string(1, '\0'), std::string(256, 'k')}) {
+    for (int i = 0; i < 2; ++i) {
+      auto r = client->Post("/charges", kBody, key);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+    }
+  }
+  EXPECT_TRUE(seen_.keys.empty());  // nothing reached the server
+  auto fine = client->Post("/charges", kBody, std::string(255, 'k'));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->status, 201);
+}
+
 TEST(ClientCreate, RejectsBadOptions) {
   const char* bad[] = {"",
                        "127.0.0.1:8080",

@@ -164,6 +164,20 @@ TEST_F(IdempotencyTest, RetentionHeaderSaysHowLongTheResponseIsKept) {
   EXPECT_EQ(executions_, 2);
 }
 
+// Set-up mistakes fail at start-up, not as a 5xx (or a second execution)
+// on every request.
+TEST_F(IdempotencyTest, SetUpMistakesFailAtStartUp) {
+  Claims keeps_nothing(*observed_, ClaimsOptions{.retention_ms = 0});
+  EXPECT_THROW(Idempotency(keeps_nothing, http::BearerKeys({{"sk_a", "acct_a"}})), std::invalid_argument);
+  EXPECT_THROW(Idempotency(*claims_, http::Authenticator{}), std::invalid_argument);
+  Middleware();
+  EXPECT_THROW(idem_->Wrap("", {}, ChargeHandler()), std::invalid_argument);
+  EXPECT_THROW(
+      idem_->WrapInTransaction("", {}, *store_, [](const httplib::Request&, httplib::Response&, Transaction&) {}),
+      std::invalid_argument);
+  EXPECT_NO_THROW(idem_->Wrap("/charges", {}, ChargeHandler()));
+}
+
 TEST_F(IdempotencyTest, NoOrUnknownBearerIs401) {
   Route("/charges", {}, ChargeHandler());
   Start();

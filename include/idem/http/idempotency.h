@@ -152,7 +152,11 @@ const ClaimToken* CurrentClaim();
 
 class Idempotency {
  public:
-  // `claims` must outlive the middleware.
+  // `claims` must outlive the middleware. std::invalid_argument (at set-up,
+  // never per request) for Claims whose options cannot work (CheckOptions)
+  // or an empty Authenticator; Wrap and WrapInTransaction likewise for an
+  // empty route name. Route names scope keys (with principal and method):
+  // two routes given one name share their keys.
   Idempotency(Claims& claims, Authenticator authenticate, Options options = {});
 
   // The handler for a route, guarded: register it with the server for the
