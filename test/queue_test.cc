@@ -5,6 +5,7 @@
 //
 // Every test delivers every message at least twice: it is published twice
 // (a producer retry), or redelivered.
+#include <limits>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -118,6 +119,32 @@ TEST(EmbeddedQueue, CorruptFileIsCorruption) {
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.status().code(), Code::kCorruption) << q.status();
   EXPECT_NE(q.status().message().find("bad.db"), std::string::npos) << q.status();
+}
+
+// "For ever" settings mean for ever: a lease of INT64_MAX ms once wrapped
+// into the past, and the leased message was delivered again at once.
+TEST(EmbeddedQueue, ForeverLeasesAndDelaysDoNotWrapIntoThePast) {
+  TempDir dir;
+  FakeEnv env;
+  constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
+  auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = kForever, .durable = false, .env = &env});
+  ASSERT_TRUE(q.ok()) << q.status();
+  Message m;
+  m.id = "m-forever";
+  m.payload = "p";
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*q)->Publish(m).ok());  // every message twice
+  auto got = (*q)->Receive(2, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  env.Advance(1'000'000);
+  auto again = (*q)->Receive(2, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->empty()) << "a leased message came back while its lease runs";
+  ASSERT_TRUE((*q)->Nack((*got)[0], kForever).ok());  // delayed for ever
+  env.Advance(1'000'000);
+  auto later = (*q)->Receive(2, 0);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->empty()) << "a message nacked for ever came back";
 }
 
 TEST(EmbeddedQueue, MissingDirectoryIsUnavailable) {

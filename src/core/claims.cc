@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/claims.h"
 
+#include "core/saturating.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -132,10 +134,7 @@ Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
   IDEM_RETURN_IF_ERROR(CheckOptions());
   IDEM_RETURN_IF_ERROR(ValidateRequest(request));
   Env* env = options_.env;
-  const int64_t now = env->NowMs();
-  const int64_t deadline = request.wait_ms > std::numeric_limits<int64_t>::max() - now
-                               ? std::numeric_limits<int64_t>::max()
-                               : now + request.wait_ms;
+  const int64_t deadline = internal::SaturatingAdd(env->NowMs(), request.wait_ms);
   if (request.wait_ms == 0) return store_.TryClaim(request);
   // Watch before the first read, so a completion right after it wakes us.
   std::unique_ptr<ClaimStore::Watch> watch = store_.WatchKey(request.scope, request.key);

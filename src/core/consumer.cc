@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/consumer.h"
 
+#include "core/saturating.h"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -54,10 +56,7 @@ int64_t Backoff(const ConsumerOptions& o, int attempt, Env* env) {
   return d;
 }
 
-int64_t SaturatingAdd(int64_t a, int64_t b) {
-  if (b > 0 && a > std::numeric_limits<int64_t>::max() - b) return std::numeric_limits<int64_t>::max();
-  return a + b;
-}
+using internal::SaturatingAdd;
 }  // namespace
 
 void Consumer::NoteRetryDue(int64_t due_ms) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/saturating.h"
 #include "core/url.h"
 #include "sqlite/db.h"
 
@@ -111,7 +112,7 @@ class SqliteQueue final : public Queue {
 
   Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
     if (max < 1) return Status::InvalidArgument("Receive: max must be at least 1");
-    int64_t deadline = o_.env->NowMs() + wait_ms;
+    const int64_t deadline = internal::SaturatingAdd(o_.env->NowMs(), wait_ms);
     for (;;) {
       IDEM_ASSIGN_OR_RETURN(auto got, TryReceive(max));
       if (!got.empty() || o_.env->NowMs() >= deadline) return got;
@@ -139,7 +140,8 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      Value p[] = {o_.env->NowMs() + std::max<int64_t>(0, delay_ms), r.first, r.second, o_.queue};
+      Value p[] = {internal::SaturatingAdd(o_.env->NowMs(), std::max<int64_t>(0, delay_ms)), r.first, r.second,
+                   o_.queue};
       IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = NULL"
                                                  " WHERE seq = $2 AND lease = $3 AND queue = $4",
                                                  p));
@@ -206,7 +208,7 @@ class SqliteQueue final : public Queue {
         char token[48];
         std::snprintf(token, sizeof token, "%lld.%016llx", static_cast<long long>(delivery),
                       static_cast<unsigned long long>(o_.env->Random()));
-        Value u[] = {now + o_.lease_ms, std::string(token), r[0].AsInt()};
+        Value u[] = {internal::SaturatingAdd(now, o_.lease_ms), std::string(token), r[0].AsInt()};
         IDEM_RETURN_IF_ERROR(db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = $2,"
                                        " deliveries = deliveries + 1 WHERE seq = $3",
                                        u)
