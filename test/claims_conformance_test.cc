@@ -340,6 +340,11 @@ TEST_P(ClaimsConformance, ScopesAreSeparate) {
   auto all = store_->ListClaims("", 10);
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 2u);
+  // A negative limit is refused, not read as "all" (SQL's LIMIT -1).
+  EXPECT_EQ(store_->ListClaims("", -1).status().code(), Code::kInvalidArgument);
+  auto none = store_->ListClaims("", 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
 }
 
 TEST_P(ClaimsConformance, BadRequestsAreRefusedBeforeTheStore) {

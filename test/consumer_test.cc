@@ -366,6 +366,27 @@ TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
   EXPECT_EQ(st->ready, 4);  // all still there
 }
 
+// Options that cannot work are refused before anything is received, not
+// clamped or read as "never".
+TEST_F(ConsumerTest, OptionsThatCannotWorkAreRefusedBeforeAnythingIsReceived) {
+  PublishTwice(1);
+  TestSource src(*queue_);
+  const ConsumerOptions kBad[] = {{.workers = 0},         {.batch = -1},           {.max_attempts = -1},
+                                  {.max_deliveries = -2}, {.backoff_base_ms = -1}, {.backoff_max_ms = -5},
+                                  {.receive_wait_ms = -1}};
+  for (ConsumerOptions o : kBad) {
+    o.stop_when_idle = true;
+    o.env = &env_;
+    Consumer consumer(src, *inbox_, ChargeHandler(), o);
+    Status s = consumer.Run();
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
+    EXPECT_EQ(consumer.stats().received, 0u);
+  }
+  auto st = queue_->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready, 2);
+}
+
 TEST_F(ConsumerTest, HugeBackoffSettingsDoNotOverflow) {
   PublishTwice(1);
   TestSource src(*queue_);

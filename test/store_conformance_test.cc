@@ -163,6 +163,17 @@ TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
   EXPECT_EQ(inbox.counters().failures, 1u);
 }
 
+// A negative list limit is refused, not read as "all" (SQL's LIMIT -1).
+TEST_P(StoreConformance, ANegativeListLimitIsRefused) {
+  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(inbox.Handle(Msg("m-list"), ChargeHandler()).ShouldAck());
+  EXPECT_EQ(store_->ListMarkers("", -1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(store_->ListDeadLetters("", -1).status().code(), Code::kInvalidArgument);
+  auto one = store_->ListMarkers("", 5);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->size(), 1u);
+}
+
 // An empty handler is the caller's mistake: refused, nothing counted as the
 // message's failure, nothing stored.
 TEST_P(StoreConformance, AnEmptyHandlerIsRefused) {

@@ -74,7 +74,9 @@ class Consumer {
 
   // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
   // deliveries finish (commit, then ack) or are given back unacknowledged.
-  // Returns OK on a clean stop; kUnavailable when the system will not start
+  // kInvalidArgument, before anything is received, for an empty handler or
+  // options that cannot work (workers or batch below 1, a negative count,
+  // backoff or wait). Returns OK on a clean stop; kUnavailable when the system will not start
   // a worker thread (the workers already started stop first, as on Stop()).
   Status Run();
   // Asks Run() to return. Async-signal-safe.

@@ -17,12 +17,27 @@ namespace idem {
 Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
     : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(std::move(options)) {
   if (options_.env == nullptr) options_.env = Env::Default();
-  options_.workers = std::max(1, options_.workers);
-  options_.batch = std::max(1, options_.batch);
 }
+
+namespace {
+Status CheckOptions(const ConsumerOptions& o) {
+  const auto bad = [](const char* what, int64_t v) {
+    return Status::InvalidArgument(std::string("ConsumerOptions::") + what + " cannot be " + std::to_string(v));
+  };
+  if (o.workers < 1) return bad("workers", o.workers);
+  if (o.batch < 1) return bad("batch", o.batch);
+  if (o.max_attempts < 0) return bad("max_attempts", o.max_attempts);  // 0: never
+  if (o.max_deliveries < 0) return bad("max_deliveries", o.max_deliveries);
+  if (o.backoff_base_ms < 0) return bad("backoff_base_ms", o.backoff_base_ms);
+  if (o.backoff_max_ms < 0) return bad("backoff_max_ms", o.backoff_max_ms);
+  if (o.receive_wait_ms < 0) return bad("receive_wait_ms", o.receive_wait_ms);
+  return Status::OK();
+}
+}  // namespace
 
 Status Consumer::Run() {
   if (!handler_) return Status::InvalidArgument("Consumer: the handler is empty");
+  IDEM_RETURN_IF_ERROR(CheckOptions(options_));
   std::vector<std::thread> threads;
   for (int i = 1; i < options_.workers; ++i) {
     try {

@@ -321,6 +321,7 @@ Result<std::optional<ClaimRecord>> SqlStore::FindClaim(std::string_view scope, s
 
 Result<std::vector<ClaimRecord>> SqlStore::ListClaims(std::string_view scope, int limit) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
+  IDEM_RETURN_IF_ERROR(CheckListLimit(limit));
   IDEM_ASSIGN_OR_RETURN(Lease c, Take());
   Value p[] = {std::string(scope), int64_t{limit}};
   IDEM_ASSIGN_OR_RETURN(Rows rows, c->Query(dialect_.claims->list, p));

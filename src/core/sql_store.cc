@@ -400,7 +400,14 @@ Result<int64_t> SqlStore::CountMarkers(std::string_view consumer) {
   return rows.rows[0][0].AsInt();
 }
 
+Status CheckListLimit(int limit) {
+  // SQL takes LIMIT -1 as "no limit": a negative limit must not list everything.
+  if (limit < 0) return Status::InvalidArgument("a list limit cannot be negative, got " + std::to_string(limit));
+  return Status::OK();
+}
+
 Result<std::vector<Marker>> SqlStore::ListMarkers(std::string_view consumer, int limit) {
+  IDEM_RETURN_IF_ERROR(CheckListLimit(limit));
   Value p[] = {std::string(consumer), int64_t{limit}};
   IDEM_ASSIGN_OR_RETURN(Rows rows, Read(dialect_.list_markers, p));
   std::vector<Marker> out;
@@ -409,6 +416,7 @@ Result<std::vector<Marker>> SqlStore::ListMarkers(std::string_view consumer, int
 }
 
 Result<std::vector<DeadLetter>> SqlStore::ListDeadLetters(std::string_view consumer, int limit) {
+  IDEM_RETURN_IF_ERROR(CheckListLimit(limit));
   Value p[] = {std::string(consumer), int64_t{limit}};
   IDEM_ASSIGN_OR_RETURN(Rows rows, Read(kListDeadLetters, p));
   std::vector<DeadLetter> out;

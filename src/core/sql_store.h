@@ -145,6 +145,9 @@ class Lease {
   std::unique_ptr<Connection> conn_;
 };
 
+// kInvalidArgument for a negative list limit (SQL would take it as "all").
+Status CheckListLimit(int limit);
+
 // Whether `sql` begins, commits or rolls back a transaction (not a
 // savepoint): refused inside the transaction idem runs a handler's work in.
 bool EndsOrStartsATransaction(std::string_view sql);

@@ -467,10 +467,23 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   }
 }
 
+namespace {
+// Set-up mistakes in a route fail when it is wrapped, not as a 5xx on every
+// request.
+void CheckRoute(const char* where, const std::string& route, const RoutePolicy& policy) {
+  if (route.empty()) throw std::invalid_argument(std::string(where) + ": the route name is empty (it scopes the keys)");
+  if (policy.lease_ms <= 0)
+    throw std::invalid_argument(std::string(where) + ": RoutePolicy::lease_ms must be > 0, got " +
+                                std::to_string(policy.lease_ms));
+  if (policy.wait_ms < 0)
+    throw std::invalid_argument(std::string(where) + ": RoutePolicy::wait_ms cannot be negative, got " +
+                                std::to_string(policy.wait_ms));
+}
+}  // namespace
+
 httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
                                                          TxHandler handler) {
-  if (route.empty())
-    throw std::invalid_argument("Idempotency::WrapInTransaction: the route name is empty (it scopes the keys)");
+  CheckRoute("Idempotency::WrapInTransaction", route, policy);
   if (store.claim_store() != &claims_.store())
     throw std::invalid_argument("WrapInTransaction: the store must be the database the Claims keep their records in");
   if (options_.group_commit_max > 1 && committer_ == nullptr)
@@ -482,7 +495,7 @@ httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, Route
 }
 
 httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler) {
-  if (route.empty()) throw std::invalid_argument("Idempotency::Wrap: the route name is empty (it scopes the keys)");
+  CheckRoute("Idempotency::Wrap", route, policy);
   return [this, route = std::move(route), policy = std::move(policy), handler = std::move(handler)](
              const httplib::Request& req, httplib::Response& res) { Handle(route, policy, handler, req, res); };
 }

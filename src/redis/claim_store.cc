@@ -314,6 +314,7 @@ class RedisClaimStore final : public ClaimStore {
 
   Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override {
     std::vector<ClaimRecord> out;
+    if (limit < 0) return Status::InvalidArgument("a list limit cannot be negative, got " + std::to_string(limit));
     if (limit == 0) return out;
     IDEM_ASSIGN_OR_RETURN(Pool::Lease c, pool_.Take());
     std::unordered_set<std::string> seen;  // SCAN may return a key twice

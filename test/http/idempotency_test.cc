@@ -175,6 +175,8 @@ TEST_F(IdempotencyTest, SetUpMistakesFailAtStartUp) {
   EXPECT_THROW(
       idem_->WrapInTransaction("", {}, *store_, [](const httplib::Request&, httplib::Response&, Transaction&) {}),
       std::invalid_argument);
+  EXPECT_THROW(idem_->Wrap("/charges", {.lease_ms = 0}, ChargeHandler()), std::invalid_argument);
+  EXPECT_THROW(idem_->Wrap("/charges", {.wait_ms = -5}, ChargeHandler()), std::invalid_argument);
   EXPECT_NO_THROW(idem_->Wrap("/charges", {}, ChargeHandler()));
 }
 
