@@ -155,7 +155,8 @@ class ClaimStore {
   virtual Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) = 0;
 
   virtual Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) = 0;
-  // Newest first; an empty scope means every scope.
+  // At most `limit` (>= 0; negative is kInvalidArgument), newest first; an
+  // empty scope means every scope.
   virtual Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) = 0;
   // What TryClaim would answer without writing anything: a replay, a
   // conflict or in progress; std::nullopt when it would start or take over

@@ -222,7 +222,8 @@ class Store {
   // consumer means all consumers.
   virtual Result<int64_t> Purge(std::string_view consumer, int64_t before_ms, int batch_size) = 0;
 
-  // Inspection.
+  // Inspection. An empty consumer means every consumer; lists hold at most
+  // `limit` (>= 0; negative is kInvalidArgument), newest first.
   virtual Result<int64_t> CountMarkers(std::string_view consumer) = 0;
   virtual Result<std::vector<Marker>> ListMarkers(std::string_view consumer, int limit) = 0;
   virtual Result<std::vector<DeadLetter>> ListDeadLetters(std::string_view consumer, int limit) = 0;
