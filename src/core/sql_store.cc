@@ -33,51 +33,55 @@ Status SqlTransaction::Usable() const {
 }
 
 namespace {
-// The words of `sql` from the start, upper-cased, past whitespace and
-// comments (at most `n` of them).
-std::vector<std::string> LeadingWords(std::string_view sql, size_t n) {
-  std::vector<std::string> words;
-  size_t i = 0;
-  while (i < sql.size() && words.size() < n) {
-    const char c = sql[i];
-    if (std::isspace(static_cast<unsigned char>(c))) {
-      ++i;
-    } else if (sql.substr(i, 2) == "--") {
-      i = sql.find('\n', i);
-      if (i == std::string_view::npos) break;
-    } else if (sql.substr(i, 2) == "/*") {
-      i = sql.find("*/", i + 2);
-      if (i == std::string_view::npos) break;
-      i += 2;
-    } else if (std::isalpha(static_cast<unsigned char>(c))) {
-      std::string w;
-      while (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i])))
-        w += static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i++])));
-      words.push_back(std::move(w));
-    } else {
-      break;
+// Up to three words of `sql` from its start, past whitespace and comments,
+// as views into it (no copies: this runs before every statement of a
+// handler).
+struct LeadingWords {
+  std::string_view word[3];
+  size_t count = 0;
+  explicit LeadingWords(std::string_view sql) {
+    size_t i = 0;
+    while (i < sql.size() && count < 3) {
+      const char c = sql[i];
+      if (std::isspace(static_cast<unsigned char>(c))) {
+        ++i;
+      } else if (sql.substr(i, 2) == "--") {
+        i = sql.find('\n', i);
+        if (i == std::string_view::npos) break;
+      } else if (sql.substr(i, 2) == "/*") {
+        i = sql.find("*/", i + 2);
+        if (i == std::string_view::npos) break;
+        i += 2;
+      } else if (std::isalpha(static_cast<unsigned char>(c))) {
+        const size_t start = i;
+        while (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i]))) ++i;
+        word[count++] = sql.substr(start, i - start);
+      } else {
+        break;
+      }
     }
   }
-  return words;
-}
+  // Whether word k is `upper` (given in upper case), in any case.
+  bool Is(size_t k, std::string_view upper) const {
+    return k < count && word[k].size() == upper.size() &&
+           std::equal(upper.begin(), upper.end(), word[k].begin(),
+                      [](char u, char c) { return u == std::toupper(static_cast<unsigned char>(c)); });
+  }
+};
 }  // namespace
 
 // A statement that would end (or nest) the transaction idem runs the work
 // in: the marker and the effect would no longer commit together. Savepoints
 // (SAVEPOINT, RELEASE, ROLLBACK TO) stay inside it and are allowed.
 bool EndsOrStartsATransaction(std::string_view sql) {
-  const std::vector<std::string> w = LeadingWords(sql, 3);
-  if (w.empty()) return false;
-  const std::string& first = w[0];
-  if (first == "BEGIN" || first == "COMMIT" || first == "END" || first == "ABORT") return true;
-  if (first == "ROLLBACK") {
+  const LeadingWords w(sql);
+  if (w.Is(0, "BEGIN") || w.Is(0, "COMMIT") || w.Is(0, "END") || w.Is(0, "ABORT")) return true;
+  if (w.Is(0, "ROLLBACK")) {
     // ROLLBACK [TRANSACTION|WORK] TO [SAVEPOINT] name stays inside.
-    size_t k = 1;
-    if (k < w.size() && (w[k] == "TRANSACTION" || w[k] == "WORK")) ++k;
-    return !(k < w.size() && w[k] == "TO");
+    const size_t k = w.Is(1, "TRANSACTION") || w.Is(1, "WORK") ? 2 : 1;
+    return !w.Is(k, "TO");
   }
-  if ((first == "START" || first == "PREPARE") && w.size() > 1 && w[1] == "TRANSACTION") return true;
-  return false;
+  return (w.Is(0, "START") || w.Is(0, "PREPARE")) && w.Is(1, "TRANSACTION");
 }
 
 namespace {

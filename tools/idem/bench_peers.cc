@@ -32,10 +32,9 @@ int RunBenchPeers(const Args& args) {
     if (args.Has(flag)) return args.GetInt(flag);
     const char* v = std::getenv(var);
     if (v == nullptr || *v == '\0') return def;
-    char* end = nullptr;
-    long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0') return Status::InvalidArgument(std::string(var) + " must be an integer, not '" + v + "'");
-    return static_cast<int64_t>(n);
+    const std::optional<int64_t> n = ParseInteger(v);
+    if (!n) return Status::InvalidArgument(std::string(var) + " must be an integer, not '" + v + "'");
+    return *n;
   };
   auto n = env_or("n", "N", 20000);
   auto dup = env_or("dup", "DUP", 2);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <string_view>
 #include <cstdio>
@@ -105,14 +106,29 @@ std::string Args::Get(const std::string& name) const {
   return {};
 }
 
-Result<int64_t> Args::GetInt(const std::string& name) const {
-  std::string v = Get(name);
+std::optional<int64_t> ParseInteger(const std::string& text) {
   char* end = nullptr;
   errno = 0;
-  long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0)
-    return Status::InvalidArgument("--" + name + " must be an integer, not '" + v + "'");
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) return std::nullopt;
   return static_cast<int64_t>(n);
+}
+
+std::optional<std::pair<std::string, int>> ParseHostPort(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  int port = 0;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data() + colon + 1, end, port);
+  if (ec != std::errc() || p != end || port < 1 || port > 65535) return std::nullopt;
+  return std::pair{std::string(text.substr(0, colon)), port};
+}
+
+Result<int64_t> Args::GetInt(const std::string& name) const {
+  const std::string v = Get(name);
+  const std::optional<int64_t> n = ParseInteger(v);
+  if (!n) return Status::InvalidArgument("--" + name + " must be an integer, not '" + v + "'");
+  return *n;
 }
 
 Result<int64_t> Args::GetInt(const std::string& name, int64_t lo, int64_t hi) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -83,6 +84,13 @@ Result<int64_t> ParseDurationMs(const std::string& s);
 
 // Prints the command's help to stdout.
 void PrintHelp(const Command& cmd);
+// A whole decimal number in int64_t's range and nothing after it (strtoll's
+// syntax); nullopt when `text` is not one.
+std::optional<int64_t> ParseInteger(const std::string& text);
+// "HOST:PORT" with a port 1..65535 and nothing after it (HOST may be
+// empty); nullopt when not.
+std::optional<std::pair<std::string, int>> ParseHostPort(std::string_view text);
+
 // Prints "idem <cmd>: <status>" to stderr and returns kExitUsage for invalid
 // arguments, kExitError otherwise.
 int Fail(const std::string& cmd, const Status& s);

@@ -3,7 +3,6 @@
 // idem provider: the seed's payment provider as an HTTP server.
 #include <signal.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -63,12 +62,8 @@ int RunProvider(const Args& args) {
   auto keys = ParseApiKeys(args.GetAll("api-key"), args.Get("api-keys"));
   if (!keys.ok()) return Fail(cmd, keys.status());
   const std::string listen = args.Get("listen");
-  auto colon = listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      std::from_chars(listen.data() + colon + 1, listen.data() + listen.size(), port).ptr !=
-          listen.data() + listen.size() ||
-      port < 1 || port > 65535)
+  const auto host_port = ParseHostPort(listen);
+  if (!host_port || host_port->first.empty())
     return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
   auto retention = ParseDurationMs(args.Get("retention"));
   auto lease = ParseDurationMs(args.Get("lease"));
@@ -109,8 +104,8 @@ int RunProvider(const Args& args) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   ProviderServerOptions o;
-  o.host = listen.substr(0, colon);
-  o.port = port;
+  o.host = host_port->first;
+  o.port = host_port->second;
   o.store_url = args.Get("store");
   o.api_keys = std::move(*keys);
   o.retention_ms = *retention;

@@ -6,7 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
-#include <charconv>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -151,13 +151,9 @@ int RunRun(const Args& args) {
   int metrics_port = 0;
   if (args.Has("metrics")) {
     const std::string at = args.Get("metrics");
-    const auto colon = at.rfind(':');
-    const char* end = at.data() + at.size();
-    const char* digits = colon == std::string::npos ? end : at.data() + colon + 1;
-    auto [p, ec] = std::from_chars(digits, end, metrics_port);
-    if (colon == std::string::npos || ec != std::errc() || p != end || metrics_port <= 0 || metrics_port > 65535)
-      return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
-    metrics_host = at.substr(0, colon);
+    const auto hp = ParseHostPort(at);
+    if (!hp) return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
+    std::tie(metrics_host, metrics_port) = *hp;
   }
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
