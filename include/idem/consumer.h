@@ -8,6 +8,24 @@
 // and is acknowledged. The failure count is kept outside the business
 // transaction, so the rollback of a failing handler does not erase it.
 //
+// Three outcomes are not failures:
+//  - in progress (Code::kInProgress, or kInDoubt from a handler: a step no
+//    transaction covers may have taken effect and is not finished, here or
+//    downstream, e.g. an Idempotency-Key server answering 409): the message
+//    is redelivered after a backoff and no failure is counted. Once a step
+//    of a message may have taken effect, that message is never dead-lettered
+//    as a failure; if it stays unfinished for park_after_ms it is parked:
+//    listed with the dead letters (reason "parked", naming the step and its
+//    key), counted, and still redelivered every backoff_max_ms until it
+//    applies (the parked entry is then removed). Never dropped.
+//  - rejected (Status::Rejected from the handler: the message can never be
+//    handled): dead-lettered at once, reason "rejected", never retried.
+//  - aborted (the consumer is stopping): given back, not counted.
+//
+// Leases: while a handler runs, the leases of its deliveries are renewed
+// (Source::ExtendLease) every third of the source's lease, so no other
+// worker gets the message meanwhile.
+//
 // Thread safety: Run() once; Stop() from any thread or a signal handler.
 #ifndef IDEM_CONSUMER_H_
 #define IDEM_CONSUMER_H_
@@ -52,6 +70,13 @@ struct ConsumerOptions {
   // gave back (a nack with backoff) is still due. Default: false (run until
   // Stop()).
   bool stop_when_idle = false;
+  // How long a message may stay in progress (a step that may have taken
+  // effect, not finished) before it is parked for an operator (see above).
+  // 0: never parked. Default: 1 hour.
+  int64_t park_after_ms = 3'600'000;
+  // Renew the leases of deliveries whose handler runs long (see above).
+  // Default: true.
+  bool extend_leases = true;
   // Default: Env::Default().
   Env* env = nullptr;
 };
@@ -63,6 +88,11 @@ struct ConsumerStats {
   uint64_t dead_lettered = 0;
   uint64_t ack_errors = 0;      // Ack failed after a commit (redelivery absorbs it)
   uint64_t receive_errors = 0;
+  uint64_t in_progress = 0;     // given back in progress, no failure counted
+  uint64_t parked = 0;          // messages parked (in progress past park_after_ms)
+  uint64_t rejected = 0;        // dead-lettered at once by Status::Rejected (also in dead_lettered)
+  uint64_t leases_extended = 0;
+  uint64_t lease_extension_errors = 0;  // ExtendLease failed (kLeaseLost: another worker may have it)
 };
 
 class Consumer {
@@ -124,6 +154,12 @@ class Consumer {
 
 // Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach.
 void StopOnSignals(Consumer* consumer);
+
+// True when the calling thread runs a handler for a Consumer that is
+// stopping. A handler that waits or retries should give up then (return
+// Status::Aborted): idem::http::Client stops retrying, so a stopping
+// Consumer ends within one request timeout. False outside a Consumer.
+bool StopRequested() noexcept;
 
 }  // namespace idem
 

@@ -42,6 +42,21 @@ class Source {
   virtual Status Nack(const Delivery& delivery, int64_t delay_ms) = 0;
   // "embedded", "redis", ...
   virtual std::string_view Kind() const = 0;
+
+  // How long a received delivery stays this consumer's before the source may
+  // hand it to another (a visibility timeout), in ms; 0 when deliveries have
+  // no such lease (they stay the consumer's until acked or disconnected:
+  // RabbitMQ, Kafka). The Consumer extends the lease of a delivery whose
+  // handler runs longer than a third of it. Default: 0.
+  virtual int64_t lease_ms() const { return 0; }
+  // Renews the delivery's lease: it stays this consumer's for another
+  // lease_ms() from now. Code::kLeaseLost when it was already given to
+  // another consumer (the handler's commit still settles the race by the
+  // marker). Default: OK (no lease to renew).
+  virtual Status ExtendLease(const Delivery& delivery) {
+    (void)delivery;
+    return Status::OK();
+  }
 };
 
 }  // namespace idem

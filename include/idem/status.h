@@ -34,6 +34,9 @@ enum class Code {
   kLeaseLost,        // a lease/receipt is no longer ours (expired, taken over)
   kAborted,          // stopped on request (shutdown)
   kInternal,         // a bug in idem
+  kRejected,         // the message can never be handled (a malformed payload,
+                     // a business rule): a handler's permanent failure, never
+                     // retried
 };
 
 // Returns the stable lower-case name of a code ("invalid_argument", ...).
@@ -55,6 +58,18 @@ class [[nodiscard]] Status {
   static Status IoError(std::string m) { return {Code::kIoError, std::move(m)}; }
   static Status HandlerFailed(std::string m) { return {Code::kHandlerFailed, std::move(m)}; }
   static Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+  static Status Duplicate(std::string m) { return {Code::kDuplicate, std::move(m)}; }
+  static Status Conflict(std::string m) { return {Code::kConflict, std::move(m)}; }
+  static Status InProgress(std::string m) { return {Code::kInProgress, std::move(m)}; }
+  static Status Retryable(std::string m) { return {Code::kRetryable, std::move(m)}; }
+  static Status SchemaMismatch(std::string m) { return {Code::kSchemaMismatch, std::move(m)}; }
+  static Status LeaseLost(std::string m) { return {Code::kLeaseLost, std::move(m)}; }
+  static Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
+  // For a handler: this message can never be handled (its payload is
+  // malformed, a business rule refuses it). The Consumer dead-letters it at
+  // once with this reason (reason "rejected") and never retries it; every
+  // other error keeps the retry policy. Nothing the handler wrote commits.
+  static Status Rejected(std::string m) { return {Code::kRejected, std::move(m)}; }
 
   bool ok() const noexcept { return state_ == nullptr; }
   Code code() const noexcept { return state_ ? state_->code : Code::kOk; }

@@ -97,6 +97,10 @@ bool Consumer::IdleDone(int64_t receive_started_ms) {
 }
 
 void Consumer::Work() {
+  t_stop_flag = &stop_;
+  struct ClearStopFlag {
+    ~ClearStopFlag() { t_stop_flag = nullptr; }
+  } clear_stop_flag;
   std::vector<Message> messages;
   int receive_errors_in_a_row = 0;
   while (!stopping()) {
@@ -278,6 +282,16 @@ void Consumer::SettleCrashLoop(const Delivery& d) {
 
 ConsumerStats Consumer::stats() const {
   return {received_.load(), acked_.load(), nacked_.load(), dead_.load(), ack_errors_.load(), receive_errors_.load()};
+}
+
+namespace {
+// The stop flag of the Consumer whose worker runs on this thread.
+thread_local const std::atomic<bool>* t_stop_flag = nullptr;
+}  // namespace
+
+bool StopRequested() noexcept {
+  const std::atomic<bool>* f = t_stop_flag;
+  return f != nullptr && f->load(std::memory_order_relaxed);
 }
 
 namespace {

@@ -22,6 +22,7 @@ std::string_view CodeName(Code code) {
     case Code::kLeaseLost: return "lease_lost";
     case Code::kAborted: return "aborted";
     case Code::kInternal: return "internal";
+    case Code::kRejected: return "rejected";
   }
   return "unknown";
 }
