@@ -1,6 +1,10 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include "idem/env.h"
 #include "idem/message.h"
 #include "idem/result.h"
@@ -33,6 +37,45 @@ TEST(Message, DownstreamKeyIsStablePerStep) {
   EXPECT_NE(DownstreamKey(m, "charge"), DownstreamKey(m, "email"));
   m.attempt = 5;  // a redelivery: same key
   EXPECT_EQ(DownstreamKey(m, "charge"), "m-7f3:charge");
+}
+
+// Every id a Message accepts gets a key a header can carry, of at most
+// kMaxKeyBytes, the same on every call, distinct per id and per step.
+TEST(Message, DownstreamKeyFitsEveryValidId) {
+  const std::string utf8 = "commande-\xc3\xa9t\xc3\xa9-1042";  // "commande-été-1042"
+  std::vector<std::string> ids = {"a", std::string(249, 'x'), std::string(255, 'y'), std::string(255, 'x'),
+                                  utf8, "order 1042", "with \"quotes\" and \\", std::string("nul\0byte", 8),
+                                  std::string(kHashedKeyPrefix) + "abc", "abc"};
+  std::set<std::string> keys;
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(ValidateId(id).ok()) << id;
+    const std::string key = DownstreamKey(id, "charge");
+    EXPECT_LE(key.size(), kMaxKeyBytes) << Printable(id);
+    for (unsigned char c : key) EXPECT_TRUE(c >= 0x20 && c <= 0x7E) << Printable(key);
+    EXPECT_TRUE(key.ends_with(":charge")) << key;
+    EXPECT_EQ(key, DownstreamKey(id, "charge")) << "stable";
+    EXPECT_NE(key, DownstreamKey(id, "refund"));
+    keys.insert(key);
+  }
+  EXPECT_EQ(keys.size(), ids.size()) << "one key per id";
+  // The short printable ids keep the readable form; the others are hashed.
+  EXPECT_EQ(DownstreamKey("a", "charge"), "a:charge");
+  EXPECT_EQ(DownstreamKey("order 1042", "charge"), "order 1042:charge");
+  EXPECT_EQ(DownstreamKey(std::string(248, 'x'), "charge"), std::string(248, 'x') + ":charge");  // 255 bytes
+  EXPECT_TRUE(DownstreamKey(std::string(249, 'x'), "charge").starts_with(kHashedKeyPrefix));
+  EXPECT_TRUE(DownstreamKey(std::string(255, 'y'), "charge").starts_with(kHashedKeyPrefix));
+  EXPECT_TRUE(DownstreamKey(utf8, "charge").starts_with(kHashedKeyPrefix));
+  // An id that looks like a hashed key is hashed too, so the forms never meet.
+  EXPECT_TRUE(DownstreamKey(std::string(kHashedKeyPrefix) + "abc", "charge").starts_with(
+      std::string(kHashedKeyPrefix) + ToHex(FingerprintOf(std::string(kHashedKeyPrefix) + "abc"))));
+}
+
+TEST(Message, StepNamesAreChecked) {
+  EXPECT_TRUE(ValidateStep("charge").ok());
+  EXPECT_EQ(ValidateStep("").code(), Code::kInvalidArgument);
+  EXPECT_EQ(ValidateStep("two words").code(), Code::kInvalidArgument);
+  EXPECT_EQ(ValidateStep(std::string(kMaxStepBytes + 1, 's')).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Printable(std::string("a\x01\\", 3)), "a\\x01\\x5c");
 }
 
 TEST(Message, Headers) {

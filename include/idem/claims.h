@@ -186,6 +186,10 @@ class ClaimStore {
   // woken by LISTEN/NOTIFY from any process.
   virtual std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key);
 
+  // As Store::WriteLockId: the write lock a commit of this store takes when
+  // other store objects can share it (a SQLite file); empty otherwise.
+  virtual std::string WriteLockId() const { return {}; }
+
  protected:
   // Wakes this process's default watches of (scope, key).
   static void NotifyChanged(std::string_view scope, std::string_view key);

@@ -31,12 +31,18 @@
 #define IDEM_CONSUMER_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
+#include "idem/call_first.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/source.h"
@@ -99,6 +105,9 @@ class Consumer {
  public:
   // `source` and `inbox` must outlive the Consumer.
   Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options = {});
+  // The call-first form (idem/call_first.h): each message's calls run before
+  // its transaction opens.
+  Consumer(Source& source, Inbox& inbox, CallFirst handler, ConsumerOptions options = {});
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
 
@@ -125,7 +134,17 @@ class Consumer {
   };
   using BatchFailures = std::unordered_map<std::string, BatchFailure>;
 
-  void Work();
+  // What a worker holds while its handlers run, for the lease keeper.
+  struct Held {
+    std::mutex mu;
+    const std::vector<Delivery>* deliveries = nullptr;  // guarded by mu
+    int64_t renewed_at_ms = 0;                          // guarded by mu
+  };
+
+  void Work(Held* held);
+  // Renews the leases of what the workers hold until Run() ends.
+  void KeepLeases(std::vector<std::unique_ptr<Held>>* held);
+  std::vector<Outcome> HandleAll(std::span<const Message> messages);
   // `batch_failures`: failures already recorded in this batch, so that copies
   // of one message in one batch count one failure, not one each.
   void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr);
@@ -133,15 +152,27 @@ class Consumer {
   // and found nothing may return.
   bool IdleDone(int64_t receive_started_ms);
   void NoteRetryDue(int64_t due_ms);
-  // A delivery past max_deliveries: dead-lettered (or acked, if applied).
-  void SettleCrashLoop(const Delivery& d);
+  // A delivery past max_deliveries: dead-lettered (or acked, if applied);
+  // false when it must be handled after all (it is in progress).
+  bool SettleCrashLoop(const Delivery& d);
+  // Records an in-progress outcome and gives the delivery back.
+  void SettleInProgress(const Delivery& d, const Outcome& o);
+  // Records a rejection (dead letter) and acknowledges.
+  void SettleRejected(const Delivery& d, const Outcome& o);
+  void Ack(const Delivery& d);
 
   Source& source_;
   Inbox& inbox_;
   Handler handler_;
+  std::optional<CallFirst> call_first_;
   ConsumerOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
+  std::atomic<uint64_t> in_progress_{0}, parked_{0}, rejected_{0}, leases_extended_{0}, lease_errors_{0};
+  // Wakes the lease keeper when Run() ends.
+  std::mutex keeper_mu_;
+  std::condition_variable keeper_cv_;
+  bool keeper_done_ = false;  // guarded by keeper_mu_
   // Workers between a non-empty Receive and the end of its Settle.
   std::atomic<int> busy_{0};
   // The latest time a message this consumer nacked becomes visible again.

@@ -35,6 +35,8 @@
 
 namespace idem {
 
+class CallFirst;
+
 // The handler: the business work for one message, written against the
 // transaction that also holds the marker. Return OK to commit; return an error
 // or throw to roll back everything, marker included (the message is then not
@@ -54,6 +56,9 @@ struct Outcome {
   // exception; Code::kInProgress when a CallOnce step of the handler is held
   // by another delivery (the Consumer redelivers it later without counting a
   // failure); a store code (kBusy, kIoError, kUnavailable, ...) otherwise.
+  // Code::kRejected when the handler said the message can never be handled
+  // (the Consumer dead-letters it at once); Code::kAborted when it gave up
+  // because its Consumer is stopping.
   Status status;
   // kConflict: the fingerprint stored with the marker, and this message's.
   Fingerprint stored_fingerprint{};
@@ -102,6 +107,8 @@ struct InboxCounters {
   uint64_t conflicts = 0;
   uint64_t failures = 0;        // handler failures and store errors
   uint64_t dead_lettered = 0;   // counted by Consumer through NoteDeadLetter
+  uint64_t in_progress = 0;     // not applied because a step is in progress (not failures)
+  uint64_t rejected = 0;        // the handler said Status::Rejected (not in failures)
 };
 
 class Inbox {
@@ -125,6 +132,15 @@ class Inbox {
   // commit itself fails, every message is kFailed.
   std::vector<Outcome> HandleBatch(std::span<const Message> messages, const Handler& handler);
 
+  // The call-first form (idem/call_first.h): for each message whose marker
+  // does not exist yet, its calls run first with no transaction open, then
+  // its effect is applied in the transaction that inserts the marker. A
+  // message whose calls fail gets kFailed with their error (kInProgress
+  // stays itself) and opens no transaction. The batch form runs every
+  // message's calls, then one transaction for those that succeeded.
+  Outcome Handle(const Message& message, const CallFirst& handler);
+  std::vector<Outcome> HandleBatch(std::span<const Message> messages, const CallFirst& handler);
+
   InboxCounters counters() const;
   void NoteDeadLetter() { dead_lettered_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -147,10 +163,21 @@ class Inbox {
   bool ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
                       std::vector<Outcome>& outcomes, const Status& s);
   void Count(const Outcome& o);
+  // Validation and the pre-filter, before any transaction: fills `out` for
+  // the messages it answers and excludes them. False when nothing can run
+  // (every outcome is filled).
+  bool Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
+             std::vector<bool>& excluded);
+  // Transactions over the messages not excluded, until every handler that
+  // fails has been left out (see HandleBatch).
+  void Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
+             std::vector<Outcome>& out);
 
   Store& store_;
   InboxOptions options_;
+  const std::string write_lock_id_;  // store_.WriteLockId(), read once
   std::atomic<uint64_t> applied_{0}, duplicates_{0}, conflicts_{0}, failures_{0}, dead_lettered_{0};
+  std::atomic<uint64_t> in_progress_{0}, rejected_{0};
 };
 
 }  // namespace idem

@@ -52,11 +52,31 @@ Fingerprint FingerprintOf(std::string_view payload);
 std::string ToHex(const Fingerprint& fp);
 
 // The idempotency key for a call that no local transaction covers (a payment
-// provider, another service): "<message id>:<step>". The same message and
-// step give the same key on every delivery, so the receiver can recognise the
-// repeat. `step` names the call ("charge", "email") so one message can make
-// several distinct calls.
+// provider, another service). The same message and step give the same key on
+// every delivery, so the receiver can recognise the repeat. `step` names the
+// call ("charge", "email") so one message can make several distinct calls;
+// it must be 1..kMaxStepBytes bytes of visible ASCII (0x21-0x7E) and is
+// checked by ValidateStep.
+//
+// Every valid message id gets a key of at most kMaxKeyBytes bytes of
+// 0x20-0x7E, which any header (and an RFC 8941 sf-string) can carry:
+//  - "<id>:<step>" when that fits in kMaxKeyBytes, every byte of the id is
+//    0x20-0x7E, and the id does not begin with "sha256~";
+//  - otherwise "sha256~<64 lower-case hex digits of SHA-256(id)>:<step>".
+// No plain key begins with "sha256~", so the two forms never collide, and
+// the hashed form is as collision-resistant as SHA-256. An invalid step
+// gives the key of step "invalid-step" prefixed with "!" (never a valid
+// key's shape); callers that take a step (CallOnce) refuse it first.
+inline constexpr std::size_t kMaxKeyBytes = 255;
+inline constexpr std::size_t kMaxStepBytes = 64;
+inline constexpr std::string_view kHashedKeyPrefix = "sha256~";
 std::string DownstreamKey(const Message& message, std::string_view step);
+std::string DownstreamKey(std::string_view message_id, std::string_view step);
+// OK, or InvalidArgument naming what is wrong with the step name.
+Status ValidateStep(std::string_view step);
+// `bytes` for people: printable ASCII as is, other bytes as \xNN, at most
+// `max` bytes of input shown ("..." after). For error messages and logs.
+std::string Printable(std::string_view bytes, std::size_t max = 80);
 
 }  // namespace idem
 

@@ -130,13 +130,30 @@ struct DeadLetter {
   int64_t at_ms = 0;
 };
 
-// What to record for a message whose handling failed.
+// What to record for a message whose handling did not reach an outcome.
 struct FailureRecord {
+  enum class Kind {
+    // The handler failed: counted; dead-lettered (reason "failed") once the
+    // count reaches max_attempts, unless the message is in progress.
+    kFailed,
+    // A step may have taken effect and is not finished: not counted; the
+    // message is "in progress" from now on (never dead-lettered as a
+    // failure) and parked once it has been for park_after_ms.
+    kInProgress,
+    // The handler said the message can never be handled: dead-lettered now
+    // (reason "rejected").
+    kRejected,
+    // Delivered past the consumer's max_deliveries with no outcome:
+    // dead-lettered now, unless the message is in progress.
+    kCrashLoop,
+  };
   std::string consumer;
   const Message* message = nullptr;  // must outlive the RecordFailure call
   std::string error;
   int max_attempts = 0;   // dead-letter once attempts reach this (0: never)
   int64_t now_ms = 0;
+  Kind kind = Kind::kFailed;
+  int64_t park_after_ms = 0;  // 0: never park
 };
 
 struct FailureCount {
@@ -146,6 +163,12 @@ struct FailureCount {
   // failure was counted (and an old count was cleared); the delivery can be
   // acknowledged.
   bool already_applied = false;
+  // The message is in progress (a step may have taken effect): it was not
+  // dead-lettered, whatever the count.
+  bool in_progress = false;
+  // This call parked the message (listed with the dead letters, reason
+  // "parked"; it stays in the source). Once per message.
+  bool parked = false;
 };
 
 // A transaction as the Inbox drives it: the user's view plus the marker
@@ -214,7 +237,8 @@ class Store {
   // message's marker exists (applied by another delivery meanwhile), counts
   // nothing and says so.
   virtual Result<FailureCount> RecordFailure(const FailureRecord& failure) = 0;
-  // Forgets the failure count of a message that has now been handled.
+  // Forgets the failure count of a message that has now been handled, and
+  // its "parked" entry if it had one.
   virtual Status ClearFailures(std::string_view consumer, std::string_view id) = 0;
 
   // Deletes markers processed before `before_ms`, at most `batch_size` per
@@ -241,6 +265,14 @@ class Store {
   // nullptr where the store has none. The SQLite and PostgreSQL stores have
   // one; it lives as long as the Store.
   virtual ClaimStore* claim_store() { return nullptr; }
+
+  // Names the write lock this store's transactions hold, when another store
+  // object can share it: on SQLite, "sqlite:<the file's absolute path>" (one
+  // writer per file). Empty where writers of different stores never wait
+  // for one another (PostgreSQL). Set-ups that would wait on themselves
+  // (claims committed in the file whose write lock the inbox holds) are
+  // refused by it. Default: empty.
+  virtual std::string WriteLockId() const { return {}; }
 
  protected:
   Store() = default;

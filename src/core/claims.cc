@@ -1,6 +1,9 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/claims.h"
 
+#include "core/handler_scope.h"
+#include "idem/call_first.h"
+
 #include "core/saturating.h"
 
 #include <algorithm>
@@ -9,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 namespace idem {
@@ -200,35 +204,74 @@ Status Claims::Extend(ClaimToken& token, int64_t lease_ms) {
 Result<std::string> CallOnce(Claims& claims, const Message& message, std::string_view step,
                              const std::function<Result<std::string>(const std::string& downstream_key)>& call,
                              const CallOnceOptions& options) {
+  IDEM_RETURN_IF_ERROR(ValidateStep(step).WithContext("CallOnce"));
   const std::string key = DownstreamKey(message, step);
+  const std::string what = "step '" + std::string(step) + "' of message " + Printable(message.id) + " (key " +
+                           Printable(key) + ")";
+  if (const std::string* held = internal::HeldWriteLock(); held != nullptr && *held == claims.store().WriteLockId())
+    return Status::InvalidArgument(
+        what + ": its claims are kept in " + *held +
+        ", whose write lock the inbox's transaction holds while the handler runs, so committing the claim would wait "
+        "for itself. Keep the claims in a file of their own, or make the call first with idem::CallFirst "
+        "(idem/call_first.h)");
   IDEM_ASSIGN_OR_RETURN(ClaimOutcome c, claims.Claim(ClaimRequest{.scope = std::string(step),
                                                                   .key = key,
                                                                   .fingerprint = FingerprintOf(message.payload),
                                                                   .lease_ms = options.lease_ms,
                                                                   .wait_ms = options.wait_ms}));
-  const std::string what = "step '" + std::string(step) + "' of message " + message.id;
   switch (c.kind) {
     case ClaimOutcome::Kind::kCompleted:
       if (c.result_is_error) return Status::HandlerFailed(what + " failed before, and its failure is final: " + c.result);
       return std::move(c.result);
     case ClaimOutcome::Kind::kInProgress:
-      return Status(Code::kInProgress, what + " is running in another delivery (its lease ends at " +
-                                           std::to_string(c.retry_at_ms) + " ms); deliver it again later");
+      return Status::InProgress(what + " is running in another delivery (its lease ends at " +
+                                std::to_string(c.retry_at_ms) + " ms); deliver it again later");
     case ClaimOutcome::Kind::kConflict:
-      return Status(Code::kConflict, what + ": its key " + key + " was used for another payload (stored fingerprint " +
-                                         ToHex(c.stored_fingerprint) + ")");
+      return Status::Conflict(what + ": its key was used for another payload (stored fingerprint " +
+                              ToHex(c.stored_fingerprint) + ")");
     case ClaimOutcome::Kind::kStarted: break;
   }
   Result<std::string> r = call(key);
   if (!r.ok()) {
-    Status failed = claims.Fail(c.token, options.on_error, r.status().ToString());
-    if (!failed.ok()) return r.status().WithContext(what + " (and recording its failure failed: " + failed.ToString() + ")");
-    return r.status().WithContext(what);
+    const Code code = r.status().code();
+    // In progress or in doubt downstream: the call may have taken effect and
+    // is not finished. Nothing final is stored: the claim is released and
+    // the redelivery calls again with the same key (the receiver replays or
+    // says in progress again). Stopping: the same, without a verdict.
+    const bool unfinished = code == Code::kInProgress || code == Code::kInDoubt || code == Code::kAborted;
+    const FailPolicy policy = unfinished ? FailPolicy::kRelease : options.on_error;
+    Status failed = claims.Fail(c.token, policy, r.status().ToString());
+    Status out = code == Code::kAborted ? r.status().WithContext(what)
+                 : unfinished ? Status::InProgress(what + " may have taken effect downstream and is not finished (" +
+                                                   r.status().ToString() + "); deliver it again later")
+                              : r.status().WithContext(what);
+    if (!failed.ok() && failed.code() != Code::kLeaseLost)
+      return Status(out.code(), out.message() + " (and recording its failure failed: " + failed.ToString() + ")");
+    return out;
   }
   // If the lease was lost meanwhile, another delivery owns the step now and
   // its result is the one that counts: fail, and the redelivery replays it.
   IDEM_RETURN_IF_ERROR(claims.Complete(c.token, *r).WithContext(what));
   return r;
+}
+
+Result<std::string> Calls::Once(std::string_view step,
+                                const std::function<Result<std::string>(const std::string& downstream_key)>& call,
+                                const CallOnceOptions& options) {
+  Result<std::string> r = CallOnce(claims_, message_, step, call, options);
+  if (r.ok()) results_.insert_or_assign(std::string(step), *r);
+  return r;
+}
+
+const std::string* Calls::Find(std::string_view step) const {
+  auto it = results_.find(step);
+  return it == results_.end() ? nullptr : &it->second;
+}
+
+const std::string& Calls::at(std::string_view step) const {
+  if (const std::string* r = Find(step)) return *r;
+  throw std::out_of_range("call-first: no result for step '" + std::string(step) +
+                          "' (its Calls::Once did not run or did not succeed)");
 }
 
 }  // namespace idem

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string>
 #include <system_error>
@@ -14,8 +15,18 @@
 
 namespace idem {
 
+namespace {
+// The stop flag of the Consumer whose worker runs on this thread.
+thread_local const std::atomic<bool>* t_stop_flag = nullptr;
+}  // namespace
+
 Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
     : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(std::move(options)) {
+  if (options_.env == nullptr) options_.env = Env::Default();
+}
+
+Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler, ConsumerOptions options)
+    : source_(source), inbox_(inbox), call_first_(std::move(handler)), options_(std::move(options)) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
@@ -31,29 +42,92 @@ Status CheckOptions(const ConsumerOptions& o) {
   if (o.backoff_base_ms < 0) return bad("backoff_base_ms", o.backoff_base_ms);
   if (o.backoff_max_ms < 0) return bad("backoff_max_ms", o.backoff_max_ms);
   if (o.receive_wait_ms < 0) return bad("receive_wait_ms", o.receive_wait_ms);
+  if (o.park_after_ms < 0) return bad("park_after_ms", o.park_after_ms);
   return Status::OK();
 }
 }  // namespace
 
 Status Consumer::Run() {
-  if (!handler_) return Status::InvalidArgument("Consumer: the handler is empty");
+  if (call_first_ ? !call_first_->complete() : !handler_)
+    return Status::InvalidArgument("Consumer: the handler is empty");
   IDEM_RETURN_IF_ERROR(CheckOptions(options_));
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < options_.workers; ++i) held.push_back(std::make_unique<Held>());
+  {
+    std::lock_guard<std::mutex> l(keeper_mu_);
+    keeper_done_ = false;
+  }
+  std::thread keeper;
+  if (options_.extend_leases && source_.lease_ms() > 0) {
+    try {
+      keeper = std::thread([this, &held] { KeepLeases(&held); });
+    } catch (const std::system_error& e) {
+      return Status::Unavailable(std::string("cannot start the lease keeper thread: ") + e.what());
+    }
+  }
+  const auto stop_keeper = [&] {
+    {
+      std::lock_guard<std::mutex> l(keeper_mu_);
+      keeper_done_ = true;
+    }
+    keeper_cv_.notify_all();
+    if (keeper.joinable()) keeper.join();
+  };
   std::vector<std::thread> threads;
   for (int i = 1; i < options_.workers; ++i) {
     try {
-      threads.emplace_back([this] { Work(); });
+      threads.emplace_back([this, h = held[i].get()] { Work(h); });
     } catch (const std::system_error& e) {
       // The system has no thread for this worker: stop the ones started
       // (each finishes or gives back what it holds) and say why.
       Stop();
       for (auto& t : threads) t.join();
+      stop_keeper();
       return Status::Unavailable("cannot start worker " + std::to_string(i + 1) + " of " +
                                  std::to_string(options_.workers) + ": " + e.what());
     }
   }
-  Work();
+  Work(held[0].get());
   for (auto& t : threads) t.join();
+  stop_keeper();
   return Status::OK();
+}
+
+void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
+  const int64_t lease = source_.lease_ms();
+  // Renew once a third of the lease has passed since the last renewal (or
+  // the receive), checking six times a lease so a renewal is never late by
+  // more than a sixth of it.
+  const int64_t every = std::max<int64_t>(1, lease / 3);
+  const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(lease / 6, 5, 1000));
+  std::unique_lock<std::mutex> l(keeper_mu_);
+  while (!keeper_cv_.wait_for(l, tick, [this] { return keeper_done_; })) {
+    l.unlock();
+    for (auto& h : *held) {
+      std::lock_guard<std::mutex> hl(h->mu);
+      if (h->deliveries == nullptr) continue;
+      const int64_t now = options_.env->NowMs();
+      if (now - h->renewed_at_ms < every) continue;
+      for (const Delivery& d : *h->deliveries) {
+        if (source_.ExtendLease(d).ok()) {
+          leases_extended_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Lost (another worker may hold it now: the marker settles the
+          // race) or the source failed: either way nothing to undo here.
+          lease_errors_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      h->renewed_at_ms = options_.env->NowMs();
+    }
+    l.lock();
+  }
+}
+
+std::vector<Outcome> Consumer::HandleAll(std::span<const Message> messages) {
+  if (messages.size() == 1) {
+    return {call_first_ ? inbox_.Handle(messages.front(), *call_first_) : inbox_.Handle(messages.front(), handler_)};
+  }
+  return call_first_ ? inbox_.HandleBatch(messages, *call_first_) : inbox_.HandleBatch(messages, handler_);
 }
 
 namespace {
@@ -96,7 +170,7 @@ bool Consumer::IdleDone(int64_t receive_started_ms) {
   return false;
 }
 
-void Consumer::Work() {
+void Consumer::Work(Held* held) {
   t_stop_flag = &stop_;
   struct ClearStopFlag {
     ~ClearStopFlag() { t_stop_flag = nullptr; }
@@ -132,41 +206,94 @@ void Consumer::Work() {
     }
     if (options_.max_deliveries > 0) {
       // Past the broker's delivery limit: never handled again (see
-      // ConsumerOptions::max_deliveries).
+      // ConsumerOptions::max_deliveries), unless it is in progress.
       std::erase_if(*got, [&](const Delivery& d) {
-        if (d.message.attempt <= options_.max_deliveries) return false;
-        SettleCrashLoop(d);
-        return true;
+        return d.message.attempt > options_.max_deliveries && SettleCrashLoop(d);
       });
       if (got->empty()) {
         busy_.fetch_sub(1);
         continue;
       }
     }
-    if (got->size() == 1) {
-      Settle(got->front(), inbox_.Handle(got->front().message, handler_));
-    } else {
-      messages.clear();
-      for (const Delivery& d : *got) messages.push_back(d.message);
-      std::vector<Outcome> outcomes = inbox_.HandleBatch(messages, handler_);
-      BatchFailures batch_failures;
-      for (size_t i = 0; i < outcomes.size(); ++i) Settle((*got)[i], outcomes[i], &batch_failures);
+    {
+      std::lock_guard<std::mutex> l(held->mu);
+      held->deliveries = &*got;
+      held->renewed_at_ms = started;  // the lease began at the Receive
     }
+    messages.clear();
+    for (const Delivery& d : *got) messages.push_back(d.message);
+    std::vector<Outcome> outcomes = HandleAll(messages);
+    {
+      // Settled deliveries need no lease: stop renewing before the acks.
+      std::lock_guard<std::mutex> l(held->mu);
+      held->deliveries = nullptr;
+    }
+    BatchFailures batch_failures;
+    for (size_t i = 0; i < outcomes.size(); ++i)
+      Settle((*got)[i], outcomes[i], outcomes.size() > 1 ? &batch_failures : nullptr);
     busy_.fetch_sub(1);
   }
 }
 
+void Consumer::Ack(const Delivery& d) {
+  Status s = source_.Ack(d);
+  if (s.ok()) {
+    acked_.fetch_add(1, std::memory_order_relaxed);
+    IDEM_KILL_POINT("consumer.after_ack");
+  } else {
+    // The effect is committed (or the message is dead-lettered); the
+    // redelivery finds the marker (or the dead letter's count).
+    ack_errors_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
+  FailureRecord rec{inbox_.consumer(), &d.message, o.status.message(), 1, options_.env->NowMs(),
+                    FailureRecord::Kind::kRejected};
+  auto count = inbox_.store().RecordFailure(rec);
+  if (!count.ok()) {  // the store is down: the verdict is not recorded yet
+    (void)source_.Nack(d, Backoff(options_, std::max(1, d.message.attempt), options_.env));
+    nacked_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(failed_mu_);
+    failed_ids_.erase(d.message.id);
+  }
+  if (count->dead_lettered) {
+    dead_.fetch_add(1, std::memory_order_relaxed);
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    inbox_.NoteDeadLetter();
+  }
+  Ack(d);  // rejected now, or applied by another delivery meanwhile
+}
+
+void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
+  in_progress_.fetch_add(1, std::memory_order_relaxed);
+  FailureRecord rec{inbox_.consumer(), &d.message, o.status.message(), 0, options_.env->NowMs(),
+                    FailureRecord::Kind::kInProgress, options_.park_after_ms};
+  auto count = inbox_.store().RecordFailure(rec);
+  if (count.ok() && count->already_applied) {
+    Ack(d);
+    return;
+  }
+  if (count.ok()) {
+    std::lock_guard<std::mutex> l(failed_mu_);
+    failed_ids_.insert(d.message.id);  // its row must be cleared when it applies
+  }
+  if (count.ok() && count->parked) parked_.fetch_add(1, std::memory_order_relaxed);
+  // In progress: try again after the backoff of its delivery count; once
+  // parked (or when the count is unknown), at the slowest pace.
+  const bool slow = !count.ok() || count->parked;
+  const int64_t delay =
+      slow ? options_.backoff_max_ms : Backoff(options_, std::max(1, d.message.attempt), options_.env);
+  (void)source_.Nack(d, delay);
+  NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
+  nacked_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
-  auto ack = [&] {
-    Status s = source_.Ack(d);
-    if (s.ok()) {
-      acked_.fetch_add(1, std::memory_order_relaxed);
-      IDEM_KILL_POINT("consumer.after_ack");
-    } else {
-      // The effect is committed; the redelivery will find the marker.
-      ack_errors_.fetch_add(1, std::memory_order_relaxed);
-    }
-  };
+  auto ack = [&] { Ack(d); };
   auto forget_failed = [&](const std::string& id) {
     std::lock_guard<std::mutex> l(failed_mu_);
     return failed_ids_.erase(id) > 0;
@@ -200,6 +327,13 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
       if (failed_here || d.message.attempt != 1) (void)inbox_.store().ClearFailures(inbox_.consumer(), d.message.id);
     }
     ack();
+    return;
+  }
+  if (o.status.code() == Code::kInProgress) return SettleInProgress(d, o);
+  if (o.status.code() == Code::kRejected) return SettleRejected(d, o);
+  if (o.status.code() == Code::kAborted) {  // stopping: given back at once, nothing counted
+    (void)source_.Nack(d, 0);
+    nacked_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   const bool handler_failed = o.status.code() == Code::kHandlerFailed;
@@ -236,6 +370,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     if (count.ok()) {
       failure_recorded = !bad_id;
       attempt = count->attempts;
+      if (count->parked) parked_.fetch_add(1, std::memory_order_relaxed);
       if (handler_failed && batch_failures != nullptr)
         (*batch_failures)[d.message.id] = BatchFailure{count->attempts, count->dead_lettered};
       if (count->dead_lettered) {
@@ -257,37 +392,35 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
   nack(attempt, failure_recorded);
 }
 
-void Consumer::SettleCrashLoop(const Delivery& d) {
+bool Consumer::SettleCrashLoop(const Delivery& d) {
   const std::string error = "delivered " + std::to_string(d.message.attempt) +
                             " times without an outcome (the consumer may crash while handling it); max_deliveries " +
                             std::to_string(options_.max_deliveries);
-  FailureRecord rec{inbox_.consumer(), &d.message, error, /*max_attempts=*/1, options_.env->NowMs()};
+  FailureRecord rec{inbox_.consumer(), &d.message, error, /*max_attempts=*/1, options_.env->NowMs(),
+                    FailureRecord::Kind::kCrashLoop};
   auto count = inbox_.store().RecordFailure(rec);
   if (!count.ok()) {  // the store is down: try again later
     (void)source_.Nack(d, Backoff(options_, 1, options_.env));
     nacked_.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return true;
   }
+  // In progress: its deliveries reached an outcome (each was given back
+  // while a step was unfinished), so this is no crash loop. Handle it.
+  if (count->in_progress) return false;
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
     inbox_.NoteDeadLetter();
   }
   // Applied earlier (its acks were lost) or dead-lettered now: done either way.
-  if (source_.Ack(d).ok()) {
-    acked_.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    ack_errors_.fetch_add(1, std::memory_order_relaxed);
-  }
+  Ack(d);
+  return true;
 }
 
 ConsumerStats Consumer::stats() const {
-  return {received_.load(), acked_.load(), nacked_.load(), dead_.load(), ack_errors_.load(), receive_errors_.load()};
+  return {received_.load(),    acked_.load(),  nacked_.load(),   dead_.load(),
+          ack_errors_.load(),  receive_errors_.load(), in_progress_.load(), parked_.load(),
+          rejected_.load(),    leases_extended_.load(), lease_errors_.load()};
 }
-
-namespace {
-// The stop flag of the Consumer whose worker runs on this thread.
-thread_local const std::atomic<bool>* t_stop_flag = nullptr;
-}  // namespace
 
 bool StopRequested() noexcept {
   const std::atomic<bool>* f = t_stop_flag;

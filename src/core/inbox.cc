@@ -1,12 +1,27 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/inbox.h"
 
+#include "core/handler_scope.h"
+#include "idem/call_first.h"
+
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 
 namespace idem {
+
+namespace internal {
+namespace {
+thread_local const std::string* t_write_lock = nullptr;
+}  // namespace
+HandlerScope::HandlerScope(const std::string& write_lock_id) : previous_(t_write_lock) {
+  t_write_lock = write_lock_id.empty() ? nullptr : &write_lock_id;
+}
+HandlerScope::~HandlerScope() { t_write_lock = previous_; }
+const std::string* HeldWriteLock() noexcept { return t_write_lock; }
+}  // namespace internal
 
 std::string_view KindName(Outcome::Kind kind) {
   switch (kind) {
@@ -35,15 +50,32 @@ Outcome Failed(Status s) {
   return o;
 }
 
+// What a handler's error means to the Consumer. kInProgress (a CallOnce step
+// held elsewhere, or unfinished downstream) stays itself, and so does
+// kInDoubt from a handler's own call, as in progress: the effect may exist,
+// so the message is redelivered without counting a failure. kRejected (never
+// retried) and kAborted (stopping) stay themselves. Any other error is the
+// handler's failure, counted toward max_attempts.
+Status HandlerStatus(Status s) {
+  switch (s.code()) {
+    case Code::kOk:
+    case Code::kHandlerFailed:
+    case Code::kInProgress:
+    case Code::kRejected:
+    case Code::kAborted:
+      return s;
+    case Code::kInDoubt:
+      return Status::InProgress("a call may have taken effect and its outcome is not known yet: " + s.message());
+    default:
+      return Status(Code::kHandlerFailed, s.ToString());
+  }
+}
+
 // Runs the user's handler; an exception becomes kHandlerFailed, so the caller
 // always gets to roll back before anything else happens.
 Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
   try {
-    Status s = handler(tx, m);
-    // kInProgress (a CallOnce step held elsewhere) stays itself: the
-    // consumer redelivers it later without counting a failure.
-    if (s.ok() || s.code() == Code::kHandlerFailed || s.code() == Code::kInProgress) return s;
-    return Status(Code::kHandlerFailed, s.ToString());
+    return HandlerStatus(handler(tx, m));
   } catch (const std::exception& e) {
     return Status::HandlerFailed(std::string("handler threw: ") + e.what());
   } catch (...) {
@@ -53,7 +85,8 @@ Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
 
 }  // namespace
 
-Inbox::Inbox(Store& store, InboxOptions options) : store_(store), options_(std::move(options)) {
+Inbox::Inbox(Store& store, InboxOptions options)
+    : store_(store), options_(std::move(options)), write_lock_id_(store.WriteLockId()) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
@@ -61,22 +94,22 @@ Outcome Inbox::Handle(const Message& message, const Handler& handler) {
   return HandleBatch(std::span<const Message>(&message, 1), handler).front();
 }
 
-std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const Handler& handler) {
-  std::vector<Outcome> out(messages.size());
-  if (messages.empty()) return out;
-  if (!handler) {  // a caller's mistake, not the message's: nothing is counted or dead-lettered
+Outcome Inbox::Handle(const Message& message, const CallFirst& handler) {
+  return HandleBatch(std::span<const Message>(&message, 1), handler).front();
+}
+
+bool Inbox::Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
+                  std::vector<bool>& excluded) {
+  excluded.assign(messages.size(), false);
+  if (messages.empty()) return false;
+  if (!has_handler) {  // a caller's mistake, not the message's: nothing is counted or dead-lettered
     for (auto& o : out) o = Failed(Status::InvalidArgument("Inbox: the handler is empty"));
-    return out;
+    return false;
   }
   if (Status s = ValidateId(options_.consumer); !s.ok()) {
     for (auto& o : out) o = Failed(s.WithContext("consumer name"));
-    return out;
+    return false;
   }
-  // Optimistic: the whole batch in one transaction with no savepoints (on
-  // PostgreSQL each would cost two round trips per message). When a handler
-  // fails, the transaction is rolled back and the batch runs again without
-  // that message (and its copies); the others' handlers run again then.
-  std::vector<bool> excluded(messages.size(), false);
   for (size_t i = 0; i < messages.size(); ++i) {
     if (Status s = ValidateId(messages[i].id); !s.ok()) {
       out[i] = Failed(s);
@@ -91,7 +124,77 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
       excluded[i] = true;
     }
   }
-  std::vector<bool> shed = excluded;  // answered without the store
+  return true;
+}
+
+std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const Handler& handler) {
+  std::vector<Outcome> out(messages.size());
+  std::vector<bool> excluded;
+  if (!Admit(messages, static_cast<bool>(handler), out, excluded)) return out;
+  Apply(messages, handler, excluded, out);
+  for (auto& o : out) Count(o);
+  return out;
+}
+
+std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const CallFirst& handler) {
+  std::vector<Outcome> out(messages.size());
+  std::vector<bool> excluded;
+  if (!Admit(messages, handler.complete(), out, excluded)) return out;
+  // A message handled before makes no call (its claims may be purged by
+  // now): read its marker first. A conflict is left to the transaction,
+  // which records it; its calls are not made either.
+  std::vector<std::unique_ptr<Calls>> calls(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (excluded[i]) continue;
+    const Message& m = messages[i];
+    auto found = store_.FindMarker(options_.consumer, m.id,
+                                   options_.key_by_producer_time ? m.producer_time_ms : std::nullopt);
+    if (!found.ok()) {
+      out[i] = Failed(found.status());
+      excluded[i] = true;
+      continue;
+    }
+    if (found->has_value()) {
+      if ((*found)->fingerprint == FingerprintOf(m.payload)) {
+        out[i].kind = Outcome::Kind::kDuplicate;
+        excluded[i] = true;
+      }
+      continue;
+    }
+    calls[i] = std::make_unique<Calls>(handler.claims(), m);
+    Status s;
+    try {
+      s = HandlerStatus(handler.calls()(*calls[i], m));
+    } catch (const std::exception& e) {
+      s = Status::HandlerFailed(std::string("calls threw: ") + e.what());
+    } catch (...) {
+      s = Status::HandlerFailed("calls threw an exception that is not a std::exception");
+    }
+    if (!s.ok()) {
+      out[i] = Failed(std::move(s));
+      excluded[i] = true;
+    }
+  }
+  // The transactional part: the message's own Calls, found by its place in
+  // the span (the Inbox hands the handler the span's elements).
+  const Handler apply = [&](Transaction& tx, const Message& m) -> Status {
+    const auto i = static_cast<size_t>(&m - messages.data());
+    if (i >= messages.size() || calls[i] == nullptr)
+      return Status::Internal("call-first: a message reached the transaction without its calls");
+    return handler.apply()(tx, m, *calls[i]);
+  };
+  Apply(messages, apply, excluded, out);
+  for (auto& o : out) Count(o);
+  return out;
+}
+
+void Inbox::Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
+                  std::vector<Outcome>& out) {
+  // Optimistic: the whole batch in one transaction with no savepoints (on
+  // PostgreSQL each would cost two round trips per message). When a handler
+  // fails, the transaction is rolled back and the batch runs again without
+  // that message (and its copies); the others' handlers run again then.
+  std::vector<bool> shed = excluded;  // answered without the store's transaction
   for (;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
     if (!a.failed.has_value()) break;
@@ -111,8 +214,6 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
         committed.push_back(messages[i]);
     if (!committed.empty()) options_.prefilter->Remember(options_.consumer, committed);
   }
-  for (auto& o : out) Count(o);
-  return out;
 }
 
 Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler& handler,
@@ -168,7 +269,11 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
       continue;
     }
     IDEM_KILL_POINT("inbox.after_marker");
-    Status hs = RunHandler(handler, tx, m);
+    Status hs;
+    {
+      internal::HandlerScope scope(write_lock_id_);
+      hs = RunHandler(handler, tx, m);
+    }
     if (!hs.ok() && !tx.Healthy()) {
       // The connection died under the handler: the store failed, not the
       // message. Nothing is committed; every message is delivered again.
@@ -244,12 +349,21 @@ void Inbox::Count(const Outcome& o) {
     case Outcome::Kind::kApplied: applied_.fetch_add(1, std::memory_order_relaxed); break;
     case Outcome::Kind::kDuplicate: duplicates_.fetch_add(1, std::memory_order_relaxed); break;
     case Outcome::Kind::kConflict: conflicts_.fetch_add(1, std::memory_order_relaxed); break;
-    case Outcome::Kind::kFailed: failures_.fetch_add(1, std::memory_order_relaxed); break;
+    case Outcome::Kind::kFailed:
+      if (o.status.code() == Code::kInProgress) {
+        in_progress_.fetch_add(1, std::memory_order_relaxed);
+      } else if (o.status.code() == Code::kRejected) {
+        rejected_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        failures_.fetch_add(1, std::memory_order_relaxed);
+      }
+      break;
   }
 }
 
 InboxCounters Inbox::counters() const {
-  return {applied_.load(), duplicates_.load(), conflicts_.load(), failures_.load(), dead_lettered_.load()};
+  return {applied_.load(),       duplicates_.load(),  conflicts_.load(), failures_.load(),
+          dead_lettered_.load(), in_progress_.load(), rejected_.load()};
 }
 
 }  // namespace idem

@@ -3,6 +3,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -58,11 +59,53 @@ std::string ToHex(const Fingerprint& fp) {
   return s;
 }
 
-std::string DownstreamKey(const Message& message, std::string_view step) {
-  std::string key = message.id;
+Status ValidateStep(std::string_view step) {
+  if (step.empty() || step.size() > kMaxStepBytes)
+    return Status::InvalidArgument("step name must be 1.." + std::to_string(kMaxStepBytes) + " bytes, got " +
+                                   std::to_string(step.size()));
+  for (unsigned char c : step)
+    if (c < 0x21 || c > 0x7E)
+      return Status::InvalidArgument("step name '" + Printable(step) +
+                                     "' holds a byte that is not visible ASCII (0x21-0x7E)");
+  return Status::OK();
+}
+
+std::string DownstreamKey(std::string_view id, std::string_view step) {
+  if (!ValidateStep(step).ok()) return "!invalid-step";
+  const bool carriable = std::all_of(id.begin(), id.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c >= 0x20 && c <= 0x7E;
+  });
+  std::string key;
+  if (carriable && id.size() + 1 + step.size() <= kMaxKeyBytes && !id.starts_with(kHashedKeyPrefix)) {
+    key.reserve(id.size() + 1 + step.size());
+    key.append(id);
+  } else {
+    key.append(kHashedKeyPrefix);
+    key.append(ToHex(FingerprintOf(id)));
+  }
   key += ':';
-  key += step;
+  key.append(step);
   return key;
+}
+
+std::string DownstreamKey(const Message& message, std::string_view step) { return DownstreamKey(message.id, step); }
+
+std::string Printable(std::string_view bytes, std::size_t max) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < bytes.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c <= 0x7E && c != '\\') {
+      s += static_cast<char>(c);
+    } else {
+      s += "\\x";
+      s += kHex[c >> 4];
+      s += kHex[c & 15];
+    }
+  }
+  if (bytes.size() > max) s += "...";
+  return s;
 }
 
 }  // namespace idem

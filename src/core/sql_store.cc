@@ -349,6 +349,7 @@ Result<std::optional<Marker>> SqlStore::FindMarker(std::string_view consumer, st
 }
 
 Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
+  using Kind = FailureRecord::Kind;
   IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
   FailureCount count;
   Value key[] = {f.consumer, IdBlob(f.message->id)};
@@ -360,13 +361,50 @@ Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
     count.already_applied = true;
     return count;
   }
-  Value p[] = {f.consumer, IdBlob(f.message->id), f.error, f.now_ms};
-  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kBumpFailure, p));
-  count.attempts = rows.rows.empty() ? 1 : static_cast<int>(rows.rows[0][0].AsInt());
-  if (f.max_attempts > 0 && count.attempts >= f.max_attempts) {
-    IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(
-        DeadLetter{f.consumer, f.message->id, "failed", f.error, count.attempts, f.message->payload, f.now_ms}));
+  const auto dead_letter = [&](const char* reason) -> Status {
     count.dead_lettered = true;
+    return tx->PutDeadLetter(
+        DeadLetter{f.consumer, f.message->id, reason, f.error, count.attempts, f.message->payload, f.now_ms});
+  };
+  Value p[] = {f.consumer, IdBlob(f.message->id), f.error, f.now_ms};
+  if (f.kind == Kind::kCrashLoop) {
+    // In progress: not a crash loop (its deliveries reached an outcome).
+    IDEM_ASSIGN_OR_RETURN(Rows found, tx->Query(kFindFailure, key));
+    if (!found.rows.empty() && !found.rows[0][1].is_null()) {
+      count.attempts = static_cast<int>(found.rows[0][0].AsInt());
+      count.in_progress = true;
+      IDEM_RETURN_IF_ERROR(tx->Commit());
+      return count;
+    }
+  }
+  // attempts, in_progress_since_ms, parked_at_ms: the row after this call.
+  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(f.kind == Kind::kInProgress ? kNoteInProgress : kBumpFailure, p));
+  std::optional<int64_t> since, parked_at;
+  count.attempts = 1;
+  if (!rows.rows.empty()) {
+    count.attempts = static_cast<int>(rows.rows[0][0].AsInt());
+    if (!rows.rows[0][1].is_null()) since = rows.rows[0][1].AsInt();
+    if (!rows.rows[0][2].is_null()) parked_at = rows.rows[0][2].AsInt();
+  }
+  count.in_progress = since.has_value();
+  if (f.kind == Kind::kRejected) {
+    IDEM_RETURN_IF_ERROR(dead_letter("rejected"));
+  } else if (count.in_progress) {
+    // A step may have taken effect: never dead-lettered as a failure. Parked
+    // (once) when it has been unfinished for long.
+    if (!parked_at && f.park_after_ms > 0 && f.now_ms - *since >= f.park_after_ms) {
+      Value park[] = {f.consumer, IdBlob(f.message->id), f.now_ms};
+      IDEM_RETURN_IF_ERROR(tx->Exec(kMarkParked, park).status());
+      IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(
+          DeadLetter{f.consumer, f.message->id, "parked",
+                     "in progress since " + std::to_string(*since) + " ms: " + f.error, count.attempts,
+                     f.message->payload, f.now_ms}));
+      count.parked = true;
+    }
+  } else if (f.kind == Kind::kCrashLoop) {
+    IDEM_RETURN_IF_ERROR(dead_letter("failed"));
+  } else if (f.kind == Kind::kFailed && f.max_attempts > 0 && count.attempts >= f.max_attempts) {
+    IDEM_RETURN_IF_ERROR(dead_letter("failed"));
   }
   IDEM_RETURN_IF_ERROR(tx->Commit());
   return count;
@@ -380,9 +418,13 @@ Result<bool> SqlStore::HasMarker(Connection& c, const std::string& consumer, std
 }
 
 Status SqlStore::ClearFailures(std::string_view consumer, std::string_view id) {
+  // Kafka's deliveries carry no count, so this runs on each of its acks: one
+  // statement when there is nothing to clear.
   IDEM_ASSIGN_OR_RETURN(Lease conn, Take());
   Value p[] = {std::string(consumer), IdBlob(id)};
-  return conn->Exec(kClearFailure, p).status();
+  IDEM_ASSIGN_OR_RETURN(int64_t cleared, conn->Exec(kClearFailure, p));
+  if (cleared == 0) return Status::OK();
+  return conn->Exec(kClearParked, p).status();
 }
 
 Result<int64_t> SqlStore::Purge(std::string_view consumer, int64_t before_ms, int batch_size) {

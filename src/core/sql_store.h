@@ -59,8 +59,23 @@ struct Migration {
 inline constexpr const char* kBumpFailure =
     "INSERT INTO idem_failures(consumer, id, attempts, last_error, updated_at_ms) VALUES ($1, $2, 1, $3, $4) "
     "ON CONFLICT (consumer, id) DO UPDATE SET attempts = idem_failures.attempts + 1,"
-    " last_error = excluded.last_error, updated_at_ms = excluded.updated_at_ms RETURNING attempts";
+    " last_error = excluded.last_error, updated_at_ms = excluded.updated_at_ms"
+    " RETURNING attempts, in_progress_since_ms, parked_at_ms";
+// In progress: no failure counted; the first time is kept.
+inline constexpr const char* kNoteInProgress =
+    "INSERT INTO idem_failures(consumer, id, attempts, last_error, updated_at_ms, in_progress_since_ms)"
+    " VALUES ($1, $2, 0, $3, $4, $4) ON CONFLICT (consumer, id) DO UPDATE SET last_error = excluded.last_error,"
+    " updated_at_ms = excluded.updated_at_ms,"
+    " in_progress_since_ms = COALESCE(idem_failures.in_progress_since_ms, excluded.in_progress_since_ms)"
+    " RETURNING attempts, in_progress_since_ms, parked_at_ms";
+inline constexpr const char* kFindFailure =
+    "SELECT attempts, in_progress_since_ms, parked_at_ms FROM idem_failures WHERE consumer = $1 AND id = $2";
+inline constexpr const char* kMarkParked =
+    "UPDATE idem_failures SET parked_at_ms = $3 WHERE consumer = $1 AND id = $2";
 inline constexpr const char* kClearFailure = "DELETE FROM idem_failures WHERE consumer = $1 AND id = $2";
+// A parked message that applied is no longer parked.
+inline constexpr const char* kClearParked =
+    "DELETE FROM idem_dead_letters WHERE consumer = $1 AND id = $2 AND reason = 'parked'";
 inline constexpr const char* kPutDeadLetter =
     "INSERT INTO idem_dead_letters(consumer, id, reason, error, attempts, payload, at_ms)"
     " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO UPDATE SET reason = excluded.reason,"

@@ -77,6 +77,9 @@ inline constexpr sql_internal::Migration kMigrations[] = {
     {5, "versions for ApplyIfNewer (naturally idempotent, ordered updates)",
      "CREATE TABLE idem_versions(entity text NOT NULL, key bytea NOT NULL, version bigint NOT NULL,"
      " PRIMARY KEY (entity, key))"},
+    {6, "failures: since when a message has been in progress, and when it was parked",
+     "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms bigint;"
+     "ALTER TABLE idem_failures ADD COLUMN parked_at_ms bigint"},
 };
 
 // A bounded wait's watch registers itself on the record (after LISTEN,

@@ -78,6 +78,11 @@ inline constexpr sql_internal::Migration kMigrations[] = {
     {5, "versions for ApplyIfNewer (naturally idempotent, ordered updates)",
      "CREATE TABLE idem_versions(entity TEXT NOT NULL, key BLOB NOT NULL, version INTEGER NOT NULL,"
      " PRIMARY KEY (entity, key)) WITHOUT ROWID"},
+    {6, "failures: since when a message has been in progress, and when it was parked",
+     // A message whose step may have taken effect is never dead-lettered as
+     // a failure: it is retried, and parked past ConsumerOptions::park_after_ms.
+     "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms INTEGER;"
+     "ALTER TABLE idem_failures ADD COLUMN parked_at_ms INTEGER"},
 };
 
 // ---- claims. The store's clock is the Env's (SQLite is local): `now` is

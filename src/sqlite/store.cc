@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -176,9 +177,18 @@ sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
   return oo;
 }
 
+// One writer per file: two store objects on one path share its write lock.
+std::string WriteLockIdOf(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) p = std::filesystem::absolute(path, ec);
+  return "sqlite:" + (ec ? path : p.string());
+}
+
 class SqliteStore final : public sql_internal::SqlStore {
  public:
-  explicit SqliteStore(const Options& o) : SqlStore(kDialect, o.env, 16), options_(o) {
+  explicit SqliteStore(const Options& o)
+      : SqlStore(kDialect, o.env, 16), options_(o), write_lock_id_(WriteLockIdOf(o.path)) {
     if (CheckpointsInBackground(o))
       checkpointer_ = std::make_unique<Checkpointer>(OpenOptionsFor(o, /*create=*/false), o.wal_autocheckpoint_pages);
   }
@@ -193,6 +203,7 @@ class SqliteStore final : public sql_internal::SqlStore {
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
   }
   void set_create_file(bool v) { create_file_ = v; }
+  std::string WriteLockId() const override { return write_lock_id_; }
 
   // Markers with a producer time go to idem_markers_by_producer_time (keyed by that
   // time first); the others to idem_markers. A new by-time marker is also
@@ -291,6 +302,7 @@ class SqliteStore final : public sql_internal::SqlStore {
 
  private:
   Options options_;
+  const std::string write_lock_id_;
   bool create_file_ = true;
   std::unique_ptr<Checkpointer> checkpointer_;
 };
