@@ -105,11 +105,8 @@ TEST_P(DeliverySuite, AWaitingReceiveSeesALeaseExpire) {
 }
 
 TEST_P(DeliverySuite, StaleReceiptAfterRedeliveryIsLeaseLostAndDeletesNothing) {
-  PublishTwice(Msg("m-1"));
-  std::vector<Delivery> stale = ReceiveAll();
+  auto [stale, fresh] = ReceiveAcrossALeaseExpiry(Msg("m-1"));
   ASSERT_EQ(stale.size(), 2u);
-  Advance(kLeaseMs + 1);
-  std::vector<Delivery> fresh = ReceiveAll();
   ASSERT_EQ(fresh.size(), 2u);
   for (const Delivery& d : stale) {
     Status s = source().Ack(d);
@@ -136,6 +133,69 @@ TEST_P(DeliverySuite, StaleReceiptAfterNackAndRedeliveryIsLeaseLost) {
   for (const Delivery& d : second) {
     EXPECT_EQ(d.message.attempt, 2);
     EXPECT_TRUE(source().Ack(d).ok());
+  }
+  ExpectDrained();
+}
+
+// A handler that runs longer than the lease keeps its delivery by extending
+// the lease (the Consumer does so every third of lease_ms()). A source
+// without leases (lease_ms() == 0) answers OK and holds the delivery anyway.
+TEST_P(DeliverySuite, ADeliveryWhoseLeaseIsExtendedIsNotRedeliveredMeanwhile) {
+  PublishTwice(Msg("m-1"));
+  std::vector<Delivery> got = ReceiveAll();
+  ASSERT_EQ(got.size(), 2u);
+  const int64_t lease = source().lease_ms();
+  EXPECT_TRUE(lease == kLeaseMs || lease == 0) << "lease_ms() is " << lease << ", the source was opened with " << kLeaseMs;
+  // Five extensions half a lease apart: two and a half leases past the
+  // original lease end, and every Receive meanwhile sees nothing.
+  for (int round = 0; round < 5; ++round) {
+    Advance(kLeaseMs / 2);
+    for (const Delivery& d : got) {
+      Status s = source().ExtendLease(d);
+      EXPECT_TRUE(s.ok()) << "round " << round << ": " << s;
+    }
+    EXPECT_TRUE(ReceiveAll().empty()) << "redelivered during an extended lease, round " << round;
+  }
+  // The last extension holds for a whole lease from when it was made.
+  Advance(kLeaseMs - 1);
+  EXPECT_TRUE(ReceiveAll().empty()) << "the last extension ended early";
+  for (const Delivery& d : got) {
+    EXPECT_EQ(d.message.attempt, 1);
+    Status s = source().Ack(d);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  ExpectDrained();
+}
+
+// An extension cannot bring back a lease that was lost: once the delivery
+// expired and was received again, or was acked, ExtendLease of the old
+// receipt is kLeaseLost and leaves the new delivery alone.
+TEST_P(DeliverySuite, ExtendLeaseAfterTheLeaseWasLostIsLeaseLost) {
+  auto [stale, fresh] = ReceiveAcrossALeaseExpiry(Msg("m-1"));
+  ASSERT_EQ(stale.size(), 2u);
+  if (source().lease_ms() == 0) {
+    // No lease to lose: the deliveries stay ours however long it takes.
+    EXPECT_TRUE(fresh.empty());
+    for (const Delivery& d : stale) {
+      EXPECT_TRUE(source().ExtendLease(d).ok());
+      EXPECT_TRUE(source().Ack(d).ok());
+    }
+    ExpectDrained();
+    return;
+  }
+  ASSERT_EQ(fresh.size(), 2u);
+  for (const Delivery& d : stale) {
+    Status s = source().ExtendLease(d);
+    EXPECT_EQ(s.code(), Code::kLeaseLost) << s;
+  }
+  // The new deliveries kept their leases: invisible, extendable, ackable.
+  EXPECT_TRUE(ReceiveAll().empty());
+  for (const Delivery& d : fresh) {
+    EXPECT_EQ(d.message.attempt, 2);
+    EXPECT_TRUE(source().ExtendLease(d).ok()) << d.receipt;
+    EXPECT_TRUE(source().Ack(d).ok()) << d.receipt;
+    Status s = source().ExtendLease(d);
+    EXPECT_EQ(s.code(), Code::kLeaseLost) << "after the ack: " << s;
   }
   ExpectDrained();
 }

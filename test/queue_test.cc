@@ -338,6 +338,75 @@ TEST(EmbeddedQueue, MessagesAndLeasesSurviveReopening) {
   EXPECT_TRUE((*q)->Ack(back->front()).ok());
 }
 
+// The lease belongs to the receipt until someone else receives the message:
+// a late extension (the lease ran out, nobody took the message) still holds,
+// as a late Ack does, and the new lease runs lease_ms from the extension.
+TEST(EmbeddedQueue, ExtendLeaseHoldsWhileTheReceiptHoldsTheLeaseEvenAfterItRanOut) {
+  TempDir dir;
+  FakeEnv env;
+  auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = 1000, .durable = false, .env = &env});
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ((*q)->lease_ms(), 1000);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*q)->Publish(Msg("m-1")).ok());
+  auto got = (*q)->Receive(2, 0);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 2u);
+  env.Advance(1500);  // both leases ran out; nobody received the messages
+  for (const Delivery& d : *got) {
+    Status s = (*q)->ExtendLease(d);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  auto st = (*q)->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->leased, 2);
+  EXPECT_EQ(st->ready, 0);
+  env.Advance(999);
+  auto none = (*q)->Receive(2, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty()) << "visible before the extended lease ran out";
+  env.Advance(1);
+  auto back = (*q)->Receive(2, 0);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 2u);
+  for (const Delivery& d : *back) {
+    EXPECT_EQ(d.message.attempt, 2);
+    EXPECT_EQ((*q)->ExtendLease((*got)[0]).code(), Code::kLeaseLost) << "the old receipt after the redelivery";
+    EXPECT_TRUE((*q)->Ack(d).ok());
+  }
+}
+
+// ExtendLease checks the receipt as Ack and Nack do: a nacked delivery, a
+// receipt of another queue in the same file and a foreign receipt renew
+// nothing, and the message stays where it was.
+TEST(EmbeddedQueue, ExtendLeaseOfANackedOrAnotherQueuesReceiptChangesNothing) {
+  TempDir dir;
+  FakeEnv env;
+  auto a = Queue::Open({.path = dir.File("q.db"), .queue = "a", .lease_ms = 1000, .env = &env});
+  auto b = Queue::Open({.path = dir.File("q.db"), .queue = "b", .lease_ms = 1000, .env = &env});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*a)->Publish(Msg("for-a")).ok());
+  auto ga = (*a)->Receive(2, 0);
+  ASSERT_TRUE(ga.ok());
+  ASSERT_EQ(ga->size(), 2u);
+  EXPECT_EQ((*b)->ExtendLease((*ga)[0]).code(), Code::kLeaseLost);
+  Delivery foreign = (*ga)[0];
+  foreign.receipt = "not-a-receipt";
+  EXPECT_EQ((*a)->ExtendLease(foreign).code(), Code::kInvalidArgument);
+  ASSERT_TRUE((*a)->Nack((*ga)[1], 0).ok());
+  EXPECT_EQ((*a)->ExtendLease((*ga)[1]).code(), Code::kLeaseLost);
+  auto st = (*a)->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready, 1) << "the nacked copy stays visible";
+  EXPECT_EQ(st->leased, 1);
+  auto again = (*a)->Receive(2, 0);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->size(), 1u);
+  EXPECT_EQ(again->front().message.attempt, 2);
+  EXPECT_TRUE((*a)->Ack(again->front()).ok());
+  EXPECT_TRUE((*a)->Ack((*ga)[0]).ok());
+  EXPECT_EQ((*a)->ExtendLease((*ga)[0]).code(), Code::kLeaseLost) << "after the ack";
+}
+
 // Two handles whose random numbers repeat (two FakeEnvs with one seed, as two
 // processes forked from one parent share an RNG state): the receipt of an
 // expired delivery must still not ack the redelivery the other handle holds.

@@ -350,6 +350,25 @@ class SourceImpl final : public Source {
   Status Ack(const Delivery& d) override { return Settle(d, /*ack=*/true, 0); }
   Status Nack(const Delivery& d, int64_t delay_ms) override { return Settle(d, /*ack=*/false, delay_ms); }
 
+  // The optional client-side lease (SourceOptions::lease_ms): 0 without one.
+  int64_t lease_ms() const override { return o_.lease_ms; }
+
+  Status ExtendLease(const Delivery& d) override {
+    auto parsed = ParseReceipt(d.receipt);
+    if (!parsed) return Status::InvalidArgument("amqp: not a receipt of an amqp source: '" + d.receipt + "'");
+    const auto [gen, tag] = *parsed;
+    std::lock_guard<std::mutex> l(mu_);
+    // As for an ack: a lease that ran out is given back first, and is lost.
+    ExpireLeasesLocked();
+    auto it = conn_ && gen == generation_ ? outstanding_.find(tag) : outstanding_.end();
+    if (it == outstanding_.end()) {
+      return {Code::kLeaseLost, "amqp: lease extension of delivery " + std::to_string(tag) +
+                                    ": it was acknowledged or nacked, its lease ran out, or its connection is gone"};
+    }
+    it->second = LeaseEnd();
+    return Status::OK();
+  }
+
   Status Reconnect() override {
     std::lock_guard<std::mutex> l(mu_);
     conn_.Reset(false);

@@ -124,13 +124,8 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      // The queue name too: a receipt from another queue in the same file
-      // must not delete (and count) that queue's message.
-      Value p[] = {r.first, r.second, o_.queue};
-      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("DELETE FROM idem_queue_messages WHERE seq = $1 AND lease = $2"
-                                                 " AND queue = $3",
-                                                 p));
-      if (n == 0) return Status(Code::kLeaseLost, "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already");
+      IDEM_RETURN_IF_ERROR(OnHeldLocked("DELETE FROM idem_queue_messages", {}, r,
+                                        "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already"));
       Value q[] = {o_.queue};
       return db_->Exec("UPDATE idem_queue_counters SET acked = acked + 1 WHERE queue = $1", q).status();
     });
@@ -140,13 +135,22 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      Value p[] = {internal::SaturatingAdd(o_.env->NowMs(), std::max<int64_t>(0, delay_ms)), r.first, r.second,
-                   o_.queue};
-      IDEM_ASSIGN_OR_RETURN(int64_t n, db_->Exec("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = NULL"
-                                                 " WHERE seq = $2 AND lease = $3 AND queue = $4",
-                                                 p));
-      if (n == 0) return Status(Code::kLeaseLost, "nack of " + d.message.id + ": lease no longer held");
-      return Status::OK();
+      return OnHeldLocked("UPDATE idem_queue_messages SET visible_at_ms = $1, lease = NULL",
+                          {internal::SaturatingAdd(o_.env->NowMs(), std::max<int64_t>(0, delay_ms))}, r,
+                          "nack of " + d.message.id + ": lease no longer held");
+    });
+  }
+
+  int64_t lease_ms() const override { return o_.lease_ms; }
+
+  Status ExtendLease(const Delivery& d) override {
+    IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
+    std::lock_guard<std::mutex> l(mu_);
+    return InTx([&]() -> Status {
+      return OnHeldLocked("UPDATE idem_queue_messages SET visible_at_ms = $1",
+                          {internal::SaturatingAdd(o_.env->NowMs(), o_.lease_ms)}, r,
+                          "lease extension of " + d.message.id +
+                              ": its lease expired and it was redelivered, or it was acked already");
     });
   }
 
@@ -186,6 +190,25 @@ class SqliteQueue final : public Queue {
     s = db_->Script("COMMIT");
     if (!s.ok() && db_->in_transaction()) (void)db_->Script("ROLLBACK");
     return s;
+  }
+
+  // Runs `statement` (a DELETE, or an UPDATE ... SET with parameters
+  // $1..$n in `params`) on the message only while the receipt still holds
+  // its lease: the one check Ack, Nack and ExtendLease share. The lease
+  // token changes at every Receive, so a receipt whose lease expired still
+  // matches until someone else receives the message (nobody was harmed by
+  // the lateness), and never after. The queue name is checked too: a
+  // receipt from another queue in the same file must not touch (and count)
+  // that queue's message. kLeaseLost with `lost` when nothing matched.
+  Status OnHeldLocked(std::string_view statement, std::vector<Value> params,
+                      const std::pair<int64_t, std::string>& receipt, std::string lost) {
+    const size_t n = params.size();
+    params.insert(params.end(), {receipt.first, receipt.second, o_.queue});
+    const std::string sql = std::string(statement) + " WHERE seq = $" + std::to_string(n + 1) + " AND lease = $" +
+                            std::to_string(n + 2) + " AND queue = $" + std::to_string(n + 3);
+    IDEM_ASSIGN_OR_RETURN(int64_t changed, db_->Exec(sql, params));
+    if (changed == 0) return Status(Code::kLeaseLost, std::move(lost));
+    return Status::OK();
   }
 
   Result<std::vector<Delivery>> TryReceive(int max) {

@@ -94,22 +94,41 @@ return {out, last}
 
 // The delivery named by a receipt still holds its lease: the entry is
 // pending, for that consumer, with that delivery count. Then XACK (and
-// XDEL), or (nack) move the lease end. Returns {1} done, {0} not pending
-// (acked already, or deleted), {-1, owner, count} taken over since.
+// XDEL), or (op "lease": a nack, or ExtendLease) move the lease end: the
+// consumer claims its own entry again with the new stored delivery time,
+// keeping the delivery count. Check and claim are one script, so no Receive
+// of another consumer can take the entry over between them (XPENDING ...
+// <consumer> then XCLAIM from the client could renew a lease that another
+// consumer took in between, and would take the entry back from it).
+// Returns {1} done, {0} not pending (acked already, or deleted),
+// {-1, owner, count} taken over since.
 // KEYS: stream. ARGV: group, entry id, count, consumer, op ("ack", "ack+del",
-// "nack"), stored delivery time for nack.
+// "lease"), stored delivery time for "lease".
 constexpr Script kSettle{"idem_streams_settle", R"lua(
 local stream, group, id, count, consumer, op = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local p = redis.call('XPENDING', stream, group, id, id, 1)
 if not p[1] then return {0} end
 if p[1][2] ~= consumer or p[1][4] ~= count then return {-1, p[1][2], p[1][4]} end
-if op == 'nack' then
+if op == 'lease' then
   redis.call('XCLAIM', stream, group, consumer, 0, id, 'TIME', ARGV[6], 'RETRYCOUNT', count, 'JUSTID')
   return {1}
 end
 redis.call('XACK', stream, group, id)
 if op == 'ack+del' then redis.call('XDEL', stream, id) end
 return {1}
+)lua"};
+
+// A clean stop: XGROUP DELCONSUMER of `consumer` only when nothing is
+// pending under it (DELCONSUMER would drop its entries' pending state, and
+// with it every later takeover of them). One script, so a Receive of another
+// thread cannot claim an entry under the name between the check and the
+// removal. Returns 1 removed, 0 kept (entries pending).
+// KEYS: stream. ARGV: group, consumer.
+constexpr Script kRemoveConsumer{"idem_streams_remove_consumer", R"lua(
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if p[1] then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
 )lua"};
 
 bool ParseInt64(std::string_view s, int64_t& out) {
@@ -171,7 +190,25 @@ class StreamSourceImpl final : public StreamSource {
     return EnsureGroup(**conn);
   }
 
+  ~StreamSourceImpl() override {
+    if (may_be_registered_.load()) (void)Close();
+  }
+
   const std::string& consumer() const override { return o_.consumer; }
+
+  Status Close() override {
+    may_be_registered_ = false;
+    IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
+    const std::string keys[] = {o_.stream};
+    const std::string args[] = {o_.group, o_.consumer};
+    auto r = conn->Eval(kRemoveConsumer, keys, args);
+    // No group (or no stream): no consumer name to remove.
+    if (!r.ok() && !IsNoGroup(r.status())) {
+      may_be_registered_ = true;
+      return r.status().WithContext("remove consumer '" + o_.consumer + "' from " + Where());
+    }
+    return Status::OK();
+  }
 
   Result<std::string> Publish(const Message& m) override {
     if (Status s = ValidateId(m.id); !s.ok()) return s.WithContext("publish to stream " + o_.stream);
@@ -201,6 +238,7 @@ class StreamSourceImpl final : public StreamSource {
     const int64_t deadline = env->NowMs() + std::max<int64_t>(0, wait_ms);
     const bool block_in_redis = env == Env::Default();
     IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
+    may_be_registered_ = true;  // XREADGROUP enters the name in the group
     for (;;) {
       const int64_t now = env->NowMs();
       std::string last;
@@ -222,17 +260,30 @@ class StreamSourceImpl final : public StreamSource {
   }
 
   Status Ack(const Delivery& d) override {
-    return Settle(d, o_.delete_on_ack ? "ack+del" : "ack", 0);
+    return Settle(d, "ack", o_.delete_on_ack ? "ack+del" : "ack", 0);
   }
 
   Status Nack(const Delivery& d, int64_t delay_ms) override {
-    // A delivery time in the future would be clamped by Redis: keep the
-    // stored time well in the past (see kLeaseClockShiftMs).
-    const int64_t delay = std::clamp<int64_t>(delay_ms, 0, kLeaseClockShiftMs / 2);
-    return Settle(d, "nack", o_.env->NowMs() + delay - kLeaseClockShiftMs);
+    return Settle(d, "nack", "lease", StoredLeaseEnd(delay_ms));
+  }
+
+  int64_t lease_ms() const override { return o_.lease_ms; }
+
+  // The same move of the lease end as a nack whose delay is the lease: the
+  // entry stays pending under this consumer, with its delivery count, and
+  // is due for takeover lease_ms from now.
+  Status ExtendLease(const Delivery& d) override {
+    return Settle(d, "lease extension", "lease", StoredLeaseEnd(o_.lease_ms));
   }
 
  private:
+  // The stored delivery time of a lease that ends `from_now_ms` after the
+  // Env's now. A delivery time in the future would be clamped by Redis: keep
+  // it well in the past (see kLeaseClockShiftMs).
+  int64_t StoredLeaseEnd(int64_t from_now_ms) const {
+    return o_.env->NowMs() + std::clamp<int64_t>(from_now_ms, 0, kLeaseClockShiftMs / 2) - kLeaseClockShiftMs;
+  }
+
   std::string Where() const {
     return "stream '" + o_.stream + "' group '" + o_.group + "' at " + pool_.endpoint().Address();
   }
@@ -344,12 +395,11 @@ class StreamSourceImpl final : public StreamSource {
     return m;
   }
 
-  Status Settle(const Delivery& d, const char* op, int64_t nack_time) {
-    const bool nack = std::string_view(op) == "nack";
-    const char* verb = nack ? "nack" : "ack";
+  // `verb` names the call in errors; `op` and `lease_time` are kSettle's.
+  Status Settle(const Delivery& d, std::string_view verb, const char* op, int64_t lease_time) {
     IDEM_ASSIGN_OR_RETURN(Receipt rc, ParseReceipt(d.receipt));
     std::vector<std::string> args{o_.group, rc.entry, std::to_string(rc.count), rc.consumer, op,
-                                  std::to_string(nack_time)};
+                                  std::to_string(lease_time)};
     IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
     bool no_group = false;
     auto r = Run(*conn, kSettle, args, &no_group);
@@ -378,6 +428,10 @@ class StreamSourceImpl final : public StreamSource {
 
   StreamSourceOptions o_;
   Pool pool_;
+  // Whether the name may be in the group without a Close() since: a Receive
+  // ran (or Close failed). A stable name may be there from an earlier
+  // process, so a handle starts with true.
+  std::atomic<bool> may_be_registered_{true};
 };
 
 }  // namespace

@@ -60,6 +60,8 @@ class Settled final : public Source {
   Status Ack(const Delivery& d) override { return inner_->Ack(d); }
   Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_->Nack(d, delay_ms); }
   std::string_view Kind() const override { return inner_->Kind(); }
+  int64_t lease_ms() const override { return inner_->lease_ms(); }
+  Status ExtendLease(const Delivery& d) override { return inner_->ExtendLease(d); }
 
  private:
   std::unique_ptr<amqp::Source> inner_;

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -96,6 +97,30 @@ bool GroupReadEverything(const StreamSourceOptions& o, const std::string& url) {
     if (field((*groups)->element[i], "name") == o.group)
       return !last.empty() && field((*groups)->element[i], "last-delivered-id") == last;
   return false;
+}
+
+// The group's consumers (XINFO CONSUMERS): name -> entries pending under it.
+// {"ERROR", -1} when the command failed.
+std::map<std::string, int64_t> GroupConsumers(const StreamSourceOptions& o) {
+  std::map<std::string, int64_t> out;
+  auto ep = redis_internal::ParseUrl(RedisUrl());
+  if (!ep.ok()) return {{"ERROR", -1}};
+  auto c = redis_internal::Conn::Connect(*ep, {});
+  if (!c.ok()) return {{"ERROR", -1}};
+  auto r = (*c)->Command({"XINFO", "CONSUMERS", o.stream, o.group});
+  if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) return {{"ERROR", -1}};
+  for (size_t i = 0; i < (*r)->elements; ++i) {
+    const redisReply* e = (*r)->element[i];
+    std::string name;
+    int64_t pending = -1;
+    for (size_t k = 0; e->type == REDIS_REPLY_ARRAY && k + 1 < e->elements; k += 2) {
+      const std::string_view f = redis_internal::ReplyString(e->element[k]);
+      if (f == "name") name = std::string(redis_internal::ReplyString(e->element[k + 1]));
+      if (f == "pending") pending = e->element[k + 1]->integer;
+    }
+    out[name] = pending;
+  }
+  return out;
 }
 
 class StreamsTest : public ::testing::Test {
@@ -188,6 +213,137 @@ TEST_F(StreamsTest, UnackedEntryIsTakenOverByAnotherConsumerAfterTheLeaseWithAtt
   EXPECT_EQ(PendingCount(Opts()), 0);
   // Acked twice: lease lost too.
   EXPECT_EQ(b->Ack(taken[0]).code(), Code::kLeaseLost);
+}
+
+// ExtendLease renews the lease for the consumer that holds the entry (the
+// same stored lease end a Receive of ANY consumer compares with), keeps its
+// delivery count, and never takes an entry back from a consumer that took
+// it over.
+TEST_F(StreamsTest, ExtendLeaseRenewsOnlyWhileTheEntryIsPendingUnderItsConsumer) {
+  auto a = Open(&env_, kLease, "consumer-a");
+  auto b = Open(&env_, kLease, "consumer-b");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->lease_ms(), kLease);
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> held = ReceiveAll(*a);
+  ASSERT_EQ(held.size(), 2u);
+  env_.Advance(kLease - 1);
+  for (const Delivery& d : held) {
+    Status s = a->ExtendLease(d);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  env_.Advance(2);  // past the original lease end
+  EXPECT_TRUE(ReceiveAll(*b).empty()) << "b took over an extended lease";
+  const std::string pending = RedisRaw({"XPENDING", Opts().stream, "payments", "-", "+", "10"});
+  EXPECT_EQ(pending.find("consumer-b"), std::string::npos) << pending;
+  EXPECT_EQ(GroupConsumers(Opts())["consumer-a"], 2);
+  env_.Advance(kLease - 3);  // 1 ms before the extended lease end
+  EXPECT_TRUE(ReceiveAll(*b).empty()) << "the extension ended early";
+  env_.Advance(1);  // the extended lease ran out
+  std::vector<Delivery> taken = ReceiveAll(*b);
+  ASSERT_EQ(taken.size(), 2u);
+  for (const Delivery& d : taken) EXPECT_EQ(d.message.attempt, 2) << "the extension kept the delivery count";
+  for (const Delivery& d : held) {
+    Status s = a->ExtendLease(d);
+    EXPECT_EQ(s.code(), Code::kLeaseLost) << s;
+    EXPECT_NE(s.message().find("consumer-b"), std::string::npos) << s;
+  }
+  EXPECT_EQ(GroupConsumers(Opts())["consumer-b"], 2) << "a's late extension took the entries back";
+  EXPECT_TRUE(ReceiveAll(*a).empty());
+  for (const Delivery& d : taken) EXPECT_TRUE(b->Ack(d).ok());
+  EXPECT_EQ(PendingCount(Opts()), 0);
+}
+
+// A clean stop removes the handle's generated consumer name (by Close, or by
+// the destructor) when nothing is pending under it.
+TEST_F(StreamsTest, CleanStopWithNothingPendingLeavesNoConsumerBehind) {
+  auto a = Open();
+  auto c = Open();
+  ASSERT_TRUE(a && c);
+  const std::string name_a = a->consumer(), name_c = c->consumer();
+  ASSERT_NE(name_a, name_c);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+    ASSERT_TRUE(a->Publish(Msg("m-2")).ok());
+  }
+  auto got_a = a->Receive(2, 0);
+  auto got_c = c->Receive(2, 0);
+  ASSERT_TRUE(got_a.ok() && got_c.ok());
+  ASSERT_EQ(got_a->size() + got_c->size(), 4u);
+  for (const Delivery& d : *got_a) EXPECT_TRUE(a->Ack(d).ok());
+  for (const Delivery& d : *got_c) EXPECT_TRUE(c->Ack(d).ok());
+  auto before = GroupConsumers(Opts());
+  EXPECT_EQ(before.count(name_a), 1u);
+  EXPECT_EQ(before.count(name_c), 1u);
+  Status s = a->Close();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(GroupConsumers(Opts()).count(name_a), 0u) << "Close left the consumer in the group";
+  c.reset();
+  EXPECT_TRUE(GroupConsumers(Opts()).empty()) << "the destructor left the consumer in the group";
+}
+
+// A name with an entry still pending stays (DELCONSUMER would drop the
+// entry's pending state, and nobody would ever take it over): the entry is
+// taken over by another consumer once its lease ran out.
+TEST_F(StreamsTest, CleanStopWithAnEntryPendingKeepsTheNameAndTheEntryStaysClaimable) {
+  auto a = Open();
+  ASSERT_TRUE(a);
+  const std::string name = a->consumer();
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  ASSERT_TRUE(a->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> got = ReceiveAll(*a);
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_TRUE(a->Ack(got[0]).ok());  // got[1] stays pending
+  Status s = a->Close();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(GroupConsumers(Opts())[name], 1);
+  a.reset();
+  EXPECT_EQ(GroupConsumers(Opts())[name], 1) << "the destructor removed a consumer with a pending entry";
+  auto b = Open(&env_, kLease, "consumer-b");
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(ReceiveAll(*b).empty()) << "the lease still runs";
+  env_.Advance(kLease + 1);
+  std::vector<Delivery> taken = ReceiveAll(*b);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].message.id, "m-1");
+  EXPECT_EQ(taken[0].message.attempt, 2);
+  EXPECT_TRUE(b->Ack(taken[0]).ok());
+  EXPECT_EQ(PendingCount(Opts()), 0);
+}
+
+// One stable name per process slot: a handle that reuses the name of one
+// that closed with entries unacked finds them pending under it, renews their
+// leases, and gets them again when the leases run out.
+TEST_F(StreamsTest, AStableNameReusedAfterACloseSeesTheEarlierHandlesPendingEntries) {
+  auto first = Open(&env_, kLease, "billing-0");
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(first->Publish(Msg("m-1")).ok());
+  ASSERT_TRUE(first->Publish(Msg("m-1")).ok());
+  std::vector<Delivery> left = ReceiveAll(*first);  // never acked: the process stops
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_TRUE(first->Close().ok());
+  first.reset();
+  auto second = Open(&env_, kLease, "billing-0");
+  ASSERT_TRUE(second);
+  EXPECT_EQ(GroupConsumers(Opts())["billing-0"], 2);
+  env_.Advance(kLease - 1);
+  for (const Delivery& d : left) {
+    Status s = second->ExtendLease(d);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  env_.Advance(2);
+  EXPECT_TRUE(ReceiveAll(*second).empty()) << "the renewed leases still run";
+  env_.Advance(kLease);
+  std::vector<Delivery> again = ReceiveAll(*second);
+  ASSERT_EQ(again.size(), 2u);
+  for (const Delivery& d : again) {
+    EXPECT_EQ(d.message.id, "m-1");
+    EXPECT_EQ(d.message.attempt, 2);
+    EXPECT_TRUE(second->Ack(d).ok());
+  }
+  EXPECT_TRUE(second->Close().ok());
+  EXPECT_EQ(GroupConsumers(Opts()).count("billing-0"), 0u);
 }
 
 TEST_F(StreamsTest, ReceiptsWorkFromAnyHandleAndForeignReceiptsAreInvalid) {

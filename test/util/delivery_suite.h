@@ -23,6 +23,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "idem/env.h"
@@ -89,6 +90,15 @@ class DeliverySuite : public ::testing::TestWithParam<SourceParam> {
     auto got = source().Receive(max, 0);
     EXPECT_TRUE(got.ok()) << got.status();
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
+  }
+  // Publishes `m` twice, receives both copies, lets their leases run out and
+  // receives them again: {the first deliveries (stale now), the new ones}.
+  // The callers check the sizes (2 each for a source with leases).
+  std::pair<std::vector<Delivery>, std::vector<Delivery>> ReceiveAcrossALeaseExpiry(const Message& m) {
+    PublishTwice(m);
+    std::vector<Delivery> stale = ReceiveAll();
+    Advance(kLeaseMs + 1);
+    return {std::move(stale), ReceiveAll()};
   }
   // Nothing is left: not now, and not once every lease and delay ran out.
   void ExpectDrained() {

@@ -125,6 +125,7 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     OpenedSource out;
     redis::StreamSource* raw = src.get();
     out.publish = [raw](const Message& m) { return raw->Publish(m).status(); };
+    out.close = [raw] { return raw->Close(); };
     out.source = std::move(src);
     out.kind = "redis-streams";
     out.shared_url = url;

@@ -28,6 +28,10 @@ struct OpenedSource {
   // Appends a message as a producer would (with the broker's confirms).
   std::function<Status(const Message&)> publish;
   std::string kind;
+  // A clean stop before the source is destroyed, where the source has one
+  // (Redis Streams: StreamSource::Close, which removes the consumer name
+  // from the group when nothing is pending under it). Empty: nothing to do.
+  std::function<Status()> close;
   // A URL another process can open to reach the same broker and topic: the
   // URL itself, except for kafka-mock: (the mock cluster's bootstrap address
   // as kafka://..., valid while `owner` lives).

@@ -30,6 +30,26 @@
 //     broker: if the connection drops just after it, the message may come
 //     again, and the Inbox absorbs it.
 //   - Optional leases (lease_ms): a delivery held too long is given back.
+//     lease_ms() is SourceOptions::lease_ms (0 by default: no lease, a
+//     delivery stays ours until acked or the connection closes, and
+//     ExtendLease is OK with nothing to renew). With a lease, ExtendLease
+//     moves the delivery's lease end to now + lease_ms (env's clock), or is
+//     kLeaseLost when the delivery was settled, its lease ran out (it is
+//     given back first, as for an Ack), or its connection is gone.
+//   - The broker's own limit, consumer_timeout (RabbitMQ 3.8.15 and later;
+//     30 min by default, in rabbitmq.conf; per queue with the
+//     x-consumer-timeout argument or a consumer-timeout policy only from
+//     RabbitMQ 3.12): a delivery left unacknowledged longer than that makes
+//     the broker close the channel (406 PRECONDITION_FAILED, "delivery
+//     acknowledgement on channel 1 timed out"), which is the source's only
+//     channel, so every unacknowledged delivery of the connection is
+//     requeued, not only the late one. The next call notices, every receipt
+//     of that connection then gives kLeaseLost, and the next Receive
+//     reconnects. Nothing in AMQP 0-9-1 resets that timer: ExtendLease
+//     renews idem's lease only, never the broker's. So a handler must finish
+//     (and ack) within consumer_timeout, or the broker's consumer_timeout
+//     must be raised for the queue; the broker checks it about once a
+//     minute, so a delivery may live a little longer than the timeout.
 //   - Nack(delay) is basic.nack with requeue=true. RabbitMQ requeues at once,
 //     so the Source honours the delay itself: the delivery is held
 //     (unacknowledged, counting against the prefetch) and nacked by the first
@@ -106,9 +126,9 @@ struct SourceOptions {
   // A lease on each delivery, like a visibility timeout: a delivery neither
   // acked nor nacked within lease_ms (on env's clock) is given back
   // (basic.nack, requeue) by the first call after that, and its receipt then
-  // gives kLeaseLost. 0: no lease; a delivery stays ours until the
-  // connection closes (RabbitMQ's own consumer_timeout, 30 min by default,
-  // then closes the channel). Default: 0.
+  // gives kLeaseLost; ExtendLease renews it. 0: no lease; a delivery stays
+  // ours until the connection closes (RabbitMQ's own consumer_timeout, 30
+  // min by default, then closes the channel: see above). Default: 0.
   int64_t lease_ms = 0;
   // AMQP heartbeat in seconds (0: off). rabbitmq-c answers heartbeats only
   // inside calls: if no Receive/Ack/Nack runs for 2 x heartbeat_s (every

@@ -8,7 +8,11 @@
 // Publish appends (a producer may publish the same fact twice: both copies are
 // delivered). Receive leases messages for lease_ms; Ack deletes; Nack makes a
 // message visible again after a delay; a lease that expires makes the message
-// visible to the next Receive, with its delivery count raised.
+// visible to the next Receive, with its delivery count raised. lease_ms()
+// is QueueOptions::lease_ms; ExtendLease moves the delivery's lease end to
+// now + lease_ms (on the Env's clock) while its receipt still holds the
+// lease (also when the lease ran out but nobody received the message since),
+// and is kLeaseLost once it was received again or acked, as Ack and Nack are.
 //
 // Thread safety: a Queue may be used from many threads; many processes may
 // open the same file.

@@ -51,6 +51,26 @@
 // Code::kLeaseLost (the records go to the partition's next owner, whose
 // Inbox finds the markers of what was committed here).
 //
+// Long handlers (lease_ms() is 0: a record has no lease of its own, it stays
+// this member's while its partition is assigned, and ExtendLease has nothing
+// to renew). Only Receive polls the consumer (rd_kafka_consumer_poll); no
+// background thread polls for it. librdkafka counts
+// Options::max_poll_interval_ms (max.poll.interval.ms, default 300 s) from
+// the last poll: when no Receive runs for that long (every worker of the
+// Consumer inside a handler: with one worker, any handler longer than it),
+// the member leaves the group, and its partitions go to another member,
+// which starts again from the committed offset. The records in flight are
+// then delivered twice (the Inbox absorbs it: their markers settle the race),
+// the late Acks commit nothing (a failed commit, counted in
+// stats().commit_errors, or kLeaseLost once the revocation ran in the next
+// Receive), and the member rejoins at its next Receive. The heartbeat
+// (session_timeout_ms) is sent by librdkafka's own thread and does not keep
+// a member that stopped polling. So keep the longest handler below
+// max_poll_interval_ms, or run more workers than handlers that can be slow
+// at once (an idle worker's Receive polls for the whole member), or raise
+// max_poll_interval_ms (a crashed member's partitions then still move after
+// session_timeout_ms: the heartbeat thread dies with it).
+//
 // Thread safety: Receive, Ack and Nack may be called from many threads at
 // once. Receive calls are serialised (one poll at a time); the rebalance
 // callbacks run inside Receive (and inside the destructor).
@@ -97,8 +117,10 @@ struct Options {
   int session_timeout_ms = 10'000;
   // heartbeat.interval.ms. Default: 1000.
   int heartbeat_interval_ms = 1'000;
-  // max.poll.interval.ms: the longest gap between two Receive calls before
-  // the member is considered stuck and leaves the group. Default: 300000.
+  // max.poll.interval.ms: the longest gap between two Receive calls (of any
+  // thread) before the member is considered stuck and leaves the group;
+  // bounds how long a handler may run when no other thread is in Receive
+  // (see "Long handlers" above). Default: 300000.
   int max_poll_interval_ms = 300'000;
   // auto.offset.reset, where a partition with no committed offset starts:
   // "earliest" or "latest". Default: "earliest".

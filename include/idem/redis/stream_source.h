@@ -54,6 +54,26 @@
 // delivery whose entry has been taken over since (or acked) is kLeaseLost,
 // from any handle.
 //
+// ExtendLease (lease_ms() is StreamSourceOptions::lease_ms) moves the lease
+// end to the Env's now + lease_ms the way a nack moves it: the entry's
+// consumer claims it again (XCLAIM ... TIME now + lease_ms -
+// kLeaseClockShiftMs, same delivery count), checked and claimed in one
+// script, only while the entry is still pending under the receipt's consumer
+// with the receipt's delivery count; otherwise kLeaseLost, and the entry is
+// left with whoever holds it.
+//
+// Consumer names: a Redis consumer group keeps every consumer name it has
+// seen until XGROUP DELCONSUMER. A service should give each process slot a
+// stable name (StreamSourceOptions::consumer, e.g. "billing-0" .. "billing-3"
+// for four replicas): a restarted slot comes back under its old name, and the
+// group's consumer list stays as long as the number of slots. At a clean stop
+// (Close(), or the destructor) a handle removes its own name from the group,
+// but only when nothing is pending under it: DELCONSUMER would drop the
+// pending state of its entries, so no Receive would ever take them over. A
+// name with pending entries stays; those entries are taken over by any
+// consumer once their leases run out, and a handle reusing the name sees them
+// pending under it (its ExtendLease, Ack and Nack of their receipts work).
+//
 // Thread safety: a StreamSource may be used from many threads (a pool of
 // connections); many processes may consume one group.
 #ifndef IDEM_REDIS_STREAM_SOURCE_H_
@@ -78,10 +98,12 @@ struct StreamSourceOptions {
   // The stream's key and the consumer group's name. Required.
   std::string stream;
   std::string group;
-  // This handle's consumer name in the group. Default (empty): a new name
-  // per handle, "idem-<hostname>-<pid>-<random>". Give a stable name to
-  // keep the group's consumer list short (XGROUP DELCONSUMER removes old
-  // ones).
+  // This handle's consumer name in the group. Recommended for services: a
+  // stable name per process slot (see "Consumer names" above), which a
+  // restart reuses. Default (empty): a new name per handle,
+  // "idem-<hostname>-<pid>-<random>", removed from the group at a clean stop
+  // with nothing pending (a crashed handle's name stays behind: remove it
+  // with XGROUP DELCONSUMER once XPENDING shows nothing under it).
   std::string consumer;
   // The entry fields that hold the message id and the payload.
   std::string id_field = "id";
@@ -123,6 +145,15 @@ class StreamSource : public Source {
   virtual Result<std::string> Publish(const Message& message) = 0;
   // This handle's consumer name in the group.
   virtual const std::string& consumer() const = 0;
+  // A clean stop: removes this handle's consumer name from the group
+  // (XGROUP DELCONSUMER) when no entry is pending under it, checked and
+  // removed in one script; with entries pending it leaves the name (and
+  // them) in place. Both are OK. A group or stream that no longer exists is
+  // OK (nothing to remove). kUnavailable when the server cannot be reached.
+  // The destructor does the same (ignoring errors) unless Close() succeeded
+  // and no Receive ran since. The handle stays usable: a later Receive
+  // enters the name in the group again.
+  virtual Status Close() = 0;
   std::string_view Kind() const override { return "redis-streams"; }
 };
 
