@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -351,3 +352,4 @@ TEST_P(StoreConformance, EveryValidIdGoesThroughCallOnce) {
 
 }  // namespace
 }  // namespace idem::testing
+
