@@ -35,7 +35,7 @@ Status RecordPayment(Transaction& tx, const Message& m) {
   char* end = nullptr;
   long long cents = colon == std::string::npos ? 0 : std::strtoll(m.payload.c_str() + colon + 1, &end, 10);
   if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || cents <= 0)
-    return Status::HandlerFailed("malformed payment payload '" + m.payload.substr(0, 80) + "' (want ORDER:CENTS)");
+    return Status::Rejected("malformed payment payload '" + m.payload.substr(0, 80) + "' (want ORDER:CENTS)");
   return tx.Exec("INSERT INTO idem_run_payments(order_id, message_id, cents) VALUES ($1, $2, $3)",
                  {m.payload.substr(0, colon), m.id, static_cast<int64_t>(cents)})
       .status();
@@ -55,6 +55,13 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
   add("idem_nacked_total", "Deliveries given back for a retry.", s.nacked);
   add("idem_ack_errors_total", "Acknowledgements that failed after a commit.", s.ack_errors);
   add("idem_receive_errors_total", "Failed receives from the source.", s.receive_errors);
+  add("idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).",
+      s.in_progress);
+  add("idem_parked_total", "Messages parked: in progress past the park horizon (1 h), listed by idem inspect.", s.parked);
+  add("idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).", s.rejected);
+  add("idem_leases_extended_total", "Leases renewed while a handler ran.", s.leases_extended);
+  add("idem_lease_extension_errors_total", "Lease renewals that failed (lost to another consumer).",
+      s.lease_extension_errors);
   return out;
 }
 
@@ -237,6 +244,9 @@ int RunRun(const Args& args) {
                      .Add("duplicates", c.duplicates)
                      .Add("conflicts", c.conflicts)
                      .Add("failures", c.failures)
+                     .Add("in_progress", st.in_progress)
+                     .Add("parked", st.parked)
+                     .Add("rejected", st.rejected)
                      .Add("dead_lettered", st.dead_lettered)
                      .Add("received", st.received)
                      .Add("acked", st.acked)
