@@ -14,6 +14,11 @@
 
 namespace idem {
 
+namespace {
+// The stop flag of the Consumer whose worker runs on this thread.
+thread_local const std::atomic<bool>* t_stop_flag = nullptr;
+}  // namespace
+
 Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
     : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(std::move(options)) {
   if (options_.env == nullptr) options_.env = Env::Default();
@@ -283,11 +288,6 @@ void Consumer::SettleCrashLoop(const Delivery& d) {
 ConsumerStats Consumer::stats() const {
   return {received_.load(), acked_.load(), nacked_.load(), dead_.load(), ack_errors_.load(), receive_errors_.load()};
 }
-
-namespace {
-// The stop flag of the Consumer whose worker runs on this thread.
-thread_local const std::atomic<bool>* t_stop_flag = nullptr;
-}  // namespace
 
 bool StopRequested() noexcept {
   const std::atomic<bool>* f = t_stop_flag;
