@@ -2,12 +2,174 @@
 #include "idem/http/client.h"
 
 #include <httplib.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+
+#include "idem/consumer.h"
 
 namespace idem::http {
+
+namespace {
+
+// Backoffs are slept in slices of at most this, so that Cancel() and a
+// stopping Consumer are seen within one slice.
+constexpr int64_t kSleepSliceMs = 50;
+
+std::string HexByte(unsigned char c) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  return std::string("0x") + kDigits[c >> 4] + kDigits[c & 15];
+}
+
+std::string Attempts(int n) { return std::to_string(n) + (n == 1 ? " attempt" : " attempts"); }
+
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// The first byte of `s` outside [lo, hi] (tab allowed when `tab`), or -1.
+int FirstByteOutside(std::string_view s, unsigned char lo, unsigned char hi, bool tab = false) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if ((c < lo || c > hi) && !(tab && c == '\t')) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool IsTokenChar(unsigned char c) {
+  return std::isalnum(c) || (c != 0 && std::strchr("!#$%&'*+-.^_`|~", c) != nullptr);
+}
+
+// A header value: printable ASCII, spaces and tabs (a CR or LF would start a
+// header of its own).
+Status CheckHeaderValue(std::string_view name, std::string_view value) {
+  if (int i = FirstByteOutside(value, 0x20, 0x7e, /*tab=*/true); i >= 0)
+    return Status::InvalidArgument("header '" + std::string(name.substr(0, 64)) + "': its value holds byte " +
+                                   HexByte(static_cast<unsigned char>(value[i])) +
+                                   ", which a header value cannot carry (printable ASCII, spaces and tabs only)");
+  return Status::OK();
+}
+
+// A header the caller may send (see HeaderList).
+Status CheckHeader(std::string_view name, std::string_view value, bool bearer_set) {
+  const std::string quoted = "header '" + std::string(name.substr(0, 64)) + "'";
+  if (name.empty()) return Status::InvalidArgument("a header has an empty name");
+  for (unsigned char c : name)
+    if (!IsTokenChar(c))
+      return Status::InvalidArgument(quoted + ": its name holds byte " + HexByte(c) +
+                                     ", which a header name cannot carry (letters, digits and !#$%&'*+-.^_`|~ only)");
+  IDEM_RETURN_IF_ERROR(CheckHeaderValue(name, value));
+  for (std::string_view own : {"Idempotency-Key", "Content-Type", "Content-Length", "Transfer-Encoding", "Host",
+                               "Connection"})
+    if (EqualsIgnoringCase(name, own)) return Status::InvalidArgument(quoted + " is set by the Client itself");
+  if (bearer_set && EqualsIgnoringCase(name, "Authorization"))
+    return Status::InvalidArgument(quoted + " would clash with ClientOptions::bearer");
+  return Status::OK();
+}
+
+Status CheckHeaders(const HeaderList& headers, bool bearer_set) {
+  for (const auto& [name, value] : headers) IDEM_RETURN_IF_ERROR(CheckHeader(name, value, bearer_set));
+  return Status::OK();
+}
+
+// Visible ASCII only: a space, CR or LF would end the request target.
+Status CheckPath(std::string_view what, std::string_view path) {
+  if (int i = FirstByteOutside(path, 0x21, 0x7e); i >= 0)
+    return Status::InvalidArgument(std::string(what) + " holds byte " + HexByte(static_cast<unsigned char>(path[i])) +
+                                   ", which a request line cannot carry (percent-encode it)");
+  return Status::OK();
+}
+
+// Why `key` cannot be an Idempotency-Key, or OK.
+Status CheckKey(std::string_view key) {
+  constexpr char kUse[] =
+      "make keys with idem::DownstreamKey(message, step), which gives 1 to 255 bytes of 0x20-0x7E";
+  if (key.empty()) return Status::InvalidArgument(std::string("an Idempotency-Key is required: ") + kUse);
+  if (key.size() > 255)
+    return Status::InvalidArgument("the Idempotency-Key is " + std::to_string(key.size()) +
+                                   " bytes; the header takes at most 255: " + kUse);
+  if (int i = FirstByteOutside(key, 0x20, 0x7e); i >= 0)
+    return Status::InvalidArgument("the Idempotency-Key holds byte " + HexByte(static_cast<unsigned char>(key[i])) +
+                                   " at offset " + std::to_string(i) +
+                                   ", which an RFC 8941 sf-string cannot carry (0x20-0x7E only): " + kUse);
+  return Status::OK();
+}
+
+struct BaseUrl {
+  bool https = false;
+  std::string host;
+  int port = 0;
+  std::string path;  // "" or "/a/b", no trailing slash
+};
+
+Result<BaseUrl> ParseBaseUrl(const std::string& text) {
+  BaseUrl out;
+  std::string_view url = text;
+  if (url.substr(0, 8) == "https://") {
+    out.https = true;
+    url.remove_prefix(8);
+  } else if (url.substr(0, 7) == "http://") {
+    url.remove_prefix(7);
+  } else {
+    return Status::InvalidArgument("base URL must start with http:// or https:// (got '" + text + "')");
+  }
+  std::string_view authority = url.substr(0, url.find('/'));
+  std::string_view path = url.substr(authority.size());
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  if (path.find_first_of("?#") != std::string_view::npos)
+    return Status::InvalidArgument("base URL must have no query or fragment (got '" + text + "')");
+  IDEM_RETURN_IF_ERROR(CheckPath("the base URL's path", path));
+  out.path = std::string(path);
+  if (authority.find('@') != std::string_view::npos)
+    return Status::InvalidArgument("base URL must have no user info (use ClientOptions::bearer or headers)");
+  out.host = std::string(authority);
+  out.port = out.https ? 443 : 80;
+  if (auto colon = authority.rfind(':'); colon != std::string_view::npos) {
+    out.host = std::string(authority.substr(0, colon));
+    std::string_view p = authority.substr(colon + 1);
+    const auto parsed = std::from_chars(p.data(), p.data() + p.size(), out.port);
+    if (p.empty() || parsed.ec != std::errc() || parsed.ptr != p.data() + p.size() || out.port < 1 ||
+        out.port > 65535)
+      return Status::InvalidArgument("bad port in base URL '" + text + "'");
+  }
+  if (out.host.empty()) return Status::InvalidArgument("no host in base URL '" + text + "'");
+  if (FirstByteOutside(out.host, 0x21, 0x7e) >= 0)
+    return Status::InvalidArgument("bad host in base URL '" + text + "'");
+  return out;
+}
+
+// Whether an attempt that failed with `e` cannot have sent any of the
+// request: it failed while connecting (TCP or the TLS handshake).
+bool FailedToConnect(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+    case httplib::Error::ConnectionTimeout:
+    case httplib::Error::BindIPAddress:
+    case httplib::Error::SSLConnection:
+    case httplib::Error::SSLLoadingCerts:
+    case httplib::Error::SSLServerVerification:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Failures that another attempt cannot mend: the CAs cannot be loaded or do
+// not vouch for the server.
+bool Permanent(httplib::Error e) {
+  return e == httplib::Error::SSLLoadingCerts || e == httplib::Error::SSLServerVerification;
+}
+
+}  // namespace
 
 std::string QuoteKey(std::string_view key) {
   std::string out = "\"";
@@ -20,17 +182,80 @@ std::string QuoteKey(std::string_view key) {
 
 std::string Response::header(const std::string& name) const {
   for (const auto& [k, v] : headers)
-    if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-        }))
-      return v;
+    if (EqualsIgnoringCase(k, name)) return v;
   return std::string();
 }
 
 struct Client::Impl {
+  using Connection = std::unique_ptr<httplib::ClientImpl>;
+  using Send = std::function<httplib::Result(httplib::ClientImpl&)>;
+
   ClientOptions options;
-  httplib::Client http;
-  Impl(ClientOptions o, const std::string& host, int port) : options(std::move(o)), http(host, port) {}
+  BaseUrl url;
+  httplib::Headers headers;  // options.headers, as httplib takes them
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::vector<Connection> idle;  // guarded by mu
+
+  Impl(ClientOptions o, BaseUrl u) : options(std::move(o)), url(std::move(u)) {
+    for (const auto& [k, v] : options.headers) headers.emplace(k, v);
+  }
+
+  Connection Open() const {
+    Connection c;
+    if (url.https) {
+      auto tls = std::make_unique<httplib::SSLClient>(url.host, url.port);
+      tls->set_ca_cert_path(options.ca_file, options.ca_dir);
+      tls->enable_server_certificate_verification(true);
+      c = std::move(tls);
+    } else {
+      c = std::make_unique<httplib::ClientImpl>(url.host, url.port);
+    }
+    c->set_connection_timeout(std::chrono::milliseconds(options.connect_timeout_ms));
+    c->set_read_timeout(std::chrono::milliseconds(options.read_timeout_ms));
+    c->set_write_timeout(std::chrono::milliseconds(options.read_timeout_ms));
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
+    if (!options.bearer.empty()) c->set_bearer_token_auth(options.bearer);
+    return c;
+  }
+
+  Connection Take() {
+    {
+      std::lock_guard lock(mu);
+      if (!idle.empty()) {
+        Connection c = std::move(idle.back());
+        idle.pop_back();
+        return c;
+      }
+    }
+    return Open();
+  }
+
+  void GiveBack(Connection c) {
+    std::unique_lock lock(mu);
+    if (idle.size() < static_cast<size_t>(options.max_idle_connections)) idle.push_back(std::move(c));
+    lock.unlock();
+    // Otherwise `c` is closed here, outside the lock.
+  }
+
+  // Why requests must stop now, or "" to go on.
+  std::string StopReason() const {
+    if (cancelled.load(std::memory_order_acquire)) return "cancelled (Client::Cancel)";
+    if (StopRequested()) return "cancelled (the Consumer is stopping)";
+    return std::string();
+  }
+
+  // Sleeps `ms` in slices; false as soon as StopReason() is not empty.
+  bool Sleep(int64_t ms) {
+    while (ms > 0) {
+      if (!StopReason().empty()) return false;
+      const int64_t slice = std::min(ms, kSleepSliceMs);
+      options.env->SleepMs(slice);
+      ms -= slice;
+    }
+    return StopReason().empty();
+  }
 
   int64_t Backoff(int attempt, int64_t retry_after_ms) {
     int64_t d = options.backoff_base_ms;
@@ -40,40 +265,103 @@ struct Client::Impl {
     return std::min(std::max(d, retry_after_ms), std::max(options.backoff_max_ms, d));
   }
 
-  // Sends with retries; `send` makes one attempt.
-  Result<Response> Run(std::string_view what, bool retry_409, const std::function<httplib::Result()>& send) {
+  // What a failed attempt's error means, for people.
+  std::string Describe(httplib::Error e, const httplib::ClientImpl& c) const {
+    if (e == httplib::Error::SSLServerVerification) {
+      const long v = static_cast<const httplib::SSLClient&>(c).get_openssl_verify_result();
+      return "TLS certificate verification failed for " + url.host + ": " +
+             (v != X509_V_OK ? std::string(X509_verify_cert_error_string(v))
+                             : std::string("the certificate does not name the host")) +
+             " (trust its CA with ClientOptions::ca_file or ca_dir)";
+    }
+    if (e == httplib::Error::SSLLoadingCerts)
+      return "cannot load the CA certificates (ca_file '" + options.ca_file + "', ca_dir '" + options.ca_dir + "')";
+    if (e == httplib::Error::Read)
+      return "no answer (connection closed, reset or timed out after the request was sent): " + httplib::to_string(e);
+    return "connection error: " + httplib::to_string(e);
+  }
+
+  // Sends with retries; `send` makes one attempt on a connection. `keyed`:
+  // a POST with an Idempotency-Key (failures say whether it may have been
+  // applied); otherwise a GET (409 is an answer, failures are kUnavailable).
+  Result<Response> Run(const std::string& what, bool keyed, const Send& send) {
     std::string last = "no attempt made";
+    int sent = 0;            // attempts made
+    bool maybe_applied = false;  // an attempt reached the server without a final answer
+    bool rate_limited = false;   // an answer was 429
+    int last_status = 0;         // of the last attempt; 0: no answer
+    bool permanent = false;
+    const auto stopped = [&](const std::string& why) {
+      std::string m = what + ": " + why + " after " + Attempts(sent);
+      if (maybe_applied)
+        m += "; an attempt may have reached the server and been applied: retry later with the same key to "
+             "learn the outcome";
+      return Status::Aborted(m + "; last: " + last);
+    };
     for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
-      httplib::Result r = send();
+      if (std::string why = StopReason(); !why.empty()) return stopped(why);
+      Connection c = Take();
+      httplib::Result r = send(*c);
+      ++sent;
       int64_t retry_after_ms = 0;
       if (!r) {
-        last = "connection error: " + httplib::to_string(r.error());
+        last_status = 0;
+        last = Describe(r.error(), *c);
+        if (!FailedToConnect(r.error())) maybe_applied = true;
+        if (Permanent(r.error())) {
+          permanent = true;
+          break;
+        }
+        // `c` is closed: httplib leaves a failed connection in no known state.
       } else {
+        GiveBack(std::move(c));
         const int st = r->status;
-        const bool retry = st >= 500 || st == 429 || (retry_409 && st == 409);
+        last_status = st;
         if (st == 422)
-          return Status(Code::kConflict, std::string(what) +
+          return Status(Code::kConflict, what +
                                              ": 422: the Idempotency-Key was already used with another body; this is a "
                                              "bug in the caller (a key must stand for one request): " + r->body);
+        const bool retry = st >= 500 || st == 429 || (keyed && st == 409);
         if (!retry) {
           Response out;
           out.status = st;
           for (const auto& [k, v] : r->headers) out.headers.emplace(k, v);
           out.body = r->body;
-          out.attempts = attempt;
+          out.attempts = sent;
           out.replayed = r->get_header_value("Idempotent-Replayed") == "true";
           return out;
         }
+        if (st >= 500) maybe_applied = true;
+        if (st == 429) rate_limited = true;
         last = "HTTP " + std::to_string(st) + ": " + r->body.substr(0, 300);
         const std::string ra = r->get_header_value("Retry-After");
         int64_t secs = 0;
         if (!ra.empty() && std::from_chars(ra.data(), ra.data() + ra.size(), secs).ec == std::errc())
           retry_after_ms = secs * 1000;
       }
-      if (attempt < options.max_attempts) options.env->SleepMs(Backoff(attempt, retry_after_ms));
+      if (attempt < options.max_attempts && !Sleep(Backoff(attempt, retry_after_ms))) return stopped(StopReason());
     }
-    return Status::Unavailable(std::string(what) + ": gave up after " + std::to_string(options.max_attempts) +
-                               " attempts; last: " + last);
+    const std::string tried = permanent ? "not retried after " + Attempts(sent) : "gave up after " + Attempts(sent);
+    if (!keyed) return Status::Unavailable(what + ": " + tried + "; last: " + last);
+    if (last_status == 409)
+      return Status::InProgress(what + ": " + tried +
+                                ": the server is still processing this key (409); retry later with the same key; last: " +
+                                last);
+    if (maybe_applied)
+      return Status::InDoubt(what + ": " + tried +
+                             " and the request may have been applied (an attempt got no answer or a 5xx): retry later "
+                             "with the same key to learn the outcome, never with a new one; last: " + last);
+    if (rate_limited)
+      return Status::Busy(what + ": " + tried + ": rate limited (429), not applied; last: " + last);
+    return Status::Unavailable(what + ": " + tried + ": the server was not reached, nothing was sent; last: " + last);
+  }
+
+  // The request target: the base path, then `path` (one slash between).
+  Result<std::string> Target(std::string_view path) const {
+    IDEM_RETURN_IF_ERROR(CheckPath("the path", path));
+    std::string target = url.path;
+    if (path.empty() || path.front() != '/') target += '/';
+    return target + std::string(path);
   }
 };
 
@@ -81,63 +369,51 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
-  constexpr std::string_view kScheme = "http://";
-  std::string_view url = options.base_url;
-  if (url.substr(0, kScheme.size()) != kScheme)
-    return Status::InvalidArgument("base URL must start with http:// (got '" + options.base_url + "')");
-  url.remove_prefix(kScheme.size());
-  while (!url.empty() && url.back() == '/') url.remove_suffix(1);
-  if (url.find('/') != std::string_view::npos)
-    return Status::InvalidArgument("base URL must be http://host[:port] without a path (got '" + options.base_url + "')");
-  std::string host(url);
-  int port = 80;
-  if (auto colon = url.rfind(':'); colon != std::string_view::npos) {
-    host = std::string(url.substr(0, colon));
-    std::string_view p = url.substr(colon + 1);
-    const auto parsed = std::from_chars(p.data(), p.data() + p.size(), port);
-    if (p.empty() || parsed.ec != std::errc() || parsed.ptr != p.data() + p.size() || port < 1 || port > 65535)
-      return Status::InvalidArgument("bad port in base URL '" + options.base_url + "'");
-  }
-  if (host.empty()) return Status::InvalidArgument("no host in base URL '" + options.base_url + "'");
+  Result<BaseUrl> url = ParseBaseUrl(options.base_url);
+  if (!url.ok()) return url.status();
   if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be at least 1");
   if (options.backoff_base_ms < 0 || options.backoff_max_ms < 0)
     return Status::InvalidArgument("backoff_base_ms and backoff_max_ms must be >= 0, got " +
                                    std::to_string(options.backoff_base_ms) + " and " +
                                    std::to_string(options.backoff_max_ms));
+  if (options.connect_timeout_ms < 0 || options.read_timeout_ms < 0)
+    return Status::InvalidArgument("connect_timeout_ms and read_timeout_ms must be >= 0");
+  if (options.max_idle_connections < 0) return Status::InvalidArgument("max_idle_connections must be >= 0");
+  IDEM_RETURN_IF_ERROR(CheckHeaderValue("Authorization", options.bearer));
+  IDEM_RETURN_IF_ERROR(CheckHeaders(options.headers, !options.bearer.empty()));
+  if (!options.ca_file.empty() && !std::ifstream(options.ca_file).good())
+    return Status::InvalidArgument("cannot read ca_file '" + options.ca_file + "'");
   if (options.env == nullptr) options.env = Env::Default();
-  auto impl = std::make_unique<Impl>(std::move(options), host, port);
-  const ClientOptions& o = impl->options;
-  impl->http.set_connection_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
-  impl->http.set_read_timeout(std::chrono::milliseconds(o.read_timeout_ms));
-  impl->http.set_write_timeout(std::chrono::milliseconds(o.read_timeout_ms));
-  impl->http.set_keep_alive(true);
-  impl->http.set_tcp_nodelay(true);
-  if (!o.bearer.empty()) impl->http.set_bearer_token_auth(o.bearer);
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(options), std::move(*url))));
 }
 
 Result<Response> Client::Post(std::string_view path, std::string_view body, std::string_view key,
                               std::string_view content_type) {
-  if (key.empty()) return Status::InvalidArgument("an idempotency key is required");
-  // An sf-string holds printable ASCII only: anything else (a CR or LF would
-  // even start a header of its own) is refused, not sent.
-  if (key.size() > 255)
-    return Status::InvalidArgument("the idempotency key is " + std::to_string(key.size()) +
-                                   " bytes; the header takes at most 255");
-  for (unsigned char c : key)
-    if (c < 0x20 || c > 0x7e)
-      return Status::InvalidArgument("the idempotency key holds a byte the header cannot carry (0x" +
-                                     std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15] +
-                                     "): use printable ASCII, e.g. a hash of the message id");
-  httplib::Headers headers{{"Idempotency-Key", QuoteKey(key)}};
-  const std::string p(path), b(body), ct(content_type);
-  return impl_->Run("POST " + p, /*retry_409=*/true,
-                    [&] { return impl_->http.Post(p, headers, b, ct); });
+  return Post(path, body, key, HeaderList{}, content_type);
+}
+
+Result<Response> Client::Post(std::string_view path, std::string_view body, std::string_view key,
+                              const HeaderList& extra, std::string_view content_type) {
+  IDEM_RETURN_IF_ERROR(CheckKey(key));
+  IDEM_RETURN_IF_ERROR(CheckHeaders(extra, !impl_->options.bearer.empty()));
+  IDEM_RETURN_IF_ERROR(CheckHeaderValue("Content-Type", content_type));
+  Result<std::string> target = impl_->Target(path);
+  if (!target.ok()) return target.status();
+  httplib::Headers headers = impl_->headers;
+  for (const auto& [k, v] : extra) headers.emplace(k, v);
+  headers.emplace("Idempotency-Key", QuoteKey(key));
+  const std::string b(body), ct(content_type);
+  return impl_->Run("POST " + *target + " with Idempotency-Key " + QuoteKey(key), /*keyed=*/true,
+                    [&](httplib::ClientImpl& c) { return c.Post(*target, headers, b, ct); });
 }
 
 Result<Response> Client::Get(std::string_view path) {
-  const std::string p(path);
-  return impl_->Run("GET " + p, /*retry_409=*/false, [&] { return impl_->http.Get(p); });
+  Result<std::string> target = impl_->Target(path);
+  if (!target.ok()) return target.status();
+  return impl_->Run("GET " + *target, /*keyed=*/false,
+                    [&](httplib::ClientImpl& c) { return c.Get(*target, impl_->headers); });
 }
+
+void Client::Cancel() noexcept { impl_->cancelled.store(true, std::memory_order_release); }
 
 }  // namespace idem::http

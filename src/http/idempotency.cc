@@ -23,8 +23,8 @@ namespace idem::http {
 namespace {
 
 // A client's text in a log line, as one token: as it is when it holds only
-// characters that cannot split or fake a field, else quoted with " and \
-// escaped and other bytes as \xHH (a key "x replayed 201" must not read as
+// characters that cannot split or fake a field, else quoted with " and a
+// backslash escaped and other bytes as \xHH (a key "x replayed 201" must not read as
 // an outcome).
 std::string LogToken(std::string_view s) {
   const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
@@ -156,21 +156,39 @@ Result<std::string> ParseKey(std::string_view v) {
   // Optional whitespace around the item is allowed by HTTP field parsing.
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
   while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  if (v.size() < 2 || v.front() != '"' || v.back() != '"')
-    return Status::InvalidArgument("Idempotency-Key must be a quoted string (RFC 8941 sf-string), e.g. \"8e03978e-40d5\"");
+  if (v.empty()) return Status::InvalidArgument("Idempotency-Key is empty");
   std::string key;
-  for (size_t i = 1; i + 1 < v.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(v[i]);
-    if (c == '\\') {
-      if (i + 2 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\'))
-        return Status::InvalidArgument("Idempotency-Key: a backslash may only escape \" or \\");
-      key += v[++i];
-      continue;
+  if (v.front() != '"') {
+    // A bare token, as Stripe's client libraries send a key: the same key as
+    // its quoted form. A comma would make it a list, a quote or backslash
+    // would read differently quoted.
+    for (unsigned char c : v) {
+      if (c == ' ' || c == '\t')
+        return Status::InvalidArgument("Idempotency-Key: a key with spaces must be a quoted string (\"...\")");
+      if (c < 0x21 || c > 0x7e)
+        return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
+      if (c == ',') return Status::InvalidArgument("Idempotency-Key: send one key, not a list");
+      if (c == '"' || c == '\\')
+        return Status::InvalidArgument(
+            "Idempotency-Key: an unquoted key cannot hold \" or \\ (send it as a quoted string with them escaped)");
     }
-    if (c == '"') return Status::InvalidArgument("Idempotency-Key: an unescaped quote inside the string");
-    if (c < 0x20 || c > 0x7e)
-      return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
-    key += static_cast<char>(c);
+    key = std::string(v);
+  } else {
+    if (v.size() < 2 || v.back() != '"')
+      return Status::InvalidArgument("Idempotency-Key: the quoted string has no closing quote");
+    for (size_t i = 1; i + 1 < v.size(); ++i) {
+      unsigned char c = static_cast<unsigned char>(v[i]);
+      if (c == '\\') {
+        if (i + 2 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\'))
+          return Status::InvalidArgument("Idempotency-Key: a backslash may only escape \" or \\");
+        key += v[++i];
+        continue;
+      }
+      if (c == '"') return Status::InvalidArgument("Idempotency-Key: an unescaped quote inside the string");
+      if (c < 0x20 || c > 0x7e)
+        return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
+      key += static_cast<char>(c);
+    }
   }
   if (key.empty()) return Status::InvalidArgument("Idempotency-Key is empty");
   if (key.size() > 255)
@@ -596,7 +614,8 @@ void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, co
   if (!req.has_header("Idempotency-Key")) {
     if (!policy.require_key) return run_unguarded();
     Problem(res, 400, "idempotency-key-missing", "Idempotency-Key missing",
-            "this endpoint requires an Idempotency-Key header (a quoted string, 1 to 255 characters)", "new-key");
+            "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
+            "a UUID)", "new-key");
     return reject("-", "missing-key");
   }
   if (req.get_header_value_count("Idempotency-Key") > 1) {

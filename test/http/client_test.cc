@@ -12,19 +12,26 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <set>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "http/http_test_util.h"
+#include "idem/consumer.h"
 #include "idem/http/client.h"
 #include "idem/http/idempotency.h"
+#include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
+
+using namespace std::string_literals;
 
 using http::Client;
 using http::ClientOptions;
@@ -73,16 +80,108 @@ class RefusingPort {
   int port_ = 0;
 };
 
+// A TCP server on 127.0.0.1 that reads each connection's first bytes (the
+// request) and never answers: it keeps the connection open (kHang: the
+// client's read times out) or closes it (kClose: the connection ends after
+// the request was sent). One connection at a time.
+class SilentServer {
+ public:
+  enum class Mode { kHang, kClose };
+  explicit SilentServer(Mode mode) : mode_(mode) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_fd_, 16) != 0)
+      return;
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~SilentServer() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    for (int fd : fds_) ::close(fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+  int port() const { return port_; }
+  // Connections that sent a request.
+  int requests() {
+    std::lock_guard lock(mu_);
+    return requests_;
+  }
+  void WaitRequests(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return requests_ >= n; });
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      {
+        std::lock_guard lock(mu_);
+        fds_.push_back(fd);
+        if (stopping_) return;
+      }
+      char buf[8192];
+      if (::recv(fd, buf, sizeof buf, 0) > 0) {
+        std::lock_guard lock(mu_);
+        ++requests_;
+        cv_.notify_all();
+      }
+      if (mode_ == Mode::kClose) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+
+  const Mode mode_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> fds_;  // guarded by mu_ while thread_ runs
+  bool stopping_ = false;
+  int requests_ = 0;
+};
+
 class ClientTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Client> NewClient(int port, int max_attempts = 6) {
+  std::unique_ptr<Client> NewClient(int port, int max_attempts = 6, int64_t read_timeout_ms = 120'000) {
     auto c = Client::Create({.base_url = "http://127.0.0.1:" + std::to_string(port),
                              .bearer = "sk_a",
                              .max_attempts = max_attempts,
-                             .read_timeout_ms = 120'000,
+                             .read_timeout_ms = read_timeout_ms,
                              .env = &env_});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // POST /charges records the request and answers `status` (with `body`).
+  void Answer(int status, std::string body = "") {
+    server_.server().Post("/charges", [this, status, body](const httplib::Request& req, httplib::Response& res) {
+      seen_.Record(req);
+      res.status = status;
+      if (!body.empty()) res.set_content(body, "text/plain");
+    });
+  }
+
+  // `r` failed with `code`, and its message holds every one of `parts`.
+  static void ExpectError(const Result<http::Response>& r, Code code, const std::vector<std::string>& parts) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    for (const std::string& part : parts) EXPECT_NE(r.status().message().find(part), std::string::npos) << r.status();
   }
 
   // The Idempotency middleware on SQLite in front of `handler` at /charges.
@@ -139,6 +238,10 @@ TEST_F(ClientTest, Retries5xxWithTheSameKeyUntil201) {
   EXPECT_LE(sleeps[0], 62);
   EXPECT_GE(sleeps[1], 100);
   EXPECT_LE(sleeps[1], 125);
+  // Slept in slices of at most 50 ms (so a Cancel() is seen within one).
+  auto slices = env_.slices();
+  EXPECT_GE(slices.size(), 4u);
+  for (int64_t slice : slices) EXPECT_LE(slice, 50);
 }
 
 TEST_F(ClientTest, RetriesAConnectionErrorUntilTheServerIsUp) {
@@ -257,15 +360,18 @@ TEST_F(ClientTest, GivesUpAfterMaxAttemptsNamingTheLastError) {
   auto client = NewClient(server_.port(), /*max_attempts=*/3);
   auto r = client->Post("/charges", kBody, "down-1");
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status();
+  // A 5xx may come after the work was done: in doubt, not unavailable.
+  EXPECT_EQ(r.status().code(), Code::kInDoubt) << r.status();
   const std::string& m = r.status().message();
   EXPECT_NE(m.find("3 attempts"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"down-1\""), std::string::npos) << m;
   EXPECT_NE(m.find("HTTP 503"), std::string::npos) << m;
   EXPECT_NE(m.find("still down #3"), std::string::npos) << m;
   EXPECT_EQ(seen_.keys, std::vector<std::string>(3, "\"down-1\""));
   EXPECT_EQ(env_.sleeps().size(), 2u);  // none after the last attempt
 
-  // A connection error is named as such.
+  // A connection error is named as such; no attempt reached the server:
+  // unavailable.
   RefusingPort refused;
   auto nobody = NewClient(refused.port(), /*max_attempts=*/2);
   auto r2 = nobody->Post("/charges", kBody, "down-2");
@@ -273,6 +379,7 @@ TEST_F(ClientTest, GivesUpAfterMaxAttemptsNamingTheLastError) {
   EXPECT_EQ(r2.status().code(), Code::kUnavailable) << r2.status();
   EXPECT_NE(r2.status().message().find("2 attempts"), std::string::npos) << r2.status();
   EXPECT_NE(r2.status().message().find("connection error"), std::string::npos) << r2.status();
+  EXPECT_NE(r2.status().message().find("\"down-2\""), std::string::npos) << r2.status();
 }
 
 TEST_F(ClientTest, KeysWithQuotesAndBackslashesArriveIntact) {
@@ -364,12 +471,15 @@ TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
   });
   server_.Start();
   auto client = NewClient(server_.port());
-  for (const std::string key :
-       {std::string("k\r\nX-Injected: yes"), std::string("caf\xc3\xa9"), std::string(1, '\0'), std::string(256, 'k')}) {
+  for (const std::string& key : {std::string("k\r\nX-Injected: yes"), std::string("caf\xc3\xa9"), std::string(1, '\0'),
+                                 std::string("tab\there"), std::string("del\x7f"), std::string("\x1f"),
+                                 std::string(256, 'k'), std::string()}) {
     for (int i = 0; i < 2; ++i) {
       auto r = client->Post("/charges", kBody, key);
       ASSERT_FALSE(r.ok());
       EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+      // It says how to make a key that works.
+      EXPECT_NE(r.status().message().find("idem::DownstreamKey"), std::string::npos) << r.status();
     }
   }
   EXPECT_TRUE(seen_.keys.empty());  // nothing reached the server
@@ -381,8 +491,13 @@ TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
 TEST(ClientCreate, RejectsBadOptions) {
   const char* bad[] = {"",
                        "127.0.0.1:8080",
-                       "https://127.0.0.1:8080",
-                       "http://127.0.0.1:8080/v1",
+                       "ftp://127.0.0.1:8080",
+                       "http://127.0.0.1:8080/v1?x=1",
+                       "http://127.0.0.1:8080/v1#top",
+                       "http://127.0.0.1:8080/a b",
+                       "http://user:pw@127.0.0.1:8080",
+                       "https://127.0.0.1:0",
+                       "https://",
                        "http://127.0.0.1:0",
                        "http://127.0.0.1:65536",
                        "http://127.0.0.1:",
@@ -398,7 +513,9 @@ TEST(ClientCreate, RejectsBadOptions) {
   }
   auto zero = Client::Create({.base_url = "http://127.0.0.1:8080", .max_attempts = 0});
   EXPECT_FALSE(zero.ok());
-  for (const char* url : {"http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://localhost"}) {
+  for (const char* url : {"http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://localhost",
+                          "http://127.0.0.1:8080/api/v1", "http://127.0.0.1:8080/api/v1/", "https://127.0.0.1:8443",
+                          "https://localhost/v1"}) {
     auto c = Client::Create({.base_url = url});
     EXPECT_TRUE(c.ok()) << url << ": " << c.status();
   }
@@ -407,6 +524,280 @@ TEST(ClientCreate, RejectsBadOptions) {
   auto r = (*c)->Post("/charges", kBody, "");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// What a caller learns when the tries run out: in progress, in doubt, busy,
+// unavailable. Each message names the key and the last error.
+
+TEST_F(ClientTest, Last409IsInProgressNotFailed) {
+  Answer(409, "still running");
+  server_.Start();
+  auto client = NewClient(server_.port(), /*max_attempts=*/3);
+  ExpectError(client->Post("/charges", kBody, "running-1"), Code::kInProgress,
+              {"\"running-1\"", "HTTP 409: still running"});
+  EXPECT_EQ(seen_.count(), 3);
+}
+
+TEST_F(ClientTest, ALostResponseIsInDoubt) {
+  for (auto mode : {SilentServer::Mode::kClose, SilentServer::Mode::kHang}) {
+    SCOPED_TRACE(mode == SilentServer::Mode::kClose ? "closed after the request" : "read timeout");
+    SilentServer silent(mode);
+    ASSERT_GT(silent.port(), 0);
+    auto client = NewClient(silent.port(), /*max_attempts=*/2, /*read_timeout_ms=*/200);
+    ExpectError(client->Post("/charges", kBody, "lost-1"), Code::kInDoubt, {"\"lost-1\"", "no answer", "same key"});
+    EXPECT_EQ(silent.requests(), 2);
+  }
+}
+
+// One attempt that may have been applied makes the whole call in doubt,
+// even when the later attempts could not connect at all.
+TEST_F(ClientTest, InDoubtOnceThenRefusedIsStillInDoubt) {
+  Answer(500);
+  server_.Start();
+  env_.OnSleep([&](int n) {
+    if (n == 1) server_.Stop();
+  });
+  auto client = NewClient(server_.port(), /*max_attempts=*/3);
+  ExpectError(client->Post("/charges", kBody, "half-1"), Code::kInDoubt, {"\"half-1\"", "connection error"});
+  EXPECT_EQ(seen_.count(), 1);
+}
+
+TEST_F(ClientTest, Only429IsBusyNotApplied) {
+  Answer(429);
+  server_.Start();
+  auto client = NewClient(server_.port(), /*max_attempts=*/2);
+  ExpectError(client->Post("/charges", kBody, "slow-down-1"), Code::kBusy, {"\"slow-down-1\"", "429", "not applied"});
+  EXPECT_EQ(seen_.count(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Keys: every byte an sf-string can carry goes, escaped, and arrives intact.
+
+TEST_F(ClientTest, EveryPrintableAsciiKeyArrivesIntact) {
+  std::mutex mu;
+  std::vector<std::string> keys;
+  Guarded([&](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard lock(mu);
+    keys.push_back(http::CurrentClaim()->key);
+    res.status = 201;
+  });
+  server_.Start();
+  auto client = NewClient(server_.port());
+  std::string all;
+  for (int c = 0x20; c <= 0x7e; ++c) all += static_cast<char>(c);
+  const std::vector<std::string> sent = {all, " ", "  leading and trailing  ", "\"", "\\", "a b\\\"c\\\\"};
+  for (const std::string& key : sent) {
+    auto r = client->Post("/charges", kBody, key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 201);
+  }
+  EXPECT_EQ(keys, sent);
+  // The header is the sf-string: quoted, \" and \\ escaped.
+  std::lock_guard lock(seen_.mu);
+  ASSERT_EQ(seen_.keys.size(), sent.size());
+  EXPECT_EQ(seen_.keys[1], "\" \"");
+  EXPECT_EQ(seen_.keys[5], R"("a b\\\"c\\\\")");
+}
+
+// ---------------------------------------------------------------------------
+// Base path and extra headers.
+
+TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
+  std::mutex mu;
+  std::vector<std::string> paths;
+  std::vector<httplib::Headers> headers;
+  auto record = [&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard lock(mu);
+    paths.push_back(req.path);
+    headers.push_back(req.headers);
+    res.status = 200;
+  };
+  server_.server().Post(R"(/api/v1/.*)", record);
+  server_.server().Get(R"(/api/v1/.*)", record);
+  server_.Start();
+  auto c = Client::Create({.base_url = "http://127.0.0.1:" + std::to_string(server_.port()) + "/api/v1/",
+                           .bearer = "sk_a",
+                           .headers = {{"X-Tenant", "acme"}, {"Stripe-Version", "2024-06-20"}},
+                           .env = &env_});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto client = std::move(*c);
+  ASSERT_TRUE(client->Post("/charges", kBody, "p-1").ok());
+  ASSERT_TRUE(client->Post("refunds", kBody, "p-2", {{"X-Request-Id", "req 7"}}).ok());
+  ASSERT_TRUE(client->Get("/charges/ch_1").ok());
+  std::lock_guard lock(mu);
+  EXPECT_EQ(paths, (std::vector<std::string>{"/api/v1/charges", "/api/v1/refunds", "/api/v1/charges/ch_1"}));
+  ASSERT_EQ(headers.size(), 3u);
+  for (const auto& h : headers) {
+    EXPECT_EQ(h.find("X-Tenant")->second, "acme");
+    EXPECT_EQ(h.find("Stripe-Version")->second, "2024-06-20");
+    EXPECT_EQ(h.find("Authorization")->second, "Bearer sk_a");
+  }
+  EXPECT_EQ(headers[0].count("X-Request-Id"), 0u);
+  EXPECT_EQ(headers[1].find("X-Request-Id")->second, "req 7");
+  EXPECT_EQ(headers[1].find("Idempotency-Key")->second, "\"p-2\"");
+}
+
+TEST_F(ClientTest, AHeaderThatCannotBeSentIsRefusedNamingIt) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"X-Evil", "a\r\nX-Injected: yes"}, {"X-Evil", "line\nfeed"}, {"X-Evil", "nul\0"s},
+      {"X-Evil", "caf\xc3\xa9"},          {"X Evil", "v"},          {"X-Evil:", "v"},
+      {"X-Evil\r\n", "v"},                {"", "v"},                {"Idempotency-Key", "k"},
+      {"content-length", "1"},            {"Host", "elsewhere"},    {"Authorization", "Bearer other"}};
+  for (const auto& [name, value] : bad) {
+    SCOPED_TRACE(name + ": " + value);
+    auto c = Client::Create({.base_url = "http://127.0.0.1:8080", .bearer = "sk_a", .headers = {{name, value}}});
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status();
+    if (!name.empty()) {
+      EXPECT_NE(c.status().message().find("header '" + name.substr(0, 6)), std::string::npos) << c.status();
+    }
+  }
+  // Per request: refused the same way, and nothing is sent.
+  Answer(201);
+  server_.Start();
+  auto client = NewClient(server_.port());
+  for (const auto& [name, value] : bad)
+    ExpectError(client->Post("/charges", kBody, "h-1", {{name, value}}), Code::kInvalidArgument, {});
+  for (const char* path : {"/charges\r\nX-Injected: yes", "/char ges", "/caf\xc3\xa9"})
+    ExpectError(client->Post(path, kBody, "h-1"), Code::kInvalidArgument, {"the path"});
+  ExpectError(client->Post("/charges", kBody, "h-1", {}, "text/plain\r\nX-Injected: yes"), Code::kInvalidArgument,
+              {"Content-Type"});
+  EXPECT_EQ(seen_.count(), 0);
+  // An Authorization header of one's own is fine without `bearer`.
+  EXPECT_TRUE(Client::Create({.base_url = "http://127.0.0.1:8080", .headers = {{"Authorization", "Basic YTpi"}}}).ok());
+  EXPECT_FALSE(Client::Create({.base_url = "http://127.0.0.1:8080", .bearer = "sk\r\nX: y"}).ok());
+}
+
+// ---------------------------------------------------------------------------
+// One Client, many threads.
+
+TEST_F(ClientTest, OneClientServesManyThreadsAtOnce) {
+  constexpr int kThreads = 8, kPerThread = 50;
+  std::mutex mu;
+  std::condition_variable cv;
+  int waiting = 0;
+  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+    // The first kThreads requests are one per thread (each thread waits for
+    // its answer before it sends again): they wait until all are here, which
+    // only requests in flight at once can do.
+    if (seen_.Record(req) <= kThreads) {
+      std::unique_lock lock(mu);
+      ++waiting;
+      cv.notify_all();
+      if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return waiting >= kThreads; })) {
+        res.status = 400;
+        res.set_content("the requests were not in flight at once", "text/plain");
+        return;
+      }
+    }
+    res.status = 201;
+    res.set_content(req.get_header_value("Idempotency-Key"), "text/plain");
+  });
+  server_.Start();
+  auto client = NewClient(server_.port());
+  std::vector<std::vector<std::string>> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        // Appended, not "t" + std::to_string(t): g++ 12 warns on that (-Wrestrict).
+        std::string key = std::to_string(t);
+        key.insert(0, 1, 't').append(1, '-').append(std::to_string(i));
+        auto r = client->Post("/charges", kBody, key);
+        if (!r.ok())
+          errors[t].push_back(key + ": " + r.status().ToString());
+        else if (r->status != 201 || r->body != http::QuoteKey(key))  // each answer to its own request
+          errors[t].push_back(key + ": " + std::to_string(r->status) + " " + r->body);
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_TRUE(e.empty()) << e.front();
+  std::lock_guard lock(seen_.mu);
+  const std::set<std::string> distinct(seen_.keys.begin(), seen_.keys.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+// ---------------------------------------------------------------------------
+// Cancellation: Cancel() and a stopping Consumer.
+
+TEST_F(ClientTest, CancelEndsAHungRequestAfterItsAttemptNotTheSchedule) {
+  SilentServer hung(SilentServer::Mode::kHang);
+  ASSERT_GT(hung.port(), 0);
+  auto client = NewClient(hung.port(), /*max_attempts=*/6, /*read_timeout_ms=*/300);
+  Result<http::Response> r = Status::Internal("not run");
+  std::thread t([&] { r = client->Post("/charges", kBody, "hung-1"); });
+  hung.WaitRequests(1);
+  client->Cancel();
+  t.join();
+  // Named: the key, the cause, that it may have been applied, the last error.
+  ExpectError(r, Code::kAborted, {"\"hung-1\"", "Client::Cancel", "may have reached the server", "no answer"});
+  EXPECT_EQ(hung.requests(), 1);  // not the 6 of the schedule
+  EXPECT_TRUE(env_.slices().empty());
+  // Cancelled for good: the next call sends nothing.
+  ExpectError(client->Post("/charges", kBody, "hung-2"), Code::kAborted, {"\"hung-2\"", "after 0 attempts"});
+  EXPECT_EQ(hung.requests(), 1);
+}
+
+TEST_F(ClientTest, CancelIsSeenBetweenTheSlicesOfABackoff) {
+  Answer(503);
+  server_.Start();
+  auto c = Client::Create({.base_url = server_.url(), .max_attempts = 6, .backoff_base_ms = 1'000, .env = &env_});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto client = std::move(*c);
+  env_.OnSlice([&](int n) {
+    if (n == 3) client->Cancel();
+  });
+  ExpectError(client->Post("/charges", kBody, "backoff-1"), Code::kAborted, {"\"backoff-1\"", "HTTP 503"});
+  EXPECT_EQ(seen_.count(), 1);
+  EXPECT_EQ(env_.slices(), (std::vector<int64_t>{50, 50, 50}));  // of a backoff of 1,000-1,250 ms
+}
+
+// One message, delivered once; Receive waits a little when there is none.
+class OneMessageSource final : public Source {
+ public:
+  Result<std::vector<Delivery>> Receive(int, int64_t) override {
+    if (!given_.exchange(true)) return std::vector<Delivery>{{.message = {.id = "m-1", .payload = "{}"}, .receipt = "r"}};
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return std::vector<Delivery>{};
+  }
+  Status Ack(const Delivery&) override { return Status::OK(); }
+  Status Nack(const Delivery&, int64_t) override { return Status::OK(); }
+  std::string_view Kind() const override { return "one-message"; }
+
+ private:
+  std::atomic<bool> given_{false};
+};
+
+TEST_F(ClientTest, AStoppingConsumersHandlerStopsRetrying) {
+  SilentServer hung(SilentServer::Mode::kHang);
+  ASSERT_GT(hung.port(), 0);
+  auto client = NewClient(hung.port(), /*max_attempts=*/6, /*read_timeout_ms=*/300);
+  auto store = sqlite::Open({.path = dir_.File("inbox.db"), .synchronous = sqlite::Synchronous::kNormal});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Inbox inbox(**store, {.consumer = "payments"});
+  OneMessageSource source;
+  std::mutex mu;
+  std::vector<Status> seen;
+  Consumer consumer(source, inbox, [&](Transaction&, const Message& m) {
+    EXPECT_FALSE(StopRequested());
+    auto r = client->Post("/charges", kBody, DownstreamKey(m, "charge"));
+    std::lock_guard lock(mu);
+    seen.push_back(r.status());
+    return r.status();
+  });
+  Status run;
+  std::thread t([&] { run = consumer.Run(); });
+  hung.WaitRequests(1);
+  consumer.Stop();
+  t.join();
+  EXPECT_TRUE(run.ok()) << run;
+  std::lock_guard lock(mu);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), Code::kAborted) << seen[0];
+  EXPECT_NE(seen[0].message().find("Consumer is stopping"), std::string::npos) << seen[0];
+  EXPECT_NE(seen[0].message().find("\"m-1:charge\""), std::string::npos) << seen[0];
+  EXPECT_EQ(hung.requests(), 1);  // not the 6 of the schedule
 }
 
 }  // namespace

@@ -36,8 +36,6 @@ TEST(ParseKey, RejectsWhatIsNotAnSfStringOfOneTo255Characters) {
       "\"\"",                                    // empty string
       "\"" + std::string(256, 'k') + "\"",       // 256 characters
       "\"" + std::string(255, 'k') + "\\\\\"",   // 256 after unescaping
-      "abc",                                     // a token, not a string
-      "8e03978e-40d5",                           // likewise
       "\"abc",                                   // no closing quote
       "abc\"",                                   // no opening quote
       "\"",                                      // a lone quote
@@ -50,6 +48,18 @@ TEST(ParseKey, RejectsWhatIsNotAnSfStringOfOneTo255Characters) {
       "\"a\x01\"",                               // a control character
       "\"a\tb\"",                                // tab inside the string
       "\"a\",\"b\"",                             // a list of two
+      // Bare tokens that are not one key of visible ASCII:
+      "a b",                                     // a space inside
+      "a\tb",                                    // a tab inside
+      "a,b",                                     // a list of two
+      "abc,",                                    // likewise
+      "a\\b",                                    // a backslash
+      "a\"b",                                     // a quote inside
+      "caf\xc3\xa9",                             // non-ASCII (UTF-8)
+      "a\x7f",                                   // DEL
+      "a\x01",                                   // a control character
+      " \t ",                                    // only whitespace
+      std::string(256, 'k'),                     // 256 characters
   };
   for (const std::string& v : bad) {
     auto k = ParseKey(v);
@@ -58,6 +68,21 @@ TEST(ParseKey, RejectsWhatIsNotAnSfStringOfOneTo255Characters) {
       EXPECT_EQ(k.status().code(), Code::kInvalidArgument) << v;
     }
   }
+}
+
+// Stripe's client libraries send the key bare (Idempotency-Key: 8e2b...):
+// the same key as its quoted form.
+TEST(ParseKey, AcceptsBareTokensAsTheSameKeyAsQuoted) {
+  const std::string tokens[] = {"8e03978e-40d5-43e8-bc93-6894a57f9324", "m-7f3:charge", "a", "abc",
+                                "~!#$%&'()*+-./:;<=>?@[]^_`{|}", std::string(255, 'k')};
+  for (const std::string& t : tokens) {
+    auto bare = ParseKey(t);
+    ASSERT_TRUE(bare.ok()) << t << ": " << bare.status();
+    EXPECT_EQ(*bare, t);
+    EXPECT_EQ(*ParseKey(QuoteKey(t)), t);
+  }
+  // Spaces and tabs around a token are trimmed, as around a string.
+  EXPECT_EQ(*ParseKey(" \tm-7f3:charge\t "), "m-7f3:charge");
 }
 
 TEST(QuoteKey, RoundTripsThroughParseKey) {

@@ -4,7 +4,7 @@
 // port) on a thread of its own, a gate a handler blocks on until the test
 // opens it, a plain request helper (one fresh httplib::Client per request),
 // a ClaimStore that forwards to another and reports what TryClaim answered,
-// and an Env whose sleeps run a hook (so a retrying client's backoff never
+// and an Env whose backoffs run a hook (so a retrying client's backoff never
 // really sleeps and the test decides what happens between two attempts).
 #ifndef IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
 #define IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
@@ -245,39 +245,67 @@ class ObservedClaimStore final : public ClaimStore {
   ClaimStore& inner_;
 };
 
-// A fake clock whose SleepMs records the requested time and runs a hook
-// (instead of blocking), so a retrying client runs without real sleeps.
+// A fake clock for idem::http::Client whose sleeps only advance it, so a
+// retrying client runs without real sleeps. The client draws one random
+// number (its jitter) per backoff and then sleeps that backoff in slices of
+// at most 50 ms: each draw starts a backoff, and sleeps() reports each
+// backoff's total, slices() every SleepMs call.
 class HookedEnv final : public Env {
  public:
   int64_t NowMs() override { return clock_.NowMs(); }
-  uint64_t Random() override { return clock_.Random(); }
+  uint64_t Random() override {
+    std::function<void(int n)> hook;
+    int n = 0;
+    {
+      std::lock_guard lock(mu_);
+      sleeps_.push_back(0);
+      n = static_cast<int>(sleeps_.size());
+      hook = on_sleep_;
+    }
+    if (hook) hook(n);
+    return clock_.Random();
+  }
   void SleepMs(int64_t ms) override {
     std::function<void(int n)> hook;
     int n = 0;
     {
       std::lock_guard lock(mu_);
-      sleeps_.push_back(ms);
-      n = static_cast<int>(sleeps_.size());
-      hook = on_sleep_;
+      if (sleeps_.empty()) sleeps_.push_back(0);
+      sleeps_.back() += ms;
+      slices_.push_back(ms);
+      n = static_cast<int>(slices_.size());
+      hook = on_slice_;
     }
     clock_.Advance(ms);
     if (hook) hook(n);
   }
-  // Runs at the n-th sleep (1-based), between attempt n and n + 1.
+  // Runs after the n-th slice (1-based) of any backoff.
+  void OnSlice(std::function<void(int n)> hook) {
+    std::lock_guard lock(mu_);
+    on_slice_ = std::move(hook);
+  }
+  // Runs as the n-th backoff (1-based) begins, between attempt n and n + 1.
   void OnSleep(std::function<void(int n)> hook) {
     std::lock_guard lock(mu_);
     on_sleep_ = std::move(hook);
   }
+  // The backoffs, each the sum of its slices.
   std::vector<int64_t> sleeps() {
     std::lock_guard lock(mu_);
     return sleeps_;
+  }
+  std::vector<int64_t> slices() {
+    std::lock_guard lock(mu_);
+    return slices_;
   }
 
  private:
   FakeEnv clock_;
   std::mutex mu_;
   std::vector<int64_t> sleeps_;
+  std::vector<int64_t> slices_;
   std::function<void(int)> on_sleep_;
+  std::function<void(int)> on_slice_;
 };
 
 }  // namespace idem::testing

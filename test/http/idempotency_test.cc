@@ -237,7 +237,12 @@ TEST_F(IdempotencyTest, MissingOrMalformedKeyIs400) {
       {"empty header value", with({""}), "idempotency-key-missing"},
       {"empty string", with({"\"\""}), "idempotency-key-malformed"},
       {"256 characters", with({"\"" + std::string(256, 'k') + "\""}), "idempotency-key-malformed"},
-      {"unquoted token", with({"8e03978e-40d5"}), "idempotency-key-malformed"},
+      {"unquoted with a space", with({"8e03978e 40d5"}), "idempotency-key-malformed"},
+      {"unquoted list", with({"k1,k2"}), "idempotency-key-malformed"},
+      {"unquoted with a backslash", with({"k\\1"}), "idempotency-key-malformed"},
+      {"unterminated quote", with({"\"k1"}), "idempotency-key-malformed"},
+      {"control byte", with({"\"k\x01\""}), "idempotency-key-malformed"},
+      {"256 characters unquoted", with({std::string(256, 'k')}), "idempotency-key-malformed"},
       {"bad escape", with({R"("a\x")"}), "idempotency-key-malformed"},
       {"escaped closing quote", with({R"("abc\")"}), "idempotency-key-malformed"},
       {"non-ASCII", with({"\"caf\xc3\xa9\""}), "idempotency-key-malformed"},
@@ -262,6 +267,33 @@ TEST_F(IdempotencyTest, MissingOrMalformedKeyIs400) {
   EXPECT_EQ(PostKey("k2").header("X-Execution"), "3");
   EXPECT_TRUE(PostKey("k1").replayed());
   EXPECT_TRUE(PostKey("k2").replayed());
+  EXPECT_EQ(executions_.load(), 3);
+}
+
+// Stripe's client libraries send the key bare; the key is the unescaped
+// text, so a bare key and its quoted form are one key and replay each other.
+TEST_F(IdempotencyTest, ABareKeyAndItsQuotedFormAreOneKey) {
+  Route("/charges", {}, ChargeHandler());
+  Start();
+  Reply bare = Post("abc");
+  ASSERT_TRUE(bare.ok) << bare.error;
+  EXPECT_EQ(bare.status, 201) << bare.body;
+  EXPECT_FALSE(bare.replayed());
+  Reply quoted = Post("\"abc\"");
+  EXPECT_EQ(quoted.status, 201) << quoted.body;
+  EXPECT_TRUE(quoted.replayed());
+  ExpectSameResponse(bare, quoted);
+  // And the other way round, with a UUID-like and a message-derived key.
+  for (const char* key : {"8e2b91c4-5f0e-4c2a-9d41-7a3b2c1d0e9f", "m-7f3:charge"}) {
+    SCOPED_TRACE(key);
+    Reply first = Post(Quoted(key));
+    EXPECT_EQ(first.status, 201) << first.body;
+    EXPECT_FALSE(first.replayed());
+    Reply again = Post(" " + std::string(key) + "\t");
+    EXPECT_EQ(again.status, 201) << again.body;
+    EXPECT_TRUE(again.replayed());
+    ExpectSameResponse(first, again);
+  }
   EXPECT_EQ(executions_.load(), 3);
 }
 
@@ -450,7 +482,7 @@ TEST_F(IdempotencyTest, RequireKeyFalseRunsUnguardedWithoutAKey) {
   // With a key it is guarded as usual.
   EXPECT_EQ(PostKey("opt-1").status, 201);
   EXPECT_TRUE(PostKey("opt-1").replayed());
-  ExpectProblem(Post("bare-token"), 400, "idempotency-key-malformed", "new-key");
+  ExpectProblem(Post("bare token"), 400, "idempotency-key-malformed", "new-key");
   EXPECT_EQ(executions_.load(), 3);
 }
 

@@ -267,7 +267,7 @@ TEST_P(ProviderTest, RequiresABearerAndAKey) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(Charge("auth-1", kBody, "sk_nobody").status, 401);
     EXPECT_EQ(Send(provider_->port(), "POST", "/charges", Headers("sk_a", std::nullopt), kBody).status, 400);
-    EXPECT_EQ(Send(provider_->port(), "POST", "/charges", Headers("sk_a", "auth-1"), kBody).status, 400);
+    EXPECT_EQ(Send(provider_->port(), "POST", "/charges", Headers("sk_a", "auth 1"), kBody).status, 400);
     EXPECT_EQ(Get("/charges", "sk_nobody").status, 401);
   }
   EXPECT_EQ(Charges().size(), 0u);

@@ -17,7 +17,7 @@
 //   401  no principal (the authenticator said no)
 //   413  body larger than max_body_bytes
 //   400  Idempotency-Key missing (where required), empty, longer than 255, or
-//        not an RFC 8941 sf-string
+//        neither an RFC 8941 sf-string nor a bare token (see ParseKey)
 //   4xx  the route's RoutePolicy::validate refused the request (its answer;
 //        nothing claimed, the key stays free)
 //   422  the key was used with another request (method, route, body)
@@ -133,8 +133,13 @@ struct StoredResponse {
 std::string Encode(const StoredResponse& r);
 Result<StoredResponse> Decode(std::string_view bytes);
 
-// The key of an Idempotency-Key header value: an RFC 8941 sf-string
-// ("..." with \" and \\ escapes, printable ASCII), 1 to 255 characters.
+// The key of an Idempotency-Key header value, 1 to 255 characters after
+// trimming spaces and tabs around it: an RFC 8941 sf-string ("..." with \"
+// and \\ escapes, printable ASCII), or a bare token as Stripe's client
+// libraries send it (visible ASCII 0x21-0x7E but ", \ and comma, e.g. a
+// UUID). The key is the unescaped text: "abc" and abc are one key.
+// kInvalidArgument for anything else (an unterminated string, a bad
+// escape, control or non-ASCII bytes, a bare value with a space, a list).
 Result<std::string> ParseKey(std::string_view header_value);
 
 // The request fingerprint: SHA-256 over method, route and body; a JSON body
