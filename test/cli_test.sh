@@ -105,7 +105,7 @@ if grep -q '"purged"' "$T/out"; then echo "FAIL purge --scope touched markers"; 
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
 check schema 0 "$IDEM" schema --store "$STORE" --json
-has schema-version "$T/out" '"version":5'
+has schema-version "$T/out" '"version":6'
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
 has purge-none "$T/out" '"purged":0'
 check purge-scope-keeps-markers 0 "$IDEM" purge --store "$STORE" --older-than 0s --scope "no-such-scope" --json
