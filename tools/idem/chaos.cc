@@ -109,7 +109,7 @@ struct Config {
 // The consumers' retries, in one place: what the workers run with and what
 // the parent computes their budget from.
 constexpr int kClientAttempts = 4;        // tries of one POST /charges (ProviderClient: backoff 2..100 ms)
-constexpr int kClientBackoffBaseMs = 2, kClientBackoffMaxMs = 100;  // as ProviderClient sets them
+constexpr int kClientBackoffMaxMs = 100;  // as ProviderClient sets it
 // Failures before a message is dead-lettered (a dead letter counts as lost).
 // Kills and in-progress outcomes count none; what counts is the store's own
 // errors (I/O faults, backends terminated), each its own failure.
@@ -130,20 +130,18 @@ ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
 
 // The longest a consumer keeps trying a message whose every try fails
 // before it gives up on it (dead letter): max_attempts deliveries, each
-// making kClientAttempts calls with the client's backoff between them, and
-// the consumer's backoff between the deliveries, every backoff at its +25%
-// jitter. The time the requests themselves take is not counted (loopback,
-// milliseconds): a lease above this outlasts the consumers' retries.
+// making kClientAttempts calls, and the consumer's backoff (with its +25%
+// jitter) between the deliveries. Between the calls the client waits its
+// longest backoff: a 409 carries Retry-After (whole seconds), which raises
+// every wait to the client's backoff_max_ms. The time the requests
+// themselves take is not counted (loopback, milliseconds): a lease above
+// this outlasts the consumers' retries.
 int64_t ConsumerRetryBudgetMs() {
-  auto backoffs = [](int retries, int64_t base, int64_t max) {
-    int64_t total = 0, d = base;
-    for (int i = 0; i < retries; ++i, d = std::min(max, 2 * d)) total += std::min(d, max) * 5 / 4;
-    return total;
-  };
   const ConsumerOptions o = ChaosConsumerOptions(Config{});
   const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
-  return deliveries * backoffs(kClientAttempts - 1, kClientBackoffBaseMs, kClientBackoffMaxMs) +
-         backoffs(deliveries - 1, o.backoff_base_ms, o.backoff_max_ms);
+  int64_t between = 0, d = o.backoff_base_ms;
+  for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;
+  return deliveries * (kClientAttempts - 1) * kClientBackoffMaxMs + between;
 }
 
 // The range the provider's lease is drawn from at each (re)start: from
@@ -153,7 +151,7 @@ int64_t ConsumerRetryBudgetMs() {
 // redelivering it as in progress, never count it), short enough that a
 // run still drains in CI time.
 int64_t ProviderLeaseMinMs() { return std::max<int64_t>(50, ConsumerRetryBudgetMs() / 2); }
-int64_t ProviderLeaseMaxMs() { return std::max<int64_t>(2'000, 8 * ConsumerRetryBudgetMs()); }
+int64_t ProviderLeaseMaxMs() { return std::max<int64_t>(2'000, 2 * ConsumerRetryBudgetMs()); }
 
 std::string ProviderStore(const Config& cfg) {
   // The provider's durability is its own: WAL without an fsync per commit
