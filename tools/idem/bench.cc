@@ -54,8 +54,8 @@ std::string Directory(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// How many 4 KiB write + fdatasync cycles the disk holding `dir` completes per
-// second: the ceiling of durable commits (one fdatasync each) per second.
+}  // namespace
+
 // Overwrites a preallocated 1 MiB file in place, as SQLite reuses its WAL.
 Result<double> MeasureFsync(const std::string& dir, double seconds) {
   std::string path = dir + "/.idem-bench-fsync-probe." + std::to_string(::getpid());
@@ -86,6 +86,8 @@ Result<double> MeasureFsync(const std::string& dir, double seconds) {
   ::unlink(path.c_str());
   return static_cast<double>(n) / elapsed;
 }
+
+namespace {
 
 struct Side {
   int64_t messages = 0;
@@ -428,14 +430,27 @@ const Command& BenchCommand() {
       "  source   what the guard and the store cost on top of a broker: rounds alternate between the\n"
       "           broker's own consume-and-ack rate (no database) and the Consumer with the Inbox on\n"
       "           --store, each on freshly published --messages (of which --dup-rate published twice);\n"
-      "           prints raw_per_s, guarded_per_s and the ratio.",
+      "           prints raw_per_s, guarded_per_s and the ratio.\n\n"
+      "  call-first  a consumer whose provider takes --provider-delay-ms per charge, with each worker count\n"
+      "           of --workers-list in one run: rounds alternate the counts and the forms. The provider is\n"
+      "           `idem provider`'s server (two-phase Idempotency-Key handling, a sleep per first execution\n"
+      "           of POST /charges) in this process on 127.0.0.1; --messages fresh messages per round, each\n"
+      "           published twice, on an embedded queue in a work directory beside the store. Forms:\n"
+      "           call-first (idem::CallFirst: calls.Once(\"charge\", POST /charges) before the Inbox's\n"
+      "           transaction, then the payment row in it; claims in the store) and in-transaction (CallOnce\n"
+      "           inside a plain Handler; on SQLite its claims in a file of their own). Prints messages/s\n"
+      "           per worker count and round, the ratio of each count to the first per round and the\n"
+      "           median; checks every message applied once and the provider charged once per order\n"
+      "           (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
       "       idem bench purge --store URL [--retained N] [--days D] [--purge-batch B] [--json]\n"
       "       idem bench claims --store URL [--n N] [--dup D] [--concurrency C] [--batch B]\n"
       "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] "
-      "[--rounds R]",
+      "[--rounds R]\n"
+      "       idem bench call-first --store sqlite:PATH|postgres://... [--messages N] [--provider-delay-ms MS]\n"
+      "            [--workers-list 1,4] [--rounds R] [--forms both|call-first|in-transaction] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -443,7 +458,7 @@ const Command& BenchCommand() {
        {"batch", "B", "1", "messages per transaction (1: Inbox::Handle, more: Inbox::HandleBatch)"},
        {"synchronous", "MODE", "", "full, normal or off (default: full for --batch 1, normal for batches)"},
        {"seconds", "S", "2", "time per measured round and side"},
-       {"rounds", "R", "3", "measured rounds per side"},
+       {"rounds", "R", "3", "measured rounds per side (call-first: rounds of every worker count and form)"},
        {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
        {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (InboxOptions)"},
        {"json", "", "", "print one JSON object"},
@@ -453,9 +468,13 @@ const Command& BenchCommand() {
        {"days", "D", "10", "purge: the retained markers' processing times span D days; the oldest is purged"},
        {"purge-batch", "B", "2000", "purge: markers per purge transaction"},
        {"source", "URL", "", "source: the broker (see idem run --help)"},
-       {"messages", "N", "", "source: distinct messages per round (default 10000)"},
+       {"messages", "N", "", "source: distinct messages per round (default 10000); call-first: per round and\n"
+        "          worker count (default 400)"},
        {"dup-rate", "R", "", "source: fraction published twice (default 0)"},
-       {"workers", "W", "", "source: consumer threads (default 4)"}},
+       {"workers", "W", "", "source: consumer threads (default 4)"},
+       {"provider-delay-ms", "MS", "20", "call-first: how long the provider works on each charge"},
+       {"workers-list", "W,W", "1,4", "call-first: the worker counts compared (ratios to the first)"},
+       {"forms", "F", "both", "call-first: both, call-first or in-transaction"}},
       /*max_positional=*/1};
   return c;
 }
@@ -465,15 +484,18 @@ int RunBench(const Args& args) {
   if (pos.empty())
     return Fail("bench",
                 Status::InvalidArgument(
-                    "missing subcommand: expected marker, peers, purge, claims or source (see idem bench --help)"));
-  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source")
-    return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
-                                                 "': expected marker, peers, purge, claims or source (see idem bench --help)"));
+                    "missing subcommand: expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
+  if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
+      pos[0] != "call-first")
+    return Fail("bench", Status::InvalidArgument(
+                             "unknown subcommand '" + pos[0] +
+                             "': expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
   if (pos.size() > 1)
     return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);
+  if (pos[0] == "call-first") return RunBenchCallFirst(args);
   return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 

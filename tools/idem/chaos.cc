@@ -106,6 +106,53 @@ struct Config {
   std::string provider;
 };
 
+// The consumers' retries, in one place: what the workers run with and what
+// the parent computes their budget from.
+constexpr int kClientAttempts = 4;        // tries of one POST /charges (ProviderClient: backoff 2..100 ms)
+constexpr int kClientBackoffMaxMs = 100;  // as ProviderClient sets it
+// Failures before a message is dead-lettered (a dead letter counts as lost).
+// Kills and in-progress outcomes count none; what counts is the store's own
+// errors (I/O faults, backends terminated), each its own failure.
+constexpr int kConsumerMaxAttempts = 5;
+constexpr int64_t kConsumerBackoffBaseMs = 5, kConsumerBackoffMaxMs = 100;
+
+ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
+  // Odd slots take batches (the mid-batch kill point lives there). No
+  // crash-loop cut-off (max_deliveries): chaos kills consumers on purpose.
+  return {.workers = 1,
+          .batch = cfg.slot % 2 == 1 ? std::max(1, cfg.batch) : 1,
+          .max_attempts = kConsumerMaxAttempts,
+          .max_deliveries = 0,
+          .backoff_base_ms = kConsumerBackoffBaseMs,
+          .backoff_max_ms = kConsumerBackoffMaxMs,
+          .receive_wait_ms = 100};
+}
+
+// The longest a consumer keeps trying a message whose every try fails
+// before it gives up on it (dead letter): max_attempts deliveries, each
+// making kClientAttempts calls, and the consumer's backoff (with its +25%
+// jitter) between the deliveries. Between the calls the client waits its
+// longest backoff: a 409 carries Retry-After (whole seconds), which raises
+// every wait to the client's backoff_max_ms. The time the requests
+// themselves take is not counted (loopback, milliseconds): a lease above
+// this outlasts the consumers' retries.
+int64_t ConsumerRetryBudgetMs() {
+  const ConsumerOptions o = ChaosConsumerOptions(Config{});
+  const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
+  int64_t between = 0, d = o.backoff_base_ms;
+  for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;
+  return deliveries * (kClientAttempts - 1) * kClientBackoffMaxMs + between;
+}
+
+// The range the provider's lease is drawn from at each (re)start: from
+// below the budget (a retry may take a key over while its first request
+// still runs) to well above it (a key held by a killed provider stays in
+// progress longer than any consumer retries: the consumers must keep
+// redelivering it as in progress, never count it), short enough that a
+// run still drains in CI time.
+int64_t ProviderLeaseMinMs() { return std::max<int64_t>(50, ConsumerRetryBudgetMs() / 2); }
+int64_t ProviderLeaseMaxMs() { return std::max<int64_t>(2'000, 2 * ConsumerRetryBudgetMs()); }
+
 std::string ProviderStore(const Config& cfg) {
   // The provider's durability is its own: WAL without an fsync per commit
   // survives its kills (only a power cut would not).
@@ -303,25 +350,22 @@ int Worker(const Config& cfg) {
   FaultySource source(*opened->source, cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
-  ThreadClients clients(cfg.provider, 4);
+  ThreadClients clients(cfg.provider, kClientAttempts);
   Inbox inbox(**store, {.consumer = kConsumer});
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
-    IDEM_ASSIGN_OR_RETURN(ChargeReply c, Charge(*client, m));
-    return InsertPayment(tx, m, c.charge_id, kTable);
+    auto c = Charge(*client, m);
+    // The client gave up (409s while the provider holds the key, 5xx,
+    // connection errors): the charge may have been made and is not
+    // finished, so the message is in progress -- redelivered, no failure
+    // counted -- not failed. Counted, it would be dead-lettered (lost) once
+    // the provider's lease outlasts the consumer's retry budget.
+    if (!c.ok() && c.status().code() == Code::kUnavailable) return Status::InDoubt(c.status().message());
+    if (!c.ok()) return c.status();
+    return InsertPayment(tx, m, c->charge_id, kTable);
   };
   if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
-  // Odd slots take batches (the mid-batch kill point lives there). No
-  // dead-lettering: chaos kills consumers on purpose, and a message parked
-  // as poison would count as lost.
-  Consumer consumer(source, inbox, handler,
-                    {.workers = 1,
-                     .batch = cfg.slot % 2 == 1 ? std::max(1, cfg.batch) : 1,
-                     .max_attempts = 0,
-                     .max_deliveries = 0,
-                     .backoff_base_ms = 5,
-                     .backoff_max_ms = 100,
-                     .receive_wait_ms = 100});
+  Consumer consumer(source, inbox, handler, ChaosConsumerOptions(cfg));
   StopOnSignals(&consumer);
   Status s = consumer.Run();
   StopOnSignals(nullptr);
@@ -489,6 +533,12 @@ class Schedule {
     return p;
   }
 
+  // The provider's next lease, drawn at each (re)start.
+  int64_t NextProviderLeaseMs() {
+    const int64_t lo = ProviderLeaseMinMs(), hi = ProviderLeaseMaxMs();
+    return lo + static_cast<int64_t>(provider_rng_() % static_cast<uint64_t>(hi - lo + 1));
+  }
+
   // The provider's next life: it dies at one of its kill points.
   std::string NextProviderPoint() {
     const bool group = cfg_.provider_mode == "group-commit";
@@ -569,6 +619,7 @@ class Run {
   std::vector<bool> slot_busy_;
   bool provider_up_ = false;
   int64_t provider_lives_ = 0;
+  std::vector<int64_t> provider_leases_ms_;  // each provider life's --lease, in order
   Counts counts_;
   std::atomic<bool> produced_{false};
   std::atomic<int64_t> published_{0};
@@ -647,6 +698,9 @@ Status Run::Prepare() {
 }
 
 Status Run::StartProvider(bool chaos) {
+  // Drawn for every life, chaos or not, so a seed gives the same leases.
+  const int64_t lease_ms = schedule_.NextProviderLeaseMs();
+  provider_leases_ms_.push_back(lease_ms);
   std::vector<std::string> argv = {exe_,
                                    "provider",
                                    "--listen",
@@ -656,7 +710,7 @@ Status Run::StartProvider(bool chaos) {
                                    "--api-key",
                                    std::string(kApiKey) + ":" + kPrincipal,
                                    "--lease",
-                                   "1s",
+                                   std::to_string(lease_ms) + "ms",
                                    "--lose-responses",
                                    std::to_string(cfg_.lost_response_rate),
                                    "--seed",
@@ -1109,6 +1163,16 @@ int Run::Report() {
         .Add("provider_missing", c.provider_missing)
         .Add("consumer_errors", counts_.consumer_errors)
         .Add("provider_restarts", counts_.provider_restarts)
+        .AddRaw("provider_lease_ms", [&] {
+          std::vector<std::string> v;
+          for (int64_t l : provider_leases_ms_) v.push_back(std::to_string(l));
+          return JsonArray(v);
+        }())
+        .Add("provider_lease_range_ms", std::to_string(ProviderLeaseMinMs()) + ".." + std::to_string(ProviderLeaseMaxMs()))
+        .Add("consumer_retry_budget_ms", ConsumerRetryBudgetMs())
+        .Add("provider_leases_over_budget",
+             static_cast<int64_t>(std::count_if(provider_leases_ms_.begin(), provider_leases_ms_.end(),
+                                                [](int64_t l) { return l > ConsumerRetryBudgetMs(); })))
         .Add("publish_retries", publish_retries_.load())
         .Add("seconds", seconds_)
         .Add("source", producer_.kind)
@@ -1149,6 +1213,17 @@ int Run::Report() {
     row("provider charges", std::to_string(c.provider_charges) + mark(c.provider_charges == c.unique));
     row("charged / expected (cents)", std::to_string(c.charged_cents) + " / " + std::to_string(c.expected_cents) +
                                           mark(c.charged_cents == c.expected_cents));
+    {
+      std::string leases;
+      int64_t over = 0;
+      for (int64_t l : provider_leases_ms_) {
+        leases += (leases.empty() ? "" : " ") + std::to_string(l);
+        over += l > ConsumerRetryBudgetMs() ? 1 : 0;
+      }
+      row("provider leases (ms, per life)", leases);
+      row("  above the consumers' retry budget (" + std::to_string(ConsumerRetryBudgetMs()) + " ms)",
+          std::to_string(over) + " of " + std::to_string(provider_leases_ms_.size()));
+    }
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f s", seconds_);
     row("time", secs);

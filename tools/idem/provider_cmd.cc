@@ -24,7 +24,7 @@ const Command& ProviderCommand() {
       "corrected request). GET /metrics serves Prometheus counters (no authentication).\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
-      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--one-transaction] [--group-commit N]\n"
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--charge-delay DURATION] [--one-transaction] [--group-commit N]\n"
       "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
@@ -33,6 +33,9 @@ const Command& ProviderCommand() {
        {"retention", "DURATION", "24h", "how long a stored response is replayed"},
        {"lease", "DURATION", "30s", "how long a request may run before a retry may take its key over"},
        {"wait", "DURATION", "0s", "how long a duplicate waits for the first request before 409"},
+       {"charge-delay", "DURATION", "0s",
+        "how long each first execution of POST /charges works before its charge is\n"
+        "          written, as a real provider's would (replays answer at once)"},
        {"one-transaction", "", "",
         "run POST /charges in one transaction with its idempotency record (one\n"
         "          commit per request; a duplicate waits for the first instead of 409)"},
@@ -68,7 +71,8 @@ int RunProvider(const Args& args) {
   auto retention = ParseDurationMs(args.Get("retention"));
   auto lease = ParseDurationMs(args.Get("lease"));
   auto wait = ParseDurationMs(args.Get("wait"));
-  for (const auto* r : {&retention, &lease, &wait})
+  auto charge_delay = ParseDurationMs(args.Get("charge-delay"));
+  for (const auto* r : {&retention, &lease, &wait, &charge_delay})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*lease <= 0) return Fail(cmd, Status::InvalidArgument("--lease must be more than 0"));
   if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
@@ -112,6 +116,7 @@ int RunProvider(const Args& args) {
   o.idempotency.max_keys_per_principal = *max_keys;
   o.lease_ms = *lease;
   o.wait_ms = *wait;
+  o.charge_delay_ms = *charge_delay;
   o.one_transaction = args.Bool("one-transaction");
   o.idempotency.group_commit_max = static_cast<int>(*group);
   o.idempotency.group_committers = static_cast<int>(*committers);

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <map>
 #include <set>
@@ -210,6 +211,7 @@ struct ProviderServer::Impl {
     std::optional<ChargeFields> charge = ReadCharge(req, res);
     if (!charge) return Status::OK();
     if (options.before_charge) options.before_charge(claim->key);
+    if (options.charge_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options.charge_delay_ms));
     // Time first, then 48 random bits: ids are unique and sort by creation,
     // so each new charge lands at the end of the id index instead of on a
     // page of its own (fewer pages written per commit).

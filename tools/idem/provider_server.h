@@ -53,6 +53,12 @@ struct ProviderServerOptions {
   std::function<bool(const std::string& key)> lose_response;
   // Runs inside POST /charges before the charge is written (tests).
   std::function<void(const std::string& key)> before_charge;
+  // How long each first execution of POST /charges takes before its charge
+  // is written, as a real provider's work would (benchmarks: `idem bench
+  // call-first`). A replay answers at once. Two-phase: the sleep holds no
+  // transaction; --one-transaction: it runs inside the route's transaction.
+  // Default: 0.
+  int64_t charge_delay_ms = 0;
 };
 
 class ProviderServer {
