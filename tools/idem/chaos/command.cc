@@ -1,0 +1,186 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: the payments workload across processes, broken on purpose
+// while it runs, then checked by counting effects against an oracle kept
+// outside every database under test. This file is the command (its flags,
+// their checks); the parts are in this directory, listed in config.h.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <utility>
+
+#include "chaos/config.h"
+#include "chaos/oracle.h"
+#include "chaos/report.h"
+#include "chaos/supervisor.h"
+#include "chaos/workdir.h"
+#include "chaos/worker.h"
+#include "commands.h"
+
+namespace idem::cli {
+
+const Command& ChaosCommand() {
+  static const Command c{
+      "chaos",
+      "Prove exactly-once effects by breaking the payments workload while it runs: consumer processes\n"
+      "are SIGKILLed at random times and at every named kill point (before and after the marker,\n"
+      "after the work, inside the commit, after the commit before the ack, after the ack, mid-batch)\n"
+      "and restarted; the HTTP payment provider is killed while it holds a claim; faults are injected\n"
+      "(lost acks, leases expiring under stalled consumers, lost provider responses, SQLite I/O errors\n"
+      "through a fault VFS, PostgreSQL backends terminated). Then everything is drained and the\n"
+      "effects are counted against an oracle journal kept outside every database: lost, duplicated\n"
+      "(in the store or at the provider), unexpected, acknowledged-but-not-committed. Exits 0 only\n"
+      "when all are 0 and every message's effect is there exactly once. Every run prints its seed;\n"
+      "the same seed replays the same schedule of faults.",
+      "[--source URL] [--store URL] [--messages N] [--consumers M] [--kills K] [--seed S] [--json]",
+      {{"source", "URL", "embedded:DIR/queue.db",
+        "the broker (see idem run --help); kafka-mock: runs the mock\n"
+        "          cluster in this process for every consumer. An embedded queue\n"
+        "          file is deleted first (the whole file, every queue in it); only\n"
+        "          an embedded queue file or a path where nothing is is accepted:\n"
+        "          anything else there (a store, another file, a directory) is\n"
+        "          refused and left alone"},
+       {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
+       {"provider-store", "URL", "sqlite:DIR/provider.db",
+        "the provider's store (its claims, charges and stored responses): sqlite:PATH\n"
+        "          or postgres://...; emptied of charges and claims first"},
+       {"messages", "N", "3000", "unique payment messages"},
+       {"consumers", "M", "4", "consumer processes"},
+       {"kills", "K", "100",
+        "at least this many SIGKILLs (consumers and provider); the kills and faults go\n"
+        "          on until every message is applied, so more messages mean more kills"},
+       {"seed", "S", "1", "seed of the schedule of kills and faults"},
+       {"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
+       {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
+       {"lost-ack-rate", "P", "0.02", "fraction of acks lost"},
+       {"stall-rate", "P", "0.005", "fraction of receives that stall past the lease"},
+       {"lost-response-rate", "P", "0.02", "fraction of keys whose first provider response is dropped"},
+       {"fault-rate", "P", "0.15", "fraction of consumer lives given an I/O error or a terminated backend"},
+       {"hits", "N", "4",
+        "a kill point fires at a hit drawn from 1..N (timed kills within 60*N ms):\n"
+        "          larger means longer consumer lives, fewer process starts (long runs)"},
+       {"restart-cmd", "CMD", "",
+        "a shell command that restarts the broker (or database) under test, e.g.\n"
+        "          'scripts/test-redis.sh pause S && scripts/test-redis.sh resume S'"},
+       {"restarts", "N", "2", "how many times --restart-cmd runs, spread over the kills"},
+       {"lease-ms", "MS", "400", "the source's lease (visibility timeout) where it has one"},
+       {"batch", "N", "8", "batch size of the odd-numbered consumers (the even ones take one at a time)"},
+       {"drain-timeout", "DURATION", "60s",
+        "how long without progress before the faults stop for a calm drain,\n"
+        "          and then before what is missing is reported lost"},
+       {"json", "", "", "print one JSON object instead of the table"},
+       {"broken", "MODE", "",
+        "run a deliberately broken consumer to see the check fail: no-guard (the\n"
+        "          effect without its marker) or ack-before-commit"},
+       {"provider-mode", "MODE", "two-phase",
+        "how the provider commits a charge: two-phase (killed after a claim and\n"
+        "          before a completion) or group-commit (one transaction for many\n"
+        "          requests; killed before and after a group's commit)"},
+       {"worker", "SLOT", "", "(internal) run as consumer SLOT"},
+       {"life", "N", "0", "(internal) the consumer's life number"},
+       {"provider", "URL", "", "(internal) the provider's URL"}}};
+  return c;
+}
+
+int RunChaos(const Args& args) {
+  const std::string cmd = "chaos";
+  chaos::Config cfg;
+  auto integer = [&](const char* name, int64_t& out, int64_t min, int64_t max = INT64_MAX) -> Status {
+    if (!args.Has(name)) return Status::OK();
+    IDEM_ASSIGN_OR_RETURN(out, args.GetInt(name));
+    if (out < min)
+      return Status::InvalidArgument("--" + std::string(name) + " must be at least " + std::to_string(min));
+    if (out > max) return Status::InvalidArgument("--" + std::string(name) + " must be at most " + std::to_string(max));
+    return Status::OK();
+  };
+  auto fraction = [&](const char* name, double& out) -> Status {
+    if (!args.Has(name)) return Status::OK();
+    char* end = nullptr;
+    const std::string v = args.Get(name);
+    out = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(out >= 0 && out <= 1))
+      return Status::InvalidArgument("--" + std::string(name) + " must be a fraction 0..1, got '" + v + "'");
+    return Status::OK();
+  };
+  int64_t consumers = cfg.consumers, seed = 1, batch = cfg.batch, slot = -1;
+  Status s = integer("messages", cfg.messages, 1);
+  if (s.ok()) s = integer("consumers", consumers, 1);
+  if (s.ok()) s = integer("kills", cfg.kills, 0);
+  if (s.ok()) s = integer("seed", seed, 0);
+  if (s.ok()) s = integer("batch", batch, 1);
+  // (Bounded above: the schedule multiplies them.)
+  if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50, 3'600'000);
+  if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
+  if (s.ok()) s = integer("restarts", cfg.restarts, 0);
+  cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
+  if (s.ok()) s = integer("worker", slot, 0);
+  if (s.ok()) s = integer("life", cfg.life, 0);
+  for (auto [name, out] : {std::pair<const char*, double*>{"dup-rate", &cfg.dup_rate},
+                           {"lost-ack-rate", &cfg.lost_ack_rate},
+                           {"stall-rate", &cfg.stall_rate},
+                           {"lost-response-rate", &cfg.lost_response_rate},
+                           {"fault-rate", &cfg.fault_rate}})
+    if (s.ok()) s = fraction(name, *out);
+  if (s.ok() && args.Has("drain-timeout")) {
+    auto d = ParseDurationMs(args.Get("drain-timeout"));
+    s = d.status();
+    if (d.ok()) cfg.drain_timeout_ms = *d;
+  }
+  if (!s.ok()) return Fail(cmd, s);
+  if (consumers > 64) return Fail(cmd, Status::InvalidArgument("--consumers must be at most 64"));
+  cfg.consumers = static_cast<int>(consumers);
+  cfg.seed = static_cast<uint64_t>(seed);
+  cfg.batch = static_cast<int>(std::min<int64_t>(batch, 1000));
+  cfg.slot = static_cast<int>(slot);
+  cfg.json = args.Bool("json");
+  // The defaults in --help name files in the work directory.
+  cfg.dir = args.Has("dir") ? args.Get("dir") : "";
+  cfg.source = args.Has("source") ? args.Get("source") : "";
+  cfg.store = args.Has("store") ? args.Get("store") : "";
+  cfg.provider = args.Get("provider");
+  cfg.broken = args.Has("broken") ? args.Get("broken") : "";
+  if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit")
+    return Fail(cmd, Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
+  cfg.provider_mode = args.Get("provider-mode");
+  cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
+  if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")
+    return Fail(cmd, Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" +
+                                             cfg.provider_mode + "'"));
+  if (cfg.slot >= 0) return chaos::RunWorker(cfg);
+
+  if (cfg.dir.empty()) {
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string tmpl = (tmp / "idem-chaos-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) return Fail(cmd, Status::Unavailable("cannot create a temporary directory"));
+    cfg.dir = tmpl;
+  } else {
+    struct stat st {};
+    if (::stat(cfg.dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      return Fail(cmd, Status::InvalidArgument("--dir " + cfg.dir + " is not a directory"));
+  }
+  if (cfg.source.empty()) cfg.source = "embedded:" + cfg.dir + "/queue.db?queue=payments";
+  if (cfg.store.empty()) cfg.store = "sqlite:" + cfg.dir + "/payments.db";
+  if (cfg.source.starts_with("embedded:")) {
+    if (Status st = chaos::ResetEmbeddedQueue(cfg.source); !st.ok()) return Fail(cmd, st);
+  }
+  if (!cfg.json)
+    std::cout << "idem chaos: seed " << cfg.seed << ", " << cfg.messages << " messages, " << cfg.consumers
+              << " consumers, " << cfg.kills << " kills; files in " << cfg.dir << "\n"
+              << std::flush;
+  chaos::Supervisor run(cfg, /*have_vfs=*/true);
+  if (Status st = run.Prepare(); !st.ok()) return Fail(cmd, st);
+  if (Status st = run.Go(); !st.ok()) return Fail(cmd, st);
+  auto checked = chaos::CheckEffects(cfg, run.store());
+  if (!checked.ok()) return Fail(cmd, checked.status());
+  return chaos::Report(cfg, run.Facts(), *checked);
+}
+
+}  // namespace idem::cli

@@ -1,0 +1,112 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: what one run is given (the flags), and the settings derived
+// from it that more than one part uses (the consumers' retries and the
+// budget they add up to, the provider's lease range, the provider's store).
+//
+// The parts of the command:
+//   config.h     this: the run's settings
+//   workdir.h    the work directory and the embedded queue reset before a run
+//   process.h    starting processes, free ports, the provider's health
+//   schedule.h   the seeded schedule of kills and faults (Plan, Schedule)
+//   journal.h    the consumer lives' journals (one line per event)
+//   worker.h     one consumer life (the process the run starts and kills)
+//   supervisor.h the parent: producer, oracle log, killer, restarts, drain
+//   oracle.h     the check: effects counted against the oracle and journals
+//   report.h     the table or the JSON object, and the exit code
+#ifndef IDEM_TOOLS_IDEM_CHAOS_CONFIG_H_
+#define IDEM_TOOLS_IDEM_CHAOS_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "idem/consumer.h"
+
+namespace idem::cli::chaos {
+
+// The consumer name under test and the effect table.
+inline constexpr const char* kConsumer = "idem-chaos";
+inline constexpr const char* kTable = "chaos_payments";
+
+struct Config {
+  std::string dir, source, store;
+  int64_t messages = 3'000;
+  int consumers = 4;
+  int64_t kills = 100;
+  uint64_t seed = 1;
+  double dup_rate = 0.05;
+  double lost_ack_rate = 0.02;
+  double stall_rate = 0.005;
+  double lost_response_rate = 0.02;
+  double fault_rate = 0.15;  // share of consumer lives given a fault instead of a kill point
+  int64_t lease_ms = 400;
+  int batch = 8;
+  int64_t drain_timeout_ms = 60'000;
+  // A kill point fires at its 1st..hits-th hit (drawn); timed kills come
+  // within 10..(60 x hits) ms. Larger: longer lives, fewer process starts
+  // per message (long runs).
+  int64_t hits = 4;
+  // A shell command that restarts the broker (or the database) under test,
+  // run `restarts` times, evenly spread over the kills.
+  std::string restart_cmd;
+  int64_t restarts = 2;
+  bool json = false;
+  // A deliberately broken consumer, to show the check catches what it
+  // claims to: "" (the real one), "no-guard" (effect without the marker) or
+  // "ack-before-commit" (the delivery acknowledged before the transaction).
+  std::string broken;
+  // How the provider commits POST /charges: "two-phase" (claim committed,
+  // charge, response committed) or "group-commit" (--one-transaction
+  // --group-commit: claim, charge and response of many requests in one
+  // transaction).
+  std::string provider_mode = "two-phase";
+  // The provider's own store; empty: sqlite:DIR/provider.db (synchronous=normal).
+  std::string provider_store;
+  // Worker mode (internal): this process is consumer `slot`, life `life`.
+  int slot = -1;
+  int64_t life = 0;
+  std::string provider;
+};
+
+// The consumers' retries, in one place: what the workers run with and what
+// the parent computes their budget from.
+inline constexpr int kClientAttempts = 4;        // tries of one POST /charges (ProviderClient: backoff 2..100 ms)
+inline constexpr int kClientBackoffMaxMs = 100;  // as ProviderClient sets it
+// Failures before a message is dead-lettered (a dead letter counts as lost).
+// Kills and in-progress outcomes count none; what counts is the store's own
+// errors (I/O faults, backends terminated), each its own failure.
+inline constexpr int kConsumerMaxAttempts = 5;
+inline constexpr int64_t kConsumerBackoffBaseMs = 5, kConsumerBackoffMaxMs = 100;
+
+// The options a consumer life runs with (odd slots take batches).
+ConsumerOptions ChaosConsumerOptions(const Config& cfg);
+
+// The longest a consumer keeps trying a message whose every try fails
+// before it gives up on it (dead letter): max_attempts deliveries, each
+// making kClientAttempts calls, and the consumer's backoff (with its +25%
+// jitter) between the deliveries. Between the calls the client waits its
+// longest backoff: a 409 carries Retry-After (whole seconds), which raises
+// every wait to the client's backoff_max_ms. The time the requests
+// themselves take is not counted (loopback, milliseconds): a lease above
+// this outlasts the consumers' retries.
+int64_t ConsumerRetryBudgetMs();
+
+// The range the provider's lease is drawn from at each (re)start: from
+// below the budget (a retry may take a key over while its first request
+// still runs) to well above it (a key held by a killed provider stays in
+// progress longer than any consumer retries: the consumers must keep
+// redelivering it as in progress, never count it), short enough that a
+// run still drains in CI time.
+int64_t ProviderLeaseMinMs();
+int64_t ProviderLeaseMaxMs();
+
+// The provider's store URL: --provider-store, or sqlite:DIR/provider.db
+// (synchronous=normal).
+std::string ProviderStore(const Config& cfg);
+
+// The steady clock in milliseconds.
+int64_t SteadyMs();
+
+}  // namespace idem::cli::chaos
+
+#endif  // IDEM_TOOLS_IDEM_CHAOS_CONFIG_H_

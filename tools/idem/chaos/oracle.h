@@ -1,0 +1,59 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: the oracle and the check. The oracle is DIR/oracle.log, kept
+// outside every database under test: one line "<id> <payload>" per
+// publication, written before the message is published (so it holds every
+// message that may reach a consumer; a producer retry is a second line).
+// After the run, CheckEffects counts the effects -- the effect rows in the
+// store under test, the charges in the provider's store, the
+// acknowledgements in the consumers' journals -- against it.
+#ifndef IDEM_TOOLS_IDEM_CHAOS_ORACLE_H_
+#define IDEM_TOOLS_IDEM_CHAOS_ORACLE_H_
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "chaos/config.h"
+#include "idem/message.h"
+#include "idem/result.h"
+#include "idem/store.h"
+
+namespace idem::cli::chaos {
+
+// The oracle's writer: DIR/oracle.log, truncated when opened, flushed at
+// every line.
+class OracleLog {
+ public:
+  explicit OracleLog(const std::string& dir) : out_(dir + "/oracle.log") {}
+  void Append(const Message& m) { out_ << m.id << " " << m.payload << "\n" << std::flush; }
+
+ private:
+  std::ofstream out_;
+};
+
+// What the check counted.
+struct EffectCheck {
+  int64_t published = 0, unique = 0, deliveries = 0, applied = 0, lost = 0, duplicated = 0, unexpected = 0;
+  int64_t provider_charges = 0, provider_duplicated = 0, provider_unexpected = 0, provider_missing = 0;
+  int64_t acked_not_committed = 0, effects_without_charge = 0, lost_acks = 0, stalls = 0, lost_responses = 0;
+  int64_t effect_rows = 0, expected_cents = 0, charged_cents = 0;
+  int64_t vfs_faults_fired = 0;  // I/O errors and full disks the fault VFS returned
+  std::vector<std::string> examples;  // a few ids per problem, for the report
+
+  // Every effect exactly once, in the store and at the provider.
+  bool EffectsOk() const {
+    return lost == 0 && duplicated == 0 && unexpected == 0 && provider_duplicated == 0 && provider_unexpected == 0 &&
+           provider_missing == 0 && acked_not_committed == 0 && effects_without_charge == 0 && applied == unique &&
+           effect_rows == unique && provider_charges == unique && charged_cents == expected_cents;
+  }
+};
+
+// Reads DIR/oracle.log, the effect table in `store`, the provider's charges
+// (ProviderStore(cfg)), DIR/journal/* and DIR/provider.log, and counts.
+Result<EffectCheck> CheckEffects(const Config& cfg, Store& store);
+
+}  // namespace idem::cli::chaos
+
+#endif  // IDEM_TOOLS_IDEM_CHAOS_ORACLE_H_

@@ -1,0 +1,135 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "chaos/report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "cli.h"
+
+namespace idem::cli::chaos {
+namespace {
+
+std::string JsonCounts(const std::map<std::string, int64_t>& m) {
+  Json j;
+  for (const auto& [k, v] : m) j.Add(k, v);
+  return j.str();
+}
+
+}  // namespace
+
+int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
+  const RunCounts& counts = run.counts;
+  const std::vector<int64_t>& leases_ms = run.provider_leases_ms;
+  // SQLite faults count when the VFS returned them, not when armed (a life
+  // may die or finish before its operation comes).
+  int64_t faults = c.lost_acks + c.stalls + c.lost_responses + c.vfs_faults_fired;
+  for (const auto& [k, v] : counts.faults)
+    if (!k.starts_with("sqlite-") && k != "network-cut-connections-reset") faults += v;
+  const bool effects_ok = c.EffectsOk();
+  const bool interrupted = run.interrupted;
+  const bool ok = effects_ok && run.kills_reached && !interrupted;
+  if (cfg.json) {
+    Json j;
+    j.Add("published", c.published)
+        .Add("unique", c.unique)
+        .Add("deliveries", c.deliveries)
+        .Add("kills", counts.total_kills)
+        .Add("kills_requested", cfg.kills)
+        .AddRaw("kills_by_point", JsonCounts(counts.kills))
+        .Add("faults", faults)
+        .AddRaw("faults_by_kind", JsonCounts([&] {
+                  std::map<std::string, int64_t> m;
+                  for (const auto& [k, v] : counts.faults) m[k.starts_with("sqlite-") ? k + "-armed" : k] = v;
+                  m["lost-ack"] = c.lost_acks;
+                  m["lease-expiry-stall"] = c.stalls;
+                  m["lost-provider-response"] = c.lost_responses;
+                  m["sqlite-faults-fired"] = c.vfs_faults_fired;
+                  return m;
+                }()))
+        .Add("applied", c.applied)
+        .Add("lost", c.lost)
+        .Add("duplicated", c.duplicated + c.provider_duplicated)
+        .Add("unexpected", c.unexpected + c.provider_unexpected)
+        .Add("acked_not_committed", c.acked_not_committed)
+        .Add("provider_charges", c.provider_charges)
+        .Add("provider_missing", c.provider_missing)
+        .Add("consumer_errors", counts.consumer_errors)
+        .Add("provider_restarts", counts.provider_restarts)
+        .AddRaw("provider_lease_ms", [&] {
+          std::vector<std::string> v;
+          for (int64_t l : leases_ms) v.push_back(std::to_string(l));
+          return JsonArray(v);
+        }())
+        .Add("provider_lease_range_ms", std::to_string(ProviderLeaseMinMs()) + ".." + std::to_string(ProviderLeaseMaxMs()))
+        .Add("consumer_retry_budget_ms", ConsumerRetryBudgetMs())
+        .Add("provider_leases_over_budget",
+             static_cast<int64_t>(std::count_if(leases_ms.begin(), leases_ms.end(),
+                                                [](int64_t l) { return l > ConsumerRetryBudgetMs(); })))
+        .Add("publish_retries", run.publish_retries)
+        .Add("seconds", run.seconds)
+        .Add("source", run.source_kind)
+        .Add("store", run.postgres ? "postgres" : "sqlite")
+        .Add("interrupted", interrupted)
+        .Add("ok", ok)
+        .Add("seed", static_cast<int64_t>(cfg.seed))
+        .Add("dir", cfg.dir);
+    std::cout << j.str() << "\n";
+  } else {
+    auto row = [](const std::string& k, const std::string& v) {
+      std::cout << "  " << k << std::string(k.size() < 46 ? 46 - k.size() : 1, ' ') << v << "\n";
+    };
+    auto mark = [](bool good) { return good ? "  ✓" : "  ✕"; };
+    std::cout << "\nidem chaos: seed " << cfg.seed << ", " << cfg.consumers << " consumer processes on "
+              << run.source_kind << " + " << (run.postgres ? "PostgreSQL" : "SQLite") << ", provider over HTTP\n\n";
+    row("published (with producer retries)", std::to_string(c.published));
+    row("unique messages", std::to_string(c.unique));
+    row("deliveries seen by consumers", std::to_string(c.deliveries));
+    row("kills (SIGKILL)", std::to_string(counts.total_kills) + " of " + std::to_string(cfg.kills) + " requested" +
+                               mark(run.kills_reached));
+    for (const auto& [k, v] : counts.kills) row("  " + k, std::to_string(v));
+    row("faults injected", std::to_string(faults));
+    for (const auto& [k, v] : counts.faults)
+      row("  " + k + (k.starts_with("sqlite-") ? " (lives armed)" : ""), std::to_string(v));
+    row("  lost acks", std::to_string(c.lost_acks));
+    row("  stalls past the lease", std::to_string(c.stalls));
+    row("  lost provider responses", std::to_string(c.lost_responses));
+    if (!run.postgres) row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
+    row("applied (distinct messages with an effect)", std::to_string(c.applied) + mark(c.applied == c.unique));
+    row("lost (published, never applied)", std::to_string(c.lost) + mark(c.lost == 0));
+    row("duplicated (applied twice: store/provider)",
+        std::to_string(c.duplicated) + " / " + std::to_string(c.provider_duplicated) +
+            mark(c.duplicated == 0 && c.provider_duplicated == 0));
+    row("unexpected (applied, never published)",
+        std::to_string(c.unexpected + c.provider_unexpected) + mark(c.unexpected + c.provider_unexpected == 0));
+    row("acknowledged but not committed", std::to_string(c.acked_not_committed) + mark(c.acked_not_committed == 0));
+    row("provider charges", std::to_string(c.provider_charges) + mark(c.provider_charges == c.unique));
+    row("charged / expected (cents)", std::to_string(c.charged_cents) + " / " + std::to_string(c.expected_cents) +
+                                          mark(c.charged_cents == c.expected_cents));
+    {
+      std::string leases;
+      int64_t over = 0;
+      for (int64_t l : leases_ms) {
+        if (!leases.empty()) leases += ' ';
+        leases += std::to_string(l);
+        over += l > ConsumerRetryBudgetMs() ? 1 : 0;
+      }
+      row("provider leases (ms, per life)", leases);
+      row("  above the consumers' retry budget (" + std::to_string(ConsumerRetryBudgetMs()) + " ms)",
+          std::to_string(over) + " of " + std::to_string(leases_ms.size()));
+    }
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f s", run.seconds);
+    row("time", secs);
+    for (const auto& e : c.examples) std::cout << "  e.g. " << e << "\n";
+    if (interrupted) std::cout << "  interrupted: the counts are of an unfinished run\n";
+    if (!run.kills_reached)
+      std::cout << "  the messages ran out before the kills did: raise --messages or lower --kills\n";
+    std::cout << (ok ? "  OK: every message's effect exactly once, in the store and at the provider\n"
+                     : "  FAILED\n")
+              << "  replay this schedule: idem chaos --seed " << cfg.seed << " (files in " << cfg.dir << ")\n";
+  }
+  return ok ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace idem::cli::chaos

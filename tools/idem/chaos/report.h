@@ -1,0 +1,48 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: the report -- a table for a person, or one JSON object
+// (--json) for scripts and CTest; doc/cli.md says how to read both. The exit
+// code is kExitOk only when every effect is there exactly once, the kills
+// asked for were made and the run was not interrupted; kExitCheckFailed
+// otherwise.
+#ifndef IDEM_TOOLS_IDEM_CHAOS_REPORT_H_
+#define IDEM_TOOLS_IDEM_CHAOS_REPORT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chaos/config.h"
+#include "chaos/oracle.h"
+
+namespace idem::cli::chaos {
+
+// What the supervisor counted while the run went on.
+struct RunCounts {
+  std::map<std::string, int64_t> kills;   // by kill point or "kill:timed"
+  std::map<std::string, int64_t> faults;  // by kind
+  int64_t total_kills = 0;
+  int64_t consumer_errors = 0;  // consumer lives that exited with an error
+  int64_t provider_restarts = 0;
+};
+
+// The run as the supervisor saw it (everything but the effects).
+struct RunFacts {
+  RunCounts counts;  // faults include the network cuts of a PostgreSQL run
+  std::vector<int64_t> provider_leases_ms;  // each provider life's --lease, in order
+  int64_t publish_retries = 0;
+  double seconds = 0;
+  std::string source_kind;  // the source's Kind()
+  bool postgres = false;    // the store under test is PostgreSQL (else SQLite)
+  bool kills_reached = false;
+  bool interrupted = false;  // SIGINT or SIGTERM stopped the run
+};
+
+// Prints the report (cfg.json: the JSON object) to stdout; returns the exit
+// code.
+int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c);
+
+}  // namespace idem::cli::chaos
+
+#endif  // IDEM_TOOLS_IDEM_CHAOS_REPORT_H_

@@ -1,0 +1,60 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: the schedule of kills and faults. Every decision comes from
+// the seed: consumer slot s draws its lives' kill points, hit counts and
+// kill times from a generator seeded by (seed, s), the provider from (seed,
+// provider). What the processes do between those decisions is up to the OS
+// scheduler, so a seed replays the same schedule of faults, not the same
+// interleaving.
+#ifndef IDEM_TOOLS_IDEM_CHAOS_SCHEDULE_H_
+#define IDEM_TOOLS_IDEM_CHAOS_SCHEDULE_H_
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "chaos/config.h"
+
+namespace idem::cli::chaos {
+
+// Where a consumer life dies, or what breaks in it.
+struct Plan {
+  std::string kill_point;  // IDEM_KILL_AT value ("name:hit"), or ""
+  std::string vfs;         // IDEM_FAULT_VFS value, or ""
+  std::string label;       // what the summary counts it as
+  int64_t kill_after_ms = 0;       // a timed SIGKILL this long after start (0: none)
+  int64_t terminate_after_ms = 0;  // PostgreSQL: terminate its backends this long after start (0: none)
+};
+
+class Schedule {
+ public:
+  // Without the fault VFS (a build without it), SQLite runs get neither the
+  // kill inside the commit nor I/O errors.
+  Schedule(const Config& cfg, bool postgres, bool have_vfs);
+
+  // The next life of consumer `slot`, while the chaos lasts.
+  Plan Next(int slot);
+
+  // The provider's next lease, drawn at each (re)start.
+  int64_t NextProviderLeaseMs();
+
+  // The provider's next life: it dies at one of its kill points.
+  std::string NextProviderPoint();
+
+ private:
+  const Config& cfg_;
+  bool postgres_;
+  bool faults_;
+  std::vector<std::string> points_;
+  std::vector<std::mt19937_64> rngs_;
+  std::map<int, size_t> next_point_;
+  std::map<int, int64_t> faults_given_;
+  static constexpr int64_t kSweep = 150;
+  std::mt19937_64 provider_rng_;
+};
+
+}  // namespace idem::cli::chaos
+
+#endif  // IDEM_TOOLS_IDEM_CHAOS_SCHEDULE_H_

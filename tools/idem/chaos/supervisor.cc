@@ -1,0 +1,382 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "chaos/supervisor.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+
+#include "chaos/oracle.h"
+#include "chaos/workdir.h"
+#include "cli.h"
+#include "idem/postgres/store.h"
+#include "payments.h"
+
+namespace idem::cli::chaos {
+namespace {
+
+// SIGINT or SIGTERM stops the run, its processes and reports.
+std::atomic<bool> g_interrupted{false};
+
+std::string WithParam(const std::string& url, const std::string& kv) {
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + kv;
+}
+
+}  // namespace
+
+Supervisor::Supervisor(const Config& cfg, bool have_vfs)
+    : cfg_(cfg), postgres_(postgres::IsUrl(cfg.store)), have_vfs_(have_vfs), schedule_(cfg, postgres_, have_vfs) {}
+
+Status Supervisor::Prepare() {
+  IDEM_RETURN_IF_ERROR(PrepareWorkDir(cfg_.dir));
+  // The producer's side of the source. A Kafka group member the parent
+  // never polls would hold partitions, so that one goes (elsewhere the
+  // publisher is the source itself, or the source holds nothing).
+  IDEM_ASSIGN_OR_RETURN(producer_, OpenSource(cfg_.source, {.lease_ms = cfg_.lease_ms, .consumer = "chaos-producer"}));
+  if (producer_.kind.starts_with("kafka")) producer_.source.reset();
+  source_url_ = producer_.shared_url;
+  // The store: the effect table and the markers start empty.
+  IDEM_ASSIGN_OR_RETURN(store_, OpenStore(cfg_.store, true, 2));
+  {
+    IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec(std::string("DROP TABLE IF EXISTS ") + kTable).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec(CreatePaymentsSql(kTable)).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_failures WHERE consumer = $1", {kConsumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_dead_letters WHERE consumer = $1", {kConsumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
+  IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
+  if (!cfg_.provider_store.empty()) {  // (the default's files are gone already)
+    IDEM_ASSIGN_OR_RETURN(auto provider, OpenStore(cfg_.provider_store, true, 1));
+    IDEM_ASSIGN_OR_RETURN(auto tx, provider->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS provider_charges").status());
+    // Only this run's principal: other users of the database keep theirs.
+    IDEM_RETURN_IF_ERROR(
+        tx->Exec("DELETE FROM idem_claims WHERE substr(scope, 1, length($1)) = $1", {std::string(kPrincipal) + "|"})
+            .status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
+  consumer_store_ = cfg_.store;
+  if (postgres_) {
+    std::string host;
+    int target = 0;
+    IDEM_RETURN_IF_ERROR(RouteThrough(cfg_.store, 1, host, target).status());
+    IDEM_ASSIGN_OR_RETURN(proxy_, CutProxy::Start(host, target));
+    IDEM_ASSIGN_OR_RETURN(consumer_store_, RouteThrough(cfg_.store, proxy_->port(), host, target));
+    net_rng_.seed(cfg_.seed * 1'000'003ULL + 424'242ULL);
+  }
+  IDEM_ASSIGN_OR_RETURN(provider_port_, FreePort());
+  provider_url_ = "http://127.0.0.1:" + std::to_string(provider_port_);
+  next_life_.assign(static_cast<size_t>(cfg_.consumers), 0);
+  slot_busy_.assign(static_cast<size_t>(cfg_.consumers), false);
+  return Status::OK();
+}
+
+Status Supervisor::StartProvider(bool chaos) {
+  // Drawn for every life, chaos or not, so a seed gives the same leases.
+  const int64_t lease_ms = schedule_.NextProviderLeaseMs();
+  provider_leases_ms_.push_back(lease_ms);
+  std::vector<std::string> argv = {exe_,
+                                   "provider",
+                                   "--listen",
+                                   "127.0.0.1:" + std::to_string(provider_port_),
+                                   "--store",
+                                   ProviderStore(cfg_),
+                                   "--api-key",
+                                   std::string(kApiKey) + ":" + kPrincipal,
+                                   "--lease",
+                                   std::to_string(lease_ms) + "ms",
+                                   "--lose-responses",
+                                   std::to_string(cfg_.lost_response_rate),
+                                   "--seed",
+                                   std::to_string(cfg_.seed),
+                                   "--max-keys",
+                                   std::to_string(std::max<int64_t>(100'000, 2 * cfg_.messages))};
+  if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
+  Life l;
+  l.life = provider_lives_++;
+  if (chaos) {
+    l.plan.kill_point = schedule_.NextProviderPoint();
+    l.plan.label = "kill:" + l.plan.kill_point.substr(0, l.plan.kill_point.find(':'));
+  }
+  std::vector<std::string> env;
+  if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
+  IDEM_ASSIGN_OR_RETURN(l.pid, Spawn(argv, env, cfg_.dir + "/provider.log"));
+  l.started_ms = SteadyMs();
+  // It serves within a moment; until then the consumers' calls fail and are
+  // retried, which is part of the test.
+  lives_[l.pid] = l;
+  provider_up_ = true;
+  for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
+    int st = 0;
+    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) {
+      // Killed at its kill point by a consumer's first call, before it
+      // answered the health check: a death like any other (restarted).
+      if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+        Ended(l.pid, st);
+        return Status::OK();
+      }
+      lives_.erase(l.pid);
+      provider_up_ = false;
+      return Status::Unavailable("the provider exited at start; see " + cfg_.dir + "/provider.log");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Status::OK();
+}
+
+Status Supervisor::StartConsumer(int slot, bool chaos) {
+  Life l;
+  l.slot = slot;
+  l.life = next_life_[static_cast<size_t>(slot)]++;
+  if (chaos) l.plan = schedule_.Next(slot);
+  std::string store = consumer_store_;
+  if (postgres_) {
+    store = WithParam(store, "application_name=idem-chaos-" + std::to_string(slot) + "-" + std::to_string(l.life));
+  } else if (!l.plan.vfs.empty()) {
+    store = WithParam(store, "vfs=idem-fault");
+  }
+  std::vector<std::string> argv = {exe_,        "chaos",         "--worker",  std::to_string(slot),
+                                   "--life",    std::to_string(l.life), "--dir", cfg_.dir,
+                                   "--source",  source_url_,   "--store",   store,
+                                   "--provider", provider_url_, "--seed",   std::to_string(cfg_.seed),
+                                   "--batch",   std::to_string(cfg_.batch), "--lease-ms", std::to_string(cfg_.lease_ms),
+                                   "--lost-ack-rate", std::to_string(cfg_.lost_ack_rate),
+                                   "--stall-rate", std::to_string(cfg_.stall_rate)};
+  if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
+  std::vector<std::string> env;
+  if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
+  if (!l.plan.vfs.empty()) env.push_back("IDEM_FAULT_VFS=" + l.plan.vfs);
+  IDEM_ASSIGN_OR_RETURN(l.pid, Spawn(argv, env, cfg_.dir + "/consumer-" + std::to_string(slot) + ".log"));
+  l.started_ms = SteadyMs();
+  if (l.plan.label.starts_with("fault:")) ++counts_.faults[l.plan.label.substr(6)];
+  slot_busy_[static_cast<size_t>(slot)] = true;
+  lives_[l.pid] = l;
+  return Status::OK();
+}
+
+// Collects the processes that ended and counts how.
+void Supervisor::Reap() {
+  int st = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) Ended(pid, st);
+}
+
+// Counts how a process of the run ended (its status from waitpid).
+void Supervisor::Ended(pid_t pid, int st) {
+  auto it = lives_.find(pid);
+  if (it == lives_.end()) return;
+  const Life l = it->second;
+  lives_.erase(it);
+  if (l.slot < 0) {
+    provider_up_ = false;
+  } else {
+    slot_busy_[static_cast<size_t>(l.slot)] = false;
+  }
+  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+    ++counts_.total_kills;
+    // Killed by the schedule's timer, or by itself at its kill point.
+    std::string what = l.killed_by_us ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
+                                      : l.plan.label;
+    if (l.slot < 0) what = "provider " + what;
+    ++counts_.kills[what.empty() ? "kill:unplanned" : what];
+  } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    ++counts_.consumer_errors;
+  }
+}
+
+void Supervisor::Produce() {
+  std::mt19937_64 rng(cfg_.seed);
+  OracleLog oracle(cfg_.dir);
+  // In the oracle before it is published: the oracle holds every message
+  // that may reach a consumer. A failed publication (a broker restarting) is
+  // retried as a producer would, on a fresh connection: when the first
+  // attempt's outcome was unknown, that is a producer duplicate.
+  auto publish = [&](const Message& m) -> Status {
+    Status s;
+    // For 2 minutes, however long a reopening waits for the broker.
+    const int64_t deadline = SteadyMs() + 120'000;
+    for (int attempt = 0; (attempt == 0 || SteadyMs() < deadline) && !g_interrupted; ++attempt) {
+      oracle.Append(m);
+      s = producer_.publish(m);
+      if (s.ok()) {
+        ++published_;
+        return s;
+      }
+      ++publish_retries_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto reopened = OpenSource(cfg_.source, {.lease_ms = cfg_.lease_ms, .consumer = "chaos-producer"});
+      if (reopened.ok()) {
+        if (reopened->kind.starts_with("kafka")) reopened->source.reset();
+        producer_ = std::move(*reopened);  // only this thread uses it until the run ends
+      }
+    }
+    return s.WithContext("publishing " + m.id + " failed for 2 minutes");
+  };
+  std::vector<Message> again;
+  for (int64_t i = 0; i < cfg_.messages && produce_status_.ok(); ++i) {
+    const int64_t cents = 100 + static_cast<int64_t>(rng() % 99'900);
+    std::string order = "o";  // (built in steps: g++ 12 warns falsely on "o" + to_string)
+    order += std::to_string(i);
+    Message m = PaymentMessage("pay-" + std::to_string(cfg_.seed) + "-" + std::to_string(i), order, cents);
+    produce_status_ = publish(m);
+    if (std::uniform_real_distribution<double>(0, 1)(rng) < cfg_.dup_rate) again.push_back(m);
+  }
+  // The producer's retries: the same facts published again.
+  for (const Message& m : again) {
+    if (!produce_status_.ok()) break;
+    produce_status_ = publish(m);
+  }
+  produced_ = true;
+}
+
+// Progress: the markers (a plain read, which never waits for the consumers'
+// write lock on SQLite), or, for a broken consumer that writes none, the
+// effect rows.
+Result<int64_t> Supervisor::Applied() {
+  if (cfg_.broken != "no-guard") return store_->CountMarkers(kConsumer);
+  IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
+  IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
+  return r.rows[0][0].AsInt();
+}
+
+void Supervisor::TerminateBackends(const Life& l) {
+  auto tx = store_->Begin();
+  if (!tx.ok()) return;
+  (void)(*tx)->Query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                     {"idem-chaos-" + std::to_string(l.slot) + "-" + std::to_string(l.life)});
+}
+
+void Supervisor::StopAll() {
+  for (auto& [pid, l] : lives_) ::kill(pid, SIGTERM);
+  const int64_t deadline = SteadyMs() + 10'000;
+  while (!lives_.empty() && SteadyMs() < deadline) {
+    int st = 0;
+    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid > 0) {
+      lives_.erase(pid);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  for (auto& [pid, l] : lives_) {
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+  }
+  lives_.clear();
+}
+
+Status Supervisor::Go() {
+  const int64_t started = SteadyMs();
+  IDEM_RETURN_IF_ERROR(StartProvider(/*chaos=*/true));
+  std::thread producer([this] { Produce(); });
+  Progress progress("chaos", cfg_.messages);
+  bool chaos = true;
+  int64_t last_poll = 0, last_progress_ms = SteadyMs(), poll_every_ms = 200;
+  Status failure;
+  struct sigaction sa{};
+  sa.sa_handler = [](int) { g_interrupted = true; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  while (!g_interrupted) {
+    Reap();
+    const int64_t now = SteadyMs();
+    if (!provider_up_) {
+      ++counts_.provider_restarts;
+      if (Status s = StartProvider(chaos); !s.ok()) {
+        failure = s;
+        break;
+      }
+    }
+    for (int slot = 0; slot < cfg_.consumers; ++slot) {
+      if (slot_busy_[static_cast<size_t>(slot)]) continue;
+      if (Status s = StartConsumer(slot, chaos); !s.ok()) {
+        failure = s;
+        break;
+      }
+    }
+    if (!failure.ok()) break;
+    for (auto& [pid, l] : lives_) {
+      if (l.plan.kill_after_ms > 0 && !l.killed_by_us && now - l.started_ms >= l.plan.kill_after_ms) {
+        ::kill(pid, SIGKILL);
+        l.killed_by_us = true;
+      }
+      if (l.plan.terminate_after_ms > 0 && !l.terminated && now - l.started_ms >= l.plan.terminate_after_ms) {
+        l.terminated = true;
+        TerminateBackends(l);
+      }
+    }
+    if (chaos && !cfg_.restart_cmd.empty() && restarts_done_ < cfg_.restarts &&
+        counts_.total_kills >= (restarts_done_ + 1) * cfg_.kills / (cfg_.restarts + 1)) {
+      // A broker (or database) restart; the consumers see it go and come
+      // back. The run pauses meanwhile (nothing is reaped or killed).
+      ++restarts_done_;
+      const int rc = std::system(cfg_.restart_cmd.c_str());
+      if (rc != 0) {
+        failure = Status::Unavailable("--restart-cmd failed (status " + std::to_string(rc) + "): " + cfg_.restart_cmd);
+        break;
+      }
+      ++counts_.faults["restart"];
+    }
+    if (proxy_ != nullptr && chaos && now >= next_cut_ms_) {
+      // A network cut between the consumers and PostgreSQL: every
+      // connection reset, new ones refused for a moment.
+      if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
+      next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
+    }
+    if (now - last_poll >= poll_every_ms) {
+      last_poll = now;
+      auto applied = Applied();
+      // Counting a million markers takes a while: poll at most 10% of the time.
+      poll_every_ms = std::max<int64_t>(200, 10 * (SteadyMs() - now));
+      if (applied.ok()) {
+        if (*applied != last_applied_) last_progress_ms = now;
+        last_applied_ = *applied;
+        progress.Update(last_applied_);
+      }
+      if (produced_ && last_applied_ >= cfg_.messages) {
+        drained_ = true;
+        break;  // every effect is in; a shortfall of kills is reported
+      }
+      if (now - last_progress_ms > cfg_.drain_timeout_ms) {
+        if (!chaos) break;  // what is missing is reported as lost
+        // No progress under fire: stop breaking things and drain calmly
+        // (lives already armed still end as planned).
+        chaos = false;
+        last_progress_ms = now;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  progress.Done();
+  kills_reached_ = counts_.total_kills >= cfg_.kills;
+  StopAll();
+  producer.join();
+  seconds_ = static_cast<double>(SteadyMs() - started) / 1000.0;
+  IDEM_RETURN_IF_ERROR(failure);
+  return produce_status_;
+}
+
+RunFacts Supervisor::Facts() const {
+  RunFacts f;
+  f.counts = counts_;
+  if (proxy_ != nullptr) {
+    f.counts.faults["network-cut"] = proxy_->cuts();
+    f.counts.faults["network-cut-connections-reset"] = proxy_->connections_reset();
+  }
+  f.provider_leases_ms = provider_leases_ms_;
+  f.publish_retries = publish_retries_.load();
+  f.seconds = seconds_;
+  f.source_kind = producer_.kind;
+  f.postgres = postgres_;
+  f.kills_reached = kills_reached_;
+  f.interrupted = g_interrupted;
+  return f;
+}
+
+}  // namespace idem::cli::chaos

@@ -1,0 +1,115 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem chaos: the supervisor, the parent process of a run.
+//
+//   supervisor ──publishes──▶ source ──▶ M consumer processes ──HTTP──▶ provider process
+//     │ oracle.log (every publication)      │ journal/<slot>-<life>.log (R/S/L/A/F)
+//     └ killer: SIGKILLs consumers at random times and arms kill points in
+//       each new consumer life (IDEM_KILL_AT), injects faults (I/O errors in
+//       SQLite through the fault VFS, PostgreSQL backends terminated, network
+//       cuts to PostgreSQL, lost acks, leases expiring under stalled
+//       consumers, lost provider responses, broker restarts) and restarts
+//       whatever died; then drains.
+//
+// What it kills and breaks, and when, comes from the Schedule; what it saw is
+// RunFacts (report.h); the effects are counted by CheckEffects (oracle.h).
+#ifndef IDEM_TOOLS_IDEM_CHAOS_SUPERVISOR_H_
+#define IDEM_TOOLS_IDEM_CHAOS_SUPERVISOR_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "chaos/config.h"
+#include "chaos/process.h"
+#include "chaos/report.h"
+#include "chaos/schedule.h"
+#include "cut_proxy.h"
+#include "idem/store.h"
+#include "sources.h"
+
+namespace idem::cli::chaos {
+
+class Supervisor {
+ public:
+  // `have_vfs`: this build has the fault VFS (SQLite faults and the kill
+  // inside the commit).
+  Supervisor(const Config& cfg, bool have_vfs);
+
+  // The work directory, the producer's side of the source, the store (the
+  // effect table and the markers emptied), the provider's store, the proxy
+  // of a PostgreSQL run, the provider's port.
+  Status Prepare();
+  // Runs the chaos until every message is applied (or no progress for
+  // --drain-timeout twice, or SIGINT/SIGTERM), then stops every process.
+  Status Go();
+
+  // The store under test (after Prepare).
+  Store& store() { return *store_; }
+  // What the run saw (after Go).
+  RunFacts Facts() const;
+
+ private:
+  // One process of the run.
+  struct Life {
+    int slot = -1;  // -1: the provider
+    int64_t life = 0;
+    pid_t pid = 0;
+    Plan plan;
+    int64_t started_ms = 0;
+    bool killed_by_us = false;
+    bool terminated = false;
+  };
+
+  Status StartConsumer(int slot, bool chaos);
+  Status StartProvider(bool chaos);
+  void Reap();
+  void Ended(pid_t pid, int status);
+  void Produce();
+  Result<int64_t> Applied();
+  void TerminateBackends(const Life& l);
+  void StopAll();
+
+  const Config& cfg_;
+  const bool postgres_;
+  const bool have_vfs_;
+  Schedule schedule_;
+  std::string exe_ = SelfExe();
+  std::string source_url_;  // what the consumers open
+  std::string provider_url_;
+  int provider_port_ = 0;
+  OpenedSource producer_;
+  std::unique_ptr<Store> store_;
+  // PostgreSQL: the consumers reach the server through this proxy, which
+  // cuts the network to it now and then.
+  std::unique_ptr<CutProxy> proxy_;
+  std::string consumer_store_;
+  std::mt19937_64 net_rng_;
+  int64_t next_cut_ms_ = 0;
+  int64_t restarts_done_ = 0;
+  std::map<pid_t, Life> lives_;
+  std::vector<int64_t> next_life_;
+  std::vector<bool> slot_busy_;
+  bool provider_up_ = false;
+  int64_t provider_lives_ = 0;
+  std::vector<int64_t> provider_leases_ms_;  // each provider life's --lease, in order
+  RunCounts counts_;
+  std::atomic<bool> produced_{false};
+  std::atomic<int64_t> published_{0};
+  std::atomic<int64_t> publish_retries_{0};
+  Status produce_status_;
+  double seconds_ = 0;
+  int64_t last_applied_ = 0;
+  bool kills_reached_ = false;
+  bool drained_ = false;
+};
+
+}  // namespace idem::cli::chaos
+
+#endif  // IDEM_TOOLS_IDEM_CHAOS_SUPERVISOR_H_

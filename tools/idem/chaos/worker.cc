@@ -1,0 +1,126 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "chaos/worker.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "chaos/journal.h"
+#include "cli.h"
+#include "idem/consumer.h"
+#include "idem/inbox.h"
+#include "idem/sqlite/fault_vfs.h"
+#include "payments.h"
+#include "sources.h"
+
+namespace idem::cli::chaos {
+namespace {
+
+// A broken worker's stop: SIGTERM or SIGINT.
+std::atomic<bool> g_stop{false};
+
+// The mistakes the pattern exists to prevent, made on purpose (--broken):
+// the run must then report lost or duplicated effects.
+int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, const Handler& handler) {
+  struct sigaction sa{};
+  sa.sa_handler = [](int) { g_stop = true; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  while (!g_stop) {
+    auto got = source.Receive(1, 100);
+    if (!got.ok()) continue;
+    for (const Delivery& d : *got) {
+      if (cfg.broken == "no-guard") {
+        // The effect alone, then the ack: a redelivery applies it again.
+        auto tx = store.Begin();
+        if (!tx.ok() || !handler(**tx, d.message).ok() || !(*tx)->Commit().ok()) {
+          (void)source.Nack(d, 10);
+          continue;
+        }
+        (void)source.Ack(d);
+      } else {
+        // Acknowledged first: a crash before the commit loses the message.
+        (void)source.Ack(d);
+        (void)inbox.Handle(d.message, handler);
+      }
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunWorker(const Config& cfg) {
+  const std::string name = std::to_string(cfg.slot) + "-" + std::to_string(cfg.life);
+  Journal journal(cfg.dir + "/journal/" + name + ".log");
+  if (!journal.ok()) {
+    std::cerr << "chaos consumer " << name << ": cannot open its journal in " << cfg.dir << "/journal\n";
+    return kExitError;
+  }
+  auto opened = OpenSource(cfg.source, {.lease_ms = cfg.lease_ms, .consumer = "chaos-" + std::to_string(cfg.slot)});
+  if (!opened.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << opened.status() << "\n";
+    return kExitError;
+  }
+  auto store = OpenStore(cfg.store, true, 2);
+  if (!store.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << store.status() << "\n";
+    return kExitError;
+  }
+  // Faults the fault VFS fired in this life, journalled as they happen (a
+  // kill may lose the last one: the count is a lower bound).
+  std::atomic<bool> done{false};
+  std::thread fault_watch;
+  if (std::getenv(sqlite::FaultVfs::kEnvVar) != nullptr) {
+    fault_watch = std::thread([&journal, &done] {
+      auto vfs = sqlite::FaultVfs::Install();
+      int64_t seen = 0;
+      while (vfs.ok() && !done) {
+        for (int64_t n = (*vfs)->counters().faults; seen < n; ++seen) journal.Line('F', std::to_string(seen + 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  struct JoinAtEnd {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~JoinAtEnd() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } join_at_end{done, fault_watch};
+  FaultySource source(*opened->source, cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
+                      cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
+  source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
+  ThreadClients clients(cfg.provider, kClientAttempts);
+  Inbox inbox(**store, {.consumer = kConsumer});
+  Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
+    auto c = Charge(*client, m);
+    // The client gave up (409s while the provider holds the key, 5xx,
+    // connection errors): the charge may have been made and is not
+    // finished, so the message is in progress -- redelivered, no failure
+    // counted -- not failed. Counted, it would be dead-lettered (lost) once
+    // the provider's lease outlasts the consumer's retry budget.
+    if (!c.ok() && c.status().code() == Code::kUnavailable) return Status::InDoubt(c.status().message());
+    if (!c.ok()) return c.status();
+    return InsertPayment(tx, m, c->charge_id, kTable);
+  };
+  if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
+  Consumer consumer(source, inbox, handler, ChaosConsumerOptions(cfg));
+  StopOnSignals(&consumer);
+  Status s = consumer.Run();
+  StopOnSignals(nullptr);
+  if (!s.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << s << "\n";
+    return kExitError;
+  }
+  return kExitOk;
+}
+
+}  // namespace idem::cli::chaos
