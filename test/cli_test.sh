@@ -104,6 +104,21 @@ has purge-one-scope-claims "$T/out" '"claims_purged":0'
 if grep -q '"purged"' "$T/out"; then echo "FAIL purge --scope touched markers"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
 check inspect-queue 0 "$IDEM" inspect --store "$STORE" --queue "embedded:$T/demo/run/queue.db?queue=payments"
 has inspect-queue-empty "$T/out" "queue: ready 0, leased 0, delayed 0"
+# --queue alone looks at the queue only: no store is needed (none exists in $T/no-store,
+# where the default sqlite:idem.db would be looked for) and none is created.
+mkdir -p "$T/no-store"
+(cd "$T/no-store" && check inspect-queue-alone 0 "$IDEM" inspect --queue "embedded:$T/demo/run/queue.db?queue=payments" --json)
+has inspect-queue-alone-json "$T/out" '^\{"queue":\{"ready":0,"leased":0,"delayed":0,"published":[1-9][0-9]*,"acked":[1-9][0-9]*\}\}$'
+(cd "$T/no-store" && check inspect-queue-alone-text 0 "$IDEM" inspect --queue "embedded:$T/demo/run/queue.db?queue=payments")
+has inspect-queue-alone-line "$T/out" "^queue: ready 0, leased 0, delayed 0, published [1-9]"
+[ -z "$(ls -A "$T/no-store")" ] && pass=$((pass + 1)) || { echo "FAIL inspect --queue created files: $(ls "$T/no-store")"; fails=$((fails + 1)); }
+# A store asked for is still a store needed; a queue that is not there is an error, not created.
+(cd "$T/no-store" && check inspect-queue-with-absent-store 3 "$IDEM" inspect --store "sqlite:$T/no-store/absent.db" --queue "embedded:$T/demo/run/queue.db?queue=payments")
+check inspect-queue-alone-missing 3 "$IDEM" inspect --queue "embedded:$T/no-queue-alone.db"
+has inspect-queue-alone-missing-named "$T/err" "no queue file at $T/no-queue-alone.db"
+[ ! -e "$T/no-queue-alone.db" ] && pass=$((pass + 1)) || { echo "FAIL inspect --queue created a queue"; fails=$((fails + 1)); }
+check inspect-queue-not-embedded 2 "$IDEM" inspect --queue "redis://127.0.0.1:1?stream=s"
+has inspect-queue-not-embedded-named "$T/err" "not an embedded queue URL"
 check schema 0 "$IDEM" schema --store "$STORE" --json
 has schema-version "$T/out" '"version":6'
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json

@@ -66,12 +66,15 @@ const Command& InspectCommand() {
   static const Command c{"inspect",
                          "Show what a store holds: marker count, recent markers, dead letters and claims\n"
                          "(two-phase records); with SCOPE KEY, one claim record; with --queue, the state\n"
-                         "of an embedded queue. Exit 1 when the claim asked for does not exist.",
+                         "of an embedded queue. --queue alone looks at the queue only (no store is opened,\n"
+                         "none needs to exist). Exit 1 when the claim asked for does not exist.",
                          "[SCOPE KEY] [--store URL] [--consumer NAME] [--limit N] [--queue embedded:PATH] [--json]",
-                         {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
+                         {{"store", "URL", "sqlite:idem.db",
+                           "the store (sqlite:PATH or postgres://...); not opened when only\n"
+                           "          --queue is given"},
                           {"consumer", "NAME", "", "only this consumer (default: all)"},
                           {"limit", "N", "10", "how many recent markers and dead letters to list"},
-                          {"queue", "URL", "", "also show an embedded queue (embedded:PATH)"},
+                          {"queue", "URL", "", "show an embedded queue (embedded:PATH[?queue=NAME]); never created"},
                           {"json", "", "", "print one JSON object"}},
                          /*max_positional=*/2};
   return c;
@@ -149,6 +152,44 @@ int InspectClaimsOnly(const Args& args, int limit) {
   return kExitOk;
 }
 
+// The counts of the embedded queue at `url`. Looking must not create one:
+// kNotFound when no file is there.
+Result<embedded::QueueStats> QueueStatsAt(const std::string& url) {
+  IDEM_ASSIGN_OR_RETURN(embedded::QueueOptions qo, embedded::Queue::ParseUrl(url));
+  std::error_code ec;
+  if (!std::filesystem::exists(qo.path, ec)) return Status::NotFound("no queue file at " + qo.path);
+  IDEM_ASSIGN_OR_RETURN(auto q, embedded::Queue::Open(qo));
+  return q->Stats();
+}
+
+std::string QueueJson(const embedded::QueueStats& qs) {
+  return Json()
+      .Add("ready", qs.ready)
+      .Add("leased", qs.leased)
+      .Add("delayed", qs.delayed)
+      .Add("published", qs.published)
+      .Add("acked", qs.acked)
+      .str();
+}
+
+std::string QueueLine(const embedded::QueueStats& qs) {
+  return "queue: ready " + std::to_string(qs.ready) + ", leased " + std::to_string(qs.leased) + ", delayed " +
+         std::to_string(qs.delayed) + ", published " + std::to_string(qs.published) + ", acked " +
+         std::to_string(qs.acked);
+}
+
+// `idem inspect --queue URL` without a store.
+int InspectQueue(const std::string& url, bool json) {
+  auto qs = QueueStatsAt(url);
+  if (!qs.ok()) return Fail("inspect", qs.status());
+  if (json) {
+    std::cout << Json().AddRaw("queue", QueueJson(*qs)).str() << "\n";
+  } else {
+    std::cout << QueueLine(*qs) << "\n";
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunInspect(const Args& args) {
@@ -156,6 +197,11 @@ int RunInspect(const Args& args) {
   if (!limit.ok()) return Fail("inspect", limit.status());
   if (args.positional().size() != 0 && args.positional().size() != 2)
     return Fail("inspect", Status::InvalidArgument("give both SCOPE and KEY of a claim, or neither"));
+  // --queue alone looks at the queue only: a queue can be looked at
+  // without a store (the default one need not exist).
+  const bool store_wanted =
+      args.Has("store") || !args.Has("queue") || !args.positional().empty() || args.Has("consumer");
+  if (!store_wanted) return InspectQueue(args.Get("queue"), args.Bool("json"));
   if (IsClaimsOnlyUrl(args.Get("store"))) return InspectClaimsOnly(args, static_cast<int>(*limit));
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("inspect", store.status());
@@ -183,14 +229,7 @@ int RunInspect(const Args& args) {
   if (!dead.ok()) return Fail("inspect", dead.status());
   std::optional<embedded::QueueStats> qs;
   if (args.Has("queue")) {
-    auto qo = embedded::Queue::ParseUrl(args.Get("queue"));
-    if (!qo.ok()) return Fail("inspect", qo.status());
-    std::error_code ec;  // looking must not create one
-    if (!std::filesystem::exists(qo->path, ec))
-      return Fail("inspect", Status::NotFound("no queue file at " + qo->path));
-    auto q = embedded::Queue::Open(*qo);
-    if (!q.ok()) return Fail("inspect", q.status());
-    auto st = (*q)->Stats();
+    auto st = QueueStatsAt(args.Get("queue"));
     if (!st.ok()) return Fail("inspect", st.status());
     qs = *st;
   }
@@ -208,8 +247,7 @@ int RunInspect(const Args& args) {
     j.Add("markers", *count).AddRaw("recent", JsonArray(ms)).AddRaw("dead_letters", JsonArray(ds));
     j.AddRaw("claims", JsonArray(cs));
     if (qs) {
-      j.AddRaw("queue", Json().Add("ready", qs->ready).Add("leased", qs->leased).Add("delayed", qs->delayed)
-                            .Add("published", qs->published).Add("acked", qs->acked).str());
+      j.AddRaw("queue", QueueJson(*qs));
     }
     std::cout << j.str() << "\n";
     return kExitOk;
@@ -225,9 +263,7 @@ int RunInspect(const Args& args) {
   std::cout << "claims (most recently changed): " << claims.size()
             << (claims.size() == static_cast<size_t>(*limit) ? "+" : "") << "\n";
   for (const auto& c : claims) std::cout << ClaimLine(c, claims_now) << "\n";
-  if (qs)
-    std::cout << "queue: ready " << qs->ready << ", leased " << qs->leased << ", delayed " << qs->delayed
-              << ", published " << qs->published << ", acked " << qs->acked << "\n";
+  if (qs) std::cout << QueueLine(*qs) << "\n";
   return kExitOk;
 }
 
