@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the marker benchmark's cases (doc/performance.md) and draws their
-# ratios as doc/figures/marker-ratios.png from the JSON the runs print.
+# ratios as bench/results/marker-ratios-N.png from the JSON the runs print
+# (bench/results/marker-N.jsonl).
 #   bench/marker-figures.sh                    # RETAINED=1000000
 #   RETAINED=10000000 bench/marker-figures.sh  # the issue's 10M (long: the first run writes them)
 #   STORES=sqlite bench/marker-figures.sh      # SQLite only
@@ -9,7 +10,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 IDEM=${IDEM:-$ROOT/build/tools/idem/idem}
 RETAINED=${RETAINED:-1000000}
-OUT=${OUT:-$ROOT/doc/figures}
+OUT=${OUT:-$ROOT/bench/results}
 WORK=${WORK:-/tmp/idem-marker-figures}
 PG_PORT=${PG_PORT:-55451}
 mkdir -p "$OUT" "$WORK"

@@ -3,7 +3,7 @@
 # given): for every idem mode and phase, requests/s against express's in the
 # same round, the median over the rounds, the replay p99s, and any bad
 # answers. bench/peers/http-vs-express.sh prints it at its end.
-#   bench/peers/http-summary.sh doc/figures/http-vs-express-20261130-round9.log [more logs]
+#   bench/peers/http-summary.sh bench/results/http-vs-express-20261130-round9.log [more logs]
 set -euo pipefail
 cat "$@" | awk '
   /^== round/ { round++ }
