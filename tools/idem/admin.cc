@@ -1,11 +1,14 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // idem schema | inspect | purge: see and clean what a store holds.
+#include <stdlib.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <iostream>
+#include <utility>
 
 #include "commands.h"
 #include "idem/claims.h"
@@ -41,8 +44,42 @@ const Command& SchemaCommand() {
   return c;
 }
 
+// A directory of its own under the system's temporary directory, removed
+// with everything in it when this goes out of scope.
+class ScratchDir {
+ public:
+  static Result<ScratchDir> Make() {
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string tmpl = (tmp / "idem-schema-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      return Status::Unavailable("cannot create a temporary directory in " + tmp.string());
+    return ScratchDir(tmpl);
+  }
+  ScratchDir(ScratchDir&& o) noexcept : path_(std::exchange(o.path_, "")) {}
+  ScratchDir& operator=(ScratchDir&&) = delete;
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
 int RunSchema(const Args& args) {
-  auto store = args.Has("store") ? OpenStore(args.Get("store"), false) : OpenStore("sqlite::memory:");
+  // Without --store: the schema this build creates, read from a new SQLite
+  // file in a scratch directory (an in-memory database is not a store).
+  std::optional<ScratchDir> scratch;
+  if (!args.Has("store")) {
+    auto dir = ScratchDir::Make();
+    if (!dir.ok()) return Fail("schema", dir.status());
+    scratch.emplace(std::move(*dir));
+  }
+  auto store = scratch ? OpenStore("sqlite:" + scratch->path() + "/schema.db") : OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("schema", store.status());
   auto info = (*store)->Schema();
   if (!info.ok()) return Fail("schema", info.status());
