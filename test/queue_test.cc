@@ -494,7 +494,9 @@ TEST(OpenSourceByUrl, BadUrlsAreInvalidArgumentNamingTheProblemWithThePasswordHi
     auto src = OpenSource(c.url);
     ASSERT_FALSE(src.ok()) << c.url;
     EXPECT_EQ(src.status().code(), Code::kInvalidArgument) << c.url << ": " << src.status();
-    if (!c.says.empty()) EXPECT_NE(src.status().message().find(c.says), std::string::npos) << src.status();
+    if (!c.says.empty()) {
+      EXPECT_NE(src.status().message().find(c.says), std::string::npos) << src.status();
+    }
     EXPECT_EQ(src.status().message().find("topsecret"), std::string::npos) << src.status();
     auto pub = OpenPublisher(c.url);
     ASSERT_FALSE(pub.ok()) << c.url;
