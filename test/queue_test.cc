@@ -25,6 +25,7 @@
 
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
+#include "idem/open.h"
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "util/delivery_suite.h"
@@ -57,7 +58,6 @@ INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite,
 // ---------------------------------------------------------------------------
 
 using embedded::Queue;
-using embedded::QueueOptions;
 
 TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   TempDir dir;
@@ -171,7 +171,7 @@ TEST(EmbeddedQueue, UrlParsing) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->path, "q.db");
   EXPECT_EQ(plain->queue, "default");
-  EXPECT_EQ(plain->lease_ms, QueueOptions{}.lease_ms);
+  EXPECT_EQ(plain->lease_ms, Queue::Options{}.lease_ms);
   EXPECT_EQ(Queue::ParseUrl("embedded:///tmp/q.db")->path, "/tmp/q.db");
   EXPECT_FALSE(Queue::ParseUrl("embedded:q.db?durable=false")->durable);
   for (const char* bad : {"redis://localhost/orders", "q.db", "sqlite:q.db", "embedded:", "embedded:?queue=x",
@@ -435,6 +435,74 @@ TEST(EmbeddedQueue, StaleReceiptNeverMatchesARedeliveryEvenWhenRandomNumbersRepe
   auto st = (*b)->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->acked, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Opening by URL (idem/open.h) on the embedded queue, and URLs it refuses.
+// ---------------------------------------------------------------------------
+
+TEST(OpenSourceByUrl, EmbeddedSourceAndPublisherShareTheQueue) {
+  TempDir dir;
+  const std::string url = "embedded:" + dir.File("q.db") + "?queue=orders";
+  auto pub = OpenPublisher(url);
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ((*pub)->Kind(), "embedded");
+  Message m = Msg("m-1");
+  m.producer_time_ms = 1'700'000'000'000;
+  ASSERT_TRUE((*pub)->Publish(m).ok());
+  auto src = OpenSource(url, {.lease_ms = 1'234});
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->Kind(), "embedded");
+  EXPECT_EQ((*src)->lease_ms(), 1'234);  // the settings' lease where the URL names none
+  auto got = (*src)->Receive(10, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].message.id, "m-1");
+  EXPECT_EQ((*got)[0].message.producer_time_ms, m.producer_time_ms);
+  EXPECT_TRUE((*src)->Ack((*got)[0]).ok());
+  // The URL's lease_ms wins over the settings'.
+  auto own = OpenSource(url + "&lease_ms=777", {.lease_ms = 1'234});
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ((*own)->lease_ms(), 777);
+  // Another queue of the same file sees nothing.
+  auto other = OpenSource("embedded:" + dir.File("q.db") + "?queue=other");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE((*other)->Receive(10, 0)->empty());
+  EXPECT_EQ(SourceSchemes().front(), "embedded");
+}
+
+TEST(OpenSourceByUrl, BadUrlsAreInvalidArgumentNamingTheProblemWithThePasswordHidden) {
+  TempDir dir;
+  const std::string q = "embedded:" + dir.File("q.db");
+  struct Case {
+    std::string url;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {q + "?queue=a&colour=red", "unknown parameter 'colour'"},
+      {q + "?lease_ms=5s", "lease_ms must be an integer"},
+      {q + "?lease_ms=1&lease_ms=2", "given twice"},
+      {"nats://u:topsecret@127.0.0.1:4222", "unknown source"},
+      {"frobnicate:whatever", "unknown source"},
+      {"no-scheme-at-all", "unknown source"},
+      {"redis://u:topsecret@127.0.0.1:1?stream=s&colour=red", ""},
+      {"amqp://u:topsecret@127.0.0.1:1/%2f?queue=q&prefetch=lots", ""},
+      {"kafka://u:topsecret@127.0.0.1:1?topic=t", ""},
+      {"redis://u:topsecret@127.0.0.1:0?stream=s", ""},
+  };
+  for (const Case& c : cases) {
+    auto src = OpenSource(c.url);
+    ASSERT_FALSE(src.ok()) << c.url;
+    EXPECT_EQ(src.status().code(), Code::kInvalidArgument) << c.url << ": " << src.status();
+    if (!c.says.empty()) {
+      EXPECT_NE(src.status().message().find(c.says), std::string::npos) << src.status();
+    }
+    EXPECT_EQ(src.status().message().find("topsecret"), std::string::npos) << src.status();
+    auto pub = OpenPublisher(c.url);
+    ASSERT_FALSE(pub.ok()) << c.url;
+    EXPECT_EQ(pub.status().code(), Code::kInvalidArgument) << c.url << ": " << pub.status();
+    EXPECT_EQ(pub.status().message().find("topsecret"), std::string::npos) << pub.status();
+  }
 }
 
 }  // namespace

@@ -35,11 +35,14 @@ namespace idem {
 
 // Settings a URL does not carry, shared by every source.
 struct SourceSettings {
-  // How long a delivery stays this consumer's before the broker may hand it
-  // to another, where the broker has such a lease (embedded, Redis).
-  // Default: 30 s. A URL's lease_ms= wins.
+  // How long a delivery stays this consumer's before the source may hand it
+  // to another, where the source has such a lease (embedded, Redis,
+  // RabbitMQ's optional one). Default: 30 s. A URL's lease_ms= wins.
   int64_t lease_ms = 30'000;
-  // This process's name in a consumer group (Redis, Kafka). Default: "idem".
+  // This process's name in a consumer group: the Redis consumer name, the
+  // Kafka client.id. A URL's consumer= (Redis) or client_id= (Kafka) wins.
+  // Give each process its own (Redis keeps pending entries per name).
+  // Default: "idem".
   std::string consumer = "idem";
 };
 

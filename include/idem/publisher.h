@@ -8,7 +8,7 @@
 //
 // On the wire every broker carries the same two fields (doc/wire-format.md):
 // the message id, and the producer's time in ms since the epoch when the
-// Message has one.
+// Message has one, under the name kProducerTimeHeader.
 //
 // Thread safety: Publish may be called from many threads at once.
 #ifndef IDEM_PUBLISHER_H_
@@ -21,6 +21,13 @@
 
 namespace idem {
 
+// The name under which every publisher writes Message::producer_time_ms
+// (a header, a stream field: decimal milliseconds since the Unix epoch, or
+// a 64-bit integer where the broker's headers are typed). Sources also read
+// the former names "idem-produced-at-ms" (Kafka) and "producer_time_ms"
+// (Redis Streams); see doc/wire-format.md.
+inline constexpr std::string_view kProducerTimeHeader = "idem-producer-time-ms";
+
 class Publisher {
  public:
   virtual ~Publisher() = default;
@@ -31,7 +38,8 @@ class Publisher {
   // did not confirm.
   virtual Status Publish(const Message& message) = 0;
 
-  // "embedded", "redis", "amqp", "kafka": the same names as Source::Kind().
+  // "embedded", "redis-streams", "amqp", "kafka": the same names as the
+  // Source::Kind() of the source that reads what it publishes.
   virtual std::string_view Kind() const = 0;
 };
 

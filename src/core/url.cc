@@ -122,7 +122,7 @@ Result<std::string> PercentDecode(std::string_view s) {
       continue;
     }
     if (i + 2 >= s.size())
-      return Status::InvalidArgument("a '%' escape is cut short in '" + std::string(s) + "'");
+      return Status::InvalidArgument("a '%' escape is cut short");
     int hi = Hex(s[i + 1]), lo = Hex(s[i + 2]);
     if (hi < 0 || lo < 0) return Status::InvalidArgument("a '%' escape is not two hex digits");
     out.push_back(static_cast<char>(hi * 16 + lo));

@@ -5,12 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/saturating.h"
-#include "core/url.h"
+#include "idem/url.h"
 #include "sqlite/db.h"
 
 namespace idem::embedded {
@@ -74,7 +75,7 @@ Result<std::vector<std::pair<std::string, std::string>>> DecodeHeaders(std::stri
 
 class SqliteQueue final : public Queue {
  public:
-  SqliteQueue(QueueOptions o, std::unique_ptr<Db> db) : o_(std::move(o)), db_(std::move(db)) {}
+  SqliteQueue(Options o, std::unique_ptr<Db> db) : o_(std::move(o)), db_(std::move(db)) {}
 
   Status Init() {
     IDEM_RETURN_IF_ERROR(db_->Script("BEGIN IMMEDIATE").WithContext("open queue " + o_.path));
@@ -290,23 +291,28 @@ class SqliteQueue final : public Queue {
     return Status::OK();
   }
 
-  QueueOptions o_;
+  Options o_;
   std::mutex mu_;
   std::unique_ptr<Db> db_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Queue>> Queue::Open(const QueueOptions& options) {
-  QueueOptions o = options;
+Result<std::unique_ptr<Queue>> Queue::Open(const Options& options) {
+  Options o = options;
   if (o.path.empty()) return Status::InvalidArgument("embedded queue: path is empty");
   if (o.queue.empty()) return Status::InvalidArgument("embedded queue: queue name is empty");
-  if (o.lease_ms < 1) return Status::InvalidArgument("embedded queue: lease_ms must be positive");
+  if (o.lease_ms < 1)
+    return Status::InvalidArgument("embedded queue: lease_ms must be positive, got " + std::to_string(o.lease_ms));
+  if (o.busy_timeout_ms < 0 || o.busy_timeout_ms > std::numeric_limits<int>::max())
+    return Status::InvalidArgument("embedded queue: busy_timeout_ms must be 0.." +
+                                   std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                                   std::to_string(o.busy_timeout_ms));
   if (o.env == nullptr) o.env = Env::Default();
   if (o.poll_ms < 1) o.poll_ms = 1;
   sqlite_internal::OpenOptions oo;
   oo.path = o.path;
-  oo.busy_timeout_ms = o.busy_timeout_ms;
+  oo.busy_timeout_ms = static_cast<int>(o.busy_timeout_ms);
   oo.synchronous = o.durable ? "FULL" : "NORMAL";
   oo.cache_kib = 2048;
   oo.vfs = o.vfs;
@@ -316,36 +322,24 @@ Result<std::unique_ptr<Queue>> Queue::Open(const QueueOptions& options) {
   return std::unique_ptr<Queue>(std::move(q));
 }
 
-Result<QueueOptions> Queue::ParseUrl(std::string_view url) {
-  QueueOptions o;
-  IDEM_ASSIGN_OR_RETURN(url_internal::Url u,
-                        url_internal::Parse(url, {"embedded://", "embedded:"}, false, "an embedded queue"));
+Result<Queue::Options> Queue::ParseUrl(std::string_view url) {
+  if (UrlScheme(url) != "embedded")
+    return Status::InvalidArgument("not an embedded queue URL: '" + RedactUrl(url) + "' (expected embedded:PATH)");
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "embedded queue URL", UrlForm::kFile));
+  IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue", "lease_ms", "durable", "busy_timeout_ms", "poll_ms", "vfs"}));
+  Options o;
+  if (u.path.empty()) return Status::InvalidArgument("embedded queue URL has no path: '" + RedactUrl(url) + "'");
   o.path = u.path;
-  for (const auto& [k, v] : u.options) {
-    if (k == "queue") {
-      if (v.empty()) return Status::InvalidArgument("embedded queue URL: queue name is empty in '" + std::string(url) + "'");
-      o.queue = v;
-    } else if (k == "lease_ms") {
-      // A positive decimal number, nothing else: "5s" or "abc" must not turn
-      // into a lease of 0 or 5 ms silently.
-      char* end = nullptr;
-      errno = 0;
-      long long n = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || errno != 0 || end == nullptr || *end != '\0' || n < 1)
-        return Status::InvalidArgument("embedded queue URL: lease_ms must be a positive number of milliseconds, not '" +
-                                       v + "'");
-      o.lease_ms = n;
-    } else if (k == "durable") {
-      if (v == "1" || v == "true") o.durable = true;
-      else if (v == "0" || v == "false") o.durable = false;
-      else return Status::InvalidArgument("embedded queue URL: durable must be true or false, not '" + v + "'");
-    } else if (k == "vfs") {
-      if (v.empty()) return Status::InvalidArgument("embedded queue URL: vfs is empty in '" + std::string(url) + "'");
-      o.vfs = v;
-    } else {
-      return Status::InvalidArgument("unknown embedded queue URL option '" + k + "' in '" + std::string(url) + "'");
-    }
-  }
+  // A key given with no value would otherwise fall back to a default silently.
+  for (std::string_view k : {"queue", "vfs"})
+    if (u.Has(k) && u.Get(k).empty())
+      return Status::InvalidArgument("embedded queue URL: " + std::string(k) + " is empty in '" + RedactUrl(url) + "'");
+  o.queue = u.Get("queue", o.queue);
+  o.vfs = u.Get("vfs", o.vfs);
+  IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 1, std::numeric_limits<int64_t>::max()));
+  IDEM_ASSIGN_OR_RETURN(o.busy_timeout_ms, u.GetInt("busy_timeout_ms", o.busy_timeout_ms, 0, std::numeric_limits<int>::max()));
+  IDEM_ASSIGN_OR_RETURN(o.poll_ms, u.GetInt("poll_ms", o.poll_ms, 1, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(o.durable, u.GetBool("durable", o.durable));
   return o;
 }
 

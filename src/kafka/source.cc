@@ -12,6 +12,8 @@
 #include <map>
 #include <mutex>
 
+#include "core/wire_format.h"
+#include "idem/url.h"
 #include "kafka/errors.h"
 
 namespace idem::kafka {
@@ -321,6 +323,7 @@ struct Source::Impl {
     if (m->payload != nullptr) msg.payload.assign(static_cast<const char*>(m->payload), m->len);
     rd_kafka_headers_t* hdrs = nullptr;
     bool have_id = false;
+    wire_internal::ProducerTimeReader time;
     if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != nullptr) {
       const char* name = nullptr;
       const void* value = nullptr;
@@ -331,13 +334,11 @@ struct Source::Impl {
           msg.id = v;
           have_id = true;
         }
-        if (!msg.producer_time_ms && kProducedAtHeader == name) {
-          int64_t t = 0;
-          if (ParseInt(v, &t)) msg.producer_time_ms = t;
-        }
+        time.Offer(name, v);
         msg.headers.emplace_back(name, std::move(v));
       }
     }
+    msg.producer_time_ms = time.time();
     if (!have_id && o.id_from_key && m->key != nullptr)
       msg.id.assign(static_cast<const char*>(m->key), m->key_len);
     delivered.fetch_add(1, std::memory_order_relaxed);
@@ -374,7 +375,16 @@ Source::~Source() {
   impl_->rk.reset();
 }
 
-Result<std::unique_ptr<Source>> Source::Open(Options options) {
+Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
+  Options options = opts;
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"session_timeout_ms", options.session_timeout_ms},
+                         {"heartbeat_interval_ms", options.heartbeat_interval_ms},
+                         {"max_poll_interval_ms", options.max_poll_interval_ms}})
+    if (v < 1 || v > INT32_MAX)
+      return Status::InvalidArgument(std::string("kafka: Options::") + name + " must be 1..2147483647, got " +
+                                     std::to_string(v));
+  if (options.revoke_wait_ms < 0 || options.connect_timeout_ms < 0)
+    return Status::InvalidArgument("kafka: Options::revoke_wait_ms and connect_timeout_ms must be >= 0");
   if (options.brokers.empty()) return Status::InvalidArgument("kafka: Options::brokers is required");
   if (options.topic.empty()) return Status::InvalidArgument("kafka: Options::topic is required");
   if (options.group.empty()) return Status::InvalidArgument("kafka: Options::group is required");
@@ -535,11 +545,11 @@ SourceStats Source::stats() const {
 }
 
 // ---------------------------------------------------------------------------
-// Producer
+// Publisher
 // ---------------------------------------------------------------------------
 
-struct Producer::Impl {
-  ProducerOptions o;
+struct Publisher::Impl {
+  Options o;
   RkPtr rk;
   std::mutex mu;
   Status first_error;  // since the last Flush
@@ -552,18 +562,20 @@ struct Producer::Impl {
   }
 };
 
-Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Publisher::Publisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Producer::~Producer() {
+Publisher::~Publisher() {
   if (impl_ && impl_->rk) (void)rd_kafka_flush(impl_->rk.get(), 10'000);
 }
 
-Result<std::unique_ptr<Producer>> Producer::Open(ProducerOptions options) {
-  if (options.brokers.empty()) return Status::InvalidArgument("kafka: ProducerOptions::brokers is required");
-  if (options.topic.empty()) return Status::InvalidArgument("kafka: ProducerOptions::topic is required");
-  if (options.id_header.empty()) return Status::InvalidArgument("kafka: ProducerOptions::id_header is required");
+Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
+  if (options.brokers.empty()) return Status::InvalidArgument("kafka: Publisher::Options::brokers is required");
+  if (options.topic.empty()) return Status::InvalidArgument("kafka: Publisher::Options::topic is required");
+  if (options.id_header.empty()) return Status::InvalidArgument("kafka: Publisher::Options::id_header is required");
+  if (options.connect_timeout_ms < 0 || options.publish_timeout_ms < 1)
+    return Status::InvalidArgument("kafka: Publisher::Options::connect_timeout_ms must be >= 0 and publish_timeout_ms > 0");
   auto impl = std::make_unique<Impl>();
-  impl->o = std::move(options);
+  impl->o = options;
   ConfPtr conf(rd_kafka_conf_new());
   IDEM_RETURN_IF_ERROR(Set(conf.get(), "bootstrap.servers", impl->o.brokers));
   IDEM_RETURN_IF_ERROR(Set(conf.get(), "acks", impl->o.acks));
@@ -577,10 +589,10 @@ Result<std::unique_ptr<Producer>> Producer::Open(ProducerOptions options) {
   impl->rk.reset(rk);
   if (impl->o.connect_timeout_ms > 0)
     IDEM_RETURN_IF_ERROR(CheckBrokers(rk, impl->o.brokers, impl->o.connect_timeout_ms));
-  return std::unique_ptr<Producer>(new Producer(std::move(impl)));
+  return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
 }
 
-Status Producer::Produce(const Message& message, const ProduceOptions& options) {
+Status Publisher::Produce(const Message& message, const ProduceOptions& options) {
   Impl& s = *impl_;
   IDEM_RETURN_IF_ERROR(ValidateId(message.id));
   HeadersPtr hdrs(rd_kafka_headers_new(message.headers.size() + 2));
@@ -591,7 +603,7 @@ Status Producer::Produce(const Message& message, const ProduceOptions& options) 
                         static_cast<ssize_t>(value.size()));
   if (message.producer_time_ms) {
     std::string t = std::to_string(*message.producer_time_ms);
-    rd_kafka_header_add(hdrs.get(), kProducedAtHeader.data(), static_cast<ssize_t>(kProducedAtHeader.size()),
+    rd_kafka_header_add(hdrs.get(), kProducerTimeHeader.data(), static_cast<ssize_t>(kProducerTimeHeader.size()),
                         t.data(), static_cast<ssize_t>(t.size()));
   }
   const std::string& key = options.key ? *options.key : message.id;
@@ -605,7 +617,7 @@ Status Producer::Produce(const Message& message, const ProduceOptions& options) 
   return FromKafka(err, "producing " + message.id + " to " + s.o.topic);
 }
 
-Status Producer::Flush(int64_t timeout_ms) {
+Status Publisher::Flush(int64_t timeout_ms) {
   Impl& s = *impl_;
   rd_kafka_resp_err_t err = rd_kafka_flush(s.rk.get(), static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, INT32_MAX)));
   std::lock_guard<std::mutex> l(s.mu);
@@ -613,6 +625,61 @@ Status Producer::Flush(int64_t timeout_ms) {
   s.first_error = Status::OK();
   if (!first.ok()) return first;
   return FromKafka(err, "flushing the producer of " + s.o.topic);
+}
+
+Status Publisher::Publish(const Message& message) {
+  IDEM_RETURN_IF_ERROR(Produce(message));
+  return Flush(impl_->o.publish_timeout_ms);
+}
+
+// ---------------------------------------------------------------------------
+// URLs
+// ---------------------------------------------------------------------------
+
+Result<Source::Options> Source::ParseUrl(std::string_view url) {
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Kafka URL"));
+  if (u.scheme != "kafka")
+    return Status::InvalidArgument("not a Kafka URL: '" + RedactUrl(url) + "' (expected kafka://HOST:PORT[,...]?topic=T)");
+  IDEM_RETURN_IF_ERROR(u.CheckKeys({"topic", "group", "id_header", "id_from_key", "client_id", "session_timeout_ms",
+                                    "heartbeat_interval_ms", "max_poll_interval_ms", "auto_offset_reset",
+                                    "revoke_wait_ms", "connect_timeout_ms"}));
+  if (u.has_user) return Status::InvalidArgument("a Kafka URL takes no user or password: '" + RedactUrl(url) + "'");
+  if (u.path.size() > 1) return Status::InvalidArgument("a Kafka URL has no path: '" + RedactUrl(url) + "'");
+  Options o;
+  for (const ParsedUrl::Host& h : u.hosts) {
+    if (!o.brokers.empty()) o.brokers += ",";
+    o.brokers += h.host.find(':') != std::string::npos ? "[" + h.host + "]" : h.host;
+    if (h.port != 0) o.brokers += ":" + std::to_string(h.port);
+  }
+  o.topic = u.Get("topic");
+  if (o.topic.empty()) return Status::InvalidArgument("a Kafka URL needs ?topic=NAME: '" + RedactUrl(url) + "'");
+  o.group = u.Get("group", "idem");
+  o.id_header = u.Get("id_header", o.id_header);
+  IDEM_ASSIGN_OR_RETURN(o.id_from_key, u.GetBool("id_from_key", o.id_from_key));
+  o.client_id = u.Get("client_id", o.client_id);
+  IDEM_ASSIGN_OR_RETURN(o.session_timeout_ms, u.GetInt("session_timeout_ms", o.session_timeout_ms, 100, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(
+      o.heartbeat_interval_ms,
+      u.GetInt("heartbeat_interval_ms", std::clamp<int64_t>(o.session_timeout_ms / 4, 50, 1'000), 1, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(o.max_poll_interval_ms,
+                        u.GetInt("max_poll_interval_ms", o.max_poll_interval_ms, 1, INT32_MAX));
+  o.auto_offset_reset = u.Get("auto_offset_reset", o.auto_offset_reset);
+  if (o.auto_offset_reset != "earliest" && o.auto_offset_reset != "latest")
+    return Status::InvalidArgument("auto_offset_reset must be earliest or latest, got '" + o.auto_offset_reset +
+                                   "' in '" + RedactUrl(url) + "'");
+  IDEM_ASSIGN_OR_RETURN(o.revoke_wait_ms, u.GetInt("revoke_wait_ms", o.revoke_wait_ms, 0, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("connect_timeout_ms", 5'000, 100, 600'000));
+  return o;
+}
+
+Result<Publisher::Options> Publisher::ParseUrl(std::string_view url) {
+  IDEM_ASSIGN_OR_RETURN(Source::Options s, Source::ParseUrl(url));
+  Options o;
+  o.brokers = s.brokers;
+  o.topic = s.topic;
+  o.id_header = s.id_header;
+  o.connect_timeout_ms = s.connect_timeout_ms;
+  return o;
 }
 
 }  // namespace idem::kafka

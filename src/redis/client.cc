@@ -12,8 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/url.h"
-#include "idem/redis/claim_store.h"
+#include "idem/url.h"
 
 namespace idem::redis_internal {
 namespace {
@@ -65,60 +64,7 @@ class SigpipeGuard {
 };
 
 Status Invalid(std::string_view url, std::string_view why) {
-  return Status::InvalidArgument("bad Redis URL '" + redis::RedactUrl(url) + "': " + std::string(why));
-}
-
-// %XX escapes, for a user or password that holds ':' or '@'.
-Result<std::string> PercentDecode(std::string_view s, std::string_view url) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '%') {
-      out += s[i];
-      continue;
-    }
-    unsigned v = 0;
-    if (i + 2 >= s.size()) return Invalid(url, "a '%' escape is cut short");
-    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-    if (ec != std::errc() || p != s.data() + i + 3) return Invalid(url, "a '%' escape is not two hex digits");
-    out += static_cast<char>(v);
-    i += 2;
-  }
-  return out;
-}
-
-bool ParseNumber(std::string_view s, int lo, int hi, int& out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size() && out >= lo && out <= hi;
-}
-
-Status ParseUserInfo(std::string_view info, std::string_view url, Endpoint& ep) {
-  auto colon = info.find(':');
-  if (colon == std::string_view::npos)
-    return Invalid(url, "write the password as redis://:PASSWORD@host or redis://USER:PASSWORD@host");
-  IDEM_ASSIGN_OR_RETURN(ep.user, PercentDecode(info.substr(0, colon), url));
-  IDEM_ASSIGN_OR_RETURN(ep.password, PercentDecode(info.substr(colon + 1), url));
-  if (ep.password.empty()) return Invalid(url, "the password after ':' is empty");
-  return Status::OK();
-}
-
-Status ParseHostPort(std::string_view hp, std::string_view url, Endpoint& ep) {
-  std::string_view after;  // what follows the host: "" or ":PORT"
-  if (hp.starts_with('[')) {  // [v6]:port
-    auto close = hp.find(']');
-    if (close == std::string_view::npos) return Invalid(url, "'[' without ']' around an IPv6 address");
-    ep.host = std::string(hp.substr(1, close - 1));
-    after = hp.substr(close + 1);
-  } else {
-    auto colon = hp.find(':');
-    ep.host = std::string(hp.substr(0, colon));
-    if (colon != std::string_view::npos) after = hp.substr(colon);
-  }
-  if (ep.host.empty()) return Invalid(url, "no host");
-  if (after.empty()) return Status::OK();
-  if (!after.starts_with(':') || !ParseNumber(after.substr(1), 1, 65535, ep.port))
-    return Invalid(url, "the port is not 1..65535");
-  return Status::OK();
+  return Status::InvalidArgument("bad Redis URL '" + RedactUrl(url) + "': " + std::string(why));
 }
 
 }  // namespace
@@ -129,26 +75,31 @@ std::string Endpoint::Address() const {
 }
 
 Result<Endpoint> ParseUrl(std::string_view url) {
-  if (url.starts_with("rediss://")) return Invalid(url, "TLS (rediss://) is not supported");
-  if (!redis::IsUrl(url)) return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
-  // Only a scheme or path error can come from the shared parser here, and
-  // neither can hold a password ("redis://" with nothing after it).
-  IDEM_ASSIGN_OR_RETURN(url_internal::Url u, url_internal::Parse(url, {"redis://"}, false, "a Redis"));
-  if (!u.options.empty())
-    return Invalid(url, "unknown option '" + u.options.front().first + "' (a Redis URL takes none)");
+  const std::string scheme = UrlScheme(url);
+  if (scheme == "rediss") return Invalid(url, "TLS (rediss://) is not supported");
+  if (scheme != "redis" || !url.substr(scheme.size()).starts_with("://"))
+    return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Redis URL"));
+  if (!u.query.empty())
+    return Invalid(url, "unknown option '" + u.query.front().first + "' (a Redis URL takes none)");
+  if (u.hosts.size() != 1) return Invalid(url, "a Redis URL names one host");
   Endpoint ep;
-  std::string_view rest = u.path;
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    IDEM_RETURN_IF_ERROR(ParseUserInfo(rest.substr(0, at), url, ep));
-    rest = rest.substr(at + 1);
+  if (u.has_user) {
+    if (!u.has_password)
+      return Invalid(url, "write the password as redis://:PASSWORD@host or redis://USER:PASSWORD@host");
+    if (u.password.empty()) return Invalid(url, "the password after ':' is empty");
+    ep.user = u.user;
+    ep.password = u.password;
   }
-  std::string_view db;
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    db = rest.substr(slash + 1);
-    rest = rest.substr(0, slash);
+  ep.host = u.hosts[0].host;
+  if (u.hosts[0].port != 0) ep.port = u.hosts[0].port;
+  std::string_view db = u.path;
+  if (db.starts_with('/')) db.remove_prefix(1);
+  if (!db.empty()) {
+    auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), ep.db);
+    if (ec != std::errc() || p != db.data() + db.size() || ep.db < 0 || ep.db > (1 << 20))
+      return Invalid(url, "the database is not a number");
   }
-  IDEM_RETURN_IF_ERROR(ParseHostPort(rest, url, ep));
-  if (!db.empty() && !ParseNumber(db, 0, 1 << 20, ep.db)) return Invalid(url, "the database is not a number");
   return ep;
 }
 

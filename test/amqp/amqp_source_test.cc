@@ -146,7 +146,7 @@ std::unique_ptr<AmqpSource> OpenSource(const std::string& queue, int prefetch = 
 }
 
 std::unique_ptr<Publisher> OpenPublisher(const std::string& queue) {
-  auto p = Publisher::Open({.url = Url(), .declare_queue = queue});
+  auto p = Publisher::Open({.url = Url(), .queue = queue, .declare_queue = true});
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? std::move(*p) : nullptr;
 }

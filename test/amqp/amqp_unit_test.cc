@@ -83,7 +83,7 @@ TEST(AmqpSource, UnreachableBrokerIsUnavailableNamingHostAndPortNotThePassword) 
   EXPECT_EQ(src.status().code(), Code::kUnavailable) << src.status();
   EXPECT_NE(src.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos) << src.status();
   EXPECT_EQ(src.status().message().find("topsecret"), std::string::npos) << src.status();
-  auto pub = Publisher::Open({.url = url, .timeout_ms = 2000});
+  auto pub = Publisher::Open({.url = url, .connect_timeout_ms = 2000});
   ASSERT_FALSE(pub.ok());
   EXPECT_EQ(pub.status().code(), Code::kUnavailable) << pub.status();
   EXPECT_EQ(pub.status().message().find("topsecret"), std::string::npos) << pub.status();

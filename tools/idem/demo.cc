@@ -42,6 +42,7 @@
 #include "idem/sqlite/store.h"
 #include "payments.h"
 #include "provider_server.h"
+#include "idem/url.h"
 #include "sources.h"
 
 namespace idem::cli {
@@ -745,14 +746,7 @@ class DropAcks final : public Source {
 };
 
 // A source URL with its password hidden.
-std::string RedactedSource(const std::string& url) {
-  auto scheme = url.find("://");
-  auto at = url.find('@');
-  if (scheme == std::string::npos || at == std::string::npos) return url;
-  auto colon = url.find(':', scheme + 3);
-  if (colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon + 1) + "***" + url.substr(at);
-}
+std::string RedactedSource(const std::string& url) { return RedactUrl(url); }
 
 // `idem demo --source URL`: the larger run on a broker. Payment messages (a
 // share published twice) go through the source; consumers charge over HTTP

@@ -1,12 +1,13 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// The idem command's sources: one URL names a broker and what to consume.
-//   embedded:PATH?queue=NAME                      the embedded queue (SQLite file)
-//   redis://HOST:PORT[/DB]?stream=S&group=G       Redis Streams (consumer group)
-//   amqp://USER:PASS@HOST:PORT/VHOST?queue=Q      RabbitMQ
-//   kafka://HOST:PORT[,...]?topic=T&group=G       Kafka (consumer group)
-//   kafka-mock:?topic=T                           librdkafka's mock cluster, in this process
-// Each comes with a publisher for the demo producer and the benchmarks.
+// The idem command's sources: idem::OpenSource and idem::OpenPublisher
+// (idem/open.h, the URL grammar of doc/sources.md) for
+//   embedded:PATH?queue=NAME, redis://...?stream=S, amqp://...?queue=Q,
+//   kafka://HOST:PORT[,...]?topic=T,
+// plus the command's own
+//   kafka-mock:?topic=T[&partitions=N]            librdkafka's mock cluster, in this process
+// (which also takes the kafka:// keys). Each comes with a publisher for the
+// demo producer and the benchmarks.
 #ifndef IDEM_TOOLS_IDEM_SOURCES_H_
 #define IDEM_TOOLS_IDEM_SOURCES_H_
 
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "idem/message.h"
+#include "idem/open.h"
 #include "idem/result.h"
 #include "idem/source.h"
 
@@ -38,10 +40,10 @@ struct OpenedSource {
   std::string shared_url;
 };
 
-struct SourceSettings {
-  int64_t lease_ms = 30'000;     // visibility timeout where the broker has one
-  std::string consumer = "idem";  // this process's name in a consumer group
-};
+// lease_ms: the visibility timeout where the source has one; consumer: this
+// process's name in a consumer group (the process id is appended, so that
+// two processes never share a Redis consumer name; empty: a new name each).
+using SourceSettings = ::idem::SourceSettings;
 
 // kInvalidArgument for an unknown scheme or a bad URL (naming it, password
 // hidden); the source's own errors otherwise.

@@ -1,7 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::amqp: RabbitMQ (AMQP 0-9-1, rabbitmq-c) as an idem::Source, and a
-// Publisher with publisher confirms for producers and tests.
+// idem::amqp: RabbitMQ (AMQP 0-9-1, rabbitmq-c) as an idem::Source. Its
+// producer's end, with publisher confirms, is amqp::Publisher
+// (idem/amqp/publisher.h, included here).
 //
 //   auto src = idem::amqp::Source::Open({.url = "amqp://idem:secret@127.0.0.1:5672/%2f",
 //                                        .queue = "payments", .prefetch = 50});
@@ -30,7 +31,7 @@
 //     broker: if the connection drops just after it, the message may come
 //     again, and the Inbox absorbs it.
 //   - Optional leases (lease_ms): a delivery held too long is given back.
-//     lease_ms() is SourceOptions::lease_ms (0 by default: no lease, a
+//     lease_ms() is Options::lease_ms (0 by default: no lease, a
 //     delivery stays ours until acked or the connection closes, and
 //     ExtendLease is OK with nothing to renew). With a lease, ExtendLease
 //     moves the delivery's lease end to now + lease_ms (env's clock), or is
@@ -60,8 +61,10 @@
 //     meets it; the next Receive reconnects (redeclaring the queue, qos and
 //     consumer). Until the broker is back, Receive returns kUnavailable.
 //   - Producer time travels in the header "idem-producer-time-ms" (and,
-//     rounded to seconds, in the timestamp property). Neither it nor
-//     x-delivery-count is repeated in Message::headers.
+//     rounded to seconds, in the timestamp property); the former names
+//     "idem-produced-at-ms" and "producer_time_ms" are read too
+//     (doc/wire-format.md). Neither they nor x-delivery-count are repeated
+//     in Message::headers.
 //   - Known limit (rabbitmq-c 0.11): a message whose headers hold an empty
 //     name fails to decode, which drops the consumer's connection; the
 //     message is requeued and fails again (it never reaches the dead-letter
@@ -81,14 +84,16 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
 #include "idem/status.h"
 
 namespace idem::amqp {
 
-// The header that carries Message::producer_time_ms (a signed 64-bit integer).
-inline constexpr std::string_view kProducerTimeHeader = "idem-producer-time-ms";
+// The header that carries Message::producer_time_ms (a signed 64-bit
+// integer): idem::kProducerTimeHeader, as on every broker.
+using ::idem::kProducerTimeHeader;
 
 // A parsed "amqp://user:password@host:port/vhost" (percent-escapes decoded;
 // "/%2f" or no path is the vhost "/"). Defaults: guest:guest, port 5672.
@@ -104,57 +109,65 @@ struct Endpoint {
 // kInvalidArgument naming what is wrong (never echoing the password).
 Result<Endpoint> ParseUrl(std::string_view url);
 
-struct SourceOptions {
-  // "amqp://user:password@host:port/vhost". Required. amqps is not supported.
-  std::string url;
-  // The queue to consume from. Required.
-  std::string queue;
-  // basic.qos prefetch count: unacknowledged deliveries at most. 1..65535.
-  // Default: 100.
-  int prefetch = 100;
-  // When a message has no message-id property, take the id from this header
-  // (a string or integer value). Empty: no fallback. Default: empty.
-  std::string id_header;
-  // Declare the queue (durable, not exclusive, not auto-delete) on every
-  // connect. Off for a queue that someone else declares with other
-  // arguments. Default: true.
-  bool declare_queue = true;
-  // With declare_queue: "classic" or "quorum" (x-queue-type). Quorum queues
-  // count deliveries (x-delivery-count), so Message::attempt is exact there
-  // (1, 2, 3, ...) instead of the redelivered hint (1 or 2). Default: classic.
-  std::string queue_type = "classic";
-  // A lease on each delivery, like a visibility timeout: a delivery neither
-  // acked nor nacked within lease_ms (on env's clock) is given back
-  // (basic.nack, requeue) by the first call after that, and its receipt then
-  // gives kLeaseLost; ExtendLease renews it. 0: no lease; a delivery stays
-  // ours until the connection closes (RabbitMQ's own consumer_timeout, 30
-  // min by default, then closes the channel: see above). Default: 0.
-  int64_t lease_ms = 0;
-  // AMQP heartbeat in seconds (0: off). rabbitmq-c answers heartbeats only
-  // inside calls: if no Receive/Ack/Nack runs for 2 x heartbeat_s (every
-  // worker stuck in a slow handler), the broker drops the connection and
-  // requeues its deliveries (absorbed by the Inbox). Default: 30.
-  int heartbeat_s = 30;
-  // Connect (TCP and AMQP handshake) and RPC timeout. Default: 5 s.
-  int64_t connect_timeout_ms = 5'000;
-  // Longest delay a Nack holds a delivery for. Default: 60 s.
-  int64_t max_nack_delay_ms = 60'000;
-  // Clock for leases, nack delays and Receive's wait. With the real clock
-  // Receive waits on the socket; with another Env (a FakeEnv in tests) it
-  // waits by env->SleepMs in 50 ms steps, looking at the socket for up to
-  // 5 ms of real time per step. Default: Env::Default().
-  Env* env = nullptr;
-};
-
 class Source : public idem::Source {
  public:
+  struct Options {
+    // "amqp://user:password@host:port/vhost". Required. amqps is not supported.
+    std::string url;
+    // The queue to consume from. Required.
+    std::string queue;
+    // basic.qos prefetch count: unacknowledged deliveries at most. 1..65535.
+    // Default: 100.
+    int prefetch = 100;
+    // When a message has no message-id property, take the id from this header
+    // (a string or integer value). Empty: no fallback. Default: empty.
+    std::string id_header;
+    // Declare the queue (durable, not exclusive, not auto-delete) on every
+    // connect. Off for a queue that someone else declares with other
+    // arguments. Default: true.
+    bool declare_queue = true;
+    // With declare_queue: "classic" or "quorum" (x-queue-type). Quorum queues
+    // count deliveries (x-delivery-count), so Message::attempt is exact there
+    // (1, 2, 3, ...) instead of the redelivered hint (1 or 2). Default: classic.
+    std::string queue_type = "classic";
+    // A lease on each delivery, like a visibility timeout: a delivery neither
+    // acked nor nacked within lease_ms (on env's clock) is given back
+    // (basic.nack, requeue) by the first call after that, and its receipt then
+    // gives kLeaseLost; ExtendLease renews it. 0: no lease; a delivery stays
+    // ours until the connection closes (RabbitMQ's own consumer_timeout, 30
+    // min by default, then closes the channel: see above). Default: 0.
+    int64_t lease_ms = 0;
+    // AMQP heartbeat in ms, sent to the broker in whole seconds (rounded
+    // up); 0: off; at most 65535000. rabbitmq-c answers heartbeats only
+    // inside calls: if no Receive/Ack/Nack runs for 2 x heartbeat_ms (every
+    // worker stuck in a slow handler), the broker drops the connection and
+    // requeues its deliveries (absorbed by the Inbox). Default: 30000.
+    int64_t heartbeat_ms = 30'000;
+    // Connect (TCP and AMQP handshake) and RPC timeout, in ms (values below
+    // 1 are taken as 5000). Default: 5000.
+    int64_t connect_timeout_ms = 5'000;
+    // Longest delay a Nack holds a delivery for, in ms. Default: 60000.
+    int64_t max_nack_delay_ms = 60'000;
+    // Clock for leases, nack delays and Receive's wait. With the real clock
+    // Receive waits on the socket; with another Env (a FakeEnv in tests) it
+    // waits by env->SleepMs in 50 ms steps, looking at the socket for up to
+    // 5 ms of real time per step. Default: Env::Default().
+    Env* env = nullptr;
+  };
+
   // Connects, declares the queue (if asked) and sets the prefetch.
   // kInvalidArgument for bad options, kUnavailable when the broker cannot be
   // reached or refuses the login or the queue. Consuming (basic.consume)
   // starts at the first Receive on each connection: RabbitMQ pushes up to
   // the prefetch to every consumer, so a Source never asked for messages
   // takes none.
-  static Result<std::unique_ptr<Source>> Open(const SourceOptions& options);
+  static Result<std::unique_ptr<Source>> Open(const Options& options);
+  // Parses "amqp://USER:PASS@HOST[:PORT]/VHOST?queue=Q[&id_header=H]
+  // [&prefetch=N][&lease_ms=N][&queue_type=classic|quorum][&declare_queue=B]
+  // [&heartbeat_ms=N][&connect_timeout_ms=N][&max_nack_delay_ms=N]":
+  // Options::url is the URL without its query. kInvalidArgument for a bad
+  // URL (password hidden), no queue, an unknown key or a bad value.
+  static Result<Options> ParseUrl(std::string_view url);
 
   // Closing the connection makes the broker requeue every unacknowledged
   // delivery (with redelivered set).
@@ -169,39 +182,11 @@ class Source : public idem::Source {
   std::string_view Kind() const override { return "amqp"; }
 };
 
-struct PublisherOptions {
-  // As for SourceOptions::url. Required.
-  std::string url;
-  // Exchange to publish to. Empty: the default exchange (routing key = queue
-  // name). Default: empty.
-  std::string exchange;
-  // Declare this queue (durable) on every connect; empty: none. Default: empty.
-  std::string declare_queue;
-  // Connect and confirm timeout. Default: 5 s.
-  int64_t timeout_ms = 5'000;
-};
-
-class Publisher {
- public:
-  // Connects and puts the channel in confirm mode (confirm.select).
-  static Result<std::unique_ptr<Publisher>> Open(const PublisherOptions& options);
-  virtual ~Publisher() = default;
-
-  // Publishes persistently (delivery mode 2, mandatory) and waits for the
-  // broker's confirm. message.id becomes the message-id property (an empty
-  // id publishes none: for tests of the dead-letter path); headers become
-  // string headers. Reconnects once if the connection was lost before.
-  //   kInvalidArgument: a header with an empty name (rabbitmq-c 0.11 cannot
-  //     decode such a table: a consumer's connection would fail on every
-  //     delivery of it), a name or an id longer than 255 bytes.
-  //   kNotFound: unroutable (no queue bound to the routing key).
-  //   kInDoubt: the connection dropped or the confirm did not come in time:
-  //     the message may or may not be queued; publish it again (consumers
-  //     are idempotent).
-  //   kUnavailable: the broker nacked it or cannot be reached.
-  virtual Status Publish(std::string_view routing_key, const Message& message) = 0;
-};
+// The former name of Source::Options.
+using SourceOptions = Source::Options;
 
 }  // namespace idem::amqp
+
+#include "idem/amqp/publisher.h"  // IWYU pragma: export
 
 #endif  // IDEM_AMQP_SOURCE_H_

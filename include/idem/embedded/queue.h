@@ -9,7 +9,7 @@
 // delivered). Receive leases messages for lease_ms; Ack deletes; Nack makes a
 // message visible again after a delay; a lease that expires makes the message
 // visible to the next Receive, with its delivery count raised. lease_ms()
-// is QueueOptions::lease_ms; ExtendLease moves the delivery's lease end to
+// is Options::lease_ms; ExtendLease moves the delivery's lease end to
 // now + lease_ms (on the Env's clock) while its receipt still holds the
 // lease (also when the lease ran out but nobody received the message since),
 // and is kLeaseLost once it was received again or acked, as Ack and Nack are.
@@ -26,32 +26,11 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
 
 namespace idem::embedded {
-
-struct QueueOptions {
-  // The queue's file. Its directory must exist. Required.
-  std::string path;
-  // The queue's name inside the file (several queues may share one file).
-  // Default: "default".
-  std::string queue = "default";
-  // How long a received message stays invisible to others before it is
-  // delivered again (the visibility timeout). Default: 30 s.
-  int64_t lease_ms = 30'000;
-  // Sync every publish/ack to disk. Default: true.
-  bool durable = true;
-  // Wait for the file lock up to this long before kBusy. Default: 10 s.
-  int busy_timeout_ms = 10'000;
-  // How often a waiting Receive looks again. Default: 10 ms.
-  int64_t poll_ms = 10;
-  // Default: Env::Default().
-  Env* env = nullptr;
-  // The SQLite VFS to open the file through, as idem::sqlite::Options::vfs
-  // ("idem-fault" for fault injection in tests). Default: SQLite's default.
-  std::string vfs;
-};
 
 struct QueueStats {
   int64_t ready = 0;      // visible now
@@ -61,19 +40,54 @@ struct QueueStats {
   int64_t acked = 0;      // ever acknowledged
 };
 
-class Queue : public Source {
+// The queue is both ends: a Source for consumers and a Publisher for
+// producers (Publish appends; it returns once the append is committed).
+class Queue : public Source, public Publisher {
  public:
-  // Errors as for idem::sqlite::Open; kSchemaMismatch for a file that holds
-  // another schema (not a queue file, or a newer version).
-  static Result<std::unique_ptr<Queue>> Open(const QueueOptions& options);
-  // Parses "embedded:PATH" (optionally "?queue=NAME&lease_ms=N&durable=B&vfs=NAME").
-  static Result<QueueOptions> ParseUrl(std::string_view url);
+  struct Options {
+    // The queue's file. Its directory must exist. Required.
+    std::string path;
+    // The queue's name inside the file (several queues may share one file).
+    // Default: "default".
+    std::string queue = "default";
+    // How long a received message stays invisible to others before it is
+    // delivered again (the visibility timeout), in ms, >= 1. Default: 30000.
+    int64_t lease_ms = 30'000;
+    // Sync every publish/ack to disk (SQLite synchronous=FULL; NORMAL when
+    // false). Default: true.
+    bool durable = true;
+    // Wait for the file lock up to this long (ms, >= 0) before kBusy.
+    // Default: 10000.
+    int64_t busy_timeout_ms = 10'000;
+    // How often a waiting Receive looks again, in ms (values below 1 are
+    // taken as 1). Default: 10.
+    int64_t poll_ms = 10;
+    // The clock for leases and nack delays. Default (nullptr): Env::Default().
+    Env* env = nullptr;
+    // The SQLite VFS to open the file through, as idem::sqlite::Options::vfs
+    // ("idem-fault" for fault injection in tests). Default (empty): SQLite's
+    // default.
+    std::string vfs;
+  };
+
+  // kInvalidArgument naming the field for an empty path or queue, lease_ms
+  // < 1 or busy_timeout_ms < 0; otherwise errors as for idem::sqlite::Open;
+  // kSchemaMismatch for a file that holds another schema (not a queue file,
+  // or a newer version).
+  static Result<std::unique_ptr<Queue>> Open(const Options& options);
+  // Parses "embedded:PATH[?queue=NAME&lease_ms=N&durable=B&busy_timeout_ms=N&poll_ms=N&vfs=NAME]"
+  // (also "embedded://PATH"). kInvalidArgument for another scheme, no path,
+  // an unknown key, a key given twice, a value that is not of its kind.
+  static Result<Options> ParseUrl(std::string_view url);
 
   // Appends a message. Its id is validated; the payload is stored as is.
-  virtual Status Publish(const Message& message) = 0;
+  Status Publish(const Message& message) override = 0;
   virtual Result<QueueStats> Stats() = 0;
   std::string_view Kind() const override { return "embedded"; }
 };
+
+// The former name of Queue::Options.
+using QueueOptions = Queue::Options;
 
 }  // namespace idem::embedded
 

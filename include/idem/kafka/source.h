@@ -18,10 +18,11 @@
 //   - message.attempt is always 0 (unknown): Kafka keeps no delivery count.
 //     The Consumer then counts failures in the store, as it does for any
 //     source without a count.
-//   - message.headers are all the record's headers; message.producer_time_ms
-//     comes from the header "idem-produced-at-ms" when present (the Producer
-//     below writes it), never from the record timestamp, which a producer
-//     retry changes.
+//   - message.headers are all the record's headers (the id's and the
+//     producer time's included); message.producer_time_ms comes from the
+//     header "idem-producer-time-ms" (the Publisher below writes it; the
+//     former name "idem-produced-at-ms" is read too, doc/wire-format.md),
+//     never from the record timestamp, which a producer retry changes.
 //   - The receipt names topic, partition, offset and the assignment of the
 //     partition it came from.
 //
@@ -88,65 +89,12 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
 #include "idem/status.h"
 
 namespace idem::kafka {
-
-// The header in which the Producer writes Message::producer_time_ms (decimal
-// milliseconds) and from which the Source reads it back.
-inline constexpr std::string_view kProducedAtHeader = "idem-produced-at-ms";
-
-struct Options {
-  // Bootstrap brokers, "host:port,host:port". Required.
-  std::string brokers;
-  // The topic to consume. Required.
-  std::string topic;
-  // The consumer group (group.id). Required.
-  std::string group;
-  // The record header that carries the message id. Default: "id".
-  std::string id_header = "id";
-  // Take the id from the record key when the header is missing.
-  // Default: false.
-  bool id_from_key = false;
-  // client.id, shown in broker logs. Default: "idem".
-  std::string client_id = "idem";
-  // session.timeout.ms: how long the group waits for a silent member before
-  // giving its partitions to others. Default: 10000.
-  int session_timeout_ms = 10'000;
-  // heartbeat.interval.ms. Default: 1000.
-  int heartbeat_interval_ms = 1'000;
-  // max.poll.interval.ms: the longest gap between two Receive calls (of any
-  // thread) before the member is considered stuck and leaves the group;
-  // bounds how long a handler may run when no other thread is in Receive
-  // (see "Long handlers" above). Default: 300000.
-  int max_poll_interval_ms = 300'000;
-  // auto.offset.reset, where a partition with no committed offset starts:
-  // "earliest" or "latest". Default: "earliest".
-  std::string auto_offset_reset = "earliest";
-  // On revocation, how long to wait for the revoked partitions' deliveries
-  // still being worked on to be acknowledged or nacked before giving them
-  // up (a later Ack of them is then kLeaseLost). 0: do not wait.
-  // Default: 5000.
-  int64_t revoke_wait_ms = 5'000;
-  // Called on assignment for each newly assigned partition: the offset to
-  // start from, or nullopt for Kafka's committed offset. Runs on the thread
-  // in Receive. Default: none (committed offsets).
-  std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset;
-  // Extra librdkafka configuration properties, applied last (so they may
-  // override the above; enable.auto.commit and enable.auto.offset.store are
-  // forced off after them). Default: none.
-  std::vector<std::pair<std::string, std::string>> config;
-  // Clock for nack delays. Default: Env::Default().
-  Env* env = nullptr;
-  // When > 0, Open asks the cluster for its metadata and waits up to this
-  // long for a broker to answer; none did: Code::kUnavailable ("cannot
-  // connect to Kafka at <brokers>"). 0: the brokers are contacted lazily
-  // (an unreachable cluster then shows only as empty Receives, librdkafka
-  // retrying forever). Default: 0.
-  int64_t connect_timeout_ms = 0;
-};
 
 // A point-in-time copy of a Source's counters.
 struct SourceStats {
@@ -173,11 +121,72 @@ Result<Receipt> DecodeReceipt(std::string_view receipt);
 
 class Source final : public ::idem::Source {
  public:
+  struct Options {
+    // Bootstrap brokers, "host:port,host:port". Required.
+    std::string brokers;
+    // The topic to consume. Required.
+    std::string topic;
+    // The consumer group (group.id). Required.
+    std::string group;
+    // The record header that carries the message id. Default: "id".
+    std::string id_header = "id";
+    // Take the id from the record key when the header is missing.
+    // Default: false.
+    bool id_from_key = false;
+    // client.id, shown in broker logs. Default: "idem".
+    std::string client_id = "idem";
+    // session.timeout.ms: how long the group waits for a silent member before
+    // giving its partitions to others. Default: 10000.
+    int64_t session_timeout_ms = 10'000;
+    // heartbeat.interval.ms. Default: 1000.
+    int64_t heartbeat_interval_ms = 1'000;
+    // max.poll.interval.ms: the longest gap between two Receive calls (of any
+    // thread) before the member is considered stuck and leaves the group;
+    // bounds how long a handler may run when no other thread is in Receive
+    // (see "Long handlers" above). Default: 300000.
+    int64_t max_poll_interval_ms = 300'000;
+    // auto.offset.reset, where a partition with no committed offset starts:
+    // "earliest" or "latest". Default: "earliest".
+    std::string auto_offset_reset = "earliest";
+    // On revocation, how long to wait for the revoked partitions' deliveries
+    // still being worked on to be acknowledged or nacked before giving them
+    // up (a later Ack of them is then kLeaseLost). 0: do not wait.
+    // Default: 5000.
+    int64_t revoke_wait_ms = 5'000;
+    // Called on assignment for each newly assigned partition: the offset to
+    // start from, or nullopt for Kafka's committed offset. Runs on the thread
+    // in Receive. Default: none (committed offsets).
+    std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset;
+    // Extra librdkafka configuration properties, applied last (so they may
+    // override the above; enable.auto.commit and enable.auto.offset.store are
+    // forced off after them). Default: none.
+    std::vector<std::pair<std::string, std::string>> config;
+    // Clock for nack delays. Default: Env::Default().
+    Env* env = nullptr;
+    // When > 0, Open asks the cluster for its metadata and waits up to this
+    // long for a broker to answer; none did: Code::kUnavailable ("cannot
+    // connect to Kafka at <brokers>"). 0: the brokers are contacted lazily
+    // (an unreachable cluster then shows only as empty Receives, librdkafka
+    // retrying forever). Default: 0.
+    int64_t connect_timeout_ms = 0;
+  };
+
   // Creates the consumer and subscribes to the topic. Code::kInvalidArgument
   // for a missing or rejected option. Unless Options::connect_timeout_ms is
   // set, the brokers are contacted lazily (an unreachable cluster shows as
   // empty Receives); with it, kUnavailable when no broker answers in time.
-  static Result<std::unique_ptr<Source>> Open(Options options);
+  static Result<std::unique_ptr<Source>> Open(const Options& options);
+  // Parses "kafka://HOST[:PORT][,HOST[:PORT]...]?topic=T[&group=G][&id_header=H]
+  // [&id_from_key=B][&client_id=C][&session_timeout_ms=N]
+  // [&heartbeat_interval_ms=N][&max_poll_interval_ms=N]
+  // [&auto_offset_reset=earliest|latest][&revoke_wait_ms=N]
+  // [&connect_timeout_ms=N]". Options::brokers is the host list. Where the
+  // URL says nothing: group "idem"; connect_timeout_ms 5000 (a URL fails
+  // fast on an unreachable cluster, where Options' default 0 waits
+  // lazily); heartbeat_interval_ms a quarter of session_timeout_ms, within
+  // 50..1000. kInvalidArgument for another scheme, no topic, an unknown
+  // key or a bad value.
+  static Result<Options> ParseUrl(std::string_view url);
   // Leaves the group (the revocation commits acknowledged prefixes) and
   // destroys the consumer.
   ~Source() override;
@@ -209,23 +218,6 @@ class Source final : public ::idem::Source {
   std::unique_ptr<Impl> impl_;
 };
 
-struct ProducerOptions {
-  // Bootstrap brokers, "host:port,...". Required.
-  std::string brokers;
-  // The topic to write to. Required.
-  std::string topic;
-  // The header that carries the message id. Default: "id".
-  std::string id_header = "id";
-  // acks: "all", "1" or "0". Default: "all".
-  std::string acks = "all";
-  // Extra librdkafka properties, applied last. Default: none.
-  std::vector<std::pair<std::string, std::string>> config;
-  // As Options::connect_timeout_ms: when > 0, Open fails with
-  // Code::kUnavailable unless a broker answers a metadata request within
-  // this long. Default: 0 (lazily).
-  int64_t connect_timeout_ms = 0;
-};
-
 struct ProduceOptions {
   // The partition, or -1 to let the partitioner pick by key. Default: -1.
   int32_t partition = -1;
@@ -234,18 +226,52 @@ struct ProduceOptions {
   std::optional<std::string> key;
 };
 
-// Writes messages as records: payload as value, the id in the id header,
-// the message's headers after it, and producer_time_ms in
-// kProducedAtHeader. For tests, demos and outbox relays.
+// The producer's end of a topic: writes messages as records, payload as
+// value, the id in the id header, the message's headers after it, and
+// producer_time_ms in the header "idem-producer-time-ms" (decimal ms;
+// doc/wire-format.md). Publish waits for the brokers' delivery report;
+// Produce and Flush are the batched form (queue many, then wait once).
 //
-// Thread safety: Produce and Flush may be called from many threads.
-class Producer {
+// Thread safety: Publish, Produce and Flush may be called from many threads.
+class Publisher final : public ::idem::Publisher {
  public:
-  static Result<std::unique_ptr<Producer>> Open(ProducerOptions options);
+  struct Options {
+    // Bootstrap brokers, "host:port,...". Required.
+    std::string brokers;
+    // The topic to write to. Required.
+    std::string topic;
+    // The header that carries the message id. Default: "id".
+    std::string id_header = "id";
+    // acks: "all", "1" or "0". Default: "all".
+    std::string acks = "all";
+    // Extra librdkafka properties, applied last. Default: none.
+    std::vector<std::pair<std::string, std::string>> config;
+    // As Source::Options::connect_timeout_ms: when > 0, Open fails with
+    // Code::kUnavailable unless a broker answers a metadata request within
+    // this long. Default: 0 (lazily).
+    int64_t connect_timeout_ms = 0;
+    // How long Publish waits for the delivery report, in ms (> 0).
+    // Default: 30000.
+    int64_t publish_timeout_ms = 30'000;
+  };
+
+  // kInvalidArgument for a missing or rejected option; with
+  // connect_timeout_ms, kUnavailable when no broker answers in time.
+  static Result<std::unique_ptr<Publisher>> Open(const Options& options);
+  // Reads the URL of Source::ParseUrl (the same URL opens both ends): the
+  // brokers, topic, id_header and connect_timeout_ms (5000 where the URL
+  // says nothing); the keys only a consumer uses are checked and ignored.
+  static Result<Options> ParseUrl(std::string_view url);
   // Flushes (up to 10 s) and destroys the producer.
-  ~Producer();
-  Producer(const Producer&) = delete;
-  Producer& operator=(const Producer&) = delete;
+  ~Publisher() override;
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  // Produce(message) and Flush(publish_timeout_ms): returns once the
+  // brokers acknowledged it (acks). An error: it may or may not be written;
+  // publish again.
+  Status Publish(const Message& message) override;
+  std::string_view Kind() const override { return "kafka"; }
 
   // Queues one record. kBusy when the local queue is full (Flush, retry).
   Status Produce(const Message& message, const ProduceOptions& options = {});
@@ -257,9 +283,14 @@ class Producer {
   struct Impl;
 
  private:
-  explicit Producer(std::unique_ptr<Impl> impl);
+  explicit Publisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The former names.
+using Options = Source::Options;
+using Producer = Publisher;
+using ProducerOptions = Publisher::Options;
 
 }  // namespace idem::kafka
 

@@ -9,12 +9,15 @@
 //
 // The message id is read from a field of the entry (`id_field`), never the
 // stream entry id, so a producer that retries an XADD (two entries, one id)
-// is caught by the Inbox. A producer writes entries with Publish(), or with
-// XADD and these fields:
-//   <id_field>          the message id (required; see below)
-//   <payload_field>     the body (missing: empty)
-//   producer_time_ms    decimal milliseconds since the Unix epoch (optional)
-//   header:<name>       one header each, in order (names may repeat)
+// is caught by the Inbox. A producer writes entries with StreamPublisher
+// (idem/redis/stream_publisher.h), or with XADD and these fields
+// (doc/wire-format.md):
+//   <id_field>              the message id (required; see below)
+//   <payload_field>         the body (missing: empty)
+//   idem-producer-time-ms   decimal milliseconds since the Unix epoch
+//                           (optional; the former name producer_time_ms is
+//                           read too)
+//   header:<name>           one header each, in order (names may repeat)
 // Any other field is delivered as a header under its own name.
 //
 // Leases: Receive first takes over entries of the group whose lease ran
@@ -54,7 +57,7 @@
 // delivery whose entry has been taken over since (or acked) is kLeaseLost,
 // from any handle.
 //
-// ExtendLease (lease_ms() is StreamSourceOptions::lease_ms) moves the lease
+// ExtendLease (lease_ms() is Options::lease_ms) moves the lease
 // end to the Env's now + lease_ms the way a nack moves it: the entry's
 // consumer claims it again (XCLAIM ... TIME now + lease_ms -
 // kLeaseClockShiftMs, same delivery count), checked and claimed in one
@@ -64,7 +67,7 @@
 //
 // Consumer names: a Redis consumer group keeps every consumer name it has
 // seen until XGROUP DELCONSUMER. A service should give each process slot a
-// stable name (StreamSourceOptions::consumer, e.g. "billing-0" .. "billing-3"
+// stable name (Options::consumer, e.g. "billing-0" .. "billing-3"
 // for four replicas): a restarted slot comes back under its old name, and the
 // group's consumer list stays as long as the number of slots. At a clean stop
 // (Close(), or the destructor) a handle removes its own name from the group,
@@ -92,56 +95,71 @@
 
 namespace idem::redis {
 
-struct StreamSourceOptions {
-  // "redis://[[user]:password@]host[:port][/db]". Required.
-  std::string url;
-  // The stream's key and the consumer group's name. Required.
-  std::string stream;
-  std::string group;
-  // This handle's consumer name in the group. Recommended for services: a
-  // stable name per process slot (see "Consumer names" above), which a
-  // restart reuses. Default (empty): a new name per handle,
-  // "idem-<hostname>-<pid>-<random>", removed from the group at a clean stop
-  // with nothing pending (a crashed handle's name stays behind: remove it
-  // with XGROUP DELCONSUMER once XPENDING shows nothing under it).
-  std::string consumer;
-  // The entry fields that hold the message id and the payload.
-  std::string id_field = "id";
-  std::string payload_field = "payload";
-  // How long a received entry stays leased before another Receive (of any
-  // consumer of the group) takes it over: the visibility timeout. Default 30 s.
-  int64_t lease_ms = 30'000;
-  // Create the group (XGROUP CREATE <stream> <group> 0 MKSTREAM) when it does
-  // not exist, at Open and when Redis reports NOGROUP (a flushed server). A
-  // new group starts at the beginning of the stream. Default: true.
-  bool create_group = true;
-  // XDEL an entry after XACK (only when this group is the stream's only
-  // reader). Default: false (trim the stream with XTRIM/MAXLEN instead).
-  bool delete_on_ack = false;
-  // Longest single wait inside Receive; lease expiries are noticed at least
-  // this often. Default: 100 ms.
-  int64_t poll_ms = 100;
-  // Connections kept for reuse. Default: 8.
-  int connections = 8;
-  int connect_timeout_ms = 5'000;
-  // Default: Env::Default().
-  Env* env = nullptr;
-};
-
 // See the header comment. Lease ends are stored as delivery times this far
 // in the past (2^36 ms, about 795 days): also the longest nack delay.
 inline constexpr int64_t kLeaseClockShiftMs = int64_t{1} << 36;
 
 class StreamSource : public Source {
  public:
+  struct Options {
+    // "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]", no query. Required.
+    std::string url;
+    // The stream's key. Required.
+    std::string stream;
+    // The consumer group's name. Required (ParseUrl: "idem" when the URL
+    // names none).
+    std::string group;
+    // This handle's consumer name in the group. Recommended for services: a
+    // stable name per process slot (see "Consumer names" above), which a
+    // restart reuses. Default (empty): a new name per handle,
+    // "idem-<hostname>-<pid>-<random>", removed from the group at a clean stop
+    // with nothing pending (a crashed handle's name stays behind: remove it
+    // with XGROUP DELCONSUMER once XPENDING shows nothing under it).
+    std::string consumer;
+    // The entry fields that hold the message id and the payload. Neither may
+    // be empty, equal to the other, a producer time name or start with
+    // "header:". Defaults: "id", "payload".
+    std::string id_field = "id";
+    std::string payload_field = "payload";
+    // How long a received entry stays leased before another Receive (of any
+    // consumer of the group) takes it over: the visibility timeout, in ms,
+    // 1 .. kLeaseClockShiftMs / 2. Default: 30000.
+    int64_t lease_ms = 30'000;
+    // Create the group (XGROUP CREATE <stream> <group> 0 MKSTREAM) when it does
+    // not exist, at Open and when Redis reports NOGROUP (a flushed server). A
+    // new group starts at the beginning of the stream. Default: true.
+    bool create_group = true;
+    // XDEL an entry after XACK (only when this group is the stream's only
+    // reader). Default: false (trim the stream with XTRIM/MAXLEN instead).
+    bool delete_on_ack = false;
+    // Longest single wait inside Receive, in ms; lease expiries are noticed
+    // at least this often (values below 1 are taken as 1). Default: 100.
+    int64_t poll_ms = 100;
+    // Idle connections kept for reuse (values below 1 are taken as 1).
+    // Default: 8.
+    int pool_size = 8;
+    // How long to wait for a connection, in ms (> 0). Default: 5000.
+    int64_t connect_timeout_ms = 5'000;
+    // The clock for leases and nack delays; it must read ms since the Unix
+    // epoch. Default (nullptr): Env::Default().
+    Env* env = nullptr;
+  };
+
   // Connects and (with create_group) creates the group. Errors:
   // kInvalidArgument (bad URL, empty stream/group/field names, lease_ms < 1,
-  // an Env clock before 1972), kUnavailable naming host:port (unreachable,
-  // wrong password: never echoed), kNotFound (no group and create_group off).
-  static Result<std::unique_ptr<StreamSource>> Open(const StreamSourceOptions& options);
+  // connect_timeout_ms < 1, an Env clock before 1972), kUnavailable naming
+  // host:port (unreachable, wrong password: never echoed), kNotFound (no
+  // group and create_group off).
+  static Result<std::unique_ptr<StreamSource>> Open(const Options& options);
+  // Parses "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]?stream=S[&group=G]
+  // [&consumer=C][&id_field=F][&payload_field=F][&lease_ms=N][&create_group=B]
+  // [&delete_on_ack=B][&poll_ms=N][&pool_size=N][&connect_timeout_ms=N]":
+  // Options::url is the URL without its query. kInvalidArgument for another
+  // scheme, a bad URL, no stream, an unknown key or a bad value.
+  static Result<Options> ParseUrl(std::string_view url);
 
-  // Appends a message to the stream (XADD <stream> * with the fields above).
-  // Returns the entry id. kInvalidArgument for an invalid message id.
+  // Appends a message to the stream, as StreamPublisher::Append does, and
+  // returns the entry id. kInvalidArgument for an invalid message id.
   virtual Result<std::string> Publish(const Message& message) = 0;
   // This handle's consumer name in the group.
   virtual const std::string& consumer() const = 0;
@@ -156,6 +174,9 @@ class StreamSource : public Source {
   virtual Status Close() = 0;
   std::string_view Kind() const override { return "redis-streams"; }
 };
+
+// The former name of StreamSource::Options.
+using StreamSourceOptions = StreamSource::Options;
 
 }  // namespace idem::redis
 

@@ -24,6 +24,8 @@
 #include "idem/consumer.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
+#include "idem/open.h"
+#include "idem/redis/stream_publisher.h"
 #include "idem/redis/stream_source.h"
 #include "idem/sqlite/store.h"
 #include "redis/redis_test_util.h"
@@ -34,7 +36,7 @@ namespace idem::testing {
 namespace {
 
 using redis::StreamSource;
-using redis::StreamSourceOptions;
+using StreamSourceOptions = redis::StreamSource::Options;
 
 // The stream and group of `dir` (the same in a forked child).
 StreamSourceOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const std::string& url = RedisUrl()) {
@@ -697,6 +699,126 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   auto left = (*s)->Receive(1000, 0);
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_TRUE(left->empty());
+}
+
+// ---------------------------------------------------------------------------
+// The wire format (doc/wire-format.md), the publisher, opening by URL.
+// ---------------------------------------------------------------------------
+
+// Entries written under the producer time's former field name keep their
+// time; the current name wins over a former one; none of them is a header.
+TEST_F(StreamsTest, FormerProducerTimeFieldNamesAreRead) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  const std::string stream = Opts().stream;
+  RedisRaw({"XADD", stream, "*", "id", "redis-name", "producer_time_ms", "1700000000002", "payload", "p"});
+  RedisRaw({"XADD", stream, "*", "id", "kafka-name", "idem-produced-at-ms", "1700000000001", "payload", "p"});
+  RedisRaw({"XADD", stream, "*", "id", "both", "producer_time_ms", "5", "idem-producer-time-ms", "1700000000003"});
+  std::vector<Delivery> got = ReceiveAll(*s);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].message.id, "redis-name");
+  EXPECT_EQ(got[0].message.producer_time_ms, 1'700'000'000'002);
+  EXPECT_EQ(got[1].message.producer_time_ms, 1'700'000'000'001);
+  EXPECT_EQ(got[2].message.producer_time_ms, 1'700'000'000'003);
+  for (const Delivery& d : got) {
+    EXPECT_TRUE(d.message.headers.empty()) << d.message.id;
+    EXPECT_TRUE(s->Ack(d).ok());
+  }
+}
+
+TEST_F(StreamsTest, PublisherWritesTheCurrentProducerTimeName) {
+  auto pub = redis::StreamPublisher::Open({.url = RedisUrl(), .stream = Opts().stream});
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ((*pub)->Kind(), "redis-streams");
+  Message m = Msg("m-1");
+  m.producer_time_ms = 1'712'345'678'901;
+  auto entry = (*pub)->Append(m);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  auto ep = redis_internal::ParseUrl(RedisUrl());
+  ASSERT_TRUE(ep.ok());
+  auto c = redis_internal::Conn::Connect(*ep, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto r = (*c)->Command({"XRANGE", Opts().stream, *entry, *entry});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ((*r)->elements, 1u);
+  const redisReply* fields = (*r)->element[0]->element[1];
+  std::vector<std::string> names;
+  for (size_t k = 0; k < fields->elements; k += 2) names.emplace_back(redis_internal::ReplyString(fields->element[k]));
+  EXPECT_EQ(names, (std::vector<std::string>{"id", "idem-producer-time-ms", "payload"}));
+  auto s = Open();
+  ASSERT_TRUE(s);
+  std::vector<Delivery> got = ReceiveAll(*s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message.producer_time_ms, m.producer_time_ms);
+  EXPECT_TRUE(s->Ack(got[0]).ok());
+  EXPECT_EQ(redis::StreamPublisher::Open({.url = RedisUrl(), .stream = ""}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*pub)->Publish(Msg("")).code(), Code::kInvalidArgument);
+}
+
+TEST_F(StreamsTest, ParseUrlReadsEveryKey) {
+  auto o = StreamSource::ParseUrl(
+      "redis://:pw@127.0.0.1:6380/3?stream=orders&group=billing&consumer=billing-0&id_field=oid&payload_field=body"
+      "&lease_ms=5000&create_group=false&delete_on_ack=true&poll_ms=7&pool_size=3&connect_timeout_ms=900");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->url, "redis://:pw@127.0.0.1:6380/3");
+  EXPECT_EQ(o->stream, "orders");
+  EXPECT_EQ(o->group, "billing");
+  EXPECT_EQ(o->consumer, "billing-0");
+  EXPECT_EQ(o->id_field, "oid");
+  EXPECT_EQ(o->payload_field, "body");
+  EXPECT_EQ(o->lease_ms, 5'000);
+  EXPECT_FALSE(o->create_group);
+  EXPECT_TRUE(o->delete_on_ack);
+  EXPECT_EQ(o->poll_ms, 7);
+  EXPECT_EQ(o->pool_size, 3);
+  EXPECT_EQ(o->connect_timeout_ms, 900);
+  auto plain = StreamSource::ParseUrl("redis://h?stream=s");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->group, "idem");
+  EXPECT_EQ(plain->lease_ms, StreamSource::Options{}.lease_ms);
+  auto pub = redis::StreamPublisher::ParseUrl("redis://h/2?stream=s&group=g&id_field=oid&pool_size=2");
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ(pub->url, "redis://h/2");
+  EXPECT_EQ(pub->stream, "s");
+  EXPECT_EQ(pub->id_field, "oid");
+  EXPECT_EQ(pub->pool_size, 2);
+  for (const char* bad : {"redis://:topsecret@h", "redis://:topsecret@h?stream=s&colour=red",
+                          "redis://:topsecret@h?stream=s&lease_ms=0", "redis://:topsecret@h?stream=s&pool_size=x",
+                          "redis://:topsecret@h:0?stream=s", "rediss://:topsecret@h?stream=s",
+                          "redis://:topsecret@h?stream=s&create_group=maybe", "embedded:/tmp/q.db?stream=s"}) {
+    auto r = StreamSource::ParseUrl(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_EQ(r.status().message().find("topsecret"), std::string::npos) << r.status();
+  }
+}
+
+TEST_F(StreamsTest, OpenSourceAndOpenPublisherByUrl) {
+  const std::string url = RedisUrl() + "?stream=" + Opts().stream + "&group=by-url&lease_ms=4000";
+  auto pub = OpenPublisher(url);
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ((*pub)->Kind(), "redis-streams");
+  Message m = Msg("m-1");
+  m.producer_time_ms = 1'700'000'000'000;
+  ASSERT_TRUE((*pub)->Publish(m).ok());
+  ASSERT_TRUE((*pub)->Publish(m).ok());
+  auto src = OpenSource(url, {.lease_ms = 99, .consumer = "by-url-0"});
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->Kind(), "redis-streams");
+  EXPECT_EQ((*src)->lease_ms(), 4'000);  // the URL's, not the settings'
+  auto* streams = dynamic_cast<StreamSource*>(src->get());
+  ASSERT_NE(streams, nullptr);
+  EXPECT_EQ(streams->consumer(), "by-url-0");
+  std::vector<Delivery> got = ReceiveAll(**src);
+  ASSERT_EQ(got.size(), 2u);
+  for (const Delivery& d : got) {
+    EXPECT_EQ(d.message.id, "m-1");
+    EXPECT_EQ(d.message.producer_time_ms, m.producer_time_ms);
+    EXPECT_TRUE((*src)->Ack(d).ok());
+  }
+  EXPECT_TRUE(streams->Close().ok());
+  auto unreachable = OpenSource("redis://:topsecret@127.0.0.1:1?stream=s&connect_timeout_ms=500");
+  EXPECT_EQ(unreachable.status().code(), Code::kUnavailable) << unreachable.status();
+  EXPECT_EQ(unreachable.status().message().find("topsecret"), std::string::npos) << unreachable.status();
 }
 
 }  // namespace

@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "core/wire_format.h"
+#include "idem/url.h"
 #include "redis/client.h"
+#include "redis/stream_wire.h"
 
 namespace idem::redis {
 namespace {
@@ -26,8 +29,7 @@ using redis_internal::ReplyPtr;
 using redis_internal::ReplyString;
 using redis_internal::Script;
 
-constexpr std::string_view kHeaderPrefix = "header:";
-constexpr std::string_view kProducerTimeField = "producer_time_ms";
+using redis_internal::kStreamHeaderPrefix;
 constexpr std::string_view kErrorHeader = "idem-error";
 
 // Takes over the entries whose lease ran out, then reads new ones
@@ -181,7 +183,7 @@ std::string NewConsumerName() {
 
 class StreamSourceImpl final : public StreamSource {
  public:
-  StreamSourceImpl(StreamSourceOptions o, redis_internal::Endpoint ep, Pool::Options po)
+  StreamSourceImpl(Options o, redis_internal::Endpoint ep, Pool::Options po)
       : o_(std::move(o)), pool_(std::move(ep), po) {}
 
   Status Init() {
@@ -211,25 +213,8 @@ class StreamSourceImpl final : public StreamSource {
   }
 
   Result<std::string> Publish(const Message& m) override {
-    if (Status s = ValidateId(m.id); !s.ok()) return s.WithContext("publish to stream " + o_.stream);
-    const std::string time = m.producer_time_ms ? std::to_string(*m.producer_time_ms) : std::string();
-    std::vector<std::string> names;  // "header:<name>", kept alive for the views
-    names.reserve(m.headers.size());
-    for (const auto& h : m.headers) names.push_back(std::string(kHeaderPrefix) + h.first);
-    std::vector<std::string_view> argv{"XADD", o_.stream, "*", o_.id_field, m.id};
-    if (m.producer_time_ms) {
-      argv.push_back(kProducerTimeField);
-      argv.push_back(time);
-    }
-    argv.push_back(o_.payload_field);
-    argv.push_back(m.payload);
-    for (size_t i = 0; i < m.headers.size(); ++i) {
-      argv.push_back(names[i]);
-      argv.push_back(m.headers[i].second);
-    }
     IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
-    IDEM_ASSIGN_OR_RETURN(ReplyPtr r, conn->Command(argv));
-    return std::string(ReplyString(r.get()));
+    return redis_internal::StreamAppend(*conn, o_.stream, o_.id_field, o_.payload_field, m);
   }
 
   Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
@@ -367,7 +352,8 @@ class StreamSourceImpl final : public StreamSource {
 
   Message ToMessage(const std::string& entry_id, const redisReply* fields) const {
     Message m;
-    bool has_id = false, has_payload = false, has_time = false;
+    bool has_id = false, has_payload = false;
+    wire_internal::ProducerTimeReader time;
     for (size_t k = 0; k + 1 < fields->elements; k += 2) {
       std::string_view name = ReplyString(fields->element[k]);
       std::string_view value = ReplyString(fields->element[k + 1]);
@@ -377,15 +363,15 @@ class StreamSourceImpl final : public StreamSource {
       } else if (!has_payload && name == o_.payload_field) {
         m.payload = std::string(value);
         has_payload = true;
-      } else if (int64_t t = 0; !has_time && name == kProducerTimeField && ParseInt64(value, t)) {
-        m.producer_time_ms = t;
-        has_time = true;
-      } else if (name.starts_with(kHeaderPrefix)) {
-        m.headers.emplace_back(std::string(name.substr(kHeaderPrefix.size())), std::string(value));
+      } else if (wire_internal::ProducerTimeRank(name) >= 0 && wire_internal::ParseProducerTime(value)) {
+        time.Offer(name, value);
+      } else if (name.starts_with(kStreamHeaderPrefix)) {
+        m.headers.emplace_back(std::string(name.substr(kStreamHeaderPrefix.size())), std::string(value));
       } else {
         m.headers.emplace_back(std::string(name), std::string(value));
       }
     }
+    m.producer_time_ms = time.time();
     if (!has_id) {
       // An invalid id: the Consumer dead-letters the delivery at once.
       m.id.clear();
@@ -426,7 +412,7 @@ class StreamSourceImpl final : public StreamSource {
     return Status(Code::kLeaseLost, std::move(m));
   }
 
-  StreamSourceOptions o_;
+  Options o_;
   Pool pool_;
   // Whether the name may be in the group without a Close() since: a Receive
   // ran (or Close failed). A stable name may be there from an earlier
@@ -436,20 +422,20 @@ class StreamSourceImpl final : public StreamSource {
 
 }  // namespace
 
-Result<std::unique_ptr<StreamSource>> StreamSource::Open(const StreamSourceOptions& options) {
-  StreamSourceOptions o = options;
+Result<std::unique_ptr<StreamSource>> StreamSource::Open(const Options& options) {
+  Options o = options;
   auto invalid = [](std::string m) { return Status::InvalidArgument("Redis stream source: " + std::move(m)); };
   if (o.stream.empty()) return invalid("stream is empty");
   if (o.group.empty()) return invalid("group is empty");
-  if (o.id_field.empty() || o.payload_field.empty()) return invalid("id_field and payload_field must not be empty");
+  IDEM_RETURN_IF_ERROR(redis_internal::CheckStreamField("id_field", o.id_field));
+  IDEM_RETURN_IF_ERROR(redis_internal::CheckStreamField("payload_field", o.payload_field));
   if (o.id_field == o.payload_field) return invalid("id_field and payload_field must differ");
-  for (const std::string& f : {o.id_field, o.payload_field})
-    if (f == kProducerTimeField || f.starts_with(kHeaderPrefix))
-      return invalid("the field '" + f + "' is reserved (producer_time_ms, header:<name>)");
-  if (o.lease_ms < 1) return invalid("lease_ms must be positive");
+  if (o.lease_ms < 1) return invalid("lease_ms must be positive, got " + std::to_string(o.lease_ms));
   if (o.lease_ms > kLeaseClockShiftMs / 2) return invalid("lease_ms is too long");
+  if (o.connect_timeout_ms < 1 || o.connect_timeout_ms > 3'600'000)
+    return invalid("connect_timeout_ms must be 1..3600000, got " + std::to_string(o.connect_timeout_ms));
   if (o.poll_ms < 1) o.poll_ms = 1;
-  if (o.connections < 1) o.connections = 1;
+  if (o.pool_size < 1) o.pool_size = 1;
   if (o.env == nullptr) o.env = Env::Default();
   if (o.env->NowMs() < kLeaseClockShiftMs)
     return invalid("the Env's clock must read milliseconds since the Unix epoch (it reads " +
@@ -457,14 +443,44 @@ Result<std::unique_ptr<StreamSource>> StreamSource::Open(const StreamSourceOptio
   if (o.consumer.empty()) o.consumer = NewConsumerName();
   IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint ep, redis_internal::ParseUrl(o.url));
   Pool::Options po;
-  po.size = o.connections;
-  po.connect.connect_timeout_ms = o.connect_timeout_ms;
+  po.size = o.pool_size;
+  po.connect.connect_timeout_ms = static_cast<int>(o.connect_timeout_ms);
   // A waiting Receive blocks in XREAD for up to poll_ms.
   po.connect.command_timeout_ms = static_cast<int>(std::min<int64_t>(5'000 + o.poll_ms, 600'000));
   if (redis_internal::ValidateClientName(o.consumer).ok()) po.connect.client_name = o.consumer;
   auto src = std::make_unique<StreamSourceImpl>(std::move(o), std::move(ep), po);
   IDEM_RETURN_IF_ERROR(src->Init());
   return std::unique_ptr<StreamSource>(std::move(src));
+}
+
+Result<StreamSource::Options> StreamSource::ParseUrl(std::string_view url) {
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Redis stream URL"));
+  if (u.scheme != "redis")
+    return Status::InvalidArgument("not a Redis stream URL: '" + RedactUrl(url) +
+                                   "' (expected redis://HOST[:PORT][/DB]?stream=S)");
+  IDEM_RETURN_IF_ERROR(u.CheckKeys({"stream", "group", "consumer", "id_field", "payload_field", "lease_ms",
+                                    "create_group", "delete_on_ack", "poll_ms", "pool_size",
+                                    "connect_timeout_ms"}));
+  Options o;
+  o.url = std::string(url.substr(0, url.find('?')));
+  // The connection part is checked here too, so that a bad host or port is
+  // named by ParseUrl.
+  IDEM_RETURN_IF_ERROR(redis_internal::ParseUrl(o.url).status());
+  o.stream = u.Get("stream");
+  if (o.stream.empty())
+    return Status::InvalidArgument("a Redis stream URL needs ?stream=NAME: '" + RedactUrl(url) + "'");
+  o.group = u.Get("group", "idem");
+  o.consumer = u.Get("consumer");
+  o.id_field = u.Get("id_field", o.id_field);
+  o.payload_field = u.Get("payload_field", o.payload_field);
+  IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 1, kLeaseClockShiftMs / 2));
+  IDEM_ASSIGN_OR_RETURN(o.create_group, u.GetBool("create_group", o.create_group));
+  IDEM_ASSIGN_OR_RETURN(o.delete_on_ack, u.GetBool("delete_on_ack", o.delete_on_ack));
+  IDEM_ASSIGN_OR_RETURN(o.poll_ms, u.GetInt("poll_ms", o.poll_ms, 1, 600'000));
+  IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("pool_size", o.pool_size, 1, 1'000));
+  o.pool_size = static_cast<int>(pool);
+  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("connect_timeout_ms", o.connect_timeout_ms, 1, 3'600'000));
+  return o;
 }
 
 }  // namespace idem::redis

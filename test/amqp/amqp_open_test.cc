@@ -1,0 +1,112 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// RabbitMQ by URL (idem::OpenSource / idem::OpenPublisher, idem/open.h), and
+// the wire format's former producer-time names (doc/wire-format.md), on the
+// fixture's broker.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "idem/amqp/source.h"
+#include "idem/open.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+std::string BaseUrl() {
+  const char* u = std::getenv("IDEM_TEST_AMQP_URL");
+  return u ? u : "";
+}
+
+std::string QueueName(const std::string& what) {
+  return "idem-open-" + what + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+std::vector<Delivery> ReceiveN(Source& src, size_t n) {
+  std::vector<Delivery> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    auto got = src.Receive(static_cast<int>(n - out.size()), 500);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) break;
+    for (Delivery& d : *got) out.push_back(std::move(d));
+  }
+  return out;
+}
+
+TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
+  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  const std::string url = BaseUrl() + "?queue=" + QueueName("url") + "&prefetch=10&queue_type=quorum";
+  auto pub = OpenPublisher(url);
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ((*pub)->Kind(), "amqp");
+  auto src = OpenSource(url, {.lease_ms = 60'000});
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->Kind(), "amqp");
+  EXPECT_EQ((*src)->lease_ms(), 60'000);
+  Message m = Msg("m-1", "body");
+  m.producer_time_ms = 1'712'345'678'901;
+  ASSERT_TRUE((*pub)->Publish(m).ok());
+  ASSERT_TRUE((*pub)->Publish(m).ok());
+  std::vector<Delivery> got = ReceiveN(**src, 2);
+  ASSERT_EQ(got.size(), 2u);
+  for (const Delivery& d : got) {
+    EXPECT_EQ(d.message.id, "m-1");
+    EXPECT_EQ(d.message.payload, "body");
+    EXPECT_EQ(d.message.producer_time_ms, m.producer_time_ms);
+    EXPECT_TRUE((*src)->Ack(d).ok());
+  }
+}
+
+TEST(AmqpOpenByUrl, BadKeysAndValuesAreRefusedBeforeConnecting) {
+  for (const std::string q : {"?queue=q&colour=red", "?queue=q&prefetch=0", "?queue=q&prefetch=1x", "?prefetch=5",
+                              "?queue=q&declare_queue=maybe"}) {
+    auto src = OpenSource(BaseUrl() + q);
+    EXPECT_EQ(src.status().code(), Code::kInvalidArgument) << q << ": " << src.status();
+    EXPECT_EQ(src.status().message().find("secret"), std::string::npos) << src.status();
+    auto pub = OpenPublisher(BaseUrl() + q);
+    EXPECT_EQ(pub.status().code(), Code::kInvalidArgument) << q << ": " << pub.status();
+  }
+}
+
+// Messages written under the producer time's former names keep their time;
+// the current name wins over a former one. None of them is a header.
+TEST(AmqpWireFormat, FormerProducerTimeNamesAreRead) {
+  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  const std::string queue = QueueName("wire");
+  auto pub = amqp::Publisher::Open({.url = BaseUrl(), .queue = queue, .declare_queue = true});
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  auto src = amqp::Source::Open({.url = BaseUrl(), .queue = queue});
+  ASSERT_TRUE(src.ok()) << src.status();
+  Message kafka_name = Msg("kafka-name");
+  kafka_name.headers = {{"idem-produced-at-ms", "1700000000001"}, {"trace", "t"}};
+  Message redis_name = Msg("redis-name");
+  redis_name.headers = {{"producer_time_ms", "1700000000002"}};
+  Message both = Msg("both");
+  both.producer_time_ms = 1'700'000'000'003;  // idem-producer-time-ms, as an integer
+  both.headers = {{"producer_time_ms", "5"}};
+  for (const Message& m : {kafka_name, redis_name, both}) ASSERT_TRUE((*pub)->Publish(m).ok()) << m.id;
+  std::vector<Delivery> got = ReceiveN(**src, 3);
+  ASSERT_EQ(got.size(), 3u);
+  for (const Delivery& d : got) {
+    const Message& m = d.message;
+    if (m.id == "kafka-name") {
+      EXPECT_EQ(m.producer_time_ms, 1'700'000'000'001);
+      EXPECT_EQ(m.headers, (std::vector<std::pair<std::string, std::string>>{{"trace", "t"}}));
+    } else if (m.id == "redis-name") {
+      EXPECT_EQ(m.producer_time_ms, 1'700'000'000'002);
+      EXPECT_TRUE(m.headers.empty());
+    } else {
+      EXPECT_EQ(m.producer_time_ms, 1'700'000'000'003);
+      EXPECT_TRUE(m.headers.empty());
+    }
+    EXPECT_TRUE((*src)->Ack(d).ok());
+  }
+}
+
+}  // namespace
+}  // namespace idem::testing
