@@ -606,7 +606,7 @@ TEST_F(ClientTest, EveryPrintableAsciiKeyArrivesIntact) {
 TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
   std::mutex mu;
   std::vector<std::string> paths;
-  std::vector<httplib::Headers> headers;
+  std::vector<::httplib::Headers> headers;
   auto record = [&](const ::httplib::Request& req, ::httplib::Response& res) {
     std::lock_guard lock(mu);
     paths.push_back(req.path);

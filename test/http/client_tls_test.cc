@@ -122,7 +122,7 @@ class ClientTlsTest : public ::testing::Test {
     ASSERT_NE(key, nullptr);
     Cert cert = MakeCert(key.get(), cn, ca_.cert.get(), ca_.key.get(), san, 100);
     ASSERT_NE(cert, nullptr);
-    server_ = std::make_unique<httplib::SSLServer>(cert.get(), key.get());  // it takes references of its own
+    server_ = std::make_unique<::httplib::SSLServer>(cert.get(), key.get());  // it takes references of its own
     ASSERT_TRUE(server_->is_valid());
     server_->Post("/v1/charges", [this](const ::httplib::Request& req, ::httplib::Response& res) {
       std::lock_guard lock(mu_);
@@ -166,7 +166,7 @@ class ClientTlsTest : public ::testing::Test {
   TempDir dir_;
   HookedEnv env_;
   Ca ca_, other_ca_;
-  std::unique_ptr<httplib::SSLServer> server_;
+  std::unique_ptr<::httplib::SSLServer> server_;
   std::thread thread_;
   int port_ = 0;
   std::mutex mu_;

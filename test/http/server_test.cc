@@ -1,10 +1,10 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Server's connection loop, over real loopback sockets written
+// idem::httplib::Server's connection loop, over real loopback sockets written
 // and read by hand (so the test sees the bytes as they are on the wire):
 // pipelined requests, 100 Continue, long bodies both ways, stop() with idle
 // keep-alive connections, the peer's address.
-#include "idem/http/server.h"
+#include "idem/httplib/server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

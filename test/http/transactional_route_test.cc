@@ -337,7 +337,9 @@ void GroupCommitTest::GroupWithInvalidRequests(bool validate) {
   EXPECT_EQ(c.invalid, validate ? 8u : 0u);
   EXPECT_EQ(Effects(), 25);
   for (size_t i = 0; i < amounts.size(); ++i) {
-    if (amounts[i] > 0) EXPECT_TRUE(Post("r-" + std::to_string(i), 2).replayed()) << i;
+    if (amounts[i] > 0) {
+      EXPECT_TRUE(Post("r-" + std::to_string(i), 2).replayed()) << i;
+    }
   }
 }
 
