@@ -7,8 +7,8 @@
 // provider charges once per key.
 //
 // The provider is a stand-in, served from this process on 127.0.0.1 (any
-// free port) with a database of its own: an idem::http::Server (cpp-httplib's) whose
-// POST /charges is wrapped in idem::http::Idempotency, as a real provider
+// free port) with a database of its own: an idem::httplib::Server (cpp-httplib's) whose
+// POST /charges is guarded by idem::http::Idempotency (idem::httplib::Wrap), as a real provider
 // (Stripe, say) honours the Idempotency-Key header.
 //
 //   payments DIR     (DIR must exist; prints the payments table at the end)
@@ -25,7 +25,8 @@
 #include "idem/embedded/queue.h"
 #include "idem/http/client.h"
 #include "idem/http/idempotency.h"
-#include "idem/http/server.h"
+#include "idem/httplib/middleware.h"
+#include "idem/httplib/server.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 
@@ -49,29 +50,32 @@ class Provider {
       IDEM_RETURN_IF_ERROR(tx->Commit());
     }
     p->claims_ = std::make_unique<idem::Claims>(*p->db_->claim_store());
-    p->idempotency_ = std::make_unique<idem::http::Idempotency>(
-        *p->claims_, idem::http::BearerKeys({{"sk_test_example", "acct_example"}}));
+    IDEM_ASSIGN_OR_RETURN(p->idempotency_,
+                          idem::http::Idempotency::Open(
+                              {.claims = p->claims_.get(),
+                               .authenticate = idem::http::BearerKeys({{"sk_test_example", "acct_example"}})}));
     Provider* self = p.get();
     // A bad amount is refused before the key is claimed: nothing is stored,
     // and the client may send the corrected request with the same key.
-    idem::http::RoutePolicy policy;
-    policy.validate = [](const httplib::Request& req, httplib::Response& res) {
+    auto validate = [](const httplib::Request& req, httplib::Response& res) {
       if (Cents(req) > 0) return true;
       res.status = 400;
       res.set_content(R"({"error":"amount must be a positive integer, in cents"})", "application/json");
       return false;
     };
-    p->server_.Post("/charges", p->idempotency_->Wrap("/charges", policy, [self](const httplib::Request& req,
-                                                                                  httplib::Response& res) {
-      self->Charge(req, res);
-    }));
-    p->port_ = p->server_.bind_to_any_port("127.0.0.1");
+    IDEM_ASSIGN_OR_RETURN(
+        auto charge, idem::httplib::Wrap(
+                         *p->idempotency_, "/charges", {},
+                         [self](const httplib::Request& req, httplib::Response& res) { self->Charge(req, res); },
+                         validate));
+    p->server_.native().Post("/charges", charge);
+    p->port_ = p->server_.native().bind_to_any_port("127.0.0.1");
     if (p->port_ <= 0) return idem::Status::Unavailable("cannot bind 127.0.0.1");
-    p->thread_ = std::thread([self] { self->server_.listen_after_bind(); });
+    p->thread_ = std::thread([self] { self->server_.native().listen_after_bind(); });
     return p;
   }
   ~Provider() {
-    server_.stop();
+    server_.native().stop();
     if (thread_.joinable()) thread_.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -108,7 +112,7 @@ class Provider {
   std::unique_ptr<idem::Store> db_;
   std::unique_ptr<idem::Claims> claims_;
   std::unique_ptr<idem::http::Idempotency> idempotency_;
-  idem::http::Server server_;
+  idem::httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
 };
@@ -142,7 +146,7 @@ int main(int argc, char** argv) {
 
   // The provider's client: retries lost responses, timeouts, 409 and 5xx
   // with the same key. One per thread; the consumer runs one worker.
-  auto client = idem::http::Client::Create({.base_url = (*provider)->url(), .bearer = "sk_test_example"});
+  auto client = idem::http::Client::Open({.base_url = (*provider)->url(), .bearer = "sk_test_example"});
   if (!client.ok()) {
     std::cerr << client.status() << "\n";
     return 1;

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "idem/consumer.h"
+#include "idem/http/request.h"
 
 namespace idem::http {
 
@@ -29,12 +30,6 @@ std::string HexByte(unsigned char c) {
 }
 
 std::string Attempts(int n) { return std::to_string(n) + (n == 1 ? " attempt" : " attempts"); }
-
-bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
 
 // The first byte of `s` outside [lo, hi] (tab allowed when `tab`), or -1.
 int FirstByteOutside(std::string_view s, unsigned char lo, unsigned char hi, bool tab = false) {
@@ -72,7 +67,7 @@ Status CheckHeader(std::string_view name, std::string_view value, bool bearer_se
                                "Connection"})
     if (EqualsIgnoringCase(name, own)) return Status::InvalidArgument(quoted + " is set by the Client itself");
   if (bearer_set && EqualsIgnoringCase(name, "Authorization"))
-    return Status::InvalidArgument(quoted + " would clash with ClientOptions::bearer");
+    return Status::InvalidArgument(quoted + " would clash with Client::Options::bearer");
   return Status::OK();
 }
 
@@ -130,7 +125,7 @@ Result<BaseUrl> ParseBaseUrl(const std::string& text) {
   IDEM_RETURN_IF_ERROR(CheckPath("the base URL's path", path));
   out.path = std::string(path);
   if (authority.find('@') != std::string_view::npos)
-    return Status::InvalidArgument("base URL must have no user info (use ClientOptions::bearer or headers)");
+    return Status::InvalidArgument("base URL must have no user info (use Client::Options::bearer or headers)");
   out.host = std::string(authority);
   out.port = out.https ? 443 : 80;
   if (auto colon = authority.rfind(':'); colon != std::string_view::npos) {
@@ -190,14 +185,14 @@ struct Client::Impl {
   using Connection = std::unique_ptr<httplib::ClientImpl>;
   using Send = std::function<httplib::Result(httplib::ClientImpl&)>;
 
-  ClientOptions options;
+  Client::Options options;
   BaseUrl url;
   httplib::Headers headers;  // options.headers, as httplib takes them
   std::atomic<bool> cancelled{false};
   std::mutex mu;
   std::vector<Connection> idle;  // guarded by mu
 
-  Impl(ClientOptions o, BaseUrl u) : options(std::move(o)), url(std::move(u)) {
+  Impl(Client::Options o, BaseUrl u) : options(std::move(o)), url(std::move(u)) {
     for (const auto& [k, v] : options.headers) headers.emplace(k, v);
   }
 
@@ -234,7 +229,7 @@ struct Client::Impl {
 
   void GiveBack(Connection c) {
     std::unique_lock lock(mu);
-    if (idle.size() < static_cast<size_t>(options.max_idle_connections)) idle.push_back(std::move(c));
+    if (idle.size() < static_cast<size_t>(options.pool_size)) idle.push_back(std::move(c));
     lock.unlock();
     // Otherwise `c` is closed here, outside the lock.
   }
@@ -272,7 +267,7 @@ struct Client::Impl {
       return "TLS certificate verification failed for " + url.host + ": " +
              (v != X509_V_OK ? std::string(X509_verify_cert_error_string(v))
                              : std::string("the certificate does not name the host")) +
-             " (trust its CA with ClientOptions::ca_file or ca_dir)";
+             " (trust its CA with Client::Options::ca_file or ca_dir)";
     }
     if (e == httplib::Error::SSLLoadingCerts)
       return "cannot load the CA certificates (ca_file '" + options.ca_file + "', ca_dir '" + options.ca_dir + "')";
@@ -368,7 +363,7 @@ struct Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
-Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+Result<std::unique_ptr<Client>> Client::Open(const Options& options) {
   Result<BaseUrl> url = ParseBaseUrl(options.base_url);
   if (!url.ok()) return url.status();
   if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be at least 1");
@@ -378,13 +373,15 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
                                    std::to_string(options.backoff_max_ms));
   if (options.connect_timeout_ms < 0 || options.read_timeout_ms < 0)
     return Status::InvalidArgument("connect_timeout_ms and read_timeout_ms must be >= 0");
-  if (options.max_idle_connections < 0) return Status::InvalidArgument("max_idle_connections must be >= 0");
+  if (options.pool_size < 0)
+    return Status::InvalidArgument("Client::Options::pool_size must be >= 0, got " + std::to_string(options.pool_size));
   IDEM_RETURN_IF_ERROR(CheckHeaderValue("Authorization", options.bearer));
   IDEM_RETURN_IF_ERROR(CheckHeaders(options.headers, !options.bearer.empty()));
   if (!options.ca_file.empty() && !std::ifstream(options.ca_file).good())
     return Status::InvalidArgument("cannot read ca_file '" + options.ca_file + "'");
-  if (options.env == nullptr) options.env = Env::Default();
-  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(options), std::move(*url))));
+  Options kept = options;
+  if (kept.env == nullptr) kept.env = Env::Default();
+  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(kept), std::move(*url))));
 }
 
 Result<Response> Client::Post(std::string_view path, std::string_view body, std::string_view key,

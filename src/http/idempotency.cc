@@ -1,47 +1,57 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The middleware's request path: Admit (authentication, size, key,
+// validation) -> the route's Decide (one strategy per RouteKind:
+// TwoPhaseRoute, TransactionalRoute, GroupCommitRoute) -> the answers they
+// share (Replay, AnswerUnstarted, Problem, ...).
 #include "idem/http/idempotency.h"
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <set>
-#include <stdexcept>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
-#include "http/fiber.h"
+#include "http/parker.h"
+#include "idem/message.h"
 
 namespace idem::http {
+namespace internal {
+namespace {
+std::atomic<ParkerLookup> g_parker_lookup{nullptr};
+}  // namespace
+Parker* CurrentParker() {
+  ParkerLookup lookup = g_parker_lookup.load(std::memory_order_acquire);
+  return lookup != nullptr ? lookup() : nullptr;
+}
+void SetParkerLookup(ParkerLookup lookup) { g_parker_lookup.store(lookup, std::memory_order_release); }
+}  // namespace internal
+
 namespace {
 
 // A client's text in a log line, as one token: as it is when it holds only
-// characters that cannot split or fake a field, else quoted with " and a
-// backslash escaped and other bytes as \xHH (a key "x replayed 201" must not read as
-// an outcome).
+// characters that cannot split or fake a field, else in quotes, as
+// Printable shows bytes (a backslash and bytes outside printable ASCII as
+// \xHH), a quote as \x22: a key "x replayed 201" must not read as an outcome.
 std::string LogToken(std::string_view s) {
   const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_.:/@+", c) != nullptr;
   });
   if (plain) return std::string(s);
   std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[5];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
+  for (char c : Printable(s, s.size())) {
+    if (c == '"') {
+      out += "\\x22";
     } else {
-      out += static_cast<char>(c);
+      out += c;
     }
   }
   return out + "\"";
@@ -53,43 +63,8 @@ thread_local const ClaimToken* g_current_claim = nullptr;
 bool HopByHop(std::string_view name) {
   static const char* const kSkip[] = {"connection", "keep-alive", "transfer-encoding", "content-length",
                                       "date", "idempotent-replayed", "idempotency-key-retention"};
-  std::string lower(name);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  return std::any_of(std::begin(kSkip), std::end(kSkip), [&](const char* s) { return lower == s; });
+  return std::any_of(std::begin(kSkip), std::end(kSkip), [&](const char* s) { return EqualsIgnoringCase(name, s); });
 }
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 3; i >= 0; --i) out += static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void PutBytes(std::string& out, std::string_view s) {
-  PutU32(out, static_cast<uint32_t>(s.size()));
-  out.append(s);
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool U32(uint32_t* v) {
-    if (in_.size() < 4) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<unsigned char>(in_[i]);
-    in_.remove_prefix(4);
-    return true;
-  }
-  bool Bytes(std::string* s) {
-    uint32_t n = 0;
-    if (!U32(&n) || in_.size() < n) return false;
-    s->assign(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return true;
-  }
-  bool done() const { return in_.empty(); }
-
- private:
-  std::string_view in_;
-};
-
-constexpr char kMagic[] = "idem-http-1";
 
 std::string ScopeOf(const std::string& principal, const std::string& method, const std::string& route) {
   std::string scope = principal + "|" + method + " " + route;
@@ -102,161 +77,57 @@ std::string RetryAfterSeconds(int64_t retry_at_ms, int64_t now_ms) {
   return std::to_string(std::max<int64_t>(1, (retry_at_ms - now_ms + 999) / 1000));
 }
 
-// The stored form of a handler's response (hop-by-hop headers left out).
-StoredResponse StoredOf(const httplib::Response& res) {
-  StoredResponse stored{res.status, {}, res.body};
-  for (const auto& [k, v] : res.headers)
+// The stored form of a handler's answer (hop-by-hop headers left out).
+StoredResponse StoredOf(const Answer& ans) {
+  StoredResponse stored{ans.status, {}, ans.body};
+  for (const auto& [k, v] : ans.headers)
     if (!HopByHop(k)) stored.headers.emplace_back(k, v);
   return stored;
 }
 
 }  // namespace
 
-Authenticator BearerKeys(std::map<std::string, std::string> keys) {
-  return [keys = std::move(keys)](const httplib::Request& req) -> std::optional<std::string> {
-    const std::string auth = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return std::nullopt;
-    auto it = keys.find(auth.substr(kBearer.size()));
-    if (it == keys.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-std::string Encode(const StoredResponse& r) {
-  std::string out(kMagic);
-  PutU32(out, static_cast<uint32_t>(r.status));
-  PutU32(out, static_cast<uint32_t>(r.headers.size()));
-  for (const auto& [k, v] : r.headers) {
-    PutBytes(out, k);
-    PutBytes(out, v);
-  }
-  PutBytes(out, r.body);
-  return out;
-}
-
-Result<StoredResponse> Decode(std::string_view bytes) {
-  const size_t magic = std::strlen(kMagic);
-  if (bytes.substr(0, magic) != kMagic) return Status::Corruption("stored response is not idem's HTTP format");
-  Reader in(bytes.substr(magic));
-  StoredResponse r;
-  uint32_t status = 0, n = 0;
-  if (!in.U32(&status) || !in.U32(&n)) return Status::Corruption("stored response truncated");
-  r.status = static_cast<int>(status);
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string k, v;
-    if (!in.Bytes(&k) || !in.Bytes(&v)) return Status::Corruption("stored response header truncated");
-    r.headers.emplace_back(std::move(k), std::move(v));
-  }
-  if (!in.Bytes(&r.body) || !in.done()) return Status::Corruption("stored response body truncated");
-  return r;
-}
-
-Result<std::string> ParseKey(std::string_view v) {
-  // Optional whitespace around the item is allowed by HTTP field parsing.
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  if (v.empty()) return Status::InvalidArgument("Idempotency-Key is empty");
-  std::string key;
-  if (v.front() != '"') {
-    // A bare token, as Stripe's client libraries send a key: the same key as
-    // its quoted form. A comma would make it a list, a quote or backslash
-    // would read differently quoted.
-    for (unsigned char c : v) {
-      if (c == ' ' || c == '\t')
-        return Status::InvalidArgument("Idempotency-Key: a key with spaces must be a quoted string (\"...\")");
-      if (c < 0x21 || c > 0x7e)
-        return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
-      if (c == ',') return Status::InvalidArgument("Idempotency-Key: send one key, not a list");
-      if (c == '"' || c == '\\')
-        return Status::InvalidArgument(
-            "Idempotency-Key: an unquoted key cannot hold \" or \\ (send it as a quoted string with them escaped)");
-    }
-    key = std::string(v);
-  } else {
-    if (v.size() < 2 || v.back() != '"')
-      return Status::InvalidArgument("Idempotency-Key: the quoted string has no closing quote");
-    for (size_t i = 1; i + 1 < v.size(); ++i) {
-      unsigned char c = static_cast<unsigned char>(v[i]);
-      if (c == '\\') {
-        if (i + 2 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\'))
-          return Status::InvalidArgument("Idempotency-Key: a backslash may only escape \" or \\");
-        key += v[++i];
-        continue;
-      }
-      if (c == '"') return Status::InvalidArgument("Idempotency-Key: an unescaped quote inside the string");
-      if (c < 0x20 || c > 0x7e)
-        return Status::InvalidArgument("Idempotency-Key: only printable ASCII characters are allowed");
-      key += static_cast<char>(c);
-    }
-  }
-  if (key.empty()) return Status::InvalidArgument("Idempotency-Key is empty");
-  if (key.size() > 255)
-    return Status::InvalidArgument("Idempotency-Key is " + std::to_string(key.size()) + " characters; at most 255");
-  return key;
-}
-
-// Whether JSON text nests arrays and objects at most `max` deep (strings
-// skipped). A deeper body is not canonicalised: dump() recurses once per
-// level, and 100,000 levels in a 200 KB body would overflow the stack.
-bool NestsAtMost(std::string_view body, int max) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-std::optional<std::string> CanonicalJson(std::string_view body) {
-  // Deeper than any request a route means: fingerprinted as bytes instead.
-  if (!NestsAtMost(body, 128)) return std::nullopt;
-  // nlohmann::json keeps objects in a std::map: dump() writes keys sorted,
-  // without whitespace.
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return std::nullopt;
-  return j.dump();
-}
-
-Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body) {
-  std::string material(method);
-  material += '\0';
-  material += route;
-  material += '\0';
-  if (auto canonical = CanonicalJson(body)) {
-    material += "json:";
-    material += *canonical;
-  } else {
-    material += "raw:";
-    material += body;
-  }
-  return FingerprintOf(material);
-}
-
 const ClaimToken* CurrentClaim() { return g_current_claim; }
 
+// A request that passed Admit: who, which key, and its claim.
+struct Idempotency::Admitted {
+  const Request* req = nullptr;
+  std::string key;  // "-" until the key is read (for the log)
+  ClaimRequest claim;
+};
+
+// A route: its name and policy, and how it decides (one subclass per kind).
+class Idempotency::Route {
+ public:
+  Route(Idempotency& owner, std::string name, RoutePolicy policy)
+      : owner_(owner), name_(std::move(name)), policy_(std::move(policy)) {}
+  virtual ~Route() = default;
+  virtual RouteKind kind() const = 0;
+  const std::string& name() const { return name_; }
+  const RoutePolicy& policy() const { return policy_; }
+  // A request the middleware does not guard (a method it leaves alone, a
+  // missing key where none is required).
+  virtual void Unguarded(const Request& req, Answer& ans, const Work& work) const = 0;
+  // An admitted request: claim, run once, store, answer.
+  virtual void Decide(const Admitted& a, Answer& ans, const Work& work) const = 0;
+
+ protected:
+  Idempotency& owner_;
+
+ private:
+  std::string name_;
+  RoutePolicy policy_;
+};
 // One request of a transactional route on its way through a group.
 struct Idempotency::GroupJob {
   const RoutePolicy* policy = nullptr;
-  const TxHandler* handler = nullptr;
-  const httplib::Request* req = nullptr;
-  httplib::Response* res = nullptr;
+  const Work* work = nullptr;
+  const Request* req = nullptr;
+  Answer* ans = nullptr;
   ClaimRequest request;
   enum class Fate {
     kPending,
-    kDone,          // executed; committed with the group; the response is in *res
+    kDone,          // executed; committed with the group; the answer is in *ans
     kOutcome,       // the key was not started (replay, conflict, in progress): `outcome`
     kAlone,         // run it in a transaction of its own (its response is not kept, or the group failed)
     kCommitFailed,  // the group's commit failed or is in doubt: `error`
@@ -265,7 +136,7 @@ struct Idempotency::GroupJob {
   ClaimOutcome outcome;
   Status error;
   std::atomic<bool> decided{false};
-  internal::Fiber* fiber = nullptr;  // a Server's fiber waits for the decision here (set_fibers)
+  internal::Parker* parker = nullptr;  // a fiber waits for the decision here (see http/parker.h)
 };
 
 // Threads that take the queued jobs, as many as Options::group_commit_max,
@@ -291,17 +162,17 @@ class Idempotency::Committer {
   // reference too: the job outlives the notify even if its waiter returns
   // as soon as it sees the decision.
   void Run(const std::shared_ptr<GroupJob>& job) {
-    job->fiber = internal::CurrentFiber();
+    job->parker = internal::CurrentParker();
     {
       std::lock_guard lock(mu_);
       queue_.push_back(job);
       queued_.store(queue_.size(), std::memory_order_relaxed);
     }
     cv_.notify_one();
-    if (job->fiber != nullptr) {
-      // Its thread serves other connections meanwhile; the only Wake of a
+    if (job->parker != nullptr) {
+      // Its thread serves other connections meanwhile; the only Unpark of a
       // parked fiber is the committer's, after the decision.
-      internal::ParkUntilWoken();
+      job->parker->Park();
       return;
     }
     job->decided.wait(false, std::memory_order_acquire);
@@ -328,8 +199,8 @@ class Idempotency::Committer {
       owner_.RunGroup(store_, group);
       for (const auto& job : held) {
         job->decided.store(true, std::memory_order_release);
-        if (job->fiber != nullptr) {
-          internal::Wake(job->fiber);
+        if (job->parker != nullptr) {
+          job->parker->Unpark();
         } else {
           job->decided.notify_one();
         }
@@ -348,43 +219,6 @@ class Idempotency::Committer {
   std::atomic<uint64_t> queued_{0};
   std::vector<std::thread> threads_;
 };
-
-Idempotency::Idempotency(Claims& claims, Authenticator authenticate, Options options)
-    : claims_(claims), authenticate_(std::move(authenticate)), options_(std::move(options)) {
-  if (options_.env == nullptr) options_.env = Env::Default();
-  // Set-up mistakes fail at start-up, not as a 5xx on every request.
-  if (Status s = claims_.CheckOptions(); !s.ok()) throw std::invalid_argument("Idempotency: " + s.message());
-  if (!authenticate_) throw std::invalid_argument("Idempotency: the Authenticator is empty");
-}
-
-Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
-
-bool Idempotency::Threw(std::string_view who, httplib::Response& res, const std::function<void()>& run) {
-  std::string what;
-  try {
-    run();
-    return false;
-  } catch (const std::exception& e) {
-    what = std::string(who) + " threw: " + e.what();
-  } catch (...) {
-    what = std::string(who) + " threw";
-  }
-  res = httplib::Response();
-  Problem(res, 500, "handler-failed", "Internal error", what, "same-key");
-  return true;
-}
-
-bool Idempotency::Kept(const RoutePolicy& policy, int status) {
-  return (status < 400) || (status >= 500 && policy.store_5xx) ||
-         (status >= 400 && status < 500 && policy.stored_4xx.count(status));
-}
-
-void Idempotency::Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run) {
-  g_current_claim = &token;
-  (void)Threw("the handler", res, run);
-  g_current_claim = nullptr;
-  res.set_header("Idempotency-Key-Retention", Retention());
-}
 
 // One transaction for the whole group: every job's claim (in one call, one
 // round trip on PostgreSQL), each started job's handler in turn, their stored
@@ -425,7 +259,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
       std::vector<Started> started;
       for (size_t k = 0; k < pass.size(); ++k) {
         GroupJob* j = pass[k];
-        *j->res = httplib::Response();
+        *j->ans = Answer();
         if (k >= claimed.size() || !claimed[k].ok()) {
           failed = true;
           break;
@@ -441,17 +275,17 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
           out = j;
           break;
         }
-        Execute(c.token, *j->res, [&] { (*j->handler)(*j->req, *j->res, tx); });
-        if (!Kept(*j->policy, j->res->status)) {
+        Execute(c.token, *j->ans, [&] { (*j->work)(*j->req, *j->ans, &tx); });
+        if (!Kept(*j->policy, j->ans->status)) {
           out = j;
           break;
         }
-        started.push_back({j, c.token, Encode(StoredOf(*j->res))});
+        started.push_back({j, c.token, Encode(StoredOf(*j->ans))});
       }
       if (failed || out != nullptr) break;
       std::vector<Completion> completions;  // pointing into `started`, which no longer grows
       for (const Started& st : started)
-        completions.push_back(Completion{&st.token, st.stored, /*is_error=*/st.job->res->status >= 500});
+        completions.push_back(Completion{&st.token, st.stored, /*is_error=*/st.job->ans->status >= 500});
       for (const Status& done : tx.CompleteManyInTransaction(completions, claims_.options().retention_ms))
         failed = failed || !done.ok();
       if (failed) break;
@@ -485,37 +319,439 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   }
 }
 
-namespace {
-// Set-up mistakes in a route fail when it is wrapped, not as a 5xx on every
-// request.
-void CheckRoute(const char* where, const std::string& route, const RoutePolicy& policy) {
-  if (route.empty()) throw std::invalid_argument(std::string(where) + ": the route name is empty (it scopes the keys)");
+
+// kTwoPhase: the claim commits on its own, the handler runs outside any
+// transaction, the response is stored after (Claims::Claim, Complete).
+class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
+ public:
+  using Route::Route;
+  RouteKind kind() const override { return RouteKind::kTwoPhase; }
+
+  void Unguarded(const Request& req, Answer& ans, const Work& work) const override { work(req, ans, nullptr); }
+
+  void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
+    Idempotency& o = owner_;
+    Result<ClaimOutcome> claim = o.claims_.Claim(a.claim);
+    if (o.AnswerUnstarted(a, claim, ans)) return;
+    if (!o.AdmitNewKey(a, ans)) {
+      (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
+      return;
+    }
+    o.CountNewKey(a.claim.scope);
+
+    // Execute, once.
+    IDEM_KILL_POINT("http.after_claim");
+    o.Execute(claim->token, ans, [&] { work(*a.req, ans, nullptr); });
+    o.executed_.fetch_add(1, std::memory_order_relaxed);
+    if (!Kept(policy(), ans.status)) {
+      (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(ans.status));
+      return o.Say(a, "executed-not-stored", ans.status);
+    }
+    IDEM_KILL_POINT("http.before_complete");
+    Status done = o.claims_.Complete(claim->token, Encode(StoredOf(ans)));
+    if (done.ok()) return o.Say(a, "executed", ans.status);
+    // The lease ran out and a retry took the key over: its response is the
+    // one that counts. Answer with it when it is stored; otherwise ask to
+    // retry.
+    ans = Answer();
+    auto now_claim = o.claims_.store().FindClaim(a.claim.scope, a.claim.key);
+    if (now_claim.ok() && now_claim->has_value() && (*now_claim)->state == ClaimRecord::State::kCompleted &&
+        (*now_claim)->fingerprint == a.claim.fingerprint)
+      return o.Replay(a, (*now_claim)->result, ans);
+    o.Problem(ans, 409, "lease-lost", "Request superseded",
+              "this request ran past its lease and another request with the key took over (" + done.message() +
+                  "); retry with the same key for the stored response",
+              "same-key", "1");
+    o.Say(a, "lease-lost", ans.status);
+  }
+};
+
+// kTransactional: the claim, the handler's writes and the stored response in
+// one transaction of `store` (ClaimInTransaction, CompleteInTransaction).
+class Idempotency::TransactionalRoute : public Idempotency::Route {
+ public:
+  TransactionalRoute(Idempotency& owner, std::string name, RoutePolicy policy, Store& store)
+      : Route(owner, std::move(name), std::move(policy)), store_(store) {}
+  RouteKind kind() const override { return RouteKind::kTransactional; }
+
+  void Unguarded(const Request& req, Answer& ans, const Work& work) const override {
+    auto t = store_.BeginDeferred();
+    if (!t.ok())
+      return owner_.Problem(ans, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
+    work(req, ans, t->get());
+    if (ans.status < 400) {
+      if (Status c = (*t)->Commit(); !c.ok())
+        owner_.Problem(ans, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
+    }
+  }
+
+  void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
+    // One read answers replays, conflicts and keys in progress without a
+    // transaction; only a key to start opens one.
+    if (std::optional<ClaimOutcome> peeked = Peek(a)) return Decided(a, std::move(*peeked), ans, work);
+    Alone(a, ans, work);
+  }
+
+ protected:
+  std::optional<ClaimOutcome> Peek(const Admitted& a) const {
+    auto peek = owner_.claims_.store().Peek(a.claim);
+    if (peek.ok() && peek->has_value()) return std::move(**peek);
+    return std::nullopt;
+  }
+
+  // A key another request holds or finished (a peek's answer, or a group's):
+  // waited for the two-phase way when the route waits, then answered.
+  void Decided(const Admitted& a, ClaimOutcome outcome, Answer& ans, const Work& work) const {
+    Result<ClaimOutcome> claim = std::move(outcome);
+    if (claim->kind == ClaimOutcome::Kind::kStarted) return Alone(a, ans, work);  // not from a peek; be safe
+    if (claim->kind == ClaimOutcome::Kind::kInProgress && policy().wait_ms > 0) claim = WaitTwoPhase(a);
+    (void)owner_.AnswerUnstarted(a, claim, ans);
+  }
+
+  // The request in a transaction of its own: BEGIN with the claim, the
+  // handler, the stored response, one commit.
+  void Alone(const Admitted& a, Answer& ans, const Work& work) const {
+    Idempotency& o = owner_;
+    std::unique_ptr<StoreTransaction> tx;
+    Result<ClaimOutcome> claim = Status::Internal("not claimed");
+    auto t = store_.BeginDeferred();  // BEGIN goes with the claim where the store can
+    if (!t.ok()) {
+      claim = t.status();
+    } else {
+      tx = std::move(*t);
+      claim = tx->ClaimInTransaction(a.claim);
+      if (claim.ok() && claim->kind != ClaimOutcome::Kind::kStarted) tx.reset();  // rolls back
+      // Held by a two-phase holder elsewhere: wait for it the two-phase way.
+      if (claim.ok() && claim->kind == ClaimOutcome::Kind::kInProgress && policy().wait_ms > 0)
+        claim = WaitTwoPhase(a);
+    }
+    if (!claim.ok()) tx.reset();
+    if (o.AnswerUnstarted(a, claim, ans)) return;
+    if (!o.AdmitNewKey(a, ans)) return;  // tx rolls back with the key
+    o.CountNewKey(a.claim.scope);
+
+    // Execute, once.
+    IDEM_KILL_POINT("http.after_claim");
+    o.Execute(claim->token, ans, [&] { work(*a.req, ans, tx.get()); });
+    o.executed_.fetch_add(1, std::memory_order_relaxed);
+    if (!Kept(policy(), ans.status)) {
+      tx->Rollback();  // the effect goes with the key
+      return o.Say(a, "executed-not-stored", ans.status);
+    }
+    Status done = tx->CompleteInTransaction(claim->token, Encode(StoredOf(ans)), /*is_error=*/ans.status >= 500,
+                                            o.claims_.options().retention_ms);
+    if (done.ok()) done = tx->Commit();
+    if (done.ok()) return o.Say(a, "executed", ans.status);
+    tx.reset();
+    o.CommitFailed(a, done, ans);
+  }
+
+  // Claims::Claim's bounded wait for a key in progress. It answers kStarted
+  // when the holder let the key go meanwhile; this route cannot run a
+  // handler outside its transaction, so the key is let go again and the
+  // client asked to retry (409 with Retry-After).
+  Result<ClaimOutcome> WaitTwoPhase(const Admitted& a) const {
+    Result<ClaimOutcome> claim = owner_.claims_.Claim(a.claim);
+    if (claim.ok() && claim->kind == ClaimOutcome::Kind::kStarted) {
+      (void)owner_.claims_.Fail(claim->token, FailPolicy::kRelease, "transactional route");
+      ClaimOutcome retry;
+      retry.kind = ClaimOutcome::Kind::kInProgress;
+      auto now = owner_.claims_.store().NowMs();
+      retry.retry_at_ms = now.ok() ? *now : 0;
+      return retry;
+    }
+    return claim;
+  }
+
+  Store& store_;
+};
+
+// kTransactional with group commit (Options::group_commit_max > 1): a key to
+// start is queued for the committer's next group; what the group cannot
+// carry runs alone, as TransactionalRoute does.
+class Idempotency::GroupCommitRoute final : public Idempotency::TransactionalRoute {
+ public:
+  using TransactionalRoute::TransactionalRoute;
+
+  void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
+    if (std::optional<ClaimOutcome> peeked = Peek(a)) return Decided(a, std::move(*peeked), ans, work);
+    Idempotency& o = owner_;
+    auto job = std::make_shared<GroupJob>();
+    job->policy = &policy();
+    job->work = &work;
+    job->req = a.req;
+    job->ans = &ans;
+    job->request = a.claim;
+    o.committer_->Run(job);
+    switch (job->result) {
+      case GroupJob::Fate::kDone:
+        o.executed_.fetch_add(1, std::memory_order_relaxed);
+        o.CountNewKey(a.claim.scope);
+        return o.Say(a, "executed", ans.status);
+      case GroupJob::Fate::kCommitFailed:
+        return o.CommitFailed(a, job->error, ans);
+      case GroupJob::Fate::kOutcome:
+        return Decided(a, std::move(job->outcome), ans, work);
+      case GroupJob::Fate::kAlone:
+      case GroupJob::Fate::kPending:
+        ans = Answer();  // a transaction of its own
+        return Alone(a, ans, work);
+    }
+  }
+};
+
+Idempotency::Idempotency(const Options& options) : options_(options), claims_(*options.claims) {
+  if (options_.env == nullptr) options_.env = Env::Default();
+}
+
+Result<std::unique_ptr<Idempotency>> Idempotency::Open(const Options& options) {
+  // Set-up mistakes fail at start-up, not as a 5xx on every request.
+  if (options.claims == nullptr) return Status::InvalidArgument("Idempotency::Options::claims is null");
+  if (Status s = options.claims->CheckOptions(); !s.ok())
+    return Status::InvalidArgument("Idempotency::Options::claims: " + s.message());
+  if (!options.authenticate) return Status::InvalidArgument("Idempotency::Options::authenticate is empty");
+  if (options.max_keys_per_principal <= 0)
+    return Status::InvalidArgument("Idempotency::Options::max_keys_per_principal must be > 0, got " +
+                                   std::to_string(options.max_keys_per_principal));
+  if (options.group_commit_max < 0)
+    return Status::InvalidArgument("Idempotency::Options::group_commit_max cannot be negative, got " +
+                                   std::to_string(options.group_commit_max));
+  if (options.group_committers < 1)
+    return Status::InvalidArgument("Idempotency::Options::group_committers must be >= 1, got " +
+                                   std::to_string(options.group_committers));
+  return std::unique_ptr<Idempotency>(new Idempotency(options));
+}
+
+Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
+
+Result<const Idempotency::Route*> Idempotency::AddRoute(std::string name, RouteKind kind, RoutePolicy policy,
+                                                        Store* store) {
+  if (name.empty()) return Status::InvalidArgument("Idempotency: the route name is empty (it scopes the keys)");
+  const std::string where = "Idempotency route " + name + ": ";
   if (policy.lease_ms <= 0)
-    throw std::invalid_argument(std::string(where) + ": RoutePolicy::lease_ms must be > 0, got " +
-                                std::to_string(policy.lease_ms));
+    return Status::InvalidArgument(where + "RoutePolicy::lease_ms must be > 0, got " + std::to_string(policy.lease_ms));
   if (policy.wait_ms < 0)
-    throw std::invalid_argument(std::string(where) + ": RoutePolicy::wait_ms cannot be negative, got " +
-                                std::to_string(policy.wait_ms));
+    return Status::InvalidArgument(where + "RoutePolicy::wait_ms cannot be negative, got " +
+                                   std::to_string(policy.wait_ms));
+  std::unique_ptr<Route> route;
+  switch (kind) {
+    case RouteKind::kTwoPhase:
+      if (store != nullptr) return Status::InvalidArgument(where + "a two-phase route takes no store");
+      route = std::make_unique<TwoPhaseRoute>(*this, std::move(name), std::move(policy));
+      break;
+    case RouteKind::kTransactional:
+      if (store == nullptr || store->claim_store() != &claims_.store())
+        return Status::InvalidArgument(where +
+                                       "a transactional route needs the store the Claims keep their records in");
+      if (options_.group_commit_max > 1) {
+        if (committer_ == nullptr)
+          committer_ = std::make_unique<Committer>(*this, *store, options_.group_commit_max, options_.group_committers);
+        route = std::make_unique<GroupCommitRoute>(*this, std::move(name), std::move(policy), *store);
+      } else {
+        route = std::make_unique<TransactionalRoute>(*this, std::move(name), std::move(policy), *store);
+      }
+      break;
+  }
+  routes_.push_back(std::move(route));
+  return routes_.back().get();
 }
-}  // namespace
 
-httplib::Server::Handler Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
-                                                         TxHandler handler) {
-  CheckRoute("Idempotency::WrapInTransaction", route, policy);
-  if (store.claim_store() != &claims_.store())
-    throw std::invalid_argument("WrapInTransaction: the store must be the database the Claims keep their records in");
-  if (options_.group_commit_max > 1 && committer_ == nullptr)
-    committer_ = std::make_unique<Committer>(*this, store, options_.group_commit_max, options_.group_committers);
-  return [this, route = std::move(route), policy = std::move(policy), &store, handler = std::move(handler)](
-             const httplib::Request& req, httplib::Response& res) {
-    Handle(route, policy, nullptr, &store, &handler, req, res);
-  };
+Result<Handler> Idempotency::Wrap(std::string route, RoutePolicy policy, Handler handler) {
+  IDEM_ASSIGN_OR_RETURN(const Route* r, AddRoute(std::move(route), RouteKind::kTwoPhase, std::move(policy)));
+  return Handler([this, r, work = Work([handler = std::move(handler)](const Request& req, Answer& ans, Transaction*) {
+                    handler(req, ans);
+                  })](const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
 }
 
-httplib::Server::Handler Idempotency::Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler) {
-  CheckRoute("Idempotency::Wrap", route, policy);
-  return [this, route = std::move(route), policy = std::move(policy), handler = std::move(handler)](
-             const httplib::Request& req, httplib::Response& res) { Handle(route, policy, handler, req, res); };
+Result<Handler> Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
+                                               TxHandler handler) {
+  IDEM_ASSIGN_OR_RETURN(const Route* r,
+                        AddRoute(std::move(route), RouteKind::kTransactional, std::move(policy), &store));
+  return Handler([this, r, work = Work([handler = std::move(handler)](const Request& req, Answer& ans,
+                                                                      Transaction* tx) { handler(req, ans, *tx); })](
+                     const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
+}
+
+void Idempotency::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
+                        const Validator& validate) {
+  if (!route.policy().methods.count(req.method)) return route.Unguarded(req, ans, work);
+  Admitted a;
+  if (!Admit(route, req, ans, work, validate, a)) return;
+  route.Decide(a, ans, work);
+}
+
+bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, const Work& work,
+                        const Validator& validate, Admitted& a) {
+  const RoutePolicy& policy = route.policy();
+  a.req = &req;
+  a.key = "-";
+  std::optional<std::string> principal = options_.authenticate(req);
+  if (!principal) {
+    Problem(ans, 401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <API key>", "no");
+    Reject(a, "unauthenticated", ans.status);
+    return false;
+  }
+  if (req.body.size() > options_.max_body_bytes) {
+    Problem(ans, 413, "body-too-large", "Request body too large",
+            "the body is " + std::to_string(req.body.size()) + " bytes; at most " +
+                std::to_string(options_.max_body_bytes),
+            "new-key");
+    Reject(a, "too-large", ans.status);
+    return false;
+  }
+  const size_t keys = req.headers.Count("Idempotency-Key");
+  if (keys == 0) {
+    if (!policy.require_key) {
+      route.Unguarded(req, ans, work);
+      return false;
+    }
+    Problem(ans, 400, "idempotency-key-missing", "Idempotency-Key missing",
+            "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
+            "a UUID)",
+            "new-key");
+    Reject(a, "missing-key", ans.status);
+    return false;
+  }
+  if (keys > 1) {
+    Problem(ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed",
+            "send exactly one Idempotency-Key header", "new-key");
+    Reject(a, "malformed-key", ans.status);
+    return false;
+  }
+  Result<std::string> key = ParseKey(req.headers.Get("Idempotency-Key"));
+  if (!key.ok()) {
+    Problem(ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(), "new-key");
+    Reject(a, "malformed-key", ans.status);
+    return false;
+  }
+  a.key = *key;
+  if (const Validator& check = validate ? validate : policy.validate; check) {
+    bool valid = false;
+    (void)Threw("validate", ans, [&] { valid = check(req, ans); });
+    if (!valid) {
+      if (ans.status < 400) {  // refused without saying why
+        ans = Answer();
+        Problem(ans, 400, "invalid-request", "Invalid request",
+                "the request was refused before it ran; correct it and send it again, with the same key if you like",
+                "same-key");
+      }
+      invalid_.fetch_add(1, std::memory_order_relaxed);
+      Reject(a, "invalid", ans.status);
+      return false;
+    }
+  }
+  a.claim = ClaimRequest{.scope = ScopeOf(*principal, req.method, route.name()),
+                         .key = *key,
+                         .fingerprint = RequestFingerprint(req.method, route.name(), req.body),
+                         .lease_ms = policy.lease_ms,
+                         .wait_ms = policy.wait_ms};
+  return true;
+}
+
+
+void Idempotency::Replay(const Admitted& a, const std::string& stored, Answer& ans) {
+  auto r = Decode(stored);
+  if (!r.ok()) {
+    Problem(ans, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
+    return Reject(a, "corrupt", ans.status);
+  }
+  ans.status = r->status;
+  for (auto& [k, v] : r->headers) ans.headers.Add(std::move(k), std::move(v));
+  ans.body = std::move(r->body);
+  ans.headers.Set("Idempotent-Replayed", "true");
+  ans.headers.Set("Idempotency-Key-Retention", Retention());
+  replayed_.fetch_add(1, std::memory_order_relaxed);
+  Say(a, "replayed", ans.status);
+}
+
+bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans) {
+  if (!claim.ok()) {
+    StoreUnavailable(a, claim.status(), ans);
+    return true;
+  }
+  switch (claim->kind) {
+    case ClaimOutcome::Kind::kStarted:
+      return false;
+    case ClaimOutcome::Kind::kCompleted:
+      Replay(a, claim->result, ans);
+      return true;
+    case ClaimOutcome::Kind::kConflict:
+      Problem(ans, 422, "idempotency-key-reused", "Idempotency-Key reused",
+              "this key was already used with a different request (method, route or body); use a new key "
+              "for a new request",
+              "new-key");
+      conflicts_.fetch_add(1, std::memory_order_relaxed);
+      Say(a, "conflict", ans.status);
+      return true;
+    case ClaimOutcome::Kind::kInProgress: {
+      auto now = claims_.store().NowMs();
+      Problem(ans, 409, "request-in-progress", "Request in progress",
+              "a request with this key is still being processed; retry with the same key after Retry-After",
+              "same-key", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
+      in_progress_.fetch_add(1, std::memory_order_relaxed);
+      Say(a, "in-progress", ans.status);
+      return true;
+    }
+  }
+  return false;
+}
+
+void Idempotency::StoreUnavailable(const Admitted& a, const Status& why, Answer& ans) {
+  Problem(ans, 503, "store-unavailable", "Idempotency store unavailable", why.ToString(), "same-key", "1");
+  Reject(a, "store-error", ans.status);
+}
+
+// Nothing committed or everything (in doubt): a retry with the key gets
+// either a fresh execution or the replay, never a second effect.
+void Idempotency::CommitFailed(const Admitted& a, const Status& why, Answer& ans) {
+  ans = Answer();
+  Problem(ans, 503, "commit-failed", "Commit failed",
+          "the request's effect and stored response could not be committed (" + why.ToString() +
+              "); retry with the same key",
+          "same-key", "1");
+  Reject(a, "commit-failed", ans.status);
+}
+
+bool Idempotency::AdmitNewKey(const Admitted& a, Answer& ans) {
+  auto under = UnderLimit(a.claim.scope);
+  if (under.ok() && *under) return true;
+  if (!under.ok()) {
+    StoreUnavailable(a, under.status(), ans);
+    return false;
+  }
+  Problem(ans, 429, "too-many-keys", "Too many stored idempotency keys",
+          "this principal holds " + std::to_string(options_.max_keys_per_principal) +
+              " or more stored keys on this route; retry with the same key once older ones expire",
+          "same-key", "60");
+  Reject(a, "too-many-keys", ans.status);
+  return false;
+}
+
+bool Idempotency::Threw(std::string_view who, Answer& ans, const std::function<void()>& run) {
+  std::string what;
+  try {
+    run();
+    return false;
+  } catch (const std::exception& e) {
+    what = std::string(who) + " threw: " + e.what();
+  } catch (...) {
+    what = std::string(who) + " threw";
+  }
+  ans = Answer();
+  Problem(ans, 500, "handler-failed", "Internal error", what, "same-key");
+  return true;
+}
+
+bool Idempotency::Kept(const RoutePolicy& policy, int status) {
+  return (status < 400) || (status >= 500 && policy.store_5xx) ||
+         (status >= 400 && status < 500 && policy.stored_4xx.count(status));
+}
+
+void Idempotency::Execute(const ClaimToken& token, Answer& ans, const std::function<void()>& run) {
+  g_current_claim = &token;
+  (void)Threw("the handler", ans, run);
+  g_current_claim = nullptr;
+  ans.headers.Set("Idempotency-Key-Retention", Retention());
 }
 
 Idempotency::Counters Idempotency::counters() const {
@@ -533,20 +769,31 @@ Idempotency::Counters Idempotency::counters() const {
   return c;
 }
 
-void Idempotency::Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
-                          std::string detail, std::string_view retry, const std::string& retry_after) {
+void Idempotency::Problem(Answer& ans, int status, std::string_view type, std::string_view title,
+                          std::string detail, std::string_view retry, const std::string& retry_after) const {
   nlohmann::json j = {{"type", options_.problem_base + "/" + std::string(type)},
                       {"title", title},
                       {"status", status},
                       {"detail", detail},
                       {"retry", retry}};
-  res.status = status;
-  res.set_content(j.dump(), "application/problem+json");
-  res.set_header("Idempotency-Key-Retention", Retention());
-  if (!retry_after.empty()) res.set_header("Retry-After", retry_after);
+  ans.status = status;
+  ans.SetBody(j.dump(), "application/problem+json");
+  ans.headers.Set("Idempotency-Key-Retention", Retention());
+  if (!retry_after.empty()) ans.headers.Set("Retry-After", retry_after);
 }
 
 std::string Idempotency::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }
+
+void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) const {
+  if (options_.log)
+    options_.log(a.req->method + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
+                 std::string(outcome) + " " + std::to_string(status));
+}
+
+void Idempotency::Reject(const Admitted& a, std::string_view outcome, int status) {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  Say(a, outcome, status);
+}
 
 void Idempotency::CountNewKey(const std::string& scope) {
   std::lock_guard lock(counts_mu_);
@@ -567,257 +814,6 @@ Result<bool> Idempotency::UnderLimit(const std::string& scope) {
   std::lock_guard lock(counts_mu_);
   counts_[scope] = KeyCount{now, others};
   return others < options_.max_keys_per_principal;
-}
-
-void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
-                         const httplib::Request& req, httplib::Response& res) {
-  Handle(route, policy, handler, nullptr, nullptr, req, res);
-}
-
-void Idempotency::Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
-                         Store* store, const TxHandler* tx_handler, const httplib::Request& req,
-                         httplib::Response& res) {
-  // A transactional route runs its handler in `tx`, which also holds the
-  // key's record: claim, effect and stored response commit together.
-  std::unique_ptr<StoreTransaction> tx;
-  auto run_unguarded = [&] {
-    if (tx_handler == nullptr) return handler(req, res);
-    auto t = store->BeginDeferred();
-    if (!t.ok()) return Problem(res, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
-    (*tx_handler)(req, res, **t);
-    if (res.status < 400) {
-      if (Status c = (*t)->Commit(); !c.ok()) Problem(res, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
-    }
-  };
-  if (!policy.methods.count(req.method)) return run_unguarded();
-  auto say = [&](std::string_view key, std::string_view outcome) {
-    if (log)
-      log(req.method + " " + LogToken(req.path) + " key=" + LogToken(key) + " " + std::string(outcome) + " " +
-          std::to_string(res.status));
-  };
-  auto reject = [&](std::string_view key, std::string_view outcome) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    say(key, outcome);
-  };
-  std::optional<std::string> principal = authenticate_(req);
-  if (!principal) {
-    Problem(res, 401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <API key>", "no");
-    return reject("-", "unauthenticated");
-  }
-  if (req.body.size() > options_.max_body_bytes) {
-    Problem(res, 413, "body-too-large", "Request body too large",
-            "the body is " + std::to_string(req.body.size()) + " bytes; at most " +
-                std::to_string(options_.max_body_bytes),
-            "new-key");
-    return reject("-", "too-large");
-  }
-  if (!req.has_header("Idempotency-Key")) {
-    if (!policy.require_key) return run_unguarded();
-    Problem(res, 400, "idempotency-key-missing", "Idempotency-Key missing",
-            "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
-            "a UUID)", "new-key");
-    return reject("-", "missing-key");
-  }
-  if (req.get_header_value_count("Idempotency-Key") > 1) {
-    Problem(res, 400, "idempotency-key-malformed", "Idempotency-Key malformed",
-            "send exactly one Idempotency-Key header", "new-key");
-    return reject("-", "malformed-key");
-  }
-  Result<std::string> key = ParseKey(req.get_header_value("Idempotency-Key"));
-  if (!key.ok()) {
-    Problem(res, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(), "new-key");
-    return reject("-", "malformed-key");
-  }
-  if (policy.validate) {
-    bool valid = false;
-    (void)Threw("validate", res, [&] { valid = policy.validate(req, res); });
-    if (!valid) {
-      if (res.status < 400) {  // refused without saying why
-        res = httplib::Response();
-        Problem(res, 400, "invalid-request", "Invalid request",
-                "the request was refused before it ran; correct it and send it again, with the same key if you like",
-                "same-key");
-      }
-      invalid_.fetch_add(1, std::memory_order_relaxed);
-      return reject(*key, "invalid");
-    }
-  }
-  const std::string scope = ScopeOf(*principal, req.method, route);
-  const Fingerprint fp = RequestFingerprint(req.method, route, req.body);
-
-  auto replay = [&](const std::string& stored) {
-    auto r = Decode(stored);
-    if (!r.ok()) {
-      Problem(res, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
-      return reject(*key, "corrupt");
-    }
-    res.status = r->status;
-    for (auto& [k, v] : r->headers) res.set_header(k, v);
-    res.body = std::move(r->body);
-    res.set_header("Idempotent-Replayed", "true");
-    res.set_header("Idempotency-Key-Retention", Retention());
-    replayed_.fetch_add(1, std::memory_order_relaxed);
-    say(*key, "replayed");
-  };
-
-  const ClaimRequest request{
-      .scope = scope, .key = *key, .fingerprint = fp, .lease_ms = policy.lease_ms, .wait_ms = policy.wait_ms};
-  Result<ClaimOutcome> claim = Status::Internal("not claimed");
-  std::optional<ClaimOutcome> peeked;
-  if (tx_handler != nullptr) {
-    // One read answers replays, conflicts and keys in progress without a
-    // transaction; only a key to start opens one.
-    auto peek = claims_.store().Peek(request);
-    if (peek.ok() && peek->has_value()) peeked = std::move(**peek);
-  }
-  // Nothing committed or everything (in doubt): a retry with the key gets
-  // either a fresh execution or the replay, never a second effect.
-  auto commit_failed = [&](const Status& why) {
-    res = httplib::Response();
-    Problem(res, 503, "commit-failed", "Commit failed",
-            "the request's effect and stored response could not be committed (" + why.ToString() +
-                "); retry with the same key",
-            "same-key", "1");
-    reject(*key, "commit-failed");
-  };
-  bool decided = false;
-  if (peeked.has_value()) {
-    claim = std::move(*peeked);
-    decided = true;
-  } else if (tx_handler != nullptr && committer_ != nullptr) {
-    auto job = std::make_shared<GroupJob>();
-    job->policy = &policy;
-    job->handler = tx_handler;
-    job->req = &req;
-    job->res = &res;
-    job->request = request;
-    committer_->Run(job);
-    switch (job->result) {
-      case GroupJob::Fate::kDone:
-        executed_.fetch_add(1, std::memory_order_relaxed);
-        CountNewKey(scope);
-        return say(*key, "executed");
-      case GroupJob::Fate::kCommitFailed:
-        return commit_failed(job->error);
-      case GroupJob::Fate::kOutcome:
-        claim = std::move(job->outcome);
-        decided = true;
-        break;
-      case GroupJob::Fate::kAlone:
-      case GroupJob::Fate::kPending:
-        res = httplib::Response();  // a transaction of its own, below
-        break;
-    }
-  }
-  if (decided) {
-    if (claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0) claim = claims_.Claim(request);
-  } else if (tx_handler != nullptr) {
-    auto t = store->BeginDeferred();  // BEGIN goes with the claim where the store can
-    if (!t.ok()) {
-      claim = t.status();
-    } else {
-      tx = std::move(*t);
-      claim = tx->ClaimInTransaction(request);
-      if (claim.ok() && claim->kind != ClaimOutcome::Kind::kStarted) tx.reset();  // rolls back
-      // Held by a two-phase holder elsewhere: wait for it the two-phase way.
-      if (claim.ok() && claim->kind == ClaimOutcome::Kind::kInProgress && policy.wait_ms > 0)
-        claim = claims_.Claim(request);
-    }
-  } else {
-    claim = claims_.Claim(request);
-  }
-  if (!claim.ok()) {
-    tx.reset();
-    Problem(res, 503, "store-unavailable", "Idempotency store unavailable", claim.status().ToString(), "same-key",
-            "1");
-    return reject(*key, "store-error");
-  }
-  switch (claim->kind) {
-    case ClaimOutcome::Kind::kCompleted:
-      return replay(claim->result);
-    case ClaimOutcome::Kind::kConflict:
-      Problem(res, 422, "idempotency-key-reused", "Idempotency-Key reused",
-              "this key was already used with a different request (method, route or body); use a new key "
-              "for a new request",
-              "new-key");
-      conflicts_.fetch_add(1, std::memory_order_relaxed);
-      return say(*key, "conflict");
-    case ClaimOutcome::Kind::kInProgress: {
-      auto now = claims_.store().NowMs();
-      Problem(res, 409, "request-in-progress", "Request in progress",
-              "a request with this key is still being processed; retry with the same key after Retry-After",
-              "same-key", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
-      in_progress_.fetch_add(1, std::memory_order_relaxed);
-      return say(*key, "in-progress");
-    }
-    case ClaimOutcome::Kind::kStarted:
-      break;
-  }
-  auto under = UnderLimit(scope);
-  if (!under.ok() || !*under) {
-    if (tx != nullptr) {
-      tx.reset();
-    } else {
-      (void)claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
-    }
-    if (!under.ok()) {
-      Problem(res, 503, "store-unavailable", "Idempotency store unavailable", under.status().ToString(), "same-key",
-              "1");
-      return reject(*key, "store-error");
-    }
-    Problem(res, 429, "too-many-keys", "Too many stored idempotency keys",
-            "this principal holds " + std::to_string(options_.max_keys_per_principal) +
-                " or more stored keys on this route; retry with the same key once older ones expire",
-            "same-key", "60");
-    return reject(*key, "too-many-keys");
-  }
-  CountNewKey(scope);
-
-  // Execute, once.
-  IDEM_KILL_POINT("http.after_claim");
-  Execute(claim->token, res, [&] {
-    if (tx_handler != nullptr) {
-      (*tx_handler)(req, res, *tx);
-    } else {
-      handler(req, res);
-    }
-  });
-  executed_.fetch_add(1, std::memory_order_relaxed);
-
-  if (!Kept(policy, res.status)) {
-    if (tx != nullptr) {
-      tx->Rollback();  // the effect goes with the key
-    } else {
-      (void)claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(res.status));
-    }
-    return say(*key, "executed-not-stored");
-  }
-  const StoredResponse stored = StoredOf(res);
-  if (tx != nullptr) {
-    Status done = tx->CompleteInTransaction(claim->token, Encode(stored), /*is_error=*/res.status >= 500,
-                                            claims_.options().retention_ms);
-    if (done.ok()) done = tx->Commit();
-    if (done.ok()) return say(*key, "executed");
-    tx.reset();
-    return commit_failed(done);
-  }
-  IDEM_KILL_POINT("http.before_complete");
-  Status done = claims_.Complete(claim->token, Encode(stored));
-  if (done.ok()) return say(*key, "executed");
-  // The lease ran out and a retry took the key over: its response is the one
-  // that counts. Answer with it when it is stored; otherwise ask to retry.
-  auto now_claim = claims_.store().FindClaim(scope, *key);
-  if (now_claim.ok() && now_claim->has_value() && (*now_claim)->state == ClaimRecord::State::kCompleted &&
-      (*now_claim)->fingerprint == fp) {
-    res = httplib::Response();
-    return replay((*now_claim)->result);
-  }
-  res = httplib::Response();
-  Problem(res, 409, "lease-lost", "Request superseded",
-          "this request ran past its lease and another request with the key took over (" + done.message() +
-              "); retry with the same key for the stored response",
-          "same-key", "1");
-  say(*key, "lease-lost");
 }
 
 }  // namespace idem::http

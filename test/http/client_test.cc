@@ -34,7 +34,7 @@ namespace {
 using namespace std::string_literals;
 
 using http::Client;
-using http::ClientOptions;
+using ClientOptions = http::Client::Options;
 
 constexpr char kBody[] = R"({"amount":4000,"currency":"usd"})";
 
@@ -46,7 +46,7 @@ struct Seen {
     std::lock_guard lock(mu);
     return static_cast<int>(keys.size());
   }
-  int Record(const httplib::Request& req) {
+  int Record(const ::httplib::Request& req) {
     std::lock_guard lock(mu);
     keys.push_back(req.has_header("Idempotency-Key") ? req.get_header_value("Idempotency-Key") : "<none>");
     return static_cast<int>(keys.size());
@@ -159,7 +159,7 @@ class SilentServer {
 class ClientTest : public ::testing::Test {
  protected:
   std::unique_ptr<Client> NewClient(int port, int max_attempts = 6, int64_t read_timeout_ms = 120'000) {
-    auto c = Client::Create({.base_url = "http://127.0.0.1:" + std::to_string(port),
+    auto c = Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(port),
                              .bearer = "sk_a",
                              .max_attempts = max_attempts,
                              .read_timeout_ms = read_timeout_ms,
@@ -170,7 +170,7 @@ class ClientTest : public ::testing::Test {
 
   // POST /charges records the request and answers `status` (with `body`).
   void Answer(int status, std::string body = "") {
-    server_.server().Post("/charges", [this, status, body](const httplib::Request& req, httplib::Response& res) {
+    server_.server().Post("/charges", [this, status, body](const ::httplib::Request& req, ::httplib::Response& res) {
       seen_.Record(req);
       res.status = status;
       if (!body.empty()) res.set_content(body, "text/plain");
@@ -185,14 +185,14 @@ class ClientTest : public ::testing::Test {
   }
 
   // The Idempotency middleware on SQLite in front of `handler` at /charges.
-  void Guarded(httplib::Server::Handler handler, http::RoutePolicy policy = {}) {
+  void Guarded(::httplib::Server::Handler handler, http::RoutePolicy policy = {}) {
     auto s = sqlite::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     claims_ = std::make_unique<Claims>(*store_->claim_store());
-    idem_ = std::make_unique<http::Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}));
-    auto wrapped = idem_->Wrap("/charges", std::move(policy), std::move(handler));
-    server_.server().Post("/charges", [this, wrapped](const httplib::Request& req, httplib::Response& res) {
+    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}));
+    auto wrapped = Must(idem::httplib::Wrap(*idem_, "/charges", std::move(policy), std::move(handler)));
+    server_.server().Post("/charges", [this, wrapped](const ::httplib::Request& req, ::httplib::Response& res) {
       seen_.Record(req);
       wrapped(req, res);
     });
@@ -208,7 +208,7 @@ class ClientTest : public ::testing::Test {
 };
 
 TEST_F(ClientTest, Retries5xxWithTheSameKeyUntil201) {
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (seen_.Record(req) <= 2) {
       res.status = 503;
       res.set_content("warming up", "text/plain");
@@ -253,7 +253,7 @@ TEST_F(ClientTest, RetriesAConnectionErrorUntilTheServerIsUp) {
     port.Release();
     server_.StartOn(port.port());
   });
-  Guarded([](const httplib::Request&, httplib::Response& res) {
+  Guarded([](const ::httplib::Request&, ::httplib::Response& res) {
     res.status = 201;
     res.set_content(R"({"id":"ch_up"})", "application/json");
   });
@@ -276,7 +276,7 @@ TEST_F(ClientTest, RetriesAConnectionErrorUntilTheServerIsUp) {
 TEST_F(ClientTest, Retries409UntilTheFirstRequestIsDoneAndGetsItsReplay) {
   Gate gate;
   std::atomic<int> executions{0};
-  Guarded([&](const httplib::Request&, httplib::Response& res) {
+  Guarded([&](const ::httplib::Request&, ::httplib::Response& res) {
     if (++executions == 1) gate.Arrive();
     res.status = 201;
     res.set_header("Location", "/charges/ch_first");
@@ -310,7 +310,7 @@ TEST_F(ClientTest, Retries409UntilTheFirstRequestIsDoneAndGetsItsReplay) {
 }
 
 TEST_F(ClientTest, Retries429HonouringRetryAfter) {
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (seen_.Record(req) == 1) {
       res.status = 429;
       res.set_header("Retry-After", "1");
@@ -330,7 +330,7 @@ TEST_F(ClientTest, Retries429HonouringRetryAfter) {
 
 TEST_F(ClientTest, Never422ItIsABugInTheCaller) {
   std::atomic<int> executions{0};
-  Guarded([&](const httplib::Request&, httplib::Response& res) {
+  Guarded([&](const ::httplib::Request&, ::httplib::Response& res) {
     ++executions;
     res.status = 201;
   });
@@ -351,7 +351,7 @@ TEST_F(ClientTest, Never422ItIsABugInTheCaller) {
 }
 
 TEST_F(ClientTest, GivesUpAfterMaxAttemptsNamingTheLastError) {
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     const int n = seen_.Record(req);
     res.status = n < 3 ? 502 : 503;
     res.set_content("still down #" + std::to_string(n), "text/plain");
@@ -385,7 +385,7 @@ TEST_F(ClientTest, GivesUpAfterMaxAttemptsNamingTheLastError) {
 TEST_F(ClientTest, KeysWithQuotesAndBackslashesArriveIntact) {
   std::mutex mu;
   std::vector<std::string> keys;  // what the middleware parsed
-  Guarded([&](const httplib::Request&, httplib::Response& res) {
+  Guarded([&](const ::httplib::Request&, ::httplib::Response& res) {
     {
       std::lock_guard lock(mu);
       keys.push_back(http::CurrentClaim()->key);
@@ -408,7 +408,7 @@ TEST_F(ClientTest, KeysWithQuotesAndBackslashesArriveIntact) {
 }
 
 TEST_F(ClientTest, OtherStatusesAreReturnedAsTheyAre) {
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     seen_.Record(req);
     res.status = 400;
     res.set_header("Idempotent-Replayed", "true");
@@ -430,14 +430,14 @@ TEST_F(ClientTest, OtherStatusesAreReturnedAsTheyAre) {
 
 TEST_F(ClientTest, GetRetries5xxButNot409) {
   std::atomic<int> health{0};
-  server_.server().Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+  server_.server().Get("/health", [&](const ::httplib::Request&, ::httplib::Response& res) {
     if (++health == 1) {
       res.status = 500;
       return;
     }
     res.set_content("healthy", "text/plain");
   });
-  server_.server().Get("/busy", [&](const httplib::Request&, httplib::Response& res) { res.status = 409; });
+  server_.server().Get("/busy", [&](const ::httplib::Request&, ::httplib::Response& res) { res.status = 409; });
   server_.Start();
   auto client = NewClient(server_.port());
   auto r = client->Get("/health");
@@ -455,7 +455,7 @@ TEST_F(ClientTest, GetRetries5xxButNot409) {
 // wraps to a huge one): refused at Create.
 TEST(ClientCreate, RejectsNegativeBackoffs) {
   for (auto [base, max] : {std::pair<int64_t, int64_t>{-1, 2000}, {50, -1}}) {
-    auto c = Client::Create({.base_url = "http://127.0.0.1:8080", .backoff_base_ms = base, .backoff_max_ms = max});
+    auto c = Client::Open({.base_url = "http://127.0.0.1:8080", .backoff_base_ms = base, .backoff_max_ms = max});
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
     EXPECT_NE(c.status().message().find("backoff"), std::string::npos) << c.status();
@@ -465,7 +465,7 @@ TEST(ClientCreate, RejectsNegativeBackoffs) {
 // A key the header cannot carry is refused before anything is sent: a CR
 // or LF would start a header of its own (header injection).
 TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     seen_.Record(req);
     res.status = 201;
   });
@@ -505,21 +505,21 @@ TEST(ClientCreate, RejectsBadOptions) {
                        "http://:8080",
                        "http://"};
   for (const char* url : bad) {
-    auto c = Client::Create({.base_url = url});
+    auto c = Client::Open({.base_url = url});
     EXPECT_FALSE(c.ok()) << url;
     if (!c.ok()) {
       EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << url;
     }
   }
-  auto zero = Client::Create({.base_url = "http://127.0.0.1:8080", .max_attempts = 0});
+  auto zero = Client::Open({.base_url = "http://127.0.0.1:8080", .max_attempts = 0});
   EXPECT_FALSE(zero.ok());
   for (const char* url : {"http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://localhost",
                           "http://127.0.0.1:8080/api/v1", "http://127.0.0.1:8080/api/v1/", "https://127.0.0.1:8443",
                           "https://localhost/v1"}) {
-    auto c = Client::Create({.base_url = url});
+    auto c = Client::Open({.base_url = url});
     EXPECT_TRUE(c.ok()) << url << ": " << c.status();
   }
-  auto c = Client::Create({.base_url = "http://127.0.0.1:1"});
+  auto c = Client::Open({.base_url = "http://127.0.0.1:1"});
   ASSERT_TRUE(c.ok());
   auto r = (*c)->Post("/charges", kBody, "");
   ASSERT_FALSE(r.ok());
@@ -577,7 +577,7 @@ TEST_F(ClientTest, Only429IsBusyNotApplied) {
 TEST_F(ClientTest, EveryPrintableAsciiKeyArrivesIntact) {
   std::mutex mu;
   std::vector<std::string> keys;
-  Guarded([&](const httplib::Request&, httplib::Response& res) {
+  Guarded([&](const ::httplib::Request&, ::httplib::Response& res) {
     std::lock_guard lock(mu);
     keys.push_back(http::CurrentClaim()->key);
     res.status = 201;
@@ -606,8 +606,8 @@ TEST_F(ClientTest, EveryPrintableAsciiKeyArrivesIntact) {
 TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
   std::mutex mu;
   std::vector<std::string> paths;
-  std::vector<httplib::Headers> headers;
-  auto record = [&](const httplib::Request& req, httplib::Response& res) {
+  std::vector<::httplib::Headers> headers;
+  auto record = [&](const ::httplib::Request& req, ::httplib::Response& res) {
     std::lock_guard lock(mu);
     paths.push_back(req.path);
     headers.push_back(req.headers);
@@ -616,7 +616,7 @@ TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
   server_.server().Post(R"(/api/v1/.*)", record);
   server_.server().Get(R"(/api/v1/.*)", record);
   server_.Start();
-  auto c = Client::Create({.base_url = "http://127.0.0.1:" + std::to_string(server_.port()) + "/api/v1/",
+  auto c = Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(server_.port()) + "/api/v1/",
                            .bearer = "sk_a",
                            .headers = {{"X-Tenant", "acme"}, {"Stripe-Version", "2024-06-20"}},
                            .env = &env_});
@@ -646,7 +646,7 @@ TEST_F(ClientTest, AHeaderThatCannotBeSentIsRefusedNamingIt) {
       {"content-length", "1"},            {"Host", "elsewhere"},    {"Authorization", "Bearer other"}};
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(name + ": " + value);
-    auto c = Client::Create({.base_url = "http://127.0.0.1:8080", .bearer = "sk_a", .headers = {{name, value}}});
+    auto c = Client::Open({.base_url = "http://127.0.0.1:8080", .bearer = "sk_a", .headers = {{name, value}}});
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status();
     if (!name.empty()) {
@@ -665,8 +665,8 @@ TEST_F(ClientTest, AHeaderThatCannotBeSentIsRefusedNamingIt) {
               {"Content-Type"});
   EXPECT_EQ(seen_.count(), 0);
   // An Authorization header of one's own is fine without `bearer`.
-  EXPECT_TRUE(Client::Create({.base_url = "http://127.0.0.1:8080", .headers = {{"Authorization", "Basic YTpi"}}}).ok());
-  EXPECT_FALSE(Client::Create({.base_url = "http://127.0.0.1:8080", .bearer = "sk\r\nX: y"}).ok());
+  EXPECT_TRUE(Client::Open({.base_url = "http://127.0.0.1:8080", .headers = {{"Authorization", "Basic YTpi"}}}).ok());
+  EXPECT_FALSE(Client::Open({.base_url = "http://127.0.0.1:8080", .bearer = "sk\r\nX: y"}).ok());
 }
 
 // ---------------------------------------------------------------------------
@@ -677,7 +677,7 @@ TEST_F(ClientTest, OneClientServesManyThreadsAtOnce) {
   std::mutex mu;
   std::condition_variable cv;
   int waiting = 0;
-  server_.server().Post("/charges", [&](const httplib::Request& req, httplib::Response& res) {
+  server_.server().Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
     // The first kThreads requests are one per thread (each thread waits for
     // its answer before it sends again): they wait until all are here, which
     // only requests in flight at once can do.
@@ -742,7 +742,7 @@ TEST_F(ClientTest, CancelEndsAHungRequestAfterItsAttemptNotTheSchedule) {
 TEST_F(ClientTest, CancelIsSeenBetweenTheSlicesOfABackoff) {
   Answer(503);
   server_.Start();
-  auto c = Client::Create({.base_url = server_.url(), .max_attempts = 6, .backoff_base_ms = 1'000, .env = &env_});
+  auto c = Client::Open({.base_url = server_.url(), .max_attempts = 6, .backoff_base_ms = 1'000, .env = &env_});
   ASSERT_TRUE(c.ok()) << c.status();
   auto client = std::move(*c);
   env_.OnSlice([&](int n) {

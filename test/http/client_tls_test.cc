@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Client over https against an httplib::SSLServer on loopback.
+// idem::http::Client over https against an ::httplib::SSLServer on loopback.
 // The certificates are made here, at test time, with OpenSSL's C API: a CA,
 // a server certificate it signs for 127.0.0.1 and localhost, and another CA
 // that signs nothing the server shows.
@@ -122,9 +122,9 @@ class ClientTlsTest : public ::testing::Test {
     ASSERT_NE(key, nullptr);
     Cert cert = MakeCert(key.get(), cn, ca_.cert.get(), ca_.key.get(), san, 100);
     ASSERT_NE(cert, nullptr);
-    server_ = std::make_unique<httplib::SSLServer>(cert.get(), key.get());  // it takes references of its own
+    server_ = std::make_unique<::httplib::SSLServer>(cert.get(), key.get());  // it takes references of its own
     ASSERT_TRUE(server_->is_valid());
-    server_->Post("/v1/charges", [this](const httplib::Request& req, httplib::Response& res) {
+    server_->Post("/v1/charges", [this](const ::httplib::Request& req, ::httplib::Response& res) {
       std::lock_guard lock(mu_);
       keys_.push_back(req.get_header_value("Idempotency-Key"));
       res.status = 201;
@@ -137,7 +137,7 @@ class ClientTlsTest : public ::testing::Test {
   }
 
   std::unique_ptr<Client> NewClient(const std::string& ca_file) {
-    auto c = Client::Create({.base_url = "https://127.0.0.1:" + std::to_string(port_) + "/v1",
+    auto c = Client::Open({.base_url = "https://127.0.0.1:" + std::to_string(port_) + "/v1",
                              .ca_file = ca_file,
                              .max_attempts = 6,
                              .env = &env_});
@@ -166,7 +166,7 @@ class ClientTlsTest : public ::testing::Test {
   TempDir dir_;
   HookedEnv env_;
   Ca ca_, other_ca_;
-  std::unique_ptr<httplib::SSLServer> server_;
+  std::unique_ptr<::httplib::SSLServer> server_;
   std::thread thread_;
   int port_ = 0;
   std::mutex mu_;
@@ -206,7 +206,7 @@ TEST_F(ClientTlsTest, ACertificateForAnotherHostIsRefused) {
 }
 
 TEST_F(ClientTlsTest, AnUnreadableCaFileIsRefusedAtCreate) {
-  auto c = Client::Create({.base_url = "https://127.0.0.1:8443", .ca_file = dir_.File("missing.pem")});
+  auto c = Client::Open({.base_url = "https://127.0.0.1:8443", .ca_file = dir_.File("missing.pem")});
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
   EXPECT_NE(c.status().message().find("ca_file"), std::string::npos) << c.status();

@@ -1,8 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Helpers for the HTTP tests: a real httplib::Server on 127.0.0.1 (any free
+// Helpers for the HTTP tests: a real ::httplib::Server on 127.0.0.1 (any free
 // port) on a thread of its own, a gate a handler blocks on until the test
-// opens it, a plain request helper (one fresh httplib::Client per request),
+// opens it, a plain request helper (one fresh ::httplib::Client per request),
 // a ClaimStore that forwards to another and reports what TryClaim answered,
 // and an Env whose backoffs run a hook (so a retrying client's backoff never
 // really sleeps and the test decides what happens between two attempts).
@@ -26,17 +26,19 @@
 
 #include "idem/claims.h"
 #include "idem/env.h"
-#include "idem/http/server.h"
+#include "idem/http/idempotency.h"
+#include "idem/httplib/middleware.h"
+#include "idem/httplib/server.h"
 
 namespace idem::testing {
 
-// A server (idem::http::Server, cpp-httplib's with idem's connection loop)
+// A server (idem::httplib::Server, cpp-httplib's with idem's connection loop)
 // listening on 127.0.0.1:<any free port>, served on its own thread; stopped
 // (and joined) by the destructor.
 class LoopbackServer {
  public:
-  explicit LoopbackServer(size_t threads = 64) {
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  explicit LoopbackServer(size_t threads = 64) : server_(own_.native()) {
+    server_.new_task_queue = [threads] { return new ::httplib::ThreadPool(threads); };
     // Not cpp-httplib's default (SO_REUSEPORT: a busy port would be shared);
     // and note the socket, to listen on it with a longer backlog below.
     server_.set_socket_options([this](socket_t sock) {
@@ -46,7 +48,9 @@ class LoopbackServer {
     });
   }
   ~LoopbackServer() { Stop(); }
-  http::Server& server() { return server_; }
+  ::httplib::Server& server() { return server_; }
+  // idem::httplib::Server::set_fibers (call before Start).
+  void set_fibers(int threads) { ASSERT_TRUE(own_.set_fibers(threads).ok()); }
 
   // Binds and starts serving. Connections are queued from the bind on; this
   // returns once the accept loop runs.
@@ -85,12 +89,31 @@ class LoopbackServer {
     ASSERT_FALSE(ended_->load()) << "the server stopped at once";
   }
 
-  http::Server server_;
+  idem::httplib::Server own_;
+  ::httplib::Server& server_;
   std::thread thread_;
   std::shared_ptr<std::atomic<bool>> ended_;
   socket_t listen_fd_ = INVALID_SOCKET;
   int port_ = 0;
 };
+
+// The middleware on `claims`, opened (the test fails when it cannot be).
+inline std::unique_ptr<http::Idempotency> OpenMiddleware(Claims& claims, http::Authenticator authenticate,
+                                                         http::Idempotency::Options options = {}) {
+  options.claims = &claims;
+  options.authenticate = std::move(authenticate);
+  auto m = http::Idempotency::Open(options);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// A route's handler from a Wrap that must succeed (the test fails if not;
+// the handler then answers 599).
+inline ::httplib::Server::Handler Must(Result<::httplib::Server::Handler> handler) {
+  EXPECT_TRUE(handler.ok()) << handler.status();
+  if (handler.ok()) return std::move(*handler);
+  return [](const ::httplib::Request&, ::httplib::Response& res) { res.status = 599; };
+}
 
 // A gate handlers block on until the test opens it; the test can wait until
 // `n` handlers have arrived at it.
@@ -153,7 +176,7 @@ struct Reply {
   bool ok = false;  // a response arrived (false: connection error)
   std::string error;
   int status = 0;
-  httplib::Headers headers;
+  ::httplib::Headers headers;
   std::string body;
 
   std::string header(const std::string& name) const {
@@ -165,10 +188,10 @@ struct Reply {
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false); }
 };
 
-inline Reply ToReply(const httplib::Result& r) {
+inline Reply ToReply(const ::httplib::Result& r) {
   Reply out;
   if (!r) {
-    out.error = httplib::to_string(r.error());
+    out.error = ::httplib::to_string(r.error());
     return out;
   }
   out.ok = true;
@@ -180,9 +203,9 @@ inline Reply ToReply(const httplib::Result& r) {
 
 // Sends one request on a fresh connection. `headers` go as given (a
 // multimap: two entries of one name are sent as two header lines).
-inline Reply Send(int port, const std::string& method, const std::string& path, const httplib::Headers& headers,
+inline Reply Send(int port, const std::string& method, const std::string& path, const ::httplib::Headers& headers,
                   const std::string& body = "", const std::string& content_type = "application/json") {
-  httplib::Client c("127.0.0.1", port);
+  ::httplib::Client c("127.0.0.1", port);
   c.set_connection_timeout(std::chrono::seconds(30));
   c.set_read_timeout(std::chrono::seconds(120));
   if (method == "POST") return ToReply(c.Post(path.c_str(), headers, body, content_type.c_str()));
@@ -193,8 +216,8 @@ inline Reply Send(int port, const std::string& method, const std::string& path, 
 }
 
 // Authorization + a quoted Idempotency-Key (raw: the header value as given).
-inline httplib::Headers Headers(const std::string& bearer, std::optional<std::string> raw_key) {
-  httplib::Headers h;
+inline ::httplib::Headers Headers(const std::string& bearer, std::optional<std::string> raw_key) {
+  ::httplib::Headers h;
   if (!bearer.empty()) h.emplace("Authorization", "Bearer " + bearer);
   if (raw_key) h.emplace("Idempotency-Key", *raw_key);
   return h;

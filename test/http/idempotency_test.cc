@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Idempotency on a real httplib::Server over loopback, its claims
+// idem::http::Idempotency on a real ::httplib::Server over loopback, its claims
 // in a SQLite store whose clock is a FakeEnv (leases expire when the test
 // advances it). Handlers that must be "still running" block on a Gate the
 // test opens; nothing sleeps. Every key is sent at least twice.
@@ -39,22 +39,24 @@ class IdempotencyTest : public ::testing::Test {
   void TearDown() override { server_.Stop(); }
 
   // The middleware (principals acct_a and acct_b); call before Route().
-  void Middleware(http::Options options = {}) {
+  void Middleware(http::Idempotency::Options options = {}) {
     if (options.env == nullptr) options.env = &env_;
-    idem_ = std::make_unique<Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}, {"sk_b", "acct_b"}}),
+    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}, {"sk_b", "acct_b"}}),
                                           options);
   }
   // POST (and PATCH) `route` through the middleware to `handler`.
-  void Route(const std::string& route, RoutePolicy policy, httplib::Server::Handler handler) {
+  void Route(const std::string& route, RoutePolicy policy, ::httplib::Server::Handler handler,
+             idem::httplib::Validator validate = nullptr) {
     if (!idem_) Middleware();
-    auto wrapped = idem_->Wrap(route, std::move(policy), std::move(handler));
+    auto wrapped =
+        Must(idem::httplib::Wrap(*idem_, route, std::move(policy), std::move(handler), std::move(validate)));
     server_.server().Post(route, wrapped);
     server_.server().Patch(route, wrapped);
     server_.server().Put(route, wrapped);
   }
   // The usual handler: a "charge" per execution, 201 with Location.
-  httplib::Server::Handler ChargeHandler() {
-    return [this](const httplib::Request& req, httplib::Response& res) {
+  ::httplib::Server::Handler ChargeHandler() {
+    return [this](const ::httplib::Request& req, ::httplib::Response& res) {
       const int n = ++executions_;
       res.status = 201;
       res.set_header("Location", "/charges/ch_" + std::to_string(n));
@@ -101,7 +103,7 @@ class IdempotencyTest : public ::testing::Test {
 };
 
 TEST_F(IdempotencyTest, ReplayIsByteIdenticalWithIdempotentReplayed) {
-  Route("/charges", {}, [&](const httplib::Request&, httplib::Response& res) {
+  Route("/charges", {}, [&](const ::httplib::Request&, ::httplib::Response& res) {
     const int n = ++executions_;
     res.status = 201;
     res.set_header("Location", "/charges/ch_" + std::to_string(n));
@@ -167,17 +169,18 @@ TEST_F(IdempotencyTest, RetentionHeaderSaysHowLongTheResponseIsKept) {
 // Set-up mistakes fail at start-up, not as a 5xx (or a second execution)
 // on every request.
 TEST_F(IdempotencyTest, SetUpMistakesFailAtStartUp) {
+  auto refused = [](const auto& r) { return !r.ok() && r.status().code() == Code::kInvalidArgument; };
   Claims keeps_nothing(*observed_, ClaimsOptions{.retention_ms = 0});
-  EXPECT_THROW(Idempotency(keeps_nothing, http::BearerKeys({{"sk_a", "acct_a"}})), std::invalid_argument);
-  EXPECT_THROW(Idempotency(*claims_, http::Authenticator{}), std::invalid_argument);
+  EXPECT_TRUE(refused(Idempotency::Open({.claims = &keeps_nothing, .authenticate = http::BearerKeys({{"sk_a", "acct_a"}})})));
+  EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get(), .authenticate = http::Authenticator{}})));
+  EXPECT_TRUE(refused(Idempotency::Open({.authenticate = http::BearerKeys({{"sk_a", "acct_a"}})})));
   Middleware();
-  EXPECT_THROW(idem_->Wrap("", {}, ChargeHandler()), std::invalid_argument);
-  EXPECT_THROW(
-      idem_->WrapInTransaction("", {}, *store_, [](const httplib::Request&, httplib::Response&, Transaction&) {}),
-      std::invalid_argument);
-  EXPECT_THROW(idem_->Wrap("/charges", {.lease_ms = 0}, ChargeHandler()), std::invalid_argument);
-  EXPECT_THROW(idem_->Wrap("/charges", {.wait_ms = -5}, ChargeHandler()), std::invalid_argument);
-  EXPECT_NO_THROW(idem_->Wrap("/charges", {}, ChargeHandler()));
+  EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "", {}, ChargeHandler())));
+  EXPECT_TRUE(refused(idem::httplib::WrapInTransaction(*idem_, "", {}, *store_,
+                                                       [](const ::httplib::Request&, ::httplib::Response&, Transaction&) {})));
+  EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "/charges", {.lease_ms = 0}, ChargeHandler())));
+  EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "/charges", {.wait_ms = -5}, ChargeHandler())));
+  EXPECT_TRUE(idem::httplib::Wrap(*idem_, "/charges", {}, ChargeHandler()).ok());
 }
 
 TEST_F(IdempotencyTest, NoOrUnknownBearerIs401) {
@@ -221,12 +224,12 @@ TEST_F(IdempotencyTest, MissingOrMalformedKeyIs400) {
   Start();
   struct Case {
     std::string name;
-    httplib::Headers headers;
+    ::httplib::Headers headers;
     std::string type;
   };
-  const httplib::Headers auth = {{"Authorization", "Bearer sk_a"}};
+  const ::httplib::Headers auth = {{"Authorization", "Bearer sk_a"}};
   auto with = [&](std::vector<std::string> values) {
-    httplib::Headers h = auth;
+    ::httplib::Headers h = auth;
     for (auto& v : values) h.emplace("Idempotency-Key", v);
     return h;
   };
@@ -328,7 +331,7 @@ TEST_F(IdempotencyTest, SameKeyDifferentBodyIs422) {
 TEST_F(IdempotencyTest, WhileTheFirstRunsASecondGets409WithRetryAfter) {
   Gate gate;
   auto charge = ChargeHandler();
-  Route("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+  Route("/charges", {}, [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (executions_.load() == 0) gate.Arrive();
     charge(req, res);
   });
@@ -365,7 +368,7 @@ TEST_F(IdempotencyTest, BoundedWaitAnswersWithTheFirstResultInsteadOf409) {
     if (r.ok() && r->kind == ClaimOutcome::Kind::kInProgress) waiting.CountDown();
   };
   auto charge = ChargeHandler();
-  Route("/charges", {.wait_ms = 600'000}, [&](const httplib::Request& req, httplib::Response& res) {
+  Route("/charges", {.wait_ms = 600'000}, [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (executions_.load() == 0) gate.Arrive();
     charge(req, res);
   });
@@ -452,7 +455,7 @@ TEST_F(IdempotencyTest, MethodsNotInThePolicyPassThrough) {
   idem_.reset();
   LoopbackServer other;
   Middleware();
-  auto wrapped = idem_->Wrap("/items", {.methods = {"PUT"}}, ChargeHandler());
+  auto wrapped = Must(idem::httplib::Wrap(*idem_, "/items", {.methods = {"PUT"}}, ChargeHandler()));
   other.server().Post("/items", wrapped);
   other.server().Put("/items", wrapped);
   other.Start();
@@ -469,7 +472,7 @@ TEST_F(IdempotencyTest, RequireKeyFalseRunsUnguardedWithoutAKey) {
   Start();
   Reply a = Post("\"\"", kBody);  // a key sent must be valid, even where none is required
   EXPECT_EQ(a.status, 400);
-  const httplib::Headers auth = {{"Authorization", "Bearer sk_a"}};
+  const ::httplib::Headers auth = {{"Authorization", "Bearer sk_a"}};
   Reply r1 = Send(server_.port(), "POST", "/charges", auth, kBody);
   Reply r2 = Send(server_.port(), "POST", "/charges", auth, kBody);
   EXPECT_EQ(r1.status, 201);
@@ -488,7 +491,7 @@ TEST_F(IdempotencyTest, RequireKeyFalseRunsUnguardedWithoutAKey) {
 
 TEST_F(IdempotencyTest, A5xxIsReleasedByDefaultSoTheRetryRunsAgain) {
   auto charge = ChargeHandler();
-  Route("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+  Route("/charges", {}, [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (executions_.load() == 0) {
       ++executions_;
       res.status = 503;
@@ -513,7 +516,7 @@ TEST_F(IdempotencyTest, A5xxIsReleasedByDefaultSoTheRetryRunsAgain) {
 }
 
 TEST_F(IdempotencyTest, A5xxIsStoredWithStore5xx) {
-  Route("/charges", {.store_5xx = true}, [&](const httplib::Request&, httplib::Response& res) {
+  Route("/charges", {.store_5xx = true}, [&](const ::httplib::Request&, ::httplib::Response& res) {
     ++executions_;
     res.status = 500;
     res.set_content(R"({"error":"ledger failed after the charge"})", "application/json");
@@ -531,7 +534,7 @@ TEST_F(IdempotencyTest, A5xxIsStoredWithStore5xx) {
 
 TEST_F(IdempotencyTest, A4xxFromTheHandlerIsReleasedUnlessListedInStored4xx) {
   auto charge = ChargeHandler();
-  Route("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+  Route("/charges", {}, [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (executions_.load() == 0) {
       ++executions_;
       res.status = 400;
@@ -540,12 +543,12 @@ TEST_F(IdempotencyTest, A4xxFromTheHandlerIsReleasedUnlessListedInStored4xx) {
     }
     charge(req, res);
   });
-  Route("/declines", {.stored_4xx = {402}}, [&](const httplib::Request&, httplib::Response& res) {
+  Route("/declines", {.stored_4xx = {402}}, [&](const ::httplib::Request&, ::httplib::Response& res) {
     ++executions_;
     res.status = 402;
     res.set_content(R"({"error":"card declined"})", "application/json");
   });
-  Route("/validations", {.stored_4xx = {402}}, [&](const httplib::Request&, httplib::Response& res) {
+  Route("/validations", {.stored_4xx = {402}}, [&](const ::httplib::Request&, ::httplib::Response& res) {
     ++executions_;
     res.status = 404;
     res.set_content(R"({"error":"no such customer"})", "application/json");
@@ -580,11 +583,11 @@ TEST_F(IdempotencyTest, A4xxFromTheHandlerIsReleasedUnlessListedInStored4xx) {
 // them, and the key stays free.
 TEST_F(IdempotencyTest, ValidateRefusesBeforeTheClaim) {
   RoutePolicy silent;
-  silent.validate = [](const httplib::Request& req, httplib::Response&) { return req.body == kBody; };
+  silent.validate = [](const http::Request& req, http::Answer&) { return req.body == kBody; };  // the core's types
   Route("/silent", silent, ChargeHandler());  // counts its executions
-  RoutePolicy throwing;
-  throwing.validate = [](const httplib::Request&, httplib::Response&) -> bool { throw std::runtime_error("bug"); };
-  Route("/throwing", throwing, [&](const httplib::Request&, httplib::Response&) { ++executions_; });
+  // The adapter's validator, over cpp-httplib's types.
+  Route("/throwing", {}, [&](const ::httplib::Request&, ::httplib::Response&) { ++executions_; },
+        [](const ::httplib::Request&, ::httplib::Response&) -> bool { throw std::runtime_error("bug"); });
   Start();
   for (int i = 0; i < 2; ++i) {
     Reply r = Post("\"val-1\"", R"({"amount":1})", "sk_a", "/silent");
@@ -605,7 +608,7 @@ TEST_F(IdempotencyTest, ValidateRefusesBeforeTheClaim) {
 
 TEST_F(IdempotencyTest, AThrowingHandlerIs500AndReleased) {
   auto charge = ChargeHandler();
-  Route("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+  Route("/charges", {}, [&](const ::httplib::Request& req, ::httplib::Response& res) {
     if (executions_.load() == 0) {
       ++executions_;
       res.set_header("Location", "/half-done");
@@ -633,7 +636,7 @@ TEST_F(IdempotencyTest, AHundredConcurrentRequestsWithOneKeyExecuteOnce) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
-      httplib::Client c("127.0.0.1", server_.port());  // its own client
+      ::httplib::Client c("127.0.0.1", server_.port());  // its own client
       c.set_connection_timeout(std::chrono::seconds(30));
       c.set_read_timeout(std::chrono::seconds(120));
       start.ArriveAndWait();
@@ -686,9 +689,9 @@ struct OneChargePerKey {
 // A "provider" handler: the first execution blocks on `gate` (after noting
 // its fencing token), then each writes the one charge of its key if it is not
 // there yet and answers with it.
-httplib::Server::Handler LeaseHandler(std::atomic<int>& executions, Gate& first_gate, Gate* second_gate,
+::httplib::Server::Handler LeaseHandler(std::atomic<int>& executions, Gate& first_gate, Gate* second_gate,
                                       OneChargePerKey& provider) {
-  return [&executions, &first_gate, second_gate, &provider](const httplib::Request&, httplib::Response& res) {
+  return [&executions, &first_gate, second_gate, &provider](const ::httplib::Request&, ::httplib::Response& res) {
     const int n = ++executions;
     const ClaimToken* claim = http::CurrentClaim();
     ASSERT_NE(claim, nullptr);

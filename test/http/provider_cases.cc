@@ -283,7 +283,7 @@ TEST_P(ProviderTest, AHundredConcurrentRequestsWithOneKeyMakeOneCharge) {
   const int port = provider_->port();
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
-      httplib::Client c("127.0.0.1", port);  // its own client
+      ::httplib::Client c("127.0.0.1", port);  // its own client
       c.set_connection_timeout(std::chrono::seconds(30));
       c.set_read_timeout(std::chrono::seconds(120));
       start.ArriveAndWait();
@@ -328,7 +328,7 @@ TEST_P(ProviderTest, ALostResponseIsRetriedByTheClientAndReplayed) {
   o.lose_response = [&](const std::string& key) { return key == "lost-1" && lost++ == 0; };
   Start(std::move(o));
   HookedEnv env;
-  auto client = http::Client::Create({.base_url = provider_->url(), .bearer = "sk_a", .env = &env});
+  auto client = http::Client::Open({.base_url = provider_->url(), .bearer = "sk_a", .env = &env});
   ASSERT_TRUE(client.ok()) << client.status();
   auto r = (*client)->Post("/charges", kBody, "lost-1");
   ASSERT_TRUE(r.ok()) << r.status();

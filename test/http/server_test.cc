@@ -1,10 +1,10 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Server's connection loop, over real loopback sockets written
+// idem::httplib::Server's connection loop, over real loopback sockets written
 // and read by hand (so the test sees the bytes as they are on the wire):
 // pipelined requests, 100 Continue, long bodies both ways, stop() with idle
 // keep-alive connections, the peer's address.
-#include "idem/http/server.h"
+#include "idem/httplib/server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -119,8 +119,8 @@ std::string Post(const std::string& path, const std::string& body, const std::st
 }
 
 // POST /echo answers "echo:" and the body.
-void AddEcho(httplib::Server& server) {
-  server.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
+void AddEcho(::httplib::Server& server) {
+  server.Post("/echo", [](const ::httplib::Request& req, ::httplib::Response& res) {
     res.set_content("echo:" + req.body, "text/plain");
   });
 }
@@ -130,16 +130,16 @@ void AddEcho(httplib::Server& server) {
 class ServerTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    server_.server().set_fibers(GetParam());
+    server_.set_fibers(GetParam());
     AddEcho(server_.server());
-    server_.server().Get("/peer", [](const httplib::Request& req, httplib::Response& res) {
+    server_.server().Get("/peer", [](const ::httplib::Request& req, ::httplib::Response& res) {
       res.set_content(req.remote_addr + " " + std::to_string(req.remote_port) + " " + req.local_addr + " " +
                           std::to_string(req.local_port),
                       "text/plain");
     });
-    server_.server().Get("/long", [](const httplib::Request& req, httplib::Response& res) {
+    server_.server().Get("/long", [](const ::httplib::Request& req, ::httplib::Response& res) {
       const size_t n = std::stoul(req.get_param_value("n"));
-      res.set_content_provider(n, "text/plain", [](size_t offset, size_t length, httplib::DataSink& sink) {
+      res.set_content_provider(n, "text/plain", [](size_t offset, size_t length, ::httplib::DataSink& sink) {
         std::string piece(std::min<size_t>(length, 10'000), '\0');
         for (size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<char>('a' + (offset + i) % 26);
         sink.write(piece.data(), piece.size());
@@ -185,7 +185,7 @@ TEST_P(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
 
 TEST_P(ServerTest, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
   LoopbackServer server;
-  server.server().set_fibers(GetParam());
+  server.set_fibers(GetParam());
   server.server().set_keep_alive_max_count(1000);
   AddEcho(server.server());
   server.Start();
@@ -279,7 +279,7 @@ TEST_P(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
 // be read as the next request on the connection (request smuggling).
 TEST_P(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
   std::atomic<int> hidden{0};
-  server_.server().Post("/hidden", [&](const httplib::Request&, httplib::Response& res) {
+  server_.server().Post("/hidden", [&](const ::httplib::Request&, ::httplib::Response& res) {
     ++hidden;
     res.set_content("ran", "text/plain");
   });
@@ -298,7 +298,7 @@ TEST_P(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
 
 // A handler's own 4xx after the whole request was read keeps the connection.
 TEST_P(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
-  server_.server().Post("/reject", [](const httplib::Request&, httplib::Response& res) {
+  server_.server().Post("/reject", [](const ::httplib::Request&, ::httplib::Response& res) {
     res.status = 400;
     res.set_content("no", "text/plain");
   });
@@ -318,8 +318,8 @@ TEST_P(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
   std::mutex mu;
   std::condition_variable cv;
   bool client_has_first = false;
-  server_.server().Get("/stream", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_chunked_content_provider("text/plain", [&](size_t offset, httplib::DataSink& sink) {
+  server_.server().Get("/stream", [&](const ::httplib::Request&, ::httplib::Response& res) {
+    res.set_chunked_content_provider("text/plain", [&](size_t offset, ::httplib::DataSink& sink) {
       if (offset == 0) {
         sink.write("first;", 6);
         std::unique_lock l(mu);
@@ -349,10 +349,10 @@ TEST_P(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
 // A provider that writes while its client is there stops once it is gone.
 TEST_P(ServerTest, AProviderSeesItsClientLeave) {
   std::atomic<bool> ended{false};
-  server_.server().Get("/forever", [&](const httplib::Request&, httplib::Response& res) {
+  server_.server().Get("/forever", [&](const ::httplib::Request&, ::httplib::Response& res) {
     res.set_chunked_content_provider(
         "text/plain",
-        [](size_t, httplib::DataSink& sink) {
+        [](size_t, ::httplib::DataSink& sink) {
           while (sink.is_writable()) {
             sink.write("tick\n", 5);
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -379,7 +379,7 @@ TEST_P(ServerTest, AProviderSeesItsClientLeave) {
 // test would hang until ctest's TIMEOUT fails it.
 TEST_P(ServerTest, StopReturnsWhileKeepAliveConnectionsIdle) {
   LoopbackServer server;
-  server.server().set_fibers(GetParam());
+  server.set_fibers(GetParam());
   server.server().set_keep_alive_timeout(3600);
   AddEcho(server.server());
   server.Start();
@@ -400,7 +400,7 @@ TEST_P(ServerTest, StopReturnsWhileKeepAliveConnectionsIdle) {
 // until the read timeout, and the requests below would time out.)
 TEST(ServerFibers, AConnectionWaitingForItsBodyDoesNotHoldUpTheOthers) {
   LoopbackServer server;
-  server.server().set_fibers(1);
+  server.set_fibers(1);
   server.server().set_read_timeout(60);
   AddEcho(server.server());
   server.Start();
@@ -432,7 +432,7 @@ TEST(ServerFibers, AConnectionWaitingForItsBodyDoesNotHoldUpTheOthers) {
 // arrives, while another connection on the same thread is served.
 TEST(ServerFibers, ALargeResponseToASlowReaderArrivesWholeWhileOthersAreServed) {
   LoopbackServer server;
-  server.server().set_fibers(1);
+  server.set_fibers(1);
   AddEcho(server.server());
   server.Start();
   RawConnection slow(server.port());

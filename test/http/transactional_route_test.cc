@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Idempotency::WrapInTransaction on a real httplib::Server over loopback, on
+// Idempotency::WrapInTransaction on a real ::httplib::Server over loopback, on
 // SQLite: the key's record, the handler's effect (a row in `effects`) and the
 // stored response commit together, one request per transaction or in groups
 // (Options::group_commit_max). Handlers that must be "still running" block on
@@ -50,8 +50,8 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE effects(k TEXT NOT NULL, amount INTEGER NOT NULL)", {}).ok());
     ASSERT_TRUE((*tx)->Commit().ok());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
-    idem_ = std::make_unique<Idempotency>(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
-                                          http::Options{.env = &env_, .group_commit_max = GetParam().group});
+    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
+                                          http::Idempotency::Options{.env = &env_, .group_commit_max = GetParam().group});
   }
   void TearDown() override {
     Vfs().Disarm();
@@ -62,7 +62,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
   // transaction, then answers 201 -- or 400 for a negative amount, after
   // writing its row, which the middleware must roll back.
   void Route(std::function<void(const std::string& key)> before = nullptr) {
-    auto handler = [this, before](const httplib::Request& req, httplib::Response& res, Transaction& tx) {
+    auto handler = [this, before](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) {
       const std::string key = http::CurrentClaim()->key;
       if (before) before(key);
       auto body = nlohmann::json::parse(req.body, nullptr, false);
@@ -83,8 +83,8 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
       res.set_header("Location", "/charges/" + key);
       res.set_content(nlohmann::json{{"key", key}, {"amount", amount}, {"execution", n}}.dump(), "application/json");
     };
-    server_.server().Post("/charges", idem_->WrapInTransaction("/charges", policy_, *store_, handler));
-    server_.server().set_fibers(GetParam().fibers);
+    server_.server().Post("/charges", Must(idem::httplib::WrapInTransaction(*idem_, "/charges", policy_, *store_, handler)));
+    server_.set_fibers(GetParam().fibers);
     server_.Start();
   }
   Reply Post(const std::string& key, int64_t amount, bool throws = false) {
@@ -183,10 +183,10 @@ TEST_P(TransactionalRouteTest, AResponseNotStoredRollsBackItsEffectAndNoOtherReq
 // RoutePolicy::validate refuses a request before its key is claimed: the
 // handler never runs, nothing is stored, and the key stays free.
 TEST_P(TransactionalRouteTest, AValidateRefusalClaimsNothingAndLeavesTheKeyFree) {
-  policy_.validate = [](const httplib::Request& req, httplib::Response& res) {
+  policy_.validate = [](const http::Request& req, http::Answer& res) {
     if (nlohmann::json::parse(req.body, nullptr, false).value("amount", 0) >= 0) return true;
     res.status = 400;
-    res.set_content(R"({"error":"amount must be positive"})", "application/json");
+    res.SetBody(R"({"error":"amount must be positive"})", "application/json");
     return false;
   };
   Route();
@@ -318,12 +318,13 @@ TEST_P(GroupCommitTest, RequestsArrivingDuringACommitShareTheNextOne) {
 // first, they never join the group. The same 32 requests each way, queued
 // behind a first group held open, so they make one group.
 void GroupCommitTest::GroupWithInvalidRequests(bool validate) {
-  if (validate)
-    policy_.validate = [](const httplib::Request& req, httplib::Response& res) {
+  if (validate) {
+    policy_.validate = [](const http::Request& req, http::Answer& res) {
       if (nlohmann::json::parse(req.body, nullptr, false).value("amount", 0) >= 0) return true;
       res.status = 400;
       return false;
     };
+  }
   std::vector<int64_t> amounts;
   for (int i = 0; i < 32; ++i) amounts.push_back(i % 4 == 0 ? -1 : 2);  // 8 of 32 invalid
   // Those refused by validate are answered at once, never queued.
@@ -335,8 +336,11 @@ void GroupCommitTest::GroupWithInvalidRequests(bool validate) {
   EXPECT_EQ(c.group_reruns, validate ? 0u : 8u);
   EXPECT_EQ(c.invalid, validate ? 8u : 0u);
   EXPECT_EQ(Effects(), 25);
-  for (size_t i = 0; i < amounts.size(); ++i)
-    if (amounts[i] > 0) EXPECT_TRUE(Post("r-" + std::to_string(i), 2).replayed()) << i;
+  for (size_t i = 0; i < amounts.size(); ++i) {
+    if (amounts[i] > 0) {
+      EXPECT_TRUE(Post("r-" + std::to_string(i), 2).replayed()) << i;
+    }
+  }
 }
 
 TEST_P(GroupCommitTest, AHandlers4xxRunsTheGroupAgainWithoutIt) { GroupWithInvalidRequests(/*validate=*/false); }

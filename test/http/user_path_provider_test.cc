@@ -104,7 +104,7 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
   ASSERT_TRUE(queue.ok()) << queue.status();
   for (int copy = 0; copy < 2; ++copy) ASSERT_TRUE((*queue)->Publish(Msg("order-1042", kBody)).ok());
 
-  auto client = http::Client::Create({.base_url = "http://127.0.0.1:" + std::to_string(port),
+  auto client = http::Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(port),
                                       .bearer = "sk_test",
                                       .max_attempts = 3,
                                       .backoff_base_ms = 20,

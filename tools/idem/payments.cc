@@ -44,7 +44,7 @@ Status InsertPayment(Transaction& tx, const Message& m, const std::string& charg
 }
 
 Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts) {
-  return http::Client::Create({.base_url = url,
+  return http::Client::Open({.base_url = url,
                                .bearer = kApiKey,
                                .max_attempts = max_attempts,
                                .backoff_base_ms = 2,

@@ -14,7 +14,8 @@
 
 #include "cli.h"
 #include "idem/claims.h"
-#include "idem/http/server.h"
+#include "idem/httplib/middleware.h"
+#include "idem/httplib/server.h"
 
 namespace idem::cli {
 namespace {
@@ -104,7 +105,7 @@ std::string ChargeJson(const std::vector<Value>& r) {
 
 // The provider's own problems (outside the middleware), in the middleware's
 // shape: a title per type, and whether a retry can help.
-void Problem(httplib::Response& res, int status, const std::string& type, const std::string& detail) {
+void Problem(::httplib::Response& res, int status, const std::string& type, const std::string& detail) {
   static const std::map<std::string, std::pair<const char*, const char*>> kKinds = {
       {"invalid-request", {"Invalid request", "new-key"}},
       {"unauthenticated", {"Unauthenticated", "no"}},
@@ -127,7 +128,7 @@ struct ChargeFields {
   int64_t amount = 0;
   std::string currency, customer, description;
 };
-std::optional<ChargeFields> ReadCharge(const httplib::Request& req, httplib::Response& res) {
+std::optional<ChargeFields> ReadCharge(const ::httplib::Request& req, ::httplib::Response& res) {
   // A member given twice is refused: which one a reader takes differs
   // between parsers, and a charge must mean one amount.
   std::vector<std::set<std::string>> members;  // per open object
@@ -187,7 +188,8 @@ struct ProviderServer::Impl {
   std::unique_ptr<Claims> claims;
   std::unique_ptr<http::Idempotency> idempotency;
   http::Authenticator authenticate;
-  http::Server server;  // cpp-httplib's, one recv and one send per request
+  idem::httplib::Server own_server;                 // cpp-httplib's, one recv and one send per request
+  ::httplib::Server& server = own_server.native();
   std::thread thread;
   // Responses to drop (options.lose_response), by principal and key: the
   // handler decides (on a committer's thread under group commit), the
@@ -199,9 +201,9 @@ struct ProviderServer::Impl {
 
   // In its own transaction (two-phase routes) or in `outer`, the route's
   // transaction that also holds the key's record.
-  Status Charge(const httplib::Request& req, httplib::Response& res, Transaction* outer) {
+  Status Charge(const ::httplib::Request& req, ::httplib::Response& res, Transaction* outer) {
     const ClaimToken* claim = http::CurrentClaim();
-    auto principal = authenticate(req);
+    auto principal = authenticate(idem::httplib::ToRequest(req));
     if (claim == nullptr || !principal) {
       Problem(res, 500, "internal", "POST /charges ran outside the idempotency middleware");
       return Status::OK();
@@ -243,8 +245,8 @@ struct ProviderServer::Impl {
     return Status::OK();
   }
 
-  void Read(const httplib::Request& req, httplib::Response& res, bool one) {
-    auto principal = authenticate(req);
+  void Read(const ::httplib::Request& req, ::httplib::Response& res, bool one) {
+    auto principal = authenticate(idem::httplib::ToRequest(req));
     if (!principal) return Problem(res, 401, "unauthenticated", "send Authorization: Bearer <API key>");
     auto tx = store->BeginDeferred();
     if (!tx.ok()) return Problem(res, 503, "store-unavailable", tx.status().ToString());
@@ -298,8 +300,11 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->claims =
       std::make_unique<Claims>(*p->store->claim_store(), ClaimsOptions{.retention_ms = p->options.retention_ms});
   p->authenticate = http::BearerKeys(p->options.api_keys);
-  p->idempotency = std::make_unique<http::Idempotency>(*p->claims, p->authenticate, p->options.idempotency);
-  p->idempotency->log = p->options.log;
+  http::Idempotency::Options idempotency = p->options.idempotency;
+  idempotency.claims = p->claims.get();
+  idempotency.authenticate = p->authenticate;
+  idempotency.log = p->options.log;
+  IDEM_ASSIGN_OR_RETURN(p->idempotency, http::Idempotency::Open(idempotency));
 
   const int threads = std::max(1, p->options.threads);
   // Without it a small response waits for the client's delayed ACK (~40 ms).
@@ -308,14 +313,14 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // every client would reconnect all the time.
   p->server.set_keep_alive_max_count(100'000);
   p->server.set_keep_alive_timeout(30);
-  p->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  p->server.set_fibers(p->options.fibers);
+  p->server.new_task_queue = [threads] { return new ::httplib::ThreadPool(static_cast<size_t>(threads)); };
+  IDEM_RETURN_IF_ERROR(p->own_server.set_fibers(p->options.fibers));
   // A body past the limit is refused before it is read (cpp-httplib answers
   // 413 from the Content-Length), so no client can make the provider hold it.
   p->server.set_payload_max_length(p->options.idempotency.max_body_bytes);
   p->server.set_error_handler(
       [base = p->options.idempotency.problem_base, limit = p->options.idempotency.max_body_bytes](
-          const httplib::Request&, httplib::Response& res) {
+          const ::httplib::Request&, ::httplib::Response& res) {
         if (res.status != 413 || !res.body.empty()) return;
         res.set_content(nlohmann::json{{"type", base + "/body-too-large"},
                                        {"title", "Request body too large"},
@@ -327,35 +332,36 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
       });
   // A body that is not a valid charge is refused before its key is claimed
   // (nothing stored; under group commit it never joins a group).
-  const http::RoutePolicy policy{
-      .wait_ms = p->options.wait_ms,
-      .lease_ms = p->options.lease_ms,
-      .validate = [](const httplib::Request& req, httplib::Response& res) { return ReadCharge(req, res).has_value(); }};
-  auto charge = [p](const httplib::Request& req, httplib::Response& res, Transaction* tx) {
+  const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
+  const idem::httplib::Validator validate = [](const ::httplib::Request& req, ::httplib::Response& res) {
+    return ReadCharge(req, res).has_value();
+  };
+  auto charge = [p](const ::httplib::Request& req, ::httplib::Response& res, Transaction* tx) {
     if (Status s = p->Charge(req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
-      res = httplib::Response();
+      res = ::httplib::Response();
       Problem(res, 503, "store-unavailable", s.ToString());
     }
   };
+  Result<idem::httplib::Handler> post_charges = Status::Internal("no route");
   if (p->options.one_transaction) {
-    p->server.Post("/charges", p->idempotency->WrapInTransaction(
-                                   "/charges", policy, *p->store,
-                                   [charge](const httplib::Request& req, httplib::Response& res, Transaction& tx) {
-                                     charge(req, res, &tx);
-                                   }));
+    post_charges = idem::httplib::WrapInTransaction(
+        *p->idempotency, "/charges", policy, *p->store,
+        [charge](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) { charge(req, res, &tx); },
+        validate);
   } else {
-    p->server.Post("/charges", p->idempotency->Wrap("/charges", policy,
-                                                    [charge](const httplib::Request& req, httplib::Response& res) {
-                                                      charge(req, res, nullptr);
-                                                    }));
+    post_charges = idem::httplib::Wrap(
+        *p->idempotency, "/charges", policy,
+        [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
   }
+  if (!post_charges.ok()) return post_charges.status();
+  p->server.Post("/charges", std::move(*post_charges));
   p->server.Get(R"(/charges/([A-Za-z0-9_]+))",
-                [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, true); });
-  p->server.Get("/charges", [p](const httplib::Request& req, httplib::Response& res) { p->Read(req, res, false); });
-  p->server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+                [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
+  p->server.Get("/charges", [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
+  p->server.Get("/health", [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
   // Prometheus text format, without authentication (the provider listens on
   // loopback by default): what the Idempotency-Key middleware did.
-  p->server.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
+  p->server.Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
     const http::Idempotency::Counters c = p->idempotency->counters();
     std::string out;
     AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
@@ -383,11 +389,11 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   });
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
-  p->server.set_post_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
+  p->server.set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
     if (!p->options.lose_response || res.status != 201 || res.has_header("Idempotent-Replayed") ||
         !req.has_header("Idempotency-Key"))
       return;
-    auto principal = p->authenticate(req);
+    auto principal = p->authenticate(idem::httplib::ToRequest(req));
     auto key = http::ParseKey(req.get_header_value("Idempotency-Key"));
     if (!principal || !key.ok()) return;
     {
@@ -399,7 +405,7 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     // without this the "lost" response would arrive complete.
     res.body.clear();
     res.set_content_provider(length, "application/json",
-                             [](size_t, size_t, httplib::DataSink&) { return false; });
+                             [](size_t, size_t, ::httplib::DataSink&) { return false; });
   });
   // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
   // use would share it (and its requests) instead of failing. SO_REUSEADDR

@@ -28,7 +28,9 @@ struct ProviderServerOptions {
   std::string store_url;
   // API key -> principal ("Authorization: Bearer <key>").
   std::map<std::string, std::string> api_keys;
-  http::Options idempotency;
+  // The middleware's options (claims, authenticate and log are the
+  // provider's own: set here, they are replaced).
+  http::Idempotency::Options idempotency;
   // How long a stored response is replayed (ClaimsOptions::retention_ms).
   int64_t retention_ms = 24LL * 3600 * 1000;
   // How long POST /charges may run before a retry may take its key over,
@@ -36,12 +38,12 @@ struct ProviderServerOptions {
   int64_t lease_ms = 30'000;
   int64_t wait_ms = 0;
   int threads = 32;
-  // Connections served as fibers on this many threads (http::Server::
-  // set_fibers); 0: a thread per connection. For group commit, where a
+  // Connections served as fibers on this many threads (idem::httplib::
+  // Server::set_fibers); 0: a thread per connection. For group commit, where a
   // request's only wait is its group's commit.
   int fibers = 0;
   // POST /charges in one transaction with its idempotency record
-  // (Idempotency::WrapInTransaction: one commit per request; a duplicate
+  // (RouteKind::kTransactional: one commit per request; a duplicate
   // waits for the first instead of 409) instead of two-phase (claim
   // committed first, 409 while it runs, leases and takeover). Default: false.
   bool one_transaction = false;

@@ -7,7 +7,7 @@
 // exponential backoff and jitter, honouring Retry-After; never 422 (the key
 // was used for another body: a bug in the caller, reported as such).
 //
-//   auto client = idem::http::Client::Create({.base_url = "https://api.example.com/v1", .bearer = "sk_test_1"});
+//   auto client = idem::http::Client::Open({.base_url = "https://api.example.com/v1", .bearer = "sk_test_1"});
 //   auto r = (*client)->Post("/charges", R"({"amount":4000,"currency":"usd"})",
 //                            idem::DownstreamKey(message, "charge"));
 //   if (r.ok() && r->status == 201) ...   // r->replayed: the server answered from its store
@@ -41,43 +41,6 @@ namespace idem::http {
 // names are refused here.
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
-struct ClientOptions {
-  // "http://host[:port][/base/path]" or "https://host[:port][/base/path]".
-  // Ports default to 80 and 443. A base path is put in front of every
-  // request's path: "http://127.0.0.1:8080/api/v1" and Post("/charges")
-  // request /api/v1/charges. No query, fragment or user info.
-  std::string base_url;
-  // Sent as "Authorization: Bearer <bearer>" when not empty.
-  std::string bearer;
-  // Sent with every request (see HeaderList for what is refused at Create).
-  // Default: none.
-  HeaderList headers;
-  // https only: the server's certificate is always verified, chain and host
-  // name (there is no option to turn that off). The CAs trusted: those of
-  // `ca_file` (a PEM bundle) if set, else those of `ca_dir` (a directory of
-  // hashed CA certificates, c_rehash) if set, else (the default) the
-  // system's default CAs.
-  std::string ca_file;
-  std::string ca_dir;
-  // Tries per request, the first included. Default: 6.
-  int max_attempts = 6;
-  // Backoff before retry n: base * 2^(n-1), at most max, plus up to 25%
-  // jitter; a longer Retry-After (at most max) wins. Slept through `env` in
-  // slices of at most 50 ms, checking for Cancel() and StopRequested()
-  // between them. Defaults: 50 ms, 2 s.
-  int64_t backoff_base_ms = 50;
-  int64_t backoff_max_ms = 2'000;
-  int64_t connect_timeout_ms = 2'000;
-  // A response not read within this is a lost response: retried (and, if
-  // the tries run out, reported as in doubt). Also the write timeout, and
-  // the longest a request in flight delays Cancel(). Default: 10 s.
-  int64_t read_timeout_ms = 10'000;
-  // Idle keep-alive connections kept for reuse; a request that finds none
-  // opens one, and one given back beyond this many is closed. Default: 16.
-  int max_idle_connections = 16;
-  // Clock, sleeps and jitter. Default: Env::Default().
-  Env* env = nullptr;
-};
 
 struct Response {
   int status = 0;
@@ -91,11 +54,50 @@ struct Response {
 
 class Client {
  public:
+  struct Options {
+    // "http://host[:port][/base/path]" or "https://host[:port][/base/path]".
+    // Ports default to 80 and 443. A base path is put in front of every
+    // request's path: "http://127.0.0.1:8080/api/v1" and Post("/charges")
+    // request /api/v1/charges. No query, fragment or user info.
+    std::string base_url;
+    // Sent as "Authorization: Bearer <bearer>" when not empty.
+    std::string bearer;
+    // Sent with every request (see HeaderList for what is refused at Open).
+    // Default: none.
+    HeaderList headers;
+    // https only: the server's certificate is always verified, chain and host
+    // name (there is no option to turn that off). The CAs trusted: those of
+    // `ca_file` (a PEM bundle) if set, else those of `ca_dir` (a directory of
+    // hashed CA certificates, c_rehash) if set, else (the default) the
+    // system's default CAs.
+    std::string ca_file;
+    std::string ca_dir;
+    // Tries per request, the first included. Default: 6.
+    int max_attempts = 6;
+    // Backoff before retry n: base * 2^(n-1), at most max, plus up to 25%
+    // jitter; a longer Retry-After (at most max) wins. Slept through `env` in
+    // slices of at most 50 ms, checking for Cancel() and StopRequested()
+    // between them. Defaults: 50 ms, 2 s.
+    int64_t backoff_base_ms = 50;
+    int64_t backoff_max_ms = 2'000;
+    int64_t connect_timeout_ms = 2'000;
+    // A response not read within this is a lost response: retried (and, if
+    // the tries run out, reported as in doubt). Also the write timeout, and
+    // the longest a request in flight delays Cancel(). Default: 10 s.
+    int64_t read_timeout_ms = 10'000;
+    // Idle keep-alive connections kept for reuse; a request that finds none
+    // opens one, and one given back beyond this many is closed. Must be >= 0.
+    // Default: 16.
+    int pool_size = 16;
+    // Clock, sleeps and jitter. Default: Env::Default().
+    Env* env = nullptr;
+  };
+
   // kInvalidArgument for a URL that is not as above, a header that
   // HeaderList refuses (the message names it), an unreadable `ca_file`,
-  // max_attempts below 1, negative backoffs or timeouts, or
-  // max_idle_connections below 0.
-  static Result<std::unique_ptr<Client>> Create(ClientOptions options);
+  // max_attempts below 1, negative backoffs or timeouts, or pool_size
+  // below 0. Connects lazily (the first request).
+  static Result<std::unique_ptr<Client>> Open(const Options& options);
   ~Client();
 
   // POSTs `body` with Idempotency-Key `key` (sent as an RFC 8941 sf-string:
@@ -132,7 +134,7 @@ class Client {
   //                     failed" and why).
   Result<Response> Post(std::string_view path, std::string_view body, std::string_view key,
                         std::string_view content_type = "application/json");
-  // The same, with `headers` sent after ClientOptions::headers (checked as
+  // The same, with `headers` sent after Options::headers (checked as
   // HeaderList says: a bad one is kInvalidArgument, nothing sent).
   Result<Response> Post(std::string_view path, std::string_view body, std::string_view key,
                         const HeaderList& headers, std::string_view content_type = "application/json");

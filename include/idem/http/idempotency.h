@@ -1,25 +1,31 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Idempotency: the Idempotency-Key middleware for cpp-httplib
-// servers (IETF httpapi draft "The Idempotency-Key HTTP Header Field" -07,
-// and Stripe's behaviour). A client retries a POST with the same key; the
-// first request runs, its response is stored; every repeat gets the stored
-// response, byte-identical, with `Idempotent-Replayed: true`.
+// idem::http::Idempotency: the Idempotency-Key middleware (IETF httpapi draft
+// "The Idempotency-Key HTTP Header Field" -07, and Stripe's behaviour), on a
+// request and answer of its own (idem/http/request.h): it includes no HTTP
+// library. A client retries a POST with the same key; the first request
+// runs, its response is stored; every repeat gets the stored response,
+// byte-identical, with `Idempotent-Replayed: true`. On cpp-httplib mount it
+// with idem/httplib/middleware.h; for another framework convert its request
+// and response (doc/http.md).
 //
 //   idem::Claims claims(*store->claim_store());
-//   idem::http::Idempotency idem(claims, idem::http::BearerKeys({{"sk_test_1", "acct_1"}}));
-//   server.Post("/charges", idem.Wrap("/charges", {}, [&](const httplib::Request& req, httplib::Response& res) {
+//   auto idem = idem::http::Idempotency::Open(
+//       {.claims = &claims, .authenticate = idem::http::BearerKeys({{"sk_test_1", "acct_1"}})});
+//   auto charge = (*idem)->Wrap("/charges", {}, [&](const idem::http::Request& req, idem::http::Answer& ans) {
 //     ... create the charge once ...
-//   }));
+//   });
+//   // per request: (*charge)(request, answer);
 //
-// Per request, in order (each failure is an application/problem+json body,
-// RFC 9457, saying whether to retry with the same key or a new one):
+// Per request, in order: admit (each refusal an application/problem+json
+// body, RFC 9457, saying whether to retry with the same key or a new one)
 //   401  no principal (the authenticator said no)
 //   413  body larger than max_body_bytes
 //   400  Idempotency-Key missing (where required), empty, longer than 255, or
 //        neither an RFC 8941 sf-string nor a bare token (see ParseKey)
 //   4xx  the route's RoutePolicy::validate refused the request (its answer;
 //        nothing claimed, the key stays free)
+// then decide, by the route's kind (RouteKind), and answer:
 //   422  the key was used with another request (method, route, body)
 //   409  the first request with the key is still running (Retry-After), unless
 //        the route waits for it (RoutePolicy::wait_ms)
@@ -31,16 +37,19 @@
 // Keys are scoped by principal, method and route: a client never receives
 // another principal's stored response, whatever key it sends.
 //
-// Thread safety: Wrap()'s handlers may run on every server thread at once.
+// Nothing here throws: set-up mistakes are a Status from Open, Wrap,
+// WrapInTransaction and AddRoute; a handler or validate that throws is a 500.
+//
+// Thread safety: routes and their handlers may serve every server thread at
+// once; Open, AddRoute, Wrap and WrapInTransaction are for set-up (one thread).
 #ifndef IDEM_HTTP_IDEMPOTENCY_H_
 #define IDEM_HTTP_IDEMPOTENCY_H_
-
-#include <httplib.h>
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -49,6 +58,7 @@
 #include <vector>
 
 #include "idem/claims.h"
+#include "idem/http/request.h"
 #include "idem/message.h"
 #include "idem/result.h"
 #include "idem/store.h"
@@ -56,10 +66,35 @@
 namespace idem::http {
 
 // Who is calling, or std::nullopt (401). The principal scopes the keys.
-using Authenticator = std::function<std::optional<std::string>(const httplib::Request&)>;
+using Authenticator = std::function<std::optional<std::string>(const Request&)>;
 
 // `Authorization: Bearer <key>` looked up in a table of key -> principal.
 Authenticator BearerKeys(std::map<std::string, std::string> keys);
+
+// A route's handler: writes the answer for a request the middleware let run.
+using Handler = std::function<void(const Request&, Answer&)>;
+// A transactional route's handler: writes its effect through `tx`, the
+// transaction that also holds the key's record.
+using TxHandler = std::function<void(const Request&, Answer&, Transaction& tx)>;
+// Checks a request before anything is claimed (RoutePolicy::validate).
+using Validator = std::function<bool(const Request&, Answer&)>;
+
+// How a route decides, once a request is admitted. Chosen when the route is
+// made, never per request.
+enum class RouteKind {
+  // The key's claim commits first (its own transaction), the handler runs
+  // outside any transaction (it may call other services), and its response
+  // is stored after. A duplicate while it runs gets 409 (or waits,
+  // RoutePolicy::wait_ms); a handler past its lease loses the key to a retry.
+  kTwoPhase,
+  // The claim, the handler's writes and the stored response are one
+  // transaction of the store that keeps the claims: one commit per request,
+  // as the Inbox does for messages. A duplicate waits for that commit (then
+  // replays). With Options::group_commit_max > 1, requests that arrive
+  // while one commits run together in the next transaction (group commit).
+  // Only for handlers whose whole effect is in this database.
+  kTransactional,
+};
 
 struct RoutePolicy {
   // Methods whose requests the middleware handles; others pass through.
@@ -80,48 +115,181 @@ struct RoutePolicy {
   std::set<int> stored_4xx = {};
   // Optional: checks a request before anything is claimed or stored, on the
   // request's own thread, after authentication and the key's checks. False:
-  // the request is answered with what `validate` wrote into the response (a
-  // 4xx problem, say), the handler does not run, and the key stays free for
-  // a corrected request. It runs for repeats too, before their stored
-  // response is looked up: keep it a function of the request alone (what
-  // it let through once, it lets through again). Checks that need no
-  // transaction belong here: a handler's own 4xx comes after the claim, and
-  // under group commit it rolls its group back to run again without it
-  // (Counters::group_reruns).
-  std::function<bool(const httplib::Request&, httplib::Response&)> validate;
+  // the request is answered with what `validate` wrote into the answer (a
+  // 4xx problem, say; a 400 problem if it wrote none), the handler does not
+  // run, and the key stays free for a corrected request. It runs for
+  // repeats too, before their stored response is looked up: keep it a
+  // function of the request alone (what it let through once, it lets
+  // through again). Checks that need no transaction belong here: a
+  // handler's own 4xx comes after the claim, and under group commit it
+  // rolls its group back to run again without it (Counters::group_reruns).
+  Validator validate;
 };
 
-struct Options {
-  // How long a stored response is replayed is the Claims' setting
-  // (ClaimsOptions::retention_ms, default 24 h): it is what the store keeps,
-  // and every response advertises it in Idempotency-Key-Retention (seconds).
-  // Larger bodies get 413 before anything is stored. Default: 1 MiB. The
-  // body is read before the middleware runs: also give the server the limit
-  // (server.set_payload_max_length(max_body_bytes)) so that a larger
-  // Content-Length is refused with 413 before its bytes are read.
-  size_t max_body_bytes = 1 << 20;
-  // Stored keys per principal and route before 429. Counted from the store
-  // at most once a second per scope, plus this process's new keys in
-  // between. Default: 100,000.
-  int64_t max_keys_per_principal = 100'000;
-  // Where the problem types live ("<base>/idempotency-key-missing", ...).
-  std::string problem_base = "https://idem.dev/problems";
-  // Clock for the key-count cache and waits. Default: Env::Default().
-  Env* env = nullptr;
-  // Group commit, for transactional routes (WrapInTransaction): requests
-  // that arrive while a transaction is being committed run together in the
-  // next one -- their claims, effects and stored responses -- and share its
-  // commit (one fsync on SQLite FULL or PostgreSQL), up to this many. A
-  // request whose response is not stored, or that a store error stops, is
-  // taken out and run in a transaction of its own, so the others never
-  // depend on it. 0 or 1: every request commits on its own (on the
-  // server's thread). Handlers of grouped routes run on the committer's
-  // threads and one at a time per group: keep them short (they are already
-  // local to the database).
-  int group_commit_max = 0;
-  // Transactions open at once for groups (their threads): 1 suits SQLite's
-  // single writer; a few suit PostgreSQL.
-  int group_committers = 1;
+// During a route's handler: the claim it runs under (for handlers that fence
+// their own writes with it). Null outside.
+const ClaimToken* CurrentClaim();
+
+class Idempotency {
+ public:
+  struct Options {
+    // Required: the claims that keep the keys' records and stored responses;
+    // must outlive the middleware. How long a stored response is replayed
+    // is theirs (ClaimsOptions::retention_ms, default 24 h), and every
+    // response advertises it in Idempotency-Key-Retention (seconds).
+    Claims* claims = nullptr;
+    // Required: who is calling (see BearerKeys).
+    Authenticator authenticate;
+    // Larger bodies get 413 before anything is stored. Default: 1 MiB. The
+    // body is read before the middleware runs: also give the server the
+    // limit (cpp-httplib: set_payload_max_length) so that a larger
+    // Content-Length is refused before its bytes are read.
+    size_t max_body_bytes = 1 << 20;
+    // Stored keys per principal and route before 429. Counted from the store
+    // at most once a second per scope, plus this process's new keys in
+    // between. Must be > 0. Default: 100,000.
+    int64_t max_keys_per_principal = 100'000;
+    // Where the problem types live ("<base>/idempotency-key-missing", ...).
+    // Default: "https://idem.dev/problems".
+    std::string problem_base = "https://idem.dev/problems";
+    // Clock for the key-count cache. Default (null): Env::Default().
+    Env* env = nullptr;
+    // Group commit, for transactional routes: requests that arrive while a
+    // transaction is being committed run together in the next one -- their
+    // claims, effects and stored responses -- and share its commit (one
+    // fsync on SQLite FULL or PostgreSQL), up to this many. A request whose
+    // response is not stored, or that a store error stops, is taken out and
+    // run in a transaction of its own, so the others never depend on it.
+    // 0 or 1 (the default 0): every request commits on its own (on the
+    // request's thread). Handlers of grouped routes run on the committer's
+    // threads and one at a time per group: keep them short (they are
+    // already local to the database). Must be >= 0.
+    int group_commit_max = 0;
+    // Transactions open at once for groups (their threads): 1 (the default)
+    // suits SQLite's single writer; a few suit PostgreSQL. Must be >= 1.
+    int group_committers = 1;
+    // Optional: one line per request (method, path, key, outcome, status)
+    // for logs. Client text in it is quoted and escaped (Printable).
+    std::function<void(const std::string& line)> log;
+  };
+
+  // kInvalidArgument (naming the field) for no claims, Claims whose options
+  // cannot work (Claims::CheckOptions), an empty authenticator, or a count
+  // out of range. Nothing is started until a transactional route asks for
+  // group commit.
+  static Result<std::unique_ptr<Idempotency>> Open(const Options& options);
+  ~Idempotency();
+  Idempotency(const Idempotency&) = delete;
+  Idempotency& operator=(const Idempotency&) = delete;
+
+  // A guarded route, owned by the Idempotency (valid while it lives). Its
+  // name scopes the keys (with principal and method) and is part of every
+  // key's fingerprint; it is not matched against the request's path, so one
+  // name may serve a pattern such as "/charges/:id/refunds". Two routes
+  // given one name share their keys.
+  class Route;
+
+  // What a route's handler is given for one request: the request, the
+  // answer to write, and (kTransactional) the transaction to write through;
+  // null on kTwoPhase routes. Adapters build one per request around their
+  // framework's own handler (idem/httplib/middleware.h).
+  using Work = std::function<void(const Request&, Answer&, Transaction* tx)>;
+
+  // Makes a route of `kind`. `store` (kTransactional only, null otherwise)
+  // must be the database the Claims keep their records in, and must outlive
+  // the route. kInvalidArgument for an empty name, lease_ms <= 0, wait_ms
+  // < 0, or a store that is missing, unwanted or not the Claims' own.
+  Result<const Route*> AddRoute(std::string name, RouteKind kind, RoutePolicy policy, Store* store = nullptr);
+
+  // Runs one request through `route`: admit (authentication, size, key,
+  // validation) -> decide (by the route's kind) -> answer, into `answer`.
+  // `work` runs the handler (at most once; never for a refused request).
+  // `validate`, when set, is used instead of the route's
+  // RoutePolicy::validate (an adapter's, over its framework's types).
+  void Serve(const Route& route, const Request& request, Answer& answer, const Work& work,
+             const Validator& validate = nullptr);
+
+  // AddRoute and Serve in one: the handler for a route, guarded, to call
+  // with each request (from any thread).
+  Result<Handler> Wrap(std::string route, RoutePolicy policy, Handler handler);
+  // The same for a kTransactional route on `store`.
+  Result<Handler> WrapInTransaction(std::string route, RoutePolicy policy, Store& store, TxHandler handler);
+
+  struct Counters {
+    uint64_t executed = 0, replayed = 0, conflicts = 0, in_progress = 0, rejected = 0;
+    // Group commit: transactions committed for groups, the requests they
+    // carried, and the requests waiting for the next group now.
+    uint64_t group_commits = 0, grouped_requests = 0, group_queue = 0;
+    // Groups rolled back and run again without one of their requests (its
+    // response was not to be stored, or it was over its key limit).
+    uint64_t group_reruns = 0;
+    // Requests refused by RoutePolicy::validate (also counted in rejected).
+    uint64_t invalid = 0;
+  };
+  Counters counters() const;
+
+ private:
+  explicit Idempotency(const Options& options);
+
+  class TwoPhaseRoute;
+  class TransactionalRoute;
+  class GroupCommitRoute;
+  struct Admitted;
+  struct GroupJob;
+  class Committer;
+
+  // Admit: the checks before any claim. True: `admitted` is filled and the
+  // route decides; false: `answer` is final (a refusal, or the handler ran
+  // unguarded).
+  bool Admit(const Route& route, const Request& req, Answer& ans, const Work& work, const Validator& validate,
+             Admitted& admitted);
+  // Answers `status` with a problem+json body; Retry-After when retry_after
+  // is not empty.
+  void Problem(Answer& ans, int status, std::string_view type, std::string_view title, std::string detail,
+               std::string_view retry, const std::string& retry_after = "") const;
+  // The answers shared by every route kind.
+  void Replay(const Admitted& a, const std::string& stored, Answer& ans);
+  // A claim that did not start (or failed): the answer for it. False for a
+  // started claim (the route runs it).
+  bool AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans);
+  void StoreUnavailable(const Admitted& a, const Status& why, Answer& ans);
+  void CommitFailed(const Admitted& a, const Status& why, Answer& ans);
+  // Whether the scope may take one more key; if not, `ans` says why (429,
+  // or 503 when the count cannot be read) and the caller releases the key.
+  bool AdmitNewKey(const Admitted& a, Answer& ans);
+  // Runs the route's handler for a started claim (as CurrentClaim), turning
+  // an exception into a 500, and adds the retention header.
+  void Execute(const ClaimToken& token, Answer& ans, const std::function<void()>& run);
+  // Runs the application's `run` (a handler, a validate); if it throws,
+  // `ans` becomes a 500 problem ("<who> threw: ...") and the answer is true.
+  bool Threw(std::string_view who, Answer& ans, const std::function<void()>& run);
+  // Whether the route stores a response with this status.
+  static bool Kept(const RoutePolicy& policy, int status);
+  // The Idempotency-Key-Retention header's value (seconds).
+  std::string Retention() const;
+  // Whether the scope may store one more key (429 otherwise).
+  Result<bool> UnderLimit(const std::string& scope);
+  // One more key stored in the scope by this process (until the next count).
+  void CountNewKey(const std::string& scope);
+  // One log line (Options::log).
+  void Say(const Admitted& a, std::string_view outcome, int status) const;
+  void Reject(const Admitted& a, std::string_view outcome, int status);
+
+  // Group commit (Options::group_commit_max): one transaction for a group.
+  void RunGroup(Store& store, const std::vector<GroupJob*>& group);
+  std::unique_ptr<Committer> committer_;
+
+  Options options_;
+  Claims& claims_;
+  std::vector<std::unique_ptr<Route>> routes_;
+  std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
+  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
+  struct KeyCount {
+    int64_t counted_at_ms = -1;
+    int64_t count = 0;
+  };
+  std::mutex counts_mu_;
+  std::map<std::string, KeyCount> counts_;
 };
 
 // The stored form of a response.
@@ -150,102 +318,6 @@ Fingerprint RequestFingerprint(std::string_view method, std::string_view route, 
 // arrays and objects more than 128 deep (fingerprinted as bytes then: a
 // client must not crash the server with a deep body).
 std::optional<std::string> CanonicalJson(std::string_view body);
-
-// During a wrapped handler: the claim it runs under (for handlers that fence
-// their own writes with it). Empty outside.
-const ClaimToken* CurrentClaim();
-
-class Idempotency {
- public:
-  // `claims` must outlive the middleware. std::invalid_argument (at set-up,
-  // never per request) for Claims whose options cannot work (CheckOptions)
-  // or an empty Authenticator; Wrap and WrapInTransaction likewise for an
-  // empty route name. Route names scope keys (with principal and method):
-  // two routes given one name share their keys.
-  Idempotency(Claims& claims, Authenticator authenticate, Options options = {});
-
-  // The handler for a route, guarded: register it with the server for the
-  // methods to guard. `route` names the scope (with the principal and the
-  // method) and is part of every key's fingerprint; it is not matched
-  // against the request's path, so one name may serve a pattern such as
-  // "/charges/:id/refunds".
-  httplib::Server::Handler Wrap(std::string route, RoutePolicy policy, httplib::Server::Handler handler);
-
-  // A transactional route: the handler writes through `tx`, the transaction
-  // that also holds the key's record, so the record, the effect and the
-  // stored response commit together -- one commit per request, as the Inbox
-  // does for messages. A concurrent request with the key waits for that
-  // commit (then replays) instead of getting 409. Only for handlers whose
-  // whole effect is in this database (no calls outside it). `store` must be
-  // the database the Claims keep their records in (std::invalid_argument
-  // otherwise) and must outlive the handler. A response that is not stored
-  // (a 4xx, or a 5xx without store_5xx) rolls the effect back too.
-  using TxHandler = std::function<void(const httplib::Request&, httplib::Response&, Transaction& tx)>;
-  httplib::Server::Handler WrapInTransaction(std::string route, RoutePolicy policy, Store& store, TxHandler handler);
-
-  ~Idempotency();
-  Idempotency(const Idempotency&) = delete;
-  Idempotency& operator=(const Idempotency&) = delete;
-
-  struct Counters {
-    uint64_t executed = 0, replayed = 0, conflicts = 0, in_progress = 0, rejected = 0;
-    // Group commit: transactions committed for groups, the requests they
-    // carried, and the requests waiting for the next group now.
-    uint64_t group_commits = 0, grouped_requests = 0, group_queue = 0;
-    // Groups rolled back and run again without one of their requests (its
-    // response was not to be stored, or it was over its key limit).
-    uint64_t group_reruns = 0;
-    // Requests refused by RoutePolicy::validate (also counted in rejected).
-    uint64_t invalid = 0;
-  };
-  Counters counters() const;
-
-  // Optional: one line per request (key, outcome) for logs.
-  std::function<void(const std::string& line)> log;
-
- private:
-  void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
-              const httplib::Request& req, httplib::Response& res);
-  void Handle(const std::string& route, const RoutePolicy& policy, const httplib::Server::Handler& handler,
-              Store* store, const TxHandler* tx_handler, const httplib::Request& req, httplib::Response& res);
-  // Answers `status` with a problem+json body; Retry-After when retry_after
-  // is not empty.
-  void Problem(httplib::Response& res, int status, std::string_view type, std::string_view title,
-               std::string detail, std::string_view retry, const std::string& retry_after = "");
-  // The Idempotency-Key-Retention header's value (seconds).
-  std::string Retention() const;
-  // Whether the scope may store one more key (429 otherwise).
-  Result<bool> UnderLimit(const std::string& scope);
-  // One more key stored in the scope by this process (until the next count).
-  void CountNewKey(const std::string& scope);
-  // Runs the route's handler for a started claim (as CurrentClaim), turning
-  // an exception into a 500, and adds the retention header.
-  void Execute(const ClaimToken& token, httplib::Response& res, const std::function<void()>& run);
-  // Runs the application's `run` (a handler, a validate); if it throws,
-  // `res` becomes a 500 problem ("<who> threw: ...") and the answer is true.
-  bool Threw(std::string_view who, httplib::Response& res, const std::function<void()>& run);
-  // Whether the route stores a response with this status.
-  static bool Kept(const RoutePolicy& policy, int status);
-
-  // Group commit (Options::group_commit_max): the queue, its threads, and
-  // one request's passage through them.
-  struct GroupJob;
-  class Committer;
-  void RunGroup(Store& store, const std::vector<GroupJob*>& group);
-  std::unique_ptr<Committer> committer_;
-
-  Claims& claims_;
-  Authenticator authenticate_;
-  Options options_;
-  std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
-  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
-  struct KeyCount {
-    int64_t counted_at_ms = -1;
-    int64_t count = 0;
-  };
-  std::mutex counts_mu_;
-  std::map<std::string, KeyCount> counts_;
-};
 
 }  // namespace idem::http
 

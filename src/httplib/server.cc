@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "idem/http/server.h"
+#include "idem/httplib/server.h"
 
-#include "http/fiber.h"
+#include "httplib/fiber.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -19,11 +19,12 @@
 #include <climits>
 #include <cstring>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace idem::http {
+namespace idem::httplib {
 namespace {
 
 constexpr size_t kReadBuffer = 16 * 1024;
@@ -65,7 +66,7 @@ std::string HeaderIn(const std::string& head, const char* name) {
 // response's head is held back and goes out with the first piece of its body
 // in one writev (one TCP segment for the usual small response); later pieces
 // (a streamed body) go out as written.
-class ConnectionStream final : public httplib::Stream {
+class ConnectionStream final : public ::httplib::Stream {
  public:
   ConnectionStream(socket_t sock, int read_timeout_ms, int write_timeout_ms)
       : sock_(sock),
@@ -288,32 +289,58 @@ int64_t Millis(time_t sec, time_t usec) {
 
 }  // namespace
 
-Server::Server() = default;
+// cpp-httplib's server with idem's connection loop: it overrides
+// httplib::Server's per-connection loop (a virtual, as cpp-httplib's own
+// SSLServer does); requests still go through its process_request.
+class Server::Impl final : public ::httplib::Server {
+ public:
+  Status SetFibers(int threads) {
+    if (threads < 0) return Status::InvalidArgument("Server::set_fibers: threads cannot be negative, got " +
+                                                    std::to_string(threads));
+    if (threads == 0) {
+      loops_.reset();
+      return Status::OK();
+    }
+    try {  // the fibers' epoll sets
+      loops_ = std::make_unique<internal::Loops>(threads);
+    } catch (const std::exception& e) {
+      return Status::Unavailable(e.what());
+    }
+    return Status::OK();
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    SocketCloser closer{sock};
+    if (loops_ == nullptr) return Serve(sock);
+    bool ret = false;
+    loops_->Run(sock, [&] { ret = Serve(sock); });
+    return ret;
+  }
+
+  bool Serve(socket_t sock) {
+    ConnectionStream strm(sock, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
+                          static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)));
+    const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
+    bool ret = false;
+    for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {
+      bool connection_closed = false;
+      strm.NextResponse();
+      ret = process_request(strm, /*close_connection=*/count == 1, connection_closed, nullptr);
+      if (!strm.Flush()) ret = false;
+      if (!ret || connection_closed || !strm.AtRequestBoundary()) break;
+    }
+    return ret;
+  }
+
+  std::unique_ptr<internal::Loops> loops_;
+};
+
+Server::Server() : impl_(std::make_unique<Impl>()) {}
 Server::~Server() = default;
 
-void Server::set_fibers(int threads) { loops_ = threads > 0 ? std::make_unique<internal::Loops>(threads) : nullptr; }
+::httplib::Server& Server::native() { return *impl_; }
 
-bool Server::process_and_close_socket(socket_t sock) {
-  SocketCloser closer{sock};
-  if (loops_ == nullptr) return Serve(sock);
-  bool ret = false;
-  loops_->Run(sock, [&] { ret = Serve(sock); });
-  return ret;
-}
+Status Server::set_fibers(int threads) { return impl_->SetFibers(threads); }
 
-bool Server::Serve(socket_t sock) {
-  ConnectionStream strm(sock, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
-                        static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)));
-  const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
-  bool ret = false;
-  for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {
-    bool connection_closed = false;
-    strm.NextResponse();
-    ret = process_request(strm, /*close_connection=*/count == 1, connection_closed, nullptr);
-    if (!strm.Flush()) ret = false;
-    if (!ret || connection_closed || !strm.AtRequestBoundary()) break;
-  }
-  return ret;
-}
-
-}  // namespace idem::http
+}  // namespace idem::httplib

@@ -1,13 +1,13 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::http::Server: cpp-httplib's server (use it wherever an
-// httplib::Server goes: the same routes, options, listen and stop) with a
-// leaner way of serving each keep-alive connection.
+// idem::httplib::Server: a cpp-httplib server (native() is the
+// httplib::Server: its routes, options, bind, listen and stop) with a leaner
+// way of serving each keep-alive connection, and optionally fibers.
 //
-//   idem::http::Server server;                     // instead of httplib::Server
-//   server.set_tcp_nodelay(true);
-//   server.Post("/charges", idempotency.Wrap("/charges", {}, charge));
-//   server.listen("127.0.0.1", 8080);
+//   idem::httplib::Server server;                  // instead of httplib::Server
+//   server.native().set_tcp_nodelay(true);
+//   server.native().Post("/charges", *idem::httplib::Wrap(*idempotency, "/charges", {}, charge));
+//   server.native().listen("127.0.0.1", 8080);
 //
 // cpp-httplib 0.11 (Debian 12's) polls before every read and every write of a
 // connection, sends a response's headers and body in two writes (two TCP
@@ -28,44 +28,46 @@
 // are parsed, routed and answered by cpp-httplib itself, unchanged (its
 // logger and content-provider callbacks run before the last send, as
 // cpp-httplib's own loop does for a response's final bytes).
-#ifndef IDEM_HTTP_SERVER_H_
-#define IDEM_HTTP_SERVER_H_
+#ifndef IDEM_HTTPLIB_SERVER_H_
+#define IDEM_HTTPLIB_SERVER_H_
 
 #include <httplib.h>
 
 #include <memory>
 
-namespace idem::http {
-namespace internal {
-class Loops;
-}
+#include "idem/status.h"
 
-class Server : public httplib::Server {
+namespace idem::httplib {
+
+class Server {
  public:
   Server();
-  ~Server() override;
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The cpp-httplib server to configure, route and run. Valid for the
+  // Server's life.
+  ::httplib::Server& native();
 
   // Serves the connections as fibers on `threads` threads (call before
   // listen): a connection gives its thread up where a thread of its own
   // would sleep (waiting for bytes, or for its group of requests to commit
-  // under Options::group_commit_max), so a few threads serve every
-  // connection without a thread switch per request. For routes whose
+  // under Idempotency::Options::group_commit_max), so a few threads serve
+  // every connection without a thread switch per request. For routes whose
   // handlers do not block: a handler that waits (a network round trip, a
   // lock held elsewhere, a sleep) holds up every connection of its thread.
   // cpp-httplib's thread pool still takes each connection (one pool thread
   // sleeps per open connection) and bounds how many are served at once.
-  // 0 (the default): a thread per connection.
-  void set_fibers(int threads);
+  // 0 (the default): a thread per connection. kInvalidArgument for a
+  // negative count; kUnavailable when the loops cannot be made (epoll).
+  Status set_fibers(int threads);
 
  private:
-  // Overrides cpp-httplib's per-connection loop (a virtual of httplib::Server,
-  // as its SSLServer does); requests still go through its process_request.
-  bool process_and_close_socket(socket_t sock) override;
-  bool Serve(socket_t sock);
-
-  std::unique_ptr<internal::Loops> loops_;
+  class Impl;  // the httplib::Server whose connection loop is idem's
+  std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace idem::http
+}  // namespace idem::httplib
 
-#endif  // IDEM_HTTP_SERVER_H_
+#endif  // IDEM_HTTPLIB_SERVER_H_

@@ -1,5 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "http/fiber.h"
+#include "httplib/fiber.h"
+
+#include "http/parker.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -16,7 +18,7 @@
 #include <thread>
 #include <unordered_set>
 
-namespace idem::http::internal {
+namespace idem::httplib::internal {
 namespace {
 
 // A fiber's stack: only the pages it touches take memory. SQLite, cpp-httplib
@@ -57,8 +59,11 @@ class Loops::Loop {
   std::thread thread_;
 };
 
-class Fiber {
+// A fiber is also what the core's group commit parks (http/parker.h).
+class Fiber final : public http::internal::Parker {
  public:
+  void Park() override { ParkUntilWoken(); }
+  void Unpark() override { Wake(this); }
   enum class State { kNew, kRunning, kReady, kWaitFd, kParked, kDone };
   Loops::Loop* loop = nullptr;
   int fd = -1;
@@ -98,6 +103,10 @@ void Trampoline() {
 
 Fiber* CurrentFiber() { return tl_fiber; }
 
+namespace {
+http::internal::Parker* CurrentFiberParker() { return tl_fiber; }
+}  // namespace
+
 void ParkUntilWoken() {
   Fiber* f = tl_fiber;
   f->state = Fiber::State::kParked;
@@ -125,7 +134,7 @@ int WaitForSocket(bool write, int64_t timeout_ms) {
 Loops::Loop::Loop() {
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   evfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error("idem::http::Server: cannot make an epoll set for fibers");
+  if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error("idem::httplib::Server: cannot make an epoll set for fibers");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the eventfd
@@ -269,6 +278,7 @@ void Loops::Loop::Main() {
 }
 
 Loops::Loops(int threads) {
+  http::internal::SetParkerLookup(&CurrentFiberParker);  // group commit parks the running fiber
   for (int i = 0; i < std::max(1, threads); ++i) loops_.push_back(std::make_unique<Loop>());
 }
 
@@ -284,4 +294,4 @@ void Loops::Run(int fd, const std::function<void()>& body) {
   f.done_cv.wait(lock, [&] { return f.done; });
 }
 
-}  // namespace idem::http::internal
+}  // namespace idem::httplib::internal

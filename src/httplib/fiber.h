@@ -1,19 +1,19 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Internal: fibers for idem::http::Server (Server::set_fibers). Each keep-alive
+// Internal: fibers for idem::httplib::Server (Server::set_fibers). Each keep-alive
 // connection runs as a fiber on one of a few loop threads instead of on a
 // thread of its own. A fiber gives its thread up where a connection thread
 // would sleep: waiting for the next bytes of a request (the socket in an
 // epoll set), for a send to drain, or for its group of requests to commit
-// (Idempotency's committer wakes it). On a machine with few cores this saves
+// (Idempotency's committer wakes it through the fiber's http::internal::Parker). On a machine with few cores this saves
 // the kernel's thread switches and cross-core wake-ups that a thread per
 // connection pays for every request.
 //
 // Everything else a handler does runs on the loop's thread as it would on a
 // connection's: a handler that blocks (a network round trip, a sleep) holds
 // every other connection of its loop for that time.
-#ifndef IDEM_SRC_HTTP_FIBER_H_
-#define IDEM_SRC_HTTP_FIBER_H_
+#ifndef IDEM_SRC_HTTPLIB_FIBER_H_
+#define IDEM_SRC_HTTPLIB_FIBER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-namespace idem::http::internal {
+namespace idem::httplib::internal {
 
 class Fiber;
 
@@ -60,6 +60,6 @@ class Loops {
   std::atomic<uint64_t> next_{0};
 };
 
-}  // namespace idem::http::internal
+}  // namespace idem::httplib::internal
 
-#endif  // IDEM_SRC_HTTP_FIBER_H_
+#endif  // IDEM_SRC_HTTPLIB_FIBER_H_
