@@ -15,6 +15,7 @@
 
 #include "idem/consumer.h"
 #include "idem/http/request.h"
+#include "idem/url.h"
 
 namespace idem::http {
 
@@ -107,38 +108,27 @@ struct BaseUrl {
 };
 
 Result<BaseUrl> ParseBaseUrl(const std::string& text) {
+  const std::string scheme = UrlScheme(text);
+  if (scheme != "http" && scheme != "https")
+    return Status::InvalidArgument("base URL must start with http:// or https:// (got '" + RedactUrl(text) + "')");
+  if (text.find_first_of("?#") != std::string::npos)
+    return Status::InvalidArgument("base URL must have no query or fragment (got '" + RedactUrl(text) + "')");
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseUrl(text, "base URL"));
+  if (u.has_user)
+    return Status::InvalidArgument("base URL must have no user info (use Client::Options::bearer or headers)");
+  if (u.hosts.size() != 1) return Status::InvalidArgument("base URL must name one host (got '" + RedactUrl(text) + "')");
   BaseUrl out;
-  std::string_view url = text;
-  if (url.substr(0, 8) == "https://") {
-    out.https = true;
-    url.remove_prefix(8);
-  } else if (url.substr(0, 7) == "http://") {
-    url.remove_prefix(7);
-  } else {
-    return Status::InvalidArgument("base URL must start with http:// or https:// (got '" + text + "')");
-  }
-  std::string_view authority = url.substr(0, url.find('/'));
-  std::string_view path = url.substr(authority.size());
+  out.https = scheme == "https";
+  out.host = u.hosts[0].host;
+  out.port = u.hosts[0].port != 0 ? u.hosts[0].port : (out.https ? 443 : 80);
+  if (FirstByteOutside(out.host, 0x21, 0x7e) >= 0)
+    return Status::InvalidArgument("bad host in base URL '" + RedactUrl(text) + "'");
+  // The path as written (still %-encoded: it goes on the request line so).
+  const size_t slash = text.find('/', scheme.size() + 3);
+  std::string_view path = slash == std::string::npos ? std::string_view() : std::string_view(text).substr(slash);
   while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  if (path.find_first_of("?#") != std::string_view::npos)
-    return Status::InvalidArgument("base URL must have no query or fragment (got '" + text + "')");
   IDEM_RETURN_IF_ERROR(CheckPath("the base URL's path", path));
   out.path = std::string(path);
-  if (authority.find('@') != std::string_view::npos)
-    return Status::InvalidArgument("base URL must have no user info (use Client::Options::bearer or headers)");
-  out.host = std::string(authority);
-  out.port = out.https ? 443 : 80;
-  if (auto colon = authority.rfind(':'); colon != std::string_view::npos) {
-    out.host = std::string(authority.substr(0, colon));
-    std::string_view p = authority.substr(colon + 1);
-    const auto parsed = std::from_chars(p.data(), p.data() + p.size(), out.port);
-    if (p.empty() || parsed.ec != std::errc() || parsed.ptr != p.data() + p.size() || out.port < 1 ||
-        out.port > 65535)
-      return Status::InvalidArgument("bad port in base URL '" + text + "'");
-  }
-  if (out.host.empty()) return Status::InvalidArgument("no host in base URL '" + text + "'");
-  if (FirstByteOutside(out.host, 0x21, 0x7e) >= 0)
-    return Status::InvalidArgument("bad host in base URL '" + text + "'");
   return out;
 }
 

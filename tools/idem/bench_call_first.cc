@@ -158,7 +158,7 @@ int RunBenchCallFirst(const Args& args) {
   {
     auto tx = store.Begin();
     if (!tx.ok()) return Fail(cmd, tx.status());
-    for (const std::string sql : {std::string("DROP TABLE IF EXISTS ") + kTable, CreatePaymentsSql(kTable)})
+    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS ") + kTable, CreatePaymentsSql(kTable)})
       if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
