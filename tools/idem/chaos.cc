@@ -52,7 +52,7 @@
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
-#include "idem/postgres/store.h"
+#include "components.h"
 #include "idem/sqlite/fault_vfs.h"
 #include "idem/sqlite/store.h"
 #include "payments.h"
@@ -165,7 +165,7 @@ int64_t SteadyMs() {
       .count();
 }
 
-bool IsPostgres(const std::string& url) { return postgres::IsUrl(url); }
+bool IsPostgres(const std::string& url) { return IsPostgresScheme(url); }
 
 // The entries of `dir` (std::filesystem's error_code overloads throughout:
 // nothing here may throw).

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <system_error>
 
+#include "components.h"
 #include "idem/embedded/queue.h"
 #if IDEM_HAVE_REDIS_STREAMS
 #include "idem/redis/stream_source.h"
@@ -241,6 +242,11 @@ Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& se
     return out;
   }
 #endif
+  // A scheme whose component this idem was built without.
+  const std::string scheme = UrlScheme(url);
+  if (scheme == "redis") return NotBuilt("the Redis Streams source", "IDEM_WITH_REDIS");
+  if (scheme == "amqp" || scheme == "amqps") return NotBuilt("the RabbitMQ source", "IDEM_WITH_AMQP");
+  if (scheme == "kafka" || scheme == "kafka-mock") return NotBuilt("the Kafka source", "IDEM_WITH_KAFKA");
   auto colon = url.find(':');
   return Status::InvalidArgument("unknown source '" + (colon == std::string::npos ? url : url.substr(0, colon + 1)) +
                                  "...' (known: " + KnownSources() + ")");
