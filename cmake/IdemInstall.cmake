@@ -228,6 +228,7 @@ foreach(_idem_t IN LISTS _idem_all)
   else()
     set(_pc_cflags "")
   endif()
+  string(STRIP "${_pc_libs} ${_pc_extra}" _pc_libs)
   file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/pkgconfig/idem-${_c}.pc CONTENT
 "prefix=\${pcfiledir}/${_idem_pc_to_prefix}
 libdir=\${prefix}/${CMAKE_INSTALL_LIBDIR}
@@ -237,7 +238,7 @@ Name: idem-${_c}
 Description: ${PROJECT_DESCRIPTION}: component ${_c}
 Version: ${PROJECT_VERSION}
 Requires: ${_pc_requires}
-Libs: ${_pc_libs} ${_pc_extra}
+Libs: ${_pc_libs}
 Cflags: ${_pc_cflags}
 ")
   install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/idem-${_c}.pc DESTINATION ${IDEM_PKGCONFIG_DIR} COMPONENT ${_c})

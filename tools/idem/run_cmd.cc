@@ -44,6 +44,7 @@ Status RecordPayment(Transaction& tx, const Message& m) {
       .status();
 }
 
+#if IDEM_HAVE_HTTP  // served on --metrics
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
   const std::string labels = "consumer=\"" + consumer + "\"";
@@ -67,6 +68,7 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
       s.lease_extension_errors);
   return out;
 }
+#endif
 
 // The most worker threads `idem run --workers` starts.
 constexpr int64_t kMaxWorkers = 256;
