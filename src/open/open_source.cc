@@ -2,9 +2,11 @@
 //
 // OpenSource / OpenPublisher: the source schemes compiled in
 // (IDEM_OPEN_HAVE_<COMPONENT>), each by its adapter's ParseUrl and Open.
-#include "idem/embedded/queue.h"
 #include "idem/open.h"
 #include "idem/url.h"
+#if IDEM_OPEN_HAVE_EMBEDDED
+#include "idem/embedded/queue.h"
+#endif
 #if IDEM_OPEN_HAVE_REDIS_STREAMS
 #include "idem/redis/stream_publisher.h"
 #include "idem/redis/stream_source.h"
@@ -25,7 +27,8 @@ Status UnknownScheme(std::string_view url) {
   std::string known;
   for (const std::string& s : SourceSchemes()) known += (known.empty() ? "" : ", ") + s + ":";
   const std::string scheme = UrlScheme(url);
-  const std::string component = scheme == "redis"   ? "redis_streams"
+  const std::string component = scheme == "embedded" ? "embedded"
+                                : scheme == "redis"   ? "redis_streams"
                                 : scheme == "amqp"  ? "amqp"
                                 : scheme == "kafka" ? "kafka"
                                                     : "";
@@ -44,7 +47,10 @@ bool UrlSets(std::string_view url, std::string_view key) {
 }  // namespace
 
 std::vector<std::string> SourceSchemes() {
-  std::vector<std::string> out = {"embedded"};
+  std::vector<std::string> out;
+#if IDEM_OPEN_HAVE_EMBEDDED
+  out.push_back("embedded");
+#endif
 #if IDEM_OPEN_HAVE_REDIS_STREAMS
   out.push_back("redis");
 #endif
@@ -60,12 +66,14 @@ std::vector<std::string> SourceSchemes() {
 Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings) {
   const std::string scheme = UrlScheme(url);
   const bool lease_in_url = UrlSets(url, "lease_ms");
+#if IDEM_OPEN_HAVE_EMBEDDED
   if (scheme == "embedded") {
     IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options o, embedded::Queue::ParseUrl(url));
     if (!lease_in_url) o.lease_ms = settings.lease_ms;
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<embedded::Queue> q, embedded::Queue::Open(o));
     return std::unique_ptr<Source>(std::move(q));
   }
+#endif
 #if IDEM_OPEN_HAVE_REDIS_STREAMS
   if (scheme == "redis") {
     IDEM_ASSIGN_OR_RETURN(redis::StreamSource::Options o, redis::StreamSource::ParseUrl(url));
@@ -96,11 +104,13 @@ Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSet
 
 Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url) {
   const std::string scheme = UrlScheme(url);
+#if IDEM_OPEN_HAVE_EMBEDDED
   if (scheme == "embedded") {
     IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options o, embedded::Queue::ParseUrl(url));
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<embedded::Queue> q, embedded::Queue::Open(o));
     return std::unique_ptr<Publisher>(std::move(q));
   }
+#endif
 #if IDEM_OPEN_HAVE_REDIS_STREAMS
   if (scheme == "redis") {
     IDEM_ASSIGN_OR_RETURN(redis::StreamPublisher::Options o, redis::StreamPublisher::ParseUrl(url));

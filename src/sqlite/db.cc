@@ -9,7 +9,9 @@
 #include <mutex>
 #include <string>
 
+#if IDEM_HAVE_TESTING
 #include "idem/sqlite/fault_vfs.h"
+#endif
 #include "sqlite/batched_wal.h"
 
 namespace idem::sqlite_internal {
@@ -105,7 +107,13 @@ namespace {
 // Resolves OpenOptions::vfs: nullptr for the default, else a registered name.
 Result<const char*> FindVfs(const std::string& name) {
   if (name.empty()) return static_cast<const char*>(nullptr);
+#if IDEM_HAVE_TESTING
   if (name == sqlite::FaultVfs::kName) IDEM_RETURN_IF_ERROR(sqlite::FaultVfs::Install().status());
+#else
+  if (name == "idem-fault")  // the fault VFS: compiled in only for tests (build option IDEM_WITH_TESTING)
+    return Status::InvalidArgument("the SQLite VFS 'idem-fault' is not built into this idem (it is for tests: "
+                                   "configure with -DIDEM_WITH_TESTING=ON)");
+#endif
   if (sqlite3_vfs_find(name.c_str()) != nullptr) return name.c_str();
   std::string known;
   for (sqlite3_vfs* v = sqlite3_vfs_find(nullptr); v != nullptr; v = v->pNext)

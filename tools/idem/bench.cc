@@ -22,8 +22,11 @@
 
 #include "marker_workload.h"
 #include "commands.h"
+#include "components.h"
 #include "idem/inbox.h"
+#if IDEM_HAVE_POSTGRES
 #include "idem/postgres/store.h"
+#endif
 #include "idem/sqlite/store.h"
 
 namespace idem::cli {
@@ -214,7 +217,10 @@ int RunMarker(const Args& args) {
   // FULL per message and NORMAL for batches. PostgreSQL: the server's own
   // synchronous_commit (on, as installed).
   const std::string url = args.Get("store");
-  const bool pg = postgres::IsUrl(url);
+  const bool pg = IsPostgresScheme(url);
+#if !IDEM_HAVE_POSTGRES
+  if (pg) return Fail(cmd, NotBuilt("the PostgreSQL store", "IDEM_WITH_POSTGRES"));
+#endif
   sqlite::Options opts;
   if (!pg) {
     auto parsed = sqlite::ParseUrl(url);
@@ -231,7 +237,9 @@ int RunMarker(const Args& args) {
     return Fail(cmd, Status::InvalidArgument("--synchronous is for SQLite; PostgreSQL uses its synchronous_commit"));
   }
   auto open = [&](bool loading) -> Result<std::unique_ptr<Store>> {
+#if IDEM_HAVE_POSTGRES
     if (pg) return postgres::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
+#endif
     sqlite::Options o = opts;
     if (loading) {
       o.synchronous = sqlite::Synchronous::kOff;
@@ -285,7 +293,7 @@ int RunMarker(const Args& args) {
   const std::string checkpoint = pg ? "" : sqlite::CheckpointsInBackground(opts) ? "background" : "inline";
   const std::string sync_label =
       (pg ? "synchronous_commit " : "synchronous ") + sync + (pg ? "" : ", checkpoints " + checkpoint);
-  const std::string where = pg ? postgres::RedactUrl(url) : opts.path;
+  const std::string where = pg ? RedactUrl(url) : opts.path;
 
   double fsync_per_s = 0;
   if (*batch == 1) {
@@ -495,7 +503,12 @@ int RunBench(const Args& args) {
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);
+#if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
+#else
+  if (pos[0] == "call-first")  // its provider is served over HTTP
+    return Fail("bench call-first", NotBuilt("idem bench call-first", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
+#endif
   return pos[0] == "marker" ? RunMarker(args) : RunBenchPeers(args);
 }
 

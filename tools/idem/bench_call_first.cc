@@ -38,7 +38,7 @@
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
-#include "idem/postgres/store.h"
+#include "components.h"
 #include "idem/sqlite/store.h"
 #include "payments.h"
 #include "provider_server.h"
@@ -125,7 +125,7 @@ int RunBenchCallFirst(const Args& args) {
   // in-transaction form's claims) live: a work directory beside the store
   // (PostgreSQL: under $TMPDIR), removed at the end.
   const std::string url = args.Get("store");
-  const bool pg = postgres::IsUrl(url);
+  const bool pg = IsPostgresScheme(url);
   std::string store_path;
   if (!pg) {
     auto o = sqlite::ParseUrl(url);
@@ -308,7 +308,7 @@ int RunBenchCallFirst(const Args& args) {
     return out;
   };
   const std::string kind(store.Kind());
-  const std::string where = pg ? postgres::RedactUrl(url) : store_path;
+  const std::string where = pg ? RedactUrl(url) : store_path;
   if (json) {
     Json j;
     j.Add("bench", "call-first")

@@ -11,7 +11,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "components.h"
+#if IDEM_HAVE_POSTGRES
 #include "idem/postgres/store.h"
+#endif
 #if IDEM_HAVE_REDIS
 #include "idem/redis/claim_store.h"
 #endif
@@ -304,11 +307,15 @@ void Progress::Done() {
 }
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create, int pool_size) {
+#if IDEM_HAVE_POSTGRES
   if (postgres::IsUrl(url)) {
     postgres::Options o{.url = url, .create_if_missing = create};
     if (pool_size > 0) o.pool_size = pool_size;
     return postgres::Open(o);
   }
+#else
+  if (IsPostgresScheme(url)) return NotBuilt("the PostgreSQL store (" + RedactUrl(url) + ")", "IDEM_WITH_POSTGRES");
+#endif
   auto parsed = sqlite::ParseUrl(url);
   if (!parsed.ok() && parsed.status().message().find("expected sqlite:PATH") != std::string::npos)
     return Status::InvalidArgument("not a store URL: '" + url + "' (expected sqlite:PATH or postgres://...)");
@@ -337,7 +344,7 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
     return out;
   }
 #endif
-  if (IsClaimsOnlyUrl(url)) return Status::InvalidArgument("this idem was built without Redis (IDEM_REDIS=OFF)");
+  if (IsClaimsOnlyUrl(url)) return NotBuilt("the Redis claim store", "IDEM_WITH_REDIS");
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, true));
   OpenedClaims out;
   out.kind = std::string(store->Kind());

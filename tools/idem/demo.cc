@@ -38,7 +38,7 @@
 #include "idem/env.h"
 #include "idem/http/client.h"
 #include "idem/inbox.h"
-#include "idem/postgres/store.h"
+#include "components.h"
 #include "idem/sqlite/store.h"
 #include "payments.h"
 #include "provider_server.h"
@@ -705,7 +705,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
-  say("  see what is stored: idem inspect --store '" + postgres::RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
+  say("  see what is stored: idem inspect --store '" + RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
       "?queue=payments'");
   say("  and the provider's idempotency records: idem inspect --store 'sqlite:" + f.provider + "'");
   return r;

@@ -10,26 +10,53 @@
 
 namespace {
 
+// A command is compiled in when the components it needs are built; one that
+// is not keeps its name and says which build options bring it (exit 2).
 struct Entry {
-  const idem::cli::Command& (*command)();
+  const char* name;
+  const idem::cli::Command& (*command)();  // null: not built into this idem
   int (*run)(const idem::cli::Args&);
+  const char* needs;  // when not built: the configure flags that build it
 };
 
+#if IDEM_HAVE_HTTP
+#define IDEM_HTTP_COMMAND(name, command, run) {name, command, run, ""}
+#else
+#define IDEM_HTTP_COMMAND(name, command, run) {name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON"}
+#endif
+#if IDEM_HAVE_HTTP && IDEM_HAVE_TESTING
+#define IDEM_CRASH_COMMAND(name, command, run) {name, command, run, ""}
+#else
+#define IDEM_CRASH_COMMAND(name, command, run) \
+  {name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_TESTING=ON"}
+#endif
+
 const Entry kEntries[] = {
-    {idem::cli::DemoCommand, idem::cli::RunDemo},       {idem::cli::BenchCommand, idem::cli::RunBench},
-    {idem::cli::SchemaCommand, idem::cli::RunSchema},   {idem::cli::InspectCommand, idem::cli::RunInspect},
-    {idem::cli::PurgeCommand, idem::cli::RunPurge},     {idem::cli::ProviderCommand, idem::cli::RunProvider},
-    {idem::cli::ChaosCommand, idem::cli::RunChaos},
-    {idem::cli::RunCommand, idem::cli::RunRun},         {idem::cli::PublishCommand, idem::cli::RunPublish},
+    IDEM_CRASH_COMMAND("demo", idem::cli::DemoCommand, idem::cli::RunDemo),
+    {"bench", idem::cli::BenchCommand, idem::cli::RunBench, ""},
+    {"schema", idem::cli::SchemaCommand, idem::cli::RunSchema, ""},
+    {"inspect", idem::cli::InspectCommand, idem::cli::RunInspect, ""},
+    {"purge", idem::cli::PurgeCommand, idem::cli::RunPurge, ""},
+    IDEM_HTTP_COMMAND("provider", idem::cli::ProviderCommand, idem::cli::RunProvider),
+    IDEM_CRASH_COMMAND("chaos", idem::cli::ChaosCommand, idem::cli::RunChaos),
+    {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},
+    {"publish", idem::cli::PublishCommand, idem::cli::RunPublish, ""},
 };
+
+int NotBuilt(const Entry& e) {
+  std::cerr << "idem " << e.name << ": not built into this idem; configure idem with " << e.needs
+            << " (see doc/install.md)\n";
+  return idem::cli::kExitUsage;
+}
 
 void PrintUsage(std::ostream& os) {
   os << "usage: idem <command> [flags]\n\n"
         "Exactly-once effects on top of at-least-once delivery: the idempotent consumer (inbox)\n"
         "and idempotency keys (claims, HTTP Idempotency-Key), on SQLite, PostgreSQL and Redis, behind the\nembedded queue, Redis Streams, RabbitMQ or Kafka.\n\ncommands:\n";
   for (const Entry& e : kEntries) {
-    const auto& c = e.command();
-    os << "  " << c.name << std::string(c.name.size() < 10 ? 10 - c.name.size() : 1, ' ') << c.summary.substr(0, c.summary.find('\n')) << "\n";
+    const std::string name = e.name;
+    const std::string summary = e.command ? e.command().summary : std::string("(not built: configure with ") + e.needs + ")";
+    os << "  " << name << std::string(name.size() < 10 ? 10 - name.size() : 1, ' ') << summary.substr(0, summary.find('\n')) << "\n";
   }
   os << "\n`idem <command> --help` describes a command's flags.\n"
         "exit status: 0 ok, 1 a check failed, 2 bad usage, 3 runtime error\n";
@@ -38,7 +65,9 @@ void PrintUsage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if IDEM_KILL_POINTS
   idem::ArmKillPointFromEnv();
+#endif
   if (argc < 2) {
     PrintUsage(std::cerr);
     return idem::cli::kExitUsage;
@@ -49,8 +78,9 @@ int main(int argc, char** argv) {
     return idem::cli::kExitOk;
   }
   for (const Entry& e : kEntries) {
+    if (e.name != name) continue;
+    if (!e.command) return NotBuilt(e);
     const auto& cmd = e.command();
-    if (cmd.name != name) continue;
     auto args = idem::cli::Args::Parse(cmd, argc - 2, argv + 2);
     if (!args.ok()) return idem::cli::Fail(name, args.status());
     if (args->help()) {

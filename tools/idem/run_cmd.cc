@@ -2,7 +2,9 @@
 //
 // idem run: the payments consumer against any source and store, with
 // Prometheus metrics and progress lines; and idem publish, its producer.
-#include <httplib.h>
+#if IDEM_HAVE_HTTP
+#include <httplib.h>  // --metrics: served by cpp-httplib
+#endif
 #include <signal.h>
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "components.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
 #include "sources.h"
@@ -41,6 +44,7 @@ Status RecordPayment(Transaction& tx, const Message& m) {
       .status();
 }
 
+#if IDEM_HAVE_HTTP  // served on --metrics
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
   const std::string labels = "consumer=\"" + consumer + "\"";
@@ -64,6 +68,7 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
       s.lease_extension_errors);
   return out;
 }
+#endif
 
 // The most worker threads `idem run --workers` starts.
 constexpr int64_t kMaxWorkers = 256;
@@ -161,6 +166,9 @@ int RunRun(const Args& args) {
     const auto hp = ParseHostPort(at);
     if (!hp) return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
     std::tie(metrics_host, metrics_port) = *hp;
+#if !IDEM_HAVE_HTTP
+    return Fail(cmd, NotBuilt("--metrics (served over HTTP)", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
+#endif
   }
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
@@ -180,6 +188,7 @@ int RunRun(const Args& args) {
                    .max_attempts = static_cast<int>(*attempts),
                    .stop_when_idle = args.Bool("drain")});
 
+#if IDEM_HAVE_HTTP
   httplib::Server metrics;
   std::thread metrics_thread;
   auto stop_metrics = [&] {
@@ -199,6 +208,9 @@ int RunRun(const Args& args) {
         !st.ok())
       return Fail(cmd, st);
   }
+#else
+  auto stop_metrics = [] {};
+#endif
   StopOnSignals(&runner);
   std::atomic<bool> done{false};
   std::thread progress;

@@ -13,7 +13,7 @@
 #include "chaos/oracle.h"
 #include "chaos/workdir.h"
 #include "cli.h"
-#include "idem/postgres/store.h"
+#include "components.h"
 #include "payments.h"
 
 namespace idem::cli::chaos {
@@ -29,7 +29,7 @@ std::string WithParam(const std::string& url, const std::string& kv) {
 }  // namespace
 
 Supervisor::Supervisor(const Config& cfg, bool have_vfs)
-    : cfg_(cfg), postgres_(postgres::IsUrl(cfg.store)), have_vfs_(have_vfs), schedule_(cfg, postgres_, have_vfs) {}
+    : cfg_(cfg), postgres_(IsPostgresScheme(cfg.store)), have_vfs_(have_vfs), schedule_(cfg, postgres_, have_vfs) {}
 
 Status Supervisor::Prepare() {
   IDEM_RETURN_IF_ERROR(PrepareWorkDir(cfg_.dir));

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# This tree's install with every component: one export set, one .pc file and
+# one header folder per component, and an application using each component,
+# built with find_package(idem COMPONENTS <all>) and with pkg-config, and run.
+# usage: all_test.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+SRC=$(cd "$1" && pwd) BUILD=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+passed=0
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+fail() { echo "FAILED: $*" >&2; exit 1; }
+
+P=$T/prefix
+cmake --install "$BUILD" --prefix "$P" >/dev/null
+CFG=$(dirname "$(find "$P" -name idemConfig.cmake)")
+LIB=$(cd "$CFG/../.." && pwd)
+components=(core sqlite embedded postgres redis redis_streams http amqp kafka open)
+[ -f "$CFG/idemTargets-httplib.cmake" ] && components+=(httplib)
+for c in "${components[@]}"; do
+  test -f "$CFG/idemTargets-$c.cmake" || fail "no idemTargets-$c.cmake"
+  test -f "$CFG/idem-$c-component.cmake" || fail "no idem-$c-component.cmake"
+  test -f "$LIB/pkgconfig/idem-$c.pc" || fail "no idem-$c.pc"
+  test -f "$LIB/libidem_$c.a" || test -f "$LIB/libidem_$c.so" || fail "no libidem_$c"
+done
+ok "every component installed: ${components[*]}"
+for h in inbox.h open.h sqlite/store.h embedded/queue.h postgres/store.h redis/claim_store.h redis/stream_source.h \
+         http/client.h http/idempotency.h amqp/source.h kafka/source.h; do
+  test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
+done
+ok "every component's headers installed"
+# Each component's export set holds its own target only.
+for c in "${components[@]}"; do
+  n=$(grep -c "^add_library(idem::" "$CFG/idemTargets-$c.cmake" || true)
+  [ "$n" = 1 ] || fail "idemTargets-$c.cmake defines $n targets"
+done
+ok "one target per export set"
+if grep -rq "IDEM_KILL_POINTS\|IDEM_HAVE_" "$CFG" "$LIB/pkgconfig"; then
+  fail "a build define is in the installed CMake or pkg-config files"
+fi
+ok "no build define in the installed CMake and pkg-config files"
+
+cmake -S "$HERE/app" -B "$T/app" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIDEM_APP=all -DCMAKE_PREFIX_PATH="$P" \
+  >"$T/configure.log" 2>&1 || { cat "$T/configure.log" >&2; fail "find_package(idem COMPONENTS <all>)"; }
+cmake --build "$T/app" >"$T/build.log" 2>&1 || { cat "$T/build.log" >&2; fail "the application does not build"; }
+"$T/app/app" >"$T/out" || { cat "$T/out" >&2; fail "the CMake application failed"; }
+ok "find_package(idem COMPONENTS ${components[*]}): built and ran"
+export PKG_CONFIG_PATH=$LIB/pkgconfig
+pcs=()
+for c in "${components[@]}"; do pcs+=("idem-$c"); done
+flags=$(pkg-config --cflags --libs "${pcs[@]}") || fail "pkg-config ${pcs[*]}"
+# shellcheck disable=SC2086
+c++ -std=c++20 -O1 -o "$T/app-pc" "$HERE/app/all.cc" $flags || fail "pkg-config's flags do not build the application"
+"$T/app-pc" >"$T/out" || { cat "$T/out" >&2; fail "the pkg-config application failed"; }
+ok "pkg-config ${pcs[*]}: built and ran"
+echo "install (all): $passed passed, 0 failed"
