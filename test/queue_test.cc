@@ -49,9 +49,16 @@ Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
   return h;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite,
-                         ::testing::Values(SourceParam{"embedded", OpenEmbedded, {}}),
-                         [](const ::testing::TestParamInfo<SourceParam>& p) { return p.param.name; });
+// Promises everything the suite knows (every case runs; doc/sources.md).
+[[maybe_unused]] const bool kOnEmbedded = RegisterDeliverySuite({.name = "embedded",
+                                                                 .promises = {.has_lease = true,
+                                                                              .counts_attempts = true,
+                                                                              .nack_redelivers_one = true,
+                                                                              .reports_lease_lost = true,
+                                                                              .survives_fork = true,
+                                                                              .headers_as_published = true,
+                                                                              .empty_header_names = true},
+                                                                 .open = OpenEmbedded});
 
 // ---------------------------------------------------------------------------
 // The embedded queue only.

@@ -434,10 +434,10 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
 }
 
 Result<std::vector<Delivery>> Source::Receive(int max, int64_t wait_ms) {
+  if (max < 1) return Status::InvalidArgument("kafka: Receive needs max >= 1, not " + std::to_string(max));
   Impl& s = *impl_;
   std::lock_guard<std::mutex> poll_lock(s.poll_mu);
   std::vector<Delivery> out;
-  max = std::max(1, max);
   const int64_t deadline = SteadyMs() + std::max<int64_t>(0, wait_ms);
   while (static_cast<int>(out.size()) < max) {
     s.SeekDue();

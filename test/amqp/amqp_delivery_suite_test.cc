@@ -88,8 +88,18 @@ Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
   return h;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite, ::testing::Values(SourceParam{"rabbitmq", OpenAmqp, {}}),
-                         [](const ::testing::TestParamInfo<SourceParam>& p) { return p.param.name; });
+// A quorum queue counts deliveries (x-delivery-count) and the source's
+// optional lease is on. rabbitmq-c 0.11 cannot decode a header with an empty
+// name (the Publisher refuses one; amqp_source_test.cc checks the refusal).
+[[maybe_unused]] const bool kOnRabbitMq = RegisterDeliverySuite({.name = "rabbitmq",
+                                                                 .promises = {.has_lease = true,
+                                                                              .counts_attempts = true,
+                                                                              .nack_redelivers_one = true,
+                                                                              .reports_lease_lost = true,
+                                                                              .survives_fork = true,
+                                                                              .headers_as_published = true,
+                                                                              .empty_header_names = false},
+                                                                 .open = OpenAmqp});
 
 }  // namespace
 }  // namespace idem::testing

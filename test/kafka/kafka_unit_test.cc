@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// idem::kafka without a cluster: the one error translation function, and
-// receipts.
+// idem::kafka without a cluster: the one error translation function,
+// receipts, and the checks made before anything is polled.
 #include <gtest/gtest.h>
 #include <librdkafka/rdkafka.h>
 
@@ -93,6 +93,20 @@ namespace idem::testing {
 namespace {
 
 // The offset mode without a cluster: a delivery only needs a Kafka receipt.
+// As every source (idem/source.h): Receive returns up to `max`, so a max
+// below 1 is the caller's mistake, refused before anything is polled. (The
+// brokers are contacted lazily: none is needed to see it.)
+TEST(KafkaSource, ReceiveOfNoneIsInvalidArgument) {
+  auto src = kafka::Source::Open({.brokers = "127.0.0.1:1", .topic = "t", .group = "g"});
+  ASSERT_TRUE(src.ok()) << src.status();
+  for (int max : {0, -1}) {
+    auto got = (*src)->Receive(max, 0);
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << max;
+    EXPECT_NE(got.status().message().find("max"), std::string::npos) << got.status();
+  }
+  EXPECT_EQ((*src)->stats().delivered, 0u);
+}
+
 TEST(KafkaOffsetInbox, AThrowingHandlerIsAFailureStoresNothingAndTheRetryApplies) {
   TempDir dir;
   auto store = sqlite::Open({.path = dir.File("store.db")});

@@ -1,15 +1,24 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // The delivery suite: what every at-least-once Source must do, written
-// against idem::Source plus a publish hook, so that other sources (Redis,
-// RabbitMQ, Kafka) can be instantiated into it unchanged.
+// against idem::Source plus a publish hook, so that every source (the
+// embedded queue, Redis Streams, RabbitMQ, Kafka) runs the same cases.
 //
-// To run it for a source: add test/delivery_suite_test.cc (the TEST_Ps) to the
-// test executable, and instantiate the fixture with that source's open hook:
+// A source declares what it promises (Capabilities, below). Every case names
+// the capabilities it needs; a source runs exactly the cases whose needs it
+// promises. A case a source does not promise is not registered for it (not
+// skipped at run time): `--gtest_list_tests` shows what runs, and
+// doc/sources.md keeps the table of which cases run on which source and why.
 //
-//   INSTANTIATE_TEST_SUITE_P(Sources, DeliverySuite,
-//                            ::testing::Values(SourceParam{"redis_streams", OpenStreams, {}}),
-//                            [](const auto& p) { return p.param.name; });
+// To run the suite for a source: add test/delivery_suite_test.cc (the cases)
+// to the test executable, and register the source next to its open hook:
+//
+//   [[maybe_unused]] const bool kOnStreams = RegisterDeliverySuite({
+//       .name = "redis_streams",
+//       .promises = {.has_lease = true, .counts_attempts = true, ...},
+//       .open = OpenStreams});
+//
+// The tests are named "Sources/DeliverySuite.<Case>/<source name>".
 //
 // Every test delivers every message at least twice: it is published twice
 // (a producer retry), or redelivered.
@@ -35,6 +44,44 @@
 namespace idem::testing {
 
 // ---------------------------------------------------------------------------
+// What a source promises, beyond what every source does (every message
+// delivered until acknowledged, to the next consumer after a close; a copy
+// published twice delivered twice with its id, payload and producer time;
+// at most `max` per Receive; many receivers at once).
+// ---------------------------------------------------------------------------
+
+struct Capabilities {
+  // A delivery not acknowledged within lease_ms() is delivered again while
+  // its consumer still runs (a visibility timeout); ExtendLease renews it.
+  // false: lease_ms() is 0, a delivery is the consumer's until acknowledged
+  // or closed (Kafka: while its partition stays assigned).
+  bool has_lease = false;
+  // Message::attempt counts deliveries: 1, then 2, 3 after redeliveries.
+  // false: it is always 0 (unknown), which the cases check instead.
+  bool counts_attempts = false;
+  // Nack gives back exactly the nacked delivery. false: it gives back more
+  // (Kafka seeks the partition back: the records after it come again too).
+  bool nack_redelivers_one = false;
+  // Ack, Nack and ExtendLease of a delivery that is no longer the
+  // consumer's (acked already, or redelivered) are Code::kLeaseLost. false:
+  // they may be OK (Kafka: an ack commits an offset prefix of a partition
+  // that is still assigned).
+  bool reports_lease_lost = false;
+  // A fork()ed child can open the source and consume (false: librdkafka and
+  // its mock cluster's threads do not survive a plain fork()).
+  bool survives_fork = false;
+  // Message::headers are exactly the published headers. false: the source
+  // adds its own (Kafka: the id's and the producer time's record headers).
+  bool headers_as_published = false;
+  // A header with an empty name round-trips (false: rabbitmq-c 0.11 cannot
+  // decode one).
+  bool empty_header_names = false;
+};
+
+// A capability, as a case names it.
+using Capability = bool Capabilities::*;
+
+// ---------------------------------------------------------------------------
 // The parameter: how to open a source under test.
 // ---------------------------------------------------------------------------
 
@@ -44,6 +91,8 @@ struct SourceConfig {
   // The clock the source must read. The suite passes a FakeEnv, except in a
   // forked child, which passes Env::Default().
   Env* env = nullptr;
+  // What SourceParam::start returned for this test (null without it).
+  std::shared_ptr<void> broker;
 };
 
 // One open handle on the suite's queue.
@@ -55,25 +104,45 @@ struct SourceHandle {
 
 struct SourceParam {
   std::string name;
+  // What the source promises: which cases run on it.
+  Capabilities promises;
   // Opens a handle on the queue that belongs to `dir`: the same dir gives the
-  // same queue, also from another process (a forked child).
+  // same queue, also from another process (a forked child), and a handle
+  // opened after another closed is the next consumer of that queue.
   std::function<Result<SourceHandle>(const TempDir& dir, const SourceConfig& config)> open;
   // Moves the source's clock forward by `ms` (lease expiry, nack delays).
   // Empty: the source reads the FakeEnv, which is advanced. A broker that
   // keeps its own clock supplies a hook that waits instead.
   std::function<void(FakeEnv& env, int64_t ms)> advance;
+  // Starts, once per test and before its first open, a broker that runs
+  // inside the test process (Kafka: librdkafka's mock cluster). The fixture
+  // keeps it until the test's last handle closed; `open` finds it in
+  // SourceConfig::broker. Empty: the broker runs outside the tests.
+  std::function<Result<std::shared_ptr<void>>(const TempDir& dir)> start;
 };
 
 inline void PrintTo(const SourceParam& p, std::ostream* os) { *os << p.name; }
 
-class DeliverySuite : public ::testing::TestWithParam<SourceParam> {
+class DeliverySuite : public ::testing::Test {
  protected:
   static constexpr int64_t kLeaseMs = 10'000;
 
   void SetUp() override {
-    auto h = GetParam().open(dir_, {.lease_ms = kLeaseMs, .env = &env_});
+    if (GetParam().start) {
+      auto b = GetParam().start(dir_);
+      ASSERT_TRUE(b.ok()) << b.status();
+      broker_ = std::move(*b);
+    }
+    auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
     ASSERT_TRUE(h.ok()) << h.status();
     handle_ = std::move(*h);
+  }
+  const SourceParam& GetParam() const { return *param_; }
+  const Capabilities& promises() const { return param_->promises; }
+  // Opens another handle on this test's queue.
+  Result<SourceHandle> Open(SourceConfig config) {
+    config.broker = broker_;
+    return GetParam().open(dir_, config);
   }
   Source& source() { return *handle_.source; }
   void Publish(const Message& m) { ASSERT_TRUE(handle_.publish(m).ok()) << m.id; }
@@ -85,6 +154,9 @@ class DeliverySuite : public ::testing::TestWithParam<SourceParam> {
     if (GetParam().advance) GetParam().advance(env_, ms);
     else env_.Advance(ms);
   }
+  // What Message::attempt is on the n-th delivery: n, or 0 on a source that
+  // does not count them.
+  int Attempt(int n) const { return promises().counts_attempts ? n : 0; }
   // Everything visible now, without waiting.
   std::vector<Delivery> ReceiveAll(int max = 1000) {
     auto got = source().Receive(max, 0);
@@ -117,8 +189,86 @@ class DeliverySuite : public ::testing::TestWithParam<SourceParam> {
   // Starts at the real time, so that leases a forked child takes with the
   // real clock compare sensibly with this one.
   FakeEnv env_{Env::Default()->NowMs()};
+  std::shared_ptr<void> broker_;  // outlives handle_ (declared first)
   SourceHandle handle_;
+
+ private:
+  friend class DeliverySuiteRegistry;
+  const SourceParam* param_ = nullptr;
 };
+
+// ---------------------------------------------------------------------------
+// Registration: every case for every source that promises what it needs.
+// ---------------------------------------------------------------------------
+
+struct DeliveryCase {
+  std::string name;
+  std::vector<Capability> needs;
+  std::function<DeliverySuite*()> make;
+  const char* file = "";
+  int line = 0;
+};
+
+class DeliverySuiteRegistry {
+ public:
+  static DeliverySuiteRegistry& Get() {
+    static DeliverySuiteRegistry* r = new DeliverySuiteRegistry;  // never destroyed: tests keep pointers in it
+    return *r;
+  }
+  // Static initialisers of different files call these in any order: each
+  // registers the tests of the new entry with every entry of the other kind.
+  bool AddCase(DeliveryCase c) {
+    cases_.push_back(std::make_unique<DeliveryCase>(std::move(c)));
+    for (const auto& s : sources_) Register(*cases_.back(), *s);
+    return true;
+  }
+  bool AddSource(SourceParam p) {
+    sources_.push_back(std::make_unique<SourceParam>(std::move(p)));
+    for (const auto& c : cases_) Register(*c, *sources_.back());
+    return true;
+  }
+  static bool Runs(const DeliveryCase& c, const SourceParam& s) {
+    for (Capability need : c.needs)
+      if (!(s.promises.*need)) return false;
+    return true;
+  }
+  const std::vector<std::unique_ptr<DeliveryCase>>& cases() const { return cases_; }
+  const std::vector<std::unique_ptr<SourceParam>>& sources() const { return sources_; }
+
+ private:
+  static void Register(const DeliveryCase& c, const SourceParam& s) {
+    if (!Runs(c, s)) return;
+    const DeliveryCase* cp = &c;
+    const SourceParam* sp = &s;
+    ::testing::RegisterTest("Sources/DeliverySuite", (c.name + "/" + s.name).c_str(), nullptr, s.name.c_str(),
+                            c.file, c.line, [cp, sp]() -> DeliverySuite* {
+                              DeliverySuite* t = cp->make();
+                              t->param_ = sp;
+                              return t;
+                            });
+  }
+  std::vector<std::unique_ptr<DeliveryCase>> cases_;
+  std::vector<std::unique_ptr<SourceParam>> sources_;
+};
+
+// Registers the suite's cases for `source` (call from a namespace-scope
+// initialiser, next to the source's open hook).
+inline bool RegisterDeliverySuite(SourceParam source) {
+  return DeliverySuiteRegistry::Get().AddSource(std::move(source));
+}
+
+// Defines a case; the arguments after the name are the capabilities it
+// needs (none: it runs on every source):
+//   IDEM_DELIVERY_CASE(AckIsNotRepeatable, &Capabilities::reports_lease_lost) { ... }
+#define IDEM_DELIVERY_CASE(case_name, ...)                                                                  \
+  class DeliverySuite_##case_name final : public ::idem::testing::DeliverySuite {                         \
+   public:                                                                                                \
+    void TestBody() override;                                                                             \
+  };                                                                                                      \
+  [[maybe_unused]] const bool kDeliveryCase_##case_name = ::idem::testing::DeliverySuiteRegistry::Get().AddCase( \
+      {#case_name, {__VA_ARGS__}, [] { return static_cast<::idem::testing::DeliverySuite*>(new DeliverySuite_##case_name); }, \
+       __FILE__, __LINE__});                                                                              \
+  void DeliverySuite_##case_name::TestBody()
 
 }  // namespace idem::testing
 
