@@ -2,6 +2,8 @@
 //
 // OpenSource / OpenPublisher: the source schemes compiled in
 // (IDEM_OPEN_HAVE_<COMPONENT>), each by its adapter's ParseUrl and Open.
+#include <cctype>
+
 #include "idem/open.h"
 #include "idem/url.h"
 #if IDEM_OPEN_HAVE_EMBEDDED
@@ -32,9 +34,16 @@ Status UnknownScheme(std::string_view url) {
                                 : scheme == "amqp"  ? "amqp"
                                 : scheme == "kafka" ? "kafka"
                                                     : "";
-  if (!component.empty())
-    return Status::InvalidArgument("'" + RedactUrl(url) + "': this installation was built without idem::" +
-                                   component + " (known sources: " + known + ")");
+  if (!component.empty()) {
+    std::string option = component == "redis_streams" ? "REDIS" : component;
+    for (char& c : option) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    std::string m = "'";
+    m += RedactUrl(url);
+    m += "': this installation was built without idem::";
+    m += component;
+    m += " (configure idem with -DIDEM_WITH_" + option + "=ON; known sources: " + known + ")";
+    return Status::InvalidArgument(m);
+  }
   return Status::InvalidArgument("unknown source '" + RedactUrl(url) + "' (known: " + known + ")");
 }
 
