@@ -168,7 +168,7 @@ inline Status BareBatch(Store& store, std::span<const Message> batch) {
 inline Status CheckApplied(const Outcome& o, const Message& m) {
   if (o.applied()) return Status::OK();
   if (o.kind == Outcome::Kind::kFailed) return o.status;
-  return Status(Code::kInternal, "fresh id " + m.id + " was not applied (" + o.ToString() +
+  return Status::Internal("fresh id " + m.id + " was not applied (" + o.ToString() +
                                      "): it collided with a retained marker");
 }
 

@@ -67,7 +67,7 @@ Status HandlerStatus(Status s) {
     case Code::kInDoubt:
       return Status::InProgress("a call may have taken effect and its outcome is not known yet: " + s.message());
     default:
-      return Status(Code::kHandlerFailed, s.ToString());
+      return Status::HandlerFailed(s.ToString());
   }
 }
 

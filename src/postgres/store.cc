@@ -99,7 +99,7 @@ class PgConnection final : public sql_internal::Connection {
     IDEM_RETURN_IF_ERROR(pg_internal::Translate(last.get(), c, "COMMIT"));
     // COMMIT of a transaction that an earlier error aborted answers ROLLBACK.
     if (std::string_view(PQcmdStatus(last.get())) != "COMMIT")
-      return Status(Code::kAborted, "COMMIT rolled back: an earlier statement in the transaction failed");
+      return Status::Aborted("COMMIT rolled back: an earlier statement in the transaction failed");
     return Status::OK();
   }
   // A transaction whose held-back BEGIN failed is still one until it ends

@@ -117,7 +117,7 @@ Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) 
   } else {
     why = "the record is not what idem wrote (state '" + std::string(state) + "')";
   }
-  return Status(Code::kLeaseLost, std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
+  return Status::LeaseLost(std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
                                       std::to_string(t.fence) + ": " + why);
 }
 

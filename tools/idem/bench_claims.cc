@@ -79,7 +79,7 @@ int RunBenchClaims(const Args& args) {
         if (c.result != first[static_cast<size_t>(i)]) ++mine.mismatches;
         ++mine.replayed;
       } else if (c.kind == ClaimOutcome::Kind::kConflict) {
-        mine.error = Status(Code::kConflict, "key " + KeyOf(i) + " answered conflict");
+        mine.error = Status::Conflict("key " + KeyOf(i) + " answered conflict");
       }
     };
     auto request = [&](int64_t i) {
