@@ -73,7 +73,7 @@ Fixture& GetFixture() {
 
   // Load the retained markers without fsync, then reopen with NORMAL.
   {
-    auto load = idem::sqlite::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff,
+    auto load = idem::sqlite::Store::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff,
                                     .cache_kib = 64 * 1024});
     if (!load.ok()) {
       f.status = load.status();
@@ -86,7 +86,7 @@ Fixture& GetFixture() {
       return f;
     }
   }
-  auto store = idem::sqlite::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kNormal});
+  auto store = idem::sqlite::Store::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kNormal});
   if (!store.ok()) {
     f.status = store.status();
     return f;

@@ -25,6 +25,7 @@
 #include "idem/inbox.h"
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -137,7 +138,7 @@ class ConsumerTestBase {
                                     .poll_ms = 50, .env = &env_});
     ASSERT_TRUE(q.ok()) << q.status();
     queue_ = std::move(*q);
-    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());

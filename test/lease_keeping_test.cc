@@ -27,7 +27,7 @@ namespace {
 TEST(LeaseKeeping, AHandlerThreeTimesTheLeaseRunsOnceWithNoSecondDelivery) {
   for (bool extend : {true, false}) {
     TempDir dir;
-    auto store = sqlite::Open({.path = dir.File("inbox.db")});
+    auto store = sqlite::Store::Open({.path = dir.File("inbox.db")});
     ASSERT_TRUE(store.ok());
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .lease_ms = 600, .durable = false});

@@ -12,6 +12,7 @@
 
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -26,7 +27,7 @@ Message Timed(std::string id, int64_t produced_at, std::string payload = "") {
 class ProducerTimeKey : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("s.db"), .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("s.db"), .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());

@@ -18,6 +18,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/claims_conformance.h"
 #include "util/test_util.h"
 
@@ -50,7 +51,7 @@ class Service {
 class TwoPhaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("inbox.db"), .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("inbox.db"), .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     auto tx = store_->Begin();
@@ -58,7 +59,7 @@ class TwoPhaseTest : public ::testing::Test {
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE payments(id TEXT, receipt TEXT)").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
     // Claims in a file of their own (see CallOnce).
-    auto c = ClaimsOf(sqlite::Open({.path = dir_.File("claims.db"), .env = &env_}));
+    auto c = ClaimsOf(sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_}));
     ASSERT_TRUE(c.ok()) << c.status();
     claim_store_ = *c;
     claims_ = std::make_unique<Claims>(*claim_store_, ClaimsOptions{.env = &env_});
@@ -159,7 +160,7 @@ TEST_F(TwoPhaseTest, HolderKilledMidCallIsTakenOverAfterItsLease) {
   const std::string claims_path = dir_.File("claims.db");
   pid_t pid = ::fork();
   if (pid == 0) {
-    auto store = sqlite::Open({.path = claims_path, .env = &env_});
+    auto store = sqlite::Store::Open({.path = claims_path, .env = &env_});
     if (!store.ok()) ::_exit(2);
     Claims claims(*(*store)->claim_store(), {.env = &env_});
     (void)CallOnce(claims, Msg("m-1", "40"), "charge", [](const std::string&) -> Result<std::string> {

@@ -91,7 +91,7 @@ class Downstream {
 TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLettered) {
   auto queue = OpenQueue(dir_, &env_);
   ASSERT_NE(queue, nullptr);
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok()) << claims_store.status();
   Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
   Downstream provider;
@@ -235,7 +235,7 @@ TEST_P(StoreConformance, CallFirstCallsBeforeTheTransactionAndOncePerStep) {
 // Two consumers race on one message in the call-first form: one call, one
 // effect. And a batch through the Consumer with copies in it.
 TEST_P(StoreConformance, CallFirstRacesAndBatchesApplyOnce) {
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok());
   Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
   Downstream provider;
@@ -317,7 +317,7 @@ TEST_P(StoreConformance, InTransactionCallOnceOnTheInboxsOwnSqliteFileIsRefused)
 // Ids of every shape a Message accepts go through CallOnce and apply once:
 // 1, 249 and 255 bytes, UTF-8, with spaces, with bytes no header can carry.
 TEST_P(StoreConformance, EveryValidIdGoesThroughCallOnce) {
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok());
   Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
   Downstream provider;

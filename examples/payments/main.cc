@@ -40,7 +40,7 @@ class Provider {
  public:
   static idem::Result<std::unique_ptr<Provider>> Start(const std::string& path) {
     auto p = std::unique_ptr<Provider>(new Provider());
-    IDEM_ASSIGN_OR_RETURN(p->db_, idem::sqlite::Open({.path = path}));
+    IDEM_ASSIGN_OR_RETURN(p->db_, idem::sqlite::Store::Open({.path = path}));
     {
       IDEM_ASSIGN_OR_RETURN(auto tx, p->db_->Begin());
       IDEM_RETURN_IF_ERROR(tx->Exec("CREATE TABLE IF NOT EXISTS charges(id INTEGER PRIMARY KEY,"
@@ -120,7 +120,7 @@ class Provider {
 int main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : ".";
   auto provider = Provider::Start(dir + "/provider.db");
-  auto store = idem::sqlite::Open({.path = dir + "/payments.db"});
+  auto store = idem::sqlite::Store::Open({.path = dir + "/payments.db"});
   auto queue = idem::embedded::Queue::Open({.path = dir + "/queue.db", .queue = "payments"});
   if (!provider.ok() || !store.ok() || !queue.ok()) {
     std::cerr << (!provider.ok() ? provider.status() : !store.ok() ? store.status() : queue.status()) << "\n";

@@ -7,7 +7,7 @@
 // writes commit together or not at all; the unique key on (consumer, id)
 // settles races between consumers.
 //
-//   auto store = idem::sqlite::Open({.path = "payments.db"});
+//   auto store = idem::sqlite::Store::Open({.path = "payments.db"});
 //   idem::Inbox inbox(**store, {.consumer = "payments"});
 //   idem::Outcome out = inbox.Handle(msg, [](idem::Transaction& tx, const idem::Message& m) {
 //     return tx.Exec("INSERT INTO payments(order_id, cents) VALUES($1, $2)", {...}).status();

@@ -3,6 +3,7 @@
 
 #include "core/handler_scope.h"
 #include "idem/call_first.h"
+#include "idem/testing/kill_points.h"
 
 #include <algorithm>
 #include <exception>

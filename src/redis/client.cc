@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/url.h"
+#include "idem/url.h"
 #include "idem/redis/claim_store.h"
 
 namespace idem::redis_internal {
@@ -65,7 +66,7 @@ class SigpipeGuard {
 };
 
 Status Invalid(std::string_view url, std::string_view why) {
-  return Status::InvalidArgument("bad Redis URL '" + redis::RedactUrl(url) + "': " + std::string(why));
+  return Status::InvalidArgument("bad Redis URL '" + RedactUrl(url) + "': " + std::string(why));
 }
 
 // %XX escapes, for a user or password that holds ':' or '@'.
@@ -130,7 +131,7 @@ std::string Endpoint::Address() const {
 
 Result<Endpoint> ParseUrl(std::string_view url) {
   if (url.starts_with("rediss://")) return Invalid(url, "TLS (rediss://) is not supported");
-  if (!redis::IsUrl(url)) return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
+  if (UrlScheme(url) != "redis") return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
   // Only a scheme or path error can come from the shared parser here, and
   // neither can hold a password ("redis://" with nothing after it).
   IDEM_ASSIGN_OR_RETURN(url_internal::Url u, url_internal::Parse(url, {"redis://"}, false, "a Redis"));

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "sqlite/batched_wal.h"
 
 namespace idem::sqlite_internal {

@@ -4,7 +4,7 @@
 // src/test_vfs.c. Each open file is our File followed by the real VFS's file
 // in the same allocation; every method decides (under one mutex) whether the
 // call fails, kills, cuts the power or is held back, and forwards otherwise.
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 
 #include <signal.h>
 #include <sqlite3.h>

@@ -32,6 +32,8 @@
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -169,7 +171,7 @@ struct Db {
   TempDir dir;
   std::unique_ptr<Store> store;
   Db() {
-    auto s = sqlite::Open({.path = dir.File("inbox.db")});
+    auto s = sqlite::Store::Open({.path = dir.File("inbox.db")});
     EXPECT_TRUE(s.ok()) << s.status();
     store = std::move(*s);
     EXPECT_TRUE(CreatePayments(*store).ok());
@@ -548,7 +550,7 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
   }  // no connection crosses the fork
   TempDir dir;
   int status = RunInChild([&] {
-    auto store = sqlite::Open({.path = dir.File("inbox.db")});
+    auto store = sqlite::Store::Open({.path = dir.File("inbox.db")});
     if (!store.ok() || !CreatePayments(**store).ok()) return 2;
     Inbox inbox(**store, {.consumer = "payments"});
     auto src = AmqpSource::Open({.url = Url(), .queue = q, .prefetch = 50});
@@ -559,7 +561,7 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
     return 10;  // never reached the kill point
   });
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "wait status " << status;
-  auto opened = sqlite::Open({.path = dir.File("inbox.db")});
+  auto opened = sqlite::Store::Open({.path = dir.File("inbox.db")});
   ASSERT_TRUE(opened.ok()) << opened.status();
   struct {
     std::unique_ptr<Store> store;

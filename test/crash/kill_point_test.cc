@@ -31,6 +31,8 @@
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -123,7 +125,7 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
   std::string LogPath() const { return dir_.File("child.log"); }
 
   void Prepare() {
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs});
@@ -140,7 +142,7 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
     if (fd < 0) return 11;
     auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs});
     if (!q.ok()) return 12;
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     if (!store.ok()) return 13;
     Inbox inbox(**store, {.consumer = "payments"});
     LoggingSource src(**q, fd);
@@ -205,7 +207,7 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   // The state the crash left.
   std::set<std::string> marked_before;
   {
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     ASSERT_TRUE(store.ok()) << store.status();
     auto markers = (*store)->ListMarkers("payments", 1000);
     ASSERT_TRUE(markers.ok()) << markers.status();
@@ -241,7 +243,7 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   FakeEnv env(Env::Default()->NowMs());
   auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs, .poll_ms = 200, .env = &env});
   ASSERT_TRUE(q.ok()) << q.status();
-  auto store = sqlite::Open({.path = StorePath(), .env = &env});
+  auto store = sqlite::Store::Open({.path = StorePath(), .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
   Inbox inbox(**store, {.consumer = "payments", .env = &env});
   RecordingSource src(**q);

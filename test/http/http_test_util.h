@@ -27,6 +27,7 @@
 #include "idem/claims.h"
 #include "idem/env.h"
 #include "idem/http/server.h"
+#include "idem/testing/fake_env.h"
 
 namespace idem::testing {
 

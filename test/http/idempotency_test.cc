@@ -16,6 +16,7 @@
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -29,7 +30,7 @@ constexpr char kBody[] = R"({"amount":4000,"currency":"usd","customer":"cus_1"})
 class IdempotencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_NE(store_->claim_store(), nullptr);

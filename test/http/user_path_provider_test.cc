@@ -24,6 +24,7 @@
 #include "idem/http/client.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "provider_server.h"
 #include "util/test_util.h"
 
@@ -41,7 +42,7 @@ cli::ProviderServerOptions ProviderOptions(const TempDir& dir, int port, int64_t
 
 // Charges the provider holds for `key`, read from its own database.
 int64_t ProviderCharges(const TempDir& dir, const std::string& key) {
-  auto store = sqlite::Open({.path = dir.File("provider.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("provider.db")});
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return -1;
   auto tx = (*store)->Begin();
@@ -97,7 +98,7 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
     restarted = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && second != nullptr;
   });
 
-  auto store = sqlite::Open({.path = dir.File("payments.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .queue = "payments"});

@@ -41,6 +41,7 @@
 #include "idem/inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "mock_kafka.h"
 #include "util/test_util.h"
 
@@ -151,7 +152,7 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
   ASSERT_TRUE(topic && group && store_path && log_path);
   const int fd = ::open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
   ASSERT_GE(fd, 0);
-  auto store = sqlite::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
+  auto store = sqlite::Store::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
   ASSERT_TRUE(store.ok()) << store.status();
   Inbox inbox(**store, {.consumer = "payments"});
   auto src = kafka::Source::Open(SourceOptions(brokers, topic, group));
@@ -182,7 +183,7 @@ class KafkaCrash : public ::testing::Test {
     mock_ = kafka_->cluster();
     brokers_ = kafka_->brokers();
 
-    auto s = sqlite::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
+    auto s = sqlite::Store::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());

@@ -95,7 +95,7 @@ namespace {
 // The offset mode without a cluster: a delivery only needs a Kafka receipt.
 TEST(KafkaOffsetInbox, AThrowingHandlerIsAFailureStoresNothingAndTheRetryApplies) {
   TempDir dir;
-  auto store = sqlite::Open({.path = dir.File("store.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("store.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   auto oi = kafka::OffsetInbox::Open(**store, {.consumer = "billing"});
   ASSERT_TRUE(oi.ok()) << oi.status();

@@ -49,7 +49,7 @@ class PostgresRestart : public ::testing::Test {
 };
 
 TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
-  auto store = postgres::Open({.url = url_, .connect_timeout_s = 2});
+  auto store = postgres::Store::Open({.url = url_, .connect_timeout_ms = 2000});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir_.File("queue.db"), .queue = "payments", .lease_ms = 5'000});

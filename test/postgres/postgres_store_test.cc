@@ -18,6 +18,9 @@
 #include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 #include "postgres/pg.h"
 #include "postgres/pg_test_util.h"
 #include "util/claims_conformance.h"
@@ -30,11 +33,11 @@ INSTANTIATE_TEST_SUITE_P(
     Stores, StoreConformance,
     ::testing::Values(StoreParam{"postgres",
                                  [](const TempDir& d, Env* env) {
-                                   return postgres::Open({.url = SchemaUrl(d.path()), .env = env});
+                                   return postgres::Store::Open({.url = SchemaUrl(d.path()), .env = env});
                                  }},
                       StoreParam{"postgres_daily_partitions",
                                  [](const TempDir& d, Env* env) {
-                                   return postgres::Open(
+                                   return postgres::Store::Open(
                                        {.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
                                  }}),
     StoreParamName);
@@ -42,7 +45,7 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{"postgres",
                                                        [](const TempDir& d, Env* env) {
-                                                         return ClaimsOf(postgres::Open(
+                                                         return ClaimsOf(postgres::Store::Open(
                                                              {.url = SchemaUrl(d.path()), .claim_clock = env}));
                                                        }}),
                          ClaimsParamName);
@@ -72,7 +75,7 @@ class Postgres : public ::testing::Test {
   virtual bool daily() const { return false; }
   void SetUp() override {
     url_ = FreshSchemaUrl();
-    auto s = postgres::Open({.url = url_, .partition_by_day = daily()});
+    auto s = postgres::Store::Open({.url = url_, .partition_by_day = daily()});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -408,7 +411,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
 // the connection's cache must know it, or every new statement after it on
 // that connection fails ("prepared statement already exists").
 TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
-  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
   ASSERT_TRUE(one.ok()) << one.status();
   Store& store = **one;
   for (int divisor : {0, 0, 2}) {
@@ -474,7 +477,7 @@ TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
 // fails, and the connection goes back to the pool clean: the next read and
 // the next transaction on it work.
 TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
-  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
   ASSERT_TRUE(one.ok()) << one.status();
   Store& store = **one;
   for (bool rollback : {true, false}) {
@@ -557,7 +560,7 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   const int64_t day = 86'400'000;
   FakeEnv env(20'000 * day + 3'600'000);  // 01:00 on day 20000
   std::string url = FreshSchemaUrl();
-  auto store = postgres::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
+  auto store = postgres::Store::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   Inbox inbox(**store, {.consumer = "payments", .env = &env});
@@ -599,7 +602,7 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
 // leases, and a lease it sees as live by its clock is live by the server's.
 TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
   FakeEnv skewed(Env::Default()->NowMs() - 86'400'000);
-  auto store = ClaimsOf(postgres::Open({.url = FreshSchemaUrl(), .env = &skewed}));
+  auto store = ClaimsOf(postgres::Store::Open({.url = FreshSchemaUrl(), .env = &skewed}));
   ASSERT_TRUE(store.ok()) << store.status();
   auto server_now = (*store)->NowMs();
   ASSERT_TRUE(server_now.ok()) << server_now.status();
@@ -616,7 +619,7 @@ TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
 }
 
 TEST(PostgresBadInput, UnreachableServerIsAClearError) {
-  auto s = postgres::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_s = 2});
+  auto s = postgres::Store::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_ms = 2000});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1"),
@@ -629,7 +632,7 @@ TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
   auto at = url.find("postgres@");
   ASSERT_NE(at, std::string::npos);
   url.replace(at, 9, "idem_pw:hunter2@");
-  auto s = postgres::Open({.url = url});
+  auto s = postgres::Store::Open({.url = url});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("password authentication failed"), std::string::npos) << s.status();
@@ -637,14 +640,14 @@ TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
   // The right password opens it.
   std::string good = FreshSchemaUrl();
   good.replace(good.find("postgres@"), 9, "idem_pw:secret@");
-  auto ok = postgres::Open({.url = good});
+  auto ok = postgres::Store::Open({.url = good});
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 TEST(PostgresBadInput, MissingDatabaseIsNamed) {
   std::string url = PgUrl();
   url.replace(url.rfind('/') + 1, std::string::npos, "no_such_db");
-  auto s = postgres::Open({.url = url});
+  auto s = postgres::Store::Open({.url = url});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("no_such_db"), std::string::npos) << s.status();
@@ -652,18 +655,18 @@ TEST(PostgresBadInput, MissingDatabaseIsNamed) {
 
 TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
   std::string url = FreshSchemaUrl();
-  auto none = postgres::Open({.url = url, .create_if_missing = false});
+  auto none = postgres::Store::Open({.url = url, .create_if_missing = false});
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(none.status().message().find("no idem schema"), std::string::npos) << none.status();
   {
-    auto s = postgres::Open({.url = url});
+    auto s = postgres::Store::Open({.url = url});
     ASSERT_TRUE(s.ok()) << s.status();
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
-  auto newer = postgres::Open({.url = url});
+  auto newer = postgres::Store::Open({.url = url});
   ASSERT_FALSE(newer.ok());
   EXPECT_EQ(newer.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(newer.status().message().find("99"), std::string::npos) << newer.status();
@@ -671,47 +674,80 @@ TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
 
 TEST(PostgresBadInput, IdemOptionsInTheUrl) {
   std::string url = FreshSchemaUrl();
-  auto daily = postgres::Open({.url = url + "&idem_partition_by_day=true"});
+  auto daily = postgres::Store::Open({.url = url + "&idem_partition_by_day=true"});
   ASSERT_TRUE(daily.ok()) << daily.status();
   Inbox inbox(**daily, {.consumer = "c"});
   ASSERT_TRUE(CreatePayments(**daily).ok());
   for (int i = 0; i < 2; ++i) inbox.Handle(Msg("m"), ChargeHandler());
   // The daily table holds it; the plain layout does not see it.
   EXPECT_EQ(*(*daily)->CountMarkers("c"), 1);
-  EXPECT_EQ(*(*postgres::Open({.url = url}))->CountMarkers("c"), 0);
-  auto bad = postgres::Open({.url = url + "&idem_colour=blue"});
+  EXPECT_EQ(*(*postgres::Store::Open({.url = url}))->CountMarkers("c"), 0);
+  auto bad = postgres::Store::Open({.url = url + "&idem_colour=blue"});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("idem_colour"), std::string::npos);
 }
 
 TEST(PostgresBadInput, PasswordsAreRedacted) {
-  EXPECT_EQ(postgres::RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
-  EXPECT_EQ(postgres::RedactUrl("postgresql://h/db"), "postgresql://h/db");
+  EXPECT_EQ(RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
+  EXPECT_EQ(RedactUrl("postgresql://h/db"), "postgresql://h/db");
   // In the query, and in key=value strings.
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
             "postgres://u@h/db?password=***&sslmode=off");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
+  EXPECT_EQ(RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
             "postgres://u:***@h/db?sslmode=off&password=***");
-  EXPECT_EQ(postgres::RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
-  EXPECT_EQ(postgres::RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?application_name=mypassword"),
+  EXPECT_EQ(RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
+  EXPECT_EQ(RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?application_name=mypassword"),
             "postgres://u@h/db?application_name=mypassword");
 }
 
 TEST(PostgresBadInput, AnUnparsableUrlIsBadUsageAndKeepsItsPasswordSecret) {
-  auto bad = postgres::Open({.url = "postgres://u:s3cret@[::1/x"});
+  auto bad = postgres::Store::Open({.url = "postgres://u:s3cret@[::1/x"});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("not a valid PostgreSQL URL"), std::string::npos) << bad.status();
   EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos) << bad.status();
 }
 
-TEST(PostgresBadInput, UrlRecognition) {
-  EXPECT_TRUE(postgres::IsUrl("postgres://h/db"));
-  EXPECT_TRUE(postgres::IsUrl("postgresql://h/db"));
-  EXPECT_FALSE(postgres::IsUrl("sqlite:x.db"));
+TEST(PostgresBadInput, UrlParsing) {
+  EXPECT_TRUE(postgres::Store::ParseUrl("postgres://h/db").ok());
+  EXPECT_TRUE(postgres::Store::ParseUrl("postgresql://h/db").ok());
+  EXPECT_EQ(postgres::Store::ParseUrl("sqlite:x.db").status().code(), Code::kInvalidArgument);
+  // idem's keys go to the fields; libpq's stay in the URL as written.
+  auto o = postgres::Store::ParseUrl(
+      "postgres://u:pw@h:5432/db?sslmode=disable&idem_pool_size=3&idem_partition_by_day=true"
+      "&idem_connect_timeout_ms=1500&application_name=a%20b&idem_create_if_missing=false");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->url, "postgres://u:pw@h:5432/db?sslmode=disable&application_name=a%20b");
+  EXPECT_EQ(o->pool_size, 3);
+  EXPECT_TRUE(o->partition_by_day);
+  EXPECT_EQ(o->connect_timeout_ms, 1500);
+  EXPECT_FALSE(o->create_if_missing);
+  auto plain = postgres::Store::ParseUrl("postgres://h/db");
+  EXPECT_EQ(plain->url, "postgres://h/db");
+  EXPECT_EQ(plain->pool_size, postgres::Store::Options{}.pool_size);
+  // Unknown idem keys, keys given twice, numbers out of range: named, password hidden.
+  for (const char* bad : {"postgres://u:s3cret@h/db?idem_colour=blue", "postgres://u:s3cret@h/db?idem_pool_size=0",
+                          "postgres://u:s3cret@h/db?idem_pool_size=2&idem_pool_size=3",
+                          "postgres://u:s3cret@h/db?idem_partition_by_day=maybe"}) {
+    auto r = postgres::Store::ParseUrl(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("idem_"), std::string::npos) << r.status();
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
+}
+
+TEST(PostgresBadInput, OpenChecksTheOptions) {
+  for (postgres::Store::Options o : {postgres::Store::Options{.pool_size = 0},
+                                     postgres::Store::Options{.connect_timeout_ms = 0},
+                                     postgres::Store::Options{.partition_days_ahead = -1}}) {
+    o.url = "postgres://u:s3cret@127.0.0.1:1/db";
+    auto r = postgres::Store::Open(o);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

@@ -46,8 +46,9 @@
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
@@ -152,7 +153,7 @@ class PowerLoss : public ::testing::Test {
 
   int64_t Uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng_); }
 
-  sqlite::Options StoreOptions(sqlite::Synchronous sync) {
+  sqlite::Store::Options StoreOptions(sqlite::Synchronous sync) {
     // Small autocheckpoints put cuts inside checkpoints too (database file
     // writes and syncs, WAL restarts).
     static constexpr int kCheckpoints[] = {2, 8, 32, 10'000};
@@ -237,11 +238,11 @@ class PowerLoss : public ::testing::Test {
     strict_ = sync == sqlite::Synchronous::kFull;
     ASSERT_NO_FATAL_FAILURE(Produce());
     const std::map<std::string, int> acked_before = acked_;
-    const sqlite::Options options = StoreOptions(sync);
+    const sqlite::Store::Options options = StoreOptions(sync);
     const int batch = static_cast<int>(Uniform(1, 4));
     const FaultVfs::Fault cut = RandomCut();
     {
-      auto store = sqlite::Open(options);
+      auto store = sqlite::Store::Open(options);
       ASSERT_TRUE(store.ok()) << "cycle " << cycle << ": " << store.status();
       ASSERT_NO_FATAL_FAILURE(Check(**store, "cycle " + std::to_string(cycle)));
       if (::testing::Test::HasFailure()) return;
@@ -284,7 +285,7 @@ class PowerLoss : public ::testing::Test {
   // No faults: everything left is handled.
   void Drain() {
     ASSERT_NO_FATAL_FAILURE(PublishRemainingCopies());
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kFull));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
     ASSERT_TRUE(store.ok()) << store.status();
     Inbox inbox(**store, {.consumer = "payments", .env = env_.get()});
     CutAwareSource source(*queue_, acked_);
@@ -322,7 +323,7 @@ class PowerLoss : public ::testing::Test {
 TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
   const int wanted = CutsFromEnv(1'000);
   {
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kFull));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
@@ -349,7 +350,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
 
   ASSERT_NO_FATAL_FAILURE(Drain());
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
-  auto store = sqlite::Open({.path = dir_.File("store.db")});  // the normal VFS
+  auto store = sqlite::Store::Open({.path = dir_.File("store.db")});  // the normal VFS
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   ASSERT_NO_FATAL_FAILURE(Check(**store, "after the drain"));
@@ -370,7 +371,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
 // simulation (or the oracle) would be a no-op.
 TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   {
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kNormal));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kNormal));
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
@@ -385,7 +386,7 @@ TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   // Older, never inconsistent: still no doubled effect, and each effect with
   // its marker (Check says so at every cycle); the file is sound.
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
-  auto store = sqlite::Open({.path = dir_.File("store.db")});
+  auto store = sqlite::Store::Open({.path = dir_.File("store.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
 }
@@ -409,7 +410,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   TempDir dir;
   const std::string path = dir.File("store.db"), log = dir.File("acked.log");
   {
-    auto store = sqlite::Open({.path = path});
+    auto store = sqlite::Store::Open({.path = path});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }  // no connection crosses the fork
@@ -423,9 +424,9 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
     if (!vfs.ok()) return 11;
     auto configured = (*vfs)->ConfigureFromEnv();
     if (!configured.ok() || !*configured) return 12;
-    auto options = sqlite::ParseUrl("sqlite:" + path + "?vfs=idem-fault&" + c.url_options);
+    auto options = sqlite::Store::ParseUrl("sqlite:" + path + "?vfs=idem-fault&" + c.url_options);
     if (!options.ok()) return 13;
-    auto store = sqlite::Open(*options);
+    auto store = sqlite::Store::Open(*options);
     if (!store.ok()) return 14;
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd < 0) return 15;
@@ -450,7 +451,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
 
   // A new process opens the files with the normal VFS: SQLite recovers the
   // WAL (the child's -shm is rebuilt, no process holding it).
-  auto store = sqlite::Open({.path = path});
+  auto store = sqlite::Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   StoreState st = ReadState(**store);

@@ -26,6 +26,8 @@
 #include "idem/inbox.h"
 #include "idem/redis/stream_source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "redis/redis_test_util.h"
 #include "util/delivery_suite.h"
 #include "util/test_util.h"
@@ -139,7 +141,7 @@ class StreamsTest : public ::testing::Test {
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
   }
   void OpenStore() {
-    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -494,7 +496,7 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
   const int status = RunInChild([&] {
     auto src = StreamSource::Open(OptionsFor(dir_, 600'000, Env::Default()));
     if (!src.ok()) return 2;
-    auto st = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
+    auto st = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
     if (!st.ok()) return 3;
     Inbox inbox(**st, {.consumer = "payments"});
     ArmKillPoint("inbox.after_commit", 7);

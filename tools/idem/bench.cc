@@ -25,6 +25,7 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
+#include "idem/url.h"
 
 namespace idem::cli {
 namespace {
@@ -214,10 +215,10 @@ int RunMarker(const Args& args) {
   // FULL per message and NORMAL for batches. PostgreSQL: the server's own
   // synchronous_commit (on, as installed).
   const std::string url = args.Get("store");
-  const bool pg = postgres::IsUrl(url);
-  sqlite::Options opts;
+  const bool pg = cli::IsPostgresUrl(url);
+  sqlite::Store::Options opts;
   if (!pg) {
-    auto parsed = sqlite::ParseUrl(url);
+    auto parsed = sqlite::Store::ParseUrl(url);
     if (!parsed.ok()) return Fail(cmd, parsed.status());
     opts = *parsed;
     if (args.Has("synchronous")) {
@@ -231,13 +232,13 @@ int RunMarker(const Args& args) {
     return Fail(cmd, Status::InvalidArgument("--synchronous is for SQLite; PostgreSQL uses its synchronous_commit"));
   }
   auto open = [&](bool loading) -> Result<std::unique_ptr<Store>> {
-    if (pg) return postgres::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
-    sqlite::Options o = opts;
+    if (pg) return postgres::Store::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
+    sqlite::Store::Options o = opts;
     if (loading) {
       o.synchronous = sqlite::Synchronous::kOff;
       o.cache_kib = kRetainCacheKib;
     }
-    return sqlite::Open(o);
+    return sqlite::Store::Open(o);
   };
   const bool json = args.Bool("json");
 
@@ -282,10 +283,10 @@ int RunMarker(const Args& args) {
     sync = r->rows[0][0].AsText();
   }
   // SQLite: where checkpoints ran (Options::checkpoint, auto resolved).
-  const std::string checkpoint = pg ? "" : sqlite::CheckpointsInBackground(opts) ? "background" : "inline";
+  const std::string checkpoint = pg ? "" : sqlite::Store::CheckpointsInBackground(opts) ? "background" : "inline";
   const std::string sync_label =
       (pg ? "synchronous_commit " : "synchronous ") + sync + (pg ? "" : ", checkpoints " + checkpoint);
-  const std::string where = pg ? postgres::RedactUrl(url) : opts.path;
+  const std::string where = pg ? RedactUrl(url) : opts.path;
 
   double fsync_per_s = 0;
   if (*batch == 1) {

@@ -40,6 +40,7 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
+#include "idem/url.h"
 #include "payments.h"
 #include "provider_server.h"
 
@@ -125,10 +126,10 @@ int RunBenchCallFirst(const Args& args) {
   // in-transaction form's claims) live: a work directory beside the store
   // (PostgreSQL: under $TMPDIR), removed at the end.
   const std::string url = args.Get("store");
-  const bool pg = postgres::IsUrl(url);
+  const bool pg = cli::IsPostgresUrl(url);
   std::string store_path;
   if (!pg) {
-    auto o = sqlite::ParseUrl(url);
+    auto o = sqlite::Store::ParseUrl(url);
     if (!o.ok()) return Fail(cmd, o.status());
     store_path = o->path;
   }
@@ -288,7 +289,7 @@ int RunBenchCallFirst(const Args& args) {
                            std::to_string(charges->keys) + " keys for " + std::to_string(total_messages) + " orders");
   {
     // Every charge under its own order (customer cus_<order>).
-    auto db = sqlite::Open({.path = provider_db});
+    auto db = sqlite::Store::Open({.path = provider_db});
     if (!db.ok()) return Fail(cmd, db.status());
     auto orders = CountRows(**db, "SELECT count(DISTINCT customer) FROM provider_charges");
     if (!orders.ok()) return Fail(cmd, orders.status());
@@ -308,7 +309,7 @@ int RunBenchCallFirst(const Args& args) {
     return out;
   };
   const std::string kind(store.Kind());
-  const std::string where = pg ? postgres::RedactUrl(url) : store_path;
+  const std::string where = pg ? RedactUrl(url) : store_path;
   if (json) {
     Json j;
     j.Add("bench", "call-first")

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
+#include "idem/testing/fake_env.h"
 #include "marker_workload.h"
 
 namespace idem::cli {

@@ -53,7 +53,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
 #include "payments.h"
 #include "sources.h"
@@ -165,7 +165,7 @@ int64_t SteadyMs() {
       .count();
 }
 
-bool IsPostgres(const std::string& url) { return postgres::IsUrl(url); }
+bool IsPostgres(const std::string& url) { return cli::IsPostgresUrl(url); }
 
 // The entries of `dir` (std::filesystem's error_code overloads throughout:
 // nothing here may throw).
@@ -466,8 +466,8 @@ class Schedule {
     if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
     // A store that checkpoints on its own thread: that thread dies too.
     if (!postgres) {
-      auto o = sqlite::ParseUrl(cfg.store);
-      if (o.ok() && sqlite::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
+      auto o = sqlite::Store::ParseUrl(cfg.store);
+      if (o.ok() && sqlite::Store::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
     }
     for (int s = 0; s < cfg.consumers; ++s) {
       rngs_.emplace_back(cfg.seed * 1'000'003ULL + static_cast<uint64_t>(s) * 7'919ULL + 1);

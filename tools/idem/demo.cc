@@ -40,6 +40,8 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 #include "payments.h"
 #include "provider_server.h"
 #include "sources.h"
@@ -704,7 +706,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
-  say("  see what is stored: idem inspect --store '" + postgres::RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
+  say("  see what is stored: idem inspect --store '" + RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
       "?queue=payments'");
   say("  and the provider's idempotency records: idem inspect --store 'sqlite:" + f.provider + "'");
   return r;

@@ -48,7 +48,7 @@ struct QueueOptions {
   int64_t poll_ms = 10;
   // Default: Env::Default().
   Env* env = nullptr;
-  // The SQLite VFS to open the file through, as idem::sqlite::Options::vfs
+  // The SQLite VFS to open the file through, as idem::sqlite::Store::Options::vfs
   // ("idem-fault" for fault injection in tests). Default: SQLite's default.
   std::string vfs;
 };
