@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 #include "postgres/pg.h"
 #include "postgres/schema.h"
 

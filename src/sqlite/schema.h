@@ -6,7 +6,7 @@
 #ifndef IDEM_SRC_SQLITE_SCHEMA_H_
 #define IDEM_SRC_SQLITE_SCHEMA_H_
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 namespace idem::sqlite_internal {
 

@@ -16,7 +16,7 @@
 #include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 #include "sqlite/batched_wal.h"
 #include "sqlite/db.h"
 #include "sqlite/schema.h"

@@ -1,5 +1,5 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 #include <cctype>
 #include <algorithm>

@@ -6,7 +6,7 @@
 // and is made again.
 #include <string>
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 namespace idem::sql_internal {
 namespace {
