@@ -98,7 +98,12 @@ Fixture& GetFixture() {
     return f;
   }
   f.retained = *count;
-  f.inbox = std::make_unique<idem::Inbox>(*f.store, idem::InboxOptions{.consumer = kConsumer});
+  auto inbox = idem::Inbox::Open(*f.store, idem::Inbox::Options{.consumer = kConsumer});
+  if (!inbox.ok()) {
+    f.status = inbox.status();
+    return f;
+  }
+  f.inbox = std::move(*inbox);
   f.ids = std::make_unique<idem::bench::IdGenerator>(idem::bench::IdKind::kRandom, idem::bench::FreshSeed());
   return f;
 }

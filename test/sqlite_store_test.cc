@@ -104,7 +104,8 @@ TEST(SqliteStore, UrlParsing) {
 // Delivers `n` fresh messages, each twice, through an Inbox on `store`:
 // one charge each.
 void DeliverTwice(Store& store, const std::string& prefix, int n) {
-  Inbox inbox(store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < n; ++i) {
     const std::string id = prefix + std::to_string(i);
     ASSERT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kApplied) << id;
@@ -200,7 +201,8 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
       released.wait();
     });
     uintmax_t largest = 0;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     for (int i = 0; i < 300; ++i) {
       const std::string id = "w-" + std::to_string(i);
       for (int d = 0; d < 2; ++d) ASSERT_TRUE(inbox.Handle(Msg(id), ChargeHandler()).ShouldAck()) << id;
@@ -268,7 +270,8 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
   {
     auto s = sqlite::Store::Open({.path = dir.File("old.db")});
     ASSERT_TRUE(s.ok());
-    Inbox inbox(**s, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**s, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     ASSERT_TRUE(CreatePayments(**s).ok());
     ASSERT_TRUE(inbox.Handle(Msg("m-1"), ChargeHandler()).applied());
     // Make it look like a file written by schema version 1.
@@ -291,7 +294,8 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
   ASSERT_TRUE(idx.ok());
   EXPECT_EQ(idx->rows[0][0].AsInt(), 0);
   (*tx)->Rollback();
-  Inbox inbox(**s, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**s, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
 }
 
@@ -403,7 +407,8 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open(dir.File("s.db").c_str(), &other), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 2; ++i) {
     Outcome o = inbox.Handle(Msg("m-1"), ChargeHandler());
     EXPECT_EQ(o.kind, Outcome::Kind::kFailed);

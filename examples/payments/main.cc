@@ -150,9 +150,9 @@ int main(int argc, char** argv) {
 
   // The consumer: the provider call carries the message's key; the handler's
   // SQL runs in the transaction that holds the marker.
-  idem::Inbox inbox(**store, {.consumer = "payments"});
-  idem::Consumer consumer(
-      **queue, inbox,
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<idem::Inbox> inbox_owned, idem::Inbox::Open(**store, idem::Inbox::Options{.consumer = "payments"}));
+  idem::Inbox& inbox = *inbox_owned;
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<idem::Consumer> consumer_owned, idem::Consumer::Open(**queue, inbox,
       [&](idem::Transaction& tx, const idem::Message& m) -> idem::Status {
         auto charged = (*client)->Post("/charges", "amount=" + m.payload + "&currency=usd&description=" + m.id,
                                        idem::DownstreamKey(m, "charge"), "application/x-www-form-urlencoded");
@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
                        {m.id.substr(0, 10), std::atoll(m.payload.c_str()), location.substr(location.rfind('/') + 1)})
             .status();
       },
-      {.stop_when_idle = true});
+      idem::Consumer::Options{.stop_when_idle = true}));
+  idem::Consumer& consumer = *consumer_owned;
   idem::StopOnSignals(&consumer);
   if (auto s = consumer.Run(); !s.ok()) {
     std::cerr << s << "\n";

@@ -6,14 +6,15 @@
 // runs; then the key is completed with its stored result. Later calls with the
 // key get the stored result (a replay) instead of running the work again.
 //
-//   idem::Claims claims(*claim_store);
-//   auto c = claims.Claim({.scope = "charges", .key = key, .fingerprint = fp,
+//   auto claims = idem::Claims::Open(*claim_store, {.retention_ms = 24 * 3600 * 1000});
+//   if (!claims.ok()) return claims.status();
+//   auto c = (*claims)->Claim({.scope = "charges", .key = key, .fingerprint = fp,
 //                          .lease_ms = 30'000, .wait_ms = 2'000});
 //   if (!c.ok()) return c.status();
 //   switch (c->kind) {
 //     case idem::ClaimOutcome::Kind::kStarted: {
 //       std::string receipt = Charge(...);            // the work, once
-//       return claims.Complete(c->token, receipt);   // fenced by c->token
+//       return (*claims)->Complete(c->token, receipt);   // fenced by c->token
 //     }
 //     case idem::ClaimOutcome::Kind::kCompleted: return Reply(c->result);  // replay
 //     case idem::ClaimOutcome::Kind::kInProgress: return RetryAfter(c->retry_at_ms);
@@ -56,22 +57,31 @@
 
 namespace idem {
 
-struct ClaimsOptions {
-  // How long a completed record is kept (and replayed). Default: 24 hours.
-  int64_t retention_ms = 24LL * 3600 * 1000;
-  // A bounded wait re-reads the key at least this often (for changes its
-  // watch cannot hear: another process's, on SQLite; a lease running out).
-  // Default: 50 ms.
-  int64_t poll_ms = 50;
-  // The clock a bounded wait is measured on. Default: Env::Default().
-  Env* env = nullptr;
-};
-
 // The front end: validation, bounded waits, Fail policies.
 class Claims {
  public:
-  // `store` must outlive the Claims.
-  explicit Claims(ClaimStore& store, ClaimsOptions options = {});
+  struct Options {
+    // How long a completed record is kept (and replayed), > 0: a result kept
+    // for no time would let the work run again at once. Default: 24 hours.
+    int64_t retention_ms = 24LL * 3600 * 1000;
+    // A bounded wait re-reads the key at least this often (for changes its
+    // watch cannot hear: another process's, on SQLite; a lease running
+    // out), > 0. Default: 50 ms.
+    int64_t poll_ms = 50;
+    // The clock a bounded wait is measured on. Default (nullptr):
+    // Env::Default().
+    Env* env = nullptr;
+  };
+
+  // Checks the options (kInvalidArgument naming the field), then makes the
+  // front end. `store` must outlive the Claims.
+  static Result<std::unique_ptr<Claims>> Open(ClaimStore& store, const Options& options);
+  static Result<std::unique_ptr<Claims>> Open(ClaimStore& store);
+  // With the default options (valid by construction). `store` must outlive
+  // the Claims.
+  explicit Claims(ClaimStore& store);
+  Claims(const Claims&) = delete;
+  Claims& operator=(const Claims&) = delete;
 
   // Claims request.key in request.scope (see ClaimOutcome::Kind). With wait_ms > 0 a
   // key in progress is waited for (woken by its completion, re-checked at
@@ -103,14 +113,13 @@ class Claims {
   Status Extend(ClaimToken& token, int64_t lease_ms);
 
   ClaimStore& store() { return store_; }
-  const ClaimsOptions& options() const { return options_; }
-  // kInvalidArgument when the options cannot work (retention_ms <= 0); Claim
-  // and ClaimMany refuse to start work then.
-  Status CheckOptions() const;
+  const Options& options() const { return options_; }
 
  private:
+  Claims(ClaimStore& store, const Options& options);
+
   ClaimStore& store_;
-  ClaimsOptions options_;
+  Options options_;
 };
 
 // ---------------------------------------------------------------------------

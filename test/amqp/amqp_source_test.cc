@@ -181,8 +181,8 @@ struct Db {
 // A Consumer running in a thread of its own until destroyed.
 class Running {
  public:
-  Running(idem::Source& src, Inbox& inbox, ConsumerOptions o) : Running(src, inbox, ChargeHandler(), o) {}
-  Running(idem::Source& src, Inbox& inbox, Handler handler, ConsumerOptions o)
+  Running(idem::Source& src, Inbox& inbox, Consumer::Options o) : Running(src, inbox, ChargeHandler(), o) {}
+  Running(idem::Source& src, Inbox& inbox, Handler handler, Consumer::Options o)
       : consumer_(src, inbox, std::move(handler), o), thread_([this] { (void)consumer_.Run(); }) {}
   ~Running() {
     consumer_.Stop();
@@ -209,7 +209,8 @@ void DrainRest(const std::string& queue, Inbox& inbox) {
     auto src = OpenSource(queue);
     ASSERT_NE(src, nullptr);
     const uint64_t applied_before = inbox.counters().applied;
-    Consumer c(*src, inbox, ChargeHandler(), {.receive_wait_ms = 500, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(*src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 500, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     ASSERT_TRUE(c.Run().ok());
     EXPECT_EQ(inbox.counters().applied, applied_before) << "a leftover delivery was not a duplicate";
   }
@@ -442,7 +443,8 @@ TEST(AmqpSource, MessageWithoutAnyIdGoesToTheDeadLetterPathAndHeaderFallbackWork
     ASSERT_TRUE(pub->Publish(q, Msg("ok-1")).ok());
   }
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 100, "x-idem-id");
   ASSERT_NE(src, nullptr);
   {
@@ -470,7 +472,8 @@ TEST(AmqpSource, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
   for (int round = 0; round < 2; ++round)
     for (const char* id : {"ok-1", "poison-1", "ok-2"}) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 100, "");
   ASSERT_NE(src, nullptr);
   Handler poison = [](Transaction& tx, const Message& m) -> Status {
@@ -504,7 +507,8 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
   std::vector<std::string> ids;
   for (int i = 0; i < kIds; ++i) ids.push_back("order-" + std::to_string(i));
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<std::unique_ptr<AmqpSource>> sources;
   for (int i = 0; i < 3; ++i) {
     sources.push_back(OpenSource(q, 10));
@@ -512,7 +516,7 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
   }
   {
     std::vector<std::unique_ptr<Running>> runs;
-    for (auto& s : sources) runs.push_back(std::make_unique<Running>(*s, inbox, ConsumerOptions{.workers = 2, .batch = 4}));
+    for (auto& s : sources) runs.push_back(std::make_unique<Running>(*s, inbox, Consumer::Options{.workers = 2, .batch = 4}));
     // Every message twice, the copies far apart and interleaved with others.
     for (int round = 0; round < 2; ++round)
       for (const std::string& id : ids) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
@@ -552,10 +556,12 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
   int status = RunInChild([&] {
     auto store = sqlite::Store::Open({.path = dir.File("inbox.db")});
     if (!store.ok() || !CreatePayments(**store).ok()) return 2;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     auto src = AmqpSource::Open({.url = Url(), .queue = q, .prefetch = 50});
     if (!src.ok()) return 3;
-    Consumer c(**src, inbox, ChargeHandler(), {.receive_wait_ms = 2000, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 2000, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     ArmKillPoint("inbox.after_commit", kKillAtCommit);
     (void)c.Run();
     return 10;  // never reached the kill point
@@ -568,7 +574,8 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
   } db{std::move(*opened)};
   ASSERT_EQ(Charges(*db.store), kKillAtCommit) << "the child committed and died before its ack";
 
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 20);
   ASSERT_NE(src, nullptr);
   {
@@ -599,7 +606,8 @@ TEST(AmqpSource, BrokerRestartMidRunLosesNothingAndDoublesNothing) {
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < kBefore; ++i) ASSERT_TRUE(pub->Publish(q, Msg(ids[i])).ok());
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 5);
   ASSERT_NE(src, nullptr);
   {

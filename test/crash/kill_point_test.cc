@@ -144,10 +144,12 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
     if (!q.ok()) return 12;
     auto store = sqlite::Store::Open({.path = StorePath()});
     if (!store.ok()) return 13;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     LoggingSource src(**q, fd);
-    Consumer consumer(src, inbox, ChargeHandler(),
-                      {.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
+    auto consumer_owned = MustOpen<Consumer>(src, inbox, ChargeHandler(),
+                      Consumer::Options{.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
+    Consumer& consumer = *consumer_owned;
     ArmKillPoint(c.point, c.hit);
     (void)consumer.Run();
     return 10;
@@ -245,14 +247,16 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   ASSERT_TRUE(q.ok()) << q.status();
   auto store = sqlite::Store::Open({.path = StorePath(), .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments", .env = &env});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
+  Inbox& inbox = *inbox_owned;
   RecordingSource src(**q);
   std::map<std::string, int> calls;
   Handler h = [&](Transaction& tx, const Message& m) {
     ++calls[m.id];
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, inbox, h, {.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
+  auto consumer_owned = MustOpen<Consumer>(src, inbox, h, Consumer::Options{.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
   // Exactly once, nothing lost, the queue empty.

@@ -775,7 +775,8 @@ TEST_F(ClientTest, AStoppingConsumersHandlerStopsRetrying) {
   auto client = NewClient(hung.port(), /*max_attempts=*/6, /*read_timeout_ms=*/300);
   auto store = sqlite::Store::Open({.path = dir_.File("inbox.db"), .synchronous = sqlite::Synchronous::kNormal});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   OneMessageSource source;
   std::mutex mu;
   std::vector<Status> seen;

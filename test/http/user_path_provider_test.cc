@@ -113,7 +113,8 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
                                       .read_timeout_ms = 2'000});
   ASSERT_TRUE(client.ok()) << client.status();
   Claims claims(*(*store)->claim_store());
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   CallFirst charge(
       claims,
       [&](Calls& calls, const Message& m) -> Status {
@@ -130,8 +131,9 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
       [](Transaction& tx, const Message& m, const Calls&) -> Status {
         return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 4000)", {m.id}).status();
       });
-  Consumer consumer(**queue, inbox, charge,
-                    {.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
+  auto consumer_owned = MustOpen<Consumer>(**queue, inbox, charge,
+                    Consumer::Options{.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   restarter.join();
   ASSERT_TRUE(restarted.load()) << "the provider died at its kill point and came back";

@@ -154,14 +154,16 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
   ASSERT_GE(fd, 0);
   auto store = sqlite::Store::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers, topic, group));
   ASSERT_TRUE(src.ok()) << src.status();
   AckLoggingSource logged(**src, fd);
   ASSERT_TRUE(ArmKillPointFromEnv()) << "IDEM_KILL_AT is not set";
   // One worker, one delivery at a time: exactly one delivery is committed
   // and not acknowledged when the kill point fires.
-  Consumer consumer(logged, inbox, ChargeHandler(), {.workers = 1, .batch = 1, .receive_wait_ms = 100});
+  auto consumer_owned = MustOpen<Consumer>(logged, inbox, ChargeHandler(), Consumer::Options{.workers = 1, .batch = 1, .receive_wait_ms = 100});
+  Consumer& consumer = *consumer_owned;
   std::thread watchdog([&] {
     std::this_thread::sleep_for(std::chrono::seconds(120));
     consumer.Stop();
@@ -338,14 +340,16 @@ TEST_F(KafkaCrash, AConsumerKilledAfterCommitBeforeAckIsRedeliveredToAnotherCons
 
   // Another member of the group on the same store. The dead member's
   // partitions come to it once its session runs out.
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers_, kTopic, kGroup));
   ASSERT_TRUE(src.ok()) << src.status();
   RecordingSource recorded(**src);
   {
-    Consumer consumer(recorded, inbox, ChargeHandler(),
-                      {.workers = 2, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
+    auto consumer_owned = MustOpen<Consumer>(recorded, inbox, ChargeHandler(),
+                      Consumer::Options{.workers = 2, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
                        .receive_wait_ms = 100});
+    Consumer& consumer = *consumer_owned;
     std::thread run([&] { (void)consumer.Run(); });
     const bool drained = WaitFor([&] {
       if (Charges(*store_) < kN) return false;

@@ -56,7 +56,7 @@ bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
 // Runs a Consumer on its own thread until the test stops it.
 class Runner {
  public:
-  Runner(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
+  Runner(Source& source, Inbox& inbox, Handler handler, Consumer::Options options)
       : consumer_(source, inbox, std::move(handler), options), thread_([this] { status_ = consumer_.Run(); }) {}
   ~Runner() { Stop(); }
   void Stop() {
@@ -101,7 +101,7 @@ class KafkaTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments"});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
   }
 
   void TearDown() override {
@@ -143,7 +143,7 @@ class KafkaTest : public ::testing::Test {
     ASSERT_TRUE(f.ok()) << f;
   }
 
-  ConsumerOptions Options(int workers = 2) {
+  Consumer::Options Options(int workers = 2) {
     return {.workers = workers, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
             .receive_wait_ms = 100};
   }
@@ -290,7 +290,8 @@ TEST_F(KafkaTest, AConsumerThatCommittedButNeverAckedIsAbsorbedByTheNextMember) 
   }
   EXPECT_TRUE(WaitFor([&] { return !AllCommitted(); }));  // nothing was acknowledged
 
-  Inbox second_inbox(*store_, {.consumer = "payments"});
+  auto second_inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& second_inbox = *second_inbox_owned;
   auto second = OpenSource();
   Runner run(*second, second_inbox, ChargeHandler(), Options());
   ASSERT_TRUE(WaitDrained(kN, {second.get()}));
@@ -402,7 +403,7 @@ TEST_F(KafkaTest, APoisonMessageIsDeadLetteredAndTheRestApplyOnce) {
     return ChargeHandler()(tx, m);
   };
   auto src = OpenSource();
-  ConsumerOptions o = Options();
+  Consumer::Options o = Options();
   o.max_attempts = 3;
   Runner run(*src, *inbox_, h, o);
   ASSERT_TRUE(WaitFor([&] {

@@ -134,7 +134,8 @@ TEST_F(PostgresDaily, RaceSecondWaitsThenSeesDuplicateOrApplies) { RaceBothOrder
 void Postgres::RaceBothOrders() {
   for (bool first_commits : {true, false}) {
     SCOPED_TRACE(first_commits ? "first commits" : "first rolls back");
-    Inbox inbox(*store_, {.consumer = first_commits ? "commit-order" : "rollback-order"});
+    auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = first_commits ? "commit-order" : "rollback-order"});
+    Inbox& inbox = *inbox_owned;
     std::mutex mu;
     std::condition_variable cv;
     bool release = false, in_handler = false;
@@ -177,7 +178,8 @@ void Postgres::RaceBothOrders() {
 // in doubt, the marker is read back (absent), nothing is acknowledged, and
 // the redelivery applies the work once.
 TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int pid = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     pid = BackendPid(tx);
@@ -201,7 +203,8 @@ TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
 // client never hears it. Whatever the client concludes, it acknowledges only
 // if the marker is committed, and the redelivery never applies twice.
 TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 5; ++i) {
     std::string id = "cut-" + std::to_string(i);
     PGconn* conn = nullptr;
@@ -230,7 +233,8 @@ TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
 // transaction makes as many round trips as the same work in a transaction
 // of its own (BEGIN, INSERT, COMMIT), for one message and for a batch.
 TEST_F(Postgres, TheMarkerTravelsWithBeginSoTheGuardAddsNoRoundTrip) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int next = 0, next_bare = 0;
   auto fresh = [&] { return Msg("rt-" + std::to_string(next++)); };
   auto bare = [&](int n) {
@@ -273,7 +277,8 @@ TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
     (*tx2)->Rollback();
   });
   EXPECT_EQ(trips, 0);
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-empty"), ChargeHandler());
   EXPECT_EQ(Charges(*store_, "after-empty"), 1);
 }
@@ -291,7 +296,8 @@ TEST_F(Postgres, AFailingFirstStatementIsAClearErrorAndTheConnectionStaysUsable)
     EXPECT_NE(r.status().message().find("no_such_table"), std::string::npos) << r.status();
     (*tx)->Rollback();
   }
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-error"), ChargeHandler());
   EXPECT_EQ(Charges(*store_, "after-error"), 1);
 }
@@ -320,7 +326,8 @@ TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
 // The backend dies in the middle of a batch: nothing of it is committed or
 // acknowledged, and the redelivered batch applies every message once.
 TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<Message> batch;
   for (int i = 0; i < 10; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
   int pid = -1;
@@ -348,7 +355,8 @@ TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
 // client sees it) is replaced on the next transaction: the consumer recovers
 // by itself.
 TEST_F(Postgres, RecoversWhenPooledConnectionsDie) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int pid = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     pid = BackendPid(tx);
@@ -428,7 +436,8 @@ TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   // A statement new to the connection after it.
-  Inbox inbox(store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d)
     EXPECT_NE(inbox.Handle(Msg("after-failed-exec"), ChargeHandler()).kind, Outcome::Kind::kFailed);
   EXPECT_EQ(Charges(store, "after-failed-exec"), 1);
@@ -438,7 +447,8 @@ TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
 // fine until used: reads, new transactions and the Inbox still work, on new
 // connections, whichever of them meets the dead pool first.
 TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   ASSERT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   // Four connections at once, back in the pool afterwards, then their backends ended.
   auto kill_the_pool = [&] {
@@ -505,7 +515,8 @@ TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
 }
 
 TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int sock = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     sock = PQsocket(static_cast<PGconn*>(tx.NativeHandle()));
@@ -534,7 +545,8 @@ TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
 }
 
 TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<Message> batch;
   for (int i = 0; i < 600; ++i) batch.push_back(Msg("p-" + std::to_string(i)));
   for (size_t at = 0; at < batch.size(); at += 100)
@@ -563,7 +575,8 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   auto store = postgres::Store::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
-  Inbox inbox(**store, {.consumer = "payments", .env = &env});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 3; ++d) {
     for (int i = 0; i < 10; ++i) {
       std::string id = "d";
@@ -607,7 +620,8 @@ TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
   auto server_now = (*store)->NowMs();
   ASSERT_TRUE(server_now.ok()) << server_now.status();
   EXPECT_GT(*server_now, skewed.NowMs() + 86'000'000) << "the store's clock is the server's, not the client's";
-  Claims claims(**store, {.env = &skewed});
+  auto claims_owned = MustOpen<Claims>(**store, Claims::Options{.env = &skewed});
+  Claims& claims = *claims_owned;
   ClaimRequest r{.scope = "charges", .key = "k", .fingerprint = FingerprintOf("b"), .lease_ms = 600'000};
   auto c = claims.Claim(r);
   ASSERT_TRUE(c.ok() && c->kind == ClaimOutcome::Kind::kStarted) << c.status();
@@ -676,7 +690,8 @@ TEST(PostgresBadInput, IdemOptionsInTheUrl) {
   std::string url = FreshSchemaUrl();
   auto daily = postgres::Store::Open({.url = url + "&idem_partition_by_day=true"});
   ASSERT_TRUE(daily.ok()) << daily.status();
-  Inbox inbox(**daily, {.consumer = "c"});
+  auto inbox_owned = MustOpen<Inbox>(**daily, Inbox::Options{.consumer = "c"});
+  Inbox& inbox = *inbox_owned;
   ASSERT_TRUE(CreatePayments(**daily).ok());
   for (int i = 0; i < 2; ++i) inbox.Handle(Msg("m"), ChargeHandler());
   // The daily table holds it; the plain layout does not see it.

@@ -53,7 +53,7 @@ class RedisPrefilter : public ::testing::Test {
     auto f = redis::Prefilter::Open(o);
     ASSERT_TRUE(f.ok()) << f.status();
     filter_ = std::move(*f);
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .prefilter = filter_.get()});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .prefilter = filter_.get()});
   }
   Outcome Deliver(const Message& m, const Handler& h = ChargeHandler()) { return inbox_->Handle(m, h); }
   bool Known(const Message& m) {

@@ -228,7 +228,8 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
     for (int i = 0; i < 10; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());
 
   Vfs().ResetCounters();
-  Inbox inbox(*store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int applied = 0, duplicates = 0;
   for (;;) {
     auto got = (*queue)->Receive(3, 0);
@@ -317,7 +318,8 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(CreatePayments(*store).ok());
-  Inbox inbox(*store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   Vfs().Arm({.action = Action::kIoError, .op = Op::kSync, .at = 1});
   const std::vector<Message> first = {Msg("a"), Msg("a"), Msg("b")};
   auto outcomes = inbox.HandleBatch(first, ChargeHandler());
@@ -492,7 +494,8 @@ TEST_F(FaultVfsTest, AStoreCommitSurvivesACutOnlyWhenSynced) {
     {
       auto store = sqlite::Store::Open(o);
       ASSERT_TRUE(store.ok()) << store.status();
-      Inbox inbox(**store, {.consumer = "payments"});
+      auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+      Inbox& inbox = *inbox_owned;
       for (int i = 0; i < 3; ++i) ASSERT_TRUE(inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler()).applied());
       EXPECT_EQ(Charges(**store), 3);
       Vfs().PowerCut();
@@ -548,7 +551,8 @@ class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<S
     return OpenStore(dir);
   }
   std::vector<Outcome> Process(Store& store) {
-    Inbox inbox(store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     if (messages_.size() == 1) return {inbox.Handle(messages_[0], ChargeHandler())};
     return inbox.HandleBatch(messages_, ChargeHandler());
   }

@@ -246,10 +246,11 @@ class PowerLoss : public ::testing::Test {
       ASSERT_TRUE(store.ok()) << "cycle " << cycle << ": " << store.status();
       ASSERT_NO_FATAL_FAILURE(Check(**store, "cycle " + std::to_string(cycle)));
       if (::testing::Test::HasFailure()) return;
-      Inbox inbox(**store, {.consumer = "payments", .env = env_.get()});
+      auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
+      Inbox& inbox = *inbox_owned;
       CutAwareSource source(*queue_, acked_);
-      Consumer consumer(source, inbox, ChargeHandler(),
-                        {.workers = 1,
+      auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
+                        Consumer::Options{.workers = 1,
                          .batch = batch,
                          .max_attempts = 0,  // a cut must never dead-letter a message
                          .max_deliveries = 0,
@@ -258,6 +259,7 @@ class PowerLoss : public ::testing::Test {
                          .receive_wait_ms = 1,
                          .stop_when_idle = true,
                          .env = env_.get()});
+      Consumer& consumer = *consumer_owned;
       source.set_consumer(&consumer);
       Vfs().Arm(cut);
       ASSERT_TRUE(consumer.Run().ok());
@@ -287,11 +289,12 @@ class PowerLoss : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(PublishRemainingCopies());
     auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
     ASSERT_TRUE(store.ok()) << store.status();
-    Inbox inbox(**store, {.consumer = "payments", .env = env_.get()});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
+    Inbox& inbox = *inbox_owned;
     CutAwareSource source(*queue_, acked_);
-    Consumer consumer(
-        source, inbox, ChargeHandler(),
-        {.max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
+    auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
+        Consumer::Options{.max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
+    Consumer& consumer = *consumer_owned;
     source.set_consumer(&consumer);
     ASSERT_TRUE(consumer.Run().ok());
   }
@@ -430,7 +433,8 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
     if (!store.ok()) return 14;
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd < 0) return 15;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     for (int i = 0; i < kMessages; ++i) {
       Message m = Msg("pay-" + std::to_string(i));
       if (!inbox.Handle(m, ChargeHandler()).ShouldAck()) return 16;
@@ -472,7 +476,8 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   }
 
   // Everything is delivered again, twice: each message is applied once.
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < kMessages; ++i) {
       Outcome o = inbox.Handle(Msg("pay-" + std::to_string(i)), ChargeHandler());

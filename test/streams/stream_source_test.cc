@@ -145,7 +145,7 @@ class StreamsTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   }
   void ExpectExactlyOnce(int n) {
     for (int i = 0; i < n; ++i) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
@@ -383,8 +383,9 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
     ASSERT_TRUE(s->Publish(Msg(Id(1))).ok());
   }
   // Seen by the source: an empty id and a header that says why.
-  Consumer consumer(*s, *inbox_, ChargeHandler(),
-                    {.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
+                    Consumer::Options{.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   auto dead = store_->ListDeadLetters("payments", 10);
@@ -413,8 +414,8 @@ TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
     if (m.id == Id(2)) return Status::HandlerFailed("cannot parse order 2");
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(*s, *inbox_, poison,
-                    {.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, poison,
+                    Consumer::Options{.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
                      .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
   ASSERT_TRUE(consumer.Run().ok());
   for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
@@ -470,8 +471,9 @@ TEST_F(StreamsTest, ConsumerDrainsDuplicatesAndLostAcksToExactlyOneEffectPerMess
     for (int i = 0; i < kIds; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
   DroppingSource lossy(*s, 5);
   for (int run = 0; run < 10 && PendingCount(Opts()) + (run == 0) > 0; ++run) {
-    Consumer consumer(lossy, *inbox_, ChargeHandler(),
-                      {.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    auto consumer_owned = MustOpen<Consumer>(lossy, *inbox_, ChargeHandler(),
+                      Consumer::Options{.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    Consumer& consumer = *consumer_owned;
     ASSERT_TRUE(consumer.Run().ok());
     env_.Advance(kLease + 1);  // lost acks come back
   }
@@ -498,9 +500,11 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
     if (!src.ok()) return 2;
     auto st = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
     if (!st.ok()) return 3;
-    Inbox inbox(**st, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**st, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     ArmKillPoint("inbox.after_commit", 7);
-    Consumer c(**src, inbox, ChargeHandler(), {.receive_wait_ms = 50, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 50, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     (void)c.Run();
     return 4;
   });
@@ -510,8 +514,9 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
   auto s = Open(&env_, kLease, "survivor");
   ASSERT_TRUE(s);
   env_.Advance(600'001);  // past the dead consumer's lease
-  Consumer consumer(*s, *inbox_, ChargeHandler(),
-                    {.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
+                    Consumer::Options{.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(kIds);
   EXPECT_EQ(PendingCount(Opts()), 0);
@@ -582,6 +587,7 @@ TEST_F(StreamsTest, GroupDestroyedUnderTheSourceIsRecreatedAndLeasesAreLost) {
 
 TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
   auto s = Open(Env::Default(), 5'000);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(s);
   auto t0 = std::chrono::steady_clock::now();
   auto none = s->Receive(10, 150);
@@ -670,8 +676,9 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(**s, *inbox_, slow,
-                    {.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  auto consumer_owned = MustOpen<Consumer>(**s, *inbox_, slow,
+                    Consumer::Options{.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  Consumer& consumer = *consumer_owned;
   std::thread runner([&] { (void)consumer.Run(); });
   while (handled.load() < kIds / 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   server.Stop();

@@ -298,7 +298,9 @@ int RunMarker(const Args& args) {
     fsync_per_s = *f;
   }
 
-  Inbox inbox(store, {.consumer = consumer, .key_by_producer_time = by_time});
+  auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = consumer, .key_by_producer_time = by_time});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   const int nc = static_cast<int>(*consumers);
   auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
   auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
@@ -461,7 +463,7 @@ const Command& BenchCommand() {
        {"seconds", "S", "2", "time per measured round and side"},
        {"rounds", "R", "3", "measured rounds per side (call-first: rounds of every worker count and form)"},
        {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
-       {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (InboxOptions)"},
+       {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (Inbox::Options)"},
        {"json", "", "", "print one JSON object"},
        {"n", "N", "", "peers: unique messages (default: $N or 20000)"},
        {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},

@@ -116,7 +116,7 @@ constexpr int kClientBackoffMaxMs = 100;  // as ProviderClient sets it
 constexpr int kConsumerMaxAttempts = 5;
 constexpr int64_t kConsumerBackoffBaseMs = 5, kConsumerBackoffMaxMs = 100;
 
-ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
+Consumer::Options ChaosConsumerOptions(const Config& cfg) {
   // Odd slots take batches (the mid-batch kill point lives there). No
   // crash-loop cut-off (max_deliveries): chaos kills consumers on purpose.
   return {.workers = 1,
@@ -137,7 +137,7 @@ ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
 // themselves take is not counted (loopback, milliseconds): a lease above
 // this outlasts the consumers' retries.
 int64_t ConsumerRetryBudgetMs() {
-  const ConsumerOptions o = ChaosConsumerOptions(Config{});
+  const Consumer::Options o = ChaosConsumerOptions(Config{});
   const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
   int64_t between = 0, d = o.backoff_base_ms;
   for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;
@@ -351,7 +351,9 @@ int Worker(const Config& cfg) {
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
   ThreadClients clients(cfg.provider, kClientAttempts);
-  Inbox inbox(**store, {.consumer = kConsumer});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  if (!inbox_owned.ok()) { std::cerr << "chaos consumer " << name << ": " << inbox_owned.status() << "\n"; return kExitError; }
+  Inbox& inbox = **inbox_owned;
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
@@ -365,7 +367,9 @@ int Worker(const Config& cfg) {
     return InsertPayment(tx, m, c->charge_id, kTable);
   };
   if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
-  Consumer consumer(source, inbox, handler, ChaosConsumerOptions(cfg));
+  auto consumer_owned = Consumer::Open(source, inbox, handler, ChaosConsumerOptions(cfg));
+  if (!consumer_owned.ok()) { std::cerr << "chaos consumer " << name << ": " << consumer_owned.status() << "\n"; return kExitError; }
+  Consumer& consumer = **consumer_owned;
   StopOnSignals(&consumer);
   Status s = consumer.Run();
   StopOnSignals(nullptr);

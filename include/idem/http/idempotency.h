@@ -158,7 +158,7 @@ const ClaimToken* CurrentClaim();
 class Idempotency {
  public:
   // `claims` must outlive the middleware. std::invalid_argument (at set-up,
-  // never per request) for Claims whose options cannot work (CheckOptions)
+  // never per request) for Claims whose options cannot work
   // or an empty Authenticator; Wrap and WrapInTransaction likewise for an
   // empty route name. Route names scope keys (with principal and method):
   // two routes given one name share their keys.
