@@ -150,9 +150,12 @@ int main(int argc, char** argv) {
 
   // The consumer: the provider call carries the message's key; the handler's
   // SQL runs in the transaction that holds the marker.
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<idem::Inbox> inbox_owned, idem::Inbox::Open(**store, idem::Inbox::Options{.consumer = "payments"}));
-  idem::Inbox& inbox = *inbox_owned;
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<idem::Consumer> consumer_owned, idem::Consumer::Open(**queue, inbox,
+  auto inbox = idem::Inbox::Open(**store, {.consumer = "payments"});
+  if (!inbox.ok()) {
+    std::cerr << inbox.status() << "\n";
+    return 1;
+  }
+  auto consumer = idem::Consumer::Open(**queue, **inbox,
       [&](idem::Transaction& tx, const idem::Message& m) -> idem::Status {
         auto charged = (*client)->Post("/charges", "amount=" + m.payload + "&currency=usd&description=" + m.id,
                                        idem::DownstreamKey(m, "charge"), "application/x-www-form-urlencoded");
@@ -165,10 +168,13 @@ int main(int argc, char** argv) {
                        {m.id.substr(0, 10), std::atoll(m.payload.c_str()), location.substr(location.rfind('/') + 1)})
             .status();
       },
-      idem::Consumer::Options{.stop_when_idle = true}));
-  idem::Consumer& consumer = *consumer_owned;
-  idem::StopOnSignals(&consumer);
-  if (auto s = consumer.Run(); !s.ok()) {
+      {.stop_when_idle = true});
+  if (!consumer.ok()) {
+    std::cerr << consumer.status() << "\n";
+    return 1;
+  }
+  idem::StopOnSignals(consumer->get());
+  if (auto s = (*consumer)->Run(); !s.ok()) {
     std::cerr << s << "\n";
     return 1;
   }
@@ -179,7 +185,7 @@ int main(int argc, char** argv) {
   for (const auto& r : rows->rows)
     std::cout << r[0].AsText() << " charged " << r[1].AsInt() << " cents in " << r[2].AsInt() << " row(s) ("
               << r[3].AsText() << ")\n";
-  idem::InboxCounters c = inbox.counters();
+  idem::InboxCounters c = (*inbox)->counters();
   std::cout << "applied " << c.applied << ", duplicates skipped " << c.duplicates << "\n";
   auto [charges, cents] = (*provider)->Totals();
   std::cout << "provider (HTTP on " << (*provider)->url() << "): " << charges << " charge(s), " << cents

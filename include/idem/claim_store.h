@@ -36,8 +36,8 @@ namespace idem {
 
 // The storage contract for claims. Every operation is one atomic step on the
 // store, judged by the store's clock. Implemented by the SQLite and
-// PostgreSQL stores (Store::claim_store() of what idem::sqlite::Open and
-// idem::postgres::Open return) and by idem::redis::ClaimStore.
+// PostgreSQL stores (Store::claim_store() of what idem::sqlite::Store::Open
+// and idem::postgres::Store::Open return) and by idem::redis::ClaimStore.
 class ClaimStore {
  public:
   virtual ~ClaimStore() = default;

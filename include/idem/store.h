@@ -45,7 +45,7 @@ struct Marker {
   Fingerprint fingerprint{};
   int64_t processed_at_ms = 0;
   // Set when the consumer keys markers by producer time
-  // (InboxOptions::key_by_producer_time) and the message carries one: the
+  // (Inbox::Options::key_by_producer_time) and the message carries one: the
   // store may then place the marker by this time. A store that has no such
   // layout ignores it.
   std::optional<int64_t> produced_at_ms;

@@ -183,7 +183,9 @@ class Running {
  public:
   Running(idem::Source& src, Inbox& inbox, Consumer::Options o) : Running(src, inbox, ChargeHandler(), o) {}
   Running(idem::Source& src, Inbox& inbox, Handler handler, Consumer::Options o)
-      : consumer_(src, inbox, std::move(handler), o), thread_([this] { (void)consumer_.Run(); }) {}
+      : owned_(MustOpen<Consumer>(src, inbox, std::move(handler), o)),
+        consumer_(*owned_),
+        thread_([this] { (void)consumer_.Run(); }) {}
   ~Running() {
     consumer_.Stop();
     thread_.join();
@@ -191,7 +193,8 @@ class Running {
   ConsumerStats stats() const { return consumer_.stats(); }
 
  private:
-  Consumer consumer_;
+  std::unique_ptr<Consumer> owned_;
+  Consumer& consumer_;
   std::thread thread_;
 };
 

@@ -57,7 +57,9 @@ bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
 class Runner {
  public:
   Runner(Source& source, Inbox& inbox, Handler handler, Consumer::Options options)
-      : consumer_(source, inbox, std::move(handler), options), thread_([this] { status_ = consumer_.Run(); }) {}
+      : owned_(MustOpen<Consumer>(source, inbox, std::move(handler), options)),
+        consumer_(*owned_),
+        thread_([this] { status_ = consumer_.Run(); }) {}
   ~Runner() { Stop(); }
   void Stop() {
     consumer_.Stop();
@@ -66,7 +68,8 @@ class Runner {
   Consumer& consumer() { return consumer_; }
 
  private:
-  Consumer consumer_;
+  std::unique_ptr<Consumer> owned_;
+  Consumer& consumer_;
   Status status_;
   std::thread thread_;
 };

@@ -17,6 +17,7 @@
 
 #include "idem/claims.h"
 #include "idem/inbox.h"
+#include "idem/open.h"
 #include "idem/postgres/store.h"
 #include "idem/testing/fake_env.h"
 #include "idem/testing/kill_points.h"
@@ -752,6 +753,19 @@ TEST(PostgresBadInput, UrlParsing) {
     EXPECT_NE(r.status().message().find("idem_"), std::string::npos) << r.status();
     EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
   }
+}
+
+TEST(PostgresOpenByUrl, OpenStoreAndOpenClaimStore) {
+  auto store = idem::OpenStore(PgUrl() + (PgUrl().find('?') == std::string::npos ? "?" : "&") + "idem_pool_size=2");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Kind(), "postgres");
+  auto claims = idem::OpenClaimStore(PgUrl());
+  ASSERT_TRUE(claims.ok()) << claims.status();
+  EXPECT_TRUE((*claims)->NowMs().ok());
+  // Unreachable: kUnavailable, password hidden.
+  auto down = idem::OpenStore("postgres://u:s3cret@127.0.0.1:1/db?idem_connect_timeout_ms=1000");
+  EXPECT_EQ(down.status().code(), Code::kUnavailable) << down.status();
+  EXPECT_EQ(down.status().message().find("s3cret"), std::string::npos) << down.status();
 }
 
 TEST(PostgresBadInput, OpenChecksTheOptions) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "idem/claims.h"
+#include "idem/open.h"
 #include "idem/redis/claim_store.h"
 #include "idem/url.h"
 #include "redis/redis_test_util.h"
@@ -125,6 +126,15 @@ TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
     EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
   }
+}
+
+TEST(RedisClaimStoreUrl, OpenClaimStoreByUrl) {
+  auto store = idem::OpenClaimStore(RedisUrl() + "?prefix=" + UniquePrefix() + "&pool_size=2");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto c = (*store)->TryClaim(Req("by-url"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kind, Kind::kStarted);
+  EXPECT_EQ(idem::OpenStore(RedisUrl()).status().code(), Code::kInvalidArgument);
 }
 
 TEST(RedisClaimStoreUrl, OpenChecksTheOptions) {

@@ -417,6 +417,7 @@ TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
   auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, poison,
                     Consumer::Options{.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
                      .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
   EXPECT_EQ(Charges(*store_, Id(2)), 0);
@@ -587,7 +588,6 @@ TEST_F(StreamsTest, GroupDestroyedUnderTheSourceIsRecreatedAndLeasesAreLost) {
 
 TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
   auto s = Open(Env::Default(), 5'000);
-  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(s);
   auto t0 = std::chrono::steady_clock::now();
   auto none = s->Receive(10, 150);

@@ -63,7 +63,7 @@ struct QueueStats {
 
 class Queue : public Source {
  public:
-  // Errors as for idem::sqlite::Open; kSchemaMismatch for a file that holds
+  // Errors as for idem::sqlite::Store::Open; kSchemaMismatch for a file that holds
   // another schema (not a queue file, or a newer version).
   static Result<std::unique_ptr<Queue>> Open(const QueueOptions& options);
   // Parses "embedded:PATH" (optionally "?queue=NAME&lease_ms=N&durable=B&vfs=NAME").

@@ -93,7 +93,7 @@ struct RoutePolicy {
 
 struct Options {
   // How long a stored response is replayed is the Claims' setting
-  // (ClaimsOptions::retention_ms, default 24 h): it is what the store keeps,
+  // (Claims::Options::retention_ms, default 24 h): it is what the store keeps,
   // and every response advertises it in Idempotency-Key-Retention (seconds).
   // Larger bodies get 413 before anything is stored. Default: 1 MiB. The
   // body is read before the middleware runs: also give the server the limit

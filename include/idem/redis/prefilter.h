@@ -5,7 +5,7 @@
 // that redelivered duplicates are answered without a database transaction.
 //
 //   auto filter = idem::redis::Prefilter::Open({.url = "redis://cache:6379"});
-//   idem::Inbox inbox(*store, {.consumer = "payments", .prefilter = filter->get()});
+//   auto inbox = idem::Inbox::Open(*store, {.consumer = "payments", .prefilter = filter->get()});
 //
 // It is never the only guard (see idem/prefilter.h): a message is remembered
 // only after its marker committed, with its payload's fingerprint, and is
