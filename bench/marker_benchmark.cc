@@ -73,7 +73,7 @@ Fixture& GetFixture() {
 
   // Load the retained markers without fsync, then reopen with NORMAL.
   {
-    auto load = idem::sqlite::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff,
+    auto load = idem::sqlite::Store::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff,
                                     .cache_kib = 64 * 1024});
     if (!load.ok()) {
       f.status = load.status();
@@ -86,7 +86,7 @@ Fixture& GetFixture() {
       return f;
     }
   }
-  auto store = idem::sqlite::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kNormal});
+  auto store = idem::sqlite::Store::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kNormal});
   if (!store.ok()) {
     f.status = store.status();
     return f;
@@ -98,7 +98,12 @@ Fixture& GetFixture() {
     return f;
   }
   f.retained = *count;
-  f.inbox = std::make_unique<idem::Inbox>(*f.store, idem::InboxOptions{.consumer = kConsumer});
+  auto inbox = idem::Inbox::Open(*f.store, idem::Inbox::Options{.consumer = kConsumer});
+  if (!inbox.ok()) {
+    f.status = inbox.status();
+    return f;
+  }
+  f.inbox = std::move(*inbox);
   f.ids = std::make_unique<idem::bench::IdGenerator>(idem::bench::IdKind::kRandom, idem::bench::FreshSeed());
   return f;
 }

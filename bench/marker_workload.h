@@ -168,7 +168,7 @@ inline Status BareBatch(Store& store, std::span<const Message> batch) {
 inline Status CheckApplied(const Outcome& o, const Message& m) {
   if (o.applied()) return Status::OK();
   if (o.kind == Outcome::Kind::kFailed) return o.status;
-  return Status(Code::kInternal, "fresh id " + m.id + " was not applied (" + o.ToString() +
+  return Status::Internal("fresh id " + m.id + " was not applied (" + o.ToString() +
                                      "): it collided with a retained marker");
 }
 
@@ -200,7 +200,8 @@ inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind 
   IDEM_ASSIGN_OR_RETURN(int64_t have, store.CountMarkers(consumer));
   if (have >= target) return int64_t{0};
   const int64_t to_add = target - have;
-  Inbox inbox(store, {.consumer = consumer, .key_by_producer_time = key_by_producer_time, .env = env});
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(store, Inbox::Options{.consumer = consumer, .key_by_producer_time = key_by_producer_time, .env = env}));
+  Inbox& inbox = *inbox_owned;
   IdGenerator ids(kind, FreshSeed());
   const Handler noop = [](Transaction&, const Message&) { return Status::OK(); };
   std::vector<Message> batch;

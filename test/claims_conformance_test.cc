@@ -12,6 +12,7 @@
 
 #include "idem/claims.h"
 #include "util/claims_conformance.h"
+#include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
@@ -25,7 +26,8 @@ ClaimRequest Req(std::string key, std::string_view body = "body", int64_t lease 
 }
 
 TEST_P(ClaimsConformance, NewKeyStartsAndIsCompletedOnceThenReplayed) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("k1"));
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->kind, Kind::kStarted);
@@ -51,7 +53,8 @@ TEST_P(ClaimsConformance, NewKeyStartsAndIsCompletedOnceThenReplayed) {
 // one, whatever else is in the batch: new, completed, held, expired, another
 // body, invalid, and the same key twice.
 TEST_P(ClaimsConformance, ManyClaimsAnswerEachKeyAsOneByOne) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto done = claims.Claim(Req("m-done"));
   auto held = claims.Claim(Req("m-held"));
   auto expired = claims.Claim(Req("m-expired", "body", 1'000));
@@ -114,7 +117,8 @@ TEST_P(ClaimsConformance, ManyClaimsAnswerEachKeyAsOneByOne) {
 }
 
 TEST_P(ClaimsConformance, ResultsAreBinarySafe) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   const std::string result("a\0b\xff\n", 5);
   auto c = claims.Claim(Req("bin"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
@@ -125,7 +129,8 @@ TEST_P(ClaimsConformance, ResultsAreBinarySafe) {
 }
 
 TEST_P(ClaimsConformance, SecondClaimWhileLeaseIsLiveIsInProgress) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("k2"));
   ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
   env_.Advance(kLease - 1);
@@ -136,7 +141,8 @@ TEST_P(ClaimsConformance, SecondClaimWhileLeaseIsLiveIsInProgress) {
 }
 
 TEST_P(ClaimsConformance, SameKeyOtherFingerprintIsAConflictOnEveryPath) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("k3", "pay $40"));
   ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
   auto in_progress = claims.Claim(Req("k3", "pay $80"));  // live lease
@@ -157,7 +163,8 @@ TEST_P(ClaimsConformance, SameKeyOtherFingerprintIsAConflictOnEveryPath) {
 }
 
 TEST_P(ClaimsConformance, ExpiredLeaseIsTakenOverAndTheStaleHolderIsFenced) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto paused = claims.Claim(Req("k4"));
   ASSERT_TRUE(paused.ok() && paused->kind == Kind::kStarted);
   env_.Advance(kLease);  // the holder pauses past its lease
@@ -186,7 +193,8 @@ TEST_P(ClaimsConformance, ExpiredLeaseIsTakenOverAndTheStaleHolderIsFenced) {
 }
 
 TEST_P(ClaimsConformance, HolderPastItsLeaseMayCompleteWhenNobodyTookOver) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto c = claims.Claim(Req("k5"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
   env_.Advance(kLease * 3);
@@ -199,7 +207,8 @@ TEST_P(ClaimsConformance, HolderPastItsLeaseMayCompleteWhenNobodyTookOver) {
 }
 
 TEST_P(ClaimsConformance, ExtendKeepsTheKeyAcrossItsOriginalLease) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto c = claims.Claim(Req("k6"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
   ClaimToken token = c->token;
@@ -216,7 +225,8 @@ TEST_P(ClaimsConformance, ExtendKeepsTheKeyAcrossItsOriginalLease) {
 }
 
 TEST_P(ClaimsConformance, ReleaseLetsTheNextCallRunTheWorkAgain) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("k7"));
   ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
   ASSERT_TRUE(claims.Fail(first->token, FailPolicy::kRelease, "provider said 503").ok());
@@ -232,7 +242,8 @@ TEST_P(ClaimsConformance, ReleaseLetsTheNextCallRunTheWorkAgain) {
 }
 
 TEST_P(ClaimsConformance, StoredFailureIsReplayedAsAnError) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto c = claims.Claim(Req("k8"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
   ASSERT_TRUE(claims.Fail(c->token, FailPolicy::kStoreError, "card declined").ok());
@@ -246,25 +257,22 @@ TEST_P(ClaimsConformance, StoredFailureIsReplayedAsAnError) {
 }
 
 // A result kept for no time would let the work run again at once: Claims
-// with retention_ms <= 0 start no work at all.
+// with retention_ms <= 0 cannot be opened, so they start no work at all.
 TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
   for (int64_t retention : {int64_t{0}, int64_t{-1}}) {
-    Claims claims(*store_, {.retention_ms = retention, .env = &env_});
-    EXPECT_EQ(claims.CheckOptions().code(), Code::kInvalidArgument);
-    for (int i = 0; i < 2; ++i) {
-      auto c = claims.Claim(Req("no-retention"));
-      ASSERT_FALSE(c.ok());
-      EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
-      EXPECT_NE(c.status().message().find("retention_ms"), std::string::npos) << c.status();
-      const ClaimRequest reqs[] = {Req("no-retention"), Req("other")};
-      for (const auto& r : claims.ClaimMany(reqs)) EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
-    }
+    auto c = Claims::Open(*store_, Claims::Options{.retention_ms = retention, .env = &env_});
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("retention_ms"), std::string::npos) << c.status();
   }
+  EXPECT_EQ(Claims::Open(*store_, Claims::Options{.poll_ms = 0, .env = &env_}).status().code(),
+            Code::kInvalidArgument);
   auto rec = store_->FindClaim("charges", "no-retention");
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_FALSE(rec->has_value());  // nothing was claimed
   // A wait "for ever" does not overflow the deadline.
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto held = claims.Claim(Req("forever"));
   ASSERT_TRUE(held.ok() && held->kind == Kind::kStarted);
   ASSERT_TRUE(claims.Complete(held->token, "done").ok());
@@ -276,7 +284,8 @@ TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
 }
 
 TEST_P(ClaimsConformance, CompletedRecordsExpireAfterRetentionAndArePurged) {
-  Claims claims(*store_, {.retention_ms = 3'600'000, .env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.retention_ms = 3'600'000, .env = &env_});
+  Claims& claims = *claims_owned;
   auto c = claims.Claim(Req("old"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
   ASSERT_TRUE(claims.Complete(c->token, "r").ok());
@@ -304,7 +313,8 @@ TEST_P(ClaimsConformance, CompletedRecordsExpireAfterRetentionAndArePurged) {
 }
 
 TEST_P(ClaimsConformance, ExpiredResultNotYetPurgedCountsAsAbsent) {
-  Claims claims(*store_, {.retention_ms = 1000, .env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.retention_ms = 1000, .env = &env_});
+  Claims& claims = *claims_owned;
   auto c = claims.Claim(Req("k9", "v1"));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted);
   ASSERT_TRUE(claims.Complete(c->token, "r1").ok());
@@ -322,7 +332,8 @@ TEST_P(ClaimsConformance, ExpiredResultNotYetPurgedCountsAsAbsent) {
 }
 
 TEST_P(ClaimsConformance, ScopesAreSeparate) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   ClaimRequest a = Req("same-key");
   ClaimRequest b = Req("same-key");
   b.scope = "refunds";
@@ -348,7 +359,8 @@ TEST_P(ClaimsConformance, ScopesAreSeparate) {
 }
 
 TEST_P(ClaimsConformance, BadRequestsAreRefusedBeforeTheStore) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   EXPECT_EQ(claims.Claim(Req("")).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(claims.Claim(Req(std::string(256, 'k'))).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(claims.Claim(Req("k", "b", 0)).status().code(), Code::kInvalidArgument);
@@ -361,7 +373,8 @@ TEST_P(ClaimsConformance, BadRequestsAreRefusedBeforeTheStore) {
 
 TEST_P(ClaimsConformance, ManyThreadsClaimingOneKeyStartOnce) {
   constexpr int kThreads = 64;
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   std::atomic<int> started{0}, in_progress{0}, errors{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -386,7 +399,8 @@ TEST_P(ClaimsConformance, ManyThreadsClaimingOneKeyStartOnce) {
 }
 
 TEST_P(ClaimsConformance, ConcurrentTakeoversOfAnExpiredLeaseStartOnce) {
-  Claims claims(*store_, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("expired-hot"));
   ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
   env_.Advance(kLease);
@@ -446,8 +460,10 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByTheCompletion) {
   ObservedStore observed(*store_);
   // Polls an hour apart and a clock that does not move: only the store's
   // wake-up can end this wait.
-  Claims waiting(observed, {.poll_ms = 3'600'000, .env = &env_});
-  Claims holding(*store_, {.env = &env_});
+  auto waiting_owned = MustOpen<Claims>(observed, Claims::Options{.poll_ms = 3'600'000, .env = &env_});
+  Claims& waiting = *waiting_owned;
+  auto holding_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& holding = *holding_owned;
   auto holder = holding.Claim(Req("slow"));
   ASSERT_TRUE(holder.ok() && holder->kind == Kind::kStarted);
   Result<ClaimOutcome> waited = Status::Internal("not run");
@@ -468,8 +484,10 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByTheCompletion) {
 // others in the batch are answered as they are.
 TEST_P(ClaimsConformance, ManyClaimsWaitForAKeyInProgressWhenAsked) {
   ObservedStore observed(*store_);
-  Claims waiting(observed, {.poll_ms = 3'600'000, .env = &env_});  // only the wake-up ends the wait
-  Claims holding(*store_, {.env = &env_});
+  auto waiting_owned = MustOpen<Claims>(observed, Claims::Options{.poll_ms = 3'600'000, .env = &env_});
+  Claims& waiting = *waiting_owned;  // only the wake-up ends the wait
+  auto holding_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& holding = *holding_owned;
   auto holder = holding.Claim(Req("w-held"));
   ASSERT_TRUE(holder.ok() && holder->kind == Kind::kStarted);
   ClaimRequest wait = Req("w-held");
@@ -489,8 +507,10 @@ TEST_P(ClaimsConformance, ManyClaimsWaitForAKeyInProgressWhenAsked) {
 
 TEST_P(ClaimsConformance, BoundedWaitIsWokenByARelease) {
   ObservedStore observed(*store_);
-  Claims waiting(observed, {.poll_ms = 3'600'000, .env = &env_});
-  Claims holding(*store_, {.env = &env_});
+  auto waiting_owned = MustOpen<Claims>(observed, Claims::Options{.poll_ms = 3'600'000, .env = &env_});
+  Claims& waiting = *waiting_owned;
+  auto holding_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& holding = *holding_owned;
   auto holder = holding.Claim(Req("flaky"));
   ASSERT_TRUE(holder.ok() && holder->kind == Kind::kStarted);
   Result<ClaimOutcome> waited = Status::Internal("not run");
@@ -509,8 +529,10 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByARelease) {
 
 TEST_P(ClaimsConformance, BoundedWaitEndsInProgressWhenItsTimeIsUp) {
   ObservedStore observed(*store_);
-  Claims waiting(observed, {.poll_ms = 1, .env = &env_});
-  Claims holding(*store_, {.env = &env_});
+  auto waiting_owned = MustOpen<Claims>(observed, Claims::Options{.poll_ms = 1, .env = &env_});
+  Claims& waiting = *waiting_owned;
+  auto holding_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
+  Claims& holding = *holding_owned;
   auto holder = holding.Claim(Req("stuck"));
   ASSERT_TRUE(holder.ok() && holder->kind == Kind::kStarted);
   Result<ClaimOutcome> waited = Status::Internal("not run");

@@ -25,6 +25,7 @@
 #include "idem/inbox.h"
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -137,11 +138,11 @@ class ConsumerTestBase {
                                     .poll_ms = 50, .env = &env_});
     ASSERT_TRUE(q.ok()) << q.status();
     queue_ = std::move(*q);
-    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   }
 
   // Publishes m-0..m-(n-1), then all of them again (a producer retry).
@@ -152,7 +153,7 @@ class ConsumerTestBase {
 
   // Drain mode; a Receive waits longer than a lease, so a delivery whose ack
   // was lost comes back before the consumer calls the queue idle.
-  ConsumerOptions Drain() {
+  Consumer::Options Drain() {
     return {.max_attempts = 5, .receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env_};
   }
 
@@ -235,10 +236,11 @@ TEST_P(ConsumerShapes, DuplicatesAndLostAcksEndWithOneEffectPerMessageAndAnEmpty
     calls.Next(m.id);
     return ChargeHandler()(tx, m);
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.workers = GetParam().workers;
   o.batch = GetParam().batch;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
   ExpectExactlyOnce(kN);
@@ -281,9 +283,10 @@ TEST_P(ConsumerShapes, HandlerFailingTheFirstKTimesIsRetriedWithBackoffAndApplie
   };
   // The default Receive wait (200 ms) is shorter than the later backoffs
   // (400 ms and more): drain mode must still wait for the retries it owes.
-  ConsumerOptions o{.workers = GetParam().workers, .batch = GetParam().batch, .max_attempts = 5,
+  Consumer::Options o{.workers = GetParam().workers, .batch = GetParam().batch, .max_attempts = 5,
                     .stop_when_idle = true, .env = &env_};
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
   ExpectExactlyOnce(kN);
@@ -334,10 +337,11 @@ TEST_F(ConsumerTest, BackoffDoublesPerFailureWithAtMostAQuarterOfJitter) {
     if (m.id == "m-0" && calls.Next(m.id) <= 4) return Status::Unavailable("down");
     return ChargeHandler()(tx, m);
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.backoff_base_ms = 100;
   o.backoff_max_ms = 500;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   ExpectQueueEmpty();
@@ -357,7 +361,8 @@ TEST_F(ConsumerTest, BackoffDoublesPerFailureWithAtMostAQuarterOfJitter) {
 TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
   PublishTwice(2);
   TestSource src(*queue_);
-  Consumer consumer(src, *inbox_, Handler{}, {.stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, Handler{}, Consumer::Options{.stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   Status s = consumer.Run();
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
   EXPECT_EQ(consumer.stats().received, 0u);
@@ -371,16 +376,20 @@ TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
 TEST_F(ConsumerTest, OptionsThatCannotWorkAreRefusedBeforeAnythingIsReceived) {
   PublishTwice(1);
   TestSource src(*queue_);
-  const ConsumerOptions kBad[] = {{.workers = 0},         {.batch = -1},           {.max_attempts = -1},
+  const Consumer::Options kBad[] = {{.workers = 0},         {.batch = -1},           {.max_attempts = -1},
                                   {.max_deliveries = -2}, {.backoff_base_ms = -1}, {.backoff_max_ms = -5},
                                   {.receive_wait_ms = -1}};
-  for (ConsumerOptions o : kBad) {
+  for (Consumer::Options o : kBad) {
     o.stop_when_idle = true;
     o.env = &env_;
-    Consumer consumer(src, *inbox_, ChargeHandler(), o);
-    Status s = consumer.Run();
-    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
-    EXPECT_EQ(consumer.stats().received, 0u);
+    auto consumer = Consumer::Open(src, *inbox_, ChargeHandler(), o);
+    EXPECT_EQ(consumer.status().code(), Code::kInvalidArgument) << consumer.status();
+  }
+  // The consumer's name is checked when the Inbox is opened, not per message.
+  for (const std::string& bad : {std::string(), std::string(256, 'c')}) {
+    auto inbox = Inbox::Open(*store_, Inbox::Options{.consumer = bad});
+    EXPECT_EQ(inbox.status().code(), Code::kInvalidArgument) << inbox.status();
+    EXPECT_NE(inbox.status().message().find("consumer"), std::string::npos) << inbox.status();
   }
   auto st = queue_->Stats();
   ASSERT_TRUE(st.ok());
@@ -396,10 +405,11 @@ TEST_F(ConsumerTest, HugeBackoffSettingsDoNotOverflow) {
     if (calls.Next(m.id) == 2) running->Stop();  // the retries are due in 10^8 years
     return Status::Unavailable("down");
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.backoff_base_ms = int64_t{1} << 62;
   o.backoff_max_ms = int64_t{1} << 62;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   running = &consumer;
   ASSERT_TRUE(consumer.Run().ok());
   auto nacks = src.nacks();
@@ -434,7 +444,8 @@ TEST_F(ConsumerTest, DeliveriesPastMaxDeliveriesAreDeadLetteredWithoutTheHandler
     calls.Next(m.id);
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, *inbox_, h, {.max_attempts = 5, .max_deliveries = 20, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Consumer::Options{.max_attempts = 5, .max_deliveries = 20, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectQueueEmpty();
   EXPECT_EQ(calls.Of(Id(0)), 0) << "never handled again";
@@ -455,7 +466,8 @@ TEST_F(ConsumerTest, MaxDeliveriesZeroHandlesEveryDelivery) {
   src.on_receive = [](std::vector<Delivery>& ds) {
     for (Delivery& d : ds) d.message.attempt = 1000;
   };
-  Consumer consumer(src, *inbox_, ChargeHandler(), {.max_deliveries = 0, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Consumer::Options{.max_deliveries = 0, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(Charges(*store_, Id(0)), 1);
   EXPECT_TRUE(DeadLetters().empty());
@@ -472,8 +484,9 @@ TEST_F(ConsumerTest, PoisonMessageIsDeadLetteredAfterMaxAttemptsWithItsLastError
     if (m.id == "m-0") return Status::HandlerFailed("card declined, call " + std::to_string(call));
     return Status::OK();
   };
-  ConsumerOptions o{.max_attempts = 3, .stop_when_idle = true, .env = &env_};
-  Consumer consumer(src, *inbox_, h, o);
+  Consumer::Options o{.max_attempts = 3, .stop_when_idle = true, .env = &env_};
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
   ExpectQueueEmpty();
@@ -511,10 +524,11 @@ TEST_F(ConsumerTest, MaxAttemptsZeroNeverDeadLetters) {
     if (calls.Next(m.id) <= 7) return Status::Unavailable("down");
     return ChargeHandler()(tx, m);
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.max_attempts = 0;
   o.backoff_max_ms = 1000;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_TRUE(DeadLetters().empty());
   EXPECT_EQ(calls.Of("m-0"), 8);
@@ -527,7 +541,8 @@ TEST_F(ConsumerTest, ConflictIsAckedAndDeadLetteredAsConflict) {
   for (int round = 0; round < 2; ++round) ASSERT_TRUE(queue_->Publish(Msg("m-0", "9900")).ok());
   PublishTwice(3);  // m-0 again (payload-of-m-0: a third payload), m-1, m-2
   TestSource src(*queue_);
-  Consumer consumer(src, *inbox_, ChargeHandler(), Drain());
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Drain());
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectQueueEmpty();
   EXPECT_EQ(Charges(*store_, "m-0"), 1);
@@ -565,7 +580,8 @@ TEST_F(ConsumerTest, InvalidIdIsDeadLetteredAtOnceAndAcked) {
     calls.Next(m.id);
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, *inbox_, h, Drain());
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Drain());
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectQueueEmpty();
   EXPECT_EQ(calls.Of(""), 0) << "the handler never sees an invalid id";
@@ -595,10 +611,11 @@ TEST_F(ConsumerTest, CopiesInOneBatchCountOneFailure) {
     if (m.id == "m-0" && calls.Next(m.id) == 1) return Status::Unavailable("down once");
     return Status::OK();
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.batch = 4;
   o.max_attempts = 2;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_TRUE(DeadLetters().empty()) << DeadLetters().front().error;
   EXPECT_EQ(consumer.stats().dead_lettered, 0u);
@@ -618,10 +635,11 @@ TEST_F(ConsumerTest, PoisonCopiesInOneBatchAreDeadLetteredOnceAndBothAcked) {
     if (m.id == "m-0") return Status::HandlerFailed("always, call " + std::to_string(calls.Next(m.id)));
     return Status::OK();
   };
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.batch = 4;
   o.max_attempts = 2;
-  Consumer consumer(src, *inbox_, h, o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectQueueEmpty();
   EXPECT_EQ(Charges(*store_, "m-0"), 0);
@@ -643,7 +661,8 @@ TEST_F(ConsumerTest, FailureCountIsClearedWhenAnotherCopyApplies) {
     if (calls.Next(m.id) == 1) return Status::Unavailable("down once");
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, *inbox_, h, Drain());
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Drain());
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(1);
   ExpectQueueEmpty();
@@ -673,8 +692,10 @@ class HookedStore final : public ForwardingStore {
 TEST_F(ConsumerTest, FailureCountedAfterTheLeaseWasLostAndTheMessageAppliedIsNotLeftBehind) {
   PublishTwice(1);
   HookedStore hooked(*store_);
-  Inbox slow(hooked, {.consumer = "payments", .env = &env_});
-  Inbox other(*store_, {.consumer = "payments", .env = &env_});
+  auto slow_owned = MustOpen<Inbox>(hooked, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& slow = *slow_owned;
+  auto other_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& other = *other_owned;
   bool raced = false;
   hooked.before_record_failure = [&] {
     if (raced) return;
@@ -695,7 +716,8 @@ TEST_F(ConsumerTest, FailureCountedAfterTheLeaseWasLostAndTheMessageAppliedIsNot
     if (calls.Next(m.id) == 1) return Status::Unavailable("slow and failing");
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, slow, h, Drain());
+  auto consumer_owned = MustOpen<Consumer>(src, slow, h, Drain());
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_TRUE(raced);
   EXPECT_EQ(calls.Of("m-0"), 1);
@@ -728,11 +750,12 @@ TEST_F(ConsumerTest, ReceiveErrorsBackOffFromTheStartAfterASuccess) {
    private:
     FakeEnv& inner_;
   } env(env_);
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.receive_wait_ms = 0;  // receives 4 and 5 take everything; 6 fails; 7 is idle
   o.batch = 2;
   o.env = &env;
-  Consumer consumer(src, *inbox_, ChargeHandler(), o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   ExpectQueueEmpty();
@@ -765,8 +788,9 @@ TEST_F(ConsumerTest, StopBetweenReceiveAndStartGivesTheDeliveriesBackUnacked) {
     calls.Next(m.id);
     return ChargeHandler()(tx, m);
   };
-  ConsumerOptions o{.batch = 4, .env = &env_};  // runs until Stop()
-  Consumer consumer(src, *inbox_, h, o);
+  Consumer::Options o{.batch = 4, .env = &env_};  // runs until Stop()
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
+  Consumer& consumer = *consumer_owned;
   running = &consumer;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_TRUE(consumer.stopping());
@@ -785,7 +809,8 @@ TEST_F(ConsumerTest, StopBetweenReceiveAndStartGivesTheDeliveriesBackUnacked) {
 
   // A new run takes everything: the given-back copies are their second delivery.
   TestSource src2(*queue_);
-  Consumer again(src2, *inbox_, h, Drain());
+  auto again_owned = MustOpen<Consumer>(src2, *inbox_, h, Drain());
+  Consumer& again = *again_owned;
   ASSERT_TRUE(again.Run().ok());
   ExpectExactlyOnce(kN);
   ExpectQueueEmpty();
@@ -804,7 +829,8 @@ TEST_F(ConsumerTest, StopFromAHandlerFinishesTheInFlightDeliveryAndReturns) {
     if (calls.Next("all") == 3) running->Stop();
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, *inbox_, h, ConsumerOptions{.env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Consumer::Options{.env = &env_});
+  Consumer& consumer = *consumer_owned;
   running = &consumer;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(Charges(*store_), 3) << "the in-flight message committed";
@@ -814,7 +840,8 @@ TEST_F(ConsumerTest, StopFromAHandlerFinishesTheInFlightDeliveryAndReturns) {
   EXPECT_EQ(st->ready, 2 * kN - 3);
   EXPECT_EQ(st->leased, 0);
 
-  Consumer again(src, *inbox_, ChargeHandler(), Drain());
+  auto again_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Drain());
+  Consumer& again = *again_owned;
   ASSERT_TRUE(again.Run().ok());
   ExpectExactlyOnce(kN);
   ExpectQueueEmpty();
@@ -829,8 +856,9 @@ TEST_F(ConsumerTest, StopFromAnotherThreadEndsARunThatWaitsForMessages) {
   src.on_ack = [&](const Delivery&) {
     if (++acks == 2 * kN) all_acked.set_value();
   };
-  ConsumerOptions o{.workers = 2, .env = &env_};  // runs until Stop()
-  Consumer consumer(src, *inbox_, ChargeHandler(), o);
+  Consumer::Options o{.workers = 2, .env = &env_};  // runs until Stop()
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), o);
+  Consumer& consumer = *consumer_owned;
   auto run = std::async(std::launch::async, [&] { return consumer.Run(); });
   // Bounded waits that end a broken test instead of hanging it; not timing.
   ASSERT_EQ(all_acked.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
@@ -850,7 +878,8 @@ TEST_F(ConsumerTest, SigtermStopsARunWhenStopOnSignalsIsSet) {
     if (calls.Next("all") == 2) ::raise(SIGTERM);
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, *inbox_, h, ConsumerOptions{.env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Consumer::Options{.env = &env_});
+  Consumer& consumer = *consumer_owned;
   StopOnSignals(&consumer);
   Status s = consumer.Run();
   StopOnSignals(nullptr);
@@ -858,7 +887,8 @@ TEST_F(ConsumerTest, SigtermStopsARunWhenStopOnSignalsIsSet) {
   EXPECT_TRUE(consumer.stopping());
   EXPECT_EQ(Charges(*store_), 2);
 
-  Consumer again(src, *inbox_, ChargeHandler(), Drain());
+  auto again_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Drain());
+  Consumer& again = *again_owned;
   ASSERT_TRUE(again.Run().ok());
   ExpectExactlyOnce(kN);
   ExpectQueueEmpty();
@@ -867,14 +897,16 @@ TEST_F(ConsumerTest, SigtermStopsARunWhenStopOnSignalsIsSet) {
 TEST_F(ConsumerTest, DrainModeReturnsOnAnEmptyQueue) {
   PublishTwice(2);
   TestSource src(*queue_);
-  ConsumerOptions o = Drain();
+  Consumer::Options o = Drain();
   o.workers = 4;
-  Consumer consumer(src, *inbox_, ChargeHandler(), o);
+  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), o);
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   ExpectQueueEmpty();
   // Run again on the empty queue: returns at once, does nothing.
-  Consumer idle(src, *inbox_, ChargeHandler(), o);
+  auto idle_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), o);
+  Consumer& idle = *idle_owned;
   ASSERT_TRUE(idle.Run().ok());
   EXPECT_EQ(idle.stats().received, 0u);
 }

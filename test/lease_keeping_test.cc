@@ -27,13 +27,14 @@ namespace {
 TEST(LeaseKeeping, AHandlerThreeTimesTheLeaseRunsOnceWithNoSecondDelivery) {
   for (bool extend : {true, false}) {
     TempDir dir;
-    auto store = sqlite::Open({.path = dir.File("inbox.db")});
+    auto store = sqlite::Store::Open({.path = dir.File("inbox.db")});
     ASSERT_TRUE(store.ok());
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .lease_ms = 600, .durable = false});
     ASSERT_TRUE(queue.ok());
     for (int copy = 0; copy < 2; ++copy) ASSERT_TRUE((*queue)->Publish(Msg("slow-1")).ok());
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     std::atomic<int> runs{0}, max_attempt{0};
     Handler slow = [&](Transaction& tx, const Message& m) -> Status {
       ++runs;
@@ -43,8 +44,9 @@ TEST(LeaseKeeping, AHandlerThreeTimesTheLeaseRunsOnceWithNoSecondDelivery) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1800));
       return ChargeHandler()(tx, m);
     };
-    Consumer consumer(**queue, inbox, slow,
-                      {.workers = 3, .receive_wait_ms = 50, .stop_when_idle = true, .extend_leases = extend});
+    auto consumer_owned = MustOpen<Consumer>(**queue, inbox, slow,
+                      Consumer::Options{.workers = 3, .receive_wait_ms = 50, .stop_when_idle = true, .extend_leases = extend});
+    Consumer& consumer = *consumer_owned;
     ASSERT_TRUE(consumer.Run().ok());
     EXPECT_EQ(Charges(**store, "slow-1"), 1);
     if (extend) {

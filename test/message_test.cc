@@ -9,6 +9,8 @@
 #include "idem/message.h"
 #include "idem/result.h"
 #include "idem/status.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 
 namespace idem {
 namespace {

@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// InboxOptions::key_by_producer_time on SQLite: markers keyed by the
+// Inbox::Options::key_by_producer_time on SQLite: markers keyed by the
 // producer's time keep every guarantee for messages whose deliveries carry
 // the same producer time, and switching it on never re-applies a message
 // handled before.
@@ -12,6 +12,7 @@
 
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -26,13 +27,13 @@ Message Timed(std::string id, int64_t produced_at, std::string payload = "") {
 class ProducerTimeKey : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("s.db"), .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("s.db"), .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }
-  Inbox MakeInbox(bool by_time) {
-    return Inbox(*store_, {.consumer = "payments", .key_by_producer_time = by_time, .env = &env_});
+  std::unique_ptr<Inbox> MakeInbox(bool by_time) {
+    return MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = by_time, .env = &env_});
   }
   TempDir dir_;
   FakeEnv env_;
@@ -40,7 +41,8 @@ class ProducerTimeKey : public ::testing::Test {
 };
 
 TEST_F(ProducerTimeKey, DuplicatesAndConflictsAsWithThePlainKey) {
-  Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < 10; ++i)
       EXPECT_EQ(inbox.Handle(Timed("m-" + std::to_string(i), 1000 + i), ChargeHandler()).kind,
@@ -58,9 +60,11 @@ TEST_F(ProducerTimeKey, DuplicatesAndConflictsAsWithThePlainKey) {
 }
 
 TEST_F(ProducerTimeKey, SwitchingItOnNeverReappliesAMessageHandledBefore) {
-  Inbox before(*store_, {.consumer = "payments", .env = &env_});
+  auto before_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& before = *before_owned;
   ASSERT_TRUE(before.Handle(Timed("m-1", 5000), ChargeHandler()).applied());
-  Inbox after(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto after_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Inbox& after = *after_owned;
   for (int i = 0; i < 2; ++i) EXPECT_EQ(after.Handle(Timed("m-1", 5000), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   // In a batch too.
   std::vector<Message> batch = {Timed("m-2", 5001), Timed("m-1", 5000), Timed("m-2", 5001)};
@@ -73,7 +77,8 @@ TEST_F(ProducerTimeKey, SwitchingItOnNeverReappliesAMessageHandledBefore) {
 }
 
 TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
-  Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Inbox& inbox = *inbox_owned;
   Message m = Timed("m-1", 7000);
   ASSERT_TRUE(inbox.Handle(m, ChargeHandler()).applied());
   auto c = store_->RecordFailure({"payments", &m, "a late copy failed", 1, env_.NowMs()});
@@ -84,7 +89,8 @@ TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
 }
 
 TEST_F(ProducerTimeKey, ThreadsRacingOnOneMessageApplyItOnce) {
-  Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Inbox& inbox = *inbox_owned;
   std::atomic<int> applied{0}, duplicates{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
@@ -99,7 +105,8 @@ TEST_F(ProducerTimeKey, ThreadsRacingOnOneMessageApplyItOnce) {
 }
 
 TEST_F(ProducerTimeKey, PurgeGoesByProducerTimeAndARestampedRetryIsNotCaught) {
-  Inbox inbox(*store_, {.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 20; ++i)
     for (int copy = 0; copy < 2; ++copy) inbox.Handle(Timed("m-" + std::to_string(i), 1000 * i), ChargeHandler());
   auto n = store_->Purge("payments", 10'000, 3);

@@ -28,6 +28,7 @@
 #include "idem/open.h"
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/delivery_suite.h"
 #include "util/test_util.h"
 
@@ -69,7 +70,7 @@ using embedded::Queue;
 TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   TempDir dir;
   {
-    auto store = sqlite::Open({.path = dir.File("payments.db")});
+    auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
@@ -79,7 +80,7 @@ TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   EXPECT_NE(q.status().message().find("idem store"), std::string::npos) << q.status();
   EXPECT_NE(q.status().message().find("own file"), std::string::npos) << q.status();
   // Nothing was added to the store file.
-  auto store = sqlite::Open({.path = dir.File("payments.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   auto tx = (*store)->Begin();
   ASSERT_TRUE(tx.ok());

@@ -12,6 +12,7 @@
 
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "sqlite/db.h"
 #include "util/claims_conformance.h"
 #include "util/store_conformance.h"
@@ -59,43 +60,43 @@ TEST(SqliteErrors, ParametersAreRewrittenOutsideQuotes) {
 }
 
 TEST(SqliteStore, UrlParsing) {
-  auto o = sqlite::ParseUrl("sqlite:/tmp/x.db?synchronous=normal");
+  auto o = sqlite::Store::ParseUrl("sqlite:/tmp/x.db?synchronous=normal");
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->path, "/tmp/x.db");
   EXPECT_EQ(o->synchronous, sqlite::Synchronous::kNormal);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:///tmp/y.db")->path, "/tmp/y.db");
-  EXPECT_EQ(sqlite::ParseUrl("plain.db")->path, "plain.db");
-  EXPECT_EQ(sqlite::ParseUrl("postgres://h/db").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:///tmp/y.db")->path, "/tmp/y.db");
+  EXPECT_EQ(sqlite::Store::ParseUrl("plain.db")->path, "plain.db");
+  EXPECT_EQ(sqlite::Store::ParseUrl("postgres://h/db").status().code(), Code::kInvalidArgument);
   // Something that starts like another URL is not taken for a file name.
   for (const char* other : {"bogus:thing", "postgresql:dbname=x", "redis:localhost", "file:x.db"}) {
-    auto r = sqlite::ParseUrl(other);
+    auto r = sqlite::Store::ParseUrl(other);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << other;
     EXPECT_NE(r.status().message().find("expected sqlite:PATH"), std::string::npos) << r.status();
   }
-  EXPECT_EQ(sqlite::ParseUrl("./odd:name.db")->path, "./odd:name.db");  // a path can still hold a colon
-  EXPECT_EQ(sqlite::ParseUrl("/tmp/a:b.db")->path, "/tmp/a:b.db");
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?synchronous=maybe").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?color=red").status().code(), Code::kInvalidArgument);
-  auto tuned = sqlite::ParseUrl("sqlite:x.db?page_size=2048&cache_kib=4096&wal_autocheckpoint=500");
+  EXPECT_EQ(sqlite::Store::ParseUrl("./odd:name.db")->path, "./odd:name.db");  // a path can still hold a colon
+  EXPECT_EQ(sqlite::Store::ParseUrl("/tmp/a:b.db")->path, "/tmp/a:b.db");
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?synchronous=maybe").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?color=red").status().code(), Code::kInvalidArgument);
+  auto tuned = sqlite::Store::ParseUrl("sqlite:x.db?page_size=2048&cache_kib=4096&wal_autocheckpoint=500");
   ASSERT_TRUE(tuned.ok());
   EXPECT_EQ(tuned->page_size, 2048);
   EXPECT_EQ(tuned->cache_kib, 4096);
   EXPECT_EQ(tuned->wal_autocheckpoint_pages, 500);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?busy_timeout_ms=250")->busy_timeout_ms, 250);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?page_size=big").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?busy_timeout_ms=250")->busy_timeout_ms, 250);
   // Numbers that are not whole, negative or past what SQLite takes are refused, not truncated.
   for (const char* q : {"busy_timeout_ms=banana", "busy_timeout_ms=-1", "busy_timeout_ms=99999999999999999999",
                         "page_size=4294967808", "cache_kib=4294967295", "wal_autocheckpoint=12x"}) {
-    auto r = sqlite::ParseUrl(std::string("sqlite:x.db?") + q);
+    auto r = sqlite::Store::ParseUrl(std::string("sqlite:x.db?") + q);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << q;
-    EXPECT_NE(r.status().message().find("must be a whole number"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("must be an integer from"), std::string::npos) << r.status();
   }
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db")->checkpoint, sqlite::Checkpoint::kAuto);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint, sqlite::Checkpoint::kInline);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint, sqlite::Checkpoint::kBackground);
-  EXPECT_EQ(sqlite::ParseUrl("sqlite:x.db?checkpoint=auto")->checkpoint, sqlite::Checkpoint::kAuto);
-  auto bad = sqlite::ParseUrl("sqlite:x.db?checkpoint=sometimes");
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db")->checkpoint, sqlite::Checkpoint::kAuto);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?checkpoint=inline")->checkpoint, sqlite::Checkpoint::kInline);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?checkpoint=background")->checkpoint, sqlite::Checkpoint::kBackground);
+  EXPECT_EQ(sqlite::Store::ParseUrl("sqlite:x.db?checkpoint=auto")->checkpoint, sqlite::Checkpoint::kAuto);
+  auto bad = sqlite::Store::ParseUrl("sqlite:x.db?checkpoint=sometimes");
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("auto, background or inline"), std::string::npos) << bad.status();
 }
@@ -103,7 +104,8 @@ TEST(SqliteStore, UrlParsing) {
 // Delivers `n` fresh messages, each twice, through an Inbox on `store`:
 // one charge each.
 void DeliverTwice(Store& store, const std::string& prefix, int n) {
-  Inbox inbox(store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < n; ++i) {
     const std::string id = prefix + std::to_string(i);
     ASSERT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kApplied) << id;
@@ -126,7 +128,7 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
                  Case{sqlite::Checkpoint::kInline, sqlite::Synchronous::kNormal, false},
                  Case{sqlite::Checkpoint::kAuto, sqlite::Synchronous::kFull, false}}) {
     TempDir dir;
-    auto store = sqlite::Open({.path = dir.File("c.db"),
+    auto store = sqlite::Store::Open({.path = dir.File("c.db"),
                                .synchronous = c.sync,
                                .wal_autocheckpoint_pages = 4,
                                .checkpoint = c.mode});
@@ -154,7 +156,7 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
 // a reread of every page a group touches). Reads take the other connections.
 TEST(SqliteStore, WritesGoToTheConnectionThatCommittedLast) {
   TempDir dir;
-  auto store = sqlite::Open({.path = dir.File("w.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("w.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   for (int i = 0; i < 3; ++i) {
@@ -187,7 +189,7 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
   TempDir dir;
   const int pages = 4;
   {
-    auto store = sqlite::Open(
+    auto store = sqlite::Store::Open(
         {.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages, .checkpoint = sqlite::Checkpoint::kBackground});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
@@ -199,7 +201,8 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
       released.wait();
     });
     uintmax_t largest = 0;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     for (int i = 0; i < 300; ++i) {
       const std::string id = "w-" + std::to_string(i);
       for (int d = 0; d < 2; ++d) ASSERT_TRUE(inbox.Handle(Msg(id), ChargeHandler()).ShouldAck()) << id;
@@ -214,24 +217,24 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
     EXPECT_LE(largest, 32 + (8 * pages + 8) * frame) << "the WAL grew to " << largest / frame << " frames";
     EXPECT_EQ(Charges(**store), 300);
   }
-  auto reopened = sqlite::Open({.path = dir.File("w.db")});
+  auto reopened = sqlite::Store::Open({.path = dir.File("w.db")});
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   EXPECT_EQ(Charges(**reopened), 300);
 }
 
 TEST(SqliteStore, PageSizeAppliesToNewFilesAndIsValidated) {
   TempDir dir;
-  auto s = sqlite::Open({.path = dir.File("p.db"), .page_size = 2048});
+  auto s = sqlite::Store::Open({.path = dir.File("p.db"), .page_size = 2048});
   ASSERT_TRUE(s.ok()) << s.status();
   auto tx = (*s)->Begin();
   auto r = (*tx)->Query("PRAGMA page_size");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->rows[0][0].AsInt(), 2048);
-  EXPECT_EQ(sqlite::Open({.path = dir.File("q.db"), .page_size = 3000}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(sqlite::Store::Open({.path = dir.File("q.db"), .page_size = 3000}).status().code(), Code::kInvalidArgument);
 }
 
 TEST(SqliteStore, MissingDirectoryIsAClearError) {
-  auto s = sqlite::Open({.path = "/nonexistent-idem-dir/sub/store.db"});
+  auto s = sqlite::Store::Open({.path = "/nonexistent-idem-dir/sub/store.db"});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("/nonexistent-idem-dir/sub"), std::string::npos) << s.status();
@@ -241,7 +244,7 @@ TEST(SqliteStore, MissingDirectoryIsAClearError) {
 TEST(SqliteStore, CorruptFileIsAClearError) {
   TempDir dir;
   std::ofstream(dir.File("bad.db")) << std::string(8192, 'x');
-  auto s = sqlite::Open({.path = dir.File("bad.db")});
+  auto s = sqlite::Store::Open({.path = dir.File("bad.db")});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kCorruption);
   EXPECT_NE(s.status().message().find("not a SQLite database"), std::string::npos) << s.status();
@@ -250,13 +253,13 @@ TEST(SqliteStore, CorruptFileIsAClearError) {
 TEST(SqliteStore, NewerSchemaIsRefused) {
   TempDir dir;
   {
-    auto s = sqlite::Open({.path = dir.File("s.db")});
+    auto s = sqlite::Store::Open({.path = dir.File("s.db")});
     ASSERT_TRUE(s.ok());
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
-  auto s = sqlite::Open({.path = dir.File("s.db")});
+  auto s = sqlite::Store::Open({.path = dir.File("s.db")});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(s.status().message().find("99"), std::string::npos) << s.status();
@@ -265,9 +268,10 @@ TEST(SqliteStore, NewerSchemaIsRefused) {
 TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
   TempDir dir;
   {
-    auto s = sqlite::Open({.path = dir.File("old.db")});
+    auto s = sqlite::Store::Open({.path = dir.File("old.db")});
     ASSERT_TRUE(s.ok());
-    Inbox inbox(**s, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**s, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     ASSERT_TRUE(CreatePayments(**s).ok());
     ASSERT_TRUE(inbox.Handle(Msg("m-1"), ChargeHandler()).applied());
     // Make it look like a file written by schema version 1.
@@ -282,7 +286,7 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
-  auto s = sqlite::Open({.path = dir.File("old.db")});
+  auto s = sqlite::Store::Open({.path = dir.File("old.db")});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->Schema()->version, 6);
   auto tx = (*s)->Begin();
@@ -290,13 +294,14 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
   ASSERT_TRUE(idx.ok());
   EXPECT_EQ(idx->rows[0][0].AsInt(), 0);
   (*tx)->Rollback();
-  Inbox inbox(**s, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**s, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
 }
 
 TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
   TempDir dir;
-  auto s = sqlite::Open({.path = dir.File("none.db"), .create_if_missing = false});
+  auto s = sqlite::Store::Open({.path = dir.File("none.db"), .create_if_missing = false});
   EXPECT_FALSE(s.ok());
 }
 
@@ -304,7 +309,7 @@ TEST(SqliteStore, WithoutCreateAFileWithoutSchemaIsRefused) {
 // not share the markers. Refused, with what to do instead.
 TEST(SqliteStore, AnInMemoryDatabaseIsRefused) {
   for (const char* path : {":memory:", "file::memory:?cache=shared"}) {
-    auto s = sqlite::Open({.path = path});
+    auto s = sqlite::Store::Open({.path = path});
     ASSERT_FALSE(s.ok()) << path;
     EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
     EXPECT_NE(s.status().message().find("one per connection"), std::string::npos) << s.status();
@@ -315,7 +320,7 @@ TEST(SqliteStore, AnInMemoryDatabaseIsRefused) {
 // rest (PostgreSQL refuses such a prepared statement itself).
 TEST(SqliteStore, ASecondStatementInOneCallIsRefusedNotDropped) {
   TempDir dir;
-  auto s = sqlite::Open({.path = dir.File("s.db")});
+  auto s = sqlite::Store::Open({.path = dir.File("s.db")});
   ASSERT_TRUE(s.ok());
   auto tx = (*s)->Begin();
   ASSERT_TRUE(tx.ok());
@@ -336,12 +341,12 @@ TEST(SqliteStore, ASecondStatementInOneCallIsRefusedNotDropped) {
 // reader (idem inspect) opens it while another process holds the write lock.
 TEST(SqliteStore, AStoreAtTheCurrentVersionOpensWhileAnotherProcessWrites) {
   TempDir dir;
-  ASSERT_TRUE(sqlite::Open({.path = dir.File("s.db")}).ok());  // created and migrated
+  ASSERT_TRUE(sqlite::Store::Open({.path = dir.File("s.db")}).ok());  // created and migrated
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open(dir.File("s.db").c_str(), &other), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE; CREATE TABLE busy(x)", nullptr, nullptr, nullptr), SQLITE_OK);
   for (int i = 0; i < 2; ++i) {
-    auto reader = sqlite::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50, .create_if_missing = false});
+    auto reader = sqlite::Store::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50, .create_if_missing = false});
     ASSERT_TRUE(reader.ok()) << reader.status();
     auto n = (*reader)->CountMarkers("");
     ASSERT_TRUE(n.ok()) << n.status();
@@ -356,7 +361,7 @@ TEST(SqliteStore, AnEmptyFileIsRefusedAndLeftEmpty) {
   TempDir dir;
   { std::ofstream(dir.File("empty.db")); }
   for (int i = 0; i < 2; ++i) {
-    auto s = sqlite::Open({.path = dir.File("empty.db"), .create_if_missing = false});
+    auto s = sqlite::Store::Open({.path = dir.File("empty.db"), .create_if_missing = false});
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.status().code(), Code::kSchemaMismatch) << s.status();
     EXPECT_NE(s.status().message().find("empty database"), std::string::npos) << s.status();
@@ -370,7 +375,7 @@ TEST(SqliteStore, ADamagedMigrationsTableIsCorruptionNotAMissingSchema) {
   const std::string path = dir.File("c.db");
   int64_t root = 0;
   {
-    auto s = sqlite::Open({.path = path});
+    auto s = sqlite::Store::Open({.path = path});
     ASSERT_TRUE(s.ok());
     auto tx = (*s)->Begin();
     ASSERT_TRUE(tx.ok());
@@ -387,7 +392,7 @@ TEST(SqliteStore, ADamagedMigrationsTableIsCorruptionNotAMissingSchema) {
     f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
   for (int i = 0; i < 2; ++i) {
-    auto s = sqlite::Open({.path = path, .create_if_missing = false});
+    auto s = sqlite::Store::Open({.path = path, .create_if_missing = false});
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.status().code(), Code::kCorruption) << s.status();
   }
@@ -395,14 +400,15 @@ TEST(SqliteStore, ADamagedMigrationsTableIsCorruptionNotAMissingSchema) {
 
 TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   TempDir dir;
-  auto store = sqlite::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50});
+  auto store = sqlite::Store::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50});
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE(CreatePayments(**store).ok());
   // Another process holds the write lock.
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open(dir.File("s.db").c_str(), &other), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 2; ++i) {
     Outcome o = inbox.Handle(Msg("m-1"), ChargeHandler());
     EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
@@ -423,7 +429,7 @@ namespace idem::testing {
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
                          ::testing::Values(StoreParam{"sqlite",
                                                       [](const TempDir& d, Env* env) {
-                                                        return sqlite::Open({.path = d.File("store.db"), .env = env});
+                                                        return sqlite::Store::Open({.path = d.File("store.db"), .env = env});
                                                       }}),
                          StoreParamName);
 
@@ -431,7 +437,7 @@ INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{"sqlite",
                                                        [](const TempDir& d, Env* env) {
                                                          return ClaimsOf(
-                                                             sqlite::Open({.path = d.File("claims.db"), .env = env}));
+                                                             sqlite::Store::Open({.path = d.File("claims.db"), .env = env}));
                                                        }}),
                          ClaimsParamName);
 }  // namespace idem::testing

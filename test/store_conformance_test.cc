@@ -121,7 +121,8 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
 }
 
 TEST_P(StoreConformance, EveryMessageDeliveredTwiceHasOneEffect) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int round = 0; round < 2; ++round) {
     for (int i = 0; i < 20; ++i) {
       Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
@@ -139,7 +140,8 @@ TEST_P(StoreConformance, EveryMessageDeliveredTwiceHasOneEffect) {
 }
 
 TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   bool fail = true;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));  // a write that must be undone
@@ -165,7 +167,8 @@ TEST_P(StoreConformance, FailingHandlerLeavesNothingAndRedeliveryApplies) {
 
 // A negative list limit is refused, not read as "all" (SQL's LIMIT -1).
 TEST_P(StoreConformance, ANegativeListLimitIsRefused) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(inbox.Handle(Msg("m-list"), ChargeHandler()).ShouldAck());
   EXPECT_EQ(store_->ListMarkers("", -1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(store_->ListDeadLetters("", -1).status().code(), Code::kInvalidArgument);
@@ -177,7 +180,8 @@ TEST_P(StoreConformance, ANegativeListLimitIsRefused) {
 // An empty handler is the caller's mistake: refused, nothing counted as the
 // message's failure, nothing stored.
 TEST_P(StoreConformance, AnEmptyHandlerIsRefused) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 2; ++i) {
     Outcome o = inbox.Handle(Msg("m-nohandler"), Handler{});
     EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
@@ -192,7 +196,8 @@ TEST_P(StoreConformance, AnEmptyHandlerIsRefused) {
 // A handler cannot end the transaction idem gave it: the marker and the
 // effect commit together or not at all. Savepoints stay allowed.
 TEST_P(StoreConformance, AHandlerCannotEndIdemsTransaction) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   const char* const kEnders[] = {
       "COMMIT", "ROLLBACK", "begin", "END", "rollback work", "/* x */ Commit", "-- note\nROLLBACK TRANSACTION"};
   for (const char* ender : kEnders) {
@@ -227,7 +232,8 @@ TEST_P(StoreConformance, AHandlerCannotEndIdemsTransaction) {
 }
 
 TEST_P(StoreConformance, ThrowingHandlerRollsBackAndSaysSo) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   int calls = 0;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
@@ -244,7 +250,8 @@ TEST_P(StoreConformance, ThrowingHandlerRollsBackAndSaysSo) {
 }
 
 TEST_P(StoreConformance, IdReusedForDifferentPayloadIsAConflictNeverSilent) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   EXPECT_EQ(inbox.Handle(Msg("m-1", "4000"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   EXPECT_EQ(inbox.Handle(Msg("m-1", "4000"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   Outcome o = inbox.Handle(Msg("m-1", "9900"), ChargeHandler());
@@ -264,7 +271,8 @@ TEST_P(StoreConformance, IdReusedForDifferentPayloadIsAConflictNeverSilent) {
 }
 
 TEST_P(StoreConformance, IdsAreByteExactAndValidated) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   // The business row names the message by the hex of its id's hash: a text
   // column cannot hold every byte (PostgreSQL text has no NUL), the marker can.
   Handler charge = [](Transaction& tx, const Message& m) -> Status {
@@ -298,8 +306,10 @@ TEST_P(StoreConformance, IdsAreByteExactAndValidated) {
 }
 
 TEST_P(StoreConformance, ConsumersSharingADatabaseEachHandleEveryMessage) {
-  Inbox a(*store_, {.consumer = "payments", .env = &env_});
-  Inbox b(*store_, {.consumer = "emails", .env = &env_});
+  auto a_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& a = *a_owned;
+  auto b_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "emails", .env = &env_});
+  Inbox& b = *b_owned;
   for (int round = 0; round < 2; ++round) {
     EXPECT_EQ(a.Handle(Msg("m-1"), ChargeHandler()).applied(), round == 0);
     EXPECT_EQ(b.Handle(Msg("m-1"), ChargeHandler()).applied(), round == 0);
@@ -308,7 +318,8 @@ TEST_P(StoreConformance, ConsumersSharingADatabaseEachHandleEveryMessage) {
 }
 
 TEST_P(StoreConformance, BatchDetectsDuplicatesInsideAndAgainstTheTable) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   ASSERT_EQ(inbox.Handle(Msg("old"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   std::vector<Message> batch = {Msg("a"), Msg("b"), Msg("a"), Msg("old"), Msg("c"), Msg("b"), Msg("a", "9")};
   std::vector<Outcome> out = inbox.HandleBatch(batch, ChargeHandler());
@@ -323,7 +334,8 @@ TEST_P(StoreConformance, BatchDetectsDuplicatesInsideAndAgainstTheTable) {
 }
 
 TEST_P(StoreConformance, FailingMessageInABatchDoesNotRollBackTheOthers) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   bool fail_bad = true;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
@@ -350,7 +362,8 @@ TEST_P(StoreConformance, FailingMessageInABatchDoesNotRollBackTheOthers) {
 }
 
 TEST_P(StoreConformance, CopyOfAFailedMessageInTheSameBatchIsNotADuplicate) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   int calls = 0;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_RETURN_IF_ERROR(ChargeHandler()(tx, m));
@@ -374,7 +387,8 @@ TEST_P(StoreConformance, CopyOfAFailedMessageInTheSameBatchIsNotADuplicate) {
 }
 
 TEST_P(StoreConformance, ThreadsRacingOnOneMessageApplyItOnce) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int msg = 0; msg < 10; ++msg) {
     std::atomic<int> applied{0}, duplicates{0}, failed{0};
     std::atomic<bool> go{false};
@@ -403,7 +417,8 @@ TEST_P(StoreConformance, TwoProcessesRacingApplyEachMessageOnce) {
   auto child = [&]() -> int {
     auto store = GetParam().open(dir_, Env::Default());
     if (!store.ok()) return 2;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     int applied = 0;
     for (int i = 0; i < kMessages; ++i) {
       Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler());
@@ -458,7 +473,8 @@ TEST_P(StoreConformance, FailuresAreCountedOutsideTheTransactionAndDeadLettered)
 }
 
 TEST_P(StoreConformance, AFailureOfAnAppliedMessageIsNotCounted) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   Message m = Msg("m-1");
   FailureRecord before{"payments", &m, "slow copy failed", 2, env_.NowMs()};
   ASSERT_EQ(store_->RecordFailure(before)->attempts, 1);
@@ -476,7 +492,8 @@ TEST_P(StoreConformance, AFailureOfAnAppliedMessageIsNotCounted) {
 }
 
 TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 25; ++i) ASSERT_TRUE(inbox.Handle(Msg("old-" + std::to_string(i)), ChargeHandler()).applied());
   env_.Advance(3'600'000);
   int64_t cut = env_.NowMs();
@@ -493,7 +510,8 @@ TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
 }
 
 TEST_P(StoreConformance, HandlerSeesItsOwnWritesAndParameters) {
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   Handler h = [](Transaction& tx, const Message& m) -> Status {
     IDEM_RETURN_IF_ERROR(tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, 40}).status());
     auto rows = tx.Query("SELECT cents FROM payments WHERE message_id = $1", {m.id});

@@ -18,6 +18,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/claims_conformance.h"
 #include "util/test_util.h"
 
@@ -50,7 +51,7 @@ class Service {
 class TwoPhaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("inbox.db"), .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("inbox.db"), .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     auto tx = store_->Begin();
@@ -58,11 +59,11 @@ class TwoPhaseTest : public ::testing::Test {
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE payments(id TEXT, receipt TEXT)").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
     // Claims in a file of their own (see CallOnce).
-    auto c = ClaimsOf(sqlite::Open({.path = dir_.File("claims.db"), .env = &env_}));
+    auto c = ClaimsOf(sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_}));
     ASSERT_TRUE(c.ok()) << c.status();
     claim_store_ = *c;
-    claims_ = std::make_unique<Claims>(*claim_store_, ClaimsOptions{.env = &env_});
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+    claims_ = MustOpen<Claims>(*claim_store_, Claims::Options{.env = &env_});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   }
 
   // Charges through the service once, then writes the payment row; fails
@@ -159,9 +160,10 @@ TEST_F(TwoPhaseTest, HolderKilledMidCallIsTakenOverAfterItsLease) {
   const std::string claims_path = dir_.File("claims.db");
   pid_t pid = ::fork();
   if (pid == 0) {
-    auto store = sqlite::Open({.path = claims_path, .env = &env_});
+    auto store = sqlite::Store::Open({.path = claims_path, .env = &env_});
     if (!store.ok()) ::_exit(2);
-    Claims claims(*(*store)->claim_store(), {.env = &env_});
+    auto claims_owned = MustOpen<Claims>(*(*store)->claim_store(), Claims::Options{.env = &env_});
+    Claims& claims = *claims_owned;
     (void)CallOnce(claims, Msg("m-1", "40"), "charge", [](const std::string&) -> Result<std::string> {
       ::raise(SIGKILL);  // dies holding the claim, mid-call
       return std::string("never");
@@ -195,8 +197,9 @@ TEST_F(TwoPhaseTest, ConsumerRedeliversAStepInProgressWithoutCountingAFailure) {
                                .lease_ms = 10'000});
   ASSERT_TRUE(other.ok() && other->kind == ClaimOutcome::Kind::kStarted);
   // max_attempts 1: a counted failure would dead-letter the message at once.
-  Consumer consumer(**q, *inbox_, ChargeThenRecord(),
-                    {.max_attempts = 1, .receive_wait_ms = 120'000, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(**q, *inbox_, ChargeThenRecord(),
+                    Consumer::Options{.max_attempts = 1, .receive_wait_ms = 120'000, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(consumer.stats().dead_lettered, 0u);
   EXPECT_GE(consumer.stats().nacked, 1u) << "in progress: given back, not applied";

@@ -91,13 +91,15 @@ class Downstream {
 TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLettered) {
   auto queue = OpenQueue(dir_, &env_);
   ASSERT_NE(queue, nullptr);
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok()) << claims_store.status();
-  Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*(*claims_store)->claim_store(), Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   Downstream provider;
   provider.AnswerInProgress(12);
   provider.on_in_progress = [&] { env_.Advance(10 * 60'000); };  // each answer: 10 minutes later
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   bool saw_parked = false;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     if (!Letters(*store_, "parked").empty()) saw_parked = true;
@@ -106,9 +108,10 @@ TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLet
     return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, 4000}).status();
   };
   PublishTwice(*queue, {Msg("order-1042")});
-  Consumer consumer(*queue, inbox, charge,
-                    {.max_attempts = 2, .max_deliveries = 3, .stop_when_idle = true, .park_after_ms = 3'600'000,
+  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, charge,
+                    Consumer::Options{.max_attempts = 2, .max_deliveries = 3, .stop_when_idle = true, .park_after_ms = 3'600'000,
                      .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(Charges(*store_, "order-1042"), 1);
   EXPECT_EQ(provider.charges(), 1);
@@ -135,7 +138,8 @@ TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLet
 TEST_P(StoreConformance, AParkedMessageNamesItsStepAndKey) {
   auto queue = OpenQueue(dir_, &env_);
   ASSERT_NE(queue, nullptr);
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   int calls = 0;
   std::vector<DeadLetter> parked_seen;
   Handler stuck = [&](Transaction&, const Message& m) -> Status {
@@ -147,7 +151,8 @@ TEST_P(StoreConformance, AParkedMessageNamesItsStepAndKey) {
                               ") is in progress downstream");
   };
   ASSERT_TRUE(queue->Publish(Msg("order-7")).ok());  // delivered four times
-  Consumer consumer(*queue, inbox, stuck, {.stop_when_idle = true, .park_after_ms = 60'000, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, stuck, Consumer::Options{.stop_when_idle = true, .park_after_ms = 60'000, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ASSERT_EQ(parked_seen.size(), 1u) << "parked on the second answer, an hour after the first";
   EXPECT_EQ(parked_seen[0].id, "order-7");
@@ -164,7 +169,8 @@ TEST_P(StoreConformance, AParkedMessageNamesItsStepAndKey) {
 TEST_P(StoreConformance, ARejectedMessageIsDeadLetteredAtOnce) {
   auto queue = OpenQueue(dir_, &env_);
   ASSERT_NE(queue, nullptr);
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   std::atomic<int> runs{0};
   Handler parse = [&](Transaction& tx, const Message& m) -> Status {
     if (m.payload.front() != '{') {
@@ -174,7 +180,8 @@ TEST_P(StoreConformance, ARejectedMessageIsDeadLetteredAtOnce) {
     return ChargeHandler()(tx, m);
   };
   PublishTwice(*queue, {Msg("bad-1", "not json"), Msg("good-1", "{\"cents\":4000}")});
-  Consumer consumer(*queue, inbox, parse, {.max_attempts = 5, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, parse, Consumer::Options{.max_attempts = 5, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(runs.load(), 2) << "one attempt per copy, no retries";
   auto letters = Letters(*store_, "rejected");
@@ -197,9 +204,11 @@ TEST_P(StoreConformance, ARejectedMessageIsDeadLetteredAtOnce) {
 TEST_P(StoreConformance, CallFirstCallsBeforeTheTransactionAndOncePerStep) {
   ClaimStore* own = store_->claim_store();
   ASSERT_NE(own, nullptr);
-  Claims claims(*own, {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*own, Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   Downstream provider;
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   std::atomic<int> apply_runs{0};
   CallFirst charge(
       claims,
@@ -235,11 +244,13 @@ TEST_P(StoreConformance, CallFirstCallsBeforeTheTransactionAndOncePerStep) {
 // Two consumers race on one message in the call-first form: one call, one
 // effect. And a batch through the Consumer with copies in it.
 TEST_P(StoreConformance, CallFirstRacesAndBatchesApplyOnce) {
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok());
-  Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*(*claims_store)->claim_store(), Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   Downstream provider;
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   CallFirst charge(
       claims,
       [&](Calls& calls, const Message&) -> Status {
@@ -276,7 +287,8 @@ TEST_P(StoreConformance, CallFirstRacesAndBatchesApplyOnce) {
   std::vector<Message> batch;
   for (int i = 0; i < 10; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
   PublishTwice(*queue, batch);
-  Consumer consumer(*queue, inbox, charge, {.workers = 2, .batch = 4, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, charge, Consumer::Options{.workers = 2, .batch = 4, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   for (const Message& b : batch) {
     EXPECT_EQ(Charges(*store_, b.id), 1) << b.id;
@@ -290,9 +302,11 @@ TEST_P(StoreConformance, CallFirstRacesAndBatchesApplyOnce) {
 // timeout and failing with "database is locked". The same file through a
 // second store object is the same lock. On PostgreSQL it works.
 TEST_P(StoreConformance, InTransactionCallOnceOnTheInboxsOwnSqliteFileIsRefused) {
-  Claims own(*store_->claim_store(), {.env = &env_});
+  auto own_owned = MustOpen<Claims>(*store_->claim_store(), Claims::Options{.env = &env_});
+  Claims& own = *own_owned;
   Downstream provider;
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   auto handler_with = [&](Claims& claims) -> Handler {
     return [&](Transaction& tx, const Message& m) -> Status {
       auto r = CallOnce(claims, m, "charge", [&](const std::string& key) { return provider.Call(key); });
@@ -317,11 +331,13 @@ TEST_P(StoreConformance, InTransactionCallOnceOnTheInboxsOwnSqliteFileIsRefused)
 // Ids of every shape a Message accepts go through CallOnce and apply once:
 // 1, 249 and 255 bytes, UTF-8, with spaces, with bytes no header can carry.
 TEST_P(StoreConformance, EveryValidIdGoesThroughCallOnce) {
-  auto claims_store = sqlite::Open({.path = dir_.File("claims.db"), .env = &env_});
+  auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
   ASSERT_TRUE(claims_store.ok());
-  Claims claims(*(*claims_store)->claim_store(), {.env = &env_});
+  auto claims_owned = MustOpen<Claims>(*(*claims_store)->claim_store(), Claims::Options{.env = &env_});
+  Claims& claims = *claims_owned;
   Downstream provider;
-  Inbox inbox(*store_, {.consumer = "payments", .env = &env_});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
   std::vector<std::string> seen_keys;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     auto r = CallOnce(claims, m, "charge", [&](const std::string& key) {

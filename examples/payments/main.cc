@@ -41,7 +41,7 @@ class Provider {
  public:
   static idem::Result<std::unique_ptr<Provider>> Start(const std::string& path) {
     auto p = std::unique_ptr<Provider>(new Provider());
-    IDEM_ASSIGN_OR_RETURN(p->db_, idem::sqlite::Open({.path = path}));
+    IDEM_ASSIGN_OR_RETURN(p->db_, idem::sqlite::Store::Open({.path = path}));
     {
       IDEM_ASSIGN_OR_RETURN(auto tx, p->db_->Begin());
       IDEM_RETURN_IF_ERROR(tx->Exec("CREATE TABLE IF NOT EXISTS charges(id INTEGER PRIMARY KEY,"
@@ -124,7 +124,7 @@ class Provider {
 int main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : ".";
   auto provider = Provider::Start(dir + "/provider.db");
-  auto store = idem::sqlite::Open({.path = dir + "/payments.db"});
+  auto store = idem::sqlite::Store::Open({.path = dir + "/payments.db"});
   auto queue = idem::embedded::Queue::Open({.path = dir + "/queue.db", .queue = "payments"});
   if (!provider.ok() || !store.ok() || !queue.ok()) {
     std::cerr << (!provider.ok() ? provider.status() : !store.ok() ? store.status() : queue.status()) << "\n";
@@ -154,9 +154,12 @@ int main(int argc, char** argv) {
 
   // The consumer: the provider call carries the message's key; the handler's
   // SQL runs in the transaction that holds the marker.
-  idem::Inbox inbox(**store, {.consumer = "payments"});
-  idem::Consumer consumer(
-      **queue, inbox,
+  auto inbox = idem::Inbox::Open(**store, {.consumer = "payments"});
+  if (!inbox.ok()) {
+    std::cerr << inbox.status() << "\n";
+    return 1;
+  }
+  auto consumer = idem::Consumer::Open(**queue, **inbox,
       [&](idem::Transaction& tx, const idem::Message& m) -> idem::Status {
         auto charged = (*client)->Post("/charges", "amount=" + m.payload + "&currency=usd&description=" + m.id,
                                        idem::DownstreamKey(m, "charge"), "application/x-www-form-urlencoded");
@@ -170,8 +173,12 @@ int main(int argc, char** argv) {
             .status();
       },
       {.stop_when_idle = true});
-  idem::StopOnSignals(&consumer);
-  if (auto s = consumer.Run(); !s.ok()) {
+  if (!consumer.ok()) {
+    std::cerr << consumer.status() << "\n";
+    return 1;
+  }
+  idem::StopOnSignals(consumer->get());
+  if (auto s = (*consumer)->Run(); !s.ok()) {
     std::cerr << s << "\n";
     return 1;
   }
@@ -182,7 +189,7 @@ int main(int argc, char** argv) {
   for (const auto& r : rows->rows)
     std::cout << r[0].AsText() << " charged " << r[1].AsInt() << " cents in " << r[2].AsInt() << " row(s) ("
               << r[3].AsText() << ")\n";
-  idem::InboxCounters c = inbox.counters();
+  idem::InboxCounters c = (*inbox)->counters();
   std::cout << "applied " << c.applied << ", duplicates skipped " << c.duplicates << "\n";
   auto [charges, cents] = (*provider)->Totals();
   std::cout << "provider (HTTP on " << (*provider)->url() << "): " << charges << " charge(s), " << cents

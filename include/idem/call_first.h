@@ -25,7 +25,7 @@
 //         return tx.Exec("INSERT INTO payments(order_id, charge) VALUES ($1, $2)", {m.id, calls.at("charge")})
 //             .status();
 //       });
-//   idem::Consumer consumer(source, inbox, charge, {.workers = 4});   // or inbox.Handle(message, charge)
+//   auto consumer = idem::Consumer::Open(source, inbox, charge, {.workers = 4});   // or inbox.Handle(message, charge)
 //
 // When to use which form:
 //  - CallFirst when a call takes long or may hang (the usual case for a

@@ -6,14 +6,15 @@
 // runs; then the key is completed with its stored result. Later calls with the
 // key get the stored result (a replay) instead of running the work again.
 //
-//   idem::Claims claims(*claim_store);
-//   auto c = claims.Claim({.scope = "charges", .key = key, .fingerprint = fp,
+//   auto claims = idem::Claims::Open(*claim_store, {.retention_ms = 24 * 3600 * 1000});
+//   if (!claims.ok()) return claims.status();
+//   auto c = (*claims)->Claim({.scope = "charges", .key = key, .fingerprint = fp,
 //                          .lease_ms = 30'000, .wait_ms = 2'000});
 //   if (!c.ok()) return c.status();
 //   switch (c->kind) {
 //     case idem::ClaimOutcome::Kind::kStarted: {
 //       std::string receipt = Charge(...);            // the work, once
-//       return claims.Complete(c->token, receipt);   // fenced by c->token
+//       return (*claims)->Complete(c->token, receipt);   // fenced by c->token
 //     }
 //     case idem::ClaimOutcome::Kind::kCompleted: return Reply(c->result);  // replay
 //     case idem::ClaimOutcome::Kind::kInProgress: return RetryAfter(c->retry_at_ms);
@@ -31,7 +32,10 @@
 // PostgreSQL and Redis; the machine's on SQLite, which is local), never by a
 // client's own, so clients with skewed clocks agree on who holds a key.
 //
-// Thread safety: Claims and every ClaimStore may be used from many threads.
+// The values (ClaimRequest, ClaimOutcome, ...) are in idem/claim_types.h;
+// the storage contract a store implements is idem/claim_store.h.
+//
+// Thread safety: Claims may be used from many threads.
 #ifndef IDEM_CLAIMS_H_
 #define IDEM_CLAIMS_H_
 
@@ -44,6 +48,8 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/claim_store.h"
+#include "idem/claim_types.h"
 #include "idem/env.h"
 #include "idem/message.h"
 #include "idem/result.h"
@@ -51,166 +57,31 @@
 
 namespace idem {
 
-// What a holder presents to finish or extend its claim.
-struct ClaimToken {
-  std::string scope;
-  std::string key;
-  int64_t fence = 0;           // the fencing token: higher wins
-  int64_t lease_until_ms = 0;  // by the store's clock
-};
-
-struct ClaimRequest {
-  // A namespace for keys ("charges", an HTTP route, a consumer's name).
-  // 1..255 bytes.
-  std::string scope;
-  // The idempotency key (a message id, an Idempotency-Key header). 1..255 bytes.
-  std::string key;
-  // What the key stands for (FingerprintOf the request body). The same key
-  // with another fingerprint is a conflict, on every path.
-  Fingerprint fingerprint{};
-  // How long the work may run before another claimer may take the key over.
-  // Must be > 0.
-  int64_t lease_ms = 30'000;
-  // When another holder has the key: how long to wait for its result before
-  // answering kInProgress. 0: answer at once.
-  int64_t wait_ms = 0;
-};
-
-struct ClaimOutcome {
-  enum class Kind {
-    kStarted,     // the key is ours: do the work, then Complete or Fail
-    kInProgress,  // another holder's lease is live: retry at retry_at_ms
-    kCompleted,   // done before: `result` is the stored result (a replay)
-    kConflict,    // the key is held or done for another fingerprint
-  };
-  Kind kind = Kind::kInProgress;
-  ClaimToken token;               // kStarted
-  bool took_over = false;         // kStarted: after another holder's lease expired
-  int64_t retry_at_ms = 0;        // kInProgress: the holder's lease end (store clock)
-  std::string result;             // kCompleted
-  bool result_is_error = false;   // kCompleted: a failure stored by Fail(kStoreError)
-  Fingerprint stored_fingerprint{};  // kConflict
-};
-
-// The kind's name in lower case ("started", "completed", ...), for logs.
-std::string_view KindName(ClaimOutcome::Kind kind);
-
-// A key's record, for inspection.
-struct ClaimRecord {
-  enum class State { kInProgress, kCompleted };
-  std::string scope;
-  std::string key;
-  State state = State::kInProgress;
-  Fingerprint fingerprint{};
-  int64_t fence = 0;
-  int64_t lease_until_ms = 0;   // kInProgress
-  int64_t expires_at_ms = 0;    // kCompleted: may be purged from then on
-  std::string result;           // kCompleted
-  bool result_is_error = false;
-  int64_t updated_at_ms = 0;
-};
-
-// "in_progress" or "completed".
-std::string_view StateName(ClaimRecord::State state);
-
-// What Fail does with the key.
-enum class FailPolicy {
-  kRelease,     // forget the claim: the next call runs the work again
-  kStoreError,  // store the error as the result: later calls replay it
-};
-
-// One completion of a CompleteMany.
-struct Completion {
-  const ClaimToken* token = nullptr;
-  std::string_view result;
-  bool is_error = false;  // a failure stored as the result (FailPolicy::kStoreError)
-};
-
-// The storage contract for claims. Every operation is one atomic step on the
-// store, judged by the store's clock. Implemented by the SQLite and
-// PostgreSQL stores (Store::claim_store() of what idem::sqlite::Open and
-// idem::postgres::Open return) and by idem::redis::ClaimStore.
-class ClaimStore {
- public:
-  virtual ~ClaimStore() = default;
-
-  // One atomic attempt: starts, takes over, reports in progress, replays or
-  // reports a conflict. Never waits.
-  virtual Result<ClaimOutcome> TryClaim(const ClaimRequest& request) = 0;
-  // Stores the result and marks the key completed until now + retention_ms.
-  // kLeaseLost if the key was taken over or is no longer claimed; OK if the
-  // same token completed it already (a retried Complete).
-  virtual Status Complete(const ClaimToken& token, std::string_view result, bool is_error,
-                          int64_t retention_ms) = 0;
-  // TryClaim and Complete for many keys at once, one answer each, in order:
-  // each is still its own atomic step (a failure of one says nothing of the
-  // others). The defaults take them one by one; Redis sends them in one
-  // pipeline (one round trip), which is where a consumer's batch or many
-  // calls in flight on one thread gain.
-  virtual std::vector<Result<ClaimOutcome>> TryClaimMany(std::span<const ClaimRequest> requests);
-  virtual std::vector<Status> CompleteMany(std::span<const Completion> completions, int64_t retention_ms);
-  // Forgets the claim (FailPolicy::kRelease). kLeaseLost as for Complete.
-  virtual Status Release(const ClaimToken& token) = 0;
-  // Moves the lease end to now + lease_ms; returns the new end.
-  virtual Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) = 0;
-
-  virtual Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) = 0;
-  // At most `limit` (>= 0; negative is kInvalidArgument), newest first; an
-  // empty scope means every scope.
-  virtual Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) = 0;
-  // What TryClaim would answer without writing anything: a replay, a
-  // conflict or in progress; std::nullopt when it would start or take over
-  // (one read; the default always says std::nullopt).
-  virtual Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& request);
-  // How many records `scope` holds (in progress or completed, expired or
-  // not). The default lists them; the SQL stores count.
-  virtual Result<int64_t> CountClaims(std::string_view scope);
-  // Deletes completed records whose retention ended and in-progress records
-  // abandoned for longer than `abandoned_after_ms` past their lease, at most
-  // `batch_size` per step. Returns how many were deleted.
-  virtual Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) = 0;
-  // The store's clock, in ms since the Unix epoch.
-  virtual Result<int64_t> NowMs() = 0;
-
-  // A subscription to changes of one key, for bounded waits. Taken before
-  // the key is read, so a change made after that read is never missed.
-  class Watch {
-   public:
-    virtual ~Watch() = default;
-    // Blocks (for real) until the key may have changed since the watch was
-    // taken or last woke, or `max_wait_ms` passed. Spurious returns are fine.
-    virtual void Wait(int64_t max_wait_ms) = 0;
-  };
-  // The default watch is woken by a Complete or Release made in this process
-  // (other processes' are seen at the caller's next poll); PostgreSQL's is
-  // woken by LISTEN/NOTIFY from any process.
-  virtual std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key);
-
-  // As Store::WriteLockId: the write lock a commit of this store takes when
-  // other store objects can share it (a SQLite file); empty otherwise.
-  virtual std::string WriteLockId() const { return {}; }
-
- protected:
-  // Wakes this process's default watches of (scope, key).
-  static void NotifyChanged(std::string_view scope, std::string_view key);
-};
-
-struct ClaimsOptions {
-  // How long a completed record is kept (and replayed). Default: 24 hours.
-  int64_t retention_ms = 24LL * 3600 * 1000;
-  // A bounded wait re-reads the key at least this often (for changes its
-  // watch cannot hear: another process's, on SQLite; a lease running out).
-  // Default: 50 ms.
-  int64_t poll_ms = 50;
-  // The clock a bounded wait is measured on. Default: Env::Default().
-  Env* env = nullptr;
-};
-
 // The front end: validation, bounded waits, Fail policies.
 class Claims {
  public:
-  // `store` must outlive the Claims.
-  explicit Claims(ClaimStore& store, ClaimsOptions options = {});
+  struct Options {
+    // How long a completed record is kept (and replayed), > 0: a result kept
+    // for no time would let the work run again at once. Default: 24 hours.
+    int64_t retention_ms = 24LL * 3600 * 1000;
+    // A bounded wait re-reads the key at least this often (for changes its
+    // watch cannot hear: another process's, on SQLite; a lease running
+    // out), > 0. Default: 50 ms.
+    int64_t poll_ms = 50;
+    // The clock a bounded wait is measured on. Default (nullptr):
+    // Env::Default().
+    Env* env = nullptr;
+  };
+
+  // Checks the options (kInvalidArgument naming the field), then makes the
+  // front end. `store` must outlive the Claims.
+  static Result<std::unique_ptr<Claims>> Open(ClaimStore& store, const Options& options);
+  static Result<std::unique_ptr<Claims>> Open(ClaimStore& store);
+  // With the default options (valid by construction). `store` must outlive
+  // the Claims.
+  explicit Claims(ClaimStore& store);
+  Claims(const Claims&) = delete;
+  Claims& operator=(const Claims&) = delete;
 
   // Claims request.key in request.scope (see ClaimOutcome::Kind). With wait_ms > 0 a
   // key in progress is waited for (woken by its completion, re-checked at
@@ -242,14 +113,13 @@ class Claims {
   Status Extend(ClaimToken& token, int64_t lease_ms);
 
   ClaimStore& store() { return store_; }
-  const ClaimsOptions& options() const { return options_; }
-  // kInvalidArgument when the options cannot work (retention_ms <= 0); Claim
-  // and ClaimMany refuse to start work then.
-  Status CheckOptions() const;
+  const Options& options() const { return options_; }
 
  private:
+  Claims(ClaimStore& store, const Options& options);
+
   ClaimStore& store_;
-  ClaimsOptions options_;
+  Options options_;
 };
 
 // ---------------------------------------------------------------------------

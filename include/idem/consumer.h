@@ -45,47 +45,12 @@
 #include "idem/call_first.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
+#include "idem/result.h"
 #include "idem/source.h"
 #include "idem/status.h"
 
 namespace idem {
 
-struct ConsumerOptions {
-  // Worker threads, each with its own store connection. Default: 1.
-  int workers = 1;
-  // Deliveries per Receive, handled in one transaction. Default: 1.
-  int batch = 1;
-  // Handler failures before a message is dead-lettered. 0: never. Default: 5.
-  int max_attempts = 5;
-  // Deliveries (the source's count, Message::attempt) after which a message
-  // that never reached an outcome is dead-lettered without running the
-  // handler: a message that crashes the consumer every time records no
-  // failure, so only the broker's count can stop the crash loop. A message
-  // whose marker exists (applied; its acks were lost) is acknowledged
-  // instead. 0: off. Sources without a count (Kafka: 0) are unaffected.
-  // Default: 20.
-  int max_deliveries = 20;
-  // Backoff after a failure: base * 2^(attempt-1), at most max, plus up to
-  // 25% jitter. Defaults: 100 ms, 30 s.
-  int64_t backoff_base_ms = 100;
-  int64_t backoff_max_ms = 30'000;
-  // How long one Receive waits for messages. Default: 200 ms.
-  int64_t receive_wait_ms = 200;
-  // Return from Run() once a Receive finds nothing (drain mode, for demos,
-  // tests and batch jobs) and no worker is busy and no retry this consumer
-  // gave back (a nack with backoff) is still due. Default: false (run until
-  // Stop()).
-  bool stop_when_idle = false;
-  // How long a message may stay in progress (a step that may have taken
-  // effect, not finished) before it is parked for an operator (see above).
-  // 0: never parked. Default: 1 hour.
-  int64_t park_after_ms = 3'600'000;
-  // Renew the leases of deliveries whose handler runs long (see above).
-  // Default: true.
-  bool extend_leases = true;
-  // Default: Env::Default().
-  Env* env = nullptr;
-};
 
 struct ConsumerStats {
   uint64_t received = 0;
@@ -103,19 +68,62 @@ struct ConsumerStats {
 
 class Consumer {
  public:
-  // `source` and `inbox` must outlive the Consumer.
-  Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options = {});
-  // The call-first form (idem/call_first.h): each message's calls run before
-  // its transaction opens.
-  Consumer(Source& source, Inbox& inbox, CallFirst handler, ConsumerOptions options = {});
+  struct Options {
+    // Worker threads, each with its own store connection. Default: 1.
+    int workers = 1;
+    // Deliveries per Receive, handled in one transaction. Default: 1.
+    int batch = 1;
+    // Handler failures before a message is dead-lettered. 0: never. Default: 5.
+    int max_attempts = 5;
+    // Deliveries (the source's count, Message::attempt) after which a message
+    // that never reached an outcome is dead-lettered without running the
+    // handler: a message that crashes the consumer every time records no
+    // failure, so only the broker's count can stop the crash loop. A message
+    // whose marker exists (applied; its acks were lost) is acknowledged
+    // instead. 0: off. Sources without a count (Kafka: 0) are unaffected.
+    // Default: 20.
+    int max_deliveries = 20;
+    // Backoff after a failure: base * 2^(attempt-1), at most max, plus up to
+    // 25% jitter. Defaults: 100 ms, 30 s.
+    int64_t backoff_base_ms = 100;
+    int64_t backoff_max_ms = 30'000;
+    // How long one Receive waits for messages. Default: 200 ms.
+    int64_t receive_wait_ms = 200;
+    // Return from Run() once a Receive finds nothing (drain mode, for demos,
+    // tests and batch jobs) and no worker is busy and no retry this consumer
+    // gave back (a nack with backoff) is still due. Default: false (run until
+    // Stop()).
+    bool stop_when_idle = false;
+    // How long a message may stay in progress (a step that may have taken
+    // effect, not finished) before it is parked for an operator (see above).
+    // 0: never parked. Default: 1 hour.
+    int64_t park_after_ms = 3'600'000;
+    // Renew the leases of deliveries whose handler runs long (see above).
+    // Default: true.
+    bool extend_leases = true;
+    // Default (nullptr): Env::Default().
+    Env* env = nullptr;
+  };
+
+  // Checks the options (kInvalidArgument naming the field and the value:
+  // workers or batch below 1, a negative count, backoff or wait), then makes
+  // the runner. `source` and `inbox` must outlive it. The call-first form
+  // (idem/call_first.h): each message's calls run before its transaction
+  // opens.
+  static Result<std::unique_ptr<Consumer>> Open(Source& source, Inbox& inbox, Handler handler,
+                                                const Options& options);
+  static Result<std::unique_ptr<Consumer>> Open(Source& source, Inbox& inbox, CallFirst handler,
+                                                const Options& options);
+  // With the default options (valid by construction).
+  Consumer(Source& source, Inbox& inbox, Handler handler);
+  Consumer(Source& source, Inbox& inbox, CallFirst handler);
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
 
   // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
   // deliveries finish (commit, then ack) or are given back unacknowledged.
-  // kInvalidArgument, before anything is received, for an empty handler or
-  // options that cannot work (workers or batch below 1, a negative count,
-  // backoff or wait). Returns OK on a clean stop; kUnavailable when the system will not start
+  // kInvalidArgument, before anything is received, for an empty handler.
+  // Returns OK on a clean stop; kUnavailable when the system will not start
   // a worker thread (the workers already started stop first, as on Stop()).
   Status Run();
   // Asks Run() to return. Async-signal-safe.
@@ -127,6 +135,9 @@ class Consumer {
   ConsumerStats stats() const;
 
  private:
+  Consumer(Source& source, Inbox& inbox, Handler handler, const Options& options);
+  Consumer(Source& source, Inbox& inbox, CallFirst handler, const Options& options);
+
   // A failure recorded for a message id within the batch being settled.
   struct BatchFailure {
     int attempts = 0;
@@ -165,7 +176,7 @@ class Consumer {
   Inbox& inbox_;
   Handler handler_;
   std::optional<CallFirst> call_first_;
-  ConsumerOptions options_;
+  Options options_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
   std::atomic<uint64_t> in_progress_{0}, parked_{0}, rejected_{0}, leases_extended_{0}, lease_errors_{0};

@@ -7,9 +7,9 @@
 // writes commit together or not at all; the unique key on (consumer, id)
 // settles races between consumers.
 //
-//   auto store = idem::sqlite::Open({.path = "payments.db"});
-//   idem::Inbox inbox(**store, {.consumer = "payments"});
-//   idem::Outcome out = inbox.Handle(msg, [](idem::Transaction& tx, const idem::Message& m) {
+//   auto store = idem::sqlite::Store::Open({.path = "payments.db"});
+//   auto inbox = idem::Inbox::Open(**store, {.consumer = "payments"});
+//   idem::Outcome out = (*inbox)->Handle(msg, [](idem::Transaction& tx, const idem::Message& m) {
 //     return tx.Exec("INSERT INTO payments(order_id, cents) VALUES($1, $2)", {...}).status();
 //   });
 //   if (out.ShouldAck()) source.Ack(delivery);   // only after the commit
@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +31,7 @@
 #include "idem/env.h"
 #include "idem/message.h"
 #include "idem/prefilter.h"
+#include "idem/result.h"
 #include "idem/status.h"
 #include "idem/store.h"
 
@@ -75,30 +77,6 @@ struct Outcome {
 // "applied", "duplicate", "conflict" or "failed".
 std::string_view KindName(Outcome::Kind kind);
 
-struct InboxOptions {
-  // The consumer's name: part of the marker key, so several consumers can
-  // share one database and each handle every message once. 1..255 bytes.
-  // Default: "default".
-  std::string consumer = "default";
-  // Key each marker by the message's producer time (when it carries one)
-  // before its id, so that the markers of a producer whose clock moves
-  // forward append at the end of the index instead of landing on random
-  // pages: random ids then cost about what time-ordered ids cost (SQLite;
-  // measured in doc/performance.md; other stores ignore it).
-  // Correct ONLY if every delivery of a message carries the same producer
-  // time: broker redeliveries and outbox relays do, but a producer that
-  // stamps a retry anew creates a new key, and that retry is applied again.
-  // Switching it on is safe (old markers are still checked); switching it
-  // off forgets the markers written with it until they expire.
-  // Purge judges these markers by producer time. Default: false.
-  bool key_by_producer_time = false;
-  // Clock for processed_at. Default: Env::Default().
-  Env* env = nullptr;
-  // Optional: sheds duplicates it knows of before the store is touched
-  // (idem::redis::Prefilter). Never the only guard: see idem/prefilter.h.
-  // Must outlive the Inbox. Default: none.
-  DuplicateFilter* prefilter = nullptr;
-};
 
 // A point-in-time copy of an Inbox's counters.
 struct InboxCounters {
@@ -113,8 +91,38 @@ struct InboxCounters {
 
 class Inbox {
  public:
-  // `store` must outlive the Inbox.
-  Inbox(Store& store, InboxOptions options = {});
+  struct Options {
+    // The consumer's name: part of the marker key, so several consumers can
+    // share one database and each handle every message once. 1..255 bytes
+    // (checked at Open). Default: "default".
+    std::string consumer = "default";
+    // Key each marker by the message's producer time (when it carries one)
+    // before its id, so that the markers of a producer whose clock moves
+    // forward append at the end of the index instead of landing on random
+    // pages: random ids then cost about what time-ordered ids cost (SQLite;
+    // measured in doc/performance.md; other stores ignore it).
+    // Correct ONLY if every delivery of a message carries the same producer
+    // time: broker redeliveries and outbox relays do, but a producer that
+    // stamps a retry anew creates a new key, and that retry is applied again.
+    // Switching it on is safe (old markers are still checked); switching it
+    // off forgets the markers written with it until they expire.
+    // Purge judges these markers by producer time. Default: false.
+    bool key_by_producer_time = false;
+    // Clock for processed_at. Default (nullptr): Env::Default().
+    Env* env = nullptr;
+    // Optional: sheds duplicates it knows of before the store is touched
+    // (idem::redis::Prefilter). Never the only guard: see idem/prefilter.h.
+    // Must outlive the Inbox. Default: none.
+    DuplicateFilter* prefilter = nullptr;
+  };
+
+  // Checks the options (kInvalidArgument naming the field), then makes the
+  // Inbox. `store` must outlive it.
+  static Result<std::unique_ptr<Inbox>> Open(Store& store, const Options& options);
+  static Result<std::unique_ptr<Inbox>> Open(Store& store);
+  // With the default options (valid by construction). `store` must outlive
+  // the Inbox.
+  explicit Inbox(Store& store);
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
 
@@ -173,8 +181,10 @@ class Inbox {
   void Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
              std::vector<Outcome>& out);
 
+  Inbox(Store& store, const Options& options);
+
   Store& store_;
-  InboxOptions options_;
+  Options options_;
   const std::string write_lock_id_;  // store_.WriteLockId(), read once
   std::atomic<uint64_t> applied_{0}, duplicates_{0}, conflicts_{0}, failures_{0}, dead_lettered_{0};
   std::atomic<uint64_t> in_progress_{0}, rejected_{0};

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "idem/claims.h"
+#include "idem/claim_store.h"
 #include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
@@ -46,16 +46,34 @@ struct SourceSettings {
   std::string consumer = "idem";
 };
 
-// A Store (sqlite:, postgres://).
+// Settings a store URL may not carry, shared by every store.
+struct StoreSettings {
+  // Create the database (the file, on SQLite) and idem's tables when
+  // missing. false: a missing database or schema is an error (inspecting
+  // must not create one). A URL's create_if_missing=false
+  // (idem_create_if_missing=false on PostgreSQL) also says false.
+  // Default: true.
+  bool create_if_missing = true;
+  // Connections a PostgreSQL store keeps for reuse; 0: the URL's
+  // idem_pool_size, or the adapter's default. Default: 0.
+  int pool_size = 0;
+};
+
+// A Store: sqlite:PATH (or a bare PATH), postgres:// or postgresql://.
+// redis:// is kInvalidArgument (it keeps claims only: OpenClaimStore).
 Result<std::unique_ptr<Store>> OpenStore(std::string_view url);
-// A ClaimStore (sqlite:, postgres://, redis://).
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings);
+// A ClaimStore: redis://, or a SQL store's URL, whose ClaimStore then owns
+// the Store it lives in.
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url);
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings);
 // A Source (embedded:, redis://, amqp://, kafka://).
 Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings = {});
 // A Publisher onto the same place a Source of that URL reads.
 Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url);
 
 // The schemes this installation can open, e.g. {"sqlite", "embedded"}.
+// StoreSchemes lists those of OpenClaimStore too ("redis" keeps claims only).
 std::vector<std::string> StoreSchemes();
 std::vector<std::string> SourceSchemes();
 

@@ -46,8 +46,11 @@ class [[nodiscard]] Status {
  public:
   // OK.
   Status() noexcept = default;
+  // For a code known only at run time (a translated driver error, a status
+  // passed on with another message). Otherwise use the factory of the code.
   Status(Code code, std::string message);
 
+  // One factory per code, named as the code.
   static Status OK() { return Status(); }
   static Status InvalidArgument(std::string m) { return {Code::kInvalidArgument, std::move(m)}; }
   static Status NotFound(std::string m) { return {Code::kNotFound, std::move(m)}; }
@@ -73,6 +76,25 @@ class [[nodiscard]] Status {
 
   bool ok() const noexcept { return state_ == nullptr; }
   Code code() const noexcept { return state_ ? state_->code : Code::kOk; }
+
+  // One predicate per code: s.IsNotFound() is s.code() == Code::kNotFound.
+  bool IsInvalidArgument() const noexcept { return code() == Code::kInvalidArgument; }
+  bool IsNotFound() const noexcept { return code() == Code::kNotFound; }
+  bool IsDuplicate() const noexcept { return code() == Code::kDuplicate; }
+  bool IsConflict() const noexcept { return code() == Code::kConflict; }
+  bool IsInProgress() const noexcept { return code() == Code::kInProgress; }
+  bool IsBusy() const noexcept { return code() == Code::kBusy; }
+  bool IsRetryable() const noexcept { return code() == Code::kRetryable; }
+  bool IsUnavailable() const noexcept { return code() == Code::kUnavailable; }
+  bool IsInDoubt() const noexcept { return code() == Code::kInDoubt; }
+  bool IsCorruption() const noexcept { return code() == Code::kCorruption; }
+  bool IsSchemaMismatch() const noexcept { return code() == Code::kSchemaMismatch; }
+  bool IsIoError() const noexcept { return code() == Code::kIoError; }
+  bool IsHandlerFailed() const noexcept { return code() == Code::kHandlerFailed; }
+  bool IsLeaseLost() const noexcept { return code() == Code::kLeaseLost; }
+  bool IsAborted() const noexcept { return code() == Code::kAborted; }
+  bool IsInternal() const noexcept { return code() == Code::kInternal; }
+  bool IsRejected() const noexcept { return code() == Code::kRejected; }
   // Empty for OK.
   const std::string& message() const noexcept;
 

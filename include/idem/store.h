@@ -1,105 +1,38 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // Store: the database that holds both the markers and the business data, so
-// that one local transaction can commit them together. Transaction: one open
-// transaction on it, handed to the user's handler.
+// that one local transaction can commit them together. Users open one
+// (idem::OpenStore, or an adapter's Store::Open: idem/sqlite/store.h,
+// idem/postgres/store.h), hold it as a std::unique_ptr<Store> and pass it
+// to an Inbox; their handlers see only idem::Transaction (idem/transaction.h).
 //
-// Users open a concrete store (idem::sqlite::Open) and pass it to an Inbox;
-// they call only Transaction::Exec/Query/NativeHandle from their handlers.
-// The rest of this header is the contract a store implements.
+// The rest of this header is the contract a store implements, as the Inbox,
+// the Consumer and the CLI drive it: StoreTransaction (a Transaction plus the
+// marker operations, and idem/transactional_claims.h) and the records it
+// reads and writes.
 //
 // Thread safety: a Store is safe to use from many threads (each Begin() gets
-// its own connection). A Transaction belongs to one thread at a time.
+// its own connection). A StoreTransaction belongs to one thread at a time.
 #ifndef IDEM_STORE_H_
 #define IDEM_STORE_H_
 
 #include <cstdint>
-#include <concepts>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
 #include "idem/message.h"
 #include "idem/result.h"
 #include "idem/status.h"
+#include "idem/transaction.h"
+#include "idem/transactional_claims.h"
 
 namespace idem {
 
 class ClaimStore;
-struct ClaimOutcome;
-struct ClaimRequest;
-struct ClaimToken;
-struct Completion;
-
-// A SQL parameter or column value.
-struct Blob {
-  std::string bytes;
-};
-class Value {
- public:
-  Value() = default;  // SQL NULL
-  Value(std::nullptr_t) {}  // NOLINT
-  template <std::integral T>
-  Value(T v) : v_(static_cast<int64_t>(v)) {}  // NOLINT: any integer, bool as 0/1
-  Value(double v) : v_(v) {}  // NOLINT
-  Value(std::string v) : v_(std::move(v)) {}  // NOLINT
-  Value(std::string_view v) : v_(std::string(v)) {}  // NOLINT
-  Value(const char* v) : v_(std::string(v)) {}  // NOLINT
-  Value(Blob v) : v_(std::move(v)) {}  // NOLINT
-
-  bool is_null() const { return std::holds_alternative<std::monostate>(v_); }
-  bool is_int() const { return std::holds_alternative<int64_t>(v_); }
-  bool is_double() const { return std::holds_alternative<double>(v_); }
-  bool is_text() const { return std::holds_alternative<std::string>(v_); }
-  bool is_blob() const { return std::holds_alternative<Blob>(v_); }
-  // Conversions: an integer as a double, a number's text, a blob's bytes as
-  // text; 0 for NULL and non-numeric text.
-  int64_t AsInt() const;
-  double AsDouble() const;
-  std::string AsText() const;
-
-  const std::variant<std::monostate, int64_t, double, std::string, Blob>& raw() const { return v_; }
-
- private:
-  std::variant<std::monostate, int64_t, double, std::string, Blob> v_;
-};
-
-struct Rows {
-  std::vector<std::string> columns;
-  std::vector<std::vector<Value>> rows;
-};
-
-// An open transaction. Parameters are written $1, $2, ... in the SQL text on
-// every store, so a handler's SQL runs unchanged on SQLite and PostgreSQL.
-class Transaction {
- public:
-  virtual ~Transaction() = default;
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-
-  // Runs a statement; returns the number of rows it changed.
-  virtual Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) = 0;
-  // Runs a query; returns all of its rows.
-  virtual Result<Rows> Query(std::string_view sql, std::span<const Value> params) = 0;
-  // The store's own handle (sqlite3* on SQLite), for what Exec/Query cannot
-  // do. Do not commit, roll back or close through it.
-  virtual void* NativeHandle() = 0;
-
-  Result<int64_t> Exec(std::string_view sql, std::initializer_list<Value> params = {}) {
-    return Exec(sql, std::span<const Value>(params.begin(), params.size()));
-  }
-  Result<Rows> Query(std::string_view sql, std::initializer_list<Value> params = {}) {
-    return Query(sql, std::span<const Value>(params.begin(), params.size()));
-  }
-
- protected:
-  Transaction() = default;
-};
 
 // ---------------------------------------------------------------------------
 // The contract a store implements (used by Inbox, Consumer and the CLI).
@@ -112,7 +45,7 @@ struct Marker {
   Fingerprint fingerprint{};
   int64_t processed_at_ms = 0;
   // Set when the consumer keys markers by producer time
-  // (InboxOptions::key_by_producer_time) and the message carries one: the
+  // (Inbox::Options::key_by_producer_time) and the message carries one: the
   // store may then place the marker by this time. A store that has no such
   // layout ignores it.
   std::optional<int64_t> produced_at_ms;
@@ -172,8 +105,9 @@ struct FailureCount {
 };
 
 // A transaction as the Inbox drives it: the user's view plus the marker
-// operations. The destructor rolls back unless Commit() succeeded.
-class StoreTransaction : public Transaction {
+// operations, and claims inside it (idem/transactional_claims.h). The
+// destructor rolls back unless Commit() succeeded.
+class StoreTransaction : public Transaction, public TransactionalClaims {
  public:
   // Inserts the marker unless (consumer, id) exists. Returns std::nullopt
   // when this call inserted it, or the stored fingerprint when it already
@@ -184,20 +118,6 @@ class StoreTransaction : public Transaction {
   virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers);
   // Records a dead letter (upsert on (consumer, id)).
   virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
-
-  // Claims (idem/claims.h) inside this transaction: the record's change
-  // commits, or rolls back, with the transaction's other writes (used by
-  // idem::http's transactional routes). A concurrent claim of the same key
-  // waits for this transaction. Default: Code::kInternal (not supported).
-  virtual Result<ClaimOutcome> ClaimInTransaction(const ClaimRequest& request);
-  virtual Status CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
-                                       int64_t retention_ms);
-  // Many at once, each answered as the one-key call would; later requests
-  // see earlier ones (the same key twice: the second finds the first in
-  // progress). PostgreSQL sends the inserts, and the completions, in one
-  // round trip each. Default: the one-key calls in turn.
-  virtual std::vector<Result<ClaimOutcome>> ClaimManyInTransaction(std::span<const ClaimRequest> requests);
-  virtual std::vector<Status> CompleteManyInTransaction(std::span<const Completion> completions, int64_t retention_ms);
 
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.

@@ -163,8 +163,8 @@ class SourceImpl final : public Source {
     ExpireLeasesLocked();
     auto it = conn_ && gen == generation_ ? outstanding_.find(tag) : outstanding_.end();
     if (it == outstanding_.end()) {
-      return {Code::kLeaseLost, "amqp: lease extension of delivery " + std::to_string(tag) +
-                                    ": it was acknowledged or nacked, its lease ran out, or its connection is gone"};
+      return Status::LeaseLost("amqp: lease extension of delivery " + std::to_string(tag) +
+                                    ": it was acknowledged or nacked, its lease ran out, or its connection is gone");
     }
     it->second = LeaseEnd();
     return Status::OK();
@@ -250,12 +250,12 @@ class SourceImpl final : public Source {
     ExpireLeasesLocked();
     FlushDueNacksLocked();
     if (!conn_ || gen != generation_) {
-      return {Code::kLeaseLost, "amqp: delivery " + std::to_string(tag) + " came on connection " +
-                                    std::to_string(gen) + ", which is gone: the broker requeued the message"};
+      return Status::LeaseLost("amqp: delivery " + std::to_string(tag) + " came on connection " +
+                                    std::to_string(gen) + ", which is gone: the broker requeued the message");
     }
     if (outstanding_.erase(tag) == 0) {
-      return {Code::kLeaseLost, "amqp: delivery " + std::to_string(tag) +
-                                    " was already acknowledged or nacked, or its lease ran out"};
+      return Status::LeaseLost("amqp: delivery " + std::to_string(tag) +
+                                    " was already acknowledged or nacked, or its lease ran out");
     }
     int rc;
     if (ack) {
@@ -272,9 +272,9 @@ class SourceImpl final : public Source {
       conn_.Reset(false);
       outstanding_.clear();
       held_.clear();
-      return {Code::kLeaseLost, std::string("amqp: ") + (ack ? "ack" : "nack") + " failed, connection to " +
+      return Status::LeaseLost(std::string("amqp: ") + (ack ? "ack" : "nack") + " failed, connection to " +
                                     ep_.Where() + " lost (" + amqp_error_string2(rc) +
-                                    "): the broker requeues the message"};
+                                    "): the broker requeues the message");
     }
     return Status::OK();
   }

@@ -121,21 +121,25 @@ void ClaimStore::NotifyChanged(std::string_view scope, std::string_view key) {
   ChangeBoard::Get().Bump(ChangeBoard::Bucket(scope, key));
 }
 
-Claims::Claims(ClaimStore& store, ClaimsOptions options) : store_(store), options_(options) {
+Claims::Claims(ClaimStore& store) : Claims(store, Options{}) {}
+
+Claims::Claims(ClaimStore& store, const Options& options) : store_(store), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
-  if (options_.poll_ms <= 0) options_.poll_ms = 50;
 }
 
-// A result kept for no time would let the work run again at once.
-Status Claims::CheckOptions() const {
-  if (options_.retention_ms <= 0)
-    return Status::InvalidArgument("ClaimsOptions::retention_ms must be > 0 (how long a result is kept), got " +
-                                   std::to_string(options_.retention_ms));
-  return Status::OK();
+Result<std::unique_ptr<Claims>> Claims::Open(ClaimStore& store) { return Open(store, Options{}); }
+
+Result<std::unique_ptr<Claims>> Claims::Open(ClaimStore& store, const Options& options) {
+  // A result kept for no time would let the work run again at once.
+  if (options.retention_ms <= 0)
+    return Status::InvalidArgument("Claims::Options::retention_ms must be > 0 (how long a result is kept), got " +
+                                   std::to_string(options.retention_ms));
+  if (options.poll_ms <= 0)
+    return Status::InvalidArgument("Claims::Options::poll_ms must be > 0, got " + std::to_string(options.poll_ms));
+  return std::unique_ptr<Claims>(new Claims(store, options));
 }
 
 Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
-  IDEM_RETURN_IF_ERROR(CheckOptions());
   IDEM_RETURN_IF_ERROR(ValidateRequest(request));
   Env* env = options_.env;
   const int64_t deadline = internal::SaturatingAdd(env->NowMs(), request.wait_ms);
@@ -154,7 +158,6 @@ Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
 }
 
 std::vector<Result<ClaimOutcome>> Claims::ClaimMany(std::span<const ClaimRequest> requests) {
-  if (Status s = CheckOptions(); !s.ok()) return std::vector<Result<ClaimOutcome>>(requests.size(), s);
   std::vector<Result<ClaimOutcome>> out(requests.size(), Status::Internal("not claimed"));
   std::vector<ClaimRequest> valid;
   std::vector<size_t> where;

@@ -1,5 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/consumer.h"
+#include "idem/testing/kill_points.h"
 
 #include "core/saturating.h"
 
@@ -20,20 +21,25 @@ namespace {
 thread_local const std::atomic<bool>* t_stop_flag = nullptr;
 }  // namespace
 
-Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
-    : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(std::move(options)) {
+Consumer::Consumer(Source& source, Inbox& inbox, Handler handler) : Consumer(source, inbox, std::move(handler), Options{}) {}
+
+Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler)
+    : Consumer(source, inbox, std::move(handler), Options{}) {}
+
+Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, const Options& options)
+    : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
-Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler, ConsumerOptions options)
-    : source_(source), inbox_(inbox), call_first_(std::move(handler)), options_(std::move(options)) {
+Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler, const Options& options)
+    : source_(source), inbox_(inbox), call_first_(std::move(handler)), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
 namespace {
-Status CheckOptions(const ConsumerOptions& o) {
+Status CheckOptions(const Consumer::Options& o) {
   const auto bad = [](const char* what, int64_t v) {
-    return Status::InvalidArgument(std::string("ConsumerOptions::") + what + " cannot be " + std::to_string(v));
+    return Status::InvalidArgument(std::string("Consumer::Options::") + what + " cannot be " + std::to_string(v));
   };
   if (o.workers < 1) return bad("workers", o.workers);
   if (o.batch < 1) return bad("batch", o.batch);
@@ -47,10 +53,21 @@ Status CheckOptions(const ConsumerOptions& o) {
 }
 }  // namespace
 
+Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, Handler handler,
+                                                 const Options& options) {
+  IDEM_RETURN_IF_ERROR(CheckOptions(options));
+  return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
+}
+
+Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, CallFirst handler,
+                                                 const Options& options) {
+  IDEM_RETURN_IF_ERROR(CheckOptions(options));
+  return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
+}
+
 Status Consumer::Run() {
   if (call_first_ ? !call_first_->complete() : !handler_)
     return Status::InvalidArgument("Consumer: the handler is empty");
-  IDEM_RETURN_IF_ERROR(CheckOptions(options_));
   std::vector<std::unique_ptr<Held>> held;
   for (int i = 0; i < options_.workers; ++i) held.push_back(std::make_unique<Held>());
   {
@@ -133,7 +150,7 @@ std::vector<Outcome> Consumer::HandleAll(std::span<const Message> messages) {
 namespace {
 // base * 2^(attempt-1), at most max, plus up to 25% jitter. Saturates instead
 // of overflowing when base or max are huge.
-int64_t Backoff(const ConsumerOptions& o, int attempt, Env* env) {
+int64_t Backoff(const Consumer::Options& o, int attempt, Env* env) {
   const int shift = std::clamp(attempt - 1, 0, 62);
   const int64_t base = std::max<int64_t>(0, o.backoff_base_ms);
   const int64_t max = std::max<int64_t>(0, o.backoff_max_ms);
@@ -206,7 +223,7 @@ void Consumer::Work(Held* held) {
     }
     if (options_.max_deliveries > 0) {
       // Past the broker's delivery limit: never handled again (see
-      // ConsumerOptions::max_deliveries), unless it is in progress.
+      // Consumer::Options::max_deliveries), unless it is in progress.
       std::erase_if(*got, [&](const Delivery& d) {
         return d.message.attempt > options_.max_deliveries && SettleCrashLoop(d);
       });

@@ -3,6 +3,7 @@
 
 #include "core/handler_scope.h"
 #include "idem/call_first.h"
+#include "idem/testing/kill_points.h"
 
 #include <algorithm>
 #include <exception>
@@ -67,7 +68,7 @@ Status HandlerStatus(Status s) {
     case Code::kInDoubt:
       return Status::InProgress("a call may have taken effect and its outcome is not known yet: " + s.message());
     default:
-      return Status(Code::kHandlerFailed, s.ToString());
+      return Status::HandlerFailed(s.ToString());
   }
 }
 
@@ -85,9 +86,18 @@ Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
 
 }  // namespace
 
-Inbox::Inbox(Store& store, InboxOptions options)
-    : store_(store), options_(std::move(options)), write_lock_id_(store.WriteLockId()) {
+Inbox::Inbox(Store& store) : Inbox(store, Options{}) {}
+
+Inbox::Inbox(Store& store, const Options& options)
+    : store_(store), options_(options), write_lock_id_(store.WriteLockId()) {
   if (options_.env == nullptr) options_.env = Env::Default();
+}
+
+Result<std::unique_ptr<Inbox>> Inbox::Open(Store& store) { return Open(store, Options{}); }
+
+Result<std::unique_ptr<Inbox>> Inbox::Open(Store& store, const Options& options) {
+  IDEM_RETURN_IF_ERROR(ValidateId(options.consumer).WithContext("Inbox::Options::consumer"));
+  return std::unique_ptr<Inbox>(new Inbox(store, options));
 }
 
 Outcome Inbox::Handle(const Message& message, const Handler& handler) {
@@ -104,10 +114,6 @@ bool Inbox::Admit(std::span<const Message> messages, bool has_handler, std::vect
   if (messages.empty()) return false;
   if (!has_handler) {  // a caller's mistake, not the message's: nothing is counted or dead-lettered
     for (auto& o : out) o = Failed(Status::InvalidArgument("Inbox: the handler is empty"));
-    return false;
-  }
-  if (Status s = ValidateId(options_.consumer); !s.ok()) {
-    for (auto& o : out) o = Failed(s.WithContext("consumer name"));
     return false;
   }
   for (size_t i = 0; i < messages.size(); ++i) {

@@ -1,51 +1,26 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/store.h"
 
-#include "idem/claims.h"
-
-#include <cstdlib>
 #include <string>
 
 namespace idem {
 
-int64_t Value::AsInt() const {
-  if (auto* i = std::get_if<int64_t>(&v_)) return *i;
-  if (auto* d = std::get_if<double>(&v_)) return static_cast<int64_t>(*d);
-  if (auto* s = std::get_if<std::string>(&v_)) return std::strtoll(s->c_str(), nullptr, 10);
-  return 0;
-}
-
-double Value::AsDouble() const {
-  if (auto* i = std::get_if<int64_t>(&v_)) return static_cast<double>(*i);
-  if (auto* d = std::get_if<double>(&v_)) return *d;
-  if (auto* s = std::get_if<std::string>(&v_)) return std::strtod(s->c_str(), nullptr);
-  return 0;
-}
-
-std::string Value::AsText() const {
-  if (auto* i = std::get_if<int64_t>(&v_)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v_)) return std::to_string(*d);
-  if (auto* s = std::get_if<std::string>(&v_)) return *s;
-  if (auto* b = std::get_if<Blob>(&v_)) return b->bytes;
-  return {};
-}
-
-Result<ClaimOutcome> StoreTransaction::ClaimInTransaction(const ClaimRequest&) {
+Result<ClaimOutcome> TransactionalClaims::ClaimInTransaction(const ClaimRequest&) {
   return Status::Internal("this store cannot claim inside a transaction");
 }
 
-Status StoreTransaction::CompleteInTransaction(const ClaimToken&, std::string_view, bool, int64_t) {
+Status TransactionalClaims::CompleteInTransaction(const ClaimToken&, std::string_view, bool, int64_t) {
   return Status::Internal("this store cannot complete a claim inside a transaction");
 }
 
-std::vector<Result<ClaimOutcome>> StoreTransaction::ClaimManyInTransaction(std::span<const ClaimRequest> requests) {
+std::vector<Result<ClaimOutcome>> TransactionalClaims::ClaimManyInTransaction(std::span<const ClaimRequest> requests) {
   std::vector<Result<ClaimOutcome>> out;
   out.reserve(requests.size());
   for (const ClaimRequest& r : requests) out.push_back(ClaimInTransaction(r));
   return out;
 }
 
-std::vector<Status> StoreTransaction::CompleteManyInTransaction(std::span<const Completion> completions,
+std::vector<Status> TransactionalClaims::CompleteManyInTransaction(std::span<const Completion> completions,
                                                                 int64_t retention_ms) {
   std::vector<Status> out;
   out.reserve(completions.size());

@@ -208,7 +208,7 @@ class SqliteQueue final : public Queue {
     const std::string sql = std::string(statement) + " WHERE seq = $" + std::to_string(n + 1) + " AND lease = $" +
                             std::to_string(n + 2) + " AND queue = $" + std::to_string(n + 3);
     IDEM_ASSIGN_OR_RETURN(int64_t changed, db_->Exec(sql, params));
-    if (changed == 0) return Status(Code::kLeaseLost, std::move(lost));
+    if (changed == 0) return Status::LeaseLost(std::move(lost));
     return Status::OK();
   }
 
@@ -269,9 +269,9 @@ class SqliteQueue final : public Queue {
     }
     if (!has_meta) {
       if (idem_store)
-        return Status(Code::kSchemaMismatch, o_.path + " is an idem store (markers), not a queue file: give the queue its own file");
+        return Status::SchemaMismatch(o_.path + " is an idem store (markers), not a queue file: give the queue its own file");
       if (!tables.rows.empty())
-        return Status(Code::kSchemaMismatch, o_.path + " holds other tables (" + tables.rows[0][0].AsText() +
+        return Status::SchemaMismatch(o_.path + " holds other tables (" + tables.rows[0][0].AsText() +
                                                  ", ...) and is not an idem queue file");
       IDEM_RETURN_IF_ERROR(db_->Script(kCreate));
       Value p[] = {std::string(kSchemaName), std::to_string(kQueueSchemaVersion)};
@@ -284,9 +284,9 @@ class SqliteQueue final : public Queue {
       if (r[0].AsText() == "version") version = r[1].AsText();
     }
     if (schema != kSchemaName)
-      return Status(Code::kSchemaMismatch, o_.path + " is not an idem queue file (schema '" + schema + "')");
+      return Status::SchemaMismatch(o_.path + " is not an idem queue file (schema '" + schema + "')");
     if (std::atoi(version.c_str()) != kQueueSchemaVersion)
-      return Status(Code::kSchemaMismatch, o_.path + " has queue schema version " + version + "; this build reads version " +
+      return Status::SchemaMismatch(o_.path + " has queue schema version " + version + "; this build reads version " +
                                                std::to_string(kQueueSchemaVersion));
     return Status::OK();
   }

@@ -303,7 +303,7 @@ struct Client::Impl {
         const int st = r->status;
         last_status = st;
         if (st == 422)
-          return Status(Code::kConflict, what +
+          return Status::Conflict(what +
                                              ": 422: the Idempotency-Key was already used with another body; this is a "
                                              "bug in the caller (a key must stand for one request): " + r->body);
         const bool retry = st >= 500 || st == 429 || (keyed && st == 409);

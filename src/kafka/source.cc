@@ -352,7 +352,7 @@ struct Source::Impl {
                                      "\"");
     auto it = parts.find(r.partition);
     if (it == parts.end() || it->second.assignment != r.assignment)
-      return Status(Code::kLeaseLost, "kafka: partition " + o.topic + "/" + std::to_string(r.partition) +
+      return Status::LeaseLost("kafka: partition " + o.topic + "/" + std::to_string(r.partition) +
                                           " was revoked since offset " + std::to_string(r.offset) +
                                           " was delivered; its next owner gets it again");
     return &it->second;

@@ -1,16 +1,146 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-// OpenStore / OpenClaimStore: the store schemes compiled in. (Scaffolding:
-// being filled in with the stores' Options/Open/ParseUrl.)
+// OpenStore / OpenClaimStore: the store schemes compiled in, by the URL's
+// scheme, each through its adapter's ParseUrl then Open.
+#include <memory>
+#include <string>
+#include <utility>
+
 #include "idem/open.h"
+#include "idem/sqlite/store.h"
+#include "idem/url.h"
+#if IDEM_OPEN_HAVE_POSTGRES
+#include "idem/postgres/store.h"
+#endif
+#if IDEM_OPEN_HAVE_REDIS
+#include "idem/redis/claim_store.h"
+#endif
 
 namespace idem {
+namespace {
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url) {
-  return Status::Internal("OpenStore is not implemented yet: '" + std::string(url) + "'");
+enum class StoreKind { kSqlite, kPostgres, kRedis, kUnknown };
+
+StoreKind KindOf(std::string_view url) {
+  const std::string scheme = UrlScheme(url);
+  if (scheme.empty() || scheme == "sqlite") return StoreKind::kSqlite;  // a bare path is a file
+  if (scheme == "postgres" || scheme == "postgresql") return StoreKind::kPostgres;
+  if (scheme == "redis") return StoreKind::kRedis;
+  return StoreKind::kUnknown;
 }
+
+Status NotBuilt(std::string_view component, std::string_view url) {
+  return Status::InvalidArgument("'" + RedactUrl(url) + "' needs the " + std::string(component) +
+                                 " component, which this installation was built without");
+}
+
+Status NotAStore(std::string_view url) {
+  return Status::InvalidArgument("not a store URL: '" + RedactUrl(url) + "' (expected sqlite:PATH or postgres://...)");
+}
+
+// A SQL store's ClaimStore that owns the store it lives in.
+class OwningClaimStore final : public ClaimStore {
+ public:
+  OwningClaimStore(std::unique_ptr<Store> store, ClaimStore& claims) : store_(std::move(store)), c_(claims) {}
+
+  Result<ClaimOutcome> TryClaim(const ClaimRequest& request) override { return c_.TryClaim(request); }
+  Status Complete(const ClaimToken& token, std::string_view result, bool is_error, int64_t retention_ms) override {
+    return c_.Complete(token, result, is_error, retention_ms);
+  }
+  std::vector<Result<ClaimOutcome>> TryClaimMany(std::span<const ClaimRequest> requests) override {
+    return c_.TryClaimMany(requests);
+  }
+  std::vector<Status> CompleteMany(std::span<const Completion> completions, int64_t retention_ms) override {
+    return c_.CompleteMany(completions, retention_ms);
+  }
+  Status Release(const ClaimToken& token) override { return c_.Release(token); }
+  Result<int64_t> Extend(const ClaimToken& token, int64_t lease_ms) override { return c_.Extend(token, lease_ms); }
+  Result<std::optional<ClaimRecord>> FindClaim(std::string_view scope, std::string_view key) override {
+    return c_.FindClaim(scope, key);
+  }
+  Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override {
+    return c_.ListClaims(scope, limit);
+  }
+  Result<std::optional<ClaimOutcome>> Peek(const ClaimRequest& request) override { return c_.Peek(request); }
+  Result<int64_t> CountClaims(std::string_view scope) override { return c_.CountClaims(scope); }
+  Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override {
+    return c_.PurgeClaims(scope, abandoned_after_ms, batch_size);
+  }
+  Result<int64_t> NowMs() override { return c_.NowMs(); }
+  std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
+    return c_.WatchKey(scope, key);
+  }
+  std::string WriteLockId() const override { return c_.WriteLockId(); }
+
+ private:
+  std::unique_ptr<Store> store_;
+  ClaimStore& c_;  // store_'s
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url) { return OpenStore(url, StoreSettings{}); }
+
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings) {
+  switch (KindOf(url)) {
+    case StoreKind::kSqlite: {
+      auto parsed = sqlite::Store::ParseUrl(url);
+      // Something that starts like another URL ("mysql:orders") is not a file name.
+      if (!parsed.ok() && parsed.status().message().find("expected sqlite:PATH") != std::string::npos)
+        return NotAStore(url);
+      IDEM_ASSIGN_OR_RETURN(sqlite::Store::Options o, std::move(parsed));
+      o.create_if_missing = o.create_if_missing && settings.create_if_missing;
+      return sqlite::Store::Open(o);
+    }
+    case StoreKind::kPostgres: {
+#if IDEM_OPEN_HAVE_POSTGRES
+      IDEM_ASSIGN_OR_RETURN(postgres::Store::Options o, postgres::Store::ParseUrl(url));
+      o.create_if_missing = o.create_if_missing && settings.create_if_missing;
+      if (settings.pool_size > 0) o.pool_size = settings.pool_size;
+      return postgres::Store::Open(o);
+#else
+      return NotBuilt("postgres", url);
+#endif
+    }
+    case StoreKind::kRedis:
+      return Status::InvalidArgument("'" + RedactUrl(url) +
+                                     "' keeps claims only, not markers: open it with OpenClaimStore");
+    case StoreKind::kUnknown: break;
+  }
+  return NotAStore(url);
+}
+
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url) {
-  return Status::Internal("OpenClaimStore is not implemented yet: '" + std::string(url) + "'");
+  return OpenClaimStore(url, StoreSettings{});
 }
-std::vector<std::string> StoreSchemes() { return {}; }
+
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings) {
+  if (KindOf(url) == StoreKind::kRedis) {
+#if IDEM_OPEN_HAVE_REDIS
+    IDEM_ASSIGN_OR_RETURN(redis::ClaimStore::Options o, redis::ClaimStore::ParseUrl(url));
+    if (settings.pool_size > 0) o.pool_size = settings.pool_size;
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::ClaimStore> store, redis::ClaimStore::Open(o));
+    return std::unique_ptr<ClaimStore>(std::move(store));
+#else
+    return NotBuilt("redis", url);
+#endif
+  }
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, settings));
+  ClaimStore* claims = store->claim_store();
+  if (claims == nullptr)
+    return Status::InvalidArgument(std::string(store->Kind()) + " store keeps no claims: '" + RedactUrl(url) + "'");
+  return std::unique_ptr<ClaimStore>(new OwningClaimStore(std::move(store), *claims));
+}
+
+std::vector<std::string> StoreSchemes() {
+  std::vector<std::string> out = {"sqlite"};
+#if IDEM_OPEN_HAVE_POSTGRES
+  out.push_back("postgres");
+  out.push_back("postgresql");
+#endif
+#if IDEM_OPEN_HAVE_REDIS
+  out.push_back("redis");
+#endif
+  return out;
+}
 
 }  // namespace idem

@@ -4,6 +4,8 @@
 #include "idem/postgres/store.h"
 
 #include "idem/env.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -73,11 +75,11 @@ Status Translate(const PGresult* res, PGconn* conn, std::string_view what) {
   return Status(code, std::move(m));
 }
 
-Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int connect_timeout_s) {
+Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int64_t connect_timeout_ms) {
   // A URL libpq cannot parse is the caller's mistake, named without its
   // password (libpq's message may quote the whole URL).
   const auto redacted = [&](std::string text) {
-    const std::string safe = postgres::RedactUrl(conninfo);
+    const std::string safe = RedactUrl(conninfo);
     if (!conninfo.empty())
       for (size_t at = text.find(conninfo); at != std::string::npos; at = text.find(conninfo, at + safe.size()))
         text.replace(at, conninfo.size(), safe);
@@ -89,11 +91,12 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int con
     if (parsed == nullptr) {
       std::string why = err != nullptr ? redacted(err) : "out of memory";
       PQfreemem(err);
-      return Status::InvalidArgument("not a valid PostgreSQL URL: " + postgres::RedactUrl(conninfo) + ": " + why);
+      return Status::InvalidArgument("not a valid PostgreSQL URL: " + RedactUrl(conninfo) + ": " + why);
     }
     PQconninfoFree(parsed);
   }
-  std::string timeout = std::to_string(connect_timeout_s > 0 ? connect_timeout_s : 5);
+  // libpq counts whole seconds: round up.
+  std::string timeout = std::to_string(connect_timeout_ms > 0 ? (connect_timeout_ms + 999) / 1000 : 5);
   // Expand the URL or key=value string, then add our defaults for anything
   // it does not set (a URL's own connect_timeout wins).
   const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
@@ -103,7 +106,7 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int con
   if (c == nullptr) return Status::Unavailable("PostgreSQL: out of memory creating a connection");
   if (PQstatus(c) != CONNECTION_OK) {
     // Never echo a password back.
-    std::string where = conninfo.empty() ? "(PG* environment)" : postgres::RedactUrl(conninfo);
+    std::string where = conninfo.empty() ? "(PG* environment)" : RedactUrl(conninfo);
     return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + redacted(PQerrorMessage(c)));
   }
   // Notices (e.g. "relation already exists, skipping") are not for stderr.

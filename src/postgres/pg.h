@@ -38,7 +38,7 @@ class Conn {
   // `conninfo`: a postgres:// URL, key=value pairs, or "" (libpq's PG*
   // environment variables). Errors: kUnavailable naming the server and
   // libpq's reason (refused, timeout, wrong password, no such database).
-  static Result<std::unique_ptr<Conn>> Connect(const std::string& conninfo, int connect_timeout_s);
+  static Result<std::unique_ptr<Conn>> Connect(const std::string& conninfo, int64_t connect_timeout_ms);
   ~Conn();
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 namespace idem::pg_internal {
 

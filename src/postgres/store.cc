@@ -2,6 +2,8 @@
 #include "idem/postgres/store.h"
 
 #include "idem/env.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 
 #include <cctype>
 #include <poll.h>
@@ -12,14 +14,16 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 #include "postgres/pg.h"
 #include "postgres/schema.h"
 
 namespace idem::postgres {
 namespace {
 
+using Options = Store::Options;
 using pg_internal::Conn;
 using sql_internal::FingerprintBlob;
 using sql_internal::IdBlob;
@@ -99,7 +103,7 @@ class PgConnection final : public sql_internal::Connection {
     IDEM_RETURN_IF_ERROR(pg_internal::Translate(last.get(), c, "COMMIT"));
     // COMMIT of a transaction that an earlier error aborted answers ROLLBACK.
     if (std::string_view(PQcmdStatus(last.get())) != "COMMIT")
-      return Status(Code::kAborted, "COMMIT rolled back: an earlier statement in the transaction failed");
+      return Status::Aborted("COMMIT rolled back: an earlier statement in the transaction failed");
     return Status::OK();
   }
   // A transaction whose held-back BEGIN failed is still one until it ends
@@ -284,7 +288,7 @@ class PgStore final : public sql_internal::SqlStore {
   }
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
-    IDEM_ASSIGN_OR_RETURN(auto c, Conn::Connect(options_.url, options_.connect_timeout_s));
+    IDEM_ASSIGN_OR_RETURN(auto c, Conn::Connect(options_.url, options_.connect_timeout_ms));
     return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c)));
   }
 
@@ -371,81 +375,85 @@ class PgStore final : public sql_internal::SqlStore {
 
 }  // namespace
 
-std::string RedactUrl(std::string_view url) {
-  std::string out(url);
-  if (auto scheme = out.find("://"); scheme != std::string::npos) {
-    auto at = out.find('@', scheme + 3);
-    auto colon = out.find(':', scheme + 3);
-    if (at != std::string::npos && colon != std::string::npos && colon < at)
-      out.replace(colon + 1, at - colon - 1, "***");
-  }
-  // password=... in a URL's query (?password=, &password=) or a key=value
-  // string (password=... or password = '...').
-  for (size_t at = out.find("password"); at != std::string::npos; at = out.find("password", at + 1)) {
-    if (at > 0 && std::isalnum(static_cast<unsigned char>(out[at - 1]))) continue;  // e.g. "mypassword="
-    size_t v = at + 8;
-    while (v < out.size() && out[v] == ' ') ++v;
-    if (v >= out.size() || out[v] != '=') continue;
-    ++v;
-    while (v < out.size() && out[v] == ' ') ++v;
-    size_t end = v;
-    if (end < out.size() && out[end] == '\'') {
-      end = out.find('\'', end + 1);
-      end = end == std::string::npos ? out.size() : end + 1;
-    } else {
-      while (end < out.size() && out[end] != '&' && out[end] != ' ') ++end;
-    }
-    out.replace(v, end - v, "***");
-  }
-  return out;
+namespace {
+
+bool IsPostgresUrl(std::string_view url) {
+  const std::string scheme = UrlScheme(url);
+  return scheme == "postgres" || scheme == "postgresql";
 }
 
-bool IsUrl(std::string_view url) { return url.starts_with("postgres://") || url.starts_with("postgresql://"); }
-
-namespace {
-// Takes idem's own options out of a postgres:// URL's query (libpq would
-// refuse them): idem_partition_by_day=true|false, idem_pool_size=N.
-Result<Options> ApplyUrlOptions(Options o) {
-  auto q = o.url.find('?');
-  if (!IsUrl(o.url) || q == std::string::npos) return o;
+// Takes idem's own keys out of a postgres:// URL's query (libpq would refuse
+// them) into `o`'s fields; libpq's keys stay in the URL as written.
+Result<Options> TakeIdemKeys(Options o) {
+  const size_t q = o.url.find('?');
+  if (!IsPostgresUrl(o.url) || q == std::string::npos) return o;
+  // The file form: libpq allows what the network form does not (no host,
+  // for the Unix socket: postgres:///db?host=/run/postgresql).
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(o.url, "PostgreSQL URL", UrlForm::kFile));
+  std::vector<std::string_view> known = {"idem_pool_size", "idem_connect_timeout_ms", "idem_partition_by_day",
+                                         "idem_create_if_missing"};
+  for (size_t i = 0; i < u.query.size(); ++i) {
+    const std::string& k = u.query[i].first;
+    if (!k.starts_with("idem_")) continue;
+    for (size_t j = 0; j < i; ++j)
+      if (u.query[j].first == k)
+        return Status::InvalidArgument("'" + k + "' is given twice in '" + RedactUrl(o.url) + "'");
+    if (std::find(known.begin(), known.end(), k) == known.end())
+      return Status::InvalidArgument("unknown idem option '" + k + "' in the PostgreSQL URL '" + RedactUrl(o.url) +
+                                     "' (known: idem_pool_size, idem_connect_timeout_ms, idem_partition_by_day, "
+                                     "idem_create_if_missing)");
+  }
+  IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("idem_pool_size", o.pool_size, 1, 9999));
+  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("idem_connect_timeout_ms", o.connect_timeout_ms, 1,
+                                                        int64_t{24} * 3600 * 1000));
+  IDEM_ASSIGN_OR_RETURN(o.partition_by_day, u.GetBool("idem_partition_by_day", o.partition_by_day));
+  IDEM_ASSIGN_OR_RETURN(o.create_if_missing, u.GetBool("idem_create_if_missing", o.create_if_missing));
+  o.pool_size = static_cast<int>(pool);
+  // The URL as libpq takes it: every pair but idem's, as written.
   std::string kept;
   std::string_view query = std::string_view(o.url).substr(q + 1);
   while (!query.empty()) {
-    auto amp = query.find('&');
+    const size_t amp = query.find('&');
     std::string_view kv = query.substr(0, amp);
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (!kv.starts_with("idem_")) {
-      kept += kept.empty() ? "" : "&";
-      kept += kv;
-      continue;
-    }
-    auto eq = kv.find('=');
-    std::string_view k = kv.substr(0, eq), v = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
-    if (k == "idem_partition_by_day" && (v == "true" || v == "1")) {
-      o.partition_by_day = true;
-    } else if (k == "idem_partition_by_day" && (v == "false" || v == "0")) {
-      o.partition_by_day = false;
-    } else if (k == "idem_pool_size" && !v.empty() && v.size() <= 4 &&
-               v.find_first_not_of("0123456789") == std::string_view::npos && std::stoi(std::string(v)) >= 1) {
-      o.pool_size = std::stoi(std::string(v));
-    } else {
-      return Status::InvalidArgument("unknown or bad idem option '" + std::string(kv) +
-                                     "' in the PostgreSQL URL (known: idem_partition_by_day=true|false,"
-                                     " idem_pool_size=N)");
-    }
+    if (kv.empty() || kv.starts_with("idem_")) continue;
+    kept += kept.empty() ? "" : "&";
+    kept += kv;
   }
   o.url = o.url.substr(0, q) + (kept.empty() ? "" : "?" + kept);
   return o;
 }
+
+Status Validate(const Options& o) {
+  if (o.pool_size < 1)
+    return Status::InvalidArgument("PostgreSQL store: pool_size must be >= 1, not " + std::to_string(o.pool_size));
+  if (o.connect_timeout_ms < 1)
+    return Status::InvalidArgument("PostgreSQL store: connect_timeout_ms must be > 0, not " +
+                                   std::to_string(o.connect_timeout_ms));
+  if (o.partition_days_ahead < 0 || o.partition_days_ahead > 366)
+    return Status::InvalidArgument("PostgreSQL store: partition_days_ahead must be from 0 to 366, not " +
+                                   std::to_string(o.partition_days_ahead));
+  return Status::OK();
+}
+
 }  // namespace
 
-Result<std::unique_ptr<Store>> Open(const Options& given) {
-  IDEM_ASSIGN_OR_RETURN(Options options, ApplyUrlOptions(given));
+Result<Options> Store::ParseUrl(std::string_view url) {
+  if (!IsPostgresUrl(url))
+    return Status::InvalidArgument("not a PostgreSQL URL: '" + RedactUrl(url) + "' (expected postgres://...)");
+  Options o;
+  o.url = std::string(url);
+  return TakeIdemKeys(std::move(o));
+}
+
+Result<std::unique_ptr<idem::Store>> Store::Open(const Options& given) {
+  IDEM_ASSIGN_OR_RETURN(Options options, TakeIdemKeys(given));
+  IDEM_RETURN_IF_ERROR(Validate(options));
   auto store = std::make_unique<PgStore>(options);
   std::string name = options.url.empty() ? "PostgreSQL (PG* environment)" : "PostgreSQL";
   IDEM_RETURN_IF_ERROR(store->Init(options.create_if_missing, name));
   IDEM_RETURN_IF_ERROR(store->InitPartitions().WithContext(name + ": daily partitions"));
-  return std::unique_ptr<Store>(std::move(store));
+  return std::unique_ptr<idem::Store>(std::move(store));
 }
 
 }  // namespace idem::postgres

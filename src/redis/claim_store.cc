@@ -16,9 +16,12 @@
 
 #include "redis/client.h"
 #include "redis/scripts.h"
+#include "redis/url_options.h"
 
 namespace idem::redis {
 namespace {
+
+using Options = ClaimStore::Options;
 
 using redis_internal::Conn;
 using redis_internal::Pool;
@@ -117,7 +120,7 @@ Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) 
   } else {
     why = "the record is not what idem wrote (state '" + std::string(state) + "')";
   }
-  return Status(Code::kLeaseLost, std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
+  return Status::LeaseLost(std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
                                       std::to_string(t.fence) + ": " + why);
 }
 
@@ -680,7 +683,9 @@ class RedisClaimStore final : public ClaimStore {
 
 Result<std::unique_ptr<ClaimStore>> ClaimStore::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint ep, redis_internal::ParseUrl(options.url));
-  IDEM_RETURN_IF_ERROR(redis_internal::ValidateClientName(options.client_name));
+  IDEM_RETURN_IF_ERROR(redis_internal::CheckConnectFields("Redis claim store", options.pool_size,
+                                                          options.connect_timeout_ms, options.command_timeout_ms,
+                                                          options.client_name));
   if (options.abandon_margin_ms < 0)
     return Status::InvalidArgument("abandon_margin_ms must be >= 0, got " + std::to_string(options.abandon_margin_ms));
   auto store = std::make_unique<RedisClaimStore>(options, std::move(ep));
@@ -688,23 +693,23 @@ Result<std::unique_ptr<ClaimStore>> ClaimStore::Open(const Options& options) {
   return std::unique_ptr<ClaimStore>(std::move(store));
 }
 
-std::string RedactUrl(std::string_view url) {
-  std::string out(url);
-  auto scheme = out.find("://");
-  if (scheme == std::string::npos) return out;
-  auto at = out.rfind('@');
-  if (at == std::string::npos || at < scheme) return out;
-  auto colon = out.find(':', scheme + 3);
-  // "user:password@": hide the password; "secret@" (no colon): hide it all,
-  // since it may be a password written without the ':'.
-  if (colon != std::string::npos && colon < at) {
-    out.replace(colon + 1, at - colon - 1, "***");
-  } else {
-    out.replace(scheme + 3, at - scheme - 3, "***");
-  }
-  return out;
+Result<Options> ClaimStore::ParseUrl(std::string_view url) {
+  using redis_internal::GetIntInto;
+  using redis_internal::kMaxIntField;
+  IDEM_ASSIGN_OR_RETURN(redis_internal::UrlWithOptions u,
+                        redis_internal::ParseUrlWithOptions(url, {"prefix", "pool_size", "connect_timeout_ms",
+                                                                  "command_timeout_ms", "client_name",
+                                                                  "abandon_margin_ms"}));
+  Options o;
+  o.url = u.base;
+  o.prefix = u.parsed.Get("prefix", o.prefix);
+  o.client_name = u.parsed.Get("client_name", o.client_name);
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "pool_size", 1, 9999, o.pool_size));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "connect_timeout_ms", 1, kMaxIntField, o.connect_timeout_ms));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "command_timeout_ms", 1, kMaxIntField, o.command_timeout_ms));
+  IDEM_ASSIGN_OR_RETURN(o.abandon_margin_ms,
+                        u.parsed.GetInt("abandon_margin_ms", o.abandon_margin_ms, 0, int64_t{1} << 50));
+  return o;
 }
-
-bool IsUrl(std::string_view url) { return url.starts_with("redis://"); }
 
 }  // namespace idem::redis

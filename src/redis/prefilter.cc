@@ -7,9 +7,12 @@
 #include <vector>
 
 #include "redis/client.h"
+#include "redis/url_options.h"
 
 namespace idem::redis {
 namespace {
+
+using Options = Prefilter::Options;
 
 using redis_internal::Pool;
 using redis_internal::ReplyPtr;
@@ -21,7 +24,7 @@ std::string FingerprintBytes(std::string_view payload) {
 
 class RedisPrefilter final : public Prefilter {
  public:
-  RedisPrefilter(const PrefilterOptions& o, redis_internal::Endpoint ep)
+  RedisPrefilter(const Options& o, redis_internal::Endpoint ep)
       : options_(o),
         pool_(std::move(ep), {.connect = {.connect_timeout_ms = o.connect_timeout_ms,
                                           .command_timeout_ms = o.command_timeout_ms,
@@ -56,12 +59,12 @@ class RedisPrefilter final : public Prefilter {
     if (messages.empty()) return;
     auto c = pool_.Take();
     if (!c.ok()) return;
-    const std::string ttl = std::to_string(options_.ttl_seconds);
+    const std::string ttl = std::to_string(options_.ttl_ms);
     size_t queued = 0;
     for (const Message& m : messages) {
       const std::string key = Key(consumer, m.id);
       const std::string fp = FingerprintBytes(m.payload);
-      std::string_view args[] = {"SET", key, fp, "NX", "EX", ttl};
+      std::string_view args[] = {"SET", key, fp, "NX", "PX", ttl};
       if (!(*c)->Append(args).ok()) break;
       ++queued;
     }
@@ -82,19 +85,42 @@ class RedisPrefilter final : public Prefilter {
     return options_.prefix + "seen:" + redis_internal::LengthPrefixed(consumer) + ":" + std::string(id);
   }
 
-  const PrefilterOptions options_;
+  const Options options_;
   Pool pool_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Prefilter>> Prefilter::Open(const PrefilterOptions& options) {
+Result<std::unique_ptr<Prefilter>> Prefilter::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint ep, redis_internal::ParseUrl(options.url));
-  IDEM_RETURN_IF_ERROR(redis_internal::ValidateClientName(options.client_name));
-  if (options.ttl_seconds < 1)
-    return Status::InvalidArgument("prefilter ttl_seconds must be at least 1, got " +
-                                   std::to_string(options.ttl_seconds));
+  IDEM_RETURN_IF_ERROR(redis_internal::CheckConnectFields("Redis prefilter", options.pool_size,
+                                                          options.connect_timeout_ms, options.command_timeout_ms,
+                                                          options.client_name));
+  if (options.ttl_ms < 1)
+    return Status::InvalidArgument("Redis prefilter: ttl_ms must be at least 1, got " + std::to_string(options.ttl_ms));
+  if (options.retry_after_ms < 0)
+    return Status::InvalidArgument("Redis prefilter: retry_after_ms must be >= 0, got " +
+                                   std::to_string(options.retry_after_ms));
   return std::unique_ptr<Prefilter>(new RedisPrefilter(options, std::move(ep)));
+}
+
+Result<Options> Prefilter::ParseUrl(std::string_view url) {
+  using redis_internal::GetIntInto;
+  using redis_internal::kMaxIntField;
+  IDEM_ASSIGN_OR_RETURN(redis_internal::UrlWithOptions u,
+                        redis_internal::ParseUrlWithOptions(url, {"prefix", "ttl_ms", "client_name", "pool_size",
+                                                                  "connect_timeout_ms", "command_timeout_ms",
+                                                                  "retry_after_ms"}));
+  Options o;
+  o.url = u.base;
+  o.prefix = u.parsed.Get("prefix", o.prefix);
+  o.client_name = u.parsed.Get("client_name", o.client_name);
+  IDEM_ASSIGN_OR_RETURN(o.ttl_ms, u.parsed.GetInt("ttl_ms", o.ttl_ms, 1, int64_t{1} << 50));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "pool_size", 1, 9999, o.pool_size));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "connect_timeout_ms", 1, kMaxIntField, o.connect_timeout_ms));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "command_timeout_ms", 1, kMaxIntField, o.command_timeout_ms));
+  IDEM_RETURN_IF_ERROR(GetIntInto(u.parsed, "retry_after_ms", 0, kMaxIntField, o.retry_after_ms));
+  return o;
 }
 
 }  // namespace idem::redis

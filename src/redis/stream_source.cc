@@ -276,7 +276,7 @@ class StreamSourceImpl final : public StreamSource {
   static bool IsNoGroup(const Status& s) { return s.message().find("NOGROUP") != std::string::npos; }
 
   Status NoGroup() const {
-    return Status(Code::kNotFound, "consumer group '" + o_.group + "' of stream '" + o_.stream + "' does not exist at " +
+    return Status::NotFound("consumer group '" + o_.group + "' of stream '" + o_.stream + "' does not exist at " +
                                        pool_.endpoint().Address() + " (create it, or set create_group)");
   }
 
@@ -391,7 +391,7 @@ class StreamSourceImpl final : public StreamSource {
     auto r = Run(*conn, kSettle, args, &no_group);
     if (!r.ok()) {
       if (no_group)
-        return Status(Code::kLeaseLost, std::string(verb) + " of " + d.message.id + ": " + r.status().message());
+        return Status::LeaseLost(std::string(verb) + " of " + d.message.id + ": " + r.status().message());
       return r.status().WithContext(std::string(verb) + " of entry " + rc.entry + " in " + Where());
     }
     const redisReply* rep = r->get();
@@ -409,7 +409,7 @@ class StreamSourceImpl final : public StreamSource {
         m += " (delivery " + std::to_string(rep->element[2]->integer) + " to " +
              std::string(ReplyString(rep->element[1])) + ")";
     }
-    return Status(Code::kLeaseLost, std::move(m));
+    return Status::LeaseLost(std::move(m));
   }
 
   Options o_;

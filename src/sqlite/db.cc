@@ -10,7 +10,7 @@
 #include <string>
 
 #if IDEM_HAVE_TESTING
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #endif
 #include "sqlite/batched_wal.h"
 
@@ -188,7 +188,7 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
   // An existing file that holds nothing (an empty file, say) is left as it
   // is when we may not create: configuring it below would write to it.
   if (!o.create && tables == 0)
-    return Status(Code::kSchemaMismatch, o.path + " is an empty database: it holds no tables (not idem's)");
+    return Status::SchemaMismatch(o.path + " is an empty database: it holds no tables (not idem's)");
   // page_size only takes effect before the file's first table exists.
   const bool hook = static_cast<bool>(o.after_commit);
   std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +

@@ -71,7 +71,7 @@ struct OpenOptions {
   std::function<bool(int pages)> after_commit;
   int page_size = 4096;  // new files only
   // A registered SQLite VFS to open the file through; empty: the default.
-  // "idem-fault" (idem/sqlite/fault_vfs.h) is installed on demand.
+  // "idem-fault" (idem/testing/fault_vfs.h) is installed on demand.
   std::string vfs;
   // With synchronous FULL or EXTRA: open through the batched-WAL shim over
   // `vfs` (batched_wal.h); commits in a BatchedWalWrites scope write their

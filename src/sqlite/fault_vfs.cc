@@ -4,7 +4,7 @@
 // src/test_vfs.c. Each open file is our File followed by the real VFS's file
 // in the same allocation; every method decides (under one mutex) whether the
 // call fails, kills, cuts the power or is held back, and forwards otherwise.
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -183,7 +183,7 @@ Result<std::string*> Block(Node& n, sqlite3_file* real, int64_t b) {
   if (end > start) {
     int rc = real->pMethods->xRead(real, data.data(), static_cast<int>(end - start), start);
     if (rc != SQLITE_OK && rc != SQLITE_IOERR_SHORT_READ)
-      return Status(Code::kIoError, "read for held-back block: sqlite code " + std::to_string(rc));
+      return Status::IoError("read for held-back block: sqlite code " + std::to_string(rc));
   }
   return &n.blocks.emplace(b, std::move(data)).first->second;
 }

@@ -6,7 +6,7 @@
 #ifndef IDEM_SRC_SQLITE_SCHEMA_H_
 #define IDEM_SRC_SQLITE_SCHEMA_H_
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 namespace idem::sqlite_internal {
 
@@ -48,7 +48,7 @@ inline constexpr sql_internal::Migration kMigrations[] = {
     {2, "markers without the time index: purge walks the primary key in windows",
      // One B-tree write less per marker (measured in doc/performance.md).
      "DROP INDEX IF EXISTS idem_markers_by_time"},
-    {3, "markers keyed by producer time first (InboxOptions::key_by_producer_time)",
+    {3, "markers keyed by producer time first (Inbox::Options::key_by_producer_time)",
      // Time-ordered keys append at the end of the B-tree: one dirty page
      // per batch instead of one per marker.
      "CREATE TABLE idem_markers_by_producer_time("
@@ -80,7 +80,7 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " PRIMARY KEY (entity, key)) WITHOUT ROWID"},
     {6, "failures: since when a message has been in progress, and when it was parked",
      // A message whose step may have taken effect is never dead-lettered as
-     // a failure: it is retried, and parked past ConsumerOptions::park_after_ms.
+     // a failure: it is retried, and parked past Consumer::Options::park_after_ms.
      "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms INTEGER;"
      "ALTER TABLE idem_failures ADD COLUMN parked_at_ms INTEGER"},
 };

@@ -13,16 +13,18 @@
 #include <thread>
 
 #include "idem/env.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 #include "sqlite/batched_wal.h"
-#include "core/url.h"
 #include "sqlite/db.h"
 #include "sqlite/schema.h"
 
 namespace idem::sqlite {
 namespace {
 
+using Options = Store::Options;
 using sqlite_internal::Db;
 
 class SqliteConnection final : public sql_internal::Connection {
@@ -189,7 +191,7 @@ class SqliteStore final : public sql_internal::SqlStore {
  public:
   explicit SqliteStore(const Options& o)
       : SqlStore(kDialect, o.env, 16), options_(o), write_lock_id_(WriteLockIdOf(o.path)) {
-    if (CheckpointsInBackground(o))
+    if (sqlite::Store::CheckpointsInBackground(o))
       checkpointer_ = std::make_unique<Checkpointer>(OpenOptionsFor(o, /*create=*/false), o.wal_autocheckpoint_pages);
   }
   // The pooled connections hold hooks into the checkpointer: close them first.
@@ -309,13 +311,13 @@ class SqliteStore final : public sql_internal::SqlStore {
 
 }  // namespace
 
-bool CheckpointsInBackground(const Options& o) {
+bool Store::CheckpointsInBackground(const Options& o) {
   return o.wal_autocheckpoint_pages > 0 &&
          (o.checkpoint == Checkpoint::kBackground ||
           (o.checkpoint == Checkpoint::kAuto && o.synchronous != Synchronous::kFull));
 }
 
-Result<std::unique_ptr<Store>> Open(const Options& options) {
+Result<std::unique_ptr<idem::Store>> Store::Open(const Options& options) {
   if (options.path.empty()) return Status::InvalidArgument("SQLite store: path is empty");
   // Each pooled connection would open a database of its own.
   if (options.path == ":memory:" || options.path.rfind("file::memory:", 0) == 0)
@@ -325,58 +327,93 @@ Result<std::unique_ptr<Store>> Open(const Options& options) {
   if (options.page_size < 512 || options.page_size > 65536 || (options.page_size & (options.page_size - 1)) != 0)
     return Status::InvalidArgument("SQLite store: page_size must be a power of two from 512 to 65536, not " +
                                    std::to_string(options.page_size));
+  auto in_range = [](std::string_view name, int64_t v, int64_t max) -> Status {
+    if (v >= 0 && v <= max) return Status::OK();
+    return Status::InvalidArgument("SQLite store: " + std::string(name) + " must be from 0 to " + std::to_string(max) +
+                                   ", not " + std::to_string(v));
+  };
+  IDEM_RETURN_IF_ERROR(in_range("busy_timeout_ms", options.busy_timeout_ms, 3'600'000));
+  IDEM_RETURN_IF_ERROR(in_range("cache_kib", options.cache_kib, 64LL << 20));
+  IDEM_RETURN_IF_ERROR(in_range("wal_autocheckpoint_pages", options.wal_autocheckpoint_pages, 1LL << 30));
   auto store = std::make_unique<SqliteStore>(options);
   store->set_create_file(options.create_if_missing);
   IDEM_RETURN_IF_ERROR(store->Init(options.create_if_missing, options.path));
-  return std::unique_ptr<Store>(std::move(store));
+  return std::unique_ptr<idem::Store>(std::move(store));
 }
 
-Result<Options> ParseUrl(std::string_view url) {
-  Options o;
-  IDEM_ASSIGN_OR_RETURN(url_internal::Url u, url_internal::Parse(url, {"sqlite://", "sqlite:"}, true, "a SQLite"));
-  o.path = u.path;
-  for (const auto& [k, v] : u.options) {
-    if (k == "synchronous") {
-      if (v == "full" || v == "FULL") o.synchronous = Synchronous::kFull;
-      else if (v == "normal" || v == "NORMAL") o.synchronous = Synchronous::kNormal;
-      else if (v == "off" || v == "OFF") o.synchronous = Synchronous::kOff;
-      else return Status::InvalidArgument("synchronous must be full, normal or off, not '" + v + "'");
-    } else if (k == "page_size" || k == "cache_kib" || k == "wal_autocheckpoint" || k == "busy_timeout_ms") {
-      // Whole numbers in a range SQLite takes (page_size is checked by Open).
-      const long max = k == "page_size"         ? 65536
-                       : k == "cache_kib"       ? 64L << 20
-                       : k == "busy_timeout_ms" ? 3'600'000
-                                                : 1L << 30;
-      char* end = nullptr;
-      errno = 0;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || errno != 0 || n < 0 || n > max)
-        return Status::InvalidArgument("SQLite URL option " + k + " must be a whole number 0.." + std::to_string(max) +
-                                       ", not '" + v + "'");
-      (k == "page_size"         ? o.page_size
-       : k == "cache_kib"       ? o.cache_kib
-       : k == "busy_timeout_ms" ? o.busy_timeout_ms
-                                : o.wal_autocheckpoint_pages) = static_cast<int>(n);
-    } else if (k == "checkpoint") {
-      if (v == "auto") o.checkpoint = Checkpoint::kAuto;
-      else if (v == "background") o.checkpoint = Checkpoint::kBackground;
-      else if (v == "inline") o.checkpoint = Checkpoint::kInline;
-      else return Status::InvalidArgument("SQLite URL option checkpoint must be auto, background or inline, not '" + v + "'");
-    } else if (k == "batch_wal") {
-      if (v == "on")
-        o.batch_wal_writes = true;
-      else if (v == "off")
-        o.batch_wal_writes = false;
-      else
-        return Status::InvalidArgument("SQLite URL option batch_wal must be on or off, not '" + v + "'");
-    } else if (k == "vfs") {
-      // Whether it exists is known only once it may have been registered:
-      // Open says.
-      if (v.empty()) return Status::InvalidArgument("SQLite URL option vfs is empty in " + std::string(url));
-      o.vfs = v;
-    } else {
-      return Status::InvalidArgument("unknown SQLite URL option '" + k + "' in " + std::string(url));
+namespace {
+// The value of an enumerated key, or kInvalidArgument listing the choices.
+template <typename E>
+Status Choose(const ParsedUrl& u, std::string_view key, std::initializer_list<std::pair<std::string_view, E>> choices,
+              E& out) {
+  if (!u.Has(key)) return Status::OK();
+  std::string v = u.Get(key);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string names;
+  size_t i = 0;
+  for (const auto& [name, e] : choices) {
+    if (v == name) {
+      out = e;
+      return Status::OK();
     }
+    names += i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+    names += name;
+    ++i;
+  }
+  return Status::InvalidArgument("SQLite URL option " + std::string(key) + " must be " + names + ", not '" +
+                                 u.Get(key) + "'");
+}
+}  // namespace
+
+Result<Options> Store::ParseUrl(std::string_view url) {
+  // A bare path is a file, unless it starts like another URL ("scheme:"):
+  // a mistyped URL would otherwise become a file of that name.
+  const std::string scheme = UrlScheme(url);
+  if (!scheme.empty() && scheme != "sqlite")
+    return Status::InvalidArgument("not a SQLite URL: '" + RedactUrl(url) + "' (expected sqlite:PATH)");
+  const std::string full = scheme.empty() ? "sqlite:" + std::string(url) : std::string(url);
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(full, "SQLite URL", UrlForm::kFile));
+  if (u.path.empty()) return Status::InvalidArgument("SQLite URL has no path: '" + std::string(url) + "'");
+  IDEM_RETURN_IF_ERROR(u.CheckKeys({"synchronous", "busy_timeout_ms", "cache_kib", "wal_autocheckpoint_pages",
+                                    "wal_autocheckpoint", "checkpoint", "page_size", "create_if_missing", "vfs",
+                                    "batch_wal_writes", "batch_wal"}));
+  if (u.Has("wal_autocheckpoint_pages") && u.Has("wal_autocheckpoint"))
+    return Status::InvalidArgument("wal_autocheckpoint_pages is given twice (also as wal_autocheckpoint) in '" +
+                                   RedactUrl(url) + "'");
+  if (u.Has("batch_wal_writes") && u.Has("batch_wal"))
+    return Status::InvalidArgument("batch_wal_writes is given twice (also as batch_wal) in '" + RedactUrl(url) + "'");
+  Options o;
+  o.path = u.path;
+  IDEM_RETURN_IF_ERROR(Choose<Synchronous>(
+      u, "synchronous", {{"full", Synchronous::kFull}, {"normal", Synchronous::kNormal}, {"off", Synchronous::kOff}},
+      o.synchronous));
+  IDEM_RETURN_IF_ERROR(Choose<Checkpoint>(u, "checkpoint",
+                                          {{"auto", Checkpoint::kAuto},
+                                           {"background", Checkpoint::kBackground},
+                                           {"inline", Checkpoint::kInline}},
+                                          o.checkpoint));
+  // Whole numbers in a range SQLite takes (page_size is checked by Open).
+  IDEM_ASSIGN_OR_RETURN(int64_t busy, u.GetInt("busy_timeout_ms", o.busy_timeout_ms, 0, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(int64_t cache, u.GetInt("cache_kib", o.cache_kib, 0, 64LL << 20));
+  IDEM_ASSIGN_OR_RETURN(int64_t page, u.GetInt("page_size", o.page_size, 0, 65536));
+  const char* wal_key = u.Has("wal_autocheckpoint") ? "wal_autocheckpoint" : "wal_autocheckpoint_pages";
+  IDEM_ASSIGN_OR_RETURN(int64_t wal, u.GetInt(wal_key, o.wal_autocheckpoint_pages, 0, 1LL << 30));
+  o.busy_timeout_ms = static_cast<int>(busy);
+  o.cache_kib = static_cast<int>(cache);
+  o.page_size = static_cast<int>(page);
+  o.wal_autocheckpoint_pages = static_cast<int>(wal);
+  IDEM_ASSIGN_OR_RETURN(o.create_if_missing, u.GetBool("create_if_missing", o.create_if_missing));
+  if (u.Has("batch_wal")) {
+    IDEM_RETURN_IF_ERROR(Choose<bool>(u, "batch_wal", {{"on", true}, {"off", false}}, o.batch_wal_writes));
+  } else {
+    IDEM_ASSIGN_OR_RETURN(o.batch_wal_writes, u.GetBool("batch_wal_writes", o.batch_wal_writes));
+  }
+  if (u.Has("vfs")) {
+    // Whether it exists is known only once it may have been registered:
+    // Open says.
+    if (u.Get("vfs").empty())
+      return Status::InvalidArgument("SQLite URL option vfs is empty in " + RedactUrl(url));
+    o.vfs = u.Get("vfs");
   }
   return o;
 }

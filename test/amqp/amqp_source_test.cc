@@ -32,6 +32,8 @@
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -169,7 +171,7 @@ struct Db {
   TempDir dir;
   std::unique_ptr<Store> store;
   Db() {
-    auto s = sqlite::Open({.path = dir.File("inbox.db")});
+    auto s = sqlite::Store::Open({.path = dir.File("inbox.db")});
     EXPECT_TRUE(s.ok()) << s.status();
     store = std::move(*s);
     EXPECT_TRUE(CreatePayments(*store).ok());
@@ -179,9 +181,11 @@ struct Db {
 // A Consumer running in a thread of its own until destroyed.
 class Running {
  public:
-  Running(idem::Source& src, Inbox& inbox, ConsumerOptions o) : Running(src, inbox, ChargeHandler(), o) {}
-  Running(idem::Source& src, Inbox& inbox, Handler handler, ConsumerOptions o)
-      : consumer_(src, inbox, std::move(handler), o), thread_([this] { (void)consumer_.Run(); }) {}
+  Running(idem::Source& src, Inbox& inbox, Consumer::Options o) : Running(src, inbox, ChargeHandler(), o) {}
+  Running(idem::Source& src, Inbox& inbox, Handler handler, Consumer::Options o)
+      : owned_(MustOpen<Consumer>(src, inbox, std::move(handler), o)),
+        consumer_(*owned_),
+        thread_([this] { (void)consumer_.Run(); }) {}
   ~Running() {
     consumer_.Stop();
     thread_.join();
@@ -189,7 +193,8 @@ class Running {
   ConsumerStats stats() const { return consumer_.stats(); }
 
  private:
-  Consumer consumer_;
+  std::unique_ptr<Consumer> owned_;
+  Consumer& consumer_;
   std::thread thread_;
 };
 
@@ -207,7 +212,8 @@ void DrainRest(const std::string& queue, Inbox& inbox) {
     auto src = OpenSource(queue);
     ASSERT_NE(src, nullptr);
     const uint64_t applied_before = inbox.counters().applied;
-    Consumer c(*src, inbox, ChargeHandler(), {.receive_wait_ms = 500, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(*src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 500, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     ASSERT_TRUE(c.Run().ok());
     EXPECT_EQ(inbox.counters().applied, applied_before) << "a leftover delivery was not a duplicate";
   }
@@ -440,7 +446,8 @@ TEST(AmqpSource, MessageWithoutAnyIdGoesToTheDeadLetterPathAndHeaderFallbackWork
     ASSERT_TRUE(pub->Publish(q, Msg("ok-1")).ok());
   }
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 100, "x-idem-id");
   ASSERT_NE(src, nullptr);
   {
@@ -468,7 +475,8 @@ TEST(AmqpSource, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
   for (int round = 0; round < 2; ++round)
     for (const char* id : {"ok-1", "poison-1", "ok-2"}) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 100, "");
   ASSERT_NE(src, nullptr);
   Handler poison = [](Transaction& tx, const Message& m) -> Status {
@@ -502,7 +510,8 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
   std::vector<std::string> ids;
   for (int i = 0; i < kIds; ++i) ids.push_back("order-" + std::to_string(i));
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<std::unique_ptr<AmqpSource>> sources;
   for (int i = 0; i < 3; ++i) {
     sources.push_back(OpenSource(q, 10));
@@ -510,7 +519,7 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
   }
   {
     std::vector<std::unique_ptr<Running>> runs;
-    for (auto& s : sources) runs.push_back(std::make_unique<Running>(*s, inbox, ConsumerOptions{.workers = 2, .batch = 4}));
+    for (auto& s : sources) runs.push_back(std::make_unique<Running>(*s, inbox, Consumer::Options{.workers = 2, .batch = 4}));
     // Every message twice, the copies far apart and interleaved with others.
     for (int round = 0; round < 2; ++round)
       for (const std::string& id : ids) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
@@ -548,25 +557,28 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
   }  // no connection crosses the fork
   TempDir dir;
   int status = RunInChild([&] {
-    auto store = sqlite::Open({.path = dir.File("inbox.db")});
+    auto store = sqlite::Store::Open({.path = dir.File("inbox.db")});
     if (!store.ok() || !CreatePayments(**store).ok()) return 2;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     auto src = AmqpSource::Open({.url = Url(), .queue = q, .prefetch = 50});
     if (!src.ok()) return 3;
-    Consumer c(**src, inbox, ChargeHandler(), {.receive_wait_ms = 2000, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 2000, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     ArmKillPoint("inbox.after_commit", kKillAtCommit);
     (void)c.Run();
     return 10;  // never reached the kill point
   });
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "wait status " << status;
-  auto opened = sqlite::Open({.path = dir.File("inbox.db")});
+  auto opened = sqlite::Store::Open({.path = dir.File("inbox.db")});
   ASSERT_TRUE(opened.ok()) << opened.status();
   struct {
     std::unique_ptr<Store> store;
   } db{std::move(*opened)};
   ASSERT_EQ(Charges(*db.store), kKillAtCommit) << "the child committed and died before its ack";
 
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 20);
   ASSERT_NE(src, nullptr);
   {
@@ -597,7 +609,8 @@ TEST(AmqpSource, BrokerRestartMidRunLosesNothingAndDoublesNothing) {
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < kBefore; ++i) ASSERT_TRUE(pub->Publish(q, Msg(ids[i])).ok());
   Db db;
-  Inbox inbox(*db.store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*db.store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = OpenSource(q, 5);
   ASSERT_NE(src, nullptr);
   {

@@ -31,6 +31,8 @@
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -123,7 +125,7 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
   std::string LogPath() const { return dir_.File("child.log"); }
 
   void Prepare() {
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs});
@@ -140,12 +142,14 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
     if (fd < 0) return 11;
     auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs});
     if (!q.ok()) return 12;
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     if (!store.ok()) return 13;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     LoggingSource src(**q, fd);
-    Consumer consumer(src, inbox, ChargeHandler(),
-                      {.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
+    auto consumer_owned = MustOpen<Consumer>(src, inbox, ChargeHandler(),
+                      Consumer::Options{.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
+    Consumer& consumer = *consumer_owned;
     ArmKillPoint(c.point, c.hit);
     (void)consumer.Run();
     return 10;
@@ -205,7 +209,7 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   // The state the crash left.
   std::set<std::string> marked_before;
   {
-    auto store = sqlite::Open({.path = StorePath()});
+    auto store = sqlite::Store::Open({.path = StorePath()});
     ASSERT_TRUE(store.ok()) << store.status();
     auto markers = (*store)->ListMarkers("payments", 1000);
     ASSERT_TRUE(markers.ok()) << markers.status();
@@ -241,16 +245,18 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   FakeEnv env(Env::Default()->NowMs());
   auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs, .poll_ms = 200, .env = &env});
   ASSERT_TRUE(q.ok()) << q.status();
-  auto store = sqlite::Open({.path = StorePath(), .env = &env});
+  auto store = sqlite::Store::Open({.path = StorePath(), .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments", .env = &env});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
+  Inbox& inbox = *inbox_owned;
   RecordingSource src(**q);
   std::map<std::string, int> calls;
   Handler h = [&](Transaction& tx, const Message& m) {
     ++calls[m.id];
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(src, inbox, h, {.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
+  auto consumer_owned = MustOpen<Consumer>(src, inbox, h, Consumer::Options{.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
   // Exactly once, nothing lost, the queue empty.

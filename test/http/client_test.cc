@@ -186,7 +186,7 @@ class ClientTest : public ::testing::Test {
 
   // The Idempotency middleware on SQLite in front of `handler` at /charges.
   void Guarded(::httplib::Server::Handler handler, http::RoutePolicy policy = {}) {
-    auto s = sqlite::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal});
+    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     claims_ = std::make_unique<Claims>(*store_->claim_store());
@@ -773,9 +773,10 @@ TEST_F(ClientTest, AStoppingConsumersHandlerStopsRetrying) {
   SilentServer hung(SilentServer::Mode::kHang);
   ASSERT_GT(hung.port(), 0);
   auto client = NewClient(hung.port(), /*max_attempts=*/6, /*read_timeout_ms=*/300);
-  auto store = sqlite::Open({.path = dir_.File("inbox.db"), .synchronous = sqlite::Synchronous::kNormal});
+  auto store = sqlite::Store::Open({.path = dir_.File("inbox.db"), .synchronous = sqlite::Synchronous::kNormal});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   OneMessageSource source;
   std::mutex mu;
   std::vector<Status> seen;

@@ -29,6 +29,7 @@
 #include "idem/http/idempotency.h"
 #include "idem/httplib/middleware.h"
 #include "idem/httplib/server.h"
+#include "idem/testing/fake_env.h"
 
 namespace idem::testing {
 

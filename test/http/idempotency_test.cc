@@ -16,6 +16,7 @@
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -29,7 +30,7 @@ constexpr char kBody[] = R"({"amount":4000,"currency":"usd","customer":"cus_1"})
 class IdempotencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_NE(store_->claim_store(), nullptr);
@@ -141,7 +142,7 @@ TEST_F(IdempotencyTest, ReplayIsByteIdenticalWithIdempotentReplayed) {
 // Claims' retention is the one setting for both.
 TEST_F(IdempotencyTest, RetentionHeaderSaysHowLongTheResponseIsKept) {
   constexpr int64_t kWeekMs = 7LL * 24 * 3600 * 1000;
-  claims_ = std::make_unique<Claims>(*observed_, ClaimsOptions{.retention_ms = kWeekMs});
+  claims_ = MustOpen<Claims>(*observed_, Claims::Options{.retention_ms = kWeekMs});
   Middleware();
   Route("/charges", {}, ChargeHandler());
   Start();
@@ -170,8 +171,8 @@ TEST_F(IdempotencyTest, RetentionHeaderSaysHowLongTheResponseIsKept) {
 // on every request.
 TEST_F(IdempotencyTest, SetUpMistakesFailAtStartUp) {
   auto refused = [](const auto& r) { return !r.ok() && r.status().code() == Code::kInvalidArgument; };
-  Claims keeps_nothing(*observed_, ClaimsOptions{.retention_ms = 0});
-  EXPECT_TRUE(refused(Idempotency::Open({.claims = &keeps_nothing, .authenticate = http::BearerKeys({{"sk_a", "acct_a"}})})));
+  // Claims that keep nothing cannot be made (Claims::Open refuses them).
+  EXPECT_EQ(Claims::Open(*observed_, Claims::Options{.retention_ms = 0}).status().code(), Code::kInvalidArgument);
   EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get(), .authenticate = http::Authenticator{}})));
   EXPECT_TRUE(refused(Idempotency::Open({.authenticate = http::BearerKeys({{"sk_a", "acct_a"}})})));
   Middleware();

@@ -4,6 +4,7 @@
 // the throwaway server (CTest fixture "postgres") per test.
 #include "http/provider_cases.h"
 #include "idem/env.h"
+#include "idem/testing/fake_env.h"
 #include "postgres/pg_test_util.h"
 
 namespace idem::testing {

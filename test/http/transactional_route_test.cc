@@ -15,8 +15,9 @@
 
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
@@ -42,7 +43,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
   void SetUp() override {
     // Through the fault VFS (passing everything through until a test arms it).
     (void)Vfs();
-    auto s = sqlite::Open({.path = dir_.File("idem.db"), .env = &env_, .vfs = sqlite::FaultVfs::kName});
+    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .env = &env_, .vfs = sqlite::FaultVfs::kName});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     auto tx = store_->Begin();

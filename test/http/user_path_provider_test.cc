@@ -24,6 +24,7 @@
 #include "idem/http/client.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "provider_server.h"
 #include "util/test_util.h"
 
@@ -41,7 +42,7 @@ cli::ProviderServerOptions ProviderOptions(const TempDir& dir, int port, int64_t
 
 // Charges the provider holds for `key`, read from its own database.
 int64_t ProviderCharges(const TempDir& dir, const std::string& key) {
-  auto store = sqlite::Open({.path = dir.File("provider.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("provider.db")});
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return -1;
   auto tx = (*store)->Begin();
@@ -97,7 +98,7 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
     restarted = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && second != nullptr;
   });
 
-  auto store = sqlite::Open({.path = dir.File("payments.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .queue = "payments"});
@@ -112,7 +113,8 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
                                       .read_timeout_ms = 2'000});
   ASSERT_TRUE(client.ok()) << client.status();
   Claims claims(*(*store)->claim_store());
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   CallFirst charge(
       claims,
       [&](Calls& calls, const Message& m) -> Status {
@@ -129,8 +131,9 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
       [](Transaction& tx, const Message& m, const Calls&) -> Status {
         return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 4000)", {m.id}).status();
       });
-  Consumer consumer(**queue, inbox, charge,
-                    {.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
+  auto consumer_owned = MustOpen<Consumer>(**queue, inbox, charge,
+                    Consumer::Options{.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   restarter.join();
   ASSERT_TRUE(restarted.load()) << "the provider died at its kill point and came back";

@@ -41,6 +41,7 @@
 #include "idem/inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "mock_kafka.h"
 #include "util/test_util.h"
 
@@ -151,16 +152,18 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
   ASSERT_TRUE(topic && group && store_path && log_path);
   const int fd = ::open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
   ASSERT_GE(fd, 0);
-  auto store = sqlite::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
+  auto store = sqlite::Store::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
   ASSERT_TRUE(store.ok()) << store.status();
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers, topic, group));
   ASSERT_TRUE(src.ok()) << src.status();
   AckLoggingSource logged(**src, fd);
   ASSERT_TRUE(ArmKillPointFromEnv()) << "IDEM_KILL_AT is not set";
   // One worker, one delivery at a time: exactly one delivery is committed
   // and not acknowledged when the kill point fires.
-  Consumer consumer(logged, inbox, ChargeHandler(), {.workers = 1, .batch = 1, .receive_wait_ms = 100});
+  auto consumer_owned = MustOpen<Consumer>(logged, inbox, ChargeHandler(), Consumer::Options{.workers = 1, .batch = 1, .receive_wait_ms = 100});
+  Consumer& consumer = *consumer_owned;
   std::thread watchdog([&] {
     std::this_thread::sleep_for(std::chrono::seconds(120));
     consumer.Stop();
@@ -182,7 +185,7 @@ class KafkaCrash : public ::testing::Test {
     mock_ = kafka_->cluster();
     brokers_ = kafka_->brokers();
 
-    auto s = sqlite::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
+    auto s = sqlite::Store::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -337,14 +340,16 @@ TEST_F(KafkaCrash, AConsumerKilledAfterCommitBeforeAckIsRedeliveredToAnotherCons
 
   // Another member of the group on the same store. The dead member's
   // partitions come to it once its session runs out.
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers_, kTopic, kGroup));
   ASSERT_TRUE(src.ok()) << src.status();
   RecordingSource recorded(**src);
   {
-    Consumer consumer(recorded, inbox, ChargeHandler(),
-                      {.workers = 2, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
+    auto consumer_owned = MustOpen<Consumer>(recorded, inbox, ChargeHandler(),
+                      Consumer::Options{.workers = 2, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
                        .receive_wait_ms = 100});
+    Consumer& consumer = *consumer_owned;
     std::thread run([&] { (void)consumer.Run(); });
     const bool drained = WaitFor([&] {
       if (Charges(*store_) < kN) return false;

@@ -56,8 +56,10 @@ bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
 // Runs a Consumer on its own thread until the test stops it.
 class Runner {
  public:
-  Runner(Source& source, Inbox& inbox, Handler handler, ConsumerOptions options)
-      : consumer_(source, inbox, std::move(handler), options), thread_([this] { status_ = consumer_.Run(); }) {}
+  Runner(Source& source, Inbox& inbox, Handler handler, Consumer::Options options)
+      : owned_(MustOpen<Consumer>(source, inbox, std::move(handler), options)),
+        consumer_(*owned_),
+        thread_([this] { status_ = consumer_.Run(); }) {}
   ~Runner() { Stop(); }
   void Stop() {
     consumer_.Stop();
@@ -66,7 +68,8 @@ class Runner {
   Consumer& consumer() { return consumer_; }
 
  private:
-  Consumer consumer_;
+  std::unique_ptr<Consumer> owned_;
+  Consumer& consumer_;
   Status status_;
   std::thread thread_;
 };
@@ -97,11 +100,11 @@ class KafkaTest : public ::testing::Test {
     mock_ = kafka_->cluster();
     brokers_ = kafka_->brokers();
 
-    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
+    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments"});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
   }
 
   void TearDown() override {
@@ -143,7 +146,7 @@ class KafkaTest : public ::testing::Test {
     ASSERT_TRUE(f.ok()) << f;
   }
 
-  ConsumerOptions Options(int workers = 2) {
+  Consumer::Options Options(int workers = 2) {
     return {.workers = workers, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
             .receive_wait_ms = 100};
   }
@@ -290,7 +293,8 @@ TEST_F(KafkaTest, AConsumerThatCommittedButNeverAckedIsAbsorbedByTheNextMember) 
   }
   EXPECT_TRUE(WaitFor([&] { return !AllCommitted(); }));  // nothing was acknowledged
 
-  Inbox second_inbox(*store_, {.consumer = "payments"});
+  auto second_inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& second_inbox = *second_inbox_owned;
   auto second = OpenSource();
   Runner run(*second, second_inbox, ChargeHandler(), Options());
   ASSERT_TRUE(WaitDrained(kN, {second.get()}));
@@ -402,7 +406,7 @@ TEST_F(KafkaTest, APoisonMessageIsDeadLetteredAndTheRestApplyOnce) {
     return ChargeHandler()(tx, m);
   };
   auto src = OpenSource();
-  ConsumerOptions o = Options();
+  Consumer::Options o = Options();
   o.max_attempts = 3;
   Runner run(*src, *inbox_, h, o);
   ASSERT_TRUE(WaitFor([&] {

@@ -109,7 +109,7 @@ TEST(KafkaSource, ReceiveOfNoneIsInvalidArgument) {
 
 TEST(KafkaOffsetInbox, AThrowingHandlerIsAFailureStoresNothingAndTheRetryApplies) {
   TempDir dir;
-  auto store = sqlite::Open({.path = dir.File("store.db")});
+  auto store = sqlite::Store::Open({.path = dir.File("store.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   auto oi = kafka::OffsetInbox::Open(**store, {.consumer = "billing"});
   ASSERT_TRUE(oi.ok()) << oi.status();

@@ -17,6 +17,7 @@
 
 #include "idem/env.h"
 #include "idem/postgres/store.h"
+#include "idem/testing/kill_points.h"
 
 namespace idem::testing {
 

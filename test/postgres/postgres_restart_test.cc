@@ -49,7 +49,7 @@ class PostgresRestart : public ::testing::Test {
 };
 
 TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
-  auto store = postgres::Open({.url = url_, .connect_timeout_s = 2});
+  auto store = postgres::Store::Open({.url = url_, .connect_timeout_ms = 2000});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir_.File("queue.db"), .queue = "payments", .lease_ms = 5'000});
@@ -58,7 +58,8 @@ TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
   for (int copy = 0; copy < 2; ++copy)
     for (int i = 0; i < kMessages; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());
 
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::atomic<int> applied{0};
   std::atomic<bool> paused{false};
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
@@ -70,9 +71,10 @@ TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
     ++applied;
     return Status::OK();
   };
-  Consumer consumer(**queue, inbox, h,
-                    {.workers = 2, .max_attempts = 0, .backoff_base_ms = 20, .backoff_max_ms = 200,
+  auto consumer_owned = MustOpen<Consumer>(**queue, inbox, h,
+                    Consumer::Options{.workers = 2, .max_attempts = 0, .backoff_base_ms = 20, .backoff_max_ms = 200,
                      .receive_wait_ms = 50});
+  Consumer& consumer = *consumer_owned;
   std::thread runner([&] { (void)consumer.Run(); });
 
   ASSERT_TRUE(WaitFor([&] { return applied.load() >= 10; }));

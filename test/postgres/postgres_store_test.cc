@@ -17,7 +17,11 @@
 
 #include "idem/claims.h"
 #include "idem/inbox.h"
+#include "idem/open.h"
 #include "idem/postgres/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 #include "postgres/pg.h"
 #include "postgres/pg_test_util.h"
 #include "util/claims_conformance.h"
@@ -30,11 +34,11 @@ INSTANTIATE_TEST_SUITE_P(
     Stores, StoreConformance,
     ::testing::Values(StoreParam{"postgres",
                                  [](const TempDir& d, Env* env) {
-                                   return postgres::Open({.url = SchemaUrl(d.path()), .env = env});
+                                   return postgres::Store::Open({.url = SchemaUrl(d.path()), .env = env});
                                  }},
                       StoreParam{"postgres_daily_partitions",
                                  [](const TempDir& d, Env* env) {
-                                   return postgres::Open(
+                                   return postgres::Store::Open(
                                        {.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
                                  }}),
     StoreParamName);
@@ -42,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{"postgres",
                                                        [](const TempDir& d, Env* env) {
-                                                         return ClaimsOf(postgres::Open(
+                                                         return ClaimsOf(postgres::Store::Open(
                                                              {.url = SchemaUrl(d.path()), .claim_clock = env}));
                                                        }}),
                          ClaimsParamName);
@@ -72,7 +76,7 @@ class Postgres : public ::testing::Test {
   virtual bool daily() const { return false; }
   void SetUp() override {
     url_ = FreshSchemaUrl();
-    auto s = postgres::Open({.url = url_, .partition_by_day = daily()});
+    auto s = postgres::Store::Open({.url = url_, .partition_by_day = daily()});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -131,7 +135,8 @@ TEST_F(PostgresDaily, RaceSecondWaitsThenSeesDuplicateOrApplies) { RaceBothOrder
 void Postgres::RaceBothOrders() {
   for (bool first_commits : {true, false}) {
     SCOPED_TRACE(first_commits ? "first commits" : "first rolls back");
-    Inbox inbox(*store_, {.consumer = first_commits ? "commit-order" : "rollback-order"});
+    auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = first_commits ? "commit-order" : "rollback-order"});
+    Inbox& inbox = *inbox_owned;
     std::mutex mu;
     std::condition_variable cv;
     bool release = false, in_handler = false;
@@ -174,7 +179,8 @@ void Postgres::RaceBothOrders() {
 // in doubt, the marker is read back (absent), nothing is acknowledged, and
 // the redelivery applies the work once.
 TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int pid = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     pid = BackendPid(tx);
@@ -198,7 +204,8 @@ TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
 // client never hears it. Whatever the client concludes, it acknowledges only
 // if the marker is committed, and the redelivery never applies twice.
 TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 5; ++i) {
     std::string id = "cut-" + std::to_string(i);
     PGconn* conn = nullptr;
@@ -227,7 +234,8 @@ TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
 // transaction makes as many round trips as the same work in a transaction
 // of its own (BEGIN, INSERT, COMMIT), for one message and for a batch.
 TEST_F(Postgres, TheMarkerTravelsWithBeginSoTheGuardAddsNoRoundTrip) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int next = 0, next_bare = 0;
   auto fresh = [&] { return Msg("rt-" + std::to_string(next++)); };
   auto bare = [&](int n) {
@@ -270,7 +278,8 @@ TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
     (*tx2)->Rollback();
   });
   EXPECT_EQ(trips, 0);
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-empty"), ChargeHandler());
   EXPECT_EQ(Charges(*store_, "after-empty"), 1);
 }
@@ -288,7 +297,8 @@ TEST_F(Postgres, AFailingFirstStatementIsAClearErrorAndTheConnectionStaysUsable)
     EXPECT_NE(r.status().message().find("no_such_table"), std::string::npos) << r.status();
     (*tx)->Rollback();
   }
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d) inbox.Handle(Msg("after-error"), ChargeHandler());
   EXPECT_EQ(Charges(*store_, "after-error"), 1);
 }
@@ -317,7 +327,8 @@ TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
 // The backend dies in the middle of a batch: nothing of it is committed or
 // acknowledged, and the redelivered batch applies every message once.
 TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<Message> batch;
   for (int i = 0; i < 10; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
   int pid = -1;
@@ -345,7 +356,8 @@ TEST_F(Postgres, DroppedConnectionMidBatchLosesNothing) {
 // client sees it) is replaced on the next transaction: the consumer recovers
 // by itself.
 TEST_F(Postgres, RecoversWhenPooledConnectionsDie) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int pid = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     pid = BackendPid(tx);
@@ -408,7 +420,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
 // the connection's cache must know it, or every new statement after it on
 // that connection fails ("prepared statement already exists").
 TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
-  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
   ASSERT_TRUE(one.ok()) << one.status();
   Store& store = **one;
   for (int divisor : {0, 0, 2}) {
@@ -425,7 +437,8 @@ TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   // A statement new to the connection after it.
-  Inbox inbox(store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 2; ++d)
     EXPECT_NE(inbox.Handle(Msg("after-failed-exec"), ChargeHandler()).kind, Outcome::Kind::kFailed);
   EXPECT_EQ(Charges(store, "after-failed-exec"), 1);
@@ -435,7 +448,8 @@ TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
 // fine until used: reads, new transactions and the Inbox still work, on new
 // connections, whichever of them meets the dead pool first.
 TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   ASSERT_EQ(inbox.Handle(Msg("before-restart"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   // Four connections at once, back in the pool afterwards, then their backends ended.
   auto kill_the_pool = [&] {
@@ -474,7 +488,7 @@ TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
 // fails, and the connection goes back to the pool clean: the next read and
 // the next transaction on it work.
 TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
-  auto one = postgres::Open({.url = url_, .pool_size = 1});
+  auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
   ASSERT_TRUE(one.ok()) << one.status();
   Store& store = **one;
   for (bool rollback : {true, false}) {
@@ -502,7 +516,8 @@ TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
 }
 
 TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int sock = -1;
   Handler h = [&](Transaction& tx, const Message& m) -> Status {
     sock = PQsocket(static_cast<PGconn*>(tx.NativeHandle()));
@@ -531,7 +546,8 @@ TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
 }
 
 TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
-  Inbox inbox(*store_, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   std::vector<Message> batch;
   for (int i = 0; i < 600; ++i) batch.push_back(Msg("p-" + std::to_string(i)));
   for (size_t at = 0; at < batch.size(); at += 100)
@@ -557,10 +573,11 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   const int64_t day = 86'400'000;
   FakeEnv env(20'000 * day + 3'600'000);  // 01:00 on day 20000
   std::string url = FreshSchemaUrl();
-  auto store = postgres::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
+  auto store = postgres::Store::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
-  Inbox inbox(**store, {.consumer = "payments", .env = &env});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
+  Inbox& inbox = *inbox_owned;
   for (int d = 0; d < 3; ++d) {
     for (int i = 0; i < 10; ++i) {
       std::string id = "d";
@@ -599,12 +616,13 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
 // leases, and a lease it sees as live by its clock is live by the server's.
 TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
   FakeEnv skewed(Env::Default()->NowMs() - 86'400'000);
-  auto store = ClaimsOf(postgres::Open({.url = FreshSchemaUrl(), .env = &skewed}));
+  auto store = ClaimsOf(postgres::Store::Open({.url = FreshSchemaUrl(), .env = &skewed}));
   ASSERT_TRUE(store.ok()) << store.status();
   auto server_now = (*store)->NowMs();
   ASSERT_TRUE(server_now.ok()) << server_now.status();
   EXPECT_GT(*server_now, skewed.NowMs() + 86'000'000) << "the store's clock is the server's, not the client's";
-  Claims claims(**store, {.env = &skewed});
+  auto claims_owned = MustOpen<Claims>(**store, Claims::Options{.env = &skewed});
+  Claims& claims = *claims_owned;
   ClaimRequest r{.scope = "charges", .key = "k", .fingerprint = FingerprintOf("b"), .lease_ms = 600'000};
   auto c = claims.Claim(r);
   ASSERT_TRUE(c.ok() && c->kind == ClaimOutcome::Kind::kStarted) << c.status();
@@ -616,7 +634,7 @@ TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
 }
 
 TEST(PostgresBadInput, UnreachableServerIsAClearError) {
-  auto s = postgres::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_s = 2});
+  auto s = postgres::Store::Open({.url = "postgres://postgres@127.0.0.1:1/idem_test", .connect_timeout_ms = 2000});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1"),
@@ -629,7 +647,7 @@ TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
   auto at = url.find("postgres@");
   ASSERT_NE(at, std::string::npos);
   url.replace(at, 9, "idem_pw:hunter2@");
-  auto s = postgres::Open({.url = url});
+  auto s = postgres::Store::Open({.url = url});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("password authentication failed"), std::string::npos) << s.status();
@@ -637,14 +655,14 @@ TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
   // The right password opens it.
   std::string good = FreshSchemaUrl();
   good.replace(good.find("postgres@"), 9, "idem_pw:secret@");
-  auto ok = postgres::Open({.url = good});
+  auto ok = postgres::Store::Open({.url = good});
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 TEST(PostgresBadInput, MissingDatabaseIsNamed) {
   std::string url = PgUrl();
   url.replace(url.rfind('/') + 1, std::string::npos, "no_such_db");
-  auto s = postgres::Open({.url = url});
+  auto s = postgres::Store::Open({.url = url});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("no_such_db"), std::string::npos) << s.status();
@@ -652,18 +670,18 @@ TEST(PostgresBadInput, MissingDatabaseIsNamed) {
 
 TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
   std::string url = FreshSchemaUrl();
-  auto none = postgres::Open({.url = url, .create_if_missing = false});
+  auto none = postgres::Store::Open({.url = url, .create_if_missing = false});
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(none.status().message().find("no idem schema"), std::string::npos) << none.status();
   {
-    auto s = postgres::Open({.url = url});
+    auto s = postgres::Store::Open({.url = url});
     ASSERT_TRUE(s.ok()) << s.status();
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
-  auto newer = postgres::Open({.url = url});
+  auto newer = postgres::Store::Open({.url = url});
   ASSERT_FALSE(newer.ok());
   EXPECT_EQ(newer.status().code(), Code::kSchemaMismatch);
   EXPECT_NE(newer.status().message().find("99"), std::string::npos) << newer.status();
@@ -671,47 +689,94 @@ TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
 
 TEST(PostgresBadInput, IdemOptionsInTheUrl) {
   std::string url = FreshSchemaUrl();
-  auto daily = postgres::Open({.url = url + "&idem_partition_by_day=true"});
+  auto daily = postgres::Store::Open({.url = url + "&idem_partition_by_day=true"});
   ASSERT_TRUE(daily.ok()) << daily.status();
-  Inbox inbox(**daily, {.consumer = "c"});
+  auto inbox_owned = MustOpen<Inbox>(**daily, Inbox::Options{.consumer = "c"});
+  Inbox& inbox = *inbox_owned;
   ASSERT_TRUE(CreatePayments(**daily).ok());
   for (int i = 0; i < 2; ++i) inbox.Handle(Msg("m"), ChargeHandler());
   // The daily table holds it; the plain layout does not see it.
   EXPECT_EQ(*(*daily)->CountMarkers("c"), 1);
-  EXPECT_EQ(*(*postgres::Open({.url = url}))->CountMarkers("c"), 0);
-  auto bad = postgres::Open({.url = url + "&idem_colour=blue"});
+  EXPECT_EQ(*(*postgres::Store::Open({.url = url}))->CountMarkers("c"), 0);
+  auto bad = postgres::Store::Open({.url = url + "&idem_colour=blue"});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("idem_colour"), std::string::npos);
 }
 
 TEST(PostgresBadInput, PasswordsAreRedacted) {
-  EXPECT_EQ(postgres::RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
-  EXPECT_EQ(postgres::RedactUrl("postgresql://h/db"), "postgresql://h/db");
+  EXPECT_EQ(RedactUrl("postgres://u:pw@h:5432/db"), "postgres://u:***@h:5432/db");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
+  EXPECT_EQ(RedactUrl("postgresql://h/db"), "postgresql://h/db");
   // In the query, and in key=value strings.
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
             "postgres://u@h/db?password=***&sslmode=off");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
+  EXPECT_EQ(RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
             "postgres://u:***@h/db?sslmode=off&password=***");
-  EXPECT_EQ(postgres::RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
-  EXPECT_EQ(postgres::RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
-  EXPECT_EQ(postgres::RedactUrl("postgres://u@h/db?application_name=mypassword"),
+  EXPECT_EQ(RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
+  EXPECT_EQ(RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?application_name=mypassword"),
             "postgres://u@h/db?application_name=mypassword");
 }
 
 TEST(PostgresBadInput, AnUnparsableUrlIsBadUsageAndKeepsItsPasswordSecret) {
-  auto bad = postgres::Open({.url = "postgres://u:s3cret@[::1/x"});
+  auto bad = postgres::Store::Open({.url = "postgres://u:s3cret@[::1/x"});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("not a valid PostgreSQL URL"), std::string::npos) << bad.status();
   EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos) << bad.status();
 }
 
-TEST(PostgresBadInput, UrlRecognition) {
-  EXPECT_TRUE(postgres::IsUrl("postgres://h/db"));
-  EXPECT_TRUE(postgres::IsUrl("postgresql://h/db"));
-  EXPECT_FALSE(postgres::IsUrl("sqlite:x.db"));
+TEST(PostgresBadInput, UrlParsing) {
+  EXPECT_TRUE(postgres::Store::ParseUrl("postgres://h/db").ok());
+  EXPECT_TRUE(postgres::Store::ParseUrl("postgresql://h/db").ok());
+  EXPECT_EQ(postgres::Store::ParseUrl("sqlite:x.db").status().code(), Code::kInvalidArgument);
+  // idem's keys go to the fields; libpq's stay in the URL as written.
+  auto o = postgres::Store::ParseUrl(
+      "postgres://u:pw@h:5432/db?sslmode=disable&idem_pool_size=3&idem_partition_by_day=true"
+      "&idem_connect_timeout_ms=1500&application_name=a%20b&idem_create_if_missing=false");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->url, "postgres://u:pw@h:5432/db?sslmode=disable&application_name=a%20b");
+  EXPECT_EQ(o->pool_size, 3);
+  EXPECT_TRUE(o->partition_by_day);
+  EXPECT_EQ(o->connect_timeout_ms, 1500);
+  EXPECT_FALSE(o->create_if_missing);
+  auto plain = postgres::Store::ParseUrl("postgres://h/db");
+  EXPECT_EQ(plain->url, "postgres://h/db");
+  EXPECT_EQ(plain->pool_size, postgres::Store::Options{}.pool_size);
+  // Unknown idem keys, keys given twice, numbers out of range: named, password hidden.
+  for (const char* bad : {"postgres://u:s3cret@h/db?idem_colour=blue", "postgres://u:s3cret@h/db?idem_pool_size=0",
+                          "postgres://u:s3cret@h/db?idem_pool_size=2&idem_pool_size=3",
+                          "postgres://u:s3cret@h/db?idem_partition_by_day=maybe"}) {
+    auto r = postgres::Store::ParseUrl(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("idem_"), std::string::npos) << r.status();
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
+}
+
+TEST(PostgresOpenByUrl, OpenStoreAndOpenClaimStore) {
+  auto store = idem::OpenStore(PgUrl() + (PgUrl().find('?') == std::string::npos ? "?" : "&") + "idem_pool_size=2");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Kind(), "postgres");
+  auto claims = idem::OpenClaimStore(PgUrl());
+  ASSERT_TRUE(claims.ok()) << claims.status();
+  EXPECT_TRUE((*claims)->NowMs().ok());
+  // Unreachable: kUnavailable, password hidden.
+  auto down = idem::OpenStore("postgres://u:s3cret@127.0.0.1:1/db?idem_connect_timeout_ms=1000");
+  EXPECT_EQ(down.status().code(), Code::kUnavailable) << down.status();
+  EXPECT_EQ(down.status().message().find("s3cret"), std::string::npos) << down.status();
+}
+
+TEST(PostgresBadInput, OpenChecksTheOptions) {
+  for (postgres::Store::Options o : {postgres::Store::Options{.pool_size = 0},
+                                     postgres::Store::Options{.connect_timeout_ms = 0},
+                                     postgres::Store::Options{.partition_days_ahead = -1}}) {
+    o.url = "postgres://u:s3cret@127.0.0.1:1/db";
+    auto r = postgres::Store::Open(o);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

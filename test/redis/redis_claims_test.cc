@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "idem/claims.h"
+#include "idem/open.h"
 #include "idem/redis/claim_store.h"
+#include "idem/url.h"
 #include "redis/redis_test_util.h"
 #include "util/claims_conformance.h"
 #include "util/test_util.h"
@@ -41,9 +43,9 @@ ClaimRequest Req(std::string key, std::string_view body = "body", int64_t lease 
 }
 
 // A store on the server's clock (no fake), with keys of its own.
-std::unique_ptr<redis::ClaimStore> OpenReal(redis::Options o = {}) {
-  if (o.url == redis::Options{}.url) o.url = RedisUrl();
-  if (o.prefix == redis::Options{}.prefix) o.prefix = UniquePrefix();
+std::unique_ptr<redis::ClaimStore> OpenReal(redis::ClaimStore::Options o = {}) {
+  if (o.url == redis::ClaimStore::Options{}.url) o.url = RedisUrl();
+  if (o.prefix == redis::ClaimStore::Options{}.prefix) o.prefix = UniquePrefix();
   auto s = redis::ClaimStore::Open(o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -99,7 +101,51 @@ TEST(RedisClaimStore, WrongPasswordIsUnavailableAndNeverEchoed) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
-  EXPECT_EQ(redis::RedactUrl("redis://idem_pw:secret@h:1/2"), "redis://idem_pw:***@h:1/2");
+  EXPECT_EQ(idem::RedactUrl("redis://idem_pw:secret@h:1/2"), "redis://idem_pw:***@h:1/2");
+}
+
+TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
+  auto o = redis::ClaimStore::ParseUrl(
+      "redis://u:pw@h:6380/2?prefix=app:&pool_size=3&connect_timeout_ms=700&command_timeout_ms=900"
+      "&client_name=app&abandon_margin_ms=60000");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->url, "redis://u:pw@h:6380/2");
+  EXPECT_EQ(o->prefix, "app:");
+  EXPECT_EQ(o->pool_size, 3);
+  EXPECT_EQ(o->connect_timeout_ms, 700);
+  EXPECT_EQ(o->command_timeout_ms, 900);
+  EXPECT_EQ(o->client_name, "app");
+  EXPECT_EQ(o->abandon_margin_ms, 60'000);
+  auto plain = redis::ClaimStore::ParseUrl("redis://h");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->prefix, redis::ClaimStore::Options{}.prefix);
+  for (const char* bad : {"redis://:s3cret@h?colour=blue", "redis://:s3cret@h?pool_size=0",
+                          "redis://:s3cret@h?prefix=a&prefix=b", "redis://:s3cret@h:notaport", "sqlite:x.db",
+                          "redis://:s3cret@h?connect_timeout_ms=soon"}) {
+    auto r = redis::ClaimStore::ParseUrl(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
+}
+
+TEST(RedisClaimStoreUrl, OpenClaimStoreByUrl) {
+  auto store = idem::OpenClaimStore(RedisUrl() + "?prefix=" + UniquePrefix() + "&pool_size=2");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto c = (*store)->TryClaim(Req("by-url"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kind, Kind::kStarted);
+  EXPECT_EQ(idem::OpenStore(RedisUrl()).status().code(), Code::kInvalidArgument);
+}
+
+TEST(RedisClaimStoreUrl, OpenChecksTheOptions) {
+  for (redis::ClaimStore::Options o :
+       {redis::ClaimStore::Options{.pool_size = 0}, redis::ClaimStore::Options{.connect_timeout_ms = 0},
+        redis::ClaimStore::Options{.command_timeout_ms = -1}, redis::ClaimStore::Options{.abandon_margin_ms = -1}}) {
+    o.url = "redis://:s3cret@127.0.0.1:1";
+    auto r = redis::ClaimStore::Open(o);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
+  }
 }
 
 TEST(RedisClaimStore, LeasesAreJudgedByTheServersClock) {

@@ -32,6 +32,7 @@
 #include "idem/claims.h"
 #include "idem/env.h"
 #include "idem/redis/claim_store.h"
+#include "idem/testing/fake_env.h"
 #include "redis/client.h"
 #include "redis/redis_test_util.h"
 

@@ -41,19 +41,19 @@ Handler Failing() {
 class RedisPrefilter : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Open({.path = dir_.File("inbox.db")});
+    auto s = sqlite::Store::Open({.path = dir_.File("inbox.db")});
     ASSERT_TRUE(s.ok()) << s.status();
     sqlite_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*sqlite_).ok());
     store_ = std::make_unique<CountingStore>(*sqlite_);
     UseFilter({.url = RedisUrl(), .prefix = UniquePrefix()});
   }
-  void UseFilter(const redis::PrefilterOptions& o) {
+  void UseFilter(const redis::Prefilter::Options& o) {
     inbox_.reset();
     auto f = redis::Prefilter::Open(o);
     ASSERT_TRUE(f.ok()) << f.status();
     filter_ = std::move(*f);
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .prefilter = filter_.get()});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .prefilter = filter_.get()});
   }
   Outcome Deliver(const Message& m, const Handler& h = ChargeHandler()) { return inbox_->Handle(m, h); }
   bool Known(const Message& m) {
@@ -155,7 +155,7 @@ TEST_F(RedisPrefilter, ReusedIdWithAnotherPayloadIsNotShed) {
 
 TEST_F(RedisPrefilter, ConsumersAreKeptApart) {
   const std::string prefix = UniquePrefix();
-  auto f = redis::Prefilter::Open({.url = RedisUrl(), .prefix = prefix, .ttl_seconds = 600});
+  auto f = redis::Prefilter::Open({.url = RedisUrl(), .prefix = prefix, .ttl_ms = 600'000});
   ASSERT_TRUE(f.ok()) << f.status();
   ASSERT_TRUE((*f)->Ping().ok());
   const Message m = Msg("b:c");
@@ -172,8 +172,21 @@ TEST_F(RedisPrefilter, ConsumersAreKeptApart) {
   EXPECT_LE(ttl, 600);
 }
 
+TEST(RedisPrefilterOptions, ParseUrlReadsTheFields) {
+  auto o = redis::Prefilter::ParseUrl("redis://h:1/3?prefix=p:&ttl_ms=5000&retry_after_ms=0&pool_size=2");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->url, "redis://h:1/3");
+  EXPECT_EQ(o->prefix, "p:");
+  EXPECT_EQ(o->ttl_ms, 5000);
+  EXPECT_EQ(o->retry_after_ms, 0);
+  EXPECT_EQ(o->pool_size, 2);
+  EXPECT_EQ(redis::Prefilter::ParseUrl("redis://h?ttl_ms=0").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(redis::Prefilter::ParseUrl("redis://h?ttl_seconds=5").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(redis::Prefilter::Open({.url = "redis://h", .pool_size = 0}).status().code(), Code::kInvalidArgument);
+}
+
 TEST(RedisPrefilterOptions, BadOptionsAreRefusedAndPasswordsNeverShown) {
-  EXPECT_EQ(redis::Prefilter::Open({.url = RedisUrl(), .ttl_seconds = 0}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(redis::Prefilter::Open({.url = RedisUrl(), .ttl_ms = 0}).status().code(), Code::kInvalidArgument);
   auto bad = redis::Prefilter::Open({.url = "redis://:hunter2@h:notaport"});
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_EQ(bad.status().message().find("hunter2"), std::string::npos) << bad.status();

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "idem/redis/claim_store.h"
+#include "idem/url.h"
 #include "redis/client.h"
 
 namespace idem::testing {
@@ -57,13 +58,13 @@ TEST(RedisUrl, RefusesWhatItCannotUseWithoutShowingThePassword) {
 }
 
 TEST(RedisUrl, Redaction) {
-  EXPECT_EQ(redis::RedactUrl("redis://:pw@h:1/2"), "redis://:***@h:1/2");
-  EXPECT_EQ(redis::RedactUrl("redis://user:pw@h"), "redis://user:***@h");
-  EXPECT_EQ(redis::RedactUrl("redis://pw@h"), "redis://***@h");
-  EXPECT_EQ(redis::RedactUrl("redis://:p@w@h"), "redis://:***@h");
-  EXPECT_EQ(redis::RedactUrl("redis://h:1"), "redis://h:1");
-  EXPECT_TRUE(redis::IsUrl("redis://h"));
-  EXPECT_FALSE(redis::IsUrl("postgres://h"));
+  EXPECT_EQ(idem::RedactUrl("redis://:pw@h:1/2"), "redis://:***@h:1/2");
+  EXPECT_EQ(idem::RedactUrl("redis://user:pw@h"), "redis://user:***@h");
+  EXPECT_EQ(idem::RedactUrl("redis://pw@h"), "redis://***@h");
+  EXPECT_EQ(idem::RedactUrl("redis://:p@w@h"), "redis://:***@h");
+  EXPECT_EQ(idem::RedactUrl("redis://h:1"), "redis://h:1");
+  EXPECT_EQ(idem::UrlScheme("redis://h"), "redis");
+  EXPECT_NE(idem::UrlScheme("postgres://h"), "redis");
 }
 
 TEST(RedisErrors, TranslationTable) {

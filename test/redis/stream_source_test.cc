@@ -28,6 +28,8 @@
 #include "idem/redis/stream_publisher.h"
 #include "idem/redis/stream_source.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "redis/redis_test_util.h"
 #include "util/delivery_suite.h"
 #include "util/test_util.h"
@@ -149,11 +151,11 @@ class StreamsTest : public ::testing::Test {
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
   }
   void OpenStore() {
-    auto s = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
-    inbox_ = std::make_unique<Inbox>(*store_, InboxOptions{.consumer = "payments", .env = &env_});
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   }
   void ExpectExactlyOnce(int n) {
     for (int i = 0; i < n; ++i) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
@@ -391,8 +393,9 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
     ASSERT_TRUE(s->Publish(Msg(Id(1))).ok());
   }
   // Seen by the source: an empty id and a header that says why.
-  Consumer consumer(*s, *inbox_, ChargeHandler(),
-                    {.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
+                    Consumer::Options{.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   auto dead = store_->ListDeadLetters("payments", 10);
@@ -421,9 +424,10 @@ TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
     if (m.id == Id(2)) return Status::HandlerFailed("cannot parse order 2");
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(*s, *inbox_, poison,
-                    {.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, poison,
+                    Consumer::Options{.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
                      .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
   EXPECT_EQ(Charges(*store_, Id(2)), 0);
@@ -478,8 +482,9 @@ TEST_F(StreamsTest, ConsumerDrainsDuplicatesAndLostAcksToExactlyOneEffectPerMess
     for (int i = 0; i < kIds; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
   DroppingSource lossy(*s, 5);
   for (int run = 0; run < 10 && PendingCount(Opts()) + (run == 0) > 0; ++run) {
-    Consumer consumer(lossy, *inbox_, ChargeHandler(),
-                      {.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    auto consumer_owned = MustOpen<Consumer>(lossy, *inbox_, ChargeHandler(),
+                      Consumer::Options{.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    Consumer& consumer = *consumer_owned;
     ASSERT_TRUE(consumer.Run().ok());
     env_.Advance(kLease + 1);  // lost acks come back
   }
@@ -504,11 +509,13 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
   const int status = RunInChild([&] {
     auto src = StreamSource::Open(OptionsFor(dir_, 600'000, Env::Default()));
     if (!src.ok()) return 2;
-    auto st = sqlite::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
+    auto st = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
     if (!st.ok()) return 3;
-    Inbox inbox(**st, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**st, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     ArmKillPoint("inbox.after_commit", 7);
-    Consumer c(**src, inbox, ChargeHandler(), {.receive_wait_ms = 50, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 50, .stop_when_idle = true});
+    Consumer& c = *c_owned;
     (void)c.Run();
     return 4;
   });
@@ -518,8 +525,9 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
   auto s = Open(&env_, kLease, "survivor");
   ASSERT_TRUE(s);
   env_.Advance(600'001);  // past the dead consumer's lease
-  Consumer consumer(*s, *inbox_, ChargeHandler(),
-                    {.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
+                    Consumer::Options{.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(kIds);
   EXPECT_EQ(PendingCount(Opts()), 0);
@@ -678,8 +686,9 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return ChargeHandler()(tx, m);
   };
-  Consumer consumer(**s, *inbox_, slow,
-                    {.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  auto consumer_owned = MustOpen<Consumer>(**s, *inbox_, slow,
+                    Consumer::Options{.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  Consumer& consumer = *consumer_owned;
   std::thread runner([&] { (void)consumer.Run(); });
   while (handled.load() < kIds / 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   server.Stop();

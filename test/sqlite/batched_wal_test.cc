@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
@@ -23,10 +23,10 @@ namespace {
 using sqlite_internal::BatchedWalCounts;
 
 std::unique_ptr<Store> OpenStore(const std::string& url) {
-  auto o = sqlite::ParseUrl(url);
+  auto o = sqlite::Store::ParseUrl(url);
   EXPECT_TRUE(o.ok()) << o.status();
   if (!o.ok()) return nullptr;
-  auto s = sqlite::Open(*o);
+  auto s = sqlite::Store::Open(*o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }

@@ -1,12 +1,12 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// The fault VFS (idem/sqlite/fault_vfs.h): its spec, that it forwards
+// The fault VFS (idem/testing/fault_vfs.h): its spec, that it forwards
 // faithfully, the power-loss model file by file, and an I/O-error sweep: for
 // every operation of the write path (and every read) that one Inbox call
 // makes, a run where exactly that operation fails (or it and every later one,
 // or the disk is full). Each run must leave each message all or nothing, and
 // redelivering it must then apply it exactly once.
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -169,14 +169,14 @@ TEST_F(FaultVfsTest, ConfiguresFromTheEnvironment) {
 // --- choosing a VFS ------------------------------------------------------------
 
 TEST(SqliteVfsOption, ParseUrlTakesAVfs) {
-  auto o = sqlite::ParseUrl("sqlite:/tmp/x.db?vfs=idem-fault&synchronous=normal");
+  auto o = sqlite::Store::ParseUrl("sqlite:/tmp/x.db?vfs=idem-fault&synchronous=normal");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->vfs, "idem-fault");
   EXPECT_EQ(o->path, "/tmp/x.db");
-  auto plain = sqlite::ParseUrl("sqlite:/tmp/x.db");
+  auto plain = sqlite::Store::ParseUrl("sqlite:/tmp/x.db");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->vfs, "");
-  auto empty = sqlite::ParseUrl("sqlite:/tmp/x.db?vfs=");
+  auto empty = sqlite::Store::ParseUrl("sqlite:/tmp/x.db?vfs=");
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
 
@@ -187,9 +187,9 @@ TEST(SqliteVfsOption, ParseUrlTakesAVfs) {
 
 TEST(SqliteVfsOption, AnUnknownVfsIsRefusedAtOpenByName) {
   TempDir dir;
-  auto o = sqlite::ParseUrl("sqlite:" + dir.File("s.db") + "?vfs=no-such-vfs");
+  auto o = sqlite::Store::ParseUrl("sqlite:" + dir.File("s.db") + "?vfs=no-such-vfs");
   ASSERT_TRUE(o.ok()) << o.status();
-  auto store = sqlite::Open(*o);
+  auto store = sqlite::Store::Open(*o);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), Code::kInvalidArgument);
   EXPECT_NE(store.status().message().find("'no-such-vfs'"), std::string::npos) << store.status();
@@ -228,7 +228,8 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
     for (int i = 0; i < 10; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());
 
   Vfs().ResetCounters();
-  Inbox inbox(*store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   int applied = 0, duplicates = 0;
   for (;;) {
     auto got = (*queue)->Receive(3, 0);
@@ -317,7 +318,8 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(CreatePayments(*store).ok());
-  Inbox inbox(*store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   Vfs().Arm({.action = Action::kIoError, .op = Op::kSync, .at = 1});
   const std::vector<Message> first = {Msg("a"), Msg("a"), Msg("b")};
   auto outcomes = inbox.HandleBatch(first, ChargeHandler());
@@ -482,23 +484,24 @@ TEST_F(FaultVfsTest, AStoreCommitSurvivesACutOnlyWhenSynced) {
   for (auto sync : {sqlite::Synchronous::kFull, sqlite::Synchronous::kNormal}) {
     SCOPED_TRACE(sync == sqlite::Synchronous::kFull ? "FULL" : "NORMAL");
     TempDir dir;
-    sqlite::Options o{.path = dir.File("s.db"), .synchronous = sync, .vfs = FaultVfs::kName};
+    sqlite::Store::Options o{.path = dir.File("s.db"), .synchronous = sync, .vfs = FaultVfs::kName};
     {
-      auto store = sqlite::Open(o);
+      auto store = sqlite::Store::Open(o);
       ASSERT_TRUE(store.ok()) << store.status();
       ASSERT_TRUE(CreatePayments(**store).ok());
     }  // closed: checkpointed into the database file
     ASSERT_TRUE(Vfs().SetPowerLoss(true).ok());
     {
-      auto store = sqlite::Open(o);
+      auto store = sqlite::Store::Open(o);
       ASSERT_TRUE(store.ok()) << store.status();
-      Inbox inbox(**store, {.consumer = "payments"});
+      auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+      Inbox& inbox = *inbox_owned;
       for (int i = 0; i < 3; ++i) ASSERT_TRUE(inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler()).applied());
       EXPECT_EQ(Charges(**store), 3);
       Vfs().PowerCut();
     }
     ASSERT_TRUE(Vfs().Revive().ok());
-    auto store = sqlite::Open(o);
+    auto store = sqlite::Store::Open(o);
     ASSERT_TRUE(store.ok()) << store.status();
     EXPECT_EQ(Charges(**store), sync == sqlite::Synchronous::kFull ? 3 : 0);
     EXPECT_EQ(IntegrityCheck(**store), "ok");
@@ -534,7 +537,7 @@ int64_t OpsOf(const FaultVfs::Counters& c, Op op) {
 class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<SweepCase> {
  protected:
   static std::unique_ptr<Store> OpenStore(const TempDir& dir) {
-    auto store = sqlite::Open({.path = dir.File("s.db"), .vfs = FaultVfs::kName});
+    auto store = sqlite::Store::Open({.path = dir.File("s.db"), .vfs = FaultVfs::kName});
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? std::move(*store) : nullptr;
   }
@@ -548,7 +551,8 @@ class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<S
     return OpenStore(dir);
   }
   std::vector<Outcome> Process(Store& store) {
-    Inbox inbox(store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     if (messages_.size() == 1) return {inbox.Handle(messages_[0], ChargeHandler())};
     return inbox.HandleBatch(messages_, ChargeHandler());
   }

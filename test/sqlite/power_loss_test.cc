@@ -46,8 +46,9 @@
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
@@ -152,7 +153,7 @@ class PowerLoss : public ::testing::Test {
 
   int64_t Uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng_); }
 
-  sqlite::Options StoreOptions(sqlite::Synchronous sync) {
+  sqlite::Store::Options StoreOptions(sqlite::Synchronous sync) {
     // Small autocheckpoints put cuts inside checkpoints too (database file
     // writes and syncs, WAL restarts).
     static constexpr int kCheckpoints[] = {2, 8, 32, 10'000};
@@ -237,18 +238,19 @@ class PowerLoss : public ::testing::Test {
     strict_ = sync == sqlite::Synchronous::kFull;
     ASSERT_NO_FATAL_FAILURE(Produce());
     const std::map<std::string, int> acked_before = acked_;
-    const sqlite::Options options = StoreOptions(sync);
+    const sqlite::Store::Options options = StoreOptions(sync);
     const int batch = static_cast<int>(Uniform(1, 4));
     const FaultVfs::Fault cut = RandomCut();
     {
-      auto store = sqlite::Open(options);
+      auto store = sqlite::Store::Open(options);
       ASSERT_TRUE(store.ok()) << "cycle " << cycle << ": " << store.status();
       ASSERT_NO_FATAL_FAILURE(Check(**store, "cycle " + std::to_string(cycle)));
       if (::testing::Test::HasFailure()) return;
-      Inbox inbox(**store, {.consumer = "payments", .env = env_.get()});
+      auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
+      Inbox& inbox = *inbox_owned;
       CutAwareSource source(*queue_, acked_);
-      Consumer consumer(source, inbox, ChargeHandler(),
-                        {.workers = 1,
+      auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
+                        Consumer::Options{.workers = 1,
                          .batch = batch,
                          .max_attempts = 0,  // a cut must never dead-letter a message
                          .max_deliveries = 0,
@@ -257,6 +259,7 @@ class PowerLoss : public ::testing::Test {
                          .receive_wait_ms = 1,
                          .stop_when_idle = true,
                          .env = env_.get()});
+      Consumer& consumer = *consumer_owned;
       source.set_consumer(&consumer);
       Vfs().Arm(cut);
       ASSERT_TRUE(consumer.Run().ok());
@@ -284,13 +287,14 @@ class PowerLoss : public ::testing::Test {
   // No faults: everything left is handled.
   void Drain() {
     ASSERT_NO_FATAL_FAILURE(PublishRemainingCopies());
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kFull));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
     ASSERT_TRUE(store.ok()) << store.status();
-    Inbox inbox(**store, {.consumer = "payments", .env = env_.get()});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
+    Inbox& inbox = *inbox_owned;
     CutAwareSource source(*queue_, acked_);
-    Consumer consumer(
-        source, inbox, ChargeHandler(),
-        {.max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
+    auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
+        Consumer::Options{.max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
+    Consumer& consumer = *consumer_owned;
     source.set_consumer(&consumer);
     ASSERT_TRUE(consumer.Run().ok());
   }
@@ -322,7 +326,7 @@ class PowerLoss : public ::testing::Test {
 TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
   const int wanted = CutsFromEnv(1'000);
   {
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kFull));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
@@ -349,7 +353,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
 
   ASSERT_NO_FATAL_FAILURE(Drain());
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
-  auto store = sqlite::Open({.path = dir_.File("store.db")});  // the normal VFS
+  auto store = sqlite::Store::Open({.path = dir_.File("store.db")});  // the normal VFS
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   ASSERT_NO_FATAL_FAILURE(Check(**store, "after the drain"));
@@ -370,7 +374,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
 // simulation (or the oracle) would be a no-op.
 TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   {
-    auto store = sqlite::Open(StoreOptions(sqlite::Synchronous::kNormal));
+    auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kNormal));
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
@@ -385,7 +389,7 @@ TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   // Older, never inconsistent: still no doubled effect, and each effect with
   // its marker (Check says so at every cycle); the file is sound.
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
-  auto store = sqlite::Open({.path = dir_.File("store.db")});
+  auto store = sqlite::Store::Open({.path = dir_.File("store.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
 }
@@ -409,7 +413,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   TempDir dir;
   const std::string path = dir.File("store.db"), log = dir.File("acked.log");
   {
-    auto store = sqlite::Open({.path = path});
+    auto store = sqlite::Store::Open({.path = path});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
   }  // no connection crosses the fork
@@ -423,13 +427,14 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
     if (!vfs.ok()) return 11;
     auto configured = (*vfs)->ConfigureFromEnv();
     if (!configured.ok() || !*configured) return 12;
-    auto options = sqlite::ParseUrl("sqlite:" + path + "?vfs=idem-fault&" + c.url_options);
+    auto options = sqlite::Store::ParseUrl("sqlite:" + path + "?vfs=idem-fault&" + c.url_options);
     if (!options.ok()) return 13;
-    auto store = sqlite::Open(*options);
+    auto store = sqlite::Store::Open(*options);
     if (!store.ok()) return 14;
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd < 0) return 15;
-    Inbox inbox(**store, {.consumer = "payments"});
+    auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    Inbox& inbox = *inbox_owned;
     for (int i = 0; i < kMessages; ++i) {
       Message m = Msg("pay-" + std::to_string(i));
       if (!inbox.Handle(m, ChargeHandler()).ShouldAck()) return 16;
@@ -450,7 +455,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
 
   // A new process opens the files with the normal VFS: SQLite recovers the
   // WAL (the child's -shm is rebuilt, no process holding it).
-  auto store = sqlite::Open({.path = path});
+  auto store = sqlite::Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   StoreState st = ReadState(**store);
@@ -471,7 +476,8 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   }
 
   // Everything is delivered again, twice: each message is applied once.
-  Inbox inbox(**store, {.consumer = "payments"});
+  auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  Inbox& inbox = *inbox_owned;
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < kMessages; ++i) {
       Outcome o = inbox.Handle(Msg("pay-" + std::to_string(i)), ChargeHandler());

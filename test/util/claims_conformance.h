@@ -19,6 +19,7 @@
 #include "idem/claims.h"
 #include "idem/env.h"
 #include "idem/store.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {

@@ -39,6 +39,7 @@
 #include "idem/message.h"
 #include "idem/result.h"
 #include "idem/source.h"
+#include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 
 namespace idem::testing {

@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Test helpers for the SQLite fault VFS (idem/sqlite/fault_vfs.h).
+// Test helpers for the SQLite fault VFS (idem/testing/fault_vfs.h).
 #ifndef IDEM_TEST_UTIL_FAULT_VFS_UTIL_H_
 #define IDEM_TEST_UTIL_FAULT_VFS_UTIL_H_
 
@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
 
 namespace idem::testing {
@@ -28,12 +28,12 @@ inline sqlite::FaultVfs& Vfs() {
 // A store on `path` opened through the fault VFS (?vfs=idem-fault); null
 // (with a test failure) if it cannot be.
 inline std::unique_ptr<Store> OpenThroughFaultVfs(const std::string& path) {
-  auto o = sqlite::ParseUrl("sqlite:" + path + "?vfs=" + sqlite::FaultVfs::kName);
+  auto o = sqlite::Store::ParseUrl("sqlite:" + path + "?vfs=" + sqlite::FaultVfs::kName);
   if (!o.ok()) {
     ADD_FAILURE() << o.status();
     return nullptr;
   }
-  auto store = sqlite::Open(*o);
+  auto store = sqlite::Store::Open(*o);
   if (!store.ok()) {
     ADD_FAILURE() << store.status();
     return nullptr;

@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "idem/inbox.h"
 #include "idem/message.h"
@@ -21,6 +23,18 @@
 #include "idem/store.h"
 
 namespace idem::testing {
+
+// What T::Open(args...) opens (Claims, Inbox, ...), or a failed test: the
+// test stops here, loudly.
+template <typename T, typename... Args>
+std::unique_ptr<T> MustOpen(Args&&... args) {
+  auto r = T::Open(std::forward<Args>(args)...);
+  if (!r.ok()) {
+    ADD_FAILURE() << "opening failed: " << r.status();
+    std::abort();
+  }
+  return std::move(*r);
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it.
 class TempDir {

@@ -28,6 +28,7 @@
 #include "idem/postgres/store.h"
 #endif
 #include "idem/sqlite/store.h"
+#include "idem/url.h"
 
 namespace idem::cli {
 namespace {
@@ -221,9 +222,9 @@ int RunMarker(const Args& args) {
 #if !IDEM_HAVE_POSTGRES
   if (pg) return Fail(cmd, NotBuilt("the PostgreSQL store", "IDEM_WITH_POSTGRES"));
 #endif
-  sqlite::Options opts;
+  sqlite::Store::Options opts;
   if (!pg) {
-    auto parsed = sqlite::ParseUrl(url);
+    auto parsed = sqlite::Store::ParseUrl(url);
     if (!parsed.ok()) return Fail(cmd, parsed.status());
     opts = *parsed;
     if (args.Has("synchronous")) {
@@ -238,14 +239,14 @@ int RunMarker(const Args& args) {
   }
   auto open = [&](bool loading) -> Result<std::unique_ptr<Store>> {
 #if IDEM_HAVE_POSTGRES
-    if (pg) return postgres::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
+    if (pg) return postgres::Store::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
 #endif
-    sqlite::Options o = opts;
+    sqlite::Store::Options o = opts;
     if (loading) {
       o.synchronous = sqlite::Synchronous::kOff;
       o.cache_kib = kRetainCacheKib;
     }
-    return sqlite::Open(o);
+    return sqlite::Store::Open(o);
   };
   const bool json = args.Bool("json");
 
@@ -290,7 +291,7 @@ int RunMarker(const Args& args) {
     sync = r->rows[0][0].AsText();
   }
   // SQLite: where checkpoints ran (Options::checkpoint, auto resolved).
-  const std::string checkpoint = pg ? "" : sqlite::CheckpointsInBackground(opts) ? "background" : "inline";
+  const std::string checkpoint = pg ? "" : sqlite::Store::CheckpointsInBackground(opts) ? "background" : "inline";
   const std::string sync_label =
       (pg ? "synchronous_commit " : "synchronous ") + sync + (pg ? "" : ", checkpoints " + checkpoint);
   const std::string where = pg ? RedactUrl(url) : opts.path;
@@ -305,7 +306,9 @@ int RunMarker(const Args& args) {
     fsync_per_s = *f;
   }
 
-  Inbox inbox(store, {.consumer = consumer, .key_by_producer_time = by_time});
+  auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = consumer, .key_by_producer_time = by_time});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   const int nc = static_cast<int>(*consumers);
   auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
   auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
@@ -468,7 +471,7 @@ const Command& BenchCommand() {
        {"seconds", "S", "2", "time per measured round and side"},
        {"rounds", "R", "3", "measured rounds per side (call-first: rounds of every worker count and form)"},
        {"consumer", "NAME", "bench-<ids>", "the consumer whose markers are retained and measured"},
-       {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (InboxOptions)"},
+       {"key-by-producer-time", "", "", "marker: key markers by the messages' producer time (Inbox::Options)"},
        {"json", "", "", "print one JSON object"},
        {"n", "N", "", "peers: unique messages (default: $N or 20000)"},
        {"dup", "D", "", "peers: deliveries of each (default: $DUP or 2)"},

@@ -40,6 +40,7 @@
 #include "idem/inbox.h"
 #include "components.h"
 #include "idem/sqlite/store.h"
+#include "idem/url.h"
 #include "payments.h"
 #include "provider_server.h"
 
@@ -128,7 +129,7 @@ int RunBenchCallFirst(const Args& args) {
   const bool pg = IsPostgresScheme(url);
   std::string store_path;
   if (!pg) {
-    auto o = sqlite::ParseUrl(url);
+    auto o = sqlite::Store::ParseUrl(url);
     if (!o.ok()) return Fail(cmd, o.status());
     store_path = o->path;
   }
@@ -163,7 +164,9 @@ int RunBenchCallFirst(const Args& args) {
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
   if (store.claim_store() == nullptr) return Fail(cmd, Status::InvalidArgument("the store keeps no claims"));
-  Claims same_store_claims(*store.claim_store(), {.retention_ms = 3'600'000});
+  auto same_store_claims_owned = Claims::Open(*store.claim_store(), Claims::Options{.retention_ms = 3'600'000});
+  if (!same_store_claims_owned.ok()) return Fail(cmd, same_store_claims_owned.status());
+  Claims& same_store_claims = **same_store_claims_owned;
   // The in-transaction form's claims: on SQLite a file of their own (the
   // Inbox refuses CallOnce on its own file inside its transaction).
   std::unique_ptr<Store> claims_file;
@@ -173,7 +176,9 @@ int RunBenchCallFirst(const Args& args) {
     auto c = OpenStore("sqlite:" + work + "/claims.db", true, max_workers + 1);
     if (!c.ok()) return Fail(cmd, c.status());
     claims_file = std::move(*c);
-    own_claims = std::make_unique<Claims>(*claims_file->claim_store(), ClaimsOptions{.retention_ms = 3'600'000});
+    auto opened = Claims::Open(*claims_file->claim_store(), Claims::Options{.retention_ms = 3'600'000});
+    if (!opened.ok()) return Fail(cmd, opened.status());
+    own_claims = std::move(*opened);
     tx_claims = own_claims.get();
   }
 
@@ -219,17 +224,19 @@ int RunBenchCallFirst(const Args& args) {
             if (Status s = (*q)->Publish(PaymentMessage("m-" + order, order, 100 + i % 9'900)); !s.ok())
               return Fail(cmd, s);
           }
-        Inbox inbox(store, {.consumer = "bench-" + tag});
+        auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-" + tag});
+        if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+        Inbox& inbox = **inbox_owned;
         auto call = [&](const Message& m) {
           return [&clients, &m](const std::string& key) -> Result<std::string> {
             IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
             return PostCharge(*client, m, key);
           };
         };
-        const ConsumerOptions co{.workers = w, .receive_wait_ms = 20, .stop_when_idle = true};
-        std::unique_ptr<Consumer> consumer;
+        const Consumer::Options co{.workers = w, .receive_wait_ms = 20, .stop_when_idle = true};
+        Result<std::unique_ptr<Consumer>> consumer = Status::Internal("no consumer");
         if (form == kForms[0]) {
-          consumer = std::make_unique<Consumer>(
+          consumer = Consumer::Open(
               **q, inbox,
               CallFirst(
                   same_store_claims,
@@ -239,7 +246,7 @@ int RunBenchCallFirst(const Args& args) {
                   }),
               co);
         } else {
-          consumer = std::make_unique<Consumer>(
+          consumer = Consumer::Open(
               **q, inbox,
               [&](Transaction& tx, const Message& m) -> Status {
                 IDEM_ASSIGN_OR_RETURN(std::string charge, CallOnce(*tx_claims, m, "charge", call(m)));
@@ -248,11 +255,12 @@ int RunBenchCallFirst(const Args& args) {
               co);
         }
         const auto t0 = std::chrono::steady_clock::now();
-        if (Status s = consumer->Run(); !s.ok()) return Fail(cmd, s.WithContext(tag));
+        if (!consumer.ok()) return Fail(cmd, consumer.status().WithContext(tag));
+        if (Status s = (*consumer)->Run(); !s.ok()) return Fail(cmd, s.WithContext(tag));
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         results[form].rates[w].push_back(static_cast<double>(*n) / secs);
         const InboxCounters c = inbox.counters();
-        const ConsumerStats cs = consumer->stats();
+        const ConsumerStats cs = (*consumer)->stats();
         auto rows = CountRows(store, std::string("SELECT count(*) FROM ") + kTable +
                                          " WHERE substr(order_id, 1, length($1)) = $1",
                               {tag + "-"});
@@ -288,7 +296,7 @@ int RunBenchCallFirst(const Args& args) {
                            std::to_string(charges->keys) + " keys for " + std::to_string(total_messages) + " orders");
   {
     // Every charge under its own order (customer cus_<order>).
-    auto db = sqlite::Open({.path = provider_db});
+    auto db = sqlite::Store::Open({.path = provider_db});
     if (!db.ok()) return Fail(cmd, db.status());
     auto orders = CountRows(**db, "SELECT count(DISTINCT customer) FROM provider_charges");
     if (!orders.ok()) return Fail(cmd, orders.status());

@@ -65,7 +65,9 @@ int RunBenchClaims(const Args& args) {
   ClaimStore& store = *opened->claims;
   // A scope of its own per run: earlier runs' records never answer for this one.
   const std::string scope = "bench-" + std::to_string(Env::Default()->NowMs());
-  Claims claims(store, {.retention_ms = 3'600'000});
+  auto claims_owned = Claims::Open(store, Claims::Options{.retention_ms = 3'600'000});
+  if (!claims_owned.ok()) return Fail(cmd, claims_owned.status());
+  Claims& claims = **claims_owned;
 
   std::vector<std::string> first(static_cast<size_t>(*n));
   std::atomic<int64_t> counter{0};
@@ -79,7 +81,7 @@ int RunBenchClaims(const Args& args) {
         if (c.result != first[static_cast<size_t>(i)]) ++mine.mismatches;
         ++mine.replayed;
       } else if (c.kind == ClaimOutcome::Kind::kConflict) {
-        mine.error = Status(Code::kConflict, "key " + KeyOf(i) + " answered conflict");
+        mine.error = Status::Conflict("key " + KeyOf(i) + " answered conflict");
       }
     };
     auto request = [&](int64_t i) {

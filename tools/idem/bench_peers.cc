@@ -74,7 +74,9 @@ int RunBenchPeers(const Args& args) {
       deliveries.push_back(std::move(m));
     }
   }
-  Inbox inbox(s, {.consumer = consumer});
+  auto inbox_owned = Inbox::Open(s, Inbox::Options{.consumer = consumer});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   Handler handler = [](Transaction& tx, const Message& m) {
     return tx.Exec("INSERT INTO payments(message_id, amount_cents) VALUES ($1, $2)", {m.id, std::atoll(m.payload.c_str())})
         .status();

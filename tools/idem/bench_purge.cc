@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
+#include "idem/testing/fake_env.h"
 #include "marker_workload.h"
 
 namespace idem::cli {
@@ -80,7 +81,9 @@ int RunBenchPurge(const Args& args) {
   if (!added.ok()) return Fail(cmd, added.status());
   const int64_t cutoff = now - (*days - 1) * day;  // the oldest day
 
-  Inbox inbox(s, {.consumer = "bench-purge-live"});
+  auto inbox_owned = Inbox::Open(s, Inbox::Options{.consumer = "bench-purge-live"});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   // The same consumer without purge, for as long as the purge will take (at
   // least a second), as the reference.
   Latencies quiet, during;

@@ -127,15 +127,19 @@ int RunBenchSource(const Args& args) {
     // guarded
     auto gpub = PublishRound(*src, "guarded-" + run + "-" + std::to_string(round), *n, dup, rng);
     if (!gpub.ok()) return Fail(cmd, gpub.status());
-    Inbox inbox(**store, {.consumer = "bench-source"});
-    Consumer consumer(*src->source, inbox,
+    auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = "bench-source"});
+    if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+    Inbox& inbox = **inbox_owned;
+    auto consumer_owned = Consumer::Open(*src->source, inbox,
                       [](Transaction& tx, const Message& m) {
                         return tx.Exec("INSERT INTO bench_source_payments(message_id, payload) VALUES ($1, $2)",
                                        {m.id, m.payload})
                             .status();
                       },
-                      {.workers = static_cast<int>(*workers), .batch = static_cast<int>(*batch),
+                      Consumer::Options{.workers = static_cast<int>(*workers), .batch = static_cast<int>(*batch),
                        .receive_wait_ms = 100, .stop_when_idle = true});
+    if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
+    Consumer& consumer = **consumer_owned;
     auto t0 = std::chrono::steady_clock::now();
     if (Status s = consumer.Run(); !s.ok()) return Fail(cmd, s);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

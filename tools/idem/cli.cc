@@ -12,13 +12,8 @@
 #include <iostream>
 
 #include "components.h"
-#if IDEM_HAVE_POSTGRES
-#include "idem/postgres/store.h"
-#endif
-#if IDEM_HAVE_REDIS
-#include "idem/redis/claim_store.h"
-#endif
-#include "idem/sqlite/store.h"
+#include "idem/open.h"
+#include "idem/url.h"
 
 namespace idem::cli {
 
@@ -307,44 +302,25 @@ void Progress::Done() {
 }
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create, int pool_size) {
-#if IDEM_HAVE_POSTGRES
-  if (postgres::IsUrl(url)) {
-    postgres::Options o{.url = url, .create_if_missing = create};
-    if (pool_size > 0) o.pool_size = pool_size;
-    return postgres::Open(o);
-  }
-#else
-  if (IsPostgresScheme(url)) return NotBuilt("the PostgreSQL store (" + RedactUrl(url) + ")", "IDEM_WITH_POSTGRES");
-#endif
-  auto parsed = sqlite::ParseUrl(url);
-  if (!parsed.ok() && parsed.status().message().find("expected sqlite:PATH") != std::string::npos)
-    return Status::InvalidArgument("not a store URL: '" + url + "' (expected sqlite:PATH or postgres://...)");
-  IDEM_ASSIGN_OR_RETURN(sqlite::Options o, std::move(parsed));
-  o.create_if_missing = create;
-  return sqlite::Open(o);
+  return idem::OpenStore(url, {.create_if_missing = create, .pool_size = pool_size});
 }
 
-bool IsClaimsOnlyUrl(const std::string& url) {
-#if IDEM_HAVE_REDIS
-  return redis::IsUrl(url);
-#else
-  return url.rfind("redis://", 0) == 0;
-#endif
-}
+bool IsClaimsOnlyUrl(const std::string& url) { return UrlScheme(url) == "redis"; }
 
 Result<OpenedClaims> OpenClaimStore(const std::string& url) {
 #if IDEM_HAVE_REDIS
-  if (redis::IsUrl(url)) {
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::ClaimStore> rs, redis::ClaimStore::Open({.url = url}));
+  if (IsClaimsOnlyUrl(url)) {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<ClaimStore> rs, idem::OpenClaimStore(url));
     OpenedClaims out;
     out.kind = "redis";
     out.claims = rs.get();
     out.durability = "Redis: as durable as the server's appendonly/appendfsync settings; not atomic with a SQL write";
-    out.owner = std::shared_ptr<redis::ClaimStore>(std::move(rs));
+    out.owner = std::shared_ptr<ClaimStore>(std::move(rs));
     return out;
   }
 #endif
   if (IsClaimsOnlyUrl(url)) return NotBuilt("the Redis claim store", "IDEM_WITH_REDIS");
+  // A SQL store: opened as a Store, whose durability settings are read below.
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, true));
   OpenedClaims out;
   out.kind = std::string(store->Kind());

@@ -137,8 +137,8 @@ class Progress {
   int last_pct_ = -1;
 };
 
-// Opens a store from a URL ("sqlite:PATH", a bare path, "postgres://..."). Without `create`, a
-// missing database file is an error (inspecting must not create one).
+// Opens a store from a URL ("sqlite:PATH", a bare path, "postgres://...") by idem::OpenStore.
+// Without `create`, a missing database file is an error (inspecting must not create one).
 // `pool_size` > 0 sizes a PostgreSQL store's connection pool.
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create = true, int pool_size = 0);
 

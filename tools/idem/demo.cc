@@ -40,6 +40,8 @@
 #include "idem/inbox.h"
 #include "components.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
+#include "idem/url.h"
 #include "payments.h"
 #include "provider_server.h"
 #include "idem/url.h"
@@ -230,7 +232,8 @@ struct GuardResult {
 Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step2-guard"));
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
-  Inbox inbox(*p.store, {.consumer = kConsumer});
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  Inbox& inbox = *inbox_owned;
   Handler charge = [](Transaction& tx, const Message& m) { return InsertPayment(tx, m); };
   GuardResult r;
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
@@ -307,7 +310,8 @@ Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(auto provider, StartProvider(f.provider, 4, lose_first, log));
   IDEM_ASSIGN_OR_RETURN(auto client, ProviderClient(provider->url()));
   say("  the provider: an HTTP server on " + provider->url() + " with a database of its own (provider.db)");
-  Inbox inbox(*p.store, {.consumer = kConsumer});
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  Inbox& inbox = *inbox_owned;
   ProviderResult r;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
@@ -421,7 +425,8 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   if (pid == 0) {
     auto p = OpenParts(f, kLease);
     if (!p.ok()) ::_exit(10);
-    Inbox inbox(*p->store, {.consumer = kConsumer});
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p->store, Inbox::Options{.consumer = kConsumer}));
+    Inbox& inbox = *inbox_owned;
     ArmKillPoint(kill_point);
     auto d = Next(*p->queue);
     if (!d.ok()) ::_exit(11);
@@ -433,7 +438,8 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   CrashResult r{name, kill_point, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, 0};
   if (!r.killed) return Status::Internal("crash scenario " + name + ": the child was not killed at " + kill_point);
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, kLease));
-  Inbox inbox(*p.store, {.consumer = kConsumer});
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  Inbox& inbox = *inbox_owned;
   IDEM_ASSIGN_OR_RETURN(Delivery d, Next(*p.queue));  // the redelivery, after the lease
   IDEM_RETURN_IF_ERROR(HandleWith(s, p, inbox, d));
   IDEM_ASSIGN_OR_RETURN(Totals t, PaymentsFor(*p.store, "1042"));
@@ -480,7 +486,9 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
   }
   ThreadClients clients("http://127.0.0.1:" + std::to_string(port));
   FaultySource source(**queue, cfg.seed * 7919 + index, cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
-  Inbox inbox(**store, {.consumer = kConsumer});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  if (!inbox_owned.ok()) { std::cerr << "consumer " << index << ": " << inbox_owned.status() << "\n"; return 20; }
+  Inbox& inbox = **inbox_owned;
   std::atomic<int64_t> retries{0}, replays{0}, provider_errors{0};
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
@@ -493,9 +501,11 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
     replays += c->replayed;
     return InsertPayment(tx, m, c->charge_id);
   };
-  Consumer consumer(source, inbox, handler,
-                    {.workers = 1, .batch = 1, .max_attempts = 20, .backoff_base_ms = 10, .backoff_max_ms = 200,
+  auto consumer_owned = Consumer::Open(source, inbox, handler,
+                    Consumer::Options{.workers = 1, .batch = 1, .max_attempts = 20, .backoff_base_ms = 10, .backoff_max_ms = 200,
                      .receive_wait_ms = 100, .stop_when_idle = true});
+  if (!consumer_owned.ok()) { std::cerr << "consumer " << index << ": " << consumer_owned.status() << "\n"; return 20; }
+  Consumer& consumer = **consumer_owned;
   StopOnSignals(&consumer);
   for (;;) {
     (void)consumer.Run();
@@ -817,12 +827,16 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
     retries.fetch_add(reply.attempts - 1);
     return InsertPayment(tx, m, reply.charge_id);
   };
-  Inbox inbox(**store, {.consumer = kConsumer});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   int64_t lost_acks = 0;
   {
     DropAcks lossy(*first->source, cfg.lost_ack_rate, static_cast<uint64_t>(cfg.seed) + 1);
-    Consumer consumer(lossy, inbox, charge,
-                      {.workers = cfg.consumers, .receive_wait_ms = 1'000, .stop_when_idle = true});
+    auto consumer_owned = Consumer::Open(lossy, inbox, charge,
+                      Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = 1'000, .stop_when_idle = true});
+    if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
+    Consumer& consumer = **consumer_owned;
     if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
     lost_acks = lossy.dropped();
   }
@@ -835,9 +849,11 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   const InboxCounters before = inbox.counters();
   {
     // Long enough for leases to run out and a group to rebalance.
-    Consumer consumer(*second->source, inbox, charge,
-                      {.workers = cfg.consumers, .receive_wait_ms = std::max<int64_t>(4 * cfg.lease_ms, 6'000),
+    auto consumer_owned = Consumer::Open(*second->source, inbox, charge,
+                      Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = std::max<int64_t>(4 * cfg.lease_ms, 6'000),
                        .stop_when_idle = true});
+    if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
+    Consumer& consumer = **consumer_owned;
     if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
   }
   const InboxCounters after = inbox.counters();

@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "idem/env.h"
+#include "idem/testing/kill_points.h"
 
 namespace {
 

@@ -74,7 +74,7 @@ Result<ChargeReply> Charge(http::Client& client, const Message& m) {
 }
 
 Result<ProviderTotals> ProviderCharges(const std::string& path) {
-  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Open({.path = path}));
+  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Store::Open({.path = path}));
   IDEM_ASSIGN_OR_RETURN(auto tx, db->Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT count(*), coalesce(sum(amount), 0), count(DISTINCT idem_key)"
                                           " FROM provider_charges"));

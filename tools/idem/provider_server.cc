@@ -297,8 +297,8 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
-  p->claims =
-      std::make_unique<Claims>(*p->store->claim_store(), ClaimsOptions{.retention_ms = p->options.retention_ms});
+  IDEM_ASSIGN_OR_RETURN(p->claims,
+                        Claims::Open(*p->store->claim_store(), Claims::Options{.retention_ms = p->options.retention_ms}));
   p->authenticate = http::BearerKeys(p->options.api_keys);
   http::Idempotency::Options idempotency = p->options.idempotency;
   idempotency.claims = p->claims.get();

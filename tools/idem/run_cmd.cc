@@ -180,13 +180,17 @@ int RunRun(const Args& args) {
     if (auto r = (*tx)->Exec(kCreateRunPayments); !r.ok()) return Fail(cmd, r.status());
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
-  Inbox inbox(**store, {.consumer = consumer});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = consumer});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
   // One worker per Consumer::Run call: RunWorkers starts the threads.
-  Consumer runner(*source->source, inbox, RecordPayment,
-                  {.workers = 1,
+  auto runner_owned = Consumer::Open(*source->source, inbox, RecordPayment,
+                  Consumer::Options{.workers = 1,
                    .batch = static_cast<int>(*batch),
                    .max_attempts = static_cast<int>(*attempts),
                    .stop_when_idle = args.Bool("drain")});
+  if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
+  Consumer& runner = **runner_owned;
 
 #if IDEM_HAVE_HTTP
   httplib::Server metrics;

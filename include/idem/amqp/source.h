@@ -6,7 +6,7 @@
 //
 //   auto src = idem::amqp::Source::Open({.url = "amqp://idem:secret@127.0.0.1:5672/%2f",
 //                                        .queue = "payments", .prefetch = 50});
-//   idem::Consumer consumer(**src, inbox, handler, {.workers = 4});
+//   auto consumer = idem::Consumer::Open(**src, inbox, handler, {.workers = 4});
 //   consumer.Run();
 //
 // What RabbitMQ gives and what idem makes of it:

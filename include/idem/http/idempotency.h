@@ -174,7 +174,7 @@ class Idempotency {
   };
 
   // kInvalidArgument (naming the field) for no claims, Claims whose options
-  // cannot work (Claims::CheckOptions), an empty authenticator, or a count
+  // cannot work, an empty authenticator, or a count
   // out of range. Nothing is started until a transactional route asks for
   // group commit.
   static Result<std::unique_ptr<Idempotency>> Open(const Options& options);

@@ -11,8 +11,10 @@
 #ifndef IDEM_POSTGRES_STORE_H_
 #define IDEM_POSTGRES_STORE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "idem/env.h"
 #include "idem/result.h"
@@ -20,53 +22,74 @@
 
 namespace idem::postgres {
 
-struct Options {
-  // Where to connect: "postgres://user:password@host:port/db?sslmode=disable",
-  // libpq "key=value" pairs, or "" to use libpq's environment variables
-  // (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...). A URL may also
-  // carry idem's own "idem_partition_by_day=true" and "idem_pool_size=N"
-  // (taken out before libpq sees the URL). Default: "".
-  std::string url;
-  // Idle connections kept for reuse. More are opened under load and closed
-  // when returned: size it to the threads that use the store at once, or
-  // every call past it pays a new connection. Default: 8.
-  int pool_size = 8;
-  // Seconds to wait for a connection before Code::kUnavailable. Default: 5.
-  int connect_timeout_s = 5;
-  // Keep markers in a table range-partitioned by processing day (UTC), so
-  // that Purge drops whole days (DROP TABLE: no row deletes, no bloat, no
-  // vacuum) instead of deleting rows. Uniqueness of (consumer, id) across the
-  // days is kept by a transaction-scoped advisory lock per key, taken before
-  // the existence check, so racing consumers are still serialised per key.
-  // Partitions are created for today and partition_days_ahead more days at
-  // open and at every purge; rows for other days land in a default
-  // partition that purge cleans row by row. Both layouts live side by side in
-  // one database; a consumer must use one of them consistently.
-  // Default: false (one table, purged row by row in batches).
-  bool partition_by_day = false;
-  int partition_days_ahead = 2;
-  // Create idem's tables when missing. Default: true. When false, a database
-  // without idem's schema is Code::kSchemaMismatch.
-  bool create_if_missing = true;
-  // Default: Env::Default().
-  Env* env = nullptr;
-  // The clock claims (two-phase mode) are judged by. Default (nullptr): the
-  // server's, so that every client agrees whatever its own clock says. Tests
-  // pass a FakeEnv.
-  Env* claim_clock = nullptr;
+// Opens PostgreSQL stores. What Open returns is an idem::Store
+// (idem/store.h), the type users hold.
+class Store {
+ public:
+  struct Options {
+    // Where to connect: "postgres://user:password@host:port/db?sslmode=disable",
+    // libpq "key=value" pairs, or "" to use libpq's environment variables
+    // (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...). A URL may also
+    // carry idem's own keys (see ParseUrl), which Open takes out before libpq
+    // sees the URL. Default: "".
+    std::string url;
+    // Idle connections kept for reuse. More are opened under load and closed
+    // when returned: size it to the threads that use the store at once, or
+    // every call past it pays a new connection. >= 1. Default: 8.
+    // URL: ?idem_pool_size=N.
+    int pool_size = 8;
+    // Milliseconds to wait for a connection before Code::kUnavailable, > 0.
+    // libpq counts whole seconds: rounded up to the next second. A URL's own
+    // connect_timeout (libpq's key, in seconds) wins. Default: 5000.
+    // URL: ?idem_connect_timeout_ms=N.
+    int64_t connect_timeout_ms = 5'000;
+    // Keep markers in a table range-partitioned by processing day (UTC), so
+    // that Purge drops whole days (DROP TABLE: no row deletes, no bloat, no
+    // vacuum) instead of deleting rows. Uniqueness of (consumer, id) across the
+    // days is kept by a transaction-scoped advisory lock per key, taken before
+    // the existence check, so racing consumers are still serialised per key.
+    // Partitions are created for today and partition_days_ahead more days at
+    // open and at every purge; rows for other days land in a default
+    // partition that purge cleans row by row. Both layouts live side by side in
+    // one database; a consumer must use one of them consistently.
+    // Default: false (one table, purged row by row in batches).
+    // URL: ?idem_partition_by_day=true|false.
+    bool partition_by_day = false;
+    // Days after today whose partitions are made ahead of time, 0..366.
+    // Default: 2.
+    int partition_days_ahead = 2;
+    // Create idem's tables when missing. Default: true. When false, a database
+    // without idem's schema is Code::kSchemaMismatch.
+    // URL: ?idem_create_if_missing=true|false.
+    bool create_if_missing = true;
+    // The clock of the store's records and waits. Default (nullptr):
+    // Env::Default().
+    Env* env = nullptr;
+    // The clock claims (two-phase mode) are judged by. Default (nullptr): the
+    // server's, so that every client agrees whatever its own clock says. Tests
+    // pass a FakeEnv.
+    Env* claim_clock = nullptr;
+  };
+
+  // Checks the options, connects, then creates or migrates idem's tables
+  // (serialised between processes by an advisory lock). idem's own keys
+  // left in `options.url` are applied as ParseUrl would. Errors:
+  // kInvalidArgument (a bad option, naming it), kUnavailable (unreachable
+  // server, wrong password, no such database: the message shows the URL
+  // with its password hidden), kSchemaMismatch (newer schema, or none with
+  // create_if_missing off).
+  static Result<std::unique_ptr<idem::Store>> Open(const Options& options);
+
+  // Reads "postgres://..." or "postgresql://..." into options: `url` keeps
+  // everything libpq reads (its own query keys included), and idem's keys
+  // are taken out into the fields: idem_pool_size, idem_connect_timeout_ms,
+  // idem_partition_by_day, idem_create_if_missing. Another idem_ key, or one
+  // given twice: kInvalidArgument naming it. Any other scheme:
+  // kInvalidArgument.
+  static Result<Options> ParseUrl(std::string_view url);
+
+  Store() = delete;
 };
-
-// Connects, then creates or migrates idem's tables (serialised between
-// processes by an advisory lock). Errors: kUnavailable (unreachable server,
-// wrong password, no such database), kSchemaMismatch (newer schema, or none
-// with create_if_missing off).
-Result<std::unique_ptr<Store>> Open(const Options& options);
-
-// `url` with its password replaced by "***", for messages and output.
-std::string RedactUrl(std::string_view url);
-
-// Whether `url` names a PostgreSQL store ("postgres://" or "postgresql://").
-bool IsUrl(std::string_view url);
 
 }  // namespace idem::postgres
 

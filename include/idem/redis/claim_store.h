@@ -7,7 +7,7 @@
 // when the key exists (replays, conflicts, keys in progress are answered from
 // it); takeovers, completions, releases and extensions are Lua scripts.
 // Leases and expiry are judged by the server's clock (TIME) unless
-// Options::clock is set; a new key's lease starts at this process's estimate
+// ClaimStore::Options::clock is set; a new key's lease starts at this process's estimate
 // of the server's clock (the last TIME reply carried forward on the steady
 // clock; every claim refreshes it), off by at most a round trip.
 //
@@ -21,7 +21,7 @@
 //
 //   auto store = idem::redis::ClaimStore::Open({.url = "redis://127.0.0.1:6379/0"});
 //   if (!store.ok()) return store.status();
-//   idem::Claims claims(**store);
+//   auto claims = idem::Claims::Open(**store);
 //
 // What it is and is not:
 //   - Not atomic with your database. The claim lives in Redis; the effect
@@ -76,63 +76,65 @@
 #include <string>
 #include <string_view>
 
-#include "idem/claims.h"
+#include "idem/claim_store.h"
 #include "idem/env.h"
 #include "idem/result.h"
 
 namespace idem::redis {
 
-struct Options {
-  // Where to connect: "redis://[[user]:password@]host[:port][/db]". The
-  // password (and user, for a Redis 6 ACL user) is sent with AUTH, the
-  // database number with SELECT; ':' and '@' in them may be written %3A and
-  // %40. TLS (rediss://) is not supported. Default: "redis://127.0.0.1:6379".
-  std::string url = "redis://127.0.0.1:6379";
-  // Put before every key and channel name, so several applications (or
-  // tests) can share one database. Default: "idem:".
-  std::string prefix = "idem:";
-  // Idle connections kept for reuse. More are opened under load and closed
-  // when returned. Default: 8.
-  int pool_size = 8;
-  // Milliseconds to wait for a connection before Code::kUnavailable.
-  // Default: 5000.
-  int connect_timeout_ms = 5'000;
-  // Milliseconds to wait for an answer before Code::kUnavailable (the
-  // command may or may not have run; every operation is safe to retry).
-  // Default: 5000.
-  int command_timeout_ms = 5'000;
-  // Sent with CLIENT SETNAME, so CLIENT LIST shows whose connections these
-  // are. Letters, digits and punctuation, no spaces; "" sends none.
-  // Default: "idem".
-  std::string client_name = "idem";
-  // How long an in-progress record outlives its lease before Redis deletes
-  // it on its own (an abandoned claim). Default: 24 hours.
-  int64_t abandon_margin_ms = 24LL * 3600 * 1000;
-  // The clock the scripts judge leases and expiry by. Default (nullptr): the
-  // Redis server's (TIME), which every client shares. Tests pass a FakeEnv;
-  // key TTLs then still run on the server's clock, so an expired record may
-  // linger until PurgeClaims, but it is treated as expired at once.
-  Env* clock = nullptr;
-};
-
 // A ClaimStore in Redis (see the top of this file).
 class ClaimStore : public idem::ClaimStore {
  public:
-  // Parses the URL, connects (AUTH, SELECT) and loads the scripts. Errors:
-  // kInvalidArgument (bad URL or options, no such database), kUnavailable
-  // (unreachable server, wrong password: the message names host:port and
-  // never the password).
+  struct Options {
+    // Where to connect: "redis://[[user]:password@]host[:port][/db]". The
+    // password (and user, for a Redis 6 ACL user) is sent with AUTH, the
+    // database number with SELECT; ':' and '@' in them may be written %3A and
+    // %40. TLS (rediss://) is not supported. No query: the other fields are
+    // ParseUrl's keys. Default: "redis://127.0.0.1:6379".
+    std::string url = "redis://127.0.0.1:6379";
+    // Put before every key and channel name, so several applications (or
+    // tests) can share one database. Default: "idem:".
+    std::string prefix = "idem:";
+    // Idle connections kept for reuse. More are opened under load and closed
+    // when returned. >= 1. Default: 8.
+    int pool_size = 8;
+    // Milliseconds to wait for a connection before Code::kUnavailable, > 0.
+    // Default: 5000.
+    int connect_timeout_ms = 5'000;
+    // Milliseconds to wait for an answer before Code::kUnavailable (the
+    // command may or may not have run; every operation is safe to retry).
+    // > 0. Default: 5000.
+    int command_timeout_ms = 5'000;
+    // Sent with CLIENT SETNAME, so CLIENT LIST shows whose connections these
+    // are. Letters, digits and punctuation, no spaces; "" sends none.
+    // Default: "idem".
+    std::string client_name = "idem";
+    // How long an in-progress record outlives its lease before Redis deletes
+    // it on its own (an abandoned claim). >= 0. Default: 24 hours.
+    int64_t abandon_margin_ms = 24LL * 3600 * 1000;
+    // The clock the scripts judge leases and expiry by. Default (nullptr): the
+    // Redis server's (TIME), which every client shares. Tests pass a FakeEnv;
+    // key TTLs then still run on the server's clock, so an expired record may
+    // linger until PurgeClaims, but it is treated as expired at once.
+    Env* clock = nullptr;
+  };
+
+  // Checks the options, connects (AUTH, SELECT) and loads the scripts.
+  // Errors: kInvalidArgument (bad URL or options, naming the field; no such
+  // database), kUnavailable (unreachable server, wrong password: the message
+  // names host:port and never the password).
   static Result<std::unique_ptr<ClaimStore>> Open(const Options& options);
+
+  // Reads "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?k=v&...]" into
+  // options (idem/url.h's grammar): `url` without its query, and the query
+  // keys are the fields' names: prefix, pool_size, connect_timeout_ms,
+  // command_timeout_ms, client_name, abandon_margin_ms. An unknown key, or
+  // one given twice: kInvalidArgument naming it.
+  static Result<Options> ParseUrl(std::string_view url);
 
  protected:
   ClaimStore() = default;
 };
-
-// `url` with its password replaced by "***", for messages and output.
-std::string RedactUrl(std::string_view url);
-
-// Whether `url` names a Redis server ("redis://").
-bool IsUrl(std::string_view url);
 
 }  // namespace idem::redis
 

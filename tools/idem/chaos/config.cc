@@ -6,7 +6,7 @@
 
 namespace idem::cli::chaos {
 
-ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
+Consumer::Options ChaosConsumerOptions(const Config& cfg) {
   // Odd slots take batches (the mid-batch kill point lives there). No
   // crash-loop cut-off (max_deliveries): chaos kills consumers on purpose.
   return {.workers = 1,
@@ -19,7 +19,7 @@ ConsumerOptions ChaosConsumerOptions(const Config& cfg) {
 }
 
 int64_t ConsumerRetryBudgetMs() {
-  const ConsumerOptions o = ChaosConsumerOptions(Config{});
+  const Consumer::Options o = ChaosConsumerOptions(Config{});
   const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
   int64_t between = 0, d = o.backoff_base_ms;
   for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;

@@ -79,7 +79,7 @@ inline constexpr int kConsumerMaxAttempts = 5;
 inline constexpr int64_t kConsumerBackoffBaseMs = 5, kConsumerBackoffMaxMs = 100;
 
 // The options a consumer life runs with (odd slots take batches).
-ConsumerOptions ChaosConsumerOptions(const Config& cfg);
+Consumer::Options ChaosConsumerOptions(const Config& cfg);
 
 // The longest a consumer keeps trying a message whose every try fails
 // before it gives up on it (dead letter): max_attempts deliveries, each

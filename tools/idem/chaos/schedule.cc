@@ -14,8 +14,8 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
   if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
   // A store that checkpoints on its own thread: that thread dies too.
   if (!postgres) {
-    auto o = sqlite::ParseUrl(cfg.store);
-    if (o.ok() && sqlite::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
+    auto o = sqlite::Store::ParseUrl(cfg.store);
+    if (o.ok() && sqlite::Store::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
   }
   for (int s = 0; s < cfg.consumers; ++s) {
     rngs_.emplace_back(cfg.seed * 1'000'003ULL + static_cast<uint64_t>(s) * 7'919ULL + 1);

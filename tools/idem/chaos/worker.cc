@@ -14,7 +14,7 @@
 #include "cli.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
-#include "idem/sqlite/fault_vfs.h"
+#include "idem/testing/fault_vfs.h"
 #include "payments.h"
 #include "sources.h"
 
@@ -98,7 +98,12 @@ int RunWorker(const Config& cfg) {
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
   ThreadClients clients(cfg.provider, kClientAttempts);
-  Inbox inbox(**store, {.consumer = kConsumer});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  if (!inbox_owned.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << inbox_owned.status() << "\n";
+    return kExitError;
+  }
+  Inbox& inbox = **inbox_owned;
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
@@ -112,7 +117,12 @@ int RunWorker(const Config& cfg) {
     return InsertPayment(tx, m, c->charge_id, kTable);
   };
   if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
-  Consumer consumer(source, inbox, handler, ChaosConsumerOptions(cfg));
+  auto consumer_owned = Consumer::Open(source, inbox, handler, ChaosConsumerOptions(cfg));
+  if (!consumer_owned.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << consumer_owned.status() << "\n";
+    return kExitError;
+  }
+  Consumer& consumer = **consumer_owned;
   StopOnSignals(&consumer);
   Status s = consumer.Run();
   StopOnSignals(nullptr);

@@ -45,8 +45,8 @@
 //
 // Thread safety: every method may be called from any thread. Operations of
 // the VFS are serialised by one mutex (it is a test tool).
-#ifndef IDEM_SQLITE_FAULT_VFS_H_
-#define IDEM_SQLITE_FAULT_VFS_H_
+#ifndef IDEM_TESTING_FAULT_VFS_H_
+#define IDEM_TESTING_FAULT_VFS_H_
 
 #include <cstdint>
 #include <optional>
@@ -156,4 +156,4 @@ class FaultVfs {
 
 }  // namespace idem::sqlite
 
-#endif  // IDEM_SQLITE_FAULT_VFS_H_
+#endif  // IDEM_TESTING_FAULT_VFS_H_

@@ -1,5 +1,5 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 #include <cctype>
 #include <algorithm>
@@ -520,7 +520,7 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
     // No migrations table. On PostgreSQL the failed SELECT aborted the
     // transaction, so start over before creating it.
     if (!create_if_missing)
-      return fail(Status(Code::kSchemaMismatch, "no idem schema here (and creating it is switched off)"));
+      return fail(Status::SchemaMismatch("no idem schema here (and creating it is switched off)"));
     (void)c.Script("ROLLBACK");
     IDEM_RETURN_IF_ERROR(c.Script(dialect_.begin).WithContext("migrate " + name));
     if (*dialect_.migration_lock != '\0') {
@@ -532,7 +532,7 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
   if (!v.ok()) return fail(v.status());
   int version = static_cast<int>(v->rows[0][0].AsInt());
   if (version > known)
-    return fail(Status(Code::kSchemaMismatch, "idem schema version " + std::to_string(version) +
+    return fail(Status::SchemaMismatch("idem schema version " + std::to_string(version) +
                                                   " is newer than this build understands (" + std::to_string(known) +
                                                   "): upgrade idem"));
   for (const Migration& m : dialect_.migrations) {

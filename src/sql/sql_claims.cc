@@ -6,7 +6,7 @@
 // and is made again.
 #include <string>
 
-#include "core/sql_store.h"
+#include "sql/sql_store.h"
 
 namespace idem::sql_internal {
 namespace {
@@ -249,13 +249,13 @@ std::vector<Status> SqlStore::CompleteManyOn(Connection& tx, std::span<const Com
 Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
   IDEM_ASSIGN_OR_RETURN(auto rec, FindClaim(t.scope, t.key));
   if (!rec.has_value())
-    return Status(Code::kLeaseLost, Describe(t) + ": no claim on the key any more (released, or expired and purged)");
+    return Status::LeaseLost(Describe(t) + ": no claim on the key any more (released, or expired and purged)");
   if (rec->fence != t.fence)
-    return Status(Code::kLeaseLost, Describe(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
+    return Status::LeaseLost(Describe(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
                                         " after this lease expired");
   if (rec->state == ClaimRecord::State::kCompleted) {
     if (completed_ok) return Status::OK();  // a retried Complete
-    return Status(Code::kLeaseLost, Describe(t) + ": the key is already completed");
+    return Status::LeaseLost(Describe(t) + ": the key is already completed");
   }
   return Status::Internal(Describe(t) + ": the claim is ours and in progress, yet the update changed nothing");
 }

@@ -1,0 +1,75 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// Kill points: named places in product code where a test or `idem chaos`
+// can crash the process on purpose (the crash and chaos suites). Not for a
+// user's code.
+//
+// Thread safety: safe from many threads.
+#ifndef IDEM_TESTING_KILL_POINTS_H_
+#define IDEM_TESTING_KILL_POINTS_H_
+
+#include <atomic>
+#include <functional>
+#include <string_view>
+
+namespace idem {
+
+// ---------------------------------------------------------------------------
+// Kill points.
+//
+// IDEM_KILL_POINT("inbox.after_marker") marks a window that matters for
+// exactly-once. When the build option IDEM_KILL_POINTS is on (the default) and
+// a kill point is armed, reaching it the n-th time runs its action: by default
+// the process sends itself SIGKILL, as a crash or power cut would. When no
+// point is armed the cost is one relaxed atomic load.
+//
+// Arm from a test with ArmKillPoint(), or from outside a process through the
+// environment variable IDEM_KILL_AT="<name>" or "<name>:<n>" (read by
+// ArmKillPointFromEnv(), which the idem CLI calls at start).
+//
+// The names are listed in doc/reliability.md; the product's are:
+//   inbox.before_marker    transaction begun, marker not yet inserted
+//   inbox.after_marker     marker inserted, handler not yet run
+//   inbox.after_work       handler done, COMMIT not yet issued
+//   inbox.after_commit     COMMIT done, the source not yet acknowledged
+//   consumer.after_ack     the source acknowledged
+//   inbox.batch_mid        half of a batch's handlers done
+//   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
+//   sqlite.checkpoint      the store's checkpointer thread is about to copy the
+//                          WAL back into the database file
+//   postgres.round_trip    a request PostgreSQL must answer before the client
+//                          goes on is about to be sent (tests count them)
+//   http.after_claim       an HTTP request's key claimed, the handler not yet run
+//   http.before_complete   the handler's effect done, the response not yet stored
+//   http.group_before_commit  a group of transactional requests run, COMMIT not yet issued
+//   http.group_after_commit   the group committed, no request of it answered yet
+// ---------------------------------------------------------------------------
+
+// Arms `name`: its `hit`-th hit (1-based) runs `action`, or SIGKILLs the
+// process when `action` is empty. Only one point is armed at a time.
+void ArmKillPoint(std::string_view name, int hit = 1, std::function<void()> action = {});
+// Disarms whatever is armed.
+void DisarmKillPoints();
+// Arms from IDEM_KILL_AT if set. Returns whether something was armed.
+bool ArmKillPointFromEnv();
+
+namespace internal {
+extern std::atomic<bool> g_kill_point_armed;
+void HitKillPoint(std::string_view name);
+}  // namespace internal
+
+}  // namespace idem
+
+#if defined(IDEM_KILL_POINTS) && IDEM_KILL_POINTS
+#define IDEM_KILL_POINT(name)                                                      \
+  do {                                                                             \
+    if (::idem::internal::g_kill_point_armed.load(std::memory_order_relaxed))      \
+      ::idem::internal::HitKillPoint(name);                                        \
+  } while (0)
+#else
+#define IDEM_KILL_POINT(name) \
+  do {                        \
+  } while (0)
+#endif
+
+#endif  // IDEM_TESTING_KILL_POINTS_H_
