@@ -547,24 +547,24 @@ class AckAfterCommitCheck final : public Source {
 // transaction with its effect committed.
 IDEM_DELIVERY_CASE(ThroughTheInboxEachMessageIsAppliedOnceAndAckedAfterItsCommit) {
   constexpr int kIds = 20;
-  auto store = sqlite::Open({.path = dir_.File("store.db")});
+  auto store = sqlite::Store::Open({.path = dir_.File("store.db")});
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(CreatePayments(**store).ok());
-  auto reader = sqlite::Open({.path = dir_.File("store.db")});
+  auto reader = sqlite::Store::Open({.path = dir_.File("store.db")});
   ASSERT_TRUE(reader.ok()) << reader.status();
   for (int i = 0; i < kIds; ++i) PublishTwice(Msg("m-" + std::to_string(i)));
   AckAfterCommitCheck checked(source(), **reader);
-  Inbox inbox(**store, {.consumer = "suite"});
-  Consumer consumer(checked, inbox, ChargeHandler(),
-                    {.workers = 2, .backoff_base_ms = 5, .backoff_max_ms = 50, .receive_wait_ms = 20,
-                     .stop_when_idle = true});
-  Status run = consumer.Run();
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "suite"});
+  auto consumer = MustOpen<Consumer>(checked, *inbox, ChargeHandler(),
+                                     Consumer::Options{.workers = 2, .backoff_base_ms = 5, .backoff_max_ms = 50,
+                                                       .receive_wait_ms = 20, .stop_when_idle = true});
+  Status run = consumer->Run();
   ASSERT_TRUE(run.ok()) << run;
   for (int i = 0; i < kIds; ++i) EXPECT_EQ(Charges(**store, "m-" + std::to_string(i)), 1) << i;
   EXPECT_EQ(Charges(**store), kIds);
   EXPECT_GE(checked.acks(), 2 * kIds) << "every copy is acknowledged";
   EXPECT_EQ(checked.acked_before_commit(), 0);
-  EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+  EXPECT_EQ(consumer->stats().dead_lettered, 0u);
   ExpectDrained();
 }
 

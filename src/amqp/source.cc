@@ -151,7 +151,7 @@ class SourceImpl final : public Source {
   Status Ack(const Delivery& d) override { return Settle(d, /*ack=*/true, 0); }
   Status Nack(const Delivery& d, int64_t delay_ms) override { return Settle(d, /*ack=*/false, delay_ms); }
 
-  // The optional client-side lease (SourceOptions::lease_ms): 0 without one.
+  // The optional client-side lease (Source::Options::lease_ms): 0 without one.
   int64_t lease_ms() const override { return o_.lease_ms; }
 
   Status ExtendLease(const Delivery& d) override {

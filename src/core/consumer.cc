@@ -2,6 +2,7 @@
 #include "idem/consumer.h"
 #include "idem/testing/kill_points.h"
 
+#include "core/backoff.h"
 #include "core/saturating.h"
 
 #include <signal.h>
@@ -148,18 +149,9 @@ std::vector<Outcome> Consumer::HandleAll(std::span<const Message> messages) {
 }
 
 namespace {
-// base * 2^(attempt-1), at most max, plus up to 25% jitter. Saturates instead
-// of overflowing when base or max are huge.
+// The one backoff (core/backoff.h), with this consumer's settings.
 int64_t Backoff(const Consumer::Options& o, int attempt, Env* env) {
-  const int shift = std::clamp(attempt - 1, 0, 62);
-  const int64_t base = std::max<int64_t>(0, o.backoff_base_ms);
-  const int64_t max = std::max<int64_t>(0, o.backoff_max_ms);
-  int64_t d = base > (max >> shift) ? max : std::min(max, base << shift);
-  if (d > 0) {
-    const int64_t jitter = static_cast<int64_t>(env->Random() % static_cast<uint64_t>(d / 4 + 1));
-    d = d > std::numeric_limits<int64_t>::max() - jitter ? std::numeric_limits<int64_t>::max() : d + jitter;
-  }
-  return d;
+  return internal::JitteredBackoffMs(o.backoff_base_ms, o.backoff_max_ms, attempt, *env);
 }
 
 using internal::SaturatingAdd;

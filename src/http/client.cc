@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 
+#include "core/backoff.h"
 #include "idem/consumer.h"
 #include "idem/http/request.h"
 #include "idem/url.h"
@@ -243,10 +244,7 @@ struct Client::Impl {
   }
 
   int64_t Backoff(int attempt, int64_t retry_after_ms) {
-    int64_t d = options.backoff_base_ms;
-    for (int i = 1; i < attempt && d < options.backoff_max_ms; ++i) d *= 2;
-    d = std::min(d, options.backoff_max_ms);
-    d += static_cast<int64_t>(options.env->Random() % static_cast<uint64_t>(d / 4 + 1));
+    const int64_t d = internal::JitteredBackoffMs(options.backoff_base_ms, options.backoff_max_ms, attempt, *options.env);
     return std::min(std::max(d, retry_after_ms), std::max(options.backoff_max_ms, d));
   }
 

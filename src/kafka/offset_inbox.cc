@@ -27,13 +27,16 @@ Outcome Failed(Status s) {
 }
 }  // namespace
 
-Result<std::unique_ptr<OffsetInbox>> OffsetInbox::Open(Store& store, OffsetInboxOptions options) {
+Result<std::unique_ptr<OffsetInbox>> OffsetInbox::Open(Store& store) { return Open(store, Options{}); }
+
+Result<std::unique_ptr<OffsetInbox>> OffsetInbox::Open(Store& store, const Options& options) {
   if (options.consumer.empty() || options.consumer.size() > 255)
-    return Status::InvalidArgument("kafka: OffsetInboxOptions::consumer must be 1..255 bytes");
+    return Status::InvalidArgument("kafka: OffsetInbox::Options::consumer must be 1..255 bytes, got " +
+                                   std::to_string(options.consumer.size()));
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreate).status());
   IDEM_RETURN_IF_ERROR(tx->Commit());
-  return std::unique_ptr<OffsetInbox>(new OffsetInbox(store, std::move(options)));
+  return std::unique_ptr<OffsetInbox>(new OffsetInbox(store, options));
 }
 
 Outcome OffsetInbox::Handle(const Delivery& delivery, const Handler& handler) {

@@ -75,7 +75,7 @@ bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
 
 // Short timers and backoffs (the mock cluster answers at once); the same in
 // the parent and the child, so that the dead member's session runs out soon.
-kafka::Options SourceOptions(std::string brokers, std::string topic, std::string group) {
+kafka::Source::Options SourceOptions(std::string brokers, std::string topic, std::string group) {
   return {.brokers = std::move(brokers),
           .topic = std::move(topic),
           .group = std::move(group),
@@ -273,7 +273,7 @@ class KafkaCrash : public ::testing::Test {
   // id header, a second record). Keyed by id: both copies of a message land
   // in one partition, the first before the second.
   void PublishTwice(int n) {
-    auto p = kafka::Producer::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
+    auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
     ASSERT_TRUE(p.ok()) << p.status();
     for (int round = 0; round < 2; ++round)
       for (int i = 0; i < n; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i))).ok());

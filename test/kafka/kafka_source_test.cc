@@ -112,7 +112,7 @@ class KafkaTest : public ::testing::Test {
   }
 
   // Short timers and backoffs: the mock cluster answers at once.
-  kafka::Options SourceOptions(int64_t revoke_wait_ms = 5'000) {
+  kafka::Source::Options SourceOptions(int64_t revoke_wait_ms = 5'000) {
     return {.brokers = brokers_,
             .topic = kTopic,
             .group = "payments",
@@ -135,7 +135,7 @@ class KafkaTest : public ::testing::Test {
   // Publishes m-first..m-(first+n-1), then all of them again (a producer
   // retry: same id header, a second record).
   void PublishTwice(int n, int first = 0, const std::function<std::string(int)>& payload = {}) {
-    auto p = kafka::Producer::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
+    auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
     ASSERT_TRUE(p.ok()) << p.status();
     for (int round = 0; round < 2; ++round)
       for (int i = first; i < first + n; ++i) {
@@ -234,7 +234,7 @@ TEST_F(KafkaTest, AProducerRetryGivesTwoDeliveriesWithOneId) {
 TEST_F(KafkaTest, AcksCommitOnlyTheAcknowledgedPrefixOfAPartition) {
   // All in partition 0, in order.
   {
-    auto p = kafka::Producer::Open({.brokers = brokers_, .topic = kTopic});
+    auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
     ASSERT_TRUE(p.ok());
     for (int i = 0; i < 3; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i)), {.partition = 0}).ok());
     ASSERT_TRUE((*p)->Flush().ok());
@@ -479,7 +479,7 @@ TEST_F(KafkaTest, OffsetModeAppliesNothingTwiceAfterACrashAndWritesNoMarkers) {
   // Once each: this mode deduplicates redeliveries of a record, not
   // producer retries (another record, another offset).
   {
-    auto p = kafka::Producer::Open({.brokers = brokers_, .topic = kTopic});
+    auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
     ASSERT_TRUE(p.ok());
     for (int i = 0; i < kN; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i))).ok());
     ASSERT_TRUE((*p)->Flush().ok());
@@ -487,7 +487,7 @@ TEST_F(KafkaTest, OffsetModeAppliesNothingTwiceAfterACrashAndWritesNoMarkers) {
   auto oi = kafka::OffsetInbox::Open(*store_, {.consumer = "payments"});
   ASSERT_TRUE(oi.ok()) << oi.status();
   auto with_stored_offsets = [&](std::string group) {
-    kafka::Options o = SourceOptions();
+    kafka::Source::Options o = SourceOptions();
     o.group = std::move(group);
     o.start_offset = (*oi)->StartOffsets();
     auto s = kafka::Source::Open(o);
@@ -520,7 +520,7 @@ TEST_F(KafkaTest, OffsetModeAppliesNothingTwiceAfterACrashAndWritesNoMarkers) {
   // start of the log) gets every record again: each is skipped.
   InboxCounters replay;
   {
-    kafka::Options o = SourceOptions();
+    kafka::Source::Options o = SourceOptions();
     o.group = "replay";
     auto c = kafka::Source::Open(o);
     ASSERT_TRUE(c.ok());

@@ -83,7 +83,7 @@ TEST(KafkaOptions, MissingRequiredOptionsAreRefused) {
   ASSERT_FALSE(bad_conf.ok());
   EXPECT_EQ(bad_conf.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad_conf.status().message().find("no.such.property"), std::string::npos) << bad_conf.status();
-  EXPECT_EQ(Producer::Open({.topic = "t"}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Publisher::Open({.topic = "t"}).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -38,10 +38,10 @@ namespace idem::testing {
 namespace {
 
 using redis::StreamSource;
-using StreamSourceOptions = redis::StreamSource::Options;
+using StreamOptions = redis::StreamSource::Options;
 
 // The stream and group of `dir` (the same in a forked child).
-StreamSourceOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const std::string& url = RedisUrl()) {
+StreamOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const std::string& url = RedisUrl()) {
   const std::string prefix = PrefixFor(dir);
   return {.url = url, .stream = prefix + "orders", .group = "payments", .lease_ms = lease_ms, .poll_ms = 20,
           .env = env};
@@ -77,7 +77,7 @@ constexpr int64_t kLease = 10'000;
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
 // XPENDING's summary count of the group (-1 on error).
-int64_t PendingCount(const StreamSourceOptions& o, const std::string& url = RedisUrl()) {
+int64_t PendingCount(const StreamOptions& o, const std::string& url = RedisUrl()) {
   auto ep = redis_internal::ParseUrl(url);
   if (!ep.ok()) return -1;
   auto c = redis_internal::Conn::Connect(*ep, {});
@@ -89,7 +89,7 @@ int64_t PendingCount(const StreamSourceOptions& o, const std::string& url = Redi
 
 // Whether the group has read every entry of the stream: its last-delivered-id
 // is the stream's last-generated-id (both survive a restart, unlike a count).
-bool GroupReadEverything(const StreamSourceOptions& o, const std::string& url) {
+bool GroupReadEverything(const StreamOptions& o, const std::string& url) {
   auto ep = redis_internal::ParseUrl(url);
   if (!ep.ok()) return false;
   auto c = redis_internal::Conn::Connect(*ep, {});
@@ -113,7 +113,7 @@ bool GroupReadEverything(const StreamSourceOptions& o, const std::string& url) {
 
 // The group's consumers (XINFO CONSUMERS): name -> entries pending under it.
 // {"ERROR", -1} when the command failed.
-std::map<std::string, int64_t> GroupConsumers(const StreamSourceOptions& o) {
+std::map<std::string, int64_t> GroupConsumers(const StreamOptions& o) {
   std::map<std::string, int64_t> out;
   auto ep = redis_internal::ParseUrl(RedisUrl());
   if (!ep.ok()) return {{"ERROR", -1}};
@@ -138,13 +138,13 @@ std::map<std::string, int64_t> GroupConsumers(const StreamSourceOptions& o) {
 class StreamsTest : public ::testing::Test {
  protected:
   std::unique_ptr<StreamSource> Open(Env* env = nullptr, int64_t lease = kLease, std::string consumer = "") {
-    StreamSourceOptions o = OptionsFor(dir_, lease, env ? env : &env_);
+    StreamOptions o = OptionsFor(dir_, lease, env ? env : &env_);
     o.consumer = std::move(consumer);
     auto s = StreamSource::Open(o);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
   }
-  StreamSourceOptions Opts() { return OptionsFor(dir_, kLease, &env_); }
+  StreamOptions Opts() { return OptionsFor(dir_, kLease, &env_); }
   std::vector<Delivery> ReceiveAll(Source& s) {
     auto got = s.Receive(1000, 0);
     EXPECT_TRUE(got.ok()) << got.status();
@@ -169,7 +169,7 @@ class StreamsTest : public ::testing::Test {
 };
 
 TEST_F(StreamsTest, ProducerRetryIsTwoEntriesWithOneMessageIdFromTheConfiguredField) {
-  StreamSourceOptions o = Opts();
+  StreamOptions o = Opts();
   o.id_field = "order_id";
   o.payload_field = "body";
   auto s = StreamSource::Open(o);
@@ -385,7 +385,7 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
   OpenStore();
   auto s = Open();
   ASSERT_TRUE(s);
-  StreamSourceOptions o = Opts();
+  StreamOptions o = Opts();
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(s->Publish(Msg(Id(0))).ok());
     // A producer that forgot the id field, retrying.
@@ -535,7 +535,7 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
 }
 
 TEST_F(StreamsTest, UnreachableServerIsUnavailableNamingHostPortWithoutThePassword) {
-  StreamSourceOptions o = Opts();
+  StreamOptions o = Opts();
   o.url = "redis://:hunter2-secret@127.0.0.1:1";
   o.connect_timeout_ms = 1000;
   auto s = StreamSource::Open(o);
@@ -555,7 +555,7 @@ TEST_F(StreamsTest, UnreachableServerIsUnavailableNamingHostPortWithoutThePasswo
 
 TEST_F(StreamsTest, InvalidOptionsAndAMissingGroupAreRejected) {
   auto bad = [&](auto change) {
-    StreamSourceOptions o = Opts();
+    StreamOptions o = Opts();
     change(o);
     return StreamSource::Open(o).status().code();
   };
@@ -569,7 +569,7 @@ TEST_F(StreamsTest, InvalidOptionsAndAMissingGroupAreRejected) {
   FakeEnv epoch0(0);
   EXPECT_EQ(bad([&](auto& o) { o.env = &epoch0; }), Code::kInvalidArgument);
   Status missing = StreamSource::Open([&] {
-                     StreamSourceOptions o = Opts();
+                     StreamOptions o = Opts();
                      o.create_group = false;
                      return o;
                    }()).status();
@@ -674,7 +674,7 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   ASSERT_TRUE(server.Start(dir_.File("redis")));
   constexpr int kIds = 200;
   OpenStore();
-  StreamSourceOptions o = OptionsFor(dir_, 2'000, Env::Default(), server.url());
+  StreamOptions o = OptionsFor(dir_, 2'000, Env::Default(), server.url());
   auto s = StreamSource::Open(o);
   ASSERT_TRUE(s.ok()) << s.status();
   for (int round = 0; round < 2; ++round)

@@ -192,7 +192,7 @@ int InspectClaimsOnly(const Args& args, int limit) {
 // The counts of the embedded queue at `url`. Looking must not create one:
 // kNotFound when no file is there.
 Result<embedded::QueueStats> QueueStatsAt(const std::string& url) {
-  IDEM_ASSIGN_OR_RETURN(embedded::QueueOptions qo, embedded::Queue::ParseUrl(url));
+  IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options qo, embedded::Queue::ParseUrl(url));
   std::error_code ec;
   if (!std::filesystem::exists(qo.path, ec)) return Status::NotFound("no queue file at " + qo.path);
   IDEM_ASSIGN_OR_RETURN(auto q, embedded::Queue::Open(qo));

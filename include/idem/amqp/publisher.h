@@ -84,8 +84,6 @@ class Publisher : public ::idem::Publisher {
   std::string_view Kind() const override { return "amqp"; }
 };
 
-// The former name of Publisher::Options.
-using PublisherOptions = Publisher::Options;
 
 }  // namespace idem::amqp
 

@@ -182,8 +182,6 @@ class Source : public idem::Source {
   std::string_view Kind() const override { return "amqp"; }
 };
 
-// The former name of Source::Options.
-using SourceOptions = Source::Options;
 
 }  // namespace idem::amqp
 

@@ -86,8 +86,6 @@ class Queue : public Source, public Publisher {
   std::string_view Kind() const override { return "embedded"; }
 };
 
-// The former name of Queue::Options.
-using QueueOptions = Queue::Options;
 
 }  // namespace idem::embedded
 

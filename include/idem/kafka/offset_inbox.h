@@ -6,7 +6,7 @@
 // the same transaction as the handler's work. A record at or below the
 // stored offset is skipped (kDuplicate) without running the handler; on
 // assignment the source starts each partition at the stored offset + 1
-// (pass StartOffsets() as kafka::Options::start_offset). Kafka's own
+// (pass StartOffsets() as kafka::Source::Options::start_offset). Kafka's own
 // committed offset becomes a hint. No per-message rows, nothing to purge.
 //
 //   auto oi = idem::kafka::OffsetInbox::Open(*store, {.consumer = "billing"});
@@ -52,16 +52,18 @@
 
 namespace idem::kafka {
 
-struct OffsetInboxOptions {
-  // The consumer's name: part of the key, so several consumers can share
-  // one database. 1..255 bytes. Default: "default".
-  std::string consumer = "default";
-};
-
 class OffsetInbox {
  public:
+  struct Options {
+    // The consumer's name: part of the key, so several consumers can share
+    // one database. 1..255 bytes. Default: "default".
+    std::string consumer = "default";
+  };
+
   // Creates idem_kafka_offsets if missing. `store` must outlive the result.
-  static Result<std::unique_ptr<OffsetInbox>> Open(Store& store, OffsetInboxOptions options = {});
+  // kInvalidArgument for a consumer name out of range.
+  static Result<std::unique_ptr<OffsetInbox>> Open(Store& store, const Options& options);
+  static Result<std::unique_ptr<OffsetInbox>> Open(Store& store);
   OffsetInbox(const OffsetInbox&) = delete;
   OffsetInbox& operator=(const OffsetInbox&) = delete;
 
@@ -76,14 +78,14 @@ class OffsetInbox {
   // The last applied offset of a partition, nullopt when none is stored.
   Result<std::optional<int64_t>> LastApplied(std::string_view topic, int32_t partition);
 
-  // For kafka::Options::start_offset: the stored offset + 1, or nullopt
+  // For kafka::Source::Options::start_offset: the stored offset + 1, or nullopt
   // (Kafka's committed offset) when none is stored or the store fails.
   std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> StartOffsets();
 
  private:
-  OffsetInbox(Store& store, OffsetInboxOptions options) : store_(store), options_(std::move(options)) {}
+  OffsetInbox(Store& store, Options options) : store_(store), options_(std::move(options)) {}
   Store& store_;
-  OffsetInboxOptions options_;
+  Options options_;
 };
 
 }  // namespace idem::kafka

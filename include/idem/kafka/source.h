@@ -287,10 +287,6 @@ class Publisher final : public ::idem::Publisher {
   std::unique_ptr<Impl> impl_;
 };
 
-// The former names.
-using Options = Source::Options;
-using Producer = Publisher;
-using ProducerOptions = Publisher::Options;
 
 }  // namespace idem::kafka
 

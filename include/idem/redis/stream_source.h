@@ -175,8 +175,6 @@ class StreamSource : public Source {
   std::string_view Kind() const override { return "redis-streams"; }
 };
 
-// The former name of StreamSource::Options.
-using StreamSourceOptions = StreamSource::Options;
 
 }  // namespace idem::redis
 

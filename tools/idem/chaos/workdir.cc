@@ -56,7 +56,7 @@ Status PrepareWorkDir(const std::string& dir) {
 }
 
 Status ResetEmbeddedQueue(const std::string& url) {
-  IDEM_ASSIGN_OR_RETURN(embedded::QueueOptions o, embedded::Queue::ParseUrl(url));
+  IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options o, embedded::Queue::ParseUrl(url));
   const std::string& path = o.path;
   auto refuse = [&](const std::string& why) {
     return Status::InvalidArgument("--source: will not delete " + path + ": " + why +
