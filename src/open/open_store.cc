@@ -28,13 +28,23 @@ StoreKind KindOf(std::string_view url) {
   return StoreKind::kUnknown;
 }
 
-Status NotBuilt(std::string_view component, std::string_view url) {
-  return Status::InvalidArgument("'" + RedactUrl(url) + "' needs the " + std::string(component) +
-                                 " component, which this installation was built without");
+// `component` as idem::<component> and its -DIDEM_WITH_<OPTION>=ON.
+[[maybe_unused]] Status NotBuilt(std::string_view component, std::string_view option, std::string_view url) {
+  std::string m = "'";
+  m += RedactUrl(url);
+  m += "' needs the idem::";
+  m += component;
+  m += " component, which this installation was built without (configure idem with -DIDEM_WITH_";
+  m += option;
+  m += "=ON)";
+  return Status::InvalidArgument(m);
 }
 
 Status NotAStore(std::string_view url) {
-  return Status::InvalidArgument("not a store URL: '" + RedactUrl(url) + "' (expected sqlite:PATH or postgres://...)");
+  std::string m = "not a store URL: '";
+  m += RedactUrl(url);
+  m += "' (expected sqlite:PATH or postgres://...)";
+  return Status::InvalidArgument(m);
 }
 
 // A SQL store's ClaimStore that owns the store it lives in.
@@ -98,7 +108,7 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
       if (settings.pool_size > 0) o.pool_size = settings.pool_size;
       return postgres::Store::Open(o);
 #else
-      return NotBuilt("postgres", url);
+      return NotBuilt("postgres", "POSTGRES", url);
 #endif
     }
     case StoreKind::kRedis:
@@ -121,7 +131,7 @@ Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const S
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::ClaimStore> store, redis::ClaimStore::Open(o));
     return std::unique_ptr<ClaimStore>(std::move(store));
 #else
-    return NotBuilt("redis", url);
+    return NotBuilt("redis", "REDIS", url);
 #endif
   }
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenStore(url, settings));

@@ -87,9 +87,10 @@ bool EndsOrStartsATransaction(std::string_view sql) {
 namespace {
 Status NotInsideIdemsTransaction(std::string_view sql) {
   if (!EndsOrStartsATransaction(sql)) return Status::OK();
-  return Status::InvalidArgument(
-      "'" + std::string(sql.substr(0, 40)) +
-      "': work runs inside idem's transaction, which idem begins and commits with the marker (savepoints are fine)");
+  std::string m = "'";
+  m.append(sql.substr(0, 40));
+  m += "': work runs inside idem's transaction, which idem begins and commits with the marker (savepoints are fine)";
+  return Status::InvalidArgument(m);
 }
 }  // namespace
 

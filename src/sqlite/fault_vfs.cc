@@ -695,8 +695,12 @@ std::string FaultVfs::Format(const Config& config) {
     out += ActionName(f.action);
     out += ':';
     out += OpName(f.op);
-    if (f.file != FileKind::kAny) out += "@" + std::string(FileName(f.file));
-    out += ':' + std::to_string(f.at);
+    if (f.file != FileKind::kAny) {
+      out += '@';
+      out += FileName(f.file);
+    }
+    out += ':';
+    out += std::to_string(f.at);
     if (f.action == Action::kIoError || f.action == Action::kFull) out += f.persistent ? ":persistent" : ":transient";
   }
   return out;

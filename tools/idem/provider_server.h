@@ -31,7 +31,7 @@ struct ProviderServerOptions {
   // The middleware's options (claims, authenticate and log are the
   // provider's own: set here, they are replaced).
   http::Idempotency::Options idempotency;
-  // How long a stored response is replayed (ClaimsOptions::retention_ms).
+  // How long a stored response is replayed (Claims::Options::retention_ms).
   int64_t retention_ms = 24LL * 3600 * 1000;
   // How long POST /charges may run before a retry may take its key over,
   // and how long a duplicate waits for it before 409.

@@ -121,7 +121,10 @@ std::string KnownSources() {
 
 Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& settings) {
   SourceSettings s = settings;
-  if (!s.consumer.empty()) s.consumer += "-" + std::to_string(::getpid());
+  if (!s.consumer.empty()) {
+    s.consumer += '-';
+    s.consumer += std::to_string(::getpid());
+  }
 #if IDEM_HAVE_KAFKA
   if (UrlScheme(url) == "kafka-mock") return OpenKafkaMock(url, s);
 #endif

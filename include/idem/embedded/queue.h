@@ -71,7 +71,7 @@ class Queue : public Source, public Publisher {
   };
 
   // kInvalidArgument naming the field for an empty path or queue, lease_ms
-  // < 1 or busy_timeout_ms < 0; otherwise errors as for idem::sqlite::Open;
+  // < 1 or busy_timeout_ms < 0; otherwise errors as for idem::sqlite::Store::Open;
   // kSchemaMismatch for a file that holds another schema (not a queue file,
   // or a newer version).
   static Result<std::unique_ptr<Queue>> Open(const Options& options);

@@ -135,7 +135,7 @@ class Idempotency {
   struct Options {
     // Required: the claims that keep the keys' records and stored responses;
     // must outlive the middleware. How long a stored response is replayed
-    // is theirs (ClaimsOptions::retention_ms, default 24 h), and every
+    // is theirs (Claims::Options::retention_ms, default 24 h), and every
     // response advertises it in Idempotency-Key-Retention (seconds).
     Claims* claims = nullptr;
     // Required: who is calling (see BearerKeys).

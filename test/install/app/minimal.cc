@@ -13,7 +13,7 @@
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : ".";
-  auto store = idem::sqlite::Open({.path = dir + "/app.db"});
+  auto store = idem::sqlite::Store::Open({.path = dir + "/app.db"});
   auto queue = idem::embedded::Queue::Open({.path = dir + "/queue.db", .queue = "orders"});
   if (!store.ok() || !queue.ok()) {
     std::cerr << (!store.ok() ? store.status() : queue.status()) << "\n";
@@ -21,14 +21,23 @@ int main(int argc, char** argv) {
   }
   for (int i = 0; i < 2; ++i) (void)(*queue)->Publish({.id = "order-1", .payload = "4000"});
   int applied = 0;
-  idem::Inbox inbox(**store, {.consumer = "app"});
-  idem::Consumer consumer(
-      **queue, inbox, [&](idem::Transaction&, const idem::Message&) -> idem::Status {
+  auto inbox = idem::Inbox::Open(**store, {.consumer = "app"});
+  if (!inbox.ok()) {
+    std::cerr << inbox.status() << "\n";
+    return 1;
+  }
+  auto consumer = idem::Consumer::Open(
+      **queue, **inbox,
+      [&](idem::Transaction&, const idem::Message&) -> idem::Status {
         ++applied;
         return idem::Status::OK();
       },
       {.stop_when_idle = true});
-  if (auto s = consumer.Run(); !s.ok()) {
+  if (!consumer.ok()) {
+    std::cerr << consumer.status() << "\n";
+    return 1;
+  }
+  if (auto s = (*consumer)->Run(); !s.ok()) {
     std::cerr << s << "\n";
     return 1;
   }
