@@ -67,10 +67,11 @@ P=$W/prefix
 cmake --install "$W/build" --prefix "$P" >/dev/null
 LIB=$(dirname "$(find "$P" -name idemConfig.cmake)")/../..
 LIB=$(cd "$LIB" && pwd)
+# (libidem_sql.a: the SQL stores' shared code, an internal library the static idem_sqlite links.)
 libs=$(cd "$LIB" && ls libidem_*.a | tr '\n' ' ')
-[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sqlite.a " ] || fail "installed libraries: $libs"
+[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a " ] || fail "installed libraries: $libs"
 pcs=$(cd "$LIB/pkgconfig" && ls | tr '\n' ' ')
-[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sqlite.pc " ] || fail "installed .pc files: $pcs"
+[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc " ] || fail "installed .pc files: $pcs"
 for h in inbox.h consumer.h store.h status.h open.h sqlite/store.h embedded/queue.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
