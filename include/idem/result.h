@@ -53,9 +53,12 @@ class [[nodiscard]] Result {
   IDEM_ASSIGN_OR_RETURN_IMPL_(IDEM_CONCAT_(idem_result_, __LINE__), lhs, rexpr)
 #define IDEM_CONCAT_INNER_(a, b) a##b
 #define IDEM_CONCAT_(a, b) IDEM_CONCAT_INNER_(a, b)
+// `lhs` may be a declaration ("auto x"), which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define IDEM_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                                \
   if (!tmp.ok()) return tmp.status();                \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // IDEM_RESULT_H_

@@ -70,6 +70,7 @@ Status Consumer::Run() {
   if (call_first_ ? !call_first_->complete() : !handler_)
     return Status::InvalidArgument("Consumer: the handler is empty");
   std::vector<std::unique_ptr<Held>> held;
+  held.reserve(static_cast<size_t>(options_.workers));
   for (int i = 0; i < options_.workers; ++i) held.push_back(std::make_unique<Held>());
   {
     std::lock_guard<std::mutex> l(keeper_mu_);

@@ -250,6 +250,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
     for (const std::vector<GroupJob*>& pass : passes) {
       if (pass.empty()) continue;
       std::vector<ClaimRequest> requests;
+      requests.reserve(pass.size());
       for (GroupJob* j : pass) requests.push_back(j->request);
       std::vector<Result<ClaimOutcome>> claimed = tx.ClaimManyInTransaction(requests);
       struct Started {
@@ -285,6 +286,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
       }
       if (failed || out != nullptr) break;
       std::vector<Completion> completions;  // pointing into `started`, which no longer grows
+      completions.reserve(started.size());
       for (const Started& st : started)
         completions.push_back(Completion{&st.token, st.stored, /*is_error=*/st.job->ans->status >= 500});
       for (const Status& done : tx.CompleteManyInTransaction(completions, claims_.options().retention_ms))

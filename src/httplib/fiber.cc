@@ -23,7 +23,7 @@ namespace {
 
 // A fiber's stack: only the pages it touches take memory. SQLite, cpp-httplib
 // and a handler's JSON fit in a fraction of it.
-constexpr size_t kStackBytes = 1024 * 1024;
+constexpr size_t kStackBytes = size_t{1024} * 1024;
 // How long a loop sleeps at most, and how often it looks at deadlines.
 constexpr int kTickMs = 10;
 

@@ -27,7 +27,7 @@
 namespace idem::httplib {
 namespace {
 
-constexpr size_t kReadBuffer = 16 * 1024;
+constexpr size_t kReadBuffer = size_t{16} * 1024;
 // How often a connection waiting for its next request looks at stop().
 constexpr int64_t kIdleSliceMs = 100;
 // Longer timeouts are taken as "a very long time" (no overflow).
@@ -266,7 +266,7 @@ class ConnectionStream final : public ::httplib::Stream {
   bool head_expected_ = true;
   int status_ = 0;
   // The request being read: its head so far (lower case), then its body.
-  static constexpr size_t kMaxHead = 64 * 1024;
+  static constexpr size_t kMaxHead = size_t{64} * 1024;
   std::string head_;
   bool head_done_ = false, chunked_ = false;
   uint64_t body_read_ = 0, content_length_ = 0;

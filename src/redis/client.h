@@ -145,7 +145,7 @@ class Pool {
     // long instead of trying again. 0: always try.
     int retry_after_ms = 0;
   };
-  Pool(Endpoint endpoint, Options options) : endpoint_(std::move(endpoint)), options_(options) {}
+  Pool(Endpoint endpoint, Options options) : endpoint_(std::move(endpoint)), options_(std::move(options)) {}
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 

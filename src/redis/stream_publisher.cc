@@ -53,7 +53,7 @@ namespace {
 class StreamPublisherImpl final : public StreamPublisher {
  public:
   StreamPublisherImpl(Options o, redis_internal::Endpoint ep, redis_internal::Pool::Options po)
-      : o_(std::move(o)), pool_(std::move(ep), po) {}
+      : o_(std::move(o)), pool_(std::move(ep), std::move(po)) {}
 
   Status Connect() { return pool_.Take().status(); }
 

@@ -184,7 +184,7 @@ std::string NewConsumerName() {
 class StreamSourceImpl final : public StreamSource {
  public:
   StreamSourceImpl(Options o, redis_internal::Endpoint ep, Pool::Options po)
-      : o_(std::move(o)), pool_(std::move(ep), po) {}
+      : o_(std::move(o)), pool_(std::move(ep), std::move(po)) {}
 
   Status Init() {
     auto conn = pool_.Take();

@@ -508,7 +508,7 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
     return v.status().WithContext(name);
   }
   IDEM_RETURN_IF_ERROR(c.Script(dialect_.begin).WithContext("migrate " + name));
-  auto fail = [&](Status s) {
+  auto fail = [&](const Status& s) {
     if (c.Healthy() && c.InTransaction()) (void)c.Script("ROLLBACK");
     return s.WithContext(name);
   };

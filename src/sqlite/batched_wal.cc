@@ -18,7 +18,7 @@ namespace {
 // Gathered bytes go to the file in writes of at most this size: SQLite's
 // unix VFS takes a write's length modulo 128 KiB (it never writes more at
 // once), so a larger write would be cut short and reported SQLITE_FULL.
-constexpr size_t kMaxWrite = 64 * 1024;
+constexpr size_t kMaxWrite = size_t{64} * 1024;
 // A commit larger than this is written out as it goes.
 constexpr size_t kMaxGathered = 1 << 20;
 

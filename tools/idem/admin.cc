@@ -280,6 +280,7 @@ int RunInspect(const Args& args) {
                        .Add("attempts", d.attempts).Add("at_ms", d.at_ms).str());
     Json j;
     std::vector<std::string> cs;
+    cs.reserve(claims.size());
     for (const auto& c : claims) cs.push_back(ClaimJson(c));
     j.Add("markers", *count).AddRaw("recent", JsonArray(ms)).AddRaw("dead_letters", JsonArray(ds));
     j.AddRaw("claims", JsonArray(cs));

@@ -126,6 +126,7 @@ Status Round(bench::IdGenerator& ids, std::vector<Message>& msgs, int64_t batch,
 template <typename Run>
 Status ParallelRound(bench::IdKind kind, int consumers, int64_t batch, double seconds, Side* side, Run&& run) {
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(consumers));
   std::vector<int64_t> counts(consumers, 0);
   std::vector<Status> errors(consumers);
   auto t0 = Clock::now();
@@ -183,6 +184,7 @@ double ResidentMiB() {
 
 std::string RatesJson(const std::vector<double>& v) {
   std::vector<std::string> items;
+  items.reserve(v.size());
   for (double r : v) items.push_back(std::to_string(std::llround(r)));
   return JsonArray(items);
 }

@@ -272,7 +272,7 @@ int RunBenchCallFirst(const Args& args) {
         applied_total += static_cast<int64_t>(c.applied);
         if (!json)
           std::fprintf(stderr, "  round %lld %-14s %2d worker(s): %8.1f messages/s (%.2f s; %llu duplicates, %llu in progress)\n",
-                       static_cast<long long>(round + 1), form.c_str(), w, static_cast<double>(*n) / secs, secs,
+                       static_cast<long long>(round) + 1, form.c_str(), w, static_cast<double>(*n) / secs, secs,
                        static_cast<unsigned long long>(c.duplicates), static_cast<unsigned long long>(cs.in_progress));
         progress.Update(++done);
       }

@@ -193,7 +193,7 @@ int RunBenchClaims(const Args& args) {
   std::printf("info: effect=counter concurrency=%lld batch=%lld function_calls=%lld replay_mismatches=%lld "
               "in_progress_retries=%lld claims_per_s=%.1f replays_per_s=%.1f durability=\"%s\" ok=%s\n",
               static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<long long>(counter.load()),
-              static_cast<long long>(replays.mismatches + claims_pass.mismatches),
+              static_cast<long long>(replays.mismatches) + static_cast<long long>(claims_pass.mismatches),
               static_cast<long long>(claims_pass.in_progress_retries + replays.in_progress_retries),
               *n / claims_pass.seconds, replays.seconds > 0 ? replays.replayed / replays.seconds : 0.0,
               opened->durability.c_str(), ok ? "true" : "false");

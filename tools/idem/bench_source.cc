@@ -47,6 +47,7 @@ Result<double> DrainRaw(Source& source, int64_t expect, int workers, int batch) 
   std::mutex mu;
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
       int idle = 0;

@@ -942,7 +942,7 @@ int RunDemo(const Args& args) {
     return Status::OK();
   };
   int64_t consumers = cfg.consumers;
-  for (Status s : {num("messages", cfg.messages), num("consumers", consumers), num("lease-ms", cfg.lease_ms),
+  for (const Status& s : {num("messages", cfg.messages), num("consumers", consumers), num("lease-ms", cfg.lease_ms),
                    num("seed", cfg.seed), rate("dup-rate", cfg.dup_rate), rate("lost-ack-rate", cfg.lost_ack_rate),
                    rate("stall-rate", cfg.stall_rate), rate("lost-response-rate", cfg.lost_response_rate)})
     if (!s.ok()) return Fail("demo", s);

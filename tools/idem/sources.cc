@@ -87,7 +87,12 @@ Result<OpenedSource> OpenKafkaMock(const std::string& url, const SourceSettings&
   // (but partitions) passed on.
   std::string shared = "kafka://" + std::string(rd_kafka_mock_cluster_bootstraps(m->cluster)) + "?topic=" + topic;
   for (const auto& [k, v] : u.query)
-    if (k != "topic" && k != "partitions") shared += "&" + k + "=" + v;
+    if (k != "topic" && k != "partitions") {
+      shared += '&';
+      shared += k;
+      shared += '=';
+      shared += v;
+    }
   IDEM_ASSIGN_OR_RETURN(kafka::Source::Options so, kafka::Source::ParseUrl(shared));
   so.client_id = settings.consumer.empty() ? so.client_id : settings.consumer;
   so.config = {{"fetch.wait.max.ms", "20"}, {"topic.metadata.refresh.interval.ms", "500"}};

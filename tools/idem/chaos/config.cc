@@ -23,7 +23,7 @@ int64_t ConsumerRetryBudgetMs() {
   const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
   int64_t between = 0, d = o.backoff_base_ms;
   for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;
-  return deliveries * (kClientAttempts - 1) * kClientBackoffMaxMs + between;
+  return int64_t{deliveries} * (kClientAttempts - 1) * kClientBackoffMaxMs + between;
 }
 
 int64_t ProviderLeaseMinMs() { return std::max<int64_t>(50, ConsumerRetryBudgetMs() / 2); }

@@ -58,6 +58,7 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
         .Add("provider_restarts", counts.provider_restarts)
         .AddRaw("provider_lease_ms", [&] {
           std::vector<std::string> v;
+          v.reserve(leases_ms.size());
           for (int64_t l : leases_ms) v.push_back(std::to_string(l));
           return JsonArray(v);
         }())
