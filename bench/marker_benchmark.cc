@@ -73,8 +73,8 @@ Fixture& GetFixture() {
 
   // Load the retained markers without fsync, then reopen with NORMAL.
   {
-    auto load = idem::sqlite::Store::Open({.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff,
-                                    .cache_kib = 64 * 1024});
+    auto load = idem::sqlite::Store::Open(
+        {.path = f.path, .synchronous = idem::sqlite::Synchronous::kOff, .cache_kib = 64 * 1024});
     if (!load.ok()) {
       f.status = load.status();
       return f;

@@ -90,9 +90,9 @@ class IdGenerator {
       for (int i = 0; i < 8; ++i) b[8 + i] = static_cast<uint8_t>(lo >> (56 - 8 * i));
       b[6] = static_cast<uint8_t>(0x40 | (b[6] & 0x0f));
     } else {
-      int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+      int64_t now =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       if (now > last_ms_) {
         last_ms_ = now;
         counter_ = rng_.Next() & ((uint64_t{1} << 41) - 1);  // top bit clear: room to count
@@ -102,7 +102,7 @@ class IdGenerator {
       }
       uint64_t ms = static_cast<uint64_t>(last_ms_);
       for (int i = 0; i < 6; ++i) b[i] = static_cast<uint8_t>(ms >> (40 - 8 * i));
-      uint64_t rand_a = counter_ >> 30;         // 12 bits
+      uint64_t rand_a = counter_ >> 30;             // 12 bits
       uint64_t counter_lo = counter_ & 0x3fffffff;  // 30 bits
       b[6] = static_cast<uint8_t>(0x70 | (rand_a >> 8));
       b[7] = static_cast<uint8_t>(rand_a);
@@ -136,9 +136,9 @@ class IdGenerator {
 // by an Inbox with key_by_producer_time.
 inline void NextBatch(IdGenerator& ids, std::vector<Message>& batch, size_t n) {
   batch.resize(n);
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   for (Message& m : batch) {
     ids.Next(m.id);
     m.payload = std::to_string(1 + ids.rng().Next() % 1'000'000);
@@ -169,7 +169,7 @@ inline Status CheckApplied(const Outcome& o, const Message& m) {
   if (o.applied()) return Status::OK();
   if (o.kind == Outcome::Kind::kFailed) return o.status;
   return Status::Internal("fresh id " + m.id + " was not applied (" + o.ToString() +
-                                     "): it collided with a retained marker");
+                          "): it collided with a retained marker");
 }
 
 // Guarded: the same work as the handler of the Inbox, Handle for one message,
@@ -200,7 +200,10 @@ inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind 
   IDEM_ASSIGN_OR_RETURN(int64_t have, store.CountMarkers(consumer));
   if (have >= target) return int64_t{0};
   const int64_t to_add = target - have;
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(store, Inbox::Options{.consumer = consumer, .key_by_producer_time = key_by_producer_time, .env = env}));
+  IDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Inbox> inbox_owned,
+      Inbox::Open(store,
+                  Inbox::Options{.consumer = consumer, .key_by_producer_time = key_by_producer_time, .env = env}));
   Inbox& inbox = *inbox_owned;
   IdGenerator ids(kind, FreshSeed());
   const Handler noop = [](Transaction&, const Message&) { return Status::OK(); };
@@ -210,8 +213,10 @@ inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind 
     NextBatch(ids, batch, static_cast<size_t>(std::min<int64_t>(chunk, to_add - added)));
     std::vector<Outcome> out = inbox.HandleBatch(batch, noop);
     for (const Outcome& o : out) {
-      if (o.applied()) ++added;
-      else if (o.kind == Outcome::Kind::kFailed) return o.status.WithContext("retaining markers");
+      if (o.applied())
+        ++added;
+      else if (o.kind == Outcome::Kind::kFailed)
+        return o.status.WithContext("retaining markers");
       // A duplicate (vanishingly rare) is simply not counted.
     }
     if (progress) progress(added, to_add);

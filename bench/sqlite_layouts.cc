@@ -49,7 +49,9 @@ void Check(int rc, sqlite3* db, const char* what) {
   }
 }
 
-void Exec(sqlite3* db, const std::string& sql) { Check(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), db, sql.c_str()); }
+void Exec(sqlite3* db, const std::string& sql) {
+  Check(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), db, sql.c_str());
+}
 
 std::string RandomId(std::mt19937_64& rng) {
   static const char* hex = "0123456789abcdef";
@@ -97,11 +99,12 @@ Layout LayoutFor(const std::string& name) {
             {},
             "INSERT INTO m(h, consumer, id, fingerprint, at) VALUES (?5, ?1, ?2, ?3, ?4)"};
   if (name == "rowid_key")
-    return {name,
-            {"CREATE TABLE m(k INTEGER PRIMARY KEY, consumer TEXT NOT NULL, id BLOB NOT NULL, fingerprint BLOB NOT NULL,"
-             " at INTEGER NOT NULL)"},
-            {},
-            "INSERT INTO m(k, consumer, id, fingerprint, at) VALUES (?5, ?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING"};
+    return {
+        name,
+        {"CREATE TABLE m(k INTEGER PRIMARY KEY, consumer TEXT NOT NULL, id BLOB NOT NULL, fingerprint BLOB NOT NULL,"
+         " at INTEGER NOT NULL)"},
+        {},
+        "INSERT INTO m(k, consumer, id, fingerprint, at) VALUES (?5, ?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING"};
   std::fprintf(stderr, "unknown layout %s (pk, hash16, hash8, lsm_floor, rowid_key)\n", name.c_str());
   std::exit(2);
 }
@@ -220,7 +223,10 @@ class Bloom {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s pk|hash16|hash8|lsm_floor|rowid_key PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]\n", argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s pk|hash16|hash8|lsm_floor|rowid_key PATH N [PAGE_SIZE [SECONDS_PER_ROUND [random|ordered]]]\n",
+        argv[0]);
     return 2;
   }
   const Layout layout = LayoutFor(argv[1]);
@@ -265,7 +271,8 @@ int main(int argc, char** argv) {
   if (layout.name == "rowid_key") {  // an earlier run's ordered ids came first: count on from them
     sqlite3_stmt* mx = nullptr;
     Check(sqlite3_prepare_v2(db, "SELECT max(k) FROM m", -1, &mx, nullptr), db, "prepare");
-    if (sqlite3_step(mx) == SQLITE_ROW) next_ordered = std::max<int64_t>(0, sqlite3_column_int64(mx, 0) - (int64_t{1} << 62));
+    if (sqlite3_step(mx) == SQLITE_ROW)
+      next_ordered = std::max<int64_t>(0, sqlite3_column_int64(mx, 0) - (int64_t{1} << 62));
     sqlite3_finalize(mx);
   }
   const bool lsm = layout.name == "lsm_floor";
@@ -324,8 +331,9 @@ int main(int argc, char** argv) {
         const std::string run = "run_" + std::to_string(++runs) + "_" + std::to_string(rng() % 1'000'000'000);
         Exec(db, "BEGIN IMMEDIATE");
         Exec(db, "CREATE TABLE " + run + "(h INTEGER PRIMARY KEY, seq INTEGER NOT NULL)");
-        Exec(db, "INSERT INTO " + run + " SELECT h, seq FROM m WHERE seq > coalesce((SELECT max(last_seq) FROM runs), 0)"
-                 " ORDER BY h ON CONFLICT DO NOTHING");
+        Exec(db, "INSERT INTO " + run +
+                     " SELECT h, seq FROM m WHERE seq > coalesce((SELECT max(last_seq) FROM runs), 0)"
+                     " ORDER BY h ON CONFLICT DO NOTHING");
         Exec(db, "INSERT INTO runs(last_seq) SELECT max(seq) FROM m");
         Exec(db, "COMMIT");
         since_run = 0;

@@ -50,10 +50,10 @@ class Provider {
       IDEM_RETURN_IF_ERROR(tx->Commit());
     }
     p->claims_ = std::make_unique<idem::Claims>(*p->db_->claim_store());
-    IDEM_ASSIGN_OR_RETURN(p->idempotency_,
-                          idem::http::Idempotency::Open(
-                              {.claims = p->claims_.get(),
-                               .authenticate = idem::http::BearerKeys({{"sk_test_example", "acct_example"}})}));
+    IDEM_ASSIGN_OR_RETURN(
+        p->idempotency_,
+        idem::http::Idempotency::Open({.claims = p->claims_.get(),
+                                       .authenticate = idem::http::BearerKeys({{"sk_test_example", "acct_example"}})}));
     Provider* self = p.get();
     // A bad amount is refused before the key is claimed: nothing is stored,
     // and the client may send the corrected request with the same key.
@@ -64,10 +64,10 @@ class Provider {
       return false;
     };
     IDEM_ASSIGN_OR_RETURN(
-        auto charge, idem::httplib::Wrap(
-                         *p->idempotency_, "/charges", {},
-                         [self](const httplib::Request& req, httplib::Response& res) { self->Charge(req, res); },
-                         validate));
+        auto charge,
+        idem::httplib::Wrap(
+            *p->idempotency_, "/charges", {},
+            [self](const httplib::Request& req, httplib::Response& res) { self->Charge(req, res); }, validate));
     p->server_.native().Post("/charges", charge);
     p->port_ = p->server_.native().bind_to_any_port("127.0.0.1");
     if (p->port_ <= 0) return idem::Status::Unavailable("cannot bind 127.0.0.1");
@@ -95,9 +95,9 @@ class Provider {
     const long long cents = Cents(req);
     auto tx = db_->Begin();
     if (!tx.ok()) return Unavailable(res);
-    auto ins = (*tx)->Query("INSERT INTO charges(idem_key, cents, description) VALUES ($1, $2, $3) RETURNING id",
-                            {idem::http::CurrentClaim()->key, static_cast<int64_t>(cents),
-                             req.get_param_value("description")});
+    auto ins = (*tx)->Query(
+        "INSERT INTO charges(idem_key, cents, description) VALUES ($1, $2, $3) RETURNING id",
+        {idem::http::CurrentClaim()->key, static_cast<int64_t>(cents), req.get_param_value("description")});
     if (!ins.ok() || !(*tx)->Commit().ok()) return Unavailable(res);
     const std::string id = "ch_" + ins->rows[0][0].AsText();
     res.status = 201;
@@ -159,7 +159,8 @@ int main(int argc, char** argv) {
     std::cerr << inbox.status() << "\n";
     return 1;
   }
-  auto consumer = idem::Consumer::Open(**queue, **inbox,
+  auto consumer = idem::Consumer::Open(
+      **queue, **inbox,
       [&](idem::Transaction& tx, const idem::Message& m) -> idem::Status {
         auto charged = (*client)->Post("/charges", "amount=" + m.payload + "&currency=usd&description=" + m.id,
                                        idem::DownstreamKey(m, "charge"), "application/x-www-form-urlencoded");
@@ -168,8 +169,9 @@ int main(int argc, char** argv) {
           return idem::Status::HandlerFailed("the provider answered " + std::to_string(charged->status) + ": " +
                                              charged->body);
         const std::string location = charged->header("Location");  // "/charges/ch_1"
-        return tx.Exec("INSERT INTO payments(order_id, cents, charge_id) VALUES ($1, $2, $3)",
-                       {m.id.substr(0, 10), std::atoll(m.payload.c_str()), location.substr(location.rfind('/') + 1)})
+        return tx
+            .Exec("INSERT INTO payments(order_id, cents, charge_id) VALUES ($1, $2, $3)",
+                  {m.id.substr(0, 10), std::atoll(m.payload.c_str()), location.substr(location.rfind('/') + 1)})
             .status();
       },
       {.stop_when_idle = true});
@@ -192,7 +194,6 @@ int main(int argc, char** argv) {
   idem::InboxCounters c = (*inbox)->counters();
   std::cout << "applied " << c.applied << ", duplicates skipped " << c.duplicates << "\n";
   auto [charges, cents] = (*provider)->Totals();
-  std::cout << "provider (HTTP on " << (*provider)->url() << "): " << charges << " charge(s), " << cents
-            << " cents\n";
+  std::cout << "provider (HTTP on " << (*provider)->url() << "): " << charges << " charge(s), " << cents << " cents\n";
   return c.applied == 2 && charges == 2 && cents == 6500 ? 0 : 1;
 }

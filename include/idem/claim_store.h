@@ -48,8 +48,7 @@ class ClaimStore {
   // Stores the result and marks the key completed until now + retention_ms.
   // kLeaseLost if the key was taken over or is no longer claimed; OK if the
   // same token completed it already (a retried Complete).
-  virtual Status Complete(const ClaimToken& token, std::string_view result, bool is_error,
-                          int64_t retention_ms) = 0;
+  virtual Status Complete(const ClaimToken& token, std::string_view result, bool is_error, int64_t retention_ms) = 0;
   // TryClaim and Complete for many keys at once, one answer each, in order:
   // each is still its own atomic step (a failure of one says nothing of the
   // others). The defaults take them one by one; Redis sends them in one

@@ -50,11 +50,11 @@ struct ClaimOutcome {
     kConflict,    // the key is held or done for another fingerprint
   };
   Kind kind = Kind::kInProgress;
-  ClaimToken token;               // kStarted
-  bool took_over = false;         // kStarted: after another holder's lease expired
-  int64_t retry_at_ms = 0;        // kInProgress: the holder's lease end (store clock)
-  std::string result;             // kCompleted
-  bool result_is_error = false;   // kCompleted: a failure stored by Fail(kStoreError)
+  ClaimToken token;                  // kStarted
+  bool took_over = false;            // kStarted: after another holder's lease expired
+  int64_t retry_at_ms = 0;           // kInProgress: the holder's lease end (store clock)
+  std::string result;                // kCompleted
+  bool result_is_error = false;      // kCompleted: a failure stored by Fail(kStoreError)
   Fingerprint stored_fingerprint{};  // kConflict
 };
 
@@ -69,9 +69,9 @@ struct ClaimRecord {
   State state = State::kInProgress;
   Fingerprint fingerprint{};
   int64_t fence = 0;
-  int64_t lease_until_ms = 0;   // kInProgress
-  int64_t expires_at_ms = 0;    // kCompleted: may be purged from then on
-  std::string result;           // kCompleted
+  int64_t lease_until_ms = 0;  // kInProgress
+  int64_t expires_at_ms = 0;   // kCompleted: may be purged from then on
+  std::string result;          // kCompleted
   bool result_is_error = false;
   int64_t updated_at_ms = 0;
 };

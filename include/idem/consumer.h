@@ -51,17 +51,16 @@
 
 namespace idem {
 
-
 struct ConsumerStats {
   uint64_t received = 0;
   uint64_t acked = 0;
   uint64_t nacked = 0;
   uint64_t dead_lettered = 0;
-  uint64_t ack_errors = 0;      // Ack failed after a commit (redelivery absorbs it)
+  uint64_t ack_errors = 0;  // Ack failed after a commit (redelivery absorbs it)
   uint64_t receive_errors = 0;
-  uint64_t in_progress = 0;     // given back in progress, no failure counted
-  uint64_t parked = 0;          // messages parked (in progress past park_after_ms)
-  uint64_t rejected = 0;        // dead-lettered at once by Status::Rejected (also in dead_lettered)
+  uint64_t in_progress = 0;  // given back in progress, no failure counted
+  uint64_t parked = 0;       // messages parked (in progress past park_after_ms)
+  uint64_t rejected = 0;     // dead-lettered at once by Status::Rejected (also in dead_lettered)
   uint64_t leases_extended = 0;
   uint64_t lease_extension_errors = 0;  // ExtendLease failed (kLeaseLost: another worker may have it)
 };
@@ -110,8 +109,7 @@ class Consumer {
   // the runner. `source` and `inbox` must outlive it. The call-first form
   // (idem/call_first.h): each message's calls run before its transaction
   // opens.
-  static Result<std::unique_ptr<Consumer>> Open(Source& source, Inbox& inbox, Handler handler,
-                                                const Options& options);
+  static Result<std::unique_ptr<Consumer>> Open(Source& source, Inbox& inbox, Handler handler, const Options& options);
   static Result<std::unique_ptr<Consumer>> Open(Source& source, Inbox& inbox, CallFirst handler,
                                                 const Options& options);
   // With the default options (valid by construction).

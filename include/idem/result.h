@@ -31,9 +31,18 @@ class [[nodiscard]] Result {
   const Status& status() const noexcept { return status_; }
 
   // Precondition: ok().
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -49,8 +58,7 @@ class [[nodiscard]] Result {
 
 // Evaluates `rexpr` (a Result); on error returns its status from the enclosing
 // function, otherwise moves the value into `lhs` (a declaration or lvalue).
-#define IDEM_ASSIGN_OR_RETURN(lhs, rexpr) \
-  IDEM_ASSIGN_OR_RETURN_IMPL_(IDEM_CONCAT_(idem_result_, __LINE__), lhs, rexpr)
+#define IDEM_ASSIGN_OR_RETURN(lhs, rexpr) IDEM_ASSIGN_OR_RETURN_IMPL_(IDEM_CONCAT_(idem_result_, __LINE__), lhs, rexpr)
 #define IDEM_CONCAT_INNER_(a, b) a##b
 #define IDEM_CONCAT_(a, b) IDEM_CONCAT_INNER_(a, b)
 // `lhs` may be a declaration ("auto x"), which parentheses would break.

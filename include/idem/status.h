@@ -122,9 +122,9 @@ inline std::ostream& operator<<(std::ostream& os, const Status& s) { return os <
 }  // namespace idem
 
 // Returns early from the enclosing function with the status when it is not OK.
-#define IDEM_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::idem::Status idem_status_ = (expr);     \
+#define IDEM_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::idem::Status idem_status_ = (expr);        \
     if (!idem_status_.ok()) return idem_status_; \
   } while (0)
 

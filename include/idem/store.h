@@ -83,14 +83,14 @@ struct FailureRecord {
   std::string consumer;
   const Message* message = nullptr;  // must outlive the RecordFailure call
   std::string error;
-  int max_attempts = 0;   // dead-letter once attempts reach this (0: never)
+  int max_attempts = 0;  // dead-letter once attempts reach this (0: never)
   int64_t now_ms = 0;
   Kind kind = Kind::kFailed;
   int64_t park_after_ms = 0;  // 0: never park
 };
 
 struct FailureCount {
-  int attempts = 0;        // failures recorded so far, including this one
+  int attempts = 0;  // failures recorded so far, including this one
   bool dead_lettered = false;
   // The marker exists: another delivery has applied the message since. No
   // failure was counted (and an old count was cleared); the delivery can be

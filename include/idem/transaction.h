@@ -32,15 +32,15 @@ struct Blob {
 };
 class Value {
  public:
-  Value() = default;  // SQL NULL
+  Value() = default;        // SQL NULL
   Value(std::nullptr_t) {}  // NOLINT
   template <std::integral T>
-  Value(T v) : v_(static_cast<int64_t>(v)) {}  // NOLINT: any integer, bool as 0/1
-  Value(double v) : v_(v) {}  // NOLINT
-  Value(std::string v) : v_(std::move(v)) {}  // NOLINT
+  Value(T v) : v_(static_cast<int64_t>(v)) {}        // NOLINT: any integer, bool as 0/1
+  Value(double v) : v_(v) {}                         // NOLINT
+  Value(std::string v) : v_(std::move(v)) {}         // NOLINT
   Value(std::string_view v) : v_(std::string(v)) {}  // NOLINT
-  Value(const char* v) : v_(std::string(v)) {}  // NOLINT
-  Value(Blob v) : v_(std::move(v)) {}  // NOLINT
+  Value(const char* v) : v_(std::string(v)) {}       // NOLINT
+  Value(Blob v) : v_(std::move(v)) {}                // NOLINT
 
   bool is_null() const { return std::holds_alternative<std::monostate>(v_); }
   bool is_int() const { return std::holds_alternative<int64_t>(v_); }

@@ -43,14 +43,14 @@ struct ParsedUrl {
     std::string host;  // an IPv6 address without its brackets
     int port = 0;      // 0: not given
   };
-  std::string scheme;  // lower case, without ':' or "://"
+  std::string scheme;          // lower case, without ':' or "://"
   bool has_authority = false;  // "scheme://" rather than "scheme:"
   bool has_user = false;
   bool has_password = false;  // "USER:" was followed by a password (maybe empty)
   std::string user;
   std::string password;
-  std::vector<Host> hosts;  // empty for scheme:PATH
-  std::string path;         // after the authority's '/', or after "scheme:"
+  std::vector<Host> hosts;                                 // empty for scheme:PATH
+  std::string path;                                        // after the authority's '/', or after "scheme:"
   std::vector<std::pair<std::string, std::string>> query;  // in order; "k" alone gives ""
 
   // The value of query key `key`, or `fallback`.

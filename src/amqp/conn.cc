@@ -21,17 +21,16 @@ amqp_bytes_t Bytes(std::string_view s) {
   return b;
 }
 
-std::string Str(amqp_bytes_t b) { return b.len == 0 ? std::string() : std::string(static_cast<const char*>(b.bytes), b.len); }
+std::string Str(amqp_bytes_t b) {
+  return b.len == 0 ? std::string() : std::string(static_cast<const char*>(b.bytes), b.len);
+}
 
 // A rabbitmq-c reply as words, and the AMQP reply code of a server exception.
 std::string ReplyText(const amqp_rpc_reply_t& r) {
   switch (r.reply_type) {
-    case AMQP_RESPONSE_NORMAL:
-      return "ok";
-    case AMQP_RESPONSE_NONE:
-      return "no reply";
-    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-      return amqp_error_string2(r.library_error);
+    case AMQP_RESPONSE_NORMAL: return "ok";
+    case AMQP_RESPONSE_NONE: return "no reply";
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION: return amqp_error_string2(r.library_error);
     case AMQP_RESPONSE_SERVER_EXCEPTION:
       if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD && r.reply.decoded != nullptr) {
         auto* m = static_cast<amqp_connection_close_t*>(r.reply.decoded);
@@ -48,7 +47,8 @@ std::string ReplyText(const amqp_rpc_reply_t& r) {
 
 int ReplyCode(const amqp_rpc_reply_t& r) {
   if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION || r.reply.decoded == nullptr) return 0;
-  if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) return static_cast<amqp_connection_close_t*>(r.reply.decoded)->reply_code;
+  if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
+    return static_cast<amqp_connection_close_t*>(r.reply.decoded)->reply_code;
   if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) return static_cast<amqp_channel_close_t*>(r.reply.decoded)->reply_code;
   return 0;
 }
@@ -57,12 +57,9 @@ int ReplyCode(const amqp_rpc_reply_t& r) {
 Status FromReply(const amqp_rpc_reply_t& r, const std::string& what) {
   const std::string m = "amqp: " + what + ": " + ReplyText(r);
   switch (ReplyCode(r)) {
-    case AMQP_NOT_FOUND:
-      return Status::NotFound(m);
-    case AMQP_PRECONDITION_FAILED:
-      return Status::InvalidArgument(m);
-    default:
-      return Status::Unavailable(m);
+    case AMQP_NOT_FOUND: return Status::NotFound(m);
+    case AMQP_PRECONDITION_FAILED: return Status::InvalidArgument(m);
+    default: return Status::Unavailable(m);
   }
 }
 
@@ -70,10 +67,8 @@ Status FromReply(const amqp_rpc_reply_t& r, const std::string& what) {
 std::optional<std::string> FieldString(const amqp_field_value_t& v) {
   switch (v.kind) {
     case AMQP_FIELD_KIND_UTF8:
-    case AMQP_FIELD_KIND_BYTES:
-      return Str(v.value.bytes);
-    case AMQP_FIELD_KIND_BOOLEAN:
-      return std::string(v.value.boolean ? "true" : "false");
+    case AMQP_FIELD_KIND_BYTES: return Str(v.value.bytes);
+    case AMQP_FIELD_KIND_BOOLEAN: return std::string(v.value.boolean ? "true" : "false");
     case AMQP_FIELD_KIND_I8: return std::to_string(v.value.i8);
     case AMQP_FIELD_KIND_U8: return std::to_string(v.value.u8);
     case AMQP_FIELD_KIND_I16: return std::to_string(v.value.i16);
@@ -85,8 +80,7 @@ std::optional<std::string> FieldString(const amqp_field_value_t& v) {
     case AMQP_FIELD_KIND_TIMESTAMP: return std::to_string(v.value.u64);
     case AMQP_FIELD_KIND_F32: return std::to_string(v.value.f32);
     case AMQP_FIELD_KIND_F64: return std::to_string(v.value.f64);
-    default:
-      return std::nullopt;
+    default: return std::nullopt;
   }
 }
 
@@ -96,6 +90,5 @@ std::optional<int64_t> ParseInt(std::string_view s) {
   if (ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
   return v;
 }
-
 
 }  // namespace idem::amqp_internal

@@ -101,7 +101,8 @@ class PublisherImpl final : public Publisher {
 
  private:
   Status WaitConfirmLocked(uint64_t seq) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1, o_.connect_timeout_ms));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1, o_.connect_timeout_ms));
     bool returned = false;
     std::string return_text;
     for (;;) {
@@ -136,15 +137,15 @@ class PublisherImpl final : public Publisher {
       } else if (m.id == AMQP_BASIC_RETURN_METHOD) {
         auto* r = static_cast<amqp_basic_return_t*>(m.decoded);
         returned = true;
-        return_text = std::to_string(r->reply_code) + " " + Str(r->reply_text) + " (exchange '" +
-                      Str(r->exchange) + "', routing key '" + Str(r->routing_key) + "')";
+        return_text = std::to_string(r->reply_code) + " " + Str(r->reply_text) + " (exchange '" + Str(r->exchange) +
+                      "', routing key '" + Str(r->routing_key) + "')";
         // The returned message's content follows: read it and drop it.
         amqp_message_t msg;
         amqp_rpc_reply_t rr = amqp_read_message(conn_.get(), frame.channel, &msg, 0);
         if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
           conn_.Reset(false);
-          return Status::InDoubt("amqp: connection to " + ep_.Where() + " lost reading a returned message: " +
-                                 ReplyText(rr));
+          return Status::InDoubt("amqp: connection to " + ep_.Where() +
+                                 " lost reading a returned message: " + ReplyText(rr));
         }
         amqp_destroy_message(&msg);
       } else if (m.id == AMQP_CHANNEL_CLOSE_METHOD || m.id == AMQP_CONNECTION_CLOSE_METHOD) {
@@ -160,8 +161,8 @@ class PublisherImpl final : public Publisher {
           text = Str(c->reply_text);
         }
         conn_.Reset(false);
-        const std::string msg = "amqp: the broker at " + ep_.Where() + " closed the channel: " +
-                                std::to_string(code) + " " + text;
+        const std::string msg =
+            "amqp: the broker at " + ep_.Where() + " closed the channel: " + std::to_string(code) + " " + text;
         if (code == AMQP_NOT_FOUND) return Status::NotFound(msg);
         return Status::InDoubt(msg + ": publish again");
       }
@@ -179,7 +180,8 @@ class PublisherImpl final : public Publisher {
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp::ParseUrl(options.url));
-  if (options.queue.size() > 255) return Status::InvalidArgument("amqp publisher: the queue name is longer than 255 bytes");
+  if (options.queue.size() > 255)
+    return Status::InvalidArgument("amqp publisher: the queue name is longer than 255 bytes");
   if (options.declare_queue && options.queue.empty())
     return Status::InvalidArgument("amqp publisher: declare_queue needs a queue");
   if (options.queue_type != "classic" && options.queue_type != "quorum" && !options.queue_type.empty())

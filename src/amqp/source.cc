@@ -66,8 +66,9 @@ class SourceImpl final : public Source {
     if (max < 1) return Status::InvalidArgument("amqp: Receive needs max >= 1, not " + std::to_string(max));
     Env* env = o_.env;
     const int64_t start = env->NowMs();
-    const int64_t deadline = wait_ms > std::numeric_limits<int64_t>::max() - start ? std::numeric_limits<int64_t>::max()
-                                                                                  : start + std::max<int64_t>(0, wait_ms);
+    const int64_t deadline = wait_ms > std::numeric_limits<int64_t>::max() - start
+                                 ? std::numeric_limits<int64_t>::max()
+                                 : start + std::max<int64_t>(0, wait_ms);
     std::vector<Delivery> out;
     for (;;) {
       int fd = -1;
@@ -164,7 +165,7 @@ class SourceImpl final : public Source {
     auto it = conn_ && gen == generation_ ? outstanding_.find(tag) : outstanding_.end();
     if (it == outstanding_.end()) {
       return Status::LeaseLost("amqp: lease extension of delivery " + std::to_string(tag) +
-                                    ": it was acknowledged or nacked, its lease ran out, or its connection is gone");
+                               ": it was acknowledged or nacked, its lease ran out, or its connection is gone");
     }
     it->second = LeaseEnd();
     return Status::OK();
@@ -250,12 +251,12 @@ class SourceImpl final : public Source {
     ExpireLeasesLocked();
     FlushDueNacksLocked();
     if (!conn_ || gen != generation_) {
-      return Status::LeaseLost("amqp: delivery " + std::to_string(tag) + " came on connection " +
-                                    std::to_string(gen) + ", which is gone: the broker requeued the message");
+      return Status::LeaseLost("amqp: delivery " + std::to_string(tag) + " came on connection " + std::to_string(gen) +
+                               ", which is gone: the broker requeued the message");
     }
     if (outstanding_.erase(tag) == 0) {
       return Status::LeaseLost("amqp: delivery " + std::to_string(tag) +
-                                    " was already acknowledged or nacked, or its lease ran out");
+                               " was already acknowledged or nacked, or its lease ran out");
     }
     int rc;
     if (ack) {
@@ -273,8 +274,7 @@ class SourceImpl final : public Source {
       outstanding_.clear();
       held_.clear();
       return Status::LeaseLost(std::string("amqp: ") + (ack ? "ack" : "nack") + " failed, connection to " +
-                                    ep_.Where() + " lost (" + amqp_error_string2(rc) +
-                                    "): the broker requeues the message");
+                               ep_.Where() + " lost (" + amqp_error_string2(rc) + "): the broker requeues the message");
     }
     return Status::OK();
   }
@@ -349,11 +349,13 @@ class SourceImpl final : public Source {
 Result<std::unique_ptr<Source>> Source::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp::ParseUrl(options.url));
   if (options.queue.empty()) return Status::InvalidArgument("amqp source: the queue name is empty");
-  if (options.queue.size() > 255) return Status::InvalidArgument("amqp source: the queue name is longer than 255 bytes");
+  if (options.queue.size() > 255)
+    return Status::InvalidArgument("amqp source: the queue name is longer than 255 bytes");
   if (options.prefetch < 1 || options.prefetch > 65535)
     return Status::InvalidArgument("amqp source: prefetch must be 1..65535, not " + std::to_string(options.prefetch));
   if (options.queue_type != "classic" && options.queue_type != "quorum" && !options.queue_type.empty())
-    return Status::InvalidArgument("amqp source: queue_type must be classic or quorum, not '" + options.queue_type + "'");
+    return Status::InvalidArgument("amqp source: queue_type must be classic or quorum, not '" + options.queue_type +
+                                   "'");
   if (options.lease_ms < 0) return Status::InvalidArgument("amqp source: lease_ms must be >= 0");
   if (options.heartbeat_ms < 0 || options.heartbeat_ms > 65'535'000)
     return Status::InvalidArgument("amqp source: heartbeat_ms must be 0..65535000, not " +

@@ -22,7 +22,8 @@ Result<Endpoint> ParseUrl(std::string_view url) {
   if (scheme != "amqp" || !url.substr(scheme.size()).starts_with("://"))
     return Status::InvalidArgument("amqp url: must start with amqp://");
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "amqp url"));
-  if (u.hosts.size() != 1) return Status::InvalidArgument("amqp url: name one host, not " + std::to_string(u.hosts.size()));
+  if (u.hosts.size() != 1)
+    return Status::InvalidArgument("amqp url: name one host, not " + std::to_string(u.hosts.size()));
   Endpoint ep;
   ep.user = "guest";
   ep.password = "guest";

@@ -60,7 +60,7 @@ class ChangeBoard {
     return gen_[bucket];
   }
   static size_t Bucket(std::string_view scope, std::string_view key) {
-    return (std::hash<std::string_view>{}(scope) * 31 + std::hash<std::string_view>{}(key)) % kBuckets;
+    return (std::hash<std::string_view>{}(scope)*31 + std::hash<std::string_view>{}(key)) % kBuckets;
   }
 
  private:
@@ -209,8 +209,8 @@ Result<std::string> CallOnce(Claims& claims, const Message& message, std::string
                              const CallOnceOptions& options) {
   IDEM_RETURN_IF_ERROR(ValidateStep(step).WithContext("CallOnce"));
   const std::string key = DownstreamKey(message, step);
-  const std::string what = "step '" + std::string(step) + "' of message " + Printable(message.id) + " (key " +
-                           Printable(key) + ")";
+  const std::string what =
+      "step '" + std::string(step) + "' of message " + Printable(message.id) + " (key " + Printable(key) + ")";
   if (const std::string* held = internal::HeldWriteLock(); held != nullptr && *held == claims.store().WriteLockId())
     return Status::InvalidArgument(
         what + ": its claims are kept in " + *held +
@@ -224,7 +224,8 @@ Result<std::string> CallOnce(Claims& claims, const Message& message, std::string
                                                                   .wait_ms = options.wait_ms}));
   switch (c.kind) {
     case ClaimOutcome::Kind::kCompleted:
-      if (c.result_is_error) return Status::HandlerFailed(what + " failed before, and its failure is final: " + c.result);
+      if (c.result_is_error)
+        return Status::HandlerFailed(what + " failed before, and its failure is final: " + c.result);
       return std::move(c.result);
     case ClaimOutcome::Kind::kInProgress:
       return Status::InProgress(what + " is running in another delivery (its lease ends at " +

@@ -22,7 +22,8 @@ namespace {
 thread_local const std::atomic<bool>* t_stop_flag = nullptr;
 }  // namespace
 
-Consumer::Consumer(Source& source, Inbox& inbox, Handler handler) : Consumer(source, inbox, std::move(handler), Options{}) {}
+Consumer::Consumer(Source& source, Inbox& inbox, Handler handler)
+    : Consumer(source, inbox, std::move(handler), Options{}) {}
 
 Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler)
     : Consumer(source, inbox, std::move(handler), Options{}) {}
@@ -217,9 +218,8 @@ void Consumer::Work(Held* held) {
     if (options_.max_deliveries > 0) {
       // Past the broker's delivery limit: never handled again (see
       // Consumer::Options::max_deliveries), unless it is in progress.
-      std::erase_if(*got, [&](const Delivery& d) {
-        return d.message.attempt > options_.max_deliveries && SettleCrashLoop(d);
-      });
+      std::erase_if(
+          *got, [&](const Delivery& d) { return d.message.attempt > options_.max_deliveries && SettleCrashLoop(d); });
       if (got->empty()) {
         busy_.fetch_sub(1);
         continue;
@@ -258,8 +258,8 @@ void Consumer::Ack(const Delivery& d) {
 }
 
 void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
-  FailureRecord rec{inbox_.consumer(), &d.message, o.status.message(), 1, options_.env->NowMs(),
-                    FailureRecord::Kind::kRejected};
+  FailureRecord rec{
+      inbox_.consumer(), &d.message, o.status.message(), 1, options_.env->NowMs(), FailureRecord::Kind::kRejected};
   auto count = inbox_.store().RecordFailure(rec);
   if (!count.ok()) {  // the store is down: the verdict is not recorded yet
     (void)source_.Nack(d, Backoff(options_, std::max(1, d.message.attempt), options_.env));
@@ -280,8 +280,9 @@ void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
 
 void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
   in_progress_.fetch_add(1, std::memory_order_relaxed);
-  FailureRecord rec{inbox_.consumer(), &d.message, o.status.message(), 0, options_.env->NowMs(),
-                    FailureRecord::Kind::kInProgress, options_.park_after_ms};
+  FailureRecord rec{
+      inbox_.consumer(),     &d.message, o.status.message(), 0, options_.env->NowMs(), FailureRecord::Kind::kInProgress,
+      options_.park_after_ms};
   auto count = inbox_.store().RecordFailure(rec);
   if (count.ok() && count->already_applied) {
     Ack(d);
@@ -406,8 +407,8 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
   const std::string error = "delivered " + std::to_string(d.message.attempt) +
                             " times without an outcome (the consumer may crash while handling it); max_deliveries " +
                             std::to_string(options_.max_deliveries);
-  FailureRecord rec{inbox_.consumer(), &d.message, error, /*max_attempts=*/1, options_.env->NowMs(),
-                    FailureRecord::Kind::kCrashLoop};
+  FailureRecord rec{
+      inbox_.consumer(), &d.message, error, /*max_attempts=*/1, options_.env->NowMs(), FailureRecord::Kind::kCrashLoop};
   auto count = inbox_.store().RecordFailure(rec);
   if (!count.ok()) {  // the store is down: try again later
     (void)source_.Nack(d, Backoff(options_, 1, options_.env));
@@ -427,9 +428,9 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
 }
 
 ConsumerStats Consumer::stats() const {
-  return {received_.load(),    acked_.load(),  nacked_.load(),   dead_.load(),
-          ack_errors_.load(),  receive_errors_.load(), in_progress_.load(), parked_.load(),
-          rejected_.load(),    leases_extended_.load(), lease_errors_.load()};
+  return {received_.load(),   acked_.load(),           nacked_.load(),      dead_.load(),
+          ack_errors_.load(), receive_errors_.load(),  in_progress_.load(), parked_.load(),
+          rejected_.load(),   leases_extended_.load(), lease_errors_.load()};
 }
 
 bool StopRequested() noexcept {

@@ -63,12 +63,10 @@ Status HandlerStatus(Status s) {
     case Code::kHandlerFailed:
     case Code::kInProgress:
     case Code::kRejected:
-    case Code::kAborted:
-      return s;
+    case Code::kAborted: return s;
     case Code::kInDoubt:
       return Status::InProgress("a call may have taken effect and its outcome is not known yet: " + s.message());
-    default:
-      return Status::HandlerFailed(s.ToString());
+    default: return Status::HandlerFailed(s.ToString());
   }
 }
 
@@ -153,8 +151,8 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   for (size_t i = 0; i < messages.size(); ++i) {
     if (excluded[i]) continue;
     const Message& m = messages[i];
-    auto found = store_.FindMarker(options_.consumer, m.id,
-                                   options_.key_by_producer_time ? m.producer_time_ms : std::nullopt);
+    auto found =
+        store_.FindMarker(options_.consumer, m.id, options_.key_by_producer_time ? m.producer_time_ms : std::nullopt);
     if (!found.ok()) {
       out[i] = Failed(found.status());
       excluded[i] = true;
@@ -263,10 +261,14 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
         out[i].kind = Outcome::Kind::kConflict;
         out[i].stored_fingerprint = stored;
         out[i].incoming_fingerprint = marker.fingerprint;
-        DeadLetter letter{options_.consumer, m.id, "conflict",
-                          "id reused for a different payload: stored fingerprint " + ToHex(stored) +
-                              ", incoming " + ToHex(marker.fingerprint),
-                          m.attempt, m.payload, now};
+        DeadLetter letter{options_.consumer,
+                          m.id,
+                          "conflict",
+                          "id reused for a different payload: stored fingerprint " + ToHex(stored) + ", incoming " +
+                              ToHex(marker.fingerprint),
+                          m.attempt,
+                          m.payload,
+                          now};
         if (Status s = tx.PutDeadLetter(letter); !s.ok()) {
           tx.Rollback();
           return fail_all(s);
@@ -337,11 +339,12 @@ bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
                                    options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt);
     if (!found.ok()) {
       any_absent = true;
-      out[i] = Failed(s.WithContext("commit outcome unknown and the marker could not be read (" +
-                                    found.status().ToString() + ")"));
+      out[i] = Failed(
+          s.WithContext("commit outcome unknown and the marker could not be read (" + found.status().ToString() + ")"));
     } else if (!found->has_value()) {
       any_absent = true;
-      out[i] = Failed(s.WithContext("no committed marker found after it, so it is treated as not committed and not acknowledged"));
+      out[i] = Failed(
+          s.WithContext("no committed marker found after it, so it is treated as not committed and not acknowledged"));
     } else {
       all_present = true;
       out[i].kind = Outcome::Kind::kApplied;

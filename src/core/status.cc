@@ -58,10 +58,8 @@ bool Status::IsTransient() const noexcept {
     case Code::kRetryable:
     case Code::kUnavailable:
     case Code::kIoError:
-    case Code::kInDoubt:
-      return true;
-    default:
-      return false;
+    case Code::kInDoubt: return true;
+    default: return false;
   }
 }
 

@@ -21,7 +21,7 @@ std::vector<Result<ClaimOutcome>> TransactionalClaims::ClaimManyInTransaction(st
 }
 
 std::vector<Status> TransactionalClaims::CompleteManyInTransaction(std::span<const Completion> completions,
-                                                                int64_t retention_ms) {
+                                                                   int64_t retention_ms) {
   std::vector<Status> out;
   out.reserve(completions.size());
   for (const Completion& c : completions)

@@ -121,8 +121,7 @@ Result<std::string> PercentDecode(std::string_view s) {
       out.push_back(s[i]);
       continue;
     }
-    if (i + 2 >= s.size())
-      return Status::InvalidArgument("a '%' escape is cut short");
+    if (i + 2 >= s.size()) return Status::InvalidArgument("a '%' escape is cut short");
     int hi = Hex(s[i + 1]), lo = Hex(s[i + 2]);
     if (hi < 0 || lo < 0) return Status::InvalidArgument("a '%' escape is not two hex digits");
     out.push_back(static_cast<char>(hi * 16 + lo));
@@ -145,13 +144,12 @@ Status ParsedUrl::CheckKeys(std::initializer_list<std::string_view> known) const
   for (size_t i = 0; i < query.size(); ++i) {
     const std::string& k = query[i].first;
     for (size_t j = 0; j < i; ++j)
-      if (query[j].first == k)
-        return Status::InvalidArgument("'" + k + "' is given twice in '" + RedactUrl(url) + "'");
+      if (query[j].first == k) return Status::InvalidArgument("'" + k + "' is given twice in '" + RedactUrl(url) + "'");
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       std::string list;
       for (std::string_view n : known) list += (list.empty() ? "" : ", ") + std::string(n);
-      return Status::InvalidArgument("unknown parameter '" + k + "' in '" + RedactUrl(url) + "' (known: " +
-                                     (list.empty() ? "none" : list) + ")");
+      return Status::InvalidArgument("unknown parameter '" + k + "' in '" + RedactUrl(url) +
+                                     "' (known: " + (list.empty() ? "none" : list) + ")");
     }
   }
   return Status::OK();
@@ -165,8 +163,7 @@ Result<int64_t> ParsedUrl::GetInt(std::string_view key, int64_t fallback, int64_
   const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
   if (!digits || ec != std::errc() || p != v.data() + v.size() || n < min || n > max)
     return Status::InvalidArgument(std::string(key) + " must be an integer from " + std::to_string(min) + " to " +
-                                   std::to_string(max) + ", got '" + v.substr(0, 40) + "' in '" + RedactUrl(url) +
-                                   "'");
+                                   std::to_string(max) + ", got '" + v.substr(0, 40) + "' in '" + RedactUrl(url) + "'");
   return n;
 }
 

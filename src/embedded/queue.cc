@@ -104,9 +104,11 @@ class SqliteQueue final : public Queue {
                                      p)
                                .status());
       Value q[] = {o_.queue};
-      return db_->Exec("INSERT INTO idem_queue_counters(queue, published, acked) VALUES ($1, 1, 0)"
-                       " ON CONFLICT (queue) DO UPDATE SET published = published + 1",
-                       q)
+      return db_
+          ->Exec(
+              "INSERT INTO idem_queue_counters(queue, published, acked) VALUES ($1, 1, 0)"
+              " ON CONFLICT (queue) DO UPDATE SET published = published + 1",
+              q)
           .status();
     });
   }
@@ -125,8 +127,9 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      IDEM_RETURN_IF_ERROR(OnHeldLocked("DELETE FROM idem_queue_messages", {}, r,
-                                        "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already"));
+      IDEM_RETURN_IF_ERROR(OnHeldLocked(
+          "DELETE FROM idem_queue_messages", {}, r,
+          "ack of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already"));
       Value q[] = {o_.queue};
       return db_->Exec("UPDATE idem_queue_counters SET acked = acked + 1 WHERE queue = $1", q).status();
     });
@@ -148,10 +151,10 @@ class SqliteQueue final : public Queue {
     IDEM_ASSIGN_OR_RETURN(auto r, ParseReceipt(d.receipt));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      return OnHeldLocked("UPDATE idem_queue_messages SET visible_at_ms = $1",
-                          {internal::SaturatingAdd(o_.env->NowMs(), o_.lease_ms)}, r,
-                          "lease extension of " + d.message.id +
-                              ": its lease expired and it was redelivered, or it was acked already");
+      return OnHeldLocked(
+          "UPDATE idem_queue_messages SET visible_at_ms = $1", {internal::SaturatingAdd(o_.env->NowMs(), o_.lease_ms)},
+          r,
+          "lease extension of " + d.message.id + ": its lease expired and it was redelivered, or it was acked already");
     });
   }
 
@@ -160,13 +163,11 @@ class SqliteQueue final : public Queue {
     QueueStats s;
     int64_t now = o_.env->NowMs();
     Value p[] = {o_.queue, now};
-    IDEM_ASSIGN_OR_RETURN(
-        Rows rows,
-        db_->Query("SELECT coalesce(sum(visible_at_ms <= $2), 0),"
-                   " coalesce(sum(visible_at_ms > $2 AND lease IS NOT NULL), 0),"
-                   " coalesce(sum(visible_at_ms > $2 AND lease IS NULL), 0)"
-                   " FROM idem_queue_messages WHERE queue = $1",
-                   p));
+    IDEM_ASSIGN_OR_RETURN(Rows rows, db_->Query("SELECT coalesce(sum(visible_at_ms <= $2), 0),"
+                                                " coalesce(sum(visible_at_ms > $2 AND lease IS NOT NULL), 0),"
+                                                " coalesce(sum(visible_at_ms > $2 AND lease IS NULL), 0)"
+                                                " FROM idem_queue_messages WHERE queue = $1",
+                                                p));
     s.ready = rows.rows[0][0].AsInt();
     s.leased = rows.rows[0][1].AsInt();
     s.delayed = rows.rows[0][2].AsInt();
@@ -219,9 +220,10 @@ class SqliteQueue final : public Queue {
       int64_t now = o_.env->NowMs();
       Value p[] = {o_.queue, now, int64_t{max}};
       IDEM_ASSIGN_OR_RETURN(
-          Rows rows, db_->Query("SELECT seq, id, producer_time_ms, payload, headers, deliveries FROM idem_queue_messages"
-                                " WHERE queue = $1 AND visible_at_ms <= $2 ORDER BY visible_at_ms, seq LIMIT $3",
-                                p));
+          Rows rows,
+          db_->Query("SELECT seq, id, producer_time_ms, payload, headers, deliveries FROM idem_queue_messages"
+                     " WHERE queue = $1 AND visible_at_ms <= $2 ORDER BY visible_at_ms, seq LIMIT $3",
+                     p));
       for (auto& r : rows.rows) {
         // The lease token names this delivery: its number (deliveries only
         // grows) and a random part. The number alone makes a stale receipt
@@ -269,10 +271,11 @@ class SqliteQueue final : public Queue {
     }
     if (!has_meta) {
       if (idem_store)
-        return Status::SchemaMismatch(o_.path + " is an idem store (markers), not a queue file: give the queue its own file");
+        return Status::SchemaMismatch(o_.path +
+                                      " is an idem store (markers), not a queue file: give the queue its own file");
       if (!tables.rows.empty())
         return Status::SchemaMismatch(o_.path + " holds other tables (" + tables.rows[0][0].AsText() +
-                                                 ", ...) and is not an idem queue file");
+                                      ", ...) and is not an idem queue file");
       IDEM_RETURN_IF_ERROR(db_->Script(kCreate));
       Value p[] = {std::string(kSchemaName), std::to_string(kQueueSchemaVersion)};
       return db_->Exec("INSERT INTO idem_queue_meta(key, value) VALUES ('schema', $1), ('version', $2)", p).status();
@@ -287,7 +290,7 @@ class SqliteQueue final : public Queue {
       return Status::SchemaMismatch(o_.path + " is not an idem queue file (schema '" + schema + "')");
     if (std::atoi(version.c_str()) != kQueueSchemaVersion)
       return Status::SchemaMismatch(o_.path + " has queue schema version " + version + "; this build reads version " +
-                                               std::to_string(kQueueSchemaVersion));
+                                    std::to_string(kQueueSchemaVersion));
     return Status::OK();
   }
 
@@ -337,7 +340,8 @@ Result<Queue::Options> Queue::ParseUrl(std::string_view url) {
   o.queue = u.Get("queue", o.queue);
   o.vfs = u.Get("vfs", o.vfs);
   IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 1, std::numeric_limits<int64_t>::max()));
-  IDEM_ASSIGN_OR_RETURN(o.busy_timeout_ms, u.GetInt("busy_timeout_ms", o.busy_timeout_ms, 0, std::numeric_limits<int>::max()));
+  IDEM_ASSIGN_OR_RETURN(o.busy_timeout_ms,
+                        u.GetInt("busy_timeout_ms", o.busy_timeout_ms, 0, std::numeric_limits<int>::max()));
   IDEM_ASSIGN_OR_RETURN(o.poll_ms, u.GetInt("poll_ms", o.poll_ms, 1, 3'600'000));
   IDEM_ASSIGN_OR_RETURN(o.durable, u.GetBool("durable", o.durable));
   return o;

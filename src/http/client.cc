@@ -65,8 +65,8 @@ Status CheckHeader(std::string_view name, std::string_view value, bool bearer_se
       return Status::InvalidArgument(quoted + ": its name holds byte " + HexByte(c) +
                                      ", which a header name cannot carry (letters, digits and !#$%&'*+-.^_`|~ only)");
   IDEM_RETURN_IF_ERROR(CheckHeaderValue(name, value));
-  for (std::string_view own : {"Idempotency-Key", "Content-Type", "Content-Length", "Transfer-Encoding", "Host",
-                               "Connection"})
+  for (std::string_view own :
+       {"Idempotency-Key", "Content-Type", "Content-Length", "Transfer-Encoding", "Host", "Connection"})
     if (EqualsIgnoringCase(name, own)) return Status::InvalidArgument(quoted + " is set by the Client itself");
   if (bearer_set && EqualsIgnoringCase(name, "Authorization"))
     return Status::InvalidArgument(quoted + " would clash with Client::Options::bearer");
@@ -88,8 +88,7 @@ Status CheckPath(std::string_view what, std::string_view path) {
 
 // Why `key` cannot be an Idempotency-Key, or OK.
 Status CheckKey(std::string_view key) {
-  constexpr char kUse[] =
-      "make keys with idem::DownstreamKey(message, step), which gives 1 to 255 bytes of 0x20-0x7E";
+  constexpr char kUse[] = "make keys with idem::DownstreamKey(message, step), which gives 1 to 255 bytes of 0x20-0x7E";
   if (key.empty()) return Status::InvalidArgument(std::string("an Idempotency-Key is required: ") + kUse);
   if (key.size() > 255)
     return Status::InvalidArgument("the Idempotency-Key is " + std::to_string(key.size()) +
@@ -117,7 +116,8 @@ Result<BaseUrl> ParseBaseUrl(const std::string& text) {
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseUrl(text, "base URL"));
   if (u.has_user)
     return Status::InvalidArgument("base URL must have no user info (use Client::Options::bearer or headers)");
-  if (u.hosts.size() != 1) return Status::InvalidArgument("base URL must name one host (got '" + RedactUrl(text) + "')");
+  if (u.hosts.size() != 1)
+    return Status::InvalidArgument("base URL must name one host (got '" + RedactUrl(text) + "')");
   BaseUrl out;
   out.https = scheme == "https";
   out.host = u.hosts[0].host;
@@ -142,10 +142,8 @@ bool FailedToConnect(httplib::Error e) {
     case httplib::Error::BindIPAddress:
     case httplib::Error::SSLConnection:
     case httplib::Error::SSLLoadingCerts:
-    case httplib::Error::SSLServerVerification:
-      return true;
-    default:
-      return false;
+    case httplib::Error::SSLServerVerification: return true;
+    default: return false;
   }
 }
 
@@ -244,7 +242,8 @@ struct Client::Impl {
   }
 
   int64_t Backoff(int attempt, int64_t retry_after_ms) {
-    const int64_t d = internal::JitteredBackoffMs(options.backoff_base_ms, options.backoff_max_ms, attempt, *options.env);
+    const int64_t d =
+        internal::JitteredBackoffMs(options.backoff_base_ms, options.backoff_max_ms, attempt, *options.env);
     return std::min(std::max(d, retry_after_ms), std::max(options.backoff_max_ms, d));
   }
 
@@ -269,7 +268,7 @@ struct Client::Impl {
   // applied); otherwise a GET (409 is an answer, failures are kUnavailable).
   Result<Response> Run(const std::string& what, bool keyed, const Send& send) {
     std::string last = "no attempt made";
-    int sent = 0;            // attempts made
+    int sent = 0;                // attempts made
     bool maybe_applied = false;  // an attempt reached the server without a final answer
     bool rate_limited = false;   // an answer was 429
     int last_status = 0;         // of the last attempt; 0: no answer
@@ -302,8 +301,9 @@ struct Client::Impl {
         last_status = st;
         if (st == 422)
           return Status::Conflict(what +
-                                             ": 422: the Idempotency-Key was already used with another body; this is a "
-                                             "bug in the caller (a key must stand for one request): " + r->body);
+                                  ": 422: the Idempotency-Key was already used with another body; this is a "
+                                  "bug in the caller (a key must stand for one request): " +
+                                  r->body);
         const bool retry = st >= 500 || st == 429 || (keyed && st == 409);
         if (!retry) {
           Response out;
@@ -327,15 +327,15 @@ struct Client::Impl {
     const std::string tried = permanent ? "not retried after " + Attempts(sent) : "gave up after " + Attempts(sent);
     if (!keyed) return Status::Unavailable(what + ": " + tried + "; last: " + last);
     if (last_status == 409)
-      return Status::InProgress(what + ": " + tried +
-                                ": the server is still processing this key (409); retry later with the same key; last: " +
-                                last);
+      return Status::InProgress(
+          what + ": " + tried +
+          ": the server is still processing this key (409); retry later with the same key; last: " + last);
     if (maybe_applied)
       return Status::InDoubt(what + ": " + tried +
                              " and the request may have been applied (an attempt got no answer or a 5xx): retry later "
-                             "with the same key to learn the outcome, never with a new one; last: " + last);
-    if (rate_limited)
-      return Status::Busy(what + ": " + tried + ": rate limited (429), not applied; last: " + last);
+                             "with the same key to learn the outcome, never with a new one; last: " +
+                             last);
+    if (rate_limited) return Status::Busy(what + ": " + tried + ": rate limited (429), not applied; last: " + last);
     return Status::Unavailable(what + ": " + tried + ": the server was not reached, nothing was sent; last: " + last);
   }
 

@@ -62,8 +62,8 @@ thread_local const ClaimToken* g_current_claim = nullptr;
 
 // Headers that belong to one connection, not to the response: never stored.
 bool HopByHop(std::string_view name) {
-  static const char* const kSkip[] = {"connection", "keep-alive", "transfer-encoding", "content-length",
-                                      "date", "idempotent-replayed", "idempotency-key-retention"};
+  static const char* const kSkip[] = {"connection", "keep-alive",          "transfer-encoding",        "content-length",
+                                      "date",       "idempotent-replayed", "idempotency-key-retention"};
   return std::any_of(std::begin(kSkip), std::end(kSkip), [&](const char* s) { return EqualsIgnoringCase(name, s); });
 }
 
@@ -322,7 +322,6 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   }
 }
 
-
 // kTwoPhase: the claim commits on its own, the handler runs outside any
 // transaction, the response is stored after (Claims::Claim, Complete).
 class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
@@ -425,8 +424,7 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
       claim = tx->ClaimInTransaction(a.claim);
       if (claim.ok() && claim->kind != ClaimOutcome::Kind::kStarted) tx.reset();  // rolls back
       // Held by a two-phase holder elsewhere: wait for it the two-phase way.
-      if (claim.ok() && claim->kind == ClaimOutcome::Kind::kInProgress && policy().wait_ms > 0)
-        claim = WaitTwoPhase(a);
+      if (claim.ok() && claim->kind == ClaimOutcome::Kind::kInProgress && policy().wait_ms > 0) claim = WaitTwoPhase(a);
     }
     if (!claim.ok()) tx.reset();
     if (o.AnswerUnstarted(a, claim, ans)) return;
@@ -491,10 +489,8 @@ class Idempotency::GroupCommitRoute final : public Idempotency::TransactionalRou
         o.executed_.fetch_add(1, std::memory_order_relaxed);
         o.CountNewKey(a.claim.scope);
         return o.Say(a, "executed", ans.status);
-      case GroupJob::Fate::kCommitFailed:
-        return o.CommitFailed(a, job->error, ans);
-      case GroupJob::Fate::kOutcome:
-        return Decided(a, std::move(job->outcome), ans, work);
+      case GroupJob::Fate::kCommitFailed: return o.CommitFailed(a, job->error, ans);
+      case GroupJob::Fate::kOutcome: return Decided(a, std::move(job->outcome), ans, work);
       case GroupJob::Fate::kAlone:
       case GroupJob::Fate::kPending:
         ans = Answer();  // a transaction of its own
@@ -561,17 +557,17 @@ Result<const Idempotency::Route*> Idempotency::AddRoute(std::string name, RouteK
 Result<Handler> Idempotency::Wrap(std::string route, RoutePolicy policy, Handler handler) {
   IDEM_ASSIGN_OR_RETURN(const Route* r, AddRoute(std::move(route), RouteKind::kTwoPhase, std::move(policy)));
   return Handler([this, r, work = Work([handler = std::move(handler)](const Request& req, Answer& ans, Transaction*) {
-                    handler(req, ans);
-                  })](const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
+                             handler(req, ans);
+                           })](const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
 }
 
-Result<Handler> Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store,
-                                               TxHandler handler) {
+Result<Handler> Idempotency::WrapInTransaction(std::string route, RoutePolicy policy, Store& store, TxHandler handler) {
   IDEM_ASSIGN_OR_RETURN(const Route* r,
                         AddRoute(std::move(route), RouteKind::kTransactional, std::move(policy), &store));
-  return Handler([this, r, work = Work([handler = std::move(handler)](const Request& req, Answer& ans,
-                                                                      Transaction* tx) { handler(req, ans, *tx); })](
-                     const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
+  return Handler(
+      [this, r, work = Work([handler = std::move(handler)](const Request& req, Answer& ans, Transaction* tx) {
+                  handler(req, ans, *tx);
+                })](const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
 }
 
 void Idempotency::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
@@ -594,10 +590,10 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
     return false;
   }
   if (req.body.size() > options_.max_body_bytes) {
-    Problem(ans, 413, "body-too-large", "Request body too large",
-            "the body is " + std::to_string(req.body.size()) + " bytes; at most " +
-                std::to_string(options_.max_body_bytes),
-            "new-key");
+    Problem(
+        ans, 413, "body-too-large", "Request body too large",
+        "the body is " + std::to_string(req.body.size()) + " bytes; at most " + std::to_string(options_.max_body_bytes),
+        "new-key");
     Reject(a, "too-large", ans.status);
     return false;
   }
@@ -607,10 +603,11 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
       route.Unguarded(req, ans, work);
       return false;
     }
-    Problem(ans, 400, "idempotency-key-missing", "Idempotency-Key missing",
-            "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
-            "a UUID)",
-            "new-key");
+    Problem(
+        ans, 400, "idempotency-key-missing", "Idempotency-Key missing",
+        "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
+        "a UUID)",
+        "new-key");
     Reject(a, "missing-key", ans.status);
     return false;
   }
@@ -650,7 +647,6 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
   return true;
 }
 
-
 void Idempotency::Replay(const Admitted& a, const std::string& stored, Answer& ans) {
   auto r = Decode(stored);
   if (!r.ok()) {
@@ -672,11 +668,8 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
     return true;
   }
   switch (claim->kind) {
-    case ClaimOutcome::Kind::kStarted:
-      return false;
-    case ClaimOutcome::Kind::kCompleted:
-      Replay(a, claim->result, ans);
-      return true;
+    case ClaimOutcome::Kind::kStarted: return false;
+    case ClaimOutcome::Kind::kCompleted: Replay(a, claim->result, ans); return true;
     case ClaimOutcome::Kind::kConflict:
       Problem(ans, 422, "idempotency-key-reused", "Idempotency-Key reused",
               "this key was already used with a different request (method, route or body); use a new key "
@@ -688,8 +681,8 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
     case ClaimOutcome::Kind::kInProgress: {
       auto now = claims_.store().NowMs();
       Problem(ans, 409, "request-in-progress", "Request in progress",
-              "a request with this key is still being processed; retry with the same key after Retry-After",
-              "same-key", RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
+              "a request with this key is still being processed; retry with the same key after Retry-After", "same-key",
+              RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
       in_progress_.fetch_add(1, std::memory_order_relaxed);
       Say(a, "in-progress", ans.status);
       return true;
@@ -771,8 +764,8 @@ Idempotency::Counters Idempotency::counters() const {
   return c;
 }
 
-void Idempotency::Problem(Answer& ans, int status, std::string_view type, std::string_view title,
-                          std::string detail, std::string_view retry, const std::string& retry_after) const {
+void Idempotency::Problem(Answer& ans, int status, std::string_view type, std::string_view title, std::string detail,
+                          std::string_view retry, const std::string& retry_after) const {
   nlohmann::json j = {{"type", options_.problem_base + "/" + std::string(type)},
                       {"title", title},
                       {"status", status},
@@ -788,8 +781,8 @@ std::string Idempotency::Retention() const { return std::to_string(claims_.optio
 
 void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) const {
   if (options_.log)
-    options_.log(a.req->method + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
-                 std::string(outcome) + " " + std::to_string(status));
+    options_.log(a.req->method + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " + std::string(outcome) +
+                 " " + std::to_string(status));
 }
 
 void Idempotency::Reject(const Admitted& a, std::string_view outcome, int status) {

@@ -12,13 +12,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cerrno>
-#include <cstdint>
+#include <charconv>
 #include <chrono>
 #include <climits>
-#include <cstring>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -295,8 +295,8 @@ int64_t Millis(time_t sec, time_t usec) {
 class Server::Impl final : public ::httplib::Server {
  public:
   Status SetFibers(int threads) {
-    if (threads < 0) return Status::InvalidArgument("Server::set_fibers: threads cannot be negative, got " +
-                                                    std::to_string(threads));
+    if (threads < 0)
+      return Status::InvalidArgument("Server::set_fibers: threads cannot be negative, got " + std::to_string(threads));
     if (threads == 0) {
       loops_.reset();
       return Status::OK();

@@ -8,15 +8,13 @@ namespace idem::kafka::internal {
 namespace {
 Code CodeOf(rd_kafka_resp_err_t err) {
   switch (err) {
-    case RD_KAFKA_RESP_ERR_NO_ERROR:
-      return Code::kOk;
+    case RD_KAFKA_RESP_ERR_NO_ERROR: return Code::kOk;
     case RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS:
     case RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION:
     case RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID:
     case RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID:
     case RD_KAFKA_RESP_ERR__ASSIGNMENT_LOST:
-    case RD_KAFKA_RESP_ERR__MAX_POLL_EXCEEDED:
-      return Code::kLeaseLost;
+    case RD_KAFKA_RESP_ERR__MAX_POLL_EXCEEDED: return Code::kLeaseLost;
     case RD_KAFKA_RESP_ERR__TRANSPORT:
     case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
     case RD_KAFKA_RESP_ERR__TIMED_OUT:
@@ -35,8 +33,7 @@ Code CodeOf(rd_kafka_resp_err_t err) {
     case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
     case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS:
     case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND:
-    case RD_KAFKA_RESP_ERR_KAFKA_STORAGE_ERROR:
-      return Code::kUnavailable;
+    case RD_KAFKA_RESP_ERR_KAFKA_STORAGE_ERROR: return Code::kUnavailable;
     case RD_KAFKA_RESP_ERR__INVALID_ARG:
     case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
     case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
@@ -46,16 +43,11 @@ Code CodeOf(rd_kafka_resp_err_t err) {
     case RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED:
     case RD_KAFKA_RESP_ERR_INVALID_GROUP_ID:
     case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-    case RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE:
-      return Code::kInvalidArgument;
-    case RD_KAFKA_RESP_ERR__QUEUE_FULL:
-      return Code::kBusy;
-    case RD_KAFKA_RESP_ERR__DESTROY:
-      return Code::kAborted;
-    case RD_KAFKA_RESP_ERR__NO_OFFSET:
-      return Code::kNotFound;
-    default:
-      return Code::kInternal;
+    case RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE: return Code::kInvalidArgument;
+    case RD_KAFKA_RESP_ERR__QUEUE_FULL: return Code::kBusy;
+    case RD_KAFKA_RESP_ERR__DESTROY: return Code::kAborted;
+    case RD_KAFKA_RESP_ERR__NO_OFFSET: return Code::kNotFound;
+    default: return Code::kInternal;
   }
 }
 }  // namespace

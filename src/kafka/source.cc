@@ -95,8 +95,8 @@ Status CheckBrokers(rd_kafka_t* rk, const std::string& brokers, int64_t timeout_
 // ---------------------------------------------------------------------------
 
 std::string EncodeReceipt(const Receipt& r) {
-  return "kafka:" + std::to_string(r.assignment) + ":" + std::to_string(r.partition) + ":" +
-         std::to_string(r.offset) + ":" + r.topic;
+  return "kafka:" + std::to_string(r.assignment) + ":" + std::to_string(r.partition) + ":" + std::to_string(r.offset) +
+         ":" + r.topic;
 }
 
 Result<Receipt> DecodeReceipt(std::string_view s) {
@@ -213,8 +213,7 @@ struct Source::Impl {
       const int64_t target = Target(p);
       // Always, even when `committed` says it was: an earlier commit may have
       // been overtaken by an older one (CommitSync) or lost.
-      if (p.high >= 0)
-        rd_kafka_topic_partition_list_add(commit.get(), o.topic.c_str(), partition)->offset = target;
+      if (p.high >= 0) rd_kafka_topic_partition_list_add(commit.get(), o.topic.c_str(), partition)->offset = target;
       for (auto& [offset, state] : p.inflight)
         if (state != State::kAcked) abandoned.fetch_add(1, std::memory_order_relaxed);
       parts.erase(it);
@@ -339,8 +338,7 @@ struct Source::Impl {
       }
     }
     msg.producer_time_ms = time.time();
-    if (!have_id && o.id_from_key && m->key != nullptr)
-      msg.id.assign(static_cast<const char*>(m->key), m->key_len);
+    if (!have_id && o.id_from_key && m->key != nullptr) msg.id.assign(static_cast<const char*>(m->key), m->key_len);
     delivered.fetch_add(1, std::memory_order_relaxed);
     return d;
   }
@@ -353,8 +351,8 @@ struct Source::Impl {
     auto it = parts.find(r.partition);
     if (it == parts.end() || it->second.assignment != r.assignment)
       return Status::LeaseLost("kafka: partition " + o.topic + "/" + std::to_string(r.partition) +
-                                          " was revoked since offset " + std::to_string(r.offset) +
-                                          " was delivered; its next owner gets it again");
+                               " was revoked since offset " + std::to_string(r.offset) +
+                               " was delivered; its next owner gets it again");
     return &it->second;
   }
 };
@@ -540,7 +538,7 @@ std::string Source::MemberId() const {
 
 SourceStats Source::stats() const {
   const Impl& s = *impl_;
-  return {s.delivered.load(), s.held_back.load(), s.seeks.load(),       s.commits.load(),
+  return {s.delivered.load(),     s.held_back.load(),   s.seeks.load(),       s.commits.load(),
           s.commit_errors.load(), s.assignments.load(), s.revocations.load(), s.abandoned.load()};
 }
 
@@ -573,7 +571,8 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
   if (options.topic.empty()) return Status::InvalidArgument("kafka: Publisher::Options::topic is required");
   if (options.id_header.empty()) return Status::InvalidArgument("kafka: Publisher::Options::id_header is required");
   if (options.connect_timeout_ms < 0 || options.publish_timeout_ms < 1)
-    return Status::InvalidArgument("kafka: Publisher::Options::connect_timeout_ms must be >= 0 and publish_timeout_ms > 0");
+    return Status::InvalidArgument(
+        "kafka: Publisher::Options::connect_timeout_ms must be >= 0 and publish_timeout_ms > 0");
   auto impl = std::make_unique<Impl>();
   impl->o = options;
   ConfPtr conf(rd_kafka_conf_new());
@@ -596,8 +595,8 @@ Status Publisher::Produce(const Message& message, const ProduceOptions& options)
   Impl& s = *impl_;
   IDEM_RETURN_IF_ERROR(ValidateId(message.id));
   HeadersPtr hdrs(rd_kafka_headers_new(message.headers.size() + 2));
-  rd_kafka_header_add(hdrs.get(), s.o.id_header.data(), static_cast<ssize_t>(s.o.id_header.size()),
-                      message.id.data(), static_cast<ssize_t>(message.id.size()));
+  rd_kafka_header_add(hdrs.get(), s.o.id_header.data(), static_cast<ssize_t>(s.o.id_header.size()), message.id.data(),
+                      static_cast<ssize_t>(message.id.size()));
   for (const auto& [name, value] : message.headers)
     rd_kafka_header_add(hdrs.get(), name.data(), static_cast<ssize_t>(name.size()), value.data(),
                         static_cast<ssize_t>(value.size()));
@@ -607,13 +606,13 @@ Status Publisher::Produce(const Message& message, const ProduceOptions& options)
                         t.data(), static_cast<ssize_t>(t.size()));
   }
   const std::string& key = options.key ? *options.key : message.id;
-  rd_kafka_resp_err_t err = rd_kafka_producev(
-      s.rk.get(), RD_KAFKA_V_TOPIC(s.o.topic.c_str()), RD_KAFKA_V_PARTITION(options.partition),
-      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-      RD_KAFKA_V_VALUE(const_cast<char*>(message.payload.data()), message.payload.size()),
-      RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_HEADERS(hdrs.get()), RD_KAFKA_V_END);
+  rd_kafka_resp_err_t err =
+      rd_kafka_producev(s.rk.get(), RD_KAFKA_V_TOPIC(s.o.topic.c_str()), RD_KAFKA_V_PARTITION(options.partition),
+                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                        RD_KAFKA_V_VALUE(const_cast<char*>(message.payload.data()), message.payload.size()),
+                        RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_HEADERS(hdrs.get()), RD_KAFKA_V_END);
   if (err == RD_KAFKA_RESP_ERR_NO_ERROR) (void)hdrs.release();  // owned by the record now
-  rd_kafka_poll(s.rk.get(), 0);  // serve delivery reports
+  rd_kafka_poll(s.rk.get(), 0);                                 // serve delivery reports
   return FromKafka(err, "producing " + message.id + " to " + s.o.topic);
 }
 
@@ -639,7 +638,8 @@ Status Publisher::Publish(const Message& message) {
 Result<Source::Options> Source::ParseUrl(std::string_view url) {
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Kafka URL"));
   if (u.scheme != "kafka")
-    return Status::InvalidArgument("not a Kafka URL: '" + RedactUrl(url) + "' (expected kafka://HOST:PORT[,...]?topic=T)");
+    return Status::InvalidArgument("not a Kafka URL: '" + RedactUrl(url) +
+                                   "' (expected kafka://HOST:PORT[,...]?topic=T)");
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"topic", "group", "id_header", "id_from_key", "client_id", "session_timeout_ms",
                                     "heartbeat_interval_ms", "max_poll_interval_ms", "auto_offset_reset",
                                     "revoke_wait_ms", "connect_timeout_ms"}));
@@ -661,8 +661,7 @@ Result<Source::Options> Source::ParseUrl(std::string_view url) {
   IDEM_ASSIGN_OR_RETURN(
       o.heartbeat_interval_ms,
       u.GetInt("heartbeat_interval_ms", std::clamp<int64_t>(o.session_timeout_ms / 4, 50, 1'000), 1, 3'600'000));
-  IDEM_ASSIGN_OR_RETURN(o.max_poll_interval_ms,
-                        u.GetInt("max_poll_interval_ms", o.max_poll_interval_ms, 1, INT32_MAX));
+  IDEM_ASSIGN_OR_RETURN(o.max_poll_interval_ms, u.GetInt("max_poll_interval_ms", o.max_poll_interval_ms, 1, INT32_MAX));
   o.auto_offset_reset = u.Get("auto_offset_reset", o.auto_offset_reset);
   if (o.auto_offset_reset != "earliest" && o.auto_offset_reset != "latest")
     return Status::InvalidArgument("auto_offset_reset must be earliest or latest, got '" + o.auto_offset_reset +

@@ -30,10 +30,10 @@ Status UnknownScheme(std::string_view url) {
   for (const std::string& s : SourceSchemes()) known += (known.empty() ? "" : ", ") + s + ":";
   const std::string scheme = UrlScheme(url);
   const std::string component = scheme == "embedded" ? "embedded"
-                                : scheme == "redis"   ? "redis_streams"
-                                : scheme == "amqp"  ? "amqp"
-                                : scheme == "kafka" ? "kafka"
-                                                    : "";
+                                : scheme == "redis"  ? "redis_streams"
+                                : scheme == "amqp"   ? "amqp"
+                                : scheme == "kafka"  ? "kafka"
+                                                     : "";
   if (!component.empty()) {
     std::string option = component == "redis_streams" ? "REDIS" : component;
     for (char& c : option) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

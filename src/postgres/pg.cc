@@ -110,7 +110,8 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int64_t
     return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + redacted(PQerrorMessage(c)));
   }
   // Notices (e.g. "relation already exists, skipping") are not for stderr.
-  PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+  PQsetNoticeProcessor(
+      c, [](void*, const char*) {}, nullptr);
   return conn;
 }
 
@@ -325,17 +326,11 @@ Rows ToRows(const PGresult* res) {
         case kInt8Oid:
         case kInt4Oid:
         case kInt2Oid:
-        case kOidOid:
-          row.emplace_back(static_cast<int64_t>(std::atoll(v)));
-          break;
+        case kOidOid: row.emplace_back(static_cast<int64_t>(std::atoll(v))); break;
         case kFloat4Oid:
         case kFloat8Oid:
-        case kNumericOid:
-          row.emplace_back(std::strtod(v, nullptr));
-          break;
-        case kBoolOid:
-          row.emplace_back(static_cast<int64_t>(v[0] == 't'));
-          break;
+        case kNumericOid: row.emplace_back(std::strtod(v, nullptr)); break;
+        case kBoolOid: row.emplace_back(static_cast<int64_t>(v[0] == 't')); break;
         case kByteaOid: {
           size_t len = 0;
           unsigned char* raw = PQunescapeBytea(reinterpret_cast<const unsigned char*>(v), &len);
@@ -343,8 +338,7 @@ Rows ToRows(const PGresult* res) {
           PQfreemem(raw);
           break;
         }
-        default:
-          row.emplace_back(std::string(v, PQgetlength(res, t, f)));
+        default: row.emplace_back(std::string(v, PQgetlength(res, t, f)));
       }
     }
     rows.rows.push_back(std::move(row));

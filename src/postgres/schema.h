@@ -11,7 +11,6 @@
 
 namespace idem::pg_internal {
 
-
 // Serialises migrations between processes opening the same database.
 inline constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7317283)";
 
@@ -84,8 +83,7 @@ inline constexpr sql_internal::Migration kMigrations[] = {
 
 // A bounded wait's watch registers itself on the record (after LISTEN,
 // before it reads the key), so the completion that follows sees it.
-inline constexpr const char* kAddWaiter =
-    "UPDATE idem_claims SET waiters = waiters + 1 WHERE scope = $1 AND key = $2";
+inline constexpr const char* kAddWaiter = "UPDATE idem_claims SET waiters = waiters + 1 WHERE scope = $1 AND key = $2";
 
 // ---- claims. Judged by the server's clock: `now` is a parameter that is
 // NULL unless the store was given a clock (tests), so every statement reads

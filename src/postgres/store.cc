@@ -5,8 +5,8 @@
 #include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
-#include <cctype>
 #include <poll.h>
+#include <cctype>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "sql/sql_store.h"
 #include "postgres/pg.h"
 #include "postgres/schema.h"
+#include "sql/sql_store.h"
 
 namespace idem::postgres {
 namespace {
@@ -349,8 +349,8 @@ class PgStore final : public sql_internal::SqlStore {
     for (size_t i : unique) {
       if (stored.count(markers[i].id)) continue;
       int b = static_cast<int>(params.size());
-      ins += (b ? ",($" : "($") + std::to_string(b + 1) + ",$" + std::to_string(b + 2) + ",$" +
-             std::to_string(b + 3) + ",$" + std::to_string(b + 4) + ")";
+      ins += (b ? ",($" : "($") + std::to_string(b + 1) + ",$" + std::to_string(b + 2) + ",$" + std::to_string(b + 3) +
+             ",$" + std::to_string(b + 4) + ")";
       params.emplace_back(markers[i].consumer);
       params.emplace_back(IdBlob(markers[i].id));
       params.emplace_back(FingerprintBlob(markers[i].fingerprint));
@@ -404,8 +404,8 @@ Result<Options> TakeIdemKeys(Options o) {
                                      "idem_create_if_missing)");
   }
   IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("idem_pool_size", o.pool_size, 1, 9999));
-  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("idem_connect_timeout_ms", o.connect_timeout_ms, 1,
-                                                        int64_t{24} * 3600 * 1000));
+  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms,
+                        u.GetInt("idem_connect_timeout_ms", o.connect_timeout_ms, 1, int64_t{24} * 3600 * 1000));
   IDEM_ASSIGN_OR_RETURN(o.partition_by_day, u.GetBool("idem_partition_by_day", o.partition_by_day));
   IDEM_ASSIGN_OR_RETURN(o.create_if_missing, u.GetBool("idem_create_if_missing", o.create_if_missing));
   o.pool_size = static_cast<int>(pool);

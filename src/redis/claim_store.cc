@@ -6,10 +6,10 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <cstring>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -40,7 +40,7 @@ int64_t ClampSpan(int64_t ms) { return std::clamp<int64_t>(ms, 0, kMaxSpanMs); }
 
 std::string_view Element(const redisReply* r, size_t i) {
   return r != nullptr && r->type == REDIS_REPLY_ARRAY && i < r->elements ? ReplyString(r->element[i])
-                                                                          : std::string_view();
+                                                                         : std::string_view();
 }
 
 Result<int64_t> IntElement(const redisReply* r, size_t i, std::string_view what) {
@@ -120,8 +120,8 @@ Status LeaseLost(const redisReply* r, const ClaimToken& t, std::string_view op) 
   } else {
     why = "the record is not what idem wrote (state '" + std::string(state) + "')";
   }
-  return Status::LeaseLost(std::string(op) + " of " + t.scope + "/" + t.key + " with fence " +
-                                      std::to_string(t.fence) + ": " + why);
+  return Status::LeaseLost(std::string(op) + " of " + t.scope + "/" + t.key + " with fence " + std::to_string(t.fence) +
+                           ": " + why);
 }
 
 // Woken by the PUBLISH of a Complete or Release script. Subscribed and
@@ -248,8 +248,8 @@ class RedisClaimStore final : public ClaimStore {
   // One script per chunk of completions, every chunk in one pipeline.
   std::vector<Status> CompleteMany(std::span<const Completion> done, int64_t retention_ms) override {
     if (retention_ms < 0)
-      return std::vector<Status>(done.size(), Status::InvalidArgument("retention_ms must be >= 0, got " +
-                                                                      std::to_string(retention_ms)));
+      return std::vector<Status>(
+          done.size(), Status::InvalidArgument("retention_ms must be >= 0, got " + std::to_string(retention_ms)));
     // The completion's time only dates the record and its expiry (no lease
     // is judged by it): the instance's estimate of the server's clock spares
     // the script a TIME.
@@ -569,7 +569,7 @@ class RedisClaimStore final : public ClaimStore {
       return Status::Corruption(what + ": the record's state is '" + std::string(ReplyString(got).substr(0, 1)) +
                                 "', not one idem writes");
     }
-    if (rec->state == 'r') return std::optional<ClaimOutcome>();                                // released
+    if (rec->state == 'r') return std::optional<ClaimOutcome>();                               // released
     if (rec->state == 'c' && rec->expires_at_ms <= now) return std::optional<ClaimOutcome>();  // as absent
     ClaimOutcome out;
     if (rec->fingerprint != FingerprintBytes(req.fingerprint)) {
@@ -696,10 +696,10 @@ Result<std::unique_ptr<ClaimStore>> ClaimStore::Open(const Options& options) {
 Result<Options> ClaimStore::ParseUrl(std::string_view url) {
   using redis_internal::GetIntInto;
   using redis_internal::kMaxIntField;
-  IDEM_ASSIGN_OR_RETURN(redis_internal::UrlWithOptions u,
-                        redis_internal::ParseUrlWithOptions(url, {"prefix", "pool_size", "connect_timeout_ms",
-                                                                  "command_timeout_ms", "client_name",
-                                                                  "abandon_margin_ms"}));
+  IDEM_ASSIGN_OR_RETURN(
+      redis_internal::UrlWithOptions u,
+      redis_internal::ParseUrlWithOptions(url, {"prefix", "pool_size", "connect_timeout_ms", "command_timeout_ms",
+                                                "client_name", "abandon_margin_ms"}));
   Options o;
   o.url = u.base;
   o.prefix = u.parsed.Get("prefix", o.prefix);

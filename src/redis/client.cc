@@ -80,8 +80,7 @@ Result<Endpoint> ParseUrl(std::string_view url) {
   if (scheme != "redis" || !url.substr(scheme.size()).starts_with("://"))
     return Invalid(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Redis URL"));
-  if (!u.query.empty())
-    return Invalid(url, "unknown option '" + u.query.front().first + "' (a Redis URL takes none)");
+  if (!u.query.empty()) return Invalid(url, "unknown option '" + u.query.front().first + "' (a Redis URL takes none)");
   if (u.hosts.size() != 1) return Invalid(url, "a Redis URL names one host");
   Endpoint ep;
   if (u.has_user) {
@@ -203,8 +202,8 @@ Result<ReplyPtr> Conn::Call(std::span<const std::string_view> args, std::string_
     lens.push_back(a.size());
   }
   SigpipeGuard guard;
-  ReplyPtr r(static_cast<redisReply*>(
-      redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
+  ReplyPtr r(
+      static_cast<redisReply*>(redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
   if (r == nullptr) return Fail(nullptr, what);
   return r;
 }

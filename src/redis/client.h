@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -131,7 +131,7 @@ class Conn {
   ContextPtr ctx_;
   std::string address_;
   std::unordered_map<const Script*, std::string> sha_;  // loaded scripts
-  int pending_ = 0;                                      // appended, not yet read
+  int pending_ = 0;                                     // appended, not yet read
 };
 
 // Idle connections for reuse. Take() gives one (opening one when none is

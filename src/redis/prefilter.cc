@@ -107,10 +107,10 @@ Result<std::unique_ptr<Prefilter>> Prefilter::Open(const Options& options) {
 Result<Options> Prefilter::ParseUrl(std::string_view url) {
   using redis_internal::GetIntInto;
   using redis_internal::kMaxIntField;
-  IDEM_ASSIGN_OR_RETURN(redis_internal::UrlWithOptions u,
-                        redis_internal::ParseUrlWithOptions(url, {"prefix", "ttl_ms", "client_name", "pool_size",
-                                                                  "connect_timeout_ms", "command_timeout_ms",
-                                                                  "retry_after_ms"}));
+  IDEM_ASSIGN_OR_RETURN(
+      redis_internal::UrlWithOptions u,
+      redis_internal::ParseUrlWithOptions(url, {"prefix", "ttl_ms", "client_name", "pool_size", "connect_timeout_ms",
+                                                "command_timeout_ms", "retry_after_ms"}));
   Options o;
   o.url = u.base;
   o.prefix = u.parsed.Get("prefix", o.prefix);

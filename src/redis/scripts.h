@@ -35,52 +35,50 @@ namespace idem::redis_internal {
 // How long a released claim's tombstone stays.
 inline constexpr int64_t kReleasedTtlMs = 2'000;
 
-#define IDEM_REDIS_LUA_NOW                                                     \
-  "local now\n"                                                                \
-  "if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else\n"                       \
-  "  local t = redis.call('TIME')\n"                                           \
-  "  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"        \
+#define IDEM_REDIS_LUA_NOW                                              \
+  "local now\n"                                                         \
+  "if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else\n"                \
+  "  local t = redis.call('TIME')\n"                                    \
+  "  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
   "end\n"
 
 // Splits the record `v` (a string) into st, fence, lease, exp, upd (strings)
 // and the position of the result; fence is nil when `v` is not idem's.
-#define IDEM_REDIS_LUA_SPLIT                                                   \
-  "local function split(v)\n"                                                  \
-  "  local st = string.sub(v, 1, 1)\n"                                         \
-  "  if (st ~= 'p' and st ~= 'c' and st ~= 'r') or #v < 35 then return st end\n"             \
+#define IDEM_REDIS_LUA_SPLIT                                                      \
+  "local function split(v)\n"                                                     \
+  "  local st = string.sub(v, 1, 1)\n"                                            \
+  "  if (st ~= 'p' and st ~= 'c' and st ~= 'r') or #v < 35 then return st end\n"  \
   "  return st, string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
   "end\n"
 
 // The same inline, as locals (a function defined on every call costs the
 // server more than the match itself): st, fence, lease, exp, upd, pos.
-#define IDEM_REDIS_LUA_SPLIT_V                                                 \
-  "local st = string.sub(v, 1, 1)\n"                                           \
-  "local fence, lease, exp, upd, pos\n"                                        \
-  "if (st == 'p' or st == 'c' or st == 'r') and #v >= 35 then\n"               \
+#define IDEM_REDIS_LUA_SPLIT_V                                                                       \
+  "local st = string.sub(v, 1, 1)\n"                                                                 \
+  "local fence, lease, exp, upd, pos\n"                                                              \
+  "if (st == 'p' or st == 'c' or st == 'r') and #v >= 35 then\n"                                     \
   "  fence, lease, exp, upd, pos = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):()', 36)\n" \
   "end\n"
 
 // Reads the record and checks the token (ARGV[2]): returns {'lost', fence
 // or 0, state or ''} when it does not match; else leaves v, st, fence,
 // lease, exp, upd, pos.
-#define IDEM_REDIS_LUA_CHECK_TOKEN                                             \
-  "local v = redis.call('GET', KEYS[1])\n"                                     \
-  "if not v then return {'lost', 0, ''} end\n"                                 \
-  IDEM_REDIS_LUA_SPLIT_V                                                       \
-  "if not fence then return {'lost', 0, st} end\n"                             \
+#define IDEM_REDIS_LUA_CHECK_TOKEN                                    \
+  "local v = redis.call('GET', KEYS[1])\n"                            \
+  "if not v then return {'lost', 0, ''} end\n" IDEM_REDIS_LUA_SPLIT_V \
+  "if not fence then return {'lost', 0, st} end\n"                    \
   "if tonumber(fence) ~= tonumber(ARGV[2]) then return {'lost', tonumber(fence), st} end\n"
 
 // KEYS: record, fence counter. ARGV: now, fingerprint, lease_ms,
 // abandon_margin_ms. Returns {'started', fence, lease_until, took_over 0|1},
 // {'conflict', stored fp}, {'completed', result, is_error 0|1},
 // {'in_progress', lease_until} or {'corrupt', state}.
-inline constexpr Script kTryClaim{"try_claim",
-    IDEM_REDIS_LUA_NOW
+inline constexpr Script kTryClaim{
+    "try_claim", IDEM_REDIS_LUA_NOW
     "local v = redis.call('GET', KEYS[1])\n"
     "local took_over = 0\n"
     "local w = '0'\n"
-    "if v then\n"
-    IDEM_REDIS_LUA_SPLIT_V
+    "if v then\n" IDEM_REDIS_LUA_SPLIT_V
     "  if not fence then return {'corrupt', st} end\n"
     "  w = string.sub(v, 3, 3)\n"
     // Present, unless released, or completed and past its retention (TTL
@@ -109,14 +107,14 @@ inline constexpr Script kTryClaim{"try_claim",
 // record whose fence matches (one script for a batch: its cost is mostly
 // per call, not per record). Returns one reply per record: {'ok'} or the
 // token check's {'lost', fence, st}.
-inline constexpr Script kComplete{"complete",
+inline constexpr Script kComplete{
+    "complete",
     IDEM_REDIS_LUA_NOW
     "local keep = tonumber(ARGV[2])\n"
     "local ttl = math.max(keep, tonumber(ARGV[3]))\n"
     "local function complete(key, want, result, is_error, channel)\n"
     "  local v = redis.call('GET', key)\n"
-    "  if not v then return {'lost', 0, ''} end\n"
-    IDEM_REDIS_LUA_SPLIT_V
+    "  if not v then return {'lost', 0, ''} end\n" IDEM_REDIS_LUA_SPLIT_V
     "  if not fence then return {'lost', 0, st} end\n"
     "  if tonumber(fence) ~= tonumber(want) then return {'lost', tonumber(fence), st} end\n"
     "  if st == 'r' then return {'lost', tonumber(fence), st} end\n"
@@ -135,8 +133,8 @@ inline constexpr Script kComplete{"complete",
 
 // KEYS: record. ARGV: unused, fence, channel, tombstone TTL ms. Returns
 // {'ok'} or {'lost', ...}. Leaves a tombstone ('r', same fence) for the TTL.
-inline constexpr Script kRelease{"release",
-    IDEM_REDIS_LUA_CHECK_TOKEN
+inline constexpr Script kRelease{
+    "release", IDEM_REDIS_LUA_CHECK_TOKEN
     "if st ~= 'p' then return {'lost', tonumber(fence), st} end\n"
     "redis.call('SET', KEYS[1], 'r00' .. string.sub(v, 4, 35) .. fence .. ':0:0:0:', 'PX', tonumber(ARGV[4]))\n"
     "if string.sub(v, 3, 3) == '1' then redis.call('PUBLISH', ARGV[3], 'released') end\n"
@@ -144,9 +142,8 @@ inline constexpr Script kRelease{"release",
 
 // KEYS: record. ARGV: now, fence, lease_ms, abandon_margin_ms. Returns
 // {'ok', lease_until} or {'lost', ...}.
-inline constexpr Script kExtend{"extend",
-    IDEM_REDIS_LUA_NOW
-    IDEM_REDIS_LUA_CHECK_TOKEN
+inline constexpr Script kExtend{
+    "extend", IDEM_REDIS_LUA_NOW IDEM_REDIS_LUA_CHECK_TOKEN
     "if st ~= 'p' then return {'lost', tonumber(fence), st} end\n"
     "local span = tonumber(ARGV[3])\n"
     "local until_ms = now + span\n"
@@ -158,7 +155,8 @@ inline constexpr Script kExtend{"extend",
 // KEYS: record. Marks the record as watched (byte 3), keeping its TTL, so
 // that its Complete or Release publishes. No record: nothing to mark (the
 // waiter's polls cover a claim made after this). Returns 1.
-inline constexpr Script kAddWaiter{"add_waiter",
+inline constexpr Script kAddWaiter{
+    "add_waiter",
     "local v = redis.call('GET', KEYS[1])\n"
     "if v and #v >= 3 and string.sub(v, 3, 3) ~= '1' then\n"
     "  redis.call('SET', KEYS[1], string.sub(v, 1, 2) .. '1' .. string.sub(v, 4), 'KEEPTTL')\n"
@@ -169,23 +167,21 @@ inline constexpr Script kAddWaiter{"add_waiter",
 // completed ones past their retention and the in-progress ones abandoned
 // for abandoned_after_ms past their lease; returns how many. Keys that are
 // not idem's records are left alone.
-inline constexpr Script kPurge{"purge",
-    IDEM_REDIS_LUA_NOW
-    IDEM_REDIS_LUA_SPLIT
-    "local after = tonumber(ARGV[2])\n"
-    "local n = 0\n"
-    "for _, k in ipairs(KEYS) do\n"
-    "  local v = redis.pcall('GET', k)\n"
-    "  if type(v) == 'string' then\n"
-    "    local st, fence, lease, exp = split(v)\n"
-    "    if fence and ((st == 'c' and tonumber(exp) <= now) or\n"
-    "                  (st == 'p' and tonumber(lease) + after <= now)) then\n"
-    "      redis.call('DEL', k)\n"
-    "      n = n + 1\n"
-    "    end\n"
-    "  end\n"
-    "end\n"
-    "return n\n"};
+inline constexpr Script kPurge{"purge", IDEM_REDIS_LUA_NOW IDEM_REDIS_LUA_SPLIT
+                               "local after = tonumber(ARGV[2])\n"
+                               "local n = 0\n"
+                               "for _, k in ipairs(KEYS) do\n"
+                               "  local v = redis.pcall('GET', k)\n"
+                               "  if type(v) == 'string' then\n"
+                               "    local st, fence, lease, exp = split(v)\n"
+                               "    if fence and ((st == 'c' and tonumber(exp) <= now) or\n"
+                               "                  (st == 'p' and tonumber(lease) + after <= now)) then\n"
+                               "      redis.call('DEL', k)\n"
+                               "      n = n + 1\n"
+                               "    end\n"
+                               "  end\n"
+                               "end\n"
+                               "return n\n"};
 
 #undef IDEM_REDIS_LUA_NOW
 #undef IDEM_REDIS_LUA_SPLIT

@@ -162,8 +162,8 @@ Result<Receipt> ParseReceipt(const std::string& r) {
     out.entry = r.substr(0, c1);
     out.consumer = r.substr(c2 + 1);
   }
-  if (c2 == std::string::npos || !IsEntryId(out.entry) || !ParseInt64(std::string_view(r).substr(c1 + 1, c2 - c1 - 1), out.count) ||
-      out.count < 1 || out.consumer.empty())
+  if (c2 == std::string::npos || !IsEntryId(out.entry) ||
+      !ParseInt64(std::string_view(r).substr(c1 + 1, c2 - c1 - 1), out.count) || out.count < 1 || out.consumer.empty())
     return Status::InvalidArgument("not a Redis stream receipt: '" + r + "'");
   return out;
 }
@@ -244,9 +244,7 @@ class StreamSourceImpl final : public StreamSource {
     }
   }
 
-  Status Ack(const Delivery& d) override {
-    return Settle(d, "ack", o_.delete_on_ack ? "ack+del" : "ack", 0);
-  }
+  Status Ack(const Delivery& d) override { return Settle(d, "ack", o_.delete_on_ack ? "ack+del" : "ack", 0); }
 
   Status Nack(const Delivery& d, int64_t delay_ms) override {
     return Settle(d, "nack", "lease", StoredLeaseEnd(delay_ms));
@@ -277,7 +275,7 @@ class StreamSourceImpl final : public StreamSource {
 
   Status NoGroup() const {
     return Status::NotFound("consumer group '" + o_.group + "' of stream '" + o_.stream + "' does not exist at " +
-                                       pool_.endpoint().Address() + " (create it, or set create_group)");
+                            pool_.endpoint().Address() + " (create it, or set create_group)");
   }
 
   Status EnsureGroup(Conn& conn) {
@@ -384,14 +382,13 @@ class StreamSourceImpl final : public StreamSource {
   // `verb` names the call in errors; `op` and `lease_time` are kSettle's.
   Status Settle(const Delivery& d, std::string_view verb, const char* op, int64_t lease_time) {
     IDEM_ASSIGN_OR_RETURN(Receipt rc, ParseReceipt(d.receipt));
-    std::vector<std::string> args{o_.group, rc.entry, std::to_string(rc.count), rc.consumer, op,
-                                  std::to_string(lease_time)};
+    std::vector<std::string> args{o_.group,    rc.entry, std::to_string(rc.count),
+                                  rc.consumer, op,       std::to_string(lease_time)};
     IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
     bool no_group = false;
     auto r = Run(*conn, kSettle, args, &no_group);
     if (!r.ok()) {
-      if (no_group)
-        return Status::LeaseLost(std::string(verb) + " of " + d.message.id + ": " + r.status().message());
+      if (no_group) return Status::LeaseLost(std::string(verb) + " of " + d.message.id + ": " + r.status().message());
       return r.status().WithContext(std::string(verb) + " of entry " + rc.entry + " in " + Where());
     }
     const redisReply* rep = r->get();
@@ -459,8 +456,7 @@ Result<StreamSource::Options> StreamSource::ParseUrl(std::string_view url) {
     return Status::InvalidArgument("not a Redis stream URL: '" + RedactUrl(url) +
                                    "' (expected redis://HOST[:PORT][/DB]?stream=S)");
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"stream", "group", "consumer", "id_field", "payload_field", "lease_ms",
-                                    "create_group", "delete_on_ack", "poll_ms", "pool_size",
-                                    "connect_timeout_ms"}));
+                                    "create_group", "delete_on_ack", "poll_ms", "pool_size", "connect_timeout_ms"}));
   Options o;
   o.url = std::string(url.substr(0, url.find('?')));
   // The connection part is checked here too, so that a bad host or port is

@@ -56,7 +56,7 @@ ClaimOutcome Started(const ClaimRequest& r, int64_t fence, int64_t lease_until_m
 }  // namespace
 
 Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connection* in_tx, const char* sql,
-                                                                        std::span<const Value> params) {
+                                                                         std::span<const Value> params) {
   const ClaimsSql& q = *dialect_.claims;
   if (in_tx != nullptr) {  // the caller's transaction: it commits
     if (q.bump_fence != nullptr) IDEM_RETURN_IF_ERROR(in_tx->Exec(q.bump_fence, {}).status());
@@ -161,8 +161,8 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
     IDEM_ASSIGN_OR_RETURN(auto w, FencedWrite(in_tx, q.take_over, p));
     if (w.has_value()) return started(*w, state == kInProgress);
   }
-  return Status::Busy("claim of key '" + r.key + "' in scope '" + r.scope + "' lost " +
-                      std::to_string(kMaxRounds) + " races in a row; retry");
+  return Status::Busy("claim of key '" + r.key + "' in scope '" + r.scope + "' lost " + std::to_string(kMaxRounds) +
+                      " races in a row; retry");
 }
 
 std::vector<Result<ClaimOutcome>> SqlStore::ClaimManyOn(Connection& tx, std::span<const ClaimRequest> requests) {
@@ -230,7 +230,8 @@ std::vector<Status> SqlStore::CompleteManyOn(Connection& tx, std::span<const Com
   const Value now = ClaimNow();
   std::vector<std::vector<Value>> params;
   params.reserve(completions.size());
-  for (const Completion& c : completions) params.push_back(CompleteParams(*c.token, c.result, c.is_error, retention_ms, now));
+  for (const Completion& c : completions)
+    params.push_back(CompleteParams(*c.token, c.result, c.is_error, retention_ms, now));
   Result<std::vector<Rows>> done = tx.QueryMany(dialect_.claims->complete, params);
   for (size_t i = 0; i < completions.size(); ++i) {
     const ClaimToken& t = *completions[i].token;
@@ -252,7 +253,7 @@ Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
     return Status::LeaseLost(Describe(t) + ": no claim on the key any more (released, or expired and purged)");
   if (rec->fence != t.fence)
     return Status::LeaseLost(Describe(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
-                                        " after this lease expired");
+                             " after this lease expired");
   if (rec->state == ClaimRecord::State::kCompleted) {
     if (completed_ok) return Status::OK();  // a retried Complete
     return Status::LeaseLost(Describe(t) + ": the key is already completed");

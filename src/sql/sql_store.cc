@@ -1,12 +1,12 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "sql/sql_store.h"
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
-#include <cstring>
 #include <string>
 
 namespace idem::sql_internal {
@@ -271,7 +271,7 @@ Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkers(Connecti
 // an id is inserted; later copies answer with its fingerprint.
 Result<std::vector<std::optional<Fingerprint>>> SqlStore::InsertMarkersMultiRow(Connection& c,
                                                                                 std::span<const Marker> markers) {
-  constexpr size_t kChunk = 1000;  // 4 parameters each: under every server's limit
+  constexpr size_t kChunk = 1000;            // 4 parameters each: under every server's limit
   std::map<std::string_view, size_t> first;  // id -> index of its first copy
   std::vector<size_t> unique;
   for (size_t i = 0; i < markers.size(); ++i)
@@ -396,10 +396,9 @@ Result<FailureCount> SqlStore::RecordFailure(const FailureRecord& f) {
     if (!parked_at && f.park_after_ms > 0 && f.now_ms - *since >= f.park_after_ms) {
       Value park[] = {f.consumer, IdBlob(f.message->id), f.now_ms};
       IDEM_RETURN_IF_ERROR(tx->Exec(kMarkParked, park).status());
-      IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(
-          DeadLetter{f.consumer, f.message->id, "parked",
-                     "in progress since " + std::to_string(*since) + " ms: " + f.error, count.attempts,
-                     f.message->payload, f.now_ms}));
+      IDEM_RETURN_IF_ERROR(tx->PutDeadLetter(DeadLetter{
+          f.consumer, f.message->id, "parked", "in progress since " + std::to_string(*since) + " ms: " + f.error,
+          count.attempts, f.message->payload, f.now_ms}));
       count.parked = true;
     }
   } else if (f.kind == Kind::kCrashLoop) {
@@ -468,8 +467,8 @@ Result<std::vector<DeadLetter>> SqlStore::ListDeadLetters(std::string_view consu
   IDEM_ASSIGN_OR_RETURN(Rows rows, Read(kListDeadLetters, p));
   std::vector<DeadLetter> out;
   for (auto& r : rows.rows)
-    out.push_back(DeadLetter{r[0].AsText(), r[1].AsText(), r[2].AsText(), r[3].AsText(),
-                             static_cast<int>(r[4].AsInt()), r[5].AsText(), r[6].AsInt()});
+    out.push_back(DeadLetter{r[0].AsText(), r[1].AsText(), r[2].AsText(), r[3].AsText(), static_cast<int>(r[4].AsInt()),
+                             r[5].AsText(), r[6].AsInt()});
   return out;
 }
 
@@ -534,8 +533,8 @@ Status SqlStore::Init(bool create_if_missing, const std::string& name) {
   int version = static_cast<int>(v->rows[0][0].AsInt());
   if (version > known)
     return fail(Status::SchemaMismatch("idem schema version " + std::to_string(version) +
-                                                  " is newer than this build understands (" + std::to_string(known) +
-                                                  "): upgrade idem"));
+                                       " is newer than this build understands (" + std::to_string(known) +
+                                       "): upgrade idem"));
   for (const Migration& m : dialect_.migrations) {
     if (m.version <= version) continue;
     if (Status s = c.Script(m.sql); !s.ok()) return fail(s.WithContext("migration " + std::to_string(m.version)));

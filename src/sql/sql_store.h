@@ -70,8 +70,7 @@ inline constexpr const char* kNoteInProgress =
     " RETURNING attempts, in_progress_since_ms, parked_at_ms";
 inline constexpr const char* kFindFailure =
     "SELECT attempts, in_progress_since_ms, parked_at_ms FROM idem_failures WHERE consumer = $1 AND id = $2";
-inline constexpr const char* kMarkParked =
-    "UPDATE idem_failures SET parked_at_ms = $3 WHERE consumer = $1 AND id = $2";
+inline constexpr const char* kMarkParked = "UPDATE idem_failures SET parked_at_ms = $3 WHERE consumer = $1 AND id = $2";
 inline constexpr const char* kClearFailure = "DELETE FROM idem_failures WHERE consumer = $1 AND id = $2";
 // A parked message that applied is no longer parked.
 inline constexpr const char* kClearParked =
@@ -118,22 +117,22 @@ struct ClaimsSql {
 
 // A backend's SQL for its markers (the layout it tunes). Parameters are $1..$n.
 struct Dialect {
-  std::string_view kind;        // "sqlite", "postgres"
-  const char* begin;            // starts a write transaction
-  const char* migration_lock;   // first statement of the migration transaction ("" for none)
+  std::string_view kind;       // "sqlite", "postgres"
+  const char* begin;           // starts a write transaction
+  const char* migration_lock;  // first statement of the migration transaction ("" for none)
   const char* create_migrations;
   std::span<const Migration> migrations;
-  const char* insert_marker;    // ($1 consumer, $2 id, $3 fingerprint, $4 at) ON CONFLICT DO NOTHING
+  const char* insert_marker;  // ($1 consumer, $2 id, $3 fingerprint, $4 at) ON CONFLICT DO NOTHING
   // Batches, when set: head + "($1,$2,$3,$4),($5,...)" + tail (RETURNING id)
   // inserts many markers in one statement; find head + "$2,$3,...)" reads
   // the ones that existed ($1 the consumer).
   const char* insert_markers_head = nullptr;
   const char* insert_markers_tail = nullptr;
   const char* find_markers_head = nullptr;
-  const char* find_marker;      // ($1 consumer, $2 id) -> fingerprint, processed_at_ms
-  const char* purge_markers;    // ($1 before, $2 consumer or '', $3 limit)
-  const char* count_markers;    // ($1 consumer or '')
-  const char* list_markers;     // ($1 consumer or '', $2 limit)
+  const char* find_marker;    // ($1 consumer, $2 id) -> fingerprint, processed_at_ms
+  const char* purge_markers;  // ($1 before, $2 consumer or '', $3 limit)
+  const char* count_markers;  // ($1 consumer or '')
+  const char* list_markers;   // ($1 consumer or '', $2 limit)
   const ClaimsSql* claims = nullptr;
 };
 
@@ -251,16 +250,14 @@ class SqlStore : public Store, public ClaimStore {
   // two statements (insert the new, read the existing); otherwise one
   // insert_marker (and, for a duplicate, one find_marker) per marker. Later
   // markers see earlier ones.
-  virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(Connection& c,
-                                                                          std::span<const Marker> markers);
+  virtual Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(Connection& c, std::span<const Marker> markers);
 
   // Whether the message's marker exists, on `c` (inside its transaction).
   // A layout that also keys by producer time checks there too.
   virtual Result<bool> HasMarker(Connection& c, const std::string& consumer, std::string_view id,
                                  std::optional<int64_t> produced_at_ms);
 
-  Result<std::vector<std::optional<Fingerprint>>> InsertMarkersMultiRow(Connection& c,
-                                                                        std::span<const Marker> markers);
+  Result<std::vector<std::optional<Fingerprint>>> InsertMarkersMultiRow(Connection& c, std::span<const Marker> markers);
 
   const Dialect& dialect() const { return dialect_; }
   Env* env() const { return env_; }

@@ -1,9 +1,9 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "sqlite/db.h"
 
-#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <cctype>
 #include <mutex>
@@ -20,38 +20,29 @@ Code CodeFor(int rc) {
   switch (rc & 0xff) {
     case SQLITE_OK:
     case SQLITE_ROW:
-    case SQLITE_DONE:
-      return Code::kOk;
+    case SQLITE_DONE: return Code::kOk;
     case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      return Code::kBusy;
+    case SQLITE_LOCKED: return Code::kBusy;
     case SQLITE_CONSTRAINT:
       return (rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE) ? Code::kDuplicate
                                                                                     : Code::kInvalidArgument;
     case SQLITE_CORRUPT:
-    case SQLITE_NOTADB:
-      return Code::kCorruption;
+    case SQLITE_NOTADB: return Code::kCorruption;
     case SQLITE_CANTOPEN:
     case SQLITE_READONLY:
     case SQLITE_PERM:
-    case SQLITE_AUTH:
-      return Code::kUnavailable;
+    case SQLITE_AUTH: return Code::kUnavailable;
     case SQLITE_IOERR:
     case SQLITE_FULL:
-    case SQLITE_PROTOCOL:
-      return Code::kIoError;
+    case SQLITE_PROTOCOL: return Code::kIoError;
     case SQLITE_INTERRUPT:
-    case SQLITE_ABORT:
-      return Code::kAborted;
+    case SQLITE_ABORT: return Code::kAborted;
     case SQLITE_ERROR:
     case SQLITE_MISMATCH:
     case SQLITE_TOOBIG:
-    case SQLITE_RANGE:
-      return Code::kInvalidArgument;
-    case SQLITE_NOMEM:
-      return Code::kRetryable;
-    default:
-      return Code::kInternal;
+    case SQLITE_RANGE: return Code::kInvalidArgument;
+    case SQLITE_NOMEM: return Code::kRetryable;
+    default: return Code::kInternal;
   }
 }
 
@@ -111,8 +102,9 @@ Result<const char*> FindVfs(const std::string& name) {
   if (name == sqlite::FaultVfs::kName) IDEM_RETURN_IF_ERROR(sqlite::FaultVfs::Install().status());
 #else
   if (name == "idem-fault")  // the fault VFS: compiled in only for tests (build option IDEM_WITH_TESTING)
-    return Status::InvalidArgument("the SQLite VFS 'idem-fault' is not built into this idem (it is for tests: "
-                                   "configure with -DIDEM_WITH_TESTING=ON)");
+    return Status::InvalidArgument(
+        "the SQLite VFS 'idem-fault' is not built into this idem (it is for tests: "
+        "configure with -DIDEM_WITH_TESTING=ON)");
 #endif
   if (sqlite3_vfs_find(name.c_str()) != nullptr) return name.c_str();
   std::string known;
@@ -191,11 +183,11 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
     return Status::SchemaMismatch(o.path + " is an empty database: it holds no tables (not idem's)");
   // page_size only takes effect before the file's first table exists.
   const bool hook = static_cast<bool>(o.after_commit);
-  std::string pragmas = "PRAGMA page_size=" + std::to_string(o.page_size) +
-                        "; PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=" +
-                        std::to_string(hook ? 0 : o.wal_autocheckpoint_pages) + "; PRAGMA synchronous=" +
-                        o.synchronous + "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) +
-                        "; PRAGMA foreign_keys=ON;";
+  std::string pragmas =
+      "PRAGMA page_size=" + std::to_string(o.page_size) +
+      "; PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=" + std::to_string(hook ? 0 : o.wal_autocheckpoint_pages) +
+      "; PRAGMA synchronous=" + o.synchronous + "; PRAGMA cache_size=-" + std::to_string(o.cache_kib) +
+      "; PRAGMA foreign_keys=ON;";
   IDEM_RETURN_IF_ERROR(db->Script(pragmas).WithContext("configure " + o.path));
   if (hook) {
     // Replaces SQLite's autocheckpoint (itself a WAL hook).

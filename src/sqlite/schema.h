@@ -10,7 +10,6 @@
 
 namespace idem::sqlite_internal {
 
-
 inline constexpr const char* kCreateMigrations =
     "CREATE TABLE IF NOT EXISTS idem_migrations("
     " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)";

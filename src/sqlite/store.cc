@@ -1,8 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
 
-#include <cerrno>
 #include <pthread.h>
+#include <cerrno>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -199,7 +199,8 @@ class SqliteStore final : public sql_internal::SqlStore {
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
     sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_);
-    if (checkpointer_ != nullptr) oo.after_commit = [c = checkpointer_.get()](int pages) { return c->AfterCommit(pages); };
+    if (checkpointer_ != nullptr)
+      oo.after_commit = [c = checkpointer_.get()](int pages) { return c->AfterCommit(pages); };
     IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
     create_file_ = true;  // once it exists
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
@@ -276,7 +277,8 @@ class SqliteStore final : public sql_internal::SqlStore {
       IDEM_ASSIGN_OR_RETURN(auto tx, Begin());
       Value w[] = {at_consumer, Blob{at_id}, int64_t{batch_size}};
       IDEM_ASSIGN_OR_RETURN(
-          Rows rows, tx->Query(consumer.empty() ? sqlite_internal::kPurgeWindowAll : sqlite_internal::kPurgeWindowOne, w));
+          Rows rows,
+          tx->Query(consumer.empty() ? sqlite_internal::kPurgeWindowAll : sqlite_internal::kPurgeWindowOne, w));
       for (auto& r : rows.rows) {
         if (r[2].AsInt() >= before_ms) continue;
         Value key[] = {r[0].AsText(), Blob{r[1].AsText()}};
@@ -312,9 +314,8 @@ class SqliteStore final : public sql_internal::SqlStore {
 }  // namespace
 
 bool Store::CheckpointsInBackground(const Options& o) {
-  return o.wal_autocheckpoint_pages > 0 &&
-         (o.checkpoint == Checkpoint::kBackground ||
-          (o.checkpoint == Checkpoint::kAuto && o.synchronous != Synchronous::kFull));
+  return o.wal_autocheckpoint_pages > 0 && (o.checkpoint == Checkpoint::kBackground ||
+                                            (o.checkpoint == Checkpoint::kAuto && o.synchronous != Synchronous::kFull));
 }
 
 Result<std::unique_ptr<idem::Store>> Store::Open(const Options& options) {
@@ -374,9 +375,9 @@ Result<Options> Store::ParseUrl(std::string_view url) {
   const std::string full = scheme.empty() ? "sqlite:" + std::string(url) : std::string(url);
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(full, "SQLite URL", UrlForm::kFile));
   if (u.path.empty()) return Status::InvalidArgument("SQLite URL has no path: '" + std::string(url) + "'");
-  IDEM_RETURN_IF_ERROR(u.CheckKeys({"synchronous", "busy_timeout_ms", "cache_kib", "wal_autocheckpoint_pages",
-                                    "wal_autocheckpoint", "checkpoint", "page_size", "create_if_missing", "vfs",
-                                    "batch_wal_writes", "batch_wal"}));
+  IDEM_RETURN_IF_ERROR(
+      u.CheckKeys({"synchronous", "busy_timeout_ms", "cache_kib", "wal_autocheckpoint_pages", "wal_autocheckpoint",
+                   "checkpoint", "page_size", "create_if_missing", "vfs", "batch_wal_writes", "batch_wal"}));
   if (u.Has("wal_autocheckpoint_pages") && u.Has("wal_autocheckpoint"))
     return Status::InvalidArgument("wal_autocheckpoint_pages is given twice (also as wal_autocheckpoint) in '" +
                                    RedactUrl(url) + "'");
@@ -387,11 +388,10 @@ Result<Options> Store::ParseUrl(std::string_view url) {
   IDEM_RETURN_IF_ERROR(Choose<Synchronous>(
       u, "synchronous", {{"full", Synchronous::kFull}, {"normal", Synchronous::kNormal}, {"off", Synchronous::kOff}},
       o.synchronous));
-  IDEM_RETURN_IF_ERROR(Choose<Checkpoint>(u, "checkpoint",
-                                          {{"auto", Checkpoint::kAuto},
-                                           {"background", Checkpoint::kBackground},
-                                           {"inline", Checkpoint::kInline}},
-                                          o.checkpoint));
+  IDEM_RETURN_IF_ERROR(Choose<Checkpoint>(
+      u, "checkpoint",
+      {{"auto", Checkpoint::kAuto}, {"background", Checkpoint::kBackground}, {"inline", Checkpoint::kInline}},
+      o.checkpoint));
   // Whole numbers in a range SQLite takes (page_size is checked by Open).
   IDEM_ASSIGN_OR_RETURN(int64_t busy, u.GetInt("busy_timeout_ms", o.busy_timeout_ms, 0, 3'600'000));
   IDEM_ASSIGN_OR_RETURN(int64_t cache, u.GetInt("cache_kib", o.cache_kib, 0, 64LL << 20));
@@ -411,8 +411,7 @@ Result<Options> Store::ParseUrl(std::string_view url) {
   if (u.Has("vfs")) {
     // Whether it exists is known only once it may have been registered:
     // Open says.
-    if (u.Get("vfs").empty())
-      return Status::InvalidArgument("SQLite URL option vfs is empty in " + RedactUrl(url));
+    if (u.Get("vfs").empty()) return Status::InvalidArgument("SQLite URL option vfs is empty in " + RedactUrl(url));
     o.vfs = u.Get("vfs");
   }
   return o;

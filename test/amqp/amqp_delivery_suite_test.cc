@@ -76,8 +76,8 @@ Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
   if (SuiteUrl().empty()) return Status::Unavailable("IDEM_TEST_AMQP_URL is not set (run via ctest)");
   const std::string q = QueueFor(dir);
   // The source declares the quorum queue; the publisher then only publishes.
-  auto s = amqp::Source::Open({.url = SuiteUrl(), .queue = q, .prefetch = 1000, .queue_type = "quorum",
-                               .lease_ms = c.lease_ms, .env = c.env});
+  auto s = amqp::Source::Open(
+      {.url = SuiteUrl(), .queue = q, .prefetch = 1000, .queue_type = "quorum", .lease_ms = c.lease_ms, .env = c.env});
   if (!s.ok()) return s.status();
   auto p = amqp::Publisher::Open({.url = SuiteUrl()});
   if (!p.ok()) return p.status();

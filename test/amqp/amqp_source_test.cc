@@ -50,8 +50,8 @@ std::string Url() {
   return u ? u : "";
 }
 
-#define REQUIRE_BROKER()                                                             \
-  do {                                                                               \
+#define REQUIRE_BROKER()                                                                                        \
+  do {                                                                                                          \
     if (Url().empty()) GTEST_FAIL() << "IDEM_TEST_AMQP_URL is not set: run via ctest, which starts the broker"; \
   } while (0)
 
@@ -81,8 +81,9 @@ class PrivateBroker {
   PrivateBroker() {
     lock_fd_ = ::open((state_ + ".test-lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     if (lock_fd_ >= 0) (void)::flock(lock_fd_, LOCK_EX);
-    started_ = Ctl("start " , std::to_string(IDEM_TEST_AMQP_RESTART_PORT)) == 0;
-    if (started_) g_url_override = "amqp://idem:secret@127.0.0.1:" + std::to_string(IDEM_TEST_AMQP_RESTART_PORT) + "/%2f";
+    started_ = Ctl("start ", std::to_string(IDEM_TEST_AMQP_RESTART_PORT)) == 0;
+    if (started_)
+      g_url_override = "amqp://idem:secret@127.0.0.1:" + std::to_string(IDEM_TEST_AMQP_RESTART_PORT) + "/%2f";
   }
   ~PrivateBroker() {
     g_url_override.clear();
@@ -91,7 +92,8 @@ class PrivateBroker {
   }
   bool started() const { return started_; }
   int Ctl(const std::string& verb, const std::string& extra = "") {
-    std::string cmd = "'" + std::string(IDEM_TEST_AMQP_SCRIPT) + "' " + verb + " '" + state_ + "' " + extra + " >/dev/null";
+    std::string cmd =
+        "'" + std::string(IDEM_TEST_AMQP_SCRIPT) + "' " + verb + " '" + state_ + "' " + extra + " >/dev/null";
     return std::system(cmd.c_str());
   }
 
@@ -141,8 +143,8 @@ Result<QueueInfo> Inspect(const std::string& queue) {
 
 std::unique_ptr<AmqpSource> OpenSource(const std::string& queue, int prefetch = 100, std::string id_header = "",
                                        Env* env = nullptr) {
-  auto s = AmqpSource::Open({.url = Url(), .queue = queue, .prefetch = prefetch, .id_header = std::move(id_header),
-                             .env = env});
+  auto s = AmqpSource::Open(
+      {.url = Url(), .queue = queue, .prefetch = prefetch, .id_header = std::move(id_header), .env = env});
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -207,12 +209,14 @@ void DrainRest(const std::string& queue, Inbox& inbox) {
     ASSERT_TRUE(WaitFor([&] {
       info = Inspect(queue);
       return info.ok() && info->consumers == 0;
-    })) << "consumers still attached to " << queue;
+    })) << "consumers still attached to "
+        << queue;
     if (info->ready == 0) return;
     auto src = OpenSource(queue);
     ASSERT_NE(src, nullptr);
     const uint64_t applied_before = inbox.counters().applied;
-    auto c_owned = MustOpen<Consumer>(*src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 500, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(*src, inbox, ChargeHandler(),
+                                      Consumer::Options{.receive_wait_ms = 500, .stop_when_idle = true});
     Consumer& c = *c_owned;
     ASSERT_TRUE(c.Run().ok());
     EXPECT_EQ(inbox.counters().applied, applied_before) << "a leftover delivery was not a duplicate";
@@ -519,7 +523,8 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
   }
   {
     std::vector<std::unique_ptr<Running>> runs;
-    for (auto& s : sources) runs.push_back(std::make_unique<Running>(*s, inbox, Consumer::Options{.workers = 2, .batch = 4}));
+    for (auto& s : sources)
+      runs.push_back(std::make_unique<Running>(*s, inbox, Consumer::Options{.workers = 2, .batch = 4}));
     // Every message twice, the copies far apart and interleaved with others.
     for (int round = 0; round < 2; ++round)
       for (const std::string& id : ids) ASSERT_TRUE(pub->Publish(q, Msg(id)).ok());
@@ -527,7 +532,8 @@ TEST(AmqpSource, CompetingConsumersApplyEveryMessageExactlyOnceAndLoseNothing) {
       uint64_t acked = 0;
       for (auto& r : runs) acked += r->stats().acked;
       return acked >= 2u * kIds;
-    })) << Charges(*db.store) << " charges";
+    })) << Charges(*db.store)
+        << " charges";
     uint64_t received = 0;
     for (auto& r : runs) received += r->stats().received;
     EXPECT_GE(received, 2u * kIds);
@@ -563,7 +569,8 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
     Inbox& inbox = *inbox_owned;
     auto src = AmqpSource::Open({.url = Url(), .queue = q, .prefetch = 50});
     if (!src.ok()) return 3;
-    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 2000, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(),
+                                      Consumer::Options{.receive_wait_ms = 2000, .stop_when_idle = true});
     Consumer& c = *c_owned;
     ArmKillPoint("inbox.after_commit", kKillAtCommit);
     (void)c.Run();

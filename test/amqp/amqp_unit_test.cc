@@ -54,8 +54,7 @@ TEST(AmqpUrl, RejectsMalformedUrlsWithoutEchoingThePassword) {
 TEST(AmqpSource, RejectsBadOptions) {
   EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = ""}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = "q", .prefetch = 0}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = "q", .prefetch = 70000}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = "q", .prefetch = 70000}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.url = "nope", .queue = "q"}).status().code(), Code::kInvalidArgument);
 }
 

@@ -3,9 +3,9 @@
 // The claims conformance suite: every ClaimStore (SQLite, PostgreSQL, Redis)
 // passes these. The store's clock is a FakeEnv: leases expire when a test
 // advances it, and nothing sleeps. Every key is claimed at least twice.
-#include <limits>
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -62,10 +62,9 @@ TEST_P(ClaimsConformance, ManyClaimsAnswerEachKeyAsOneByOne) {
   ASSERT_TRUE(claims.Complete(done->token, "receipt-done").ok());
   env_.Advance(1'000);  // m-expired's lease is over; m-held's is live
 
-  const std::vector<ClaimRequest> batch = {Req("m-new1"), Req("m-done"),        Req("m-held"),
-                                           Req("m-done", "another body"),       Req("m-expired"),
-                                           Req(""),     Req("m-twice"),         Req("m-twice"),
-                                           Req("m-new2")};
+  const std::vector<ClaimRequest> batch = {
+      Req("m-new1"),  Req("m-done"),  Req("m-held"), Req("m-done", "another body"), Req("m-expired"), Req(""),
+      Req("m-twice"), Req("m-twice"), Req("m-new2")};
   auto out = claims.ClaimMany(batch);
   ASSERT_EQ(out.size(), batch.size());
   for (size_t i : {0u, 1u, 2u, 3u, 4u, 6u, 7u, 8u}) ASSERT_TRUE(out[i].ok()) << i << ": " << out[i].status();
@@ -265,8 +264,7 @@ TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
     EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
     EXPECT_NE(c.status().message().find("retention_ms"), std::string::npos) << c.status();
   }
-  EXPECT_EQ(Claims::Open(*store_, Claims::Options{.poll_ms = 0, .env = &env_}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(Claims::Open(*store_, Claims::Options{.poll_ms = 0, .env = &env_}).status().code(), Code::kInvalidArgument);
   auto rec = store_->FindClaim("charges", "no-retention");
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_FALSE(rec->has_value());  // nothing was claimed

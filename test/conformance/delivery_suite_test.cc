@@ -405,8 +405,10 @@ IDEM_DELIVERY_CASE(ConcurrentReceiversGetEachDeliveryExactlyOnceAndLoseNothing) 
       }
       for (const Delivery& d : *got) {
         if (d.message.attempt != Attempt(1)) ++ack_errors;  // a second lease while the first was valid
-        if (source().Ack(d).ok()) ++acked;
-        else ++ack_errors;
+        if (source().Ack(d).ok())
+          ++acked;
+        else
+          ++ack_errors;
       }
     }
   };
@@ -555,9 +557,10 @@ IDEM_DELIVERY_CASE(ThroughTheInboxEachMessageIsAppliedOnceAndAckedAfterItsCommit
   for (int i = 0; i < kIds; ++i) PublishTwice(Msg("m-" + std::to_string(i)));
   AckAfterCommitCheck checked(source(), **reader);
   auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "suite"});
-  auto consumer = MustOpen<Consumer>(checked, *inbox, ChargeHandler(),
-                                     Consumer::Options{.workers = 2, .backoff_base_ms = 5, .backoff_max_ms = 50,
-                                                       .receive_wait_ms = 20, .stop_when_idle = true});
+  auto consumer = MustOpen<Consumer>(
+      checked, *inbox, ChargeHandler(),
+      Consumer::Options{
+          .workers = 2, .backoff_base_ms = 5, .backoff_max_ms = 50, .receive_wait_ms = 20, .stop_when_idle = true});
   Status run = consumer->Run();
   ASSERT_TRUE(run.ok()) << run;
   for (int i = 0; i < kIds; ++i) EXPECT_EQ(Charges(**store, "m-" + std::to_string(i)), 1) << i;

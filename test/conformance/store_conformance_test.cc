@@ -15,8 +15,8 @@
 
 #include "idem/claims.h"
 #include "idem/inbox.h"
-#include "idem/versioned.h"
 #include "idem/sqlite/store.h"
+#include "idem/versioned.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -276,8 +276,7 @@ TEST_P(StoreConformance, IdsAreByteExactAndValidated) {
   // The business row names the message by the hex of its id's hash: a text
   // column cannot hold every byte (PostgreSQL text has no NUL), the marker can.
   Handler charge = [](Transaction& tx, const Message& m) -> Status {
-    return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {ToHex(FingerprintOf(m.id)), 1})
-        .status();
+    return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {ToHex(FingerprintOf(m.id)), 1}).status();
   };
   std::string with_nul("m\0x", 3);
   std::string longest(kMaxIdBytes, 'z');
@@ -325,8 +324,8 @@ TEST_P(StoreConformance, BatchDetectsDuplicatesInsideAndAgainstTheTable) {
   std::vector<Outcome> out = inbox.HandleBatch(batch, ChargeHandler());
   ASSERT_EQ(out.size(), batch.size());
   using K = Outcome::Kind;
-  std::vector<K> want = {K::kApplied, K::kApplied, K::kDuplicate, K::kDuplicate, K::kApplied, K::kDuplicate,
-                         K::kConflict};
+  std::vector<K> want = {K::kApplied, K::kApplied,   K::kDuplicate, K::kDuplicate,
+                         K::kApplied, K::kDuplicate, K::kConflict};
   for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].kind, want[i]) << i << " " << out[i].ToString();
   // The whole batch again: nothing new.
   for (const Outcome& o : inbox.HandleBatch(batch, ChargeHandler())) EXPECT_NE(o.kind, K::kApplied);

@@ -108,9 +108,10 @@ TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLet
     return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, 4000}).status();
   };
   PublishTwice(*queue, {Msg("order-1042")});
-  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, charge,
-                    Consumer::Options{.max_attempts = 2, .max_deliveries = 3, .stop_when_idle = true, .park_after_ms = 3'600'000,
-                     .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      *queue, inbox, charge,
+      Consumer::Options{
+          .max_attempts = 2, .max_deliveries = 3, .stop_when_idle = true, .park_after_ms = 3'600'000, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(Charges(*store_, "order-1042"), 1);
@@ -151,7 +152,8 @@ TEST_P(StoreConformance, AParkedMessageNamesItsStepAndKey) {
                               ") is in progress downstream");
   };
   ASSERT_TRUE(queue->Publish(Msg("order-7")).ok());  // delivered four times
-  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, stuck, Consumer::Options{.stop_when_idle = true, .park_after_ms = 60'000, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      *queue, inbox, stuck, Consumer::Options{.stop_when_idle = true, .park_after_ms = 60'000, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ASSERT_EQ(parked_seen.size(), 1u) << "parked on the second answer, an hour after the first";
@@ -180,7 +182,8 @@ TEST_P(StoreConformance, ARejectedMessageIsDeadLetteredAtOnce) {
     return ChargeHandler()(tx, m);
   };
   PublishTwice(*queue, {Msg("bad-1", "not json"), Msg("good-1", "{\"cents\":4000}")});
-  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, parse, Consumer::Options{.max_attempts = 5, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, parse,
+                                           Consumer::Options{.max_attempts = 5, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(runs.load(), 2) << "one attempt per copy, no retries";
@@ -225,7 +228,8 @@ TEST_P(StoreConformance, CallFirstCallsBeforeTheTransactionAndOncePerStep) {
         // The first apply fails, as a crash between the call and the commit
         // would leave it: nothing committed, the call's result stored.
         if (++apply_runs == 1) return Status::HandlerFailed("crashed before the commit");
-        return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id + "/" + calls.at("charge"), 4000})
+        return tx
+            .Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id + "/" + calls.at("charge"), 4000})
             .status();
       });
   const Message m = Msg("order-9");
@@ -287,7 +291,8 @@ TEST_P(StoreConformance, CallFirstRacesAndBatchesApplyOnce) {
   std::vector<Message> batch;
   for (int i = 0; i < 10; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
   PublishTwice(*queue, batch);
-  auto consumer_owned = MustOpen<Consumer>(*queue, inbox, charge, Consumer::Options{.workers = 2, .batch = 4, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      *queue, inbox, charge, Consumer::Options{.workers = 2, .batch = 4, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   for (const Message& b : batch) {
@@ -368,4 +373,3 @@ TEST_P(StoreConformance, EveryValidIdGoesThroughCallOnce) {
 
 }  // namespace
 }  // namespace idem::testing
-

@@ -134,11 +134,12 @@ int IndexOf(const std::string& id) { return std::atoi(id.c_str() + 2); }
 class ConsumerTestBase {
  protected:
   void Open() {
-    auto q = embedded::Queue::Open({.path = dir_.File("queue.db"), .lease_ms = kLeaseMs, .durable = false,
-                                    .poll_ms = 50, .env = &env_});
+    auto q = embedded::Queue::Open(
+        {.path = dir_.File("queue.db"), .lease_ms = kLeaseMs, .durable = false, .poll_ms = 50, .env = &env_});
     ASSERT_TRUE(q.ok()) << q.status();
     queue_ = std::move(*q);
-    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s =
+        sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -283,8 +284,11 @@ TEST_P(ConsumerShapes, HandlerFailingTheFirstKTimesIsRetriedWithBackoffAndApplie
   };
   // The default Receive wait (200 ms) is shorter than the later backoffs
   // (400 ms and more): drain mode must still wait for the retries it owes.
-  Consumer::Options o{.workers = GetParam().workers, .batch = GetParam().batch, .max_attempts = 5,
-                    .stop_when_idle = true, .env = &env_};
+  Consumer::Options o{.workers = GetParam().workers,
+                      .batch = GetParam().batch,
+                      .max_attempts = 5,
+                      .stop_when_idle = true,
+                      .env = &env_};
   auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, o);
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
@@ -318,8 +322,7 @@ TEST_P(ConsumerShapes, HandlerFailingTheFirstKTimesIsRetriedWithBackoffAndApplie
   EXPECT_EQ(s.dead_lettered, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Runner, ConsumerShapes,
-                         ::testing::Values(Shape{1, 1}, Shape{1, 8}, Shape{3, 1}, Shape{3, 4}),
+INSTANTIATE_TEST_SUITE_P(Runner, ConsumerShapes, ::testing::Values(Shape{1, 1}, Shape{1, 8}, Shape{3, 1}, Shape{3, 4}),
                          [](const ::testing::TestParamInfo<Shape>& p) {
                            return "workers" + std::to_string(p.param.workers) + "_batch" +
                                   std::to_string(p.param.batch);
@@ -361,7 +364,8 @@ TEST_F(ConsumerTest, BackoffDoublesPerFailureWithAtMostAQuarterOfJitter) {
 TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
   PublishTwice(2);
   TestSource src(*queue_);
-  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, Handler{}, Consumer::Options{.stop_when_idle = true, .env = &env_});
+  auto consumer_owned =
+      MustOpen<Consumer>(src, *inbox_, Handler{}, Consumer::Options{.stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   Status s = consumer.Run();
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
@@ -377,8 +381,8 @@ TEST_F(ConsumerTest, OptionsThatCannotWorkAreRefusedBeforeAnythingIsReceived) {
   PublishTwice(1);
   TestSource src(*queue_);
   const Consumer::Options kBad[] = {{.workers = 0},         {.batch = -1},           {.max_attempts = -1},
-                                  {.max_deliveries = -2}, {.backoff_base_ms = -1}, {.backoff_max_ms = -5},
-                                  {.receive_wait_ms = -1}};
+                                    {.max_deliveries = -2}, {.backoff_base_ms = -1}, {.backoff_max_ms = -5},
+                                    {.receive_wait_ms = -1}};
   for (Consumer::Options o : kBad) {
     o.stop_when_idle = true;
     o.env = &env_;
@@ -444,7 +448,9 @@ TEST_F(ConsumerTest, DeliveriesPastMaxDeliveriesAreDeadLetteredWithoutTheHandler
     calls.Next(m.id);
     return ChargeHandler()(tx, m);
   };
-  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, h, Consumer::Options{.max_attempts = 5, .max_deliveries = 20, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      src, *inbox_, h,
+      Consumer::Options{.max_attempts = 5, .max_deliveries = 20, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectQueueEmpty();
@@ -466,7 +472,8 @@ TEST_F(ConsumerTest, MaxDeliveriesZeroHandlesEveryDelivery) {
   src.on_receive = [](std::vector<Delivery>& ds) {
     for (Delivery& d : ds) d.message.attempt = 1000;
   };
-  auto consumer_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Consumer::Options{.max_deliveries = 0, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      src, *inbox_, ChargeHandler(), Consumer::Options{.max_deliveries = 0, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(Charges(*store_, Id(0)), 1);
@@ -730,9 +737,7 @@ TEST_F(ConsumerTest, ReceiveErrorsBackOffFromTheStartAfterASuccess) {
   PublishTwice(2);
   TestSource src(*queue_);
   // Receives 1-3 fail, then they work, then receive 6 fails once more.
-  src.fail_receive = [](int n) {
-    return (n <= 3 || n == 6) ? Status::Unavailable("broker restarting") : Status::OK();
-  };
+  src.fail_receive = [](int n) { return (n <= 3 || n == 6) ? Status::Unavailable("broker restarting") : Status::OK(); };
   // The consumer's own clock records its sleeps (only receive errors sleep).
   class RecordingEnv final : public Env {
    public:

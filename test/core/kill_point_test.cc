@@ -147,8 +147,9 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
     auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
     Inbox& inbox = *inbox_owned;
     LoggingSource src(**q, fd);
-    auto consumer_owned = MustOpen<Consumer>(src, inbox, ChargeHandler(),
-                      Consumer::Options{.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
+    auto consumer_owned = MustOpen<Consumer>(
+        src, inbox, ChargeHandler(),
+        Consumer::Options{.workers = c.workers, .batch = c.batch, .receive_wait_ms = 50, .stop_when_idle = true});
     Consumer& consumer = *consumer_owned;
     ArmKillPoint(c.point, c.hit);
     (void)consumer.Run();
@@ -156,7 +157,7 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
   }
 
   struct ChildLog {
-    std::vector<std::string> received;  // in order
+    std::vector<std::string> received;   // in order
     std::map<std::string, int> unacked;  // id -> deliveries received, not acked
     std::string last_received;
     std::set<std::string> acked_ids;
@@ -215,7 +216,8 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
     ASSERT_TRUE(markers.ok()) << markers.status();
     for (const Marker& m : *markers) marked_before.insert(m.id);
     for (int i = 0; i < kIds; ++i)
-      EXPECT_EQ(Charges(**store, Id(i)), marked_before.count(Id(i)) ? 1 : 0) << Id(i) << ": marker and effect commit together";
+      EXPECT_EQ(Charges(**store, Id(i)), marked_before.count(Id(i)) ? 1 : 0)
+          << Id(i) << ": marker and effect commit together";
   }
   EXPECT_FALSE(marked_before.empty()) << "some messages were done before the crash";
   const std::string& crashed = log.last_received;
@@ -255,7 +257,8 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
     ++calls[m.id];
     return ChargeHandler()(tx, m);
   };
-  auto consumer_owned = MustOpen<Consumer>(src, inbox, h, Consumer::Options{.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
+  auto consumer_owned = MustOpen<Consumer>(
+      src, inbox, h, Consumer::Options{.receive_wait_ms = 2 * kLeaseMs, .stop_when_idle = true, .env = &env});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
 
@@ -315,29 +318,28 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Points, KillPoint,
-    ::testing::Values(
-        // The third new message: its marker is in the open transaction.
-        CrashCase{"after_marker", "inbox.after_marker", 3, 1, 1},
-        // The third message: handler done, COMMIT not issued.
-        CrashCase{"after_work", "inbox.after_work", 3, 1, 1},
-        // The third message: committed, not acknowledged.
-        CrashCase{"after_commit", "inbox.after_commit", 3, 1, 1},
-        // A producer's second copy, a duplicate: committed (nothing), not acked.
-        CrashCase{"after_commit_on_duplicate", "inbox.after_commit", kIds + 2, 1, 1},
-        // The third message: acknowledged, then the crash.
-        CrashCase{"after_ack", "consumer.after_ack", 3, 1, 1},
-        // The second batch of four: two handlers done, nothing committed.
-        CrashCase{"batch_mid", "inbox.batch_mid", 2, 4, 1},
-        // The second batch of four: all handlers done, COMMIT not issued.
-        CrashCase{"batch_after_work", "inbox.after_work", 2, 4, 1},
-        // The second batch of four: committed, none acknowledged.
-        CrashCase{"batch_after_commit", "inbox.after_commit", 2, 4, 1},
-        // Two workers: the other worker's delivery is in flight too.
-        CrashCase{"two_workers_after_commit", "inbox.after_commit", 4, 1, 2},
-        CrashCase{"two_workers_after_marker", "inbox.after_marker", 4, 2, 2}),
-    [](const ::testing::TestParamInfo<CrashCase>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(Points, KillPoint,
+                         ::testing::Values(
+                             // The third new message: its marker is in the open transaction.
+                             CrashCase{"after_marker", "inbox.after_marker", 3, 1, 1},
+                             // The third message: handler done, COMMIT not issued.
+                             CrashCase{"after_work", "inbox.after_work", 3, 1, 1},
+                             // The third message: committed, not acknowledged.
+                             CrashCase{"after_commit", "inbox.after_commit", 3, 1, 1},
+                             // A producer's second copy, a duplicate: committed (nothing), not acked.
+                             CrashCase{"after_commit_on_duplicate", "inbox.after_commit", kIds + 2, 1, 1},
+                             // The third message: acknowledged, then the crash.
+                             CrashCase{"after_ack", "consumer.after_ack", 3, 1, 1},
+                             // The second batch of four: two handlers done, nothing committed.
+                             CrashCase{"batch_mid", "inbox.batch_mid", 2, 4, 1},
+                             // The second batch of four: all handlers done, COMMIT not issued.
+                             CrashCase{"batch_after_work", "inbox.after_work", 2, 4, 1},
+                             // The second batch of four: committed, none acknowledged.
+                             CrashCase{"batch_after_commit", "inbox.after_commit", 2, 4, 1},
+                             // Two workers: the other worker's delivery is in flight too.
+                             CrashCase{"two_workers_after_commit", "inbox.after_commit", 4, 1, 2},
+                             CrashCase{"two_workers_after_marker", "inbox.after_marker", 4, 2, 2}),
+                         [](const ::testing::TestParamInfo<CrashCase>& p) { return p.param.name; });
 
 }  // namespace
 }  // namespace idem::testing

@@ -44,8 +44,9 @@ TEST(LeaseKeeping, AHandlerThreeTimesTheLeaseRunsOnceWithNoSecondDelivery) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1800));
       return ChargeHandler()(tx, m);
     };
-    auto consumer_owned = MustOpen<Consumer>(**queue, inbox, slow,
-                      Consumer::Options{.workers = 3, .receive_wait_ms = 50, .stop_when_idle = true, .extend_leases = extend});
+    auto consumer_owned = MustOpen<Consumer>(
+        **queue, inbox, slow,
+        Consumer::Options{.workers = 3, .receive_wait_ms = 50, .stop_when_idle = true, .extend_leases = extend});
     Consumer& consumer = *consumer_owned;
     ASSERT_TRUE(consumer.Run().ok());
     EXPECT_EQ(Charges(**store, "slow-1"), 1);

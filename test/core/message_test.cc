@@ -45,9 +45,16 @@ TEST(Message, DownstreamKeyIsStablePerStep) {
 // kMaxKeyBytes, the same on every call, distinct per id and per step.
 TEST(Message, DownstreamKeyFitsEveryValidId) {
   const std::string utf8 = "commande-\xc3\xa9t\xc3\xa9-1042";  // "commande-été-1042"
-  std::vector<std::string> ids = {"a", std::string(249, 'x'), std::string(255, 'y'), std::string(255, 'x'),
-                                  utf8, "order 1042", "with \"quotes\" and \\", std::string("nul\0byte", 8),
-                                  std::string(kHashedKeyPrefix) + "abc", "abc"};
+  std::vector<std::string> ids = {"a",
+                                  std::string(249, 'x'),
+                                  std::string(255, 'y'),
+                                  std::string(255, 'x'),
+                                  utf8,
+                                  "order 1042",
+                                  "with \"quotes\" and \\",
+                                  std::string("nul\0byte", 8),
+                                  std::string(kHashedKeyPrefix) + "abc",
+                                  "abc"};
   std::set<std::string> keys;
   for (const std::string& id : ids) {
     ASSERT_TRUE(ValidateId(id).ok()) << id;
@@ -68,8 +75,9 @@ TEST(Message, DownstreamKeyFitsEveryValidId) {
   EXPECT_TRUE(DownstreamKey(std::string(255, 'y'), "charge").starts_with(kHashedKeyPrefix));
   EXPECT_TRUE(DownstreamKey(utf8, "charge").starts_with(kHashedKeyPrefix));
   // An id that looks like a hashed key is hashed too, so the forms never meet.
-  EXPECT_TRUE(DownstreamKey(std::string(kHashedKeyPrefix) + "abc", "charge").starts_with(
-      std::string(kHashedKeyPrefix) + ToHex(FingerprintOf(std::string(kHashedKeyPrefix) + "abc"))));
+  EXPECT_TRUE(
+      DownstreamKey(std::string(kHashedKeyPrefix) + "abc", "charge")
+          .starts_with(std::string(kHashedKeyPrefix) + ToHex(FingerprintOf(std::string(kHashedKeyPrefix) + "abc"))));
 }
 
 TEST(Message, StepNamesAreChecked) {

@@ -33,7 +33,8 @@ class ProducerTimeKey : public ::testing::Test {
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }
   std::unique_ptr<Inbox> MakeInbox(bool by_time) {
-    return MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = by_time, .env = &env_});
+    return MustOpen<Inbox>(*store_,
+                           Inbox::Options{.consumer = "payments", .key_by_producer_time = by_time, .env = &env_});
   }
   TempDir dir_;
   FakeEnv env_;
@@ -41,7 +42,8 @@ class ProducerTimeKey : public ::testing::Test {
 };
 
 TEST_F(ProducerTimeKey, DuplicatesAndConflictsAsWithThePlainKey) {
-  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned =
+      MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   Inbox& inbox = *inbox_owned;
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < 10; ++i)
@@ -63,9 +65,11 @@ TEST_F(ProducerTimeKey, SwitchingItOnNeverReappliesAMessageHandledBefore) {
   auto before_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   Inbox& before = *before_owned;
   ASSERT_TRUE(before.Handle(Timed("m-1", 5000), ChargeHandler()).applied());
-  auto after_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto after_owned =
+      MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   Inbox& after = *after_owned;
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(after.Handle(Timed("m-1", 5000), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(after.Handle(Timed("m-1", 5000), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   // In a batch too.
   std::vector<Message> batch = {Timed("m-2", 5001), Timed("m-1", 5000), Timed("m-2", 5001)};
   std::vector<Outcome> out = after.HandleBatch(batch, ChargeHandler());
@@ -77,7 +81,8 @@ TEST_F(ProducerTimeKey, SwitchingItOnNeverReappliesAMessageHandledBefore) {
 }
 
 TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
-  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned =
+      MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   Inbox& inbox = *inbox_owned;
   Message m = Timed("m-1", 7000);
   ASSERT_TRUE(inbox.Handle(m, ChargeHandler()).applied());
@@ -89,7 +94,8 @@ TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
 }
 
 TEST_F(ProducerTimeKey, ThreadsRacingOnOneMessageApplyItOnce) {
-  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned =
+      MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   Inbox& inbox = *inbox_owned;
   std::atomic<int> applied{0}, duplicates{0};
   std::vector<std::thread> threads;
@@ -105,7 +111,8 @@ TEST_F(ProducerTimeKey, ThreadsRacingOnOneMessageApplyItOnce) {
 }
 
 TEST_F(ProducerTimeKey, PurgeGoesByProducerTimeAndARestampedRetryIsNotCaught) {
-  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
+  auto inbox_owned =
+      MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .key_by_producer_time = true, .env = &env_});
   Inbox& inbox = *inbox_owned;
   for (int i = 0; i < 20; ++i)
     for (int copy = 0; copy < 2; ++copy) inbox.Handle(Timed("m-" + std::to_string(i), 1000 * i), ChargeHandler());

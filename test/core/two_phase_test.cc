@@ -188,17 +188,18 @@ TEST_F(TwoPhaseTest, HolderKilledMidCallIsTakenOverAfterItsLease) {
 }
 
 TEST_F(TwoPhaseTest, ConsumerRedeliversAStepInProgressWithoutCountingAFailure) {
-  auto q = embedded::Queue::Open({.path = dir_.File("queue.db"), .lease_ms = 60'000, .durable = false,
-                                  .poll_ms = 50, .env = &env_});
+  auto q = embedded::Queue::Open(
+      {.path = dir_.File("queue.db"), .lease_ms = 60'000, .durable = false, .poll_ms = 50, .env = &env_});
   ASSERT_TRUE(q.ok()) << q.status();
   for (int round = 0; round < 2; ++round) ASSERT_TRUE((*q)->Publish(Msg("m-1", "40")).ok());
   // Another process holds the step for 10 s of the consumer's clock.
-  auto other = claims_->Claim({.scope = "charge", .key = "m-1:charge", .fingerprint = FingerprintOf("40"),
-                               .lease_ms = 10'000});
+  auto other =
+      claims_->Claim({.scope = "charge", .key = "m-1:charge", .fingerprint = FingerprintOf("40"), .lease_ms = 10'000});
   ASSERT_TRUE(other.ok() && other->kind == ClaimOutcome::Kind::kStarted);
   // max_attempts 1: a counted failure would dead-letter the message at once.
-  auto consumer_owned = MustOpen<Consumer>(**q, *inbox_, ChargeThenRecord(),
-                    Consumer::Options{.max_attempts = 1, .receive_wait_ms = 120'000, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      **q, *inbox_, ChargeThenRecord(),
+      Consumer::Options{.max_attempts = 1, .receive_wait_ms = 120'000, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   EXPECT_EQ(consumer.stats().dead_lettered, 0u);

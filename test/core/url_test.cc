@@ -38,7 +38,8 @@ TEST(RedactUrl, HidesPasswordKeys) {
   EXPECT_EQ(RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
   EXPECT_EQ(RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
   // Only the key itself: a value that merely holds the word is kept.
-  EXPECT_EQ(RedactUrl("postgres://u@h/db?application_name=mypassword"), "postgres://u@h/db?application_name=mypassword");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?application_name=mypassword"),
+            "postgres://u@h/db?application_name=mypassword");
   EXPECT_EQ(RedactUrl("postgres://u@h/db?my_password=x"), "postgres://u@h/db?my_password=x");
 }
 

@@ -5,13 +5,13 @@
 //
 // Every test delivers every message at least twice: it is published twice
 // (a producer retry), or redelivered.
-#include <limits>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <limits>
 
 #include <algorithm>
 #include <atomic>
@@ -40,8 +40,12 @@ namespace {
 // ---------------------------------------------------------------------------
 
 Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
-  auto q = embedded::Queue::Open({.path = dir.File("queue.db"), .queue = "orders", .lease_ms = c.lease_ms,
-                                  .durable = false, .poll_ms = 5, .env = c.env});
+  auto q = embedded::Queue::Open({.path = dir.File("queue.db"),
+                                  .queue = "orders",
+                                  .lease_ms = c.lease_ms,
+                                  .durable = false,
+                                  .poll_ms = 5,
+                                  .env = c.env});
   if (!q.ok()) return q.status();
   embedded::Queue* raw = q->get();
   SourceHandle h;
@@ -110,9 +114,9 @@ TEST(EmbeddedQueue, NewerQueueSchemaIsRefused) {
   }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(dir.File("q.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE idem_queue_meta SET value = '99' WHERE key = 'version'", nullptr, nullptr,
-                         nullptr),
-            SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "UPDATE idem_queue_meta SET value = '99' WHERE key = 'version'", nullptr, nullptr, nullptr),
+      SQLITE_OK);
   sqlite3_close(db);
   auto q = Queue::Open({.path = dir.File("q.db")});
   ASSERT_FALSE(q.ok());
@@ -184,8 +188,8 @@ TEST(EmbeddedQueue, UrlParsing) {
   EXPECT_FALSE(Queue::ParseUrl("embedded:q.db?durable=false")->durable);
   for (const char* bad : {"redis://localhost/orders", "q.db", "sqlite:q.db", "embedded:", "embedded:?queue=x",
                           "embedded:q.db?color=red", "embedded:q.db?lease_ms=abc", "embedded:q.db?lease_ms=5s",
-                          "embedded:q.db?lease_ms=0", "embedded:q.db?lease_ms=-3", "embedded:q.db?lease_ms=",
-                          "embedded:q.db?queue=", "embedded:q.db?durable=maybe"}) {
+                          "embedded:q.db?lease_ms=0", "embedded:q.db?lease_ms=-3",
+                          "embedded:q.db?lease_ms=", "embedded:q.db?queue=", "embedded:q.db?durable=maybe"}) {
     auto r = Queue::ParseUrl(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;

@@ -14,8 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <set>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -160,10 +160,10 @@ class ClientTest : public ::testing::Test {
  protected:
   std::unique_ptr<Client> NewClient(int port, int max_attempts = 6, int64_t read_timeout_ms = 120'000) {
     auto c = Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(port),
-                             .bearer = "sk_a",
-                             .max_attempts = max_attempts,
-                             .read_timeout_ms = read_timeout_ms,
-                             .env = &env_});
+                           .bearer = "sk_a",
+                           .max_attempts = max_attempts,
+                           .read_timeout_ms = read_timeout_ms,
+                           .env = &env_});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -471,9 +471,9 @@ TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
   });
   server_.Start();
   auto client = NewClient(server_.port());
-  for (const std::string& key : {std::string("k\r\nX-Injected: yes"), std::string("caf\xc3\xa9"), std::string(1, '\0'),
-                                 std::string("tab\there"), std::string("del\x7f"), std::string("\x1f"),
-                                 std::string(256, 'k'), std::string()}) {
+  for (const std::string& key :
+       {std::string("k\r\nX-Injected: yes"), std::string("caf\xc3\xa9"), std::string(1, '\0'), std::string("tab\there"),
+        std::string("del\x7f"), std::string("\x1f"), std::string(256, 'k'), std::string()}) {
     for (int i = 0; i < 2; ++i) {
       auto r = client->Post("/charges", kBody, key);
       ASSERT_FALSE(r.ok());
@@ -513,9 +513,9 @@ TEST(ClientCreate, RejectsBadOptions) {
   }
   auto zero = Client::Open({.base_url = "http://127.0.0.1:8080", .max_attempts = 0});
   EXPECT_FALSE(zero.ok());
-  for (const char* url : {"http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://localhost",
-                          "http://127.0.0.1:8080/api/v1", "http://127.0.0.1:8080/api/v1/", "https://127.0.0.1:8443",
-                          "https://localhost/v1"}) {
+  for (const char* url :
+       {"http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://localhost", "http://127.0.0.1:8080/api/v1",
+        "http://127.0.0.1:8080/api/v1/", "https://127.0.0.1:8443", "https://localhost/v1"}) {
     auto c = Client::Open({.base_url = url});
     EXPECT_TRUE(c.ok()) << url << ": " << c.status();
   }
@@ -617,9 +617,9 @@ TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
   server_.server().Get(R"(/api/v1/.*)", record);
   server_.Start();
   auto c = Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(server_.port()) + "/api/v1/",
-                           .bearer = "sk_a",
-                           .headers = {{"X-Tenant", "acme"}, {"Stripe-Version", "2024-06-20"}},
-                           .env = &env_});
+                         .bearer = "sk_a",
+                         .headers = {{"X-Tenant", "acme"}, {"Stripe-Version", "2024-06-20"}},
+                         .env = &env_});
   ASSERT_TRUE(c.ok()) << c.status();
   auto client = std::move(*c);
   ASSERT_TRUE(client->Post("/charges", kBody, "p-1").ok());
@@ -639,11 +639,18 @@ TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
 }
 
 TEST_F(ClientTest, AHeaderThatCannotBeSentIsRefusedNamingIt) {
-  const std::vector<std::pair<std::string, std::string>> bad = {
-      {"X-Evil", "a\r\nX-Injected: yes"}, {"X-Evil", "line\nfeed"}, {"X-Evil", "nul\0"s},
-      {"X-Evil", "caf\xc3\xa9"},          {"X Evil", "v"},          {"X-Evil:", "v"},
-      {"X-Evil\r\n", "v"},                {"", "v"},                {"Idempotency-Key", "k"},
-      {"content-length", "1"},            {"Host", "elsewhere"},    {"Authorization", "Bearer other"}};
+  const std::vector<std::pair<std::string, std::string>> bad = {{"X-Evil", "a\r\nX-Injected: yes"},
+                                                                {"X-Evil", "line\nfeed"},
+                                                                {"X-Evil", "nul\0"s},
+                                                                {"X-Evil", "caf\xc3\xa9"},
+                                                                {"X Evil", "v"},
+                                                                {"X-Evil:", "v"},
+                                                                {"X-Evil\r\n", "v"},
+                                                                {"", "v"},
+                                                                {"Idempotency-Key", "k"},
+                                                                {"content-length", "1"},
+                                                                {"Host", "elsewhere"},
+                                                                {"Authorization", "Bearer other"}};
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(name + ": " + value);
     auto c = Client::Open({.base_url = "http://127.0.0.1:8080", .bearer = "sk_a", .headers = {{name, value}}});
@@ -757,7 +764,8 @@ TEST_F(ClientTest, CancelIsSeenBetweenTheSlicesOfABackoff) {
 class OneMessageSource final : public Source {
  public:
   Result<std::vector<Delivery>> Receive(int, int64_t) override {
-    if (!given_.exchange(true)) return std::vector<Delivery>{{.message = {.id = "m-1", .payload = "{}"}, .receipt = "r"}};
+    if (!given_.exchange(true))
+      return std::vector<Delivery>{{.message = {.id = "m-1", .payload = "{}"}, .receipt = "r"}};
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return std::vector<Delivery>{};
   }

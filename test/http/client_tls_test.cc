@@ -70,8 +70,7 @@ Cert MakeCert(EVP_PKEY* key, const char* cn, X509* issuer, EVP_PKEY* issuer_key,
   } else {
     ok = ok && AddExtension(x, signer, NID_basic_constraints, "CA:FALSE") &&
          AddExtension(x, signer, NID_authority_key_identifier, "keyid") &&
-         AddExtension(x, signer, NID_ext_key_usage, "serverAuth") &&
-         AddExtension(x, signer, NID_subject_alt_name, san);
+         AddExtension(x, signer, NID_ext_key_usage, "serverAuth") && AddExtension(x, signer, NID_subject_alt_name, san);
   }
   if (!ok || X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256()) == 0) return nullptr;
   return cert;
@@ -138,9 +137,9 @@ class ClientTlsTest : public ::testing::Test {
 
   std::unique_ptr<Client> NewClient(const std::string& ca_file) {
     auto c = Client::Open({.base_url = "https://127.0.0.1:" + std::to_string(port_) + "/v1",
-                             .ca_file = ca_file,
-                             .max_attempts = 6,
-                             .env = &env_});
+                           .ca_file = ca_file,
+                           .max_attempts = 6,
+                           .env = &env_});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }

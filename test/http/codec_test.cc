@@ -35,34 +35,34 @@ TEST(ParseKey, AcceptsQuotedStrings) {
 
 TEST(ParseKey, RejectsWhatIsNotAnSfStringOfOneTo255Characters) {
   const std::string bad[] = {
-      "",                                        // nothing
-      "\"\"",                                    // empty string
-      "\"" + std::string(256, 'k') + "\"",       // 256 characters
-      "\"" + std::string(255, 'k') + "\\\\\"",   // 256 after unescaping
-      "\"abc",                                   // no closing quote
-      "abc\"",                                   // no opening quote
-      "\"",                                      // a lone quote
-      R"("a\x")",                                // \x is no escape
-      R"("a\n")",                                // nor \n
-      R"("abc\")",                               // the closing quote escaped
-      R"("a"b")",                                // an unescaped quote inside
-      "\"caf\xc3\xa9\"",                         // non-ASCII (UTF-8)
-      "\"a\x7f\"",                               // DEL
-      "\"a\x01\"",                               // a control character
-      "\"a\tb\"",                                // tab inside the string
-      "\"a\",\"b\"",                             // a list of two
+      "",                                       // nothing
+      "\"\"",                                   // empty string
+      "\"" + std::string(256, 'k') + "\"",      // 256 characters
+      "\"" + std::string(255, 'k') + "\\\\\"",  // 256 after unescaping
+      "\"abc",                                  // no closing quote
+      "abc\"",                                  // no opening quote
+      "\"",                                     // a lone quote
+      R"("a\x")",                               // \x is no escape
+      R"("a\n")",                               // nor \n
+      R"("abc\")",                              // the closing quote escaped
+      R"("a"b")",                               // an unescaped quote inside
+      "\"caf\xc3\xa9\"",                        // non-ASCII (UTF-8)
+      "\"a\x7f\"",                              // DEL
+      "\"a\x01\"",                              // a control character
+      "\"a\tb\"",                               // tab inside the string
+      "\"a\",\"b\"",                            // a list of two
       // Bare tokens that are not one key of visible ASCII:
-      "a b",                                     // a space inside
-      "a\tb",                                    // a tab inside
-      "a,b",                                     // a list of two
-      "abc,",                                    // likewise
-      "a\\b",                                    // a backslash
-      "a\"b",                                     // a quote inside
-      "caf\xc3\xa9",                             // non-ASCII (UTF-8)
-      "a\x7f",                                   // DEL
-      "a\x01",                                   // a control character
-      " \t ",                                    // only whitespace
-      std::string(256, 'k'),                     // 256 characters
+      "a b",                  // a space inside
+      "a\tb",                 // a tab inside
+      "a,b",                  // a list of two
+      "abc,",                 // likewise
+      "a\\b",                 // a backslash
+      "a\"b",                 // a quote inside
+      "caf\xc3\xa9",          // non-ASCII (UTF-8)
+      "a\x7f",                // DEL
+      "a\x01",                // a control character
+      " \t ",                 // only whitespace
+      std::string(256, 'k'),  // 256 characters
   };
   for (const std::string& v : bad) {
     auto k = ParseKey(v);
@@ -76,8 +76,8 @@ TEST(ParseKey, RejectsWhatIsNotAnSfStringOfOneTo255Characters) {
 // Stripe's client libraries send the key bare (Idempotency-Key: 8e2b...):
 // the same key as its quoted form.
 TEST(ParseKey, AcceptsBareTokensAsTheSameKeyAsQuoted) {
-  const std::string tokens[] = {"8e03978e-40d5-43e8-bc93-6894a57f9324", "m-7f3:charge", "a", "abc",
-                                "~!#$%&'()*+-./:;<=>?@[]^_`{|}", std::string(255, 'k')};
+  const std::string tokens[] = {"8e03978e-40d5-43e8-bc93-6894a57f9324", "m-7f3:charge",       "a", "abc",
+                                "~!#$%&'()*+-./:;<=>?@[]^_`{|}",        std::string(255, 'k')};
   for (const std::string& t : tokens) {
     auto bare = ParseKey(t);
     ASSERT_TRUE(bare.ok()) << t << ": " << bare.status();
@@ -89,8 +89,9 @@ TEST(ParseKey, AcceptsBareTokensAsTheSameKeyAsQuoted) {
 }
 
 TEST(QuoteKey, RoundTripsThroughParseKey) {
-  const std::string keys[] = {"plain", "a\"b", "a\\b", "\\", "\"", "\\\"\\\"", "end\\", "\"start",
-                              "sp ace", std::string(255, 'x'), "order-42:charge"};
+  const std::string keys[] = {"plain",          "a\"b",  "a\\b",    "\\",     "\"",
+                              "\\\"\\\"",       "end\\", "\"start", "sp ace", std::string(255, 'x'),
+                              "order-42:charge"};
   for (const std::string& k : keys) {
     const std::string quoted = QuoteKey(k);
     EXPECT_EQ(quoted.front(), '"');
@@ -150,7 +151,9 @@ TEST(RequestFingerprint, JsonOrderAndWhitespaceDoNotMatterButValuesDo) {
 
 TEST(StoredResponse, EncodeDecodeRoundTrip) {
   StoredResponse r{201,
-                   {{"Location", "/charges/ch_1"}, {"Content-Type", "application/json"}, {"X-Empty", ""},
+                   {{"Location", "/charges/ch_1"},
+                    {"Content-Type", "application/json"},
+                    {"X-Empty", ""},
                     {"X-Bytes", std::string("a\0b", 3)}},
                    std::string("{\"id\":\"ch_1\"}\0\xff", 15)};
   auto back = Decode(Encode(r));
@@ -169,10 +172,10 @@ TEST(StoredResponse, EncodeDecodeRoundTrip) {
 TEST(StoredResponse, DecodeOfCorruptBytesIsCorruption) {
   const std::string good = Encode(StoredResponse{201, {{"Location", "/charges/ch_1"}}, "body"});
   std::vector<std::string> corrupt = {
-      "",                                       // nothing
-      "not idem",                               // foreign bytes
-      "idem-http-2" + good.substr(11),          // another format version
-      good + "x",                               // trailing bytes
+      "",                               // nothing
+      "not idem",                       // foreign bytes
+      "idem-http-2" + good.substr(11),  // another format version
+      good + "x",                       // trailing bytes
   };
   // Every truncation of a good record.
   for (size_t n = 0; n < good.size(); ++n) corrupt.push_back(good.substr(0, n));

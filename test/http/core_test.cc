@@ -36,7 +36,8 @@ Request Post(const std::string& key, const std::string& body = kBody, const std:
 class CoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s =
+        sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     auto tx = store_->Begin();

@@ -30,7 +30,8 @@ constexpr char kBody[] = R"({"amount":4000,"currency":"usd","customer":"cus_1"})
 class IdempotencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s =
+        sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_NE(store_->claim_store(), nullptr);
@@ -42,15 +43,13 @@ class IdempotencyTest : public ::testing::Test {
   // The middleware (principals acct_a and acct_b); call before Route().
   void Middleware(http::Idempotency::Options options = {}) {
     if (options.env == nullptr) options.env = &env_;
-    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}, {"sk_b", "acct_b"}}),
-                                          options);
+    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}, {"sk_b", "acct_b"}}), options);
   }
   // POST (and PATCH) `route` through the middleware to `handler`.
   void Route(const std::string& route, RoutePolicy policy, ::httplib::Server::Handler handler,
              idem::httplib::Validator validate = nullptr) {
     if (!idem_) Middleware();
-    auto wrapped =
-        Must(idem::httplib::Wrap(*idem_, route, std::move(policy), std::move(handler), std::move(validate)));
+    auto wrapped = Must(idem::httplib::Wrap(*idem_, route, std::move(policy), std::move(handler), std::move(validate)));
     server_.server().Post(route, wrapped);
     server_.server().Patch(route, wrapped);
     server_.server().Put(route, wrapped);
@@ -177,8 +176,8 @@ TEST_F(IdempotencyTest, SetUpMistakesFailAtStartUp) {
   EXPECT_TRUE(refused(Idempotency::Open({.authenticate = http::BearerKeys({{"sk_a", "acct_a"}})})));
   Middleware();
   EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "", {}, ChargeHandler())));
-  EXPECT_TRUE(refused(idem::httplib::WrapInTransaction(*idem_, "", {}, *store_,
-                                                       [](const ::httplib::Request&, ::httplib::Response&, Transaction&) {})));
+  EXPECT_TRUE(refused(idem::httplib::WrapInTransaction(
+      *idem_, "", {}, *store_, [](const ::httplib::Request&, ::httplib::Response&, Transaction&) {})));
   EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "/charges", {.lease_ms = 0}, ChargeHandler())));
   EXPECT_TRUE(refused(idem::httplib::Wrap(*idem_, "/charges", {.wait_ms = -5}, ChargeHandler())));
   EXPECT_TRUE(idem::httplib::Wrap(*idem_, "/charges", {}, ChargeHandler()).ok());
@@ -190,11 +189,11 @@ TEST_F(IdempotencyTest, NoOrUnknownBearerIs401) {
   for (int i = 0; i < 2; ++i) {
     ExpectProblem(PostKey("auth-1", kBody, /*bearer=*/""), 401, "unauthenticated", "no");
     ExpectProblem(PostKey("auth-1", kBody, "sk_unknown"), 401, "unauthenticated", "no");
-    ExpectProblem(Send(server_.port(), "POST", "/charges", {{"Authorization", "Basic c2tfYTo="},
-                                                             {"Idempotency-Key", "\"auth-1\""}}, kBody),
+    ExpectProblem(Send(server_.port(), "POST", "/charges",
+                       {{"Authorization", "Basic c2tfYTo="}, {"Idempotency-Key", "\"auth-1\""}}, kBody),
                   401, "unauthenticated", "no");
-    ExpectProblem(Send(server_.port(), "POST", "/charges", {{"Authorization", "Bearer "},
-                                                             {"Idempotency-Key", "\"auth-1\""}}, kBody),
+    ExpectProblem(Send(server_.port(), "POST", "/charges",
+                       {{"Authorization", "Bearer "}, {"Idempotency-Key", "\"auth-1\""}}, kBody),
                   401, "unauthenticated", "no");
   }
   EXPECT_EQ(executions_.load(), 0);
@@ -585,10 +584,11 @@ TEST_F(IdempotencyTest, A4xxFromTheHandlerIsReleasedUnlessListedInStored4xx) {
 TEST_F(IdempotencyTest, ValidateRefusesBeforeTheClaim) {
   RoutePolicy silent;
   silent.validate = [](const http::Request& req, http::Answer&) { return req.body == kBody; };  // the core's types
-  Route("/silent", silent, ChargeHandler());  // counts its executions
+  Route("/silent", silent, ChargeHandler());                                                    // counts its executions
   // The adapter's validator, over cpp-httplib's types.
-  Route("/throwing", {}, [&](const ::httplib::Request&, ::httplib::Response&) { ++executions_; },
-        [](const ::httplib::Request&, ::httplib::Response&) -> bool { throw std::runtime_error("bug"); });
+  Route(
+      "/throwing", {}, [&](const ::httplib::Request&, ::httplib::Response&) { ++executions_; },
+      [](const ::httplib::Request&, ::httplib::Response&) -> bool { throw std::runtime_error("bug"); });
   Start();
   for (int i = 0; i < 2; ++i) {
     Reply r = Post("\"val-1\"", R"({"amount":1})", "sk_a", "/silent");
@@ -691,7 +691,7 @@ struct OneChargePerKey {
 // its fencing token), then each writes the one charge of its key if it is not
 // there yet and answers with it.
 ::httplib::Server::Handler LeaseHandler(std::atomic<int>& executions, Gate& first_gate, Gate* second_gate,
-                                      OneChargePerKey& provider) {
+                                        OneChargePerKey& provider) {
   return [&executions, &first_gate, second_gate, &provider](const ::httplib::Request&, ::httplib::Response& res) {
     const int n = ++executions;
     const ClaimToken* claim = http::CurrentClaim();

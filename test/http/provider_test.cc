@@ -29,7 +29,8 @@ TEST(ProviderServerStart, RefusesNoKeysAndAnUnopenableStore) {
 
 TEST(ProviderServerStart, ABusyPortIsUnavailable) {
   TempDir dir;
-  auto first = cli::ProviderServer::Start({.store_url = "sqlite:" + dir.File("a.db"), .api_keys = {{"sk_a", "acct_a"}}});
+  auto first =
+      cli::ProviderServer::Start({.store_url = "sqlite:" + dir.File("a.db"), .api_keys = {{"sk_a", "acct_a"}}});
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = cli::ProviderServer::Start(
       {.port = (*first)->port(), .store_url = "sqlite:" + dir.File("b.db"), .api_keys = {{"sk_a", "acct_a"}}});

@@ -114,8 +114,9 @@ class RawConnection {
 };
 
 std::string Post(const std::string& path, const std::string& body, const std::string& extra = "") {
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n" + extra + "\r\n" + body;
 }
 
 // POST /echo answers "echo:" and the body.
@@ -286,8 +287,8 @@ TEST_P(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
   RawConnection c(server_.port());
   ASSERT_TRUE(c.connected());
   const std::string inner = Post("/hidden", "x");
-  ASSERT_TRUE(c.Send("BREW /pot HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(inner.size()) +
-                     "\r\n\r\n" + inner));
+  ASSERT_TRUE(
+      c.Send("BREW /pot HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(inner.size()) + "\r\n\r\n" + inner));
   auto r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 400);

@@ -15,9 +15,9 @@
 
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
-#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
+#include "idem/testing/fault_vfs.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
@@ -52,7 +52,7 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
     ASSERT_TRUE((*tx)->Commit().ok());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
-                                          http::Idempotency::Options{.env = &env_, .group_commit_max = GetParam().group});
+                           http::Idempotency::Options{.env = &env_, .group_commit_max = GetParam().group});
   }
   void TearDown() override {
     Vfs().Disarm();
@@ -84,7 +84,8 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
       res.set_header("Location", "/charges/" + key);
       res.set_content(nlohmann::json{{"key", key}, {"amount", amount}, {"execution", n}}.dump(), "application/json");
     };
-    server_.server().Post("/charges", Must(idem::httplib::WrapInTransaction(*idem_, "/charges", policy_, *store_, handler)));
+    server_.server().Post("/charges",
+                          Must(idem::httplib::WrapInTransaction(*idem_, "/charges", policy_, *store_, handler)));
     server_.set_fibers(GetParam().fibers);
     server_.Start();
   }

@@ -106,11 +106,11 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
   for (int copy = 0; copy < 2; ++copy) ASSERT_TRUE((*queue)->Publish(Msg("order-1042", kBody)).ok());
 
   auto client = http::Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(port),
-                                      .bearer = "sk_test",
-                                      .max_attempts = 3,
-                                      .backoff_base_ms = 20,
-                                      .backoff_max_ms = 100,
-                                      .read_timeout_ms = 2'000});
+                                    .bearer = "sk_test",
+                                    .max_attempts = 3,
+                                    .backoff_base_ms = 20,
+                                    .backoff_max_ms = 100,
+                                    .read_timeout_ms = 2'000});
   ASSERT_TRUE(client.ok()) << client.status();
   Claims claims(*(*store)->claim_store());
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
@@ -131,8 +131,9 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
       [](Transaction& tx, const Message& m, const Calls&) -> Status {
         return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 4000)", {m.id}).status();
       });
-  auto consumer_owned = MustOpen<Consumer>(**queue, inbox, charge,
-                    Consumer::Options{.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
+  auto consumer_owned = MustOpen<Consumer>(
+      **queue, inbox, charge,
+      Consumer::Options{.max_attempts = 2, .backoff_base_ms = 50, .backoff_max_ms = 200, .stop_when_idle = true});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   restarter.join();

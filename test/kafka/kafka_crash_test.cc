@@ -61,7 +61,6 @@ constexpr char kEnvGroup[] = "IDEM_KAFKA_CRASH_CHILD_GROUP";
 constexpr char kEnvStore[] = "IDEM_KAFKA_CRASH_CHILD_STORE";
 constexpr char kEnvLog[] = "IDEM_KAFKA_CRASH_CHILD_LOG";
 
-
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
 bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
@@ -162,7 +161,8 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
   ASSERT_TRUE(ArmKillPointFromEnv()) << "IDEM_KILL_AT is not set";
   // One worker, one delivery at a time: exactly one delivery is committed
   // and not acknowledged when the kill point fires.
-  auto consumer_owned = MustOpen<Consumer>(logged, inbox, ChargeHandler(), Consumer::Options{.workers = 1, .batch = 1, .receive_wait_ms = 100});
+  auto consumer_owned = MustOpen<Consumer>(logged, inbox, ChargeHandler(),
+                                           Consumer::Options{.workers = 1, .batch = 1, .receive_wait_ms = 100});
   Consumer& consumer = *consumer_owned;
   std::thread watchdog([&] {
     std::this_thread::sleep_for(std::chrono::seconds(120));
@@ -347,8 +347,12 @@ TEST_F(KafkaCrash, AConsumerKilledAfterCommitBeforeAckIsRedeliveredToAnotherCons
   RecordingSource recorded(**src);
   {
     auto consumer_owned = MustOpen<Consumer>(recorded, inbox, ChargeHandler(),
-                      Consumer::Options{.workers = 2, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
-                       .receive_wait_ms = 100});
+                                             Consumer::Options{.workers = 2,
+                                                               .batch = 1,
+                                                               .max_attempts = 5,
+                                                               .backoff_base_ms = 5,
+                                                               .backoff_max_ms = 50,
+                                                               .receive_wait_ms = 100});
     Consumer& consumer = *consumer_owned;
     std::thread run([&] { (void)consumer.Run(); });
     const bool drained = WaitFor([&] {

@@ -119,8 +119,11 @@ TEST(KafkaWireFormat, FormerProducerTimeNamesAreRead) {
   both.headers = {{"idem-produced-at-ms", "5"}};
   both.producer_time_ms = 1'700'000'000'003;
   for (const Message& m : {kafka_name, redis_name, both}) ASSERT_TRUE((*pub)->Publish(m).ok()) << m.id;
-  auto src = kafka::Source::Open({.brokers = kafka.brokers(), .topic = kTopic, .group = "wire",
-                                  .session_timeout_ms = 6'000, .heartbeat_interval_ms = 200,
+  auto src = kafka::Source::Open({.brokers = kafka.brokers(),
+                                  .topic = kTopic,
+                                  .group = "wire",
+                                  .session_timeout_ms = 6'000,
+                                  .heartbeat_interval_ms = 200,
                                   .config = {{"fetch.wait.max.ms", "20"}}});
   ASSERT_TRUE(src.ok()) << src.status();
   std::vector<Delivery> got = ReceiveN(**src, 3);

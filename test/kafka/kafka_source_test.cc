@@ -39,7 +39,6 @@ constexpr int kPartitions = 4;
 constexpr int16_t kApiFetch = 1;
 constexpr int16_t kApiOffsetCommit = 8;
 
-
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
 // Polls `cond` until it holds or `timeout_ms` pass (generous: a loaded
@@ -107,9 +106,7 @@ class KafkaTest : public ::testing::Test {
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
   }
 
-  void TearDown() override {
-    kafka_.reset();
-  }
+  void TearDown() override { kafka_.reset(); }
 
   // Short timers and backoffs: the mock cluster answers at once.
   kafka::Source::Options SourceOptions(int64_t revoke_wait_ms = 5'000) {
@@ -147,7 +144,11 @@ class KafkaTest : public ::testing::Test {
   }
 
   Consumer::Options Options(int workers = 2) {
-    return {.workers = workers, .batch = 1, .max_attempts = 5, .backoff_base_ms = 5, .backoff_max_ms = 50,
+    return {.workers = workers,
+            .batch = 1,
+            .max_attempts = 5,
+            .backoff_base_ms = 5,
+            .backoff_max_ms = 50,
             .receive_wait_ms = 100};
   }
 
@@ -338,7 +339,7 @@ TEST_F(KafkaTest, AMemberJoiningMidRunRebalancesWithoutLossOrDoubles) {
   run_a.Stop();
   run_b.Stop();
   ExpectExactlyOnce(kN + kMore);
-  EXPECT_EQ(calls.load(), kN + kMore);  // no handler ran twice for one message
+  EXPECT_EQ(calls.load(), kN + kMore);    // no handler ran twice for one message
   EXPECT_GE(a->stats().revocations, 1u);  // a gave partitions up
   EXPECT_GE(a->stats().assignments, 2u);
   EXPECT_GE(b->stats().assignments, 1u);

@@ -10,8 +10,8 @@
 #include "idem/kafka/offset_inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
-#include "util/test_util.h"
 #include "kafka/errors.h"
+#include "util/test_util.h"
 
 namespace idem::kafka {
 namespace {
@@ -79,7 +79,8 @@ TEST(KafkaOptions, MissingRequiredOptionsAreRefused) {
   EXPECT_EQ(Source::Open({.topic = "t", .group = "g"}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.brokers = "127.0.0.1:1", .group = "g"}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.brokers = "127.0.0.1:1", .topic = "t"}).status().code(), Code::kInvalidArgument);
-  auto bad_conf = Source::Open({.brokers = "127.0.0.1:1", .topic = "t", .group = "g", .config = {{"no.such.property", "1"}}});
+  auto bad_conf =
+      Source::Open({.brokers = "127.0.0.1:1", .topic = "t", .group = "g", .config = {{"no.such.property", "1"}}});
   ASSERT_FALSE(bad_conf.ok());
   EXPECT_EQ(bad_conf.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad_conf.status().message().find("no.such.property"), std::string::npos) << bad_conf.status();

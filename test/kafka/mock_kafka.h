@@ -67,9 +67,9 @@ class MockKafka {
     bool ok = rd_kafka_committed(Admin(), list, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR;
     for (int p = 0; ok && p < partitions_; ++p) {
       int64_t lo = 0, hi = 0;
-      ok = rd_kafka_query_watermark_offsets(Admin(), topic_.c_str(), p, &lo, &hi, 5'000) ==
-               RD_KAFKA_RESP_ERR_NO_ERROR &&
-           (hi == 0 || list->elems[p].offset == hi);
+      ok =
+          rd_kafka_query_watermark_offsets(Admin(), topic_.c_str(), p, &lo, &hi, 5'000) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+          (hi == 0 || list->elems[p].offset == hi);
     }
     rd_kafka_topic_partition_list_destroy(list);
     return ok;

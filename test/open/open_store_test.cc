@@ -18,8 +18,8 @@ namespace {
 
 TEST(OpenStore, SqliteByUrlOrBarePath) {
   TempDir dir;
-  for (const std::string& url : {"sqlite:" + dir.File("a.db") + "?synchronous=normal", dir.File("b.db"),
-                                 "sqlite://" + dir.File("c.db")}) {
+  for (const std::string& url :
+       {"sqlite:" + dir.File("a.db") + "?synchronous=normal", dir.File("b.db"), "sqlite://" + dir.File("c.db")}) {
     auto store = OpenStore(url);
     ASSERT_TRUE(store.ok()) << url << ": " << store.status();
     EXPECT_EQ((*store)->Kind(), "sqlite");

@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
-#include <cstdlib>
 #include <string>
 
 #include "idem/env.h"
@@ -25,7 +25,8 @@ namespace idem::testing {
 inline std::string PgUrl() {
   const char* url = std::getenv("IDEM_TEST_PG_URL");
   if (url == nullptr || *url == '\0') {
-    ADD_FAILURE() << "IDEM_TEST_PG_URL is not set: run the tests with ctest (its fixture starts PostgreSQL) or ./run test";
+    ADD_FAILURE()
+        << "IDEM_TEST_PG_URL is not set: run the tests with ctest (its fixture starts PostgreSQL) or ./run test";
     return "postgres://127.0.0.1:1/none";
   }
   return url;
@@ -62,8 +63,10 @@ inline std::string SchemaUrl(const std::string& key) {
 // A fresh, empty schema.
 inline std::string FreshSchemaUrl() {
   static std::atomic<int> counter{0};
-  std::string key = std::to_string(::getpid()) + "/" + std::to_string(counter++) + "/" + std::to_string(::time(nullptr));
-  PgAdmin("DROP SCHEMA IF EXISTS t_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL) + " CASCADE");
+  std::string key =
+      std::to_string(::getpid()) + "/" + std::to_string(counter++) + "/" + std::to_string(::time(nullptr));
+  PgAdmin("DROP SCHEMA IF EXISTS t_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL) +
+          " CASCADE");
   return SchemaUrl(key);
 }
 

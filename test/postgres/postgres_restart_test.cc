@@ -71,9 +71,10 @@ TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
     ++applied;
     return Status::OK();
   };
-  auto consumer_owned = MustOpen<Consumer>(**queue, inbox, h,
-                    Consumer::Options{.workers = 2, .max_attempts = 0, .backoff_base_ms = 20, .backoff_max_ms = 200,
-                     .receive_wait_ms = 50});
+  auto consumer_owned = MustOpen<Consumer>(
+      **queue, inbox, h,
+      Consumer::Options{
+          .workers = 2, .max_attempts = 0, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
   Consumer& consumer = *consumer_owned;
   std::thread runner([&] { (void)consumer.Run(); });
 

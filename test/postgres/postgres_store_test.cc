@@ -30,18 +30,19 @@
 
 namespace idem::testing {
 
-INSTANTIATE_TEST_SUITE_P(
-    Stores, StoreConformance,
-    ::testing::Values(StoreParam{"postgres",
-                                 [](const TempDir& d, Env* env) {
-                                   return postgres::Store::Open({.url = SchemaUrl(d.path()), .env = env});
-                                 }},
-                      StoreParam{"postgres_daily_partitions",
-                                 [](const TempDir& d, Env* env) {
-                                   return postgres::Store::Open(
-                                       {.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
-                                 }}),
-    StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"postgres",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Store::Open(
+                                                            {.url = SchemaUrl(d.path()), .env = env});
+                                                      }},
+                                           StoreParam{"postgres_daily_partitions",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Store::Open({.url = SchemaUrl(d.path()),
+                                                                                      .partition_by_day = true,
+                                                                                      .env = env});
+                                                      }}),
+                         StoreParamName);
 
 INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{"postgres",
@@ -59,13 +60,27 @@ TEST(PostgresErrors, SqlStateTranslationTable) {
     const char* state;
     Code code;
   } rows[] = {
-      {"23505", Code::kDuplicate},       {"23502", Code::kInvalidArgument}, {"40001", Code::kRetryable},
-      {"40P01", Code::kRetryable},       {"08006", Code::kUnavailable},     {"08001", Code::kUnavailable},
-      {"57P01", Code::kUnavailable},     {"57P03", Code::kUnavailable},     {"53300", Code::kUnavailable},
-      {"53200", Code::kRetryable},       {"55P03", Code::kBusy},            {"57014", Code::kAborted},
-      {"25P02", Code::kAborted},         {"42P01", Code::kInvalidArgument}, {"42601", Code::kInvalidArgument},
-      {"22P02", Code::kInvalidArgument}, {"28P01", Code::kUnavailable},     {"3D000", Code::kUnavailable},
-      {"XX001", Code::kCorruption},      {"58030", Code::kIoError},         {"XX000", Code::kInternal},
+      {"23505", Code::kDuplicate},
+      {"23502", Code::kInvalidArgument},
+      {"40001", Code::kRetryable},
+      {"40P01", Code::kRetryable},
+      {"08006", Code::kUnavailable},
+      {"08001", Code::kUnavailable},
+      {"57P01", Code::kUnavailable},
+      {"57P03", Code::kUnavailable},
+      {"53300", Code::kUnavailable},
+      {"53200", Code::kRetryable},
+      {"55P03", Code::kBusy},
+      {"57014", Code::kAborted},
+      {"25P02", Code::kAborted},
+      {"42P01", Code::kInvalidArgument},
+      {"42601", Code::kInvalidArgument},
+      {"22P02", Code::kInvalidArgument},
+      {"28P01", Code::kUnavailable},
+      {"3D000", Code::kUnavailable},
+      {"XX001", Code::kCorruption},
+      {"58030", Code::kIoError},
+      {"XX000", Code::kInternal},
       {"", Code::kUnavailable},
   };
   for (const Row& r : rows) EXPECT_EQ(CodeForSqlState(r.state), r.code) << r.state;
@@ -104,8 +119,9 @@ class Postgres : public ::testing::Test {
   static bool SomeoneWaitsOnALock() {
     for (int i = 0; i < 1000; ++i) {
       PGconn* c = PQconnectdb(PgUrl().c_str());
-      PGresult* r = PQexec(c, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                              " AND (query LIKE '%idem_markers%' OR query LIKE '%pg_advisory_xact_lock%')");
+      PGresult* r = PQexec(c,
+                           "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                           " AND (query LIKE '%idem_markers%' OR query LIKE '%pg_advisory_xact_lock%')");
       bool waiting = PQntuples(r) > 0;
       PQclear(r);
       PQfinish(c);
@@ -135,7 +151,8 @@ TEST_F(PostgresDaily, RaceSecondWaitsThenSeesDuplicateOrApplies) { RaceBothOrder
 void Postgres::RaceBothOrders() {
   for (bool first_commits : {true, false}) {
     SCOPED_TRACE(first_commits ? "first commits" : "first rolls back");
-    auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = first_commits ? "commit-order" : "rollback-order"});
+    auto inbox_owned =
+        MustOpen<Inbox>(*store_, Inbox::Options{.consumer = first_commits ? "commit-order" : "rollback-order"});
     Inbox& inbox = *inbox_owned;
     std::mutex mu;
     std::condition_variable cv;
@@ -218,7 +235,8 @@ TEST_F(Postgres, ConnectionCutAfterCommitSentNeverAcksWithoutTheMarker) {
     DisarmKillPoints();
     auto marker = store_->FindMarker("payments", id);
     ASSERT_TRUE(marker.ok());
-    std::cerr << "cut after COMMIT sent: " << o.ToString() << ", marker " << (marker->has_value() ? "present" : "absent") << "\n";
+    std::cerr << "cut after COMMIT sent: " << o.ToString() << ", marker "
+              << (marker->has_value() ? "present" : "absent") << "\n";
     if (o.ShouldAck()) {
       EXPECT_TRUE(marker->has_value()) << o.ToString();
     } else {
@@ -559,7 +577,10 @@ TEST_F(Postgres, ConcurrentPurgesTakeDisjointRows) {
   for (int t = 0; t < 3; ++t)
     purgers.emplace_back([&] {
       auto n = store_->Purge("payments", Env::Default()->NowMs() + 1000, 25);
-      if (n.ok()) total += *n; else ++errors;
+      if (n.ok())
+        total += *n;
+      else
+        ++errors;
     });
   for (auto& t : purgers) t.join();
   EXPECT_EQ(errors.load(), 0);
@@ -591,9 +612,10 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   EXPECT_EQ(*(*store)->CountMarkers(""), 30);
   auto tables = [&] {
     PGconn* c = PQconnectdb(url.c_str());
-    PGresult* r = PQexec(c, "SELECT count(*) FROM pg_tables WHERE tablename IN"
-                            " ('idem_markers_d20000', 'idem_markers_d20001', 'idem_markers_d20002')"
-                            " AND schemaname = current_schema()");
+    PGresult* r = PQexec(c,
+                         "SELECT count(*) FROM pg_tables WHERE tablename IN"
+                         " ('idem_markers_d20000', 'idem_markers_d20001', 'idem_markers_d20002')"
+                         " AND schemaname = current_schema()");
     int n = std::atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
     PQfinish(c);
@@ -709,10 +731,8 @@ TEST(PostgresBadInput, PasswordsAreRedacted) {
   EXPECT_EQ(RedactUrl("postgres://u@h/db"), "postgres://u@h/db");
   EXPECT_EQ(RedactUrl("postgresql://h/db"), "postgresql://h/db");
   // In the query, and in key=value strings.
-  EXPECT_EQ(RedactUrl("postgres://u@h/db?password=pw&sslmode=off"),
-            "postgres://u@h/db?password=***&sslmode=off");
-  EXPECT_EQ(RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"),
-            "postgres://u:***@h/db?sslmode=off&password=***");
+  EXPECT_EQ(RedactUrl("postgres://u@h/db?password=pw&sslmode=off"), "postgres://u@h/db?password=***&sslmode=off");
+  EXPECT_EQ(RedactUrl("postgres://u:a@h/db?sslmode=off&password=b"), "postgres://u:***@h/db?sslmode=off&password=***");
   EXPECT_EQ(RedactUrl("host=h password=pw dbname=d"), "host=h password=*** dbname=d");
   EXPECT_EQ(RedactUrl("host=h password = 'p w' dbname=d"), "host=h password = *** dbname=d");
   EXPECT_EQ(RedactUrl("postgres://u@h/db?application_name=mypassword"),
@@ -769,9 +789,9 @@ TEST(PostgresOpenByUrl, OpenStoreAndOpenClaimStore) {
 }
 
 TEST(PostgresBadInput, OpenChecksTheOptions) {
-  for (postgres::Store::Options o : {postgres::Store::Options{.pool_size = 0},
-                                     postgres::Store::Options{.connect_timeout_ms = 0},
-                                     postgres::Store::Options{.partition_days_ahead = -1}}) {
+  for (postgres::Store::Options o :
+       {postgres::Store::Options{.pool_size = 0}, postgres::Store::Options{.connect_timeout_ms = 0},
+        postgres::Store::Options{.partition_days_ahead = -1}}) {
     o.url = "postgres://u:s3cret@127.0.0.1:1/db";
     auto r = postgres::Store::Open(o);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();

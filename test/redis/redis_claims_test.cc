@@ -28,7 +28,8 @@ INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{
                              "redis",
                              [](const TempDir& d, Env* env) -> Result<std::shared_ptr<ClaimStore>> {
-                               auto s = redis::ClaimStore::Open({.url = RedisUrl(), .prefix = PrefixFor(d), .clock = env});
+                               auto s =
+                                   redis::ClaimStore::Open({.url = RedisUrl(), .prefix = PrefixFor(d), .clock = env});
                                if (!s.ok()) return s.status();
                                return std::shared_ptr<ClaimStore>(std::move(*s));
                              }}),
@@ -119,9 +120,9 @@ TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
   auto plain = redis::ClaimStore::ParseUrl("redis://h");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->prefix, redis::ClaimStore::Options{}.prefix);
-  for (const char* bad : {"redis://:s3cret@h?colour=blue", "redis://:s3cret@h?pool_size=0",
-                          "redis://:s3cret@h?prefix=a&prefix=b", "redis://:s3cret@h:notaport", "sqlite:x.db",
-                          "redis://:s3cret@h?connect_timeout_ms=soon"}) {
+  for (const char* bad :
+       {"redis://:s3cret@h?colour=blue", "redis://:s3cret@h?pool_size=0", "redis://:s3cret@h?prefix=a&prefix=b",
+        "redis://:s3cret@h:notaport", "sqlite:x.db", "redis://:s3cret@h?connect_timeout_ms=soon"}) {
     auto r = redis::ClaimStore::ParseUrl(bad);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
     EXPECT_EQ(r.status().message().find("s3cret"), std::string::npos) << r.status();
@@ -411,7 +412,8 @@ TEST(RedisClaimStore, ScriptFlushIsSurvived) {
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
   // A batch of completions after a flush: each is loaded again and runs.
-  std::vector<Result<ClaimOutcome>> held = store->TryClaimMany(std::vector<ClaimRequest>{Req("f1"), Req("f2"), Req("f3")});
+  std::vector<Result<ClaimOutcome>> held =
+      store->TryClaimMany(std::vector<ClaimRequest>{Req("f1"), Req("f2"), Req("f3")});
   std::vector<Completion> done;
   for (auto& h : held) {
     ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();

@@ -227,9 +227,7 @@ TEST(RedisPipeline, ConnectionsKilledMidBatchLoseNothingAndInventNothing) {
           EXPECT_TRUE(attempted) << log.key << " holds '" << c->result << "', which no Complete sent";
         }
         break;
-      case Kind::kConflict:
-        ADD_FAILURE() << log.key << ": conflict with the same fingerprint";
-        break;
+      case Kind::kConflict: ADD_FAILURE() << log.key << ": conflict with the same fingerprint"; break;
     }
   };
 

@@ -56,9 +56,7 @@ class RedisPrefilter : public ::testing::Test {
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .prefilter = filter_.get()});
   }
   Outcome Deliver(const Message& m, const Handler& h = ChargeHandler()) { return inbox_->Handle(m, h); }
-  bool Known(const Message& m) {
-    return filter_->KnownApplied("payments", std::span<const Message>(&m, 1)).at(0);
-  }
+  bool Known(const Message& m) { return filter_->KnownApplied("payments", std::span<const Message>(&m, 1)).at(0); }
 
   TempDir dir_;
   std::unique_ptr<Store> sqlite_;

@@ -46,10 +46,10 @@ TEST(RedisUrl, ParsesEveryPart) {
 }
 
 TEST(RedisUrl, RefusesWhatItCannotUseWithoutShowingThePassword) {
-  for (const char* url : {"", "127.0.0.1:6379", "http://h", "rediss://:s3cret@h", "redis://", "redis://:1",
-                          "redis://h:", "redis://h:0", "redis://h:70000", "redis://h:x", "redis://h/x",
-                          "redis://h/-1", "redis://h?db=1", "redis://[::1", "redis://[::1]x",
-                          "redis://s3cret@h", "redis://:s3cret%4@h", "redis://:s3cret%zz@h", "redis://u:@h"}) {
+  for (const char* url :
+       {"", "127.0.0.1:6379", "http://h", "rediss://:s3cret@h", "redis://", "redis://:1", "redis://h:", "redis://h:0",
+        "redis://h:70000", "redis://h:x", "redis://h/x", "redis://h/-1", "redis://h?db=1", "redis://[::1",
+        "redis://[::1]x", "redis://s3cret@h", "redis://:s3cret%4@h", "redis://:s3cret%zz@h", "redis://u:@h"}) {
     auto ep = ParseUrl(url);
     ASSERT_FALSE(ep.ok()) << "'" << url << "'";
     EXPECT_EQ(ep.status().code(), Code::kInvalidArgument) << url;

@@ -43,8 +43,8 @@ using StreamOptions = redis::StreamSource::Options;
 // The stream and group of `dir` (the same in a forked child).
 StreamOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const std::string& url = RedisUrl()) {
   const std::string prefix = PrefixFor(dir);
-  return {.url = url, .stream = prefix + "orders", .group = "payments", .lease_ms = lease_ms, .poll_ms = 20,
-          .env = env};
+  return {
+      .url = url, .stream = prefix + "orders", .group = "payments", .lease_ms = lease_ms, .poll_ms = 20, .env = env};
 }
 
 Result<SourceHandle> OpenStreams(const TempDir& dir, const SourceConfig& c) {
@@ -151,7 +151,8 @@ class StreamsTest : public ::testing::Test {
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
   }
   void OpenStore() {
-    auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
+    auto s =
+        sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
@@ -393,8 +394,9 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
     ASSERT_TRUE(s->Publish(Msg(Id(1))).ok());
   }
   // Seen by the source: an empty id and a header that says why.
-  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
-                    Consumer::Options{.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned = MustOpen<Consumer>(
+      *s, *inbox_, ChargeHandler(),
+      Consumer::Options{.max_attempts = 5, .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
@@ -425,8 +427,12 @@ TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
     return ChargeHandler()(tx, m);
   };
   auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, poison,
-                    Consumer::Options{.max_attempts = 3, .backoff_base_ms = 100, .backoff_max_ms = 1'000,
-                     .receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+                                           Consumer::Options{.max_attempts = 3,
+                                                             .backoff_base_ms = 100,
+                                                             .backoff_max_ms = 1'000,
+                                                             .receive_wait_ms = 2 * kLease,
+                                                             .stop_when_idle = true,
+                                                             .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
@@ -482,8 +488,9 @@ TEST_F(StreamsTest, ConsumerDrainsDuplicatesAndLostAcksToExactlyOneEffectPerMess
     for (int i = 0; i < kIds; ++i) ASSERT_TRUE(s->Publish(Msg(Id(i))).ok());
   DroppingSource lossy(*s, 5);
   for (int run = 0; run < 10 && PendingCount(Opts()) + (run == 0) > 0; ++run) {
-    auto consumer_owned = MustOpen<Consumer>(lossy, *inbox_, ChargeHandler(),
-                      Consumer::Options{.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
+    auto consumer_owned = MustOpen<Consumer>(
+        lossy, *inbox_, ChargeHandler(),
+        Consumer::Options{.workers = 3, .batch = 4, .receive_wait_ms = 200, .stop_when_idle = true, .env = &env_});
     Consumer& consumer = *consumer_owned;
     ASSERT_TRUE(consumer.Run().ok());
     env_.Advance(kLease + 1);  // lost acks come back
@@ -514,7 +521,8 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
     auto inbox_owned = MustOpen<Inbox>(**st, Inbox::Options{.consumer = "payments"});
     Inbox& inbox = *inbox_owned;
     ArmKillPoint("inbox.after_commit", 7);
-    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(), Consumer::Options{.receive_wait_ms = 50, .stop_when_idle = true});
+    auto c_owned = MustOpen<Consumer>(**src, inbox, ChargeHandler(),
+                                      Consumer::Options{.receive_wait_ms = 50, .stop_when_idle = true});
     Consumer& c = *c_owned;
     (void)c.Run();
     return 4;
@@ -525,8 +533,9 @@ TEST_F(StreamsTest, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnotherConsume
   auto s = Open(&env_, kLease, "survivor");
   ASSERT_TRUE(s);
   env_.Advance(600'001);  // past the dead consumer's lease
-  auto consumer_owned = MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
-                    Consumer::Options{.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
+  auto consumer_owned =
+      MustOpen<Consumer>(*s, *inbox_, ChargeHandler(),
+                         Consumer::Options{.receive_wait_ms = 2 * kLease, .stop_when_idle = true, .env = &env_});
   Consumer& consumer = *consumer_owned;
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(kIds);
@@ -572,7 +581,8 @@ TEST_F(StreamsTest, InvalidOptionsAndAMissingGroupAreRejected) {
                      StreamOptions o = Opts();
                      o.create_group = false;
                      return o;
-                   }()).status();
+                   }())
+                       .status();
   EXPECT_EQ(missing.code(), Code::kNotFound) << missing;
   EXPECT_NE(missing.message().find("payments"), std::string::npos) << missing;
   auto s = Open();
@@ -644,8 +654,8 @@ class OwnRedis {
       ::setsid();
       const std::string port = std::to_string(port_), log = dir + "/redis.log";
       ::execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port.c_str(), "--save", "",
-               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--dir", dir.c_str(),
-               "--logfile", log.c_str(), static_cast<char*>(nullptr));
+               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--dir", dir.c_str(), "--logfile",
+               log.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 100; ++i) {
@@ -686,8 +696,9 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return ChargeHandler()(tx, m);
   };
-  auto consumer_owned = MustOpen<Consumer>(**s, *inbox_, slow,
-                    Consumer::Options{.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
+  auto consumer_owned = MustOpen<Consumer>(
+      **s, *inbox_, slow,
+      Consumer::Options{.workers = 2, .backoff_base_ms = 20, .backoff_max_ms = 200, .receive_wait_ms = 50});
   Consumer& consumer = *consumer_owned;
   std::thread runner([&] { (void)consumer.Run(); });
   while (handled.load() < kIds / 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -700,8 +711,7 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
     std::string lag = RedisRaw({"XINFO", "GROUPS", o.stream}, server.url());
     // Pending 0 alone is not the end: between two reads nothing may be
     // pending while the second round's entries are still unread.
-    if (Charges(*store_) >= kIds && GroupReadEverything(o, server.url()) && PendingCount(o, server.url()) == 0)
-      break;
+    if (Charges(*store_) >= kIds && GroupReadEverything(o, server.url()) && PendingCount(o, server.url()) == 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
       ADD_FAILURE() << "not drained: " << lag;
       break;

@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fault_vfs.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 

@@ -32,7 +32,6 @@ using Op = FaultVfs::Op;
 using Action = FaultVfs::Action;
 using FileKind = FaultVfs::FileKind;
 
-
 // Every test starts and ends with a pass-through VFS.
 class FaultVfsTest : public ::testing::Test {
  protected:
@@ -330,8 +329,7 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   // Delivered again (twice): applied once.
   const std::vector<Message> again = {Msg("a"), Msg("b")};
   for (int round = 0; round < 2; ++round)
-    for (const Outcome& out : inbox.HandleBatch(again, ChargeHandler()))
-      EXPECT_TRUE(out.ShouldAck()) << out.ToString();
+    for (const Outcome& out : inbox.HandleBatch(again, ChargeHandler())) EXPECT_TRUE(out.ShouldAck()) << out.ToString();
   EXPECT_EQ(Charges(*store, "a"), 1);
   EXPECT_EQ(Charges(*store, "b"), 1);
 }

@@ -46,9 +46,9 @@
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/inbox.h"
-#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
+#include "idem/testing/fault_vfs.h"
 #include "util/fault_vfs_util.h"
 #include "util/test_util.h"
 
@@ -57,7 +57,6 @@ namespace {
 
 using sqlite::FaultVfs;
 using Op = FaultVfs::Op;
-
 
 uint64_t Seed() {
   if (const char* s = std::getenv("IDEM_POWER_LOSS_SEED")) return std::strtoull(s, nullptr, 10);
@@ -249,16 +248,17 @@ class PowerLoss : public ::testing::Test {
       auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
       Inbox& inbox = *inbox_owned;
       CutAwareSource source(*queue_, acked_);
-      auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
-                        Consumer::Options{.workers = 1,
-                         .batch = batch,
-                         .max_attempts = 0,  // a cut must never dead-letter a message
-                         .max_deliveries = 0,
-                         .backoff_base_ms = 1,
-                         .backoff_max_ms = 16,
-                         .receive_wait_ms = 1,
-                         .stop_when_idle = true,
-                         .env = env_.get()});
+      auto consumer_owned =
+          MustOpen<Consumer>(source, inbox, ChargeHandler(),
+                             Consumer::Options{.workers = 1,
+                                               .batch = batch,
+                                               .max_attempts = 0,  // a cut must never dead-letter a message
+                                               .max_deliveries = 0,
+                                               .backoff_base_ms = 1,
+                                               .backoff_max_ms = 16,
+                                               .receive_wait_ms = 1,
+                                               .stop_when_idle = true,
+                                               .env = env_.get()});
       Consumer& consumer = *consumer_owned;
       source.set_consumer(&consumer);
       Vfs().Arm(cut);
@@ -292,8 +292,10 @@ class PowerLoss : public ::testing::Test {
     auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
     Inbox& inbox = *inbox_owned;
     CutAwareSource source(*queue_, acked_);
-    auto consumer_owned = MustOpen<Consumer>(source, inbox, ChargeHandler(),
-        Consumer::Options{.max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
+    auto consumer_owned = MustOpen<Consumer>(
+        source, inbox, ChargeHandler(),
+        Consumer::Options{
+            .max_attempts = 0, .max_deliveries = 0, .receive_wait_ms = 1, .stop_when_idle = true, .env = env_.get()});
     Consumer& consumer = *consumer_owned;
     source.set_consumer(&consumer);
     ASSERT_TRUE(consumer.Run().ok());

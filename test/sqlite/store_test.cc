@@ -128,10 +128,8 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
                  Case{sqlite::Checkpoint::kInline, sqlite::Synchronous::kNormal, false},
                  Case{sqlite::Checkpoint::kAuto, sqlite::Synchronous::kFull, false}}) {
     TempDir dir;
-    auto store = sqlite::Store::Open({.path = dir.File("c.db"),
-                               .synchronous = c.sync,
-                               .wal_autocheckpoint_pages = 4,
-                               .checkpoint = c.mode});
+    auto store = sqlite::Store::Open(
+        {.path = dir.File("c.db"), .synchronous = c.sync, .wal_autocheckpoint_pages = 4, .checkpoint = c.mode});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
     std::promise<std::thread::id> ran;
@@ -429,15 +427,16 @@ namespace idem::testing {
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
                          ::testing::Values(StoreParam{"sqlite",
                                                       [](const TempDir& d, Env* env) {
-                                                        return sqlite::Store::Open({.path = d.File("store.db"), .env = env});
+                                                        return sqlite::Store::Open(
+                                                            {.path = d.File("store.db"), .env = env});
                                                       }}),
                          StoreParamName);
 
 INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
                          ::testing::Values(ClaimsParam{"sqlite",
                                                        [](const TempDir& d, Env* env) {
-                                                         return ClaimsOf(
-                                                             sqlite::Store::Open({.path = d.File("claims.db"), .env = env}));
+                                                         return ClaimsOf(sqlite::Store::Open(
+                                                             {.path = d.File("claims.db"), .env = env}));
                                                        }}),
                          ClaimsParamName);
 }  // namespace idem::testing

@@ -152,8 +152,10 @@ class DeliverySuite : public ::testing::Test {
     Publish(m);
   }
   void Advance(int64_t ms) {
-    if (GetParam().advance) GetParam().advance(env_, ms);
-    else env_.Advance(ms);
+    if (GetParam().advance)
+      GetParam().advance(env_, ms);
+    else
+      env_.Advance(ms);
   }
   // What Message::attempt is on the n-th delivery: n, or 0 on a source that
   // does not count them.
@@ -241,8 +243,8 @@ class DeliverySuiteRegistry {
     if (!Runs(c, s)) return;
     const DeliveryCase* cp = &c;
     const SourceParam* sp = &s;
-    ::testing::RegisterTest("Sources/DeliverySuite", (c.name + "/" + s.name).c_str(), nullptr, s.name.c_str(),
-                            c.file, c.line, [cp, sp]() -> DeliverySuite* {
+    ::testing::RegisterTest("Sources/DeliverySuite", (c.name + "/" + s.name).c_str(), nullptr, s.name.c_str(), c.file,
+                            c.line, [cp, sp]() -> DeliverySuite* {
                               DeliverySuite* t = cp->make();
                               t->param_ = sp;
                               return t;
@@ -261,14 +263,17 @@ inline bool RegisterDeliverySuite(SourceParam source) {
 // Defines a case; the arguments after the name are the capabilities it
 // needs (none: it runs on every source):
 //   IDEM_DELIVERY_CASE(AckIsNotRepeatable, &Capabilities::reports_lease_lost) { ... }
-#define IDEM_DELIVERY_CASE(case_name, ...)                                                                  \
-  class DeliverySuite_##case_name final : public ::idem::testing::DeliverySuite {                         \
-   public:                                                                                                \
-    void TestBody() override;                                                                             \
-  };                                                                                                      \
+#define IDEM_DELIVERY_CASE(case_name, ...)                                                                       \
+  class DeliverySuite_##case_name final : public ::idem::testing::DeliverySuite {                                \
+   public:                                                                                                       \
+    void TestBody() override;                                                                                    \
+  };                                                                                                             \
   [[maybe_unused]] const bool kDeliveryCase_##case_name = ::idem::testing::DeliverySuiteRegistry::Get().AddCase( \
-      {#case_name, {__VA_ARGS__}, [] { return static_cast<::idem::testing::DeliverySuite*>(new DeliverySuite_##case_name); }, \
-       __FILE__, __LINE__});                                                                              \
+      {#case_name,                                                                                               \
+       {__VA_ARGS__},                                                                                            \
+       [] { return static_cast<::idem::testing::DeliverySuite*>(new DeliverySuite_##case_name); },               \
+       __FILE__,                                                                                                 \
+       __LINE__});                                                                                               \
   void DeliverySuite_##case_name::TestBody()
 
 }  // namespace idem::testing

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "idem/testing/fault_vfs.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/fault_vfs.h"
 
 namespace idem::testing {
 

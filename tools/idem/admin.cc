@@ -5,9 +5,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <string>
-#include <iostream>
 #include <utility>
 
 #include "commands.h"
@@ -139,7 +139,8 @@ std::string ClaimLine(const ClaimRecord& c, int64_t now_ms) {
                   "  fence " + std::to_string(c.fence);
   if (c.state == ClaimRecord::State::kInProgress) {
     const int64_t left = c.lease_until_ms - now_ms;
-    s += left > 0 ? "  lease ends in " + std::to_string(left) + " ms" : "  lease ended " + std::to_string(-left) + " ms ago";
+    s += left > 0 ? "  lease ends in " + std::to_string(left) + " ms"
+                  : "  lease ended " + std::to_string(-left) + " ms ago";
   } else {
     s += "  result " + std::to_string(c.result.size()) + " bytes" + (c.result_is_error ? " (a stored error)" : "") +
          "  expires in " + std::to_string(c.expires_at_ms - now_ms) + " ms";
@@ -273,11 +274,21 @@ int RunInspect(const Args& args) {
   if (args.Bool("json")) {
     std::vector<std::string> ms, ds;
     for (const auto& m : *markers)
-      ms.push_back(Json().Add("consumer", m.consumer).Add("id", m.id).Add("fingerprint", ToHex(m.fingerprint))
-                       .Add("processed_at_ms", m.processed_at_ms).str());
+      ms.push_back(Json()
+                       .Add("consumer", m.consumer)
+                       .Add("id", m.id)
+                       .Add("fingerprint", ToHex(m.fingerprint))
+                       .Add("processed_at_ms", m.processed_at_ms)
+                       .str());
     for (const auto& d : *dead)
-      ds.push_back(Json().Add("consumer", d.consumer).Add("id", d.id).Add("reason", d.reason).Add("error", d.error)
-                       .Add("attempts", d.attempts).Add("at_ms", d.at_ms).str());
+      ds.push_back(Json()
+                       .Add("consumer", d.consumer)
+                       .Add("id", d.id)
+                       .Add("reason", d.reason)
+                       .Add("error", d.error)
+                       .Add("attempts", d.attempts)
+                       .Add("at_ms", d.at_ms)
+                       .str());
     Json j;
     std::vector<std::string> cs;
     cs.reserve(claims.size());
@@ -341,8 +352,10 @@ int RunPurge(const Args& args) {
     if (!opened.ok()) return Fail("purge", opened.status());
     auto c = opened->claims->PurgeClaims(scope, *older, static_cast<int>(*batch));
     if (!c.ok()) return Fail("purge", c.status());
-    if (args.Bool("json")) std::cout << Json().Add("claims_purged", *c).str() << "\n";
-    else std::cout << "purged " << *c << " claim record(s)\n";
+    if (args.Bool("json"))
+      std::cout << Json().Add("claims_purged", *c).str() << "\n";
+    else
+      std::cout << "purged " << *c << " claim record(s)\n";
     return kExitOk;
   }
   auto store = OpenStore(args.Get("store"), false);

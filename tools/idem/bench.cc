@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "marker_workload.h"
 #include "commands.h"
 #include "components.h"
 #include "idem/inbox.h"
+#include "marker_workload.h"
 #if IDEM_HAVE_POSTGRES
 #include "idem/postgres/store.h"
 #endif
@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-constexpr int kRetainChunk = 10'000;   // markers per transaction while pre-populating
+constexpr int kRetainChunk = 10'000;  // markers per transaction while pre-populating
 constexpr int kRetainCacheKib = 64 * 1024;
 constexpr int64_t kMaxBatch = 1'000'000;
 
@@ -211,9 +211,9 @@ int RunMarker(const Args& args) {
     return Fail(cmd, Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'"));
   }
   const bool by_time = args.Bool("key-by-producer-time");
-  const std::string consumer = args.Has("consumer") ? args.Get("consumer")
-                                                    : "bench-" + std::string(bench::IdKindName(kind)) +
-                                                          (by_time ? "-ptime" : "");
+  const std::string consumer = args.Has("consumer")
+                                   ? args.Get("consumer")
+                                   : "bench-" + std::string(bench::IdKindName(kind)) + (by_time ? "-ptime" : "");
   if (Status s = ValidateId(consumer); !s.ok()) return Fail(cmd, s.WithContext("--consumer"));
 
   // --- the store. SQLite: --synchronous, else the URL's ?synchronous=, else
@@ -387,10 +387,10 @@ int RunMarker(const Args& args) {
   std::cout << "idem bench marker: " << where << " (" << (pg ? "postgres" : "sqlite") << "), consumer " << consumer
             << ", " << nc << " consumer thread(s)\n"
             << "  " << Grouped(static_cast<double>(*have)) << " retained " << bench::IdKindName(kind) << " markers ("
-            << (added == 0 ? std::string("file reused") : "added " + Grouped(static_cast<double>(added)) + " in " +
-                                                              Fixed(retain_s, 1) + " s")
-            << "), batch " << *batch << (*batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)")
-            << ", " << sync_label << "\n"
+            << (added == 0 ? std::string("file reused")
+                           : "added " + Grouped(static_cast<double>(added)) + " in " + Fixed(retain_s, 1) + " s")
+            << "), batch " << *batch << (*batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)") << ", "
+            << sync_label << "\n"
             << "  " << *rounds << " round(s) of " << Fixed(*seconds, 2) << " s per side, alternating\n";
   if (*total_markers > *have)
     std::cout << "  note: the store holds " << Grouped(static_cast<double>(*total_markers))
@@ -481,7 +481,8 @@ const Command& BenchCommand() {
        {"days", "D", "10", "purge: the retained markers' processing times span D days; the oldest is purged"},
        {"purge-batch", "B", "2000", "purge: markers per purge transaction"},
        {"source", "URL", "", "source: the broker (see idem run --help)"},
-       {"messages", "N", "", "source: distinct messages per round (default 10000); call-first: per round and\n"
+       {"messages", "N", "",
+        "source: distinct messages per round (default 10000); call-first: per round and\n"
         "          worker count (default 400)"},
        {"dup-rate", "R", "", "source: fraction published twice (default 0)"},
        {"workers", "W", "", "source: consumer threads (default 4)"},
@@ -495,16 +496,16 @@ const Command& BenchCommand() {
 int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
-    return Fail("bench",
-                Status::InvalidArgument(
-                    "missing subcommand: expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
+    return Fail(
+        "bench",
+        Status::InvalidArgument(
+            "missing subcommand: expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
       pos[0] != "call-first")
     return Fail("bench", Status::InvalidArgument(
                              "unknown subcommand '" + pos[0] +
                              "': expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
-  if (pos.size() > 1)
-    return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
+  if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);

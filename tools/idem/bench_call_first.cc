@@ -33,12 +33,12 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "components.h"
 #include "idem/call_first.h"
 #include "idem/claims.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
-#include "components.h"
 #include "idem/sqlite/store.h"
 #include "idem/url.h"
 #include "payments.h"
@@ -261,9 +261,9 @@ int RunBenchCallFirst(const Args& args) {
         results[form].rates[w].push_back(static_cast<double>(*n) / secs);
         const InboxCounters c = inbox.counters();
         const ConsumerStats cs = (*consumer)->stats();
-        auto rows = CountRows(store, std::string("SELECT count(*) FROM ") + kTable +
-                                         " WHERE substr(order_id, 1, length($1)) = $1",
-                              {tag + "-"});
+        auto rows = CountRows(
+            store, std::string("SELECT count(*) FROM ") + kTable + " WHERE substr(order_id, 1, length($1)) = $1",
+            {tag + "-"});
         if (!rows.ok()) return Fail(cmd, rows.status());
         if (static_cast<int64_t>(c.applied) != *n || *rows != *n || cs.dead_lettered != 0)
           check_errors.push_back(tag + ": applied " + std::to_string(c.applied) + ", " + std::to_string(*rows) +
@@ -271,9 +271,11 @@ int RunBenchCallFirst(const Args& args) {
                                  std::to_string(*n) + " messages");
         applied_total += static_cast<int64_t>(c.applied);
         if (!json)
-          std::fprintf(stderr, "  round %lld %-14s %2d worker(s): %8.1f messages/s (%.2f s; %llu duplicates, %llu in progress)\n",
-                       static_cast<long long>(round) + 1, form.c_str(), w, static_cast<double>(*n) / secs, secs,
-                       static_cast<unsigned long long>(c.duplicates), static_cast<unsigned long long>(cs.in_progress));
+          std::fprintf(
+              stderr,
+              "  round %lld %-14s %2d worker(s): %8.1f messages/s (%.2f s; %llu duplicates, %llu in progress)\n",
+              static_cast<long long>(round) + 1, form.c_str(), w, static_cast<double>(*n) / secs, secs,
+              static_cast<unsigned long long>(c.duplicates), static_cast<unsigned long long>(cs.in_progress));
         progress.Update(++done);
       }
     }
@@ -350,10 +352,11 @@ int RunBenchCallFirst(const Args& args) {
     j.Add("payment_rows", *rows).Add("provider_charges", charges->charges).Add("ok", ok);
     std::cout << j.str() << "\n";
   } else {
-    std::printf("idem bench call-first: %s (%s), provider delay %lld ms per charge (idem provider in-process), "
-                "%lld messages per round (each published twice), %lld round(s)\n",
-                where.c_str(), kind.c_str(), static_cast<long long>(*delay), static_cast<long long>(*n),
-                static_cast<long long>(*rounds));
+    std::printf(
+        "idem bench call-first: %s (%s), provider delay %lld ms per charge (idem provider in-process), "
+        "%lld messages per round (each published twice), %lld round(s)\n",
+        where.c_str(), kind.c_str(), static_cast<long long>(*delay), static_cast<long long>(*n),
+        static_cast<long long>(*rounds));
     std::printf("  disk: %.0f fdatasync/s (4 KiB, in the work directory %s)\n", *fsync_per_s, work.c_str());
     for (const std::string& form : forms) {
       const FormResult& fr = results[form];

@@ -11,8 +11,8 @@
 // is checked against the first. Pass 1 measures claims (claim + complete),
 // the later passes replays; the result line is the peers' own, plus both
 // rates.
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,8 +56,8 @@ int RunBenchClaims(const Args& args) {
   if (*n < 1 || *dup < 1 || *conc < 1 || *conc > 256)
     return Fail(cmd, Status::InvalidArgument("need --n >= 1, --dup >= 1, 1 <= --concurrency <= 256"));
   if (*batch < 1 || *conc % *batch != 0)
-    return Fail(cmd, Status::InvalidArgument("--batch must be >= 1 and divide --concurrency (" +
-                                             std::to_string(*conc) + "), got " + std::to_string(*batch)));
+    return Fail(cmd, Status::InvalidArgument("--batch must be >= 1 and divide --concurrency (" + std::to_string(*conc) +
+                                             "), got " + std::to_string(*batch)));
   const int64_t threads_n = *conc / *batch;
 
   auto opened = OpenClaimStore(args.Get("store"));
@@ -190,14 +190,16 @@ int RunBenchClaims(const Args& args) {
   const double seconds = claims_pass.seconds + replays.seconds;
   const bool ok = counter.load() == *n && claims_pass.started == *n && replays.replayed == *n * (*dup - 1) &&
                   replays.mismatches == 0 && claims_pass.mismatches == 0;
-  std::printf("info: effect=counter concurrency=%lld batch=%lld function_calls=%lld replay_mismatches=%lld "
-              "in_progress_retries=%lld claims_per_s=%.1f replays_per_s=%.1f durability=\"%s\" ok=%s\n",
-              static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<long long>(counter.load()),
-              static_cast<long long>(replays.mismatches) + static_cast<long long>(claims_pass.mismatches),
-              static_cast<long long>(claims_pass.in_progress_retries + replays.in_progress_retries),
-              *n / claims_pass.seconds, replays.seconds > 0 ? replays.replayed / replays.seconds : 0.0,
-              opened->durability.c_str(), ok ? "true" : "false");
-  return PeerResult("idem-claims-" + opened->kind + (*batch > 1 ? "-batch" + std::to_string(*batch) : ""), opened->kind, *n, deliveries, seconds, counter.load(), ok);
+  std::printf(
+      "info: effect=counter concurrency=%lld batch=%lld function_calls=%lld replay_mismatches=%lld "
+      "in_progress_retries=%lld claims_per_s=%.1f replays_per_s=%.1f durability=\"%s\" ok=%s\n",
+      static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<long long>(counter.load()),
+      static_cast<long long>(replays.mismatches) + static_cast<long long>(claims_pass.mismatches),
+      static_cast<long long>(claims_pass.in_progress_retries + replays.in_progress_retries), *n / claims_pass.seconds,
+      replays.seconds > 0 ? replays.replayed / replays.seconds : 0.0, opened->durability.c_str(),
+      ok ? "true" : "false");
+  return PeerResult("idem-claims-" + opened->kind + (*batch > 1 ? "-batch" + std::to_string(*batch) : ""), opened->kind,
+                    *n, deliveries, seconds, counter.load(), ok);
 }
 
 }  // namespace idem::cli

@@ -15,8 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <thread>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -78,7 +78,8 @@ int RunBenchPeers(const Args& args) {
   if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
   Inbox& inbox = **inbox_owned;
   Handler handler = [](Transaction& tx, const Message& m) {
-    return tx.Exec("INSERT INTO payments(message_id, amount_cents) VALUES ($1, $2)", {m.id, std::atoll(m.payload.c_str())})
+    return tx
+        .Exec("INSERT INTO payments(message_id, amount_cents) VALUES ($1, $2)", {m.id, std::atoll(m.payload.c_str())})
         .status();
   };
   std::atomic<size_t> next{0};
@@ -119,12 +120,13 @@ int RunBenchPeers(const Args& args) {
   InboxCounters c = inbox.counters();
   const bool ok = rows == *n && distinct == *n && *markers == *n && c.applied == static_cast<uint64_t>(*n) &&
                   c.duplicates == static_cast<uint64_t>(*n * (*dup - 1));
-  std::printf("info: concurrency=%lld batch=%lld applied=%llu skipped_duplicates=%llu retried_failures=%lld "
-              "payments=%lld distinct=%lld markers=%lld ok=%s\n",
-              static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<unsigned long long>(c.applied),
-              static_cast<unsigned long long>(c.duplicates), static_cast<long long>(failures.load()),
-              static_cast<long long>(rows), static_cast<long long>(distinct), static_cast<long long>(*markers),
-              ok ? "true" : "false");
+  std::printf(
+      "info: concurrency=%lld batch=%lld applied=%llu skipped_duplicates=%llu retried_failures=%lld "
+      "payments=%lld distinct=%lld markers=%lld ok=%s\n",
+      static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<unsigned long long>(c.applied),
+      static_cast<unsigned long long>(c.duplicates), static_cast<long long>(failures.load()),
+      static_cast<long long>(rows), static_cast<long long>(distinct), static_cast<long long>(*markers),
+      ok ? "true" : "false");
   return PeerResult(*batch > 1 ? "idem-batch" + std::to_string(*batch) : "idem", s.Kind(), *n,
                     static_cast<int64_t>(total), seconds, rows, ok);
 }

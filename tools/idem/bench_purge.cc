@@ -116,21 +116,31 @@ int RunBenchPurge(const Args& args) {
   (void)bench::PrepareBusinessTable(s);
   const bool ok = purged > 0 && *left + purged == *retained;
   Json j;
-  j.Add("bench", "purge").Add("store", std::string(s.Kind())).Add("retained", *retained).Add("days", *days)
-      .Add("purge_batch", *batch).Add("purged", purged).Add("left", *left).Add("purge_seconds", purge_s)
+  j.Add("bench", "purge")
+      .Add("store", std::string(s.Kind()))
+      .Add("retained", *retained)
+      .Add("days", *days)
+      .Add("purge_batch", *batch)
+      .Add("purged", purged)
+      .Add("left", *left)
+      .Add("purge_seconds", purge_s)
       .Add("consumer_calls_during", static_cast<int64_t>(during.ms.size()))
-      .Add("consumer_max_ms_during", during.Max()).Add("consumer_p99_ms_during", during.P99())
+      .Add("consumer_max_ms_during", during.Max())
+      .Add("consumer_p99_ms_during", during.P99())
       .Add("consumer_calls_quiet", static_cast<int64_t>(quiet.ms.size()))
-      .Add("consumer_max_ms_quiet", quiet.Max()).Add("consumer_p99_ms_quiet", quiet.P99()).Add("ok", ok);
+      .Add("consumer_max_ms_quiet", quiet.Max())
+      .Add("consumer_p99_ms_quiet", quiet.P99())
+      .Add("ok", ok);
   if (args.Bool("json")) {
     std::cout << j.str() << "\n";
   } else {
-    std::printf("idem bench purge: %lld markers over %lld days; purged the oldest day: %lld markers in %.2f s "
-                "(batches of %lld)\n  consumer during purge: %zu calls, p99 %.2f ms, max %.2f ms\n"
-                "  consumer without purge: %zu calls, p99 %.2f ms, max %.2f ms\n",
-                static_cast<long long>(*retained), static_cast<long long>(*days), static_cast<long long>(purged),
-                purge_s, static_cast<long long>(*batch), during.ms.size(), during.P99(), during.Max(),
-                quiet.ms.size(), quiet.P99(), quiet.Max());
+    std::printf(
+        "idem bench purge: %lld markers over %lld days; purged the oldest day: %lld markers in %.2f s "
+        "(batches of %lld)\n  consumer during purge: %zu calls, p99 %.2f ms, max %.2f ms\n"
+        "  consumer without purge: %zu calls, p99 %.2f ms, max %.2f ms\n",
+        static_cast<long long>(*retained), static_cast<long long>(*days), static_cast<long long>(purged), purge_s,
+        static_cast<long long>(*batch), during.ms.size(), during.P99(), during.Max(), quiet.ms.size(), quiet.P99(),
+        quiet.Max());
   }
   return ok ? kExitOk : kExitCheckFailed;
 }

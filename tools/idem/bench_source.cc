@@ -131,14 +131,16 @@ int RunBenchSource(const Args& args) {
     auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = "bench-source"});
     if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
     Inbox& inbox = **inbox_owned;
-    auto consumer_owned = Consumer::Open(*src->source, inbox,
-                      [](Transaction& tx, const Message& m) {
-                        return tx.Exec("INSERT INTO bench_source_payments(message_id, payload) VALUES ($1, $2)",
-                                       {m.id, m.payload})
-                            .status();
-                      },
-                      Consumer::Options{.workers = static_cast<int>(*workers), .batch = static_cast<int>(*batch),
-                       .receive_wait_ms = 100, .stop_when_idle = true});
+    auto consumer_owned = Consumer::Open(
+        *src->source, inbox,
+        [](Transaction& tx, const Message& m) {
+          return tx.Exec("INSERT INTO bench_source_payments(message_id, payload) VALUES ($1, $2)", {m.id, m.payload})
+              .status();
+        },
+        Consumer::Options{.workers = static_cast<int>(*workers),
+                          .batch = static_cast<int>(*batch),
+                          .receive_wait_ms = 100,
+                          .stop_when_idle = true});
     if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
     Consumer& consumer = **consumer_owned;
     auto t0 = std::chrono::steady_clock::now();
@@ -167,15 +169,16 @@ int RunBenchSource(const Args& args) {
   }
   const bool ok = rows == unique_total && applied_total == unique_total;
   const double raw_m = median(raw_rates), guarded_m = median(guarded_rates);
-  std::printf("source=%s store=%s messages=%lld dup_rate=%.2f workers=%lld batch=%lld rounds=%lld "
-              "raw_per_s=%.1f guarded_per_s=%.1f ratio=%.2f effects=%lld ok=%s\n",
-              src->kind.c_str(), std::string((*store)->Kind()).c_str(), static_cast<long long>(*n), dup,
-              static_cast<long long>(*workers), static_cast<long long>(*batch), static_cast<long long>(*rounds), raw_m,
-              guarded_m, raw_m / guarded_m, static_cast<long long>(rows), ok ? "true" : "false");
+  std::printf(
+      "source=%s store=%s messages=%lld dup_rate=%.2f workers=%lld batch=%lld rounds=%lld "
+      "raw_per_s=%.1f guarded_per_s=%.1f ratio=%.2f effects=%lld ok=%s\n",
+      src->kind.c_str(), std::string((*store)->Kind()).c_str(), static_cast<long long>(*n), dup,
+      static_cast<long long>(*workers), static_cast<long long>(*batch), static_cast<long long>(*rounds), raw_m,
+      guarded_m, raw_m / guarded_m, static_cast<long long>(rows), ok ? "true" : "false");
   std::fflush(stdout);
   if (!ok) {
-    std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %lld payment rows for %lld messages\n", static_cast<long long>(rows),
-                 static_cast<long long>(unique_total));
+    std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %lld payment rows for %lld messages\n",
+                 static_cast<long long>(rows), static_cast<long long>(unique_total));
     return kExitCheckFailed;
   }
   return kExitOk;

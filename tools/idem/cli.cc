@@ -6,10 +6,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <string_view>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "components.h"
 #include "idem/open.h"
@@ -24,11 +24,16 @@ Result<int64_t> ParseDurationMs(const std::string& s) {
   double n = std::strtod(s.c_str(), &end);
   std::string unit(end);
   int64_t mul = 0;
-  if (unit == "ms" || unit.empty()) mul = 1;
-  else if (unit == "s") mul = 1000;
-  else if (unit == "m") mul = 60'000;
-  else if (unit == "h") mul = 3'600'000;
-  else if (unit == "d") mul = 86'400'000;
+  if (unit == "ms" || unit.empty())
+    mul = 1;
+  else if (unit == "s")
+    mul = 1000;
+  else if (unit == "m")
+    mul = 60'000;
+  else if (unit == "h")
+    mul = 3'600'000;
+  else if (unit == "d")
+    mul = 86'400'000;
   constexpr double kMaxMs = 100.0 * 365 * 86'400'000;  // a century
   if (mul == 0 || end == s.c_str() || !std::isfinite(n) || n < 0)
     return Status::InvalidArgument("'" + s + "' is not a duration (use e.g. 90s, 15m, 24h, 7d)");

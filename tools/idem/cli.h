@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "idem/status.h"
 #include "idem/claims.h"
+#include "idem/status.h"
 #include "idem/store.h"
 
 namespace idem::cli {

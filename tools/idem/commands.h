@@ -14,10 +14,10 @@ int RunDemo(const Args& args);
 
 const Command& BenchCommand();
 int RunBench(const Args& args);
-int RunBenchPeers(const Args& args);  // idem bench peers (bench_peers.cc)
-int RunBenchPurge(const Args& args);  // idem bench purge (bench_purge.cc)
-int RunBenchClaims(const Args& args);  // idem bench claims (bench_claims.cc)
-int RunBenchSource(const Args& args);  // idem bench source (bench_source.cc)
+int RunBenchPeers(const Args& args);      // idem bench peers (bench_peers.cc)
+int RunBenchPurge(const Args& args);      // idem bench purge (bench_purge.cc)
+int RunBenchClaims(const Args& args);     // idem bench claims (bench_claims.cc)
+int RunBenchSource(const Args& args);     // idem bench source (bench_source.cc)
 int RunBenchCallFirst(const Args& args);  // idem bench call-first (bench_call_first.cc)
 // How many 4 KiB write + fdatasync cycles the disk holding `dir` completes per
 // second, over `seconds`: the ceiling of durable commits (one fdatasync each)

@@ -33,18 +33,17 @@
 #include <vector>
 
 #include "commands.h"
+#include "components.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/http/client.h"
 #include "idem/inbox.h"
-#include "components.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
 #include "idem/url.h"
 #include "payments.h"
 #include "provider_server.h"
-#include "idem/url.h"
 #include "sources.h"
 
 namespace idem::cli {
@@ -86,7 +85,8 @@ struct Out {
 
 std::string Dollars(int64_t cents) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "$%lld.%02lld", static_cast<long long>(cents / 100), static_cast<long long>(cents % 100));
+  std::snprintf(buf, sizeof buf, "$%lld.%02lld", static_cast<long long>(cents / 100),
+                static_cast<long long>(cents % 100));
   std::string s = buf;
   if (s.size() > 3 && s.compare(s.size() - 3, 3, ".00") == 0) s.resize(s.size() - 3);
   return s;
@@ -98,8 +98,7 @@ constexpr const char* kConsumer = "idem-demo";
 // The store: "" for a SQLite file in each step's directory, or --store.
 std::string g_store_url;
 
-constexpr const char* kCreateNaiveMarkers =
-    "CREATE TABLE IF NOT EXISTS demo_processed(message_id TEXT PRIMARY KEY)";
+constexpr const char* kCreateNaiveMarkers = "CREATE TABLE IF NOT EXISTS demo_processed(message_id TEXT PRIMARY KEY)";
 
 // One step's files, in a directory of its own.
 struct Files {
@@ -155,11 +154,10 @@ struct Totals {
 };
 Result<Totals> PaymentsFor(Store& store, const std::string& order) {
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
-  IDEM_ASSIGN_OR_RETURN(Rows r, order.empty()
-                                    ? tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments")
-                                    : tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments"
-                                                " WHERE order_id = $1",
-                                                {order}));
+  IDEM_ASSIGN_OR_RETURN(Rows r, order.empty() ? tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments")
+                                              : tx->Query("SELECT count(*), coalesce(sum(cents), 0) FROM demo_payments"
+                                                          " WHERE order_id = $1",
+                                                          {order}));
   return Totals{r.rows[0][0].AsInt(), r.rows[0][1].AsInt()};
 }
 
@@ -232,7 +230,8 @@ struct GuardResult {
 Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step2-guard"));
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
+                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
   Inbox& inbox = *inbox_owned;
   Handler charge = [](Transaction& tx, const Message& m) { return InsertPayment(tx, m); };
   GuardResult r;
@@ -310,13 +309,14 @@ Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(auto provider, StartProvider(f.provider, 4, lose_first, log));
   IDEM_ASSIGN_OR_RETURN(auto client, ProviderClient(provider->url()));
   say("  the provider: an HTTP server on " + provider->url() + " with a database of its own (provider.db)");
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
+                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
   Inbox& inbox = *inbox_owned;
   ProviderResult r;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
-    say("  delivery " + std::to_string(m.attempt) + ": BEGIN; INSERT marker; POST /charges Idempotency-Key: " +
-        http::QuoteKey(DownstreamKey(m, "charge")));
+    say("  delivery " + std::to_string(m.attempt) +
+        ": BEGIN; INSERT marker; POST /charges Idempotency-Key: " + http::QuoteKey(DownstreamKey(m, "charge")));
     say("    " + ChargeBody(pay.first, pay.second));
     IDEM_ASSIGN_OR_RETURN(ChargeReply c, Charge(*client, m));
     r.charge_id = c.charge_id;
@@ -382,7 +382,8 @@ Status HandleWith(Strategy s, Parts& p, Inbox& inbox, const Delivery& d) {
     case Strategy::kWorkFirst: {
       {
         IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
-        IDEM_ASSIGN_OR_RETURN(Rows seen, tx->Query("SELECT 1 FROM demo_processed WHERE message_id = $1", {d.message.id}));
+        IDEM_ASSIGN_OR_RETURN(Rows seen,
+                              tx->Query("SELECT 1 FROM demo_processed WHERE message_id = $1", {d.message.id}));
         if (!seen.rows.empty()) return p.queue->Ack(d);
         IDEM_RETURN_IF_ERROR(InsertPayment(*tx, d.message));
         IDEM_RETURN_IF_ERROR(tx->Commit());
@@ -425,7 +426,8 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   if (pid == 0) {
     auto p = OpenParts(f, kLease);
     if (!p.ok()) ::_exit(10);
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p->store, Inbox::Options{.consumer = kConsumer}));
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
+                          Inbox::Open(*p->store, Inbox::Options{.consumer = kConsumer}));
     Inbox& inbox = *inbox_owned;
     ArmKillPoint(kill_point);
     auto d = Next(*p->queue);
@@ -438,7 +440,8 @@ Result<CrashResult> CrashScenario(const std::string& root, const std::string& na
   CrashResult r{name, kill_point, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, 0};
   if (!r.killed) return Status::Internal("crash scenario " + name + ": the child was not killed at " + kill_point);
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, kLease));
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
+                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
   Inbox& inbox = *inbox_owned;
   IDEM_ASSIGN_OR_RETURN(Delivery d, Next(*p.queue));  // the redelivery, after the lease
   IDEM_RETURN_IF_ERROR(HandleWith(s, p, inbox, d));
@@ -487,7 +490,10 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
   ThreadClients clients("http://127.0.0.1:" + std::to_string(port));
   FaultySource source(**queue, cfg.seed * 7919 + index, cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
-  if (!inbox_owned.ok()) { std::cerr << "consumer " << index << ": " << inbox_owned.status() << "\n"; return 20; }
+  if (!inbox_owned.ok()) {
+    std::cerr << "consumer " << index << ": " << inbox_owned.status() << "\n";
+    return 20;
+  }
   Inbox& inbox = **inbox_owned;
   std::atomic<int64_t> retries{0}, replays{0}, provider_errors{0};
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
@@ -502,9 +508,17 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
     return InsertPayment(tx, m, c->charge_id);
   };
   auto consumer_owned = Consumer::Open(source, inbox, handler,
-                    Consumer::Options{.workers = 1, .batch = 1, .max_attempts = 20, .backoff_base_ms = 10, .backoff_max_ms = 200,
-                     .receive_wait_ms = 100, .stop_when_idle = true});
-  if (!consumer_owned.ok()) { std::cerr << "consumer " << index << ": " << consumer_owned.status() << "\n"; return 20; }
+                                       Consumer::Options{.workers = 1,
+                                                         .batch = 1,
+                                                         .max_attempts = 20,
+                                                         .backoff_base_ms = 10,
+                                                         .backoff_max_ms = 200,
+                                                         .receive_wait_ms = 100,
+                                                         .stop_when_idle = true});
+  if (!consumer_owned.ok()) {
+    std::cerr << "consumer " << index << ": " << consumer_owned.status() << "\n";
+    return 20;
+  }
   Consumer& consumer = **consumer_owned;
   StopOnSignals(&consumer);
   for (;;) {
@@ -705,8 +719,8 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   row("client retries with the same key", std::to_string(sum["provider_retries"]));
   row("responses replayed by the provider", std::to_string(replays));
   row("provider calls (POST /charges)", std::to_string(calls));
-  row("charges made (provider's database)", std::to_string(charges.charges) + "  " +
-                                                Mark(charges.charges == cfg.messages && charges.keys == cfg.messages));
+  row("charges made (provider's database)",
+      std::to_string(charges.charges) + "  " + Mark(charges.charges == cfg.messages && charges.keys == cfg.messages));
   row("payment rows", std::to_string(pay.rows) + "  " + Mark(pay.rows == cfg.messages));
   row("total charged", Dollars(charges.cents));
   row("expected", Dollars(expected) + "  " + Mark(charges.cents == expected && pay.cents == expected));
@@ -715,12 +729,11 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
   say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
-  say("  see what is stored: idem inspect --store '" + RedactUrl(f.store) + "' --consumer " + kConsumer + " --queue 'embedded:" + f.queue +
-      "?queue=payments'");
+  say("  see what is stored: idem inspect --store '" + RedactUrl(f.store) + "' --consumer " + kConsumer +
+      " --queue 'embedded:" + f.queue + "?queue=payments'");
   say("  and the provider's idempotency records: idem inspect --store 'sqlite:" + f.provider + "'");
   return r;
 }
-
 
 // ------------------------------------------------- the run on another source
 
@@ -787,7 +800,8 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   {
     auto tx = (*store)->Begin();
     if (!tx.ok()) return Fail(cmd, tx.status());
-    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
+    for (const std::string& sql :
+         {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
       if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
     if (Status st = (*tx)->Commit(); !st.ok()) return Fail(cmd, st);
     if (auto p = (*store)->Purge(kConsumer, INT64_MAX, 10000); !p.ok()) return Fail(cmd, p.status());
@@ -833,8 +847,9 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   int64_t lost_acks = 0;
   {
     DropAcks lossy(*first->source, cfg.lost_ack_rate, static_cast<uint64_t>(cfg.seed) + 1);
-    auto consumer_owned = Consumer::Open(lossy, inbox, charge,
-                      Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = 1'000, .stop_when_idle = true});
+    auto consumer_owned =
+        Consumer::Open(lossy, inbox, charge,
+                       Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = 1'000, .stop_when_idle = true});
     if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
     Consumer& consumer = **consumer_owned;
     if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
@@ -849,9 +864,11 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   const InboxCounters before = inbox.counters();
   {
     // Long enough for leases to run out and a group to rebalance.
-    auto consumer_owned = Consumer::Open(*second->source, inbox, charge,
-                      Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = std::max<int64_t>(4 * cfg.lease_ms, 6'000),
-                       .stop_when_idle = true});
+    auto consumer_owned =
+        Consumer::Open(*second->source, inbox, charge,
+                       Consumer::Options{.workers = cfg.consumers,
+                                         .receive_wait_ms = std::max<int64_t>(4 * cfg.lease_ms, 6'000),
+                                         .stop_when_idle = true});
     if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
     Consumer& consumer = **consumer_owned;
     if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
@@ -887,7 +904,8 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
         " retries with the same key after lost responses)");
     say("  charges made (provider's database)  " + std::to_string(totals->charges) + "  " +
         Mark(totals->charges == cfg.messages));
-    say("  payment rows                         " + std::to_string(rows->rows) + "  " + Mark(rows->rows == cfg.messages));
+    say("  payment rows                         " + std::to_string(rows->rows) + "  " +
+        Mark(rows->rows == cfg.messages));
     say("  total charged " + Dollars(totals->cents) + ", expected " + Dollars(expected) + "  " +
         Mark(totals->cents == expected));
     char t[32];
@@ -911,8 +929,9 @@ const Command& DemoCommand() {
       "responses. Exits 1 if the totals differ from the expected ones.",
       "[--dir DIR] [--store URL] [--source URL] [--messages N] [--consumers C] [--json]",
       {{"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
-       {"source", "URL", "", "run on a broker instead: redis://...?stream=S, amqp://...?queue=Q, kafka://...?topic=T,\n"
-                             "          or kafka-mock: (librdkafka's mock cluster in this process); see idem run --help"},
+       {"source", "URL", "",
+        "run on a broker instead: redis://...?stream=S, amqp://...?queue=Q, kafka://...?topic=T,\n"
+        "          or kafka-mock: (librdkafka's mock cluster in this process); see idem run --help"},
        {"store", "URL", "", "the store: postgres://... (default: a SQLite file per step in DIR)"},
        {"messages", "N", "10000", "unique payment messages in the larger run"},
        {"consumers", "C", "4", "competing consumer processes"},
@@ -942,9 +961,10 @@ int RunDemo(const Args& args) {
     return Status::OK();
   };
   int64_t consumers = cfg.consumers;
-  for (const Status& s : {num("messages", cfg.messages), num("consumers", consumers), num("lease-ms", cfg.lease_ms),
-                   num("seed", cfg.seed), rate("dup-rate", cfg.dup_rate), rate("lost-ack-rate", cfg.lost_ack_rate),
-                   rate("stall-rate", cfg.stall_rate), rate("lost-response-rate", cfg.lost_response_rate)})
+  for (const Status& s :
+       {num("messages", cfg.messages), num("consumers", consumers), num("lease-ms", cfg.lease_ms),
+        num("seed", cfg.seed), rate("dup-rate", cfg.dup_rate), rate("lost-ack-rate", cfg.lost_ack_rate),
+        rate("stall-rate", cfg.stall_rate), rate("lost-response-rate", cfg.lost_response_rate)})
     if (!s.ok()) return Fail("demo", s);
   if (cfg.messages < 1) return Fail("demo", Status::InvalidArgument("--messages must be at least 1"));
   // (Checked before it narrows to an int: 4294967297 is not 1.)
@@ -969,7 +989,8 @@ int RunDemo(const Args& args) {
     std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
     if (ec) tmp = "/tmp";
     std::string tmpl = (tmp / "idem-demo-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) return Fail("demo", Status::Unavailable("cannot create a temporary directory"));
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      return Fail("demo", Status::Unavailable("cannot create a temporary directory"));
     cfg.dir = tmpl;
   }
   Out say{cfg.json};

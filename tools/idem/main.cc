@@ -21,15 +21,18 @@ struct Entry {
 };
 
 #if IDEM_HAVE_HTTP
-#define IDEM_HTTP_COMMAND(name, command, run) {name, command, run, ""}
+#define IDEM_HTTP_COMMAND(name, command, run) \
+  { name, command, run, "" }
 #else
-#define IDEM_HTTP_COMMAND(name, command, run) {name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON"}
+#define IDEM_HTTP_COMMAND(name, command, run) \
+  { name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON" }
 #endif
 #if IDEM_HAVE_HTTP && IDEM_HAVE_TESTING
-#define IDEM_CRASH_COMMAND(name, command, run) {name, command, run, ""}
+#define IDEM_CRASH_COMMAND(name, command, run) \
+  { name, command, run, "" }
 #else
 #define IDEM_CRASH_COMMAND(name, command, run) \
-  {name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_TESTING=ON"}
+  { name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_TESTING=ON" }
 #endif
 
 const Entry kEntries[] = {
@@ -53,11 +56,14 @@ int NotBuilt(const Entry& e) {
 void PrintUsage(std::ostream& os) {
   os << "usage: idem <command> [flags]\n\n"
         "Exactly-once effects on top of at-least-once delivery: the idempotent consumer (inbox)\n"
-        "and idempotency keys (claims, HTTP Idempotency-Key), on SQLite, PostgreSQL and Redis, behind the\nembedded queue, Redis Streams, RabbitMQ or Kafka.\n\ncommands:\n";
+        "and idempotency keys (claims, HTTP Idempotency-Key), on SQLite, PostgreSQL and Redis, behind the\nembedded "
+        "queue, Redis Streams, RabbitMQ or Kafka.\n\ncommands:\n";
   for (const Entry& e : kEntries) {
     const std::string name = e.name;
-    const std::string summary = e.command ? e.command().summary : std::string("(not built: configure with ") + e.needs + ")";
-    os << "  " << name << std::string(name.size() < 10 ? 10 - name.size() : 1, ' ') << summary.substr(0, summary.find('\n')) << "\n";
+    const std::string summary =
+        e.command ? e.command().summary : std::string("(not built: configure with ") + e.needs + ")";
+    os << "  " << name << std::string(name.size() < 10 ? 10 - name.size() : 1, ' ')
+       << summary.substr(0, summary.find('\n')) << "\n";
   }
   os << "\n`idem <command> --help` describes a command's flags.\n"
         "exit status: 0 ok, 1 a check failed, 2 bad usage, 3 runtime error\n";

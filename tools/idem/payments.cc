@@ -45,19 +45,17 @@ Status InsertPayment(Transaction& tx, const Message& m, const std::string& charg
 
 Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts) {
   return http::Client::Open({.base_url = url,
-                               .bearer = kApiKey,
-                               .max_attempts = max_attempts,
-                               .backoff_base_ms = 2,
-                               .backoff_max_ms = 100,
-                               .connect_timeout_ms = 2'000,
-                               .read_timeout_ms = 10'000});
+                             .bearer = kApiKey,
+                             .max_attempts = max_attempts,
+                             .backoff_base_ms = 2,
+                             .backoff_max_ms = 100,
+                             .connect_timeout_ms = 2'000,
+                             .read_timeout_ms = 10'000});
 }
 
 std::string ChargeBody(const std::string& order, int64_t cents) {
-  return nlohmann::json{{"amount", cents},
-                        {"currency", "usd"},
-                        {"customer", "cus_" + order},
-                        {"description", "order " + order}}
+  return nlohmann::json{
+      {"amount", cents}, {"currency", "usd"}, {"customer", "cus_" + order}, {"description", "order " + order}}
       .dump();
 }
 

@@ -24,7 +24,8 @@ const Command& ProviderCommand() {
       "corrected request). GET /metrics serves Prometheus counters (no authentication).\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
-      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--charge-delay DURATION] [--one-transaction] [--group-commit N]\n"
+      "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--charge-delay DURATION] "
+      "[--one-transaction] [--group-commit N]\n"
       "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},

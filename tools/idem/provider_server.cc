@@ -2,15 +2,15 @@
 #include "provider_server.h"
 
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <atomic>
 #include <chrono>
-#include <mutex>
+#include <fstream>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "cli.h"
 #include "idem/claims.h"
@@ -45,27 +45,13 @@ void AppendJsonString(std::string& out, std::string_view s) {
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
       default:
         if (c < 0x20) {
           static constexpr char kHex[] = "0123456789abcdef";
@@ -188,7 +174,7 @@ struct ProviderServer::Impl {
   std::unique_ptr<Claims> claims;
   std::unique_ptr<http::Idempotency> idempotency;
   http::Authenticator authenticate;
-  idem::httplib::Server own_server;                 // cpp-httplib's, one recv and one send per request
+  idem::httplib::Server own_server;  // cpp-httplib's, one recv and one send per request
   ::httplib::Server& server = own_server.native();
   std::thread thread;
   // Responses to drop (options.lose_response), by principal and key: the
@@ -231,7 +217,8 @@ struct ProviderServer::Impl {
     if (rows.rows.empty()) {  // made by an earlier holder of the key (a takeover): that one counts
       Value key[] = {*principal, claim->key};
       IDEM_ASSIGN_OR_RETURN(
-          rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
+          rows,
+          tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
     }
     if (own != nullptr) IDEM_RETURN_IF_ERROR(own->Commit());
     if (rows.rows.empty()) return Status::Internal("the charge just written is not there");
@@ -297,8 +284,8 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
-  IDEM_ASSIGN_OR_RETURN(p->claims,
-                        Claims::Open(*p->store->claim_store(), Claims::Options{.retention_ms = p->options.retention_ms}));
+  IDEM_ASSIGN_OR_RETURN(
+      p->claims, Claims::Open(*p->store->claim_store(), Claims::Options{.retention_ms = p->options.retention_ms}));
   p->authenticate = http::BearerKeys(p->options.api_keys);
   http::Idempotency::Options idempotency = p->options.idempotency;
   idempotency.claims = p->claims.get();
@@ -358,7 +345,8 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   p->server.Get(R"(/charges/([A-Za-z0-9_]+))",
                 [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
   p->server.Get("/charges", [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
-  p->server.Get("/health", [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+  p->server.Get("/health",
+                [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
   // Prometheus text format, without authentication (the provider listens on
   // loopback by default): what the Idempotency-Key middleware did.
   p->server.Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
@@ -374,12 +362,11 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
                  "counter", "", c.in_progress);
     AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).",
                  "counter", "", c.rejected);
-    AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter",
-                 "", c.group_commits);
+    AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter", "",
+                 c.group_commits);
     AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter", "",
                  c.grouped_requests);
-    AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "",
-                 c.group_queue);
+    AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "", c.group_queue);
     AppendMetric(out, "idem_http_group_reruns_total",
                  "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
                  "", c.group_reruns);
@@ -404,8 +391,7 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
     // cpp-httplib writes a non-empty body and ignores the content provider:
     // without this the "lost" response would arrive complete.
     res.body.clear();
-    res.set_content_provider(length, "application/json",
-                             [](size_t, size_t, ::httplib::DataSink&) { return false; });
+    res.set_content_provider(length, "application/json", [](size_t, size_t, ::httplib::DataSink&) { return false; });
   });
   // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
   // use would share it (and its requests) instead of failing. SO_REUSEADDR

@@ -84,8 +84,7 @@ class ProviderServer {
 };
 
 // "KEY:PRINCIPAL" pairs from flags and from a file of such lines (# comments).
-Result<std::map<std::string, std::string>> ParseApiKeys(const std::vector<std::string>& pairs,
-                                                        const std::string& file);
+Result<std::map<std::string, std::string>> ParseApiKeys(const std::vector<std::string>& pairs, const std::string& file);
 
 }  // namespace idem::cli
 

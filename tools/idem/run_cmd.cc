@@ -8,7 +8,6 @@
 #include <signal.h>
 
 #include <atomic>
-#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include <random>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "commands.h"
@@ -39,8 +39,9 @@ Status RecordPayment(Transaction& tx, const Message& m) {
   long long cents = colon == std::string::npos ? 0 : std::strtoll(m.payload.c_str() + colon + 1, &end, 10);
   if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || cents <= 0)
     return Status::Rejected("malformed payment payload '" + m.payload.substr(0, 80) + "' (want ORDER:CENTS)");
-  return tx.Exec("INSERT INTO idem_run_payments(order_id, message_id, cents) VALUES ($1, $2, $3)",
-                 {m.payload.substr(0, colon), m.id, static_cast<int64_t>(cents)})
+  return tx
+      .Exec("INSERT INTO idem_run_payments(order_id, message_id, cents) VALUES ($1, $2, $3)",
+            {m.payload.substr(0, colon), m.id, static_cast<int64_t>(cents)})
       .status();
 }
 
@@ -48,7 +49,9 @@ Status RecordPayment(Transaction& tx, const Message& m) {
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
   const std::string labels = "consumer=\"" + consumer + "\"";
-  auto add = [&](const char* name, const char* help, uint64_t v) { AppendMetric(out, name, help, "counter", labels, v); };
+  auto add = [&](const char* name, const char* help, uint64_t v) {
+    AppendMetric(out, name, help, "counter", labels, v);
+  };
   add("idem_applied_total", "Messages whose effect was committed by this process.", c.applied);
   add("idem_duplicates_total", "Deliveries skipped because the marker existed.", c.duplicates);
   add("idem_conflicts_total", "Deliveries whose id was reused for another payload.", c.conflicts);
@@ -59,9 +62,9 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
   add("idem_nacked_total", "Deliveries given back for a retry.", s.nacked);
   add("idem_ack_errors_total", "Acknowledgements that failed after a commit.", s.ack_errors);
   add("idem_receive_errors_total", "Failed receives from the source.", s.receive_errors);
-  add("idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).",
-      s.in_progress);
-  add("idem_parked_total", "Messages parked: in progress past the park horizon (1 h), listed by idem inspect.", s.parked);
+  add("idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).", s.in_progress);
+  add("idem_parked_total", "Messages parked: in progress past the park horizon (1 h), listed by idem inspect.",
+      s.parked);
   add("idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).", s.rejected);
   add("idem_leases_extended_total", "Leases renewed while a handler ran.", s.leases_extended);
   add("idem_lease_extension_errors_total", "Lease renewals that failed (lost to another consumer).",
@@ -185,10 +188,10 @@ int RunRun(const Args& args) {
   Inbox& inbox = **inbox_owned;
   // One worker per Consumer::Run call: RunWorkers starts the threads.
   auto runner_owned = Consumer::Open(*source->source, inbox, RecordPayment,
-                  Consumer::Options{.workers = 1,
-                   .batch = static_cast<int>(*batch),
-                   .max_attempts = static_cast<int>(*attempts),
-                   .stop_when_idle = args.Bool("drain")});
+                                     Consumer::Options{.workers = 1,
+                                                       .batch = static_cast<int>(*batch),
+                                                       .max_attempts = static_cast<int>(*attempts),
+                                                       .stop_when_idle = args.Bool("drain")});
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
 
@@ -322,8 +325,7 @@ int RunPublish(const Args& args) {
     std::cout << Json().Add("messages", *n).Add("published", published).Add("expected_cents", expected_cents).str()
               << "\n";
   } else {
-    std::cout << "published " << published << " deliveries of " << *n << " messages (" << expected_cents
-              << " cents)\n";
+    std::cout << "published " << published << " deliveries of " << *n << " messages (" << expected_cents << " cents)\n";
   }
   return kExitOk;
 }

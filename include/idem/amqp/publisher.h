@@ -84,7 +84,6 @@ class Publisher : public ::idem::Publisher {
   std::string_view Kind() const override { return "amqp"; }
 };
 
-
 }  // namespace idem::amqp
 
 #endif  // IDEM_AMQP_PUBLISHER_H_

@@ -182,7 +182,6 @@ class Source : public idem::Source {
   std::string_view Kind() const override { return "amqp"; }
 };
 
-
 }  // namespace idem::amqp
 
 #include "idem/amqp/publisher.h"  // IWYU pragma: export

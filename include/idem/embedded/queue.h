@@ -86,7 +86,6 @@ class Queue : public Source, public Publisher {
   std::string_view Kind() const override { return "embedded"; }
 };
 
-
 }  // namespace idem::embedded
 
 #endif  // IDEM_EMBEDDED_QUEUE_H_

@@ -41,7 +41,6 @@ namespace idem::http {
 // names are refused here.
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
-
 struct Response {
   int status = 0;
   std::multimap<std::string, std::string> headers;
@@ -136,8 +135,8 @@ class Client {
                         std::string_view content_type = "application/json");
   // The same, with `headers` sent after Options::headers (checked as
   // HeaderList says: a bad one is kInvalidArgument, nothing sent).
-  Result<Response> Post(std::string_view path, std::string_view body, std::string_view key,
-                        const HeaderList& headers, std::string_view content_type = "application/json");
+  Result<Response> Post(std::string_view path, std::string_view body, std::string_view key, const HeaderList& headers,
+                        std::string_view content_type = "application/json");
   // A GET, retried on connection errors and 5xx (a 409 is returned as it
   // is). kAborted as for Post; kUnavailable when the tries run out (a GET
   // changes nothing, so nothing is in doubt).

@@ -98,14 +98,14 @@ namespace idem::kafka {
 
 // A point-in-time copy of a Source's counters.
 struct SourceStats {
-  uint64_t delivered = 0;        // deliveries handed out by Receive
-  uint64_t held_back = 0;        // records dropped because a seek back was pending
-  uint64_t seeks = 0;            // seeks performed for nacks
-  uint64_t commits = 0;          // commit requests issued
-  uint64_t commit_errors = 0;    // commits that failed (reported by librdkafka)
-  uint64_t assignments = 0;      // assignment callbacks (each rebalance adds one)
-  uint64_t revocations = 0;      // revocation callbacks
-  uint64_t abandoned = 0;        // in-flight deliveries dropped at revocation
+  uint64_t delivered = 0;      // deliveries handed out by Receive
+  uint64_t held_back = 0;      // records dropped because a seek back was pending
+  uint64_t seeks = 0;          // seeks performed for nacks
+  uint64_t commits = 0;        // commit requests issued
+  uint64_t commit_errors = 0;  // commits that failed (reported by librdkafka)
+  uint64_t assignments = 0;    // assignment callbacks (each rebalance adds one)
+  uint64_t revocations = 0;    // revocation callbacks
+  uint64_t abandoned = 0;      // in-flight deliveries dropped at revocation
 };
 
 // The receipt, decoded. Exposed for tests and tools.
@@ -286,7 +286,6 @@ class Publisher final : public ::idem::Publisher {
   explicit Publisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
 
 }  // namespace idem::kafka
 

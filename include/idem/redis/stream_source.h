@@ -175,7 +175,6 @@ class StreamSource : public Source {
   std::string_view Kind() const override { return "redis-streams"; }
 };
 
-
 }  // namespace idem::redis
 
 #endif  // IDEM_REDIS_STREAM_SOURCE_H_

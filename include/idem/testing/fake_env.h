@@ -18,8 +18,7 @@ namespace idem {
 // so code that backs off or waits for a lease finishes at once in tests.
 class FakeEnv final : public Env {
  public:
-  explicit FakeEnv(int64_t start_ms = 1'700'000'000'000, uint64_t seed = 42)
-      : now_ms_(start_ms), rng_(seed) {}
+  explicit FakeEnv(int64_t start_ms = 1'700'000'000'000, uint64_t seed = 42) : now_ms_(start_ms), rng_(seed) {}
   int64_t NowMs() override { return now_ms_.load(); }
   void SleepMs(int64_t ms) override { Advance(ms); }
   uint64_t Random() override;

@@ -61,10 +61,9 @@ void HitKillPoint(std::string_view name);
 }  // namespace idem
 
 #if defined(IDEM_KILL_POINTS) && IDEM_KILL_POINTS
-#define IDEM_KILL_POINT(name)                                                      \
-  do {                                                                             \
-    if (::idem::internal::g_kill_point_armed.load(std::memory_order_relaxed))      \
-      ::idem::internal::HitKillPoint(name);                                        \
+#define IDEM_KILL_POINT(name)                                                                                       \
+  do {                                                                                                              \
+    if (::idem::internal::g_kill_point_armed.load(std::memory_order_relaxed)) ::idem::internal::HitKillPoint(name); \
   } while (0)
 #else
 #define IDEM_KILL_POINT(name) \

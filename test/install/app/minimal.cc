@@ -26,13 +26,12 @@ int main(int argc, char** argv) {
     std::cerr << inbox.status() << "\n";
     return 1;
   }
-  auto consumer = idem::Consumer::Open(
-      **queue, **inbox,
-      [&](idem::Transaction&, const idem::Message&) -> idem::Status {
-        ++applied;
-        return idem::Status::OK();
-      },
-      {.stop_when_idle = true});
+  auto consumer = idem::Consumer::Open(**queue, **inbox,
+                                       [&](idem::Transaction&, const idem::Message&) -> idem::Status {
+                                         ++applied;
+                                         return idem::Status::OK();
+                                       },
+                                       {.stop_when_idle = true});
   if (!consumer.ok()) {
     std::cerr << consumer.status() << "\n";
     return 1;

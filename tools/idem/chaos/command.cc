@@ -146,7 +146,8 @@ int RunChaos(const Args& args) {
   cfg.provider = args.Get("provider");
   cfg.broken = args.Has("broken") ? args.Get("broken") : "";
   if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit")
-    return Fail(cmd, Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
+    return Fail(cmd,
+                Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
   cfg.provider_mode = args.Get("provider-mode");
   cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
   if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")

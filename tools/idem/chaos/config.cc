@@ -22,7 +22,8 @@ int64_t ConsumerRetryBudgetMs() {
   const Consumer::Options o = ChaosConsumerOptions(Config{});
   const int deliveries = o.max_attempts > 0 ? o.max_attempts : 1;
   int64_t between = 0, d = o.backoff_base_ms;
-  for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d)) between += std::min(d, o.backoff_max_ms) * 5 / 4;
+  for (int i = 1; i < deliveries; ++i, d = std::min(o.backoff_max_ms, 2 * d))
+    between += std::min(d, o.backoff_max_ms) * 5 / 4;
   return int64_t{deliveries} * (kClientAttempts - 1) * kClientBackoffMaxMs + between;
 }
 

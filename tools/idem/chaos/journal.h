@@ -21,7 +21,8 @@ namespace idem::cli::chaos {
 // keeps what was written (a process crash is not a power cut).
 class Journal {
  public:
-  explicit Journal(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {}
+  explicit Journal(const std::string& path)
+      : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {}
   ~Journal() {
     if (fd_ >= 0) ::close(fd_);
   }

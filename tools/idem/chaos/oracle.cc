@@ -12,7 +12,7 @@ namespace idem::cli::chaos {
 
 Result<EffectCheck> CheckEffects(const Config& cfg, Store& store) {
   EffectCheck c;
-  std::unordered_map<std::string, std::string> oracle;  // id -> payload
+  std::unordered_map<std::string, std::string> oracle;    // id -> payload
   std::unordered_map<std::string, std::string> by_order;  // order -> id
   {
     std::ifstream in(cfg.dir + "/oracle.log");
@@ -106,7 +106,10 @@ Result<EffectCheck> CheckEffects(const Config& cfg, Store& store) {
       switch (line[0]) {
         case 'R': ++c.deliveries; break;
         case 'S': ++c.stalls; break;
-        case 'L': ++c.lost_acks; acked.insert(id); break;
+        case 'L':
+          ++c.lost_acks;
+          acked.insert(id);
+          break;
         case 'A': acked.insert(id); break;
         case 'F': ++c.vfs_faults_fired; break;
         default: break;

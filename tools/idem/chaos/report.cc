@@ -56,13 +56,15 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
         .Add("provider_missing", c.provider_missing)
         .Add("consumer_errors", counts.consumer_errors)
         .Add("provider_restarts", counts.provider_restarts)
-        .AddRaw("provider_lease_ms", [&] {
-          std::vector<std::string> v;
-          v.reserve(leases_ms.size());
-          for (int64_t l : leases_ms) v.push_back(std::to_string(l));
-          return JsonArray(v);
-        }())
-        .Add("provider_lease_range_ms", std::to_string(ProviderLeaseMinMs()) + ".." + std::to_string(ProviderLeaseMaxMs()))
+        .AddRaw("provider_lease_ms",
+                [&] {
+                  std::vector<std::string> v;
+                  v.reserve(leases_ms.size());
+                  for (int64_t l : leases_ms) v.push_back(std::to_string(l));
+                  return JsonArray(v);
+                }())
+        .Add("provider_lease_range_ms",
+             std::to_string(ProviderLeaseMinMs()) + ".." + std::to_string(ProviderLeaseMaxMs()))
         .Add("consumer_retry_budget_ms", ConsumerRetryBudgetMs())
         .Add("provider_leases_over_budget",
              static_cast<int64_t>(std::count_if(leases_ms.begin(), leases_ms.end(),
@@ -98,9 +100,9 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     if (!run.postgres) row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
     row("applied (distinct messages with an effect)", std::to_string(c.applied) + mark(c.applied == c.unique));
     row("lost (published, never applied)", std::to_string(c.lost) + mark(c.lost == 0));
-    row("duplicated (applied twice: store/provider)",
-        std::to_string(c.duplicated) + " / " + std::to_string(c.provider_duplicated) +
-            mark(c.duplicated == 0 && c.provider_duplicated == 0));
+    row("duplicated (applied twice: store/provider)", std::to_string(c.duplicated) + " / " +
+                                                          std::to_string(c.provider_duplicated) +
+                                                          mark(c.duplicated == 0 && c.provider_duplicated == 0));
     row("unexpected (applied, never published)",
         std::to_string(c.unexpected + c.provider_unexpected) + mark(c.unexpected + c.provider_unexpected == 0));
     row("acknowledged but not committed", std::to_string(c.acked_not_committed) + mark(c.acked_not_committed == 0));
@@ -126,8 +128,7 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     if (interrupted) std::cout << "  interrupted: the counts are of an unfinished run\n";
     if (!run.kills_reached)
       std::cout << "  the messages ran out before the kills did: raise --messages or lower --kills\n";
-    std::cout << (ok ? "  OK: every message's effect exactly once, in the store and at the provider\n"
-                     : "  FAILED\n")
+    std::cout << (ok ? "  OK: every message's effect exactly once, in the store and at the provider\n" : "  FAILED\n")
               << "  replay this schedule: idem chaos --seed " << cfg.seed << " (files in " << cfg.dir << ")\n";
   }
   return ok ? kExitOk : kExitCheckFailed;

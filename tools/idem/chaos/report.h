@@ -29,7 +29,7 @@ struct RunCounts {
 
 // The run as the supervisor saw it (everything but the effects).
 struct RunFacts {
-  RunCounts counts;  // faults include the network cuts of a PostgreSQL run
+  RunCounts counts;                         // faults include the network cuts of a PostgreSQL run
   std::vector<int64_t> provider_leases_ms;  // each provider life's --lease, in order
   int64_t publish_retries = 0;
   double seconds = 0;

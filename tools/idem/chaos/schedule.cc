@@ -10,7 +10,7 @@ namespace idem::cli::chaos {
 Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
     : cfg_(cfg), postgres_(postgres), faults_(postgres || have_vfs) {
   points_ = {"inbox.before_marker", "inbox.after_marker", "inbox.after_work", "commit",
-             "inbox.after_commit", "consumer.after_ack", "inbox.batch_mid"};
+             "inbox.after_commit",  "consumer.after_ack", "inbox.batch_mid"};
   if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
   // A store that checkpoints on its own thread: that thread dies too.
   if (!postgres) {

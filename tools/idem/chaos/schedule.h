@@ -21,9 +21,9 @@ namespace idem::cli::chaos {
 
 // Where a consumer life dies, or what breaks in it.
 struct Plan {
-  std::string kill_point;  // IDEM_KILL_AT value ("name:hit"), or ""
-  std::string vfs;         // IDEM_FAULT_VFS value, or ""
-  std::string label;       // what the summary counts it as
+  std::string kill_point;          // IDEM_KILL_AT value ("name:hit"), or ""
+  std::string vfs;                 // IDEM_FAULT_VFS value, or ""
+  std::string label;               // what the summary counts it as
   int64_t kill_after_ms = 0;       // a timed SIGKILL this long after start (0: none)
   int64_t terminate_after_ms = 0;  // PostgreSQL: terminate its backends this long after start (0: none)
 };

@@ -140,13 +140,30 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
   } else if (!l.plan.vfs.empty()) {
     store = WithParam(store, "vfs=idem-fault");
   }
-  std::vector<std::string> argv = {exe_,        "chaos",         "--worker",  std::to_string(slot),
-                                   "--life",    std::to_string(l.life), "--dir", cfg_.dir,
-                                   "--source",  source_url_,   "--store",   store,
-                                   "--provider", provider_url_, "--seed",   std::to_string(cfg_.seed),
-                                   "--batch",   std::to_string(cfg_.batch), "--lease-ms", std::to_string(cfg_.lease_ms),
-                                   "--lost-ack-rate", std::to_string(cfg_.lost_ack_rate),
-                                   "--stall-rate", std::to_string(cfg_.stall_rate)};
+  std::vector<std::string> argv = {exe_,
+                                   "chaos",
+                                   "--worker",
+                                   std::to_string(slot),
+                                   "--life",
+                                   std::to_string(l.life),
+                                   "--dir",
+                                   cfg_.dir,
+                                   "--source",
+                                   source_url_,
+                                   "--store",
+                                   store,
+                                   "--provider",
+                                   provider_url_,
+                                   "--seed",
+                                   std::to_string(cfg_.seed),
+                                   "--batch",
+                                   std::to_string(cfg_.batch),
+                                   "--lease-ms",
+                                   std::to_string(cfg_.lease_ms),
+                                   "--lost-ack-rate",
+                                   std::to_string(cfg_.lost_ack_rate),
+                                   "--stall-rate",
+                                   std::to_string(cfg_.stall_rate)};
   if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
@@ -180,8 +197,9 @@ void Supervisor::Ended(pid_t pid, int st) {
   if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
     ++counts_.total_kills;
     // Killed by the schedule's timer, or by itself at its kill point.
-    std::string what = l.killed_by_us ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
-                                      : l.plan.label;
+    std::string what = l.killed_by_us
+                           ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
+                           : l.plan.label;
     if (l.slot < 0) what = "provider " + what;
     ++counts_.kills[what.empty() ? "kill:unplanned" : what];
   } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
@@ -279,7 +297,7 @@ Status Supervisor::Go() {
   bool chaos = true;
   int64_t last_poll = 0, last_progress_ms = SteadyMs(), poll_every_ms = 200;
   Status failure;
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = [](int) { g_interrupted = true; };
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);

@@ -27,7 +27,7 @@ std::atomic<bool> g_stop{false};
 // The mistakes the pattern exists to prevent, made on purpose (--broken):
 // the run must then report lost or duplicated effects.
 int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, const Handler& handler) {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = [](int) { g_stop = true; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
@@ -94,7 +94,8 @@ int RunWorker(const Config& cfg) {
       if (t.joinable()) t.join();
     }
   } join_at_end{done, fault_watch};
-  FaultySource source(*opened->source, cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
+  FaultySource source(*opened->source,
+                      cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
   ThreadClients clients(cfg.provider, kClientAttempts);
