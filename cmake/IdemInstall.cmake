@@ -72,6 +72,7 @@ function(_idem_needs target out)
   set(pkg "")
   set(pc "")
   set(pclibs "")
+  set(files "")
   foreach(item IN LISTS libs)
     if(item MATCHES "^\\$<BUILD_INTERFACE:")
       continue()  # build-only: not part of the installed interface
@@ -86,6 +87,7 @@ function(_idem_needs target out)
     endif()
     if(IS_ABSOLUTE "${item}")
       list(APPEND pclibs "${item}")  # a library file linked by path (e.g. the cpp-httplib runtime)
+      list(APPEND files "${item}")
       continue()
     endif()
     if(item MATCHES "^\\$<")
@@ -124,7 +126,7 @@ function(_idem_needs target out)
       list(APPEND pclibs "-pthread")
     endif()
   endforeach()
-  foreach(v idem_targets packages pkg pc pclibs)
+  foreach(v idem_targets packages pkg pc pclibs files)
     list(REMOVE_DUPLICATES ${v})
   endforeach()
   set(${out}_IDEM "${idem_targets}" PARENT_SCOPE)
@@ -132,6 +134,7 @@ function(_idem_needs target out)
   set(${out}_PKG "${pkg}" PARENT_SCOPE)
   set(${out}_PC "${pc}" PARENT_SCOPE)
   set(${out}_PCLIBS "${pclibs}" PARENT_SCOPE)
+  set(${out}_FILES "${files}" PARENT_SCOPE)
 endfunction()
 
 # The headers of a component, relative to include/.
@@ -212,7 +215,8 @@ foreach(_idem_t IN LISTS _idem_all)
     "# idem component ${_c}: read by idemConfig.cmake before idemTargets-${_c}.cmake.\n"
     "set(_idem_requires \"${_requires}\")   # idem components, loaded first\n"
     "set(_idem_packages \"${_n_PACKAGES}\")   # find_package(...) each, arguments |-separated\n"
-    "set(_idem_pkgconfig \"${_n_PKG}\")   # pkg_check_modules(PREFIX IMPORTED_TARGET module) each\n")
+    "set(_idem_pkgconfig \"${_n_PKG}\")   # pkg_check_modules(PREFIX IMPORTED_TARGET module) each\n"
+    "set(_idem_files \"${_n_FILES}\")   # library files linked by path, which must exist\n")
   configure_file(${_file}.in ${_file} COPYONLY)
   install(FILES ${_file} DESTINATION ${IDEM_CMAKE_DIR} COMPONENT ${_c})
 

@@ -115,6 +115,8 @@ class Consumer {
   // With the default options (valid by construction).
   Consumer(Source& source, Inbox& inbox, Handler handler);
   Consumer(Source& source, Inbox& inbox, CallFirst handler);
+  // Detaches StopOnSignals if it names this consumer.
+  ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
 
@@ -192,7 +194,8 @@ class Consumer {
   std::unordered_set<std::string> failed_ids_;
 };
 
-// Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach.
+// Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach;
+// the Consumer's destructor detaches it too.
 void StopOnSignals(Consumer* consumer);
 
 // True when the calling thread runs a handler for a Consumer that is

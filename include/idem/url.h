@@ -27,10 +27,11 @@
 namespace idem {
 
 // `url` with every password replaced by "***": the PASSWORD of
-// USER:PASSWORD@, a lone userinfo where the scheme reads it as a password
-// (redis://SECRET@host), and the value of any password=... key, in a query
-// or in a libpq "key=value" string. Everything else is kept, so the result
-// still says which server was meant. Idempotent.
+// USER:PASSWORD@; a lone userinfo where the scheme could mean a password by
+// it (redis://SECRET@host, which the Redis adapter refuses but never
+// prints); and the value of any password=... key, in a query or in a libpq
+// "key=value" string. Everything else is kept, so the result still says
+// which server was meant. Idempotent.
 std::string RedactUrl(std::string_view url);
 
 // Decodes %XX escapes. kInvalidArgument for a '%' not followed by two hex

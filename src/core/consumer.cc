@@ -55,16 +55,32 @@ Status CheckOptions(const Consumer::Options& o) {
 }
 }  // namespace
 
+namespace {
+// The consumer SIGINT/SIGTERM stop (StopOnSignals), or null.
+std::atomic<Consumer*>& internal_signal_consumer() {
+  static std::atomic<Consumer*> consumer{nullptr};
+  return consumer;
+}
+}  // namespace
+
 Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, Handler handler,
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
+  if (!handler) return Status::InvalidArgument("Consumer::Open: the handler is empty");
   return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
 }
 
 Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, CallFirst handler,
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
+  if (!handler.complete()) return Status::InvalidArgument("Consumer::Open: the CallFirst has an empty function");
   return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
+}
+
+Consumer::~Consumer() {
+  // A signal after this must not reach a destroyed consumer (StopOnSignals).
+  Consumer* self = this;
+  internal_signal_consumer().compare_exchange_strong(self, nullptr);
 }
 
 Status Consumer::Run() {
@@ -439,14 +455,13 @@ bool StopRequested() noexcept {
 }
 
 namespace {
-std::atomic<Consumer*> g_signal_consumer{nullptr};
 extern "C" void IdemStopHandler(int) {
-  if (Consumer* c = g_signal_consumer.load()) c->Stop();
+  if (Consumer* c = internal_signal_consumer().load()) c->Stop();
 }
 }  // namespace
 
 void StopOnSignals(Consumer* consumer) {
-  g_signal_consumer.store(consumer);
+  internal_signal_consumer().store(consumer);
   struct sigaction sa {};
   sa.sa_handler = consumer ? IdemStopHandler : SIG_DFL;
   sigemptyset(&sa.sa_mask);

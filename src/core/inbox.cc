@@ -94,7 +94,9 @@ Inbox::Inbox(Store& store, const Options& options)
 Result<std::unique_ptr<Inbox>> Inbox::Open(Store& store) { return Open(store, Options{}); }
 
 Result<std::unique_ptr<Inbox>> Inbox::Open(Store& store, const Options& options) {
-  IDEM_RETURN_IF_ERROR(ValidateId(options.consumer).WithContext("Inbox::Options::consumer"));
+  if (options.consumer.empty() || options.consumer.size() > kMaxIdBytes)
+    return Status::InvalidArgument("Inbox::Options::consumer must be 1.." + std::to_string(kMaxIdBytes) +
+                                   " bytes, got " + std::to_string(options.consumer.size()));
   return std::unique_ptr<Inbox>(new Inbox(store, options));
 }
 

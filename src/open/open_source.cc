@@ -44,7 +44,12 @@ Status UnknownScheme(std::string_view url) {
     m += " (configure idem with -DIDEM_WITH_" + option + "=ON; known sources: " + known + ")";
     return Status::InvalidArgument(m);
   }
-  return Status::InvalidArgument("unknown source '" + RedactUrl(url) + "' (known: " + known + ")");
+  std::string m = "unknown source '";
+  m += RedactUrl(url);
+  m += "' (known: " + known + ")";
+  if (scheme == "sqlite" || scheme == "postgres" || scheme == "postgresql")
+    m += ": " + scheme + ": names a store (idem::OpenStore), not a source";
+  return Status::InvalidArgument(m);
 }
 
 // Whether the URL's query sets `key` (then it wins over SourceSettings).

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "idem/call_first.h"
+#include "idem/claims.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
@@ -364,9 +366,15 @@ TEST_F(ConsumerTest, BackoffDoublesPerFailureWithAtMostAQuarterOfJitter) {
 TEST_F(ConsumerTest, AnEmptyHandlerIsRefusedBeforeAnythingIsReceived) {
   PublishTwice(2);
   TestSource src(*queue_);
-  auto consumer_owned =
-      MustOpen<Consumer>(src, *inbox_, Handler{}, Consumer::Options{.stop_when_idle = true, .env = &env_});
-  Consumer& consumer = *consumer_owned;
+  // At Open...
+  auto opened = Consumer::Open(src, *inbox_, Handler{}, Consumer::Options{.stop_when_idle = true, .env = &env_});
+  EXPECT_EQ(opened.status().code(), Code::kInvalidArgument) << opened.status();
+  Claims claims(*store_->claim_store());
+  auto call_first = Consumer::Open(src, *inbox_, CallFirst(claims, CallFirst::CallsFn{}, CallFirst::ApplyFn{}),
+                                   Consumer::Options{.stop_when_idle = true, .env = &env_});
+  EXPECT_EQ(call_first.status().code(), Code::kInvalidArgument) << call_first.status();
+  // ...and at Run for a consumer made with the default options.
+  Consumer consumer(src, *inbox_, Handler{});
   Status s = consumer.Run();
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s;
   EXPECT_EQ(consumer.stats().received, 0u);
