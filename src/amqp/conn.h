@@ -81,16 +81,18 @@ class Conn {
     amqp_rpc_reply_t r = amqp_login(st, ep.vhost.c_str(), 0, 131072, heartbeat_s, AMQP_SASL_METHOD_PLAIN,
                                     ep.user.c_str(), ep.password.c_str());
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-      Reset(false);
-      // The password is never part of the message.
+      // The reply's text lives in the connection's memory: read it before
+      // the connection is freed. The password is never part of the message.
       Status s = FromReply(r, "login as '" + ep.user + "' to " + ep.Where() + " vhost '" + ep.vhost + "'");
+      Reset(false);
       return s.code() == Code::kUnavailable ? s : Status::Unavailable(s.message());
     }
     amqp_channel_open(st, kChannel);
     r = amqp_get_rpc_reply(st);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+      Status s = FromReply(r, "channel.open on " + ep.Where());  // before the reply's memory is freed
       Reset(false);
-      return FromReply(r, "channel.open on " + ep.Where());
+      return s;
     }
     return Status::OK();
   }

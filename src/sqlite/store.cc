@@ -2,8 +2,9 @@
 #include "idem/sqlite/store.h"
 
 #include <pthread.h>
-#include <cerrno>
 
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -198,14 +199,14 @@ class SqliteStore final : public sql_internal::SqlStore {
   ~SqliteStore() override { ClosePool(); }
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
-    sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_);
+    sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_.load(std::memory_order_acquire));
     if (checkpointer_ != nullptr)
       oo.after_commit = [c = checkpointer_.get()](int pages) { return c->AfterCommit(pages); };
     IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
-    create_file_ = true;  // once it exists
+    create_file_.store(true, std::memory_order_release);  // once it exists
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
   }
-  void set_create_file(bool v) { create_file_ = v; }
+  void set_create_file(bool v) { create_file_.store(v, std::memory_order_release); }
   std::string WriteLockId() const override { return write_lock_id_; }
 
   // Markers with a producer time go to idem_markers_by_producer_time (keyed by that
@@ -307,7 +308,8 @@ class SqliteStore final : public sql_internal::SqlStore {
  private:
   Options options_;
   const std::string write_lock_id_;
-  bool create_file_ = true;
+  // Read and written by concurrent Connect calls of the pool: atomic.
+  std::atomic<bool> create_file_{true};
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 

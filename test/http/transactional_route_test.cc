@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -280,20 +281,22 @@ class GroupCommitTest : public TransactionalRouteTest {
   // make the next group. Answers the others' replies, in order.
   std::vector<Reply> BehindAHeldGroup(const std::string& prefix, const std::vector<int64_t>& amounts, uint64_t queued,
                                       const std::function<void()>& before_open = nullptr) {
-    Gate gate;
-    Route([&](const std::string& key) {
-      if (key == prefix + "first") gate.Arrive();
+    // The route's hook outlives this call (later requests of the test run it
+    // too): it owns what it uses, nothing of this frame.
+    auto gate = std::make_shared<Gate>();
+    Route([gate, first_key = prefix + "first"](const std::string& key) {
+      if (key == first_key) gate->Arrive();
     });
     Reply first;
     std::thread t([&] { first = Post(prefix + "first", 1); });
-    gate.WaitArrived();  // the first group (of one) is running
+    gate->WaitArrived();  // the first group (of one) is running
     std::vector<Reply> others(amounts.size());
     std::vector<std::thread> senders;
     for (size_t i = 0; i < amounts.size(); ++i)
       senders.emplace_back([&, i] { others[i] = Post(prefix + std::to_string(i), amounts[i]); });
     while (idem_->counters().group_queue < queued) std::this_thread::yield();
     if (before_open) before_open();
-    gate.Open();
+    gate->Open();
     t.join();
     for (auto& s : senders) s.join();
     EXPECT_EQ(first.status, 201) << first.body;
