@@ -26,18 +26,6 @@ std::string QueueName(const std::string& what) {
   return "idem-open-" + what + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
-std::vector<Delivery> ReceiveN(Source& src, size_t n) {
-  std::vector<Delivery> out;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-    auto got = src.Receive(static_cast<int>(n - out.size()), 500);
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok()) break;
-    for (Delivery& d : *got) out.push_back(std::move(d));
-  }
-  return out;
-}
-
 TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
   ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
   const std::string url = BaseUrl() + "?queue=" + QueueName("url") + "&prefetch=10&queue_type=quorum";
@@ -52,7 +40,7 @@ TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
   m.producer_time_ms = 1'712'345'678'901;
   ASSERT_TRUE((*pub)->Publish(m).ok());
   ASSERT_TRUE((*pub)->Publish(m).ok());
-  std::vector<Delivery> got = ReceiveN(**src, 2);
+  std::vector<Delivery> got = ReceiveUntil(**src, 2);
   ASSERT_EQ(got.size(), 2u);
   for (const Delivery& d : got) {
     EXPECT_EQ(d.message.id, "m-1");
@@ -90,7 +78,7 @@ TEST(AmqpWireFormat, FormerProducerTimeNamesAreRead) {
   both.producer_time_ms = 1'700'000'000'003;  // idem-producer-time-ms, as an integer
   both.headers = {{"producer_time_ms", "5"}};
   for (const Message& m : {kafka_name, redis_name, both}) ASSERT_TRUE((*pub)->Publish(m).ok()) << m.id;
-  std::vector<Delivery> got = ReceiveN(**src, 3);
+  std::vector<Delivery> got = ReceiveUntil(**src, 3);
   ASSERT_EQ(got.size(), 3u);
   for (const Delivery& d : got) {
     const Message& m = d.message;

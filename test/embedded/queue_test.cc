@@ -55,15 +55,8 @@ Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
 }
 
 // Promises everything the suite knows (every case runs; doc/sources.md).
-[[maybe_unused]] const bool kOnEmbedded = RegisterDeliverySuite({.name = "embedded",
-                                                                 .promises = {.has_lease = true,
-                                                                              .counts_attempts = true,
-                                                                              .nack_redelivers_one = true,
-                                                                              .reports_lease_lost = true,
-                                                                              .survives_fork = true,
-                                                                              .headers_as_published = true,
-                                                                              .empty_header_names = true},
-                                                                 .open = OpenEmbedded});
+[[maybe_unused]] const bool kOnEmbedded =
+    RegisterDeliverySuite({.name = "embedded", .promises = Capabilities::All(), .open = OpenEmbedded});
 
 // ---------------------------------------------------------------------------
 // The embedded queue only.

@@ -20,19 +20,6 @@ namespace {
 
 constexpr const char* kTopic = "orders";
 
-// Receives until `n` deliveries arrived (or 60 s passed).
-std::vector<Delivery> ReceiveN(Source& src, size_t n) {
-  std::vector<Delivery> out;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-    auto got = src.Receive(static_cast<int>(n - out.size()), 200);
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok()) break;
-    for (Delivery& d : *got) out.push_back(std::move(d));
-  }
-  return out;
-}
-
 TEST(KafkaUrl, ParseUrlReadsEveryKey) {
   auto o = kafka::Source::ParseUrl(
       "kafka://k1:9092,[::1]:9093,k3?topic=orders&group=billing&id_header=oid&id_from_key=true&client_id=c"
@@ -89,7 +76,7 @@ TEST(KafkaUrl, OpenSourceAndOpenPublisherOnTheMockCluster) {
   auto src = OpenSource(url, {.consumer = "by-url-client"});
   ASSERT_TRUE(src.ok()) << src.status();
   EXPECT_EQ((*src)->Kind(), "kafka");
-  std::vector<Delivery> got = ReceiveN(**src, 2);
+  std::vector<Delivery> got = ReceiveUntil(**src, 2);
   ASSERT_EQ(got.size(), 2u);
   for (const Delivery& d : got) {
     EXPECT_EQ(d.message.id, "m-1");
@@ -126,7 +113,7 @@ TEST(KafkaWireFormat, FormerProducerTimeNamesAreRead) {
                                   .heartbeat_interval_ms = 200,
                                   .config = {{"fetch.wait.max.ms", "20"}}});
   ASSERT_TRUE(src.ok()) << src.status();
-  std::vector<Delivery> got = ReceiveN(**src, 3);
+  std::vector<Delivery> got = ReceiveUntil(**src, 3);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].message.id, "kafka-name");
   EXPECT_EQ(got[0].message.producer_time_ms, 1'700'000'000'001);

@@ -58,15 +58,8 @@ Result<SourceHandle> OpenStreams(const TempDir& dir, const SourceConfig& c) {
 }
 
 // Promises everything the suite knows (every case runs; doc/sources.md).
-[[maybe_unused]] const bool kOnStreams = RegisterDeliverySuite({.name = "redis_streams",
-                                                                .promises = {.has_lease = true,
-                                                                             .counts_attempts = true,
-                                                                             .nack_redelivers_one = true,
-                                                                             .reports_lease_lost = true,
-                                                                             .survives_fork = true,
-                                                                             .headers_as_published = true,
-                                                                             .empty_header_names = true},
-                                                                .open = OpenStreams});
+[[maybe_unused]] const bool kOnStreams =
+    RegisterDeliverySuite({.name = "redis_streams", .promises = Capabilities::All(), .open = OpenStreams});
 
 // ---------------------------------------------------------------------------
 // Streams only.

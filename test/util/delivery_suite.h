@@ -77,6 +77,17 @@ struct Capabilities {
   // A header with an empty name round-trips (false: rabbitmq-c 0.11 cannot
   // decode one).
   bool empty_header_names = false;
+
+  // Every promise the suite knows (every case runs on such a source).
+  static constexpr Capabilities All() {
+    return {.has_lease = true,
+            .counts_attempts = true,
+            .nack_redelivers_one = true,
+            .reports_lease_lost = true,
+            .survives_fork = true,
+            .headers_as_published = true,
+            .empty_header_names = true};
+  }
 };
 
 // A capability, as a case names it.

@@ -10,19 +10,37 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "idem/inbox.h"
 #include "idem/message.h"
+#include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "idem/store.h"
 
 namespace idem::testing {
+
+// Receives from `src` until `n` deliveries arrived or `within_s` seconds
+// passed (an upper bound, never a pass condition); a failed Receive fails
+// the test and ends the wait.
+inline std::vector<Delivery> ReceiveUntil(Source& src, size_t n, int within_s = 60) {
+  std::vector<Delivery> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(within_s);
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    auto got = src.Receive(static_cast<int>(n - out.size()), 200);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) break;
+    for (Delivery& d : *got) out.push_back(std::move(d));
+  }
+  return out;
+}
 
 // What T::Open(args...) opens (Claims, Inbox, ...), or a failed test: the
 // test stops here, loudly.
