@@ -48,7 +48,8 @@ class Value {
   bool is_text() const { return std::holds_alternative<std::string>(v_); }
   bool is_blob() const { return std::holds_alternative<Blob>(v_); }
   // Conversions: an integer as a double, a number's text, a blob's bytes as
-  // text; 0 for NULL and non-numeric text.
+  // text; 0 for NULL and non-numeric text. AsInt truncates a double and
+  // holds it within int64_t (NaN: 0), as it does a number's text.
   int64_t AsInt() const;
   double AsDouble() const;
   std::string AsText() const;

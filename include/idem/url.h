@@ -81,6 +81,15 @@ enum class UrlForm {
 // ("redis://h/2" gives "/2").
 Result<ParsedUrl> ParseUrl(std::string_view url, std::string_view what = "URL", UrlForm form = UrlForm::kNetwork);
 
+// `url` printed back by the grammar above: a URL that ParseUrl (in the form
+// `url` was parsed in: kFile when it has no hosts) splits into the same
+// fields. USER, PASSWORD, PATH and query values are %XX-escaped where a
+// character would read differently (every byte but letters, digits and
+// "-._~", and '/' inside PATH); hosts and query keys are written as parsed
+// (ParseUrl never decodes them), an IPv6 host in brackets. The password is
+// printed: give the result to RedactUrl before showing it.
+std::string FormatUrl(const ParsedUrl& url);
+
 // The scheme of `url` in lower case ("" when it has none).
 std::string UrlScheme(std::string_view url);
 

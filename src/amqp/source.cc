@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "amqp/conn.h"
-#include "core/wire_format.h"
+#include "amqp/decode.h"
 
 namespace idem::amqp {
 namespace {
@@ -189,42 +189,7 @@ class SourceImpl final : public Source {
 
   Delivery ToDelivery(const amqp_envelope_t& env) const {
     Delivery d;
-    Message& m = d.message;
-    const amqp_basic_properties_t& p = env.message.properties;
-    m.payload = Str(env.message.body);
-    std::optional<int64_t> delivery_count;
-    std::optional<std::string> header_id;
-    wire_internal::ProducerTimeReader time;
-    if (p._flags & AMQP_BASIC_HEADERS_FLAG) {
-      for (int i = 0; i < p.headers.num_entries; ++i) {
-        const amqp_table_entry_t& e = p.headers.entries[i];
-        std::string key = Str(e.key);
-        std::optional<std::string> v = FieldString(e.value);
-        if (!v) continue;
-        if (!o_.id_header.empty() && key == o_.id_header && !header_id) header_id = *v;
-        // The headers that Message carries as fields are not repeated among
-        // its headers.
-        if (e.value.kind == AMQP_FIELD_KIND_I64 ? time.OfferInt(key, e.value.value.i64) : time.Offer(key, *v)) continue;
-        if (key == "x-delivery-count") {
-          delivery_count = ParseInt(*v);
-          continue;
-        }
-        m.headers.emplace_back(std::move(key), std::move(*v));
-      }
-    }
-    m.producer_time_ms = time.time();
-    if (p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
-      m.id = Str(p.message_id);
-    } else if (header_id) {
-      m.id = *header_id;
-    }
-    // Neither: the id stays empty, which ValidateId rejects, so the Consumer
-    // dead-letters the message at once.
-    if (delivery_count && *delivery_count >= 0 && *delivery_count < std::numeric_limits<int>::max()) {
-      m.attempt = static_cast<int>(*delivery_count) + 1;
-    } else {
-      m.attempt = env.redelivered ? 2 : 1;  // a hint, never instead of the marker check
-    }
+    d.message = DecodeMessage(env.message.properties, env.message.body, env.redelivered != 0, o_.id_header);
     d.receipt = "amqp:" + std::to_string(generation_) + ":" + std::to_string(env.delivery_tag);
     return d;
   }

@@ -49,11 +49,14 @@ void RedactPasswordKeys(std::string& out) {
     while (v < out.size() && out[v] == ' ') ++v;
     size_t end = v;
     if (end < out.size() && out[end] == '\'') {
-      end = out.find('\'', end + 1);
-      end = end == std::string::npos ? out.size() : end + 1;
-    } else {
-      while (end < out.size() && out[end] != '&' && out[end] != ' ') ++end;
+      // A quoted value ends at its closing quote (libpq: \' and \\ are
+      // escapes inside), and whatever is glued to it goes too, so that the
+      // result redacts to itself.
+      for (++end; end < out.size() && out[end] != '\''; ++end)
+        if (out[end] == '\\' && end + 1 < out.size()) ++end;
+      if (end < out.size()) ++end;
     }
+    while (end < out.size() && out[end] != '&' && out[end] != ' ') ++end;
     out.replace(v, end - v, "***");
   }
 }
@@ -87,14 +90,61 @@ Status ParseHost(std::string_view hp, std::string_view what, std::string_view ur
   return Status::OK();
 }
 
+// %XX for every byte but the unreserved ones (and '/' when `keep_slash`).
+std::string PercentEncode(std::string_view s, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || (keep_slash && c == '/')) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string FormatUrl(const ParsedUrl& u) {
+  std::string out = u.scheme + ":";
+  if (u.has_authority) out += "//";
+  std::string path = PercentEncode(u.path, /*keep_slash=*/true);
+  if (u.hosts.empty()) {
+    // The file form: a PATH that starts with "//" would read as an authority.
+    if (!u.has_authority && path.starts_with("//")) path.replace(0, 1, "%2F");
+  } else {
+    if (u.has_user) {
+      out += PercentEncode(u.user, false);
+      if (u.has_password) out += ":" + PercentEncode(u.password, false);
+      out += "@";
+    }
+    for (size_t i = 0; i < u.hosts.size(); ++i) {
+      const ParsedUrl::Host& h = u.hosts[i];
+      if (i > 0) out += ",";
+      const bool bracket = h.host.find(':') != std::string::npos || h.host.starts_with('[');
+      out += bracket ? "[" + h.host + "]" : h.host;
+      if (h.port != 0) out += ":" + std::to_string(h.port);
+    }
+  }
+  out += path;
+  for (size_t i = 0; i < u.query.size(); ++i)
+    out += (i == 0 ? "?" : "&") + u.query[i].first + "=" + PercentEncode(u.query[i].second, false);
+  return out;
+}
 
 std::string UrlScheme(std::string_view url) {
   size_t end = SchemeEnd(url);
   return end == std::string_view::npos ? std::string() : Lower(url.substr(0, end));
 }
 
-std::string RedactUrl(std::string_view url) {
+namespace {
+
+// One pass of RedactUrl.
+std::string RedactOnce(std::string_view url) {
   std::string out(url);
   if (size_t scheme = out.find("://"); scheme != std::string::npos) {
     size_t auth_end = out.find_first_of("/?#", scheme + 3);
@@ -110,6 +160,22 @@ std::string RedactUrl(std::string_view url) {
     }
   }
   RedactPasswordKeys(out);
+  return out;
+}
+
+}  // namespace
+
+std::string RedactUrl(std::string_view url) {
+  // Hiding a value can move where the authority ends (a '#' or '/' inside a
+  // password value): passes run until one changes nothing, so that the
+  // result redacts to itself. Each pass only turns text into "***"; a URL
+  // needs one or two.
+  std::string out = RedactOnce(url);
+  for (int pass = 0; pass < 16; ++pass) {
+    std::string next = RedactOnce(out);
+    if (next == out) break;
+    out = std::move(next);
+  }
   return out;
 }
 

@@ -11,12 +11,15 @@
 #include <vector>
 
 #include "core/saturating.h"
+#include "embedded/rows.h"
 #include "idem/url.h"
 #include "sqlite/db.h"
 
 namespace idem::embedded {
 namespace {
 
+using embedded_internal::DecodeRow;
+using embedded_internal::EncodeHeaders;
 using sqlite_internal::Db;
 
 constexpr int kQueueSchemaVersion = 1;
@@ -37,41 +40,6 @@ constexpr const char* kCreate =
     " lease TEXT);"
     "CREATE INDEX idem_queue_ready ON idem_queue_messages(queue, visible_at_ms, seq);"
     "CREATE TABLE idem_queue_counters(queue TEXT PRIMARY KEY, published INTEGER NOT NULL, acked INTEGER NOT NULL);";
-
-// Headers are stored as (u32 length, bytes) pairs, name then value.
-std::string EncodeHeaders(const std::vector<std::pair<std::string, std::string>>& headers) {
-  std::string out;
-  auto put = [&](const std::string& s) {
-    uint32_t n = static_cast<uint32_t>(s.size());
-    out.append(reinterpret_cast<const char*>(&n), 4);
-    out += s;
-  };
-  for (const auto& [k, v] : headers) {
-    put(k);
-    put(v);
-  }
-  return out;
-}
-
-Result<std::vector<std::pair<std::string, std::string>>> DecodeHeaders(std::string_view in) {
-  std::vector<std::pair<std::string, std::string>> out;
-  auto get = [&](std::string& s) {
-    uint32_t n = 0;
-    if (in.size() < 4) return false;
-    std::memcpy(&n, in.data(), 4);
-    in.remove_prefix(4);
-    if (in.size() < n) return false;
-    s.assign(in.substr(0, n));
-    in.remove_prefix(n);
-    return true;
-  };
-  while (!in.empty()) {
-    std::string k, v;
-    if (!get(k) || !get(v)) return Status::Corruption("queue message headers are truncated");
-    out.emplace_back(std::move(k), std::move(v));
-  }
-  return out;
-}
 
 class SqliteQueue final : public Queue {
  public:
@@ -219,18 +187,17 @@ class SqliteQueue final : public Queue {
     Status s = InTx([&]() -> Status {
       int64_t now = o_.env->NowMs();
       Value p[] = {o_.queue, now, int64_t{max}};
-      IDEM_ASSIGN_OR_RETURN(
-          Rows rows,
-          db_->Query("SELECT seq, id, producer_time_ms, payload, headers, deliveries FROM idem_queue_messages"
-                     " WHERE queue = $1 AND visible_at_ms <= $2 ORDER BY visible_at_ms, seq LIMIT $3",
-                     p));
+      IDEM_ASSIGN_OR_RETURN(Rows rows, db_->Query(std::string("SELECT ") + embedded_internal::kReceiveColumns +
+                                                      " FROM idem_queue_messages WHERE queue = $1 AND visible_at_ms <= "
+                                                      "$2 ORDER BY visible_at_ms, seq LIMIT $3",
+                                                  p));
       for (auto& r : rows.rows) {
         // The lease token names this delivery: its number (deliveries only
         // grows) and a random part. The number alone makes a stale receipt
         // unable to match a later delivery of the same message, even when two
         // handles draw the same random numbers (two FakeEnvs with one seed,
         // or processes forked from one parent that share an RNG state).
-        const int64_t delivery = r[5].AsInt() + 1;
+        const int64_t delivery = embedded_internal::NextDelivery(r);
         char token[48];
         std::snprintf(token, sizeof token, "%lld.%016llx", static_cast<long long>(delivery),
                       static_cast<unsigned long long>(o_.env->Random()));
@@ -239,13 +206,7 @@ class SqliteQueue final : public Queue {
                                        " deliveries = deliveries + 1 WHERE seq = $3",
                                        u)
                                  .status());
-        Delivery d;
-        d.message.id = r[1].AsText();
-        if (!r[2].is_null()) d.message.producer_time_ms = r[2].AsInt();
-        d.message.payload = r[3].AsText();
-        IDEM_ASSIGN_OR_RETURN(d.message.headers, DecodeHeaders(r[4].AsText()));
-        d.message.attempt = static_cast<int>(delivery);
-        d.receipt = std::to_string(r[0].AsInt()) + ":" + token;
+        IDEM_ASSIGN_OR_RETURN(Delivery d, DecodeRow(r, token));
         out.push_back(std::move(d));
       }
       return Status::OK();

@@ -44,7 +44,8 @@ namespace {
 // \xHH), a quote as \x22: a key "x replayed 201" must not read as an outcome.
 std::string LogToken(std::string_view s) {
   const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_.:/@+", c) != nullptr;
+    // (strchr finds a NUL too: its terminator.)
+    return std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr("-_.:/@+", c) != nullptr);
   });
   if (plain) return std::string(s);
   std::string out = "\"";
@@ -329,7 +330,10 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
   using Route::Route;
   RouteKind kind() const override { return RouteKind::kTwoPhase; }
 
-  void Unguarded(const Request& req, Answer& ans, const Work& work) const override { work(req, ans, nullptr); }
+  // A handler that throws is a 500 here too (nothing was claimed).
+  void Unguarded(const Request& req, Answer& ans, const Work& work) const override {
+    (void)owner_.Threw("the handler", ans, [&] { work(req, ans, nullptr); });
+  }
 
   void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
     Idempotency& o = owner_;
@@ -380,7 +384,8 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
     auto t = store_.BeginDeferred();
     if (!t.ok())
       return owner_.Problem(ans, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
-    work(req, ans, t->get());
+    // A handler that throws is a 500, its transaction rolled back.
+    if (owner_.Threw("the handler", ans, [&] { work(req, ans, t->get()); })) return;
     if (ans.status < 400) {
       if (Status c = (*t)->Commit(); !c.ok())
         owner_.Problem(ans, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
@@ -781,8 +786,8 @@ std::string Idempotency::Retention() const { return std::to_string(claims_.optio
 
 void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) const {
   if (options_.log)
-    options_.log(a.req->method + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " + std::string(outcome) +
-                 " " + std::to_string(status));
+    options_.log(LogToken(a.req->method) + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
+                 std::string(outcome) + " " + std::to_string(status));
 }
 
 void Idempotency::Reject(const Admitted& a, std::string_view outcome, int status) {

@@ -12,8 +12,8 @@
 #include <map>
 #include <mutex>
 
-#include "core/wire_format.h"
 #include "idem/url.h"
+#include "kafka/decode.h"
 #include "kafka/errors.h"
 
 namespace idem::kafka {
@@ -317,28 +317,10 @@ struct Source::Impl {
     }
     Delivery d;
     d.receipt = EncodeReceipt({o.topic, m->partition, m->offset, assignment});
-    Message& msg = d.message;
-    msg.attempt = 0;  // Kafka keeps no delivery count
-    if (m->payload != nullptr) msg.payload.assign(static_cast<const char*>(m->payload), m->len);
     rd_kafka_headers_t* hdrs = nullptr;
-    bool have_id = false;
-    wire_internal::ProducerTimeReader time;
-    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs != nullptr) {
-      const char* name = nullptr;
-      const void* value = nullptr;
-      size_t size = 0;
-      for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
-        std::string v = value ? std::string(static_cast<const char*>(value), size) : std::string();
-        if (!have_id && o.id_header == name) {
-          msg.id = v;
-          have_id = true;
-        }
-        time.Offer(name, v);
-        msg.headers.emplace_back(name, std::move(v));
-      }
-    }
-    msg.producer_time_ms = time.time();
-    if (!have_id && o.id_from_key && m->key != nullptr) msg.id.assign(static_cast<const char*>(m->key), m->key_len);
+    if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR) hdrs = nullptr;
+    d.message = kafka_internal::DecodeRecord(
+        hdrs, {.payload = m->payload, .len = m->len, .key = m->key, .key_len = m->key_len}, o.id_header, o.id_from_key);
     delivered.fetch_add(1, std::memory_order_relaxed);
     return d;
   }

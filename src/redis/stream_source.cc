@@ -20,6 +20,67 @@
 #include "redis/client.h"
 #include "redis/stream_wire.h"
 
+namespace idem::redis_internal {
+
+Message DecodeEntry(const std::string& entry_id, const redisReply* fields, const StreamEntryFields& f) {
+  Message m;
+  bool has_id = false, has_payload = false;
+  wire_internal::ProducerTimeReader time;
+  for (size_t k = 0; k + 1 < fields->elements; k += 2) {
+    std::string_view name = ReplyString(fields->element[k]);
+    std::string_view value = ReplyString(fields->element[k + 1]);
+    if (!has_id && name == f.id_field) {
+      m.id = std::string(value);
+      has_id = true;
+    } else if (!has_payload && name == f.payload_field) {
+      m.payload = std::string(value);
+      has_payload = true;
+    } else if (wire_internal::ProducerTimeRank(name) >= 0 && wire_internal::ParseProducerTime(value)) {
+      time.Offer(name, value);
+    } else if (name.starts_with(kStreamHeaderPrefix)) {
+      m.headers.emplace_back(std::string(name.substr(kStreamHeaderPrefix.size())), std::string(value));
+    } else {
+      m.headers.emplace_back(std::string(name), std::string(value));
+    }
+  }
+  m.producer_time_ms = time.time();
+  if (!has_id) {
+    // An invalid id: the Consumer dead-letters the delivery at once.
+    m.id.clear();
+    m.headers.emplace_back(std::string(kStreamErrorHeader), "stream entry " + entry_id + " of " +
+                                                                std::string(f.stream) + " has no field '" +
+                                                                std::string(f.id_field) + "' (the message id)");
+  }
+  return m;
+}
+
+Result<std::vector<Delivery>> DecodeReceiveReply(const redisReply* rep, const StreamEntryFields& f, std::string* last) {
+  auto bad = [&](std::string_view what) {
+    return Status::Internal("receive from " + std::string(f.where) + ": unexpected reply (" + std::string(what) + ")");
+  };
+  if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 || rep->element[0]->type != REDIS_REPLY_ARRAY)
+    return bad("shape");
+  *last = std::string(ReplyString(rep->element[1]));
+  std::vector<Delivery> out;
+  const redisReply* entries = rep->element[0];
+  out.reserve(entries->elements);
+  for (size_t i = 0; i < entries->elements; ++i) {
+    const redisReply* e = entries->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 3 || e->element[2]->type != REDIS_REPLY_ARRAY)
+      return bad("entry");
+    const std::string entry_id(ReplyString(e->element[0]));
+    IDEM_ASSIGN_OR_RETURN(int64_t count, ReplyInt(e->element[1], "delivery count"));
+    Delivery d;
+    d.message = DecodeEntry(entry_id, e->element[2], f);
+    d.message.attempt = static_cast<int>(std::min<int64_t>(count, 1 << 30));
+    d.receipt = entry_id + ":" + std::to_string(count) + ":" + std::string(f.consumer);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace idem::redis_internal
+
 namespace idem::redis {
 namespace {
 
@@ -28,9 +89,6 @@ using redis_internal::Pool;
 using redis_internal::ReplyPtr;
 using redis_internal::ReplyString;
 using redis_internal::Script;
-
-using redis_internal::kStreamHeaderPrefix;
-constexpr std::string_view kErrorHeader = "idem-error";
 
 // Takes over the entries whose lease ran out, then reads new ones
 // (XREADGROUP >), and sets the lease of each (XCLAIM TIME, keeping its
@@ -323,60 +381,13 @@ class StreamSourceImpl final : public StreamSource {
                                   std::to_string(kLeaseClockShiftMs)};
     auto r = Run(conn, kReceive, args, nullptr);
     if (!r.ok()) return r.status().WithContext("receive from " + Where());
-    const redisReply* rep = r->get();
-    auto bad = [&](std::string_view what) {
-      return Status::Internal("receive from " + Where() + ": unexpected reply (" + std::string(what) + ")");
-    };
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 || rep->element[0]->type != REDIS_REPLY_ARRAY)
-      return bad("shape");
-    *last = std::string(ReplyString(rep->element[1]));
-    std::vector<Delivery> out;
-    const redisReply* entries = rep->element[0];
-    out.reserve(entries->elements);
-    for (size_t i = 0; i < entries->elements; ++i) {
-      const redisReply* e = entries->element[i];
-      if (e->type != REDIS_REPLY_ARRAY || e->elements != 3 || e->element[2]->type != REDIS_REPLY_ARRAY)
-        return bad("entry");
-      const std::string entry_id(ReplyString(e->element[0]));
-      IDEM_ASSIGN_OR_RETURN(int64_t count, redis_internal::ReplyInt(e->element[1], "delivery count"));
-      Delivery d;
-      d.message = ToMessage(entry_id, e->element[2]);
-      d.message.attempt = static_cast<int>(std::min<int64_t>(count, 1 << 30));
-      d.receipt = entry_id + ":" + std::to_string(count) + ":" + o_.consumer;
-      out.push_back(std::move(d));
-    }
-    return out;
-  }
-
-  Message ToMessage(const std::string& entry_id, const redisReply* fields) const {
-    Message m;
-    bool has_id = false, has_payload = false;
-    wire_internal::ProducerTimeReader time;
-    for (size_t k = 0; k + 1 < fields->elements; k += 2) {
-      std::string_view name = ReplyString(fields->element[k]);
-      std::string_view value = ReplyString(fields->element[k + 1]);
-      if (!has_id && name == o_.id_field) {
-        m.id = std::string(value);
-        has_id = true;
-      } else if (!has_payload && name == o_.payload_field) {
-        m.payload = std::string(value);
-        has_payload = true;
-      } else if (wire_internal::ProducerTimeRank(name) >= 0 && wire_internal::ParseProducerTime(value)) {
-        time.Offer(name, value);
-      } else if (name.starts_with(kStreamHeaderPrefix)) {
-        m.headers.emplace_back(std::string(name.substr(kStreamHeaderPrefix.size())), std::string(value));
-      } else {
-        m.headers.emplace_back(std::string(name), std::string(value));
-      }
-    }
-    m.producer_time_ms = time.time();
-    if (!has_id) {
-      // An invalid id: the Consumer dead-letters the delivery at once.
-      m.id.clear();
-      m.headers.emplace_back(std::string(kErrorHeader), "stream entry " + entry_id + " of " + o_.stream +
-                                                            " has no field '" + o_.id_field + "' (the message id)");
-    }
-    return m;
+    return redis_internal::DecodeReceiveReply(r->get(),
+                                              {.stream = o_.stream,
+                                               .consumer = o_.consumer,
+                                               .id_field = o_.id_field,
+                                               .payload_field = o_.payload_field,
+                                               .where = Where()},
+                                              last);
   }
 
   // `verb` names the call in errors; `op` and `lease_time` are kSettle's.

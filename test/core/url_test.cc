@@ -52,6 +52,19 @@ TEST(RedactUrl, IsIdempotent) {
   }
 }
 
+// Found by fuzz/url_fuzz.cc: a quoted password with text glued after it,
+// and a '#' inside a quoted password (the authority ended there until it
+// was hidden), each redacted differently the second time.
+TEST(RedactUrl, IsIdempotentWhenHidingMovesTheAuthoritysEnd) {
+  for (const char* url : {"host=h password='x y'glued dbname=d", "k://u password='#pw' dbname=d:x@h/",
+                          "host=h password='a\\' pw' dbname=d"}) {
+    const std::string once = RedactUrl(url);
+    EXPECT_EQ(RedactUrl(once), once) << url;
+    EXPECT_EQ(once.find("pw"), std::string::npos) << once;
+  }
+  EXPECT_EQ(RedactUrl("host=h password='x y'glued dbname=d"), "host=h password=*** dbname=d");
+}
+
 TEST(PercentDecode, DecodesAndRefusesBadEscapesWithoutEchoingThem) {
   EXPECT_EQ(*PercentDecode("p%40ss%3Aword"), "p@ss:word");
   EXPECT_EQ(*PercentDecode("%2f%2F"), "//");
@@ -139,6 +152,43 @@ TEST(ParseUrl, KeysAndValues) {
   ASSERT_TRUE(twice.ok());
   Status dup = twice->CheckKeys({"topic"});
   EXPECT_NE(dup.message().find("given twice"), std::string::npos) << dup;
+}
+
+TEST(FormatUrl, PrintsBackAUrlThatParsesToTheSameFields) {
+  auto same = [](std::string_view url, UrlForm form) {
+    auto u = ParseUrl(url, "URL", form);
+    ASSERT_TRUE(u.ok()) << u.status();
+    const std::string printed = FormatUrl(*u);
+    auto again = ParseUrl(printed, "URL", form);
+    ASSERT_TRUE(again.ok()) << printed << ": " << again.status();
+    EXPECT_EQ(again->scheme, u->scheme) << printed;
+    EXPECT_EQ(again->has_authority, u->has_authority) << printed;
+    EXPECT_EQ(again->has_user, u->has_user) << printed;
+    EXPECT_EQ(again->has_password, u->has_password) << printed;
+    EXPECT_EQ(again->user, u->user) << printed;
+    EXPECT_EQ(again->password, u->password) << printed;
+    EXPECT_EQ(again->path, u->path) << printed;
+    EXPECT_EQ(again->query, u->query) << printed;
+    ASSERT_EQ(again->hosts.size(), u->hosts.size()) << printed;
+    for (size_t i = 0; i < u->hosts.size(); ++i) {
+      EXPECT_EQ(again->hosts[i].host, u->hosts[i].host) << printed;
+      EXPECT_EQ(again->hosts[i].port, u->hosts[i].port) << printed;
+    }
+  };
+  same("redis://u%3Ax:p%40ss@h1:1,[::1]:2,[h3]/a%3Fb/c?k=v%26w&e&=x", UrlForm::kNetwork);
+  same("redis://@h", UrlForm::kNetwork);
+  same("amqp://:@h/%2F", UrlForm::kNetwork);
+  same("sqlite:/tmp/a%20b%3F.db?synchronous=normal", UrlForm::kFile);
+  same("sqlite:%2F%2Fnot-an-authority", UrlForm::kFile);  // printed as sqlite:%2F/...
+  same("sqlite:////abs", UrlForm::kFile);
+  same("embedded:q.db", UrlForm::kFile);
+
+  auto u = ParseUrl("REDIS://us%65r:pw@h:6379/0?prefix=a%2Fb");
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(FormatUrl(*u), "redis://user:pw@h:6379/0?prefix=a%2Fb");
+  auto ipv6 = ParseUrl("redis://[::1]:6380");
+  ASSERT_TRUE(ipv6.ok()) << ipv6.status();
+  EXPECT_EQ(FormatUrl(*ipv6), "redis://[::1]:6380");
 }
 
 }  // namespace

@@ -152,6 +152,33 @@ TEST(EmbeddedQueue, ForeverLeasesAndDelaysDoNotWrapIntoThePast) {
   EXPECT_TRUE(later->empty()) << "a message nacked for ever came back";
 }
 
+// A delivery count at the end of int64_t's range (a damaged or foreign
+// file; SQLite's `deliveries + 1` then overflows into a REAL) reads as the
+// largest attempt, never as a wrapped one (found by fuzz/embedded_rows_fuzz.cc).
+TEST(EmbeddedQueue, ADeliveryCountOutOfRangeIsTheLargestAttempt) {
+  TempDir dir;
+  FakeEnv env;
+  auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = 1000, .durable = false, .env = &env});
+  ASSERT_TRUE(q.ok()) << q.status();
+  Message m;
+  m.id = "m-counted";
+  m.payload = "p";
+  ASSERT_TRUE((*q)->Publish(m).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(dir.File("q.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "UPDATE idem_queue_messages SET deliveries = 9223372036854775807", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  for (int i = 0; i < 2; ++i) {  // the second reads the REAL the first one's + 1 wrote
+    auto got = (*q)->Receive(1, 0);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), 1u);
+    EXPECT_EQ((*got)[0].message.attempt, std::numeric_limits<int>::max()) << i;
+    env.Advance(2000);  // past the lease: it comes again
+  }
+}
+
 TEST(EmbeddedQueue, MissingDirectoryIsUnavailable) {
   auto q = Queue::Open({.path = "/nonexistent-idem-dir/sub/queue.db"});
   ASSERT_FALSE(q.ok());

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "idem/http/idempotency.h"
@@ -169,6 +170,48 @@ TEST_F(CoreTest, RefusalsBeforeAnyClaim) {
   Answer f;
   charge(Post("\"x \\\" 1\""), f);
   EXPECT_NE(log_.find("key=\"x \\x22 1\" executed 201"), std::string::npos) << log_;
+}
+
+// Found by fuzz/middleware_fuzz.cc: a NUL in the path was logged raw (it
+// counted as one of the plain characters), and so was the method.
+TEST_F(CoreTest, ALogLineQuotesAPathOrMethodWithANul) {
+  auto charge = Charge();
+  Request req = Post("k-nul");
+  req.path = std::string("/charges\0x", 10);
+  Answer a;
+  charge(req, a);
+  EXPECT_EQ(a.status, 201);
+  EXPECT_NE(log_.find("POST \"/charges\\x00x\" key=k-nul executed 201"), std::string::npos) << log_;
+  req.method = std::string("PO\0ST", 5);
+  Answer b;
+  charge(req, b);
+  EXPECT_EQ(log_.find('\0'), std::string::npos) << Printable(log_, log_.size());
+}
+
+// Found by fuzz/middleware_fuzz.cc: a handler that threw on a request the
+// middleware does not guard (here a GET) escaped Serve instead of being a 500.
+TEST_F(CoreTest, AnUnguardedHandlerThatThrowsIsA500) {
+  auto thrower = [](const Request&, Answer&) { throw std::runtime_error("boom"); };
+  auto two_phase = idem_->Wrap("/two-phase", {}, thrower);
+  ASSERT_TRUE(two_phase.ok()) << two_phase.status();
+  auto tx = idem_->WrapInTransaction("/tx", {}, *store_, [this](const Request&, Answer&, Transaction& t) {
+    ASSERT_TRUE(t.Exec("INSERT INTO effects(k) VALUES ('thrown')", {}).ok());
+    throw std::runtime_error("boom");
+  });
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  for (const http::Handler* route : {&*two_phase, &*tx}) {
+    Request get = Post("");
+    get.method = "GET";
+    Answer a;
+    EXPECT_NO_THROW((*route)(get, a));
+    EXPECT_EQ(a.status, 500);
+    EXPECT_NE(a.body.find("the handler threw: boom"), std::string::npos) << a.body;
+  }
+  auto t = store_->Begin();
+  ASSERT_TRUE(t.ok());
+  auto rows = (*t)->Query("SELECT count(*) FROM effects", {});
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->rows[0][0].AsInt(), 0) << "the thrown transaction was rolled back";
 }
 
 TEST_F(CoreTest, TransactionalRouteCommitsTheEffectWithTheKey) {

@@ -24,6 +24,7 @@
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "idem/store.h"
+#include "util/temp_dir.h"
 
 namespace idem::testing {
 
@@ -53,28 +54,6 @@ std::unique_ptr<T> MustOpen(Args&&... args) {
   }
   return std::move(*r);
 }
-
-// A fresh directory under $TMPDIR, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "idem-test-XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 inline Message Msg(std::string id, std::string payload = "") {
   Message m;

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "charge.h"
 #include "cli.h"
 #include "idem/claims.h"
 #include "idem/httplib/middleware.h"
@@ -110,60 +111,13 @@ void Problem(::httplib::Response& res, int status, const std::string& type, cons
 
 // A charge's fields, read from the body of POST /charges; nullopt (with a
 // 400 problem in `res`) when they are not valid.
-struct ChargeFields {
-  int64_t amount = 0;
-  std::string currency, customer, description;
-};
 std::optional<ChargeFields> ReadCharge(const ::httplib::Request& req, ::httplib::Response& res) {
-  // A member given twice is refused: which one a reader takes differs
-  // between parsers, and a charge must mean one amount.
-  std::vector<std::set<std::string>> members;  // per open object
-  std::string twice;
-  const nlohmann::json::parser_callback_t watch = [&](int, nlohmann::json::parse_event_t event,
-                                                      nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::object_start) members.emplace_back();
-    if (event == nlohmann::json::parse_event_t::object_end && !members.empty()) members.pop_back();
-    if (event == nlohmann::json::parse_event_t::key && !members.empty() &&
-        !members.back().insert(parsed.get<std::string>()).second && twice.empty())
-      twice = parsed.get<std::string>();
-    return true;
-  };
-  nlohmann::json body;
-  try {
-    body = nlohmann::json::parse(req.body, watch);
-  } catch (const nlohmann::json::exception& e) {  // the parser's message says where
-    Problem(res, 400, "invalid-request", std::string("the body is not valid JSON: ") + e.what());
+  Result<ChargeFields> charge = ParseCharge(req.body);
+  if (!charge.ok()) {
+    Problem(res, 400, "invalid-request", charge.status().message());
     return std::nullopt;
   }
-  if (!body.is_object()) {
-    Problem(res, 400, "invalid-request", "the body must be a JSON object");
-    return std::nullopt;
-  }
-  if (!twice.empty()) {
-    Problem(res, 400, "invalid-request", "the member \"" + twice + "\" is given twice");
-    return std::nullopt;
-  }
-  auto amount = body.find("amount");
-  auto currency = body.find("currency");
-  if (amount == body.end() || !amount->is_number_integer() || amount->get<int64_t>() <= 0) {
-    Problem(res, 400, "invalid-request", "amount must be a positive integer (cents)");
-    return std::nullopt;
-  }
-  if (currency == body.end() || !currency->is_string() || currency->get<std::string>().size() != 3) {
-    Problem(res, 400, "invalid-request", "currency must be a 3-letter code");
-    return std::nullopt;
-  }
-  ChargeFields f{amount->get<int64_t>(), currency->get<std::string>(), "", ""};
-  for (auto [name, field] : {std::pair{"customer", &f.customer}, std::pair{"description", &f.description}}) {
-    auto it = body.find(name);
-    if (it == body.end()) continue;
-    if (!it->is_string()) {
-      Problem(res, 400, "invalid-request", std::string(name) + " must be a string");
-      return std::nullopt;
-    }
-    *field = it->get<std::string>();
-  }
-  return f;
+  return std::move(*charge);
 }
 
 }  // namespace
