@@ -16,28 +16,28 @@
 #include <string_view>
 
 #include "idem/url.h"
-#if IDEM_FUZZ_HAVE_SQLITE
+#if IDEM_OPEN_HAVE_SQLITE
 #include "idem/sqlite/store.h"
 #endif
-#if IDEM_FUZZ_HAVE_EMBEDDED
+#if IDEM_OPEN_HAVE_EMBEDDED
 #include "idem/embedded/queue.h"
 #endif
-#if IDEM_FUZZ_HAVE_POSTGRES
+#if IDEM_OPEN_HAVE_POSTGRES
 #include "idem/postgres/store.h"
 #endif
-#if IDEM_FUZZ_HAVE_REDIS
+#if IDEM_OPEN_HAVE_REDIS
 #include "idem/redis/claim_store.h"
 #include "idem/redis/prefilter.h"
 #endif
-#if IDEM_FUZZ_HAVE_REDIS_STREAMS
+#if IDEM_OPEN_HAVE_REDIS_STREAMS
 #include "idem/redis/stream_publisher.h"
 #include "idem/redis/stream_source.h"
 #endif
-#if IDEM_FUZZ_HAVE_AMQP
+#if IDEM_OPEN_HAVE_AMQP
 #include "idem/amqp/publisher.h"
 #include "idem/amqp/source.h"
 #endif
-#if IDEM_FUZZ_HAVE_KAFKA
+#if IDEM_OPEN_HAVE_KAFKA
 #include "idem/kafka/source.h"
 #endif
 #if IDEM_FUZZ_HAVE_HTTP
@@ -87,6 +87,12 @@ void CheckAdapter(std::string_view url, idem::UrlForm form, const Parse& parse) 
   if (ok && !parse(idem::FormatUrl(*parsed)).ok()) __builtin_trap();
 }
 
+// CheckAdapter for each T::ParseUrl.
+template <typename... T>
+void CheckAdapters(std::string_view url, idem::UrlForm form) {
+  (CheckAdapter(url, form, [](std::string_view u) { return T::ParseUrl(u); }), ...);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -98,33 +104,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)idem::UrlScheme(url);
   (void)idem::PercentDecode(url);
   using idem::UrlForm;
-#if IDEM_FUZZ_HAVE_SQLITE
+#if IDEM_OPEN_HAVE_SQLITE
   if (!idem::UrlScheme(url).empty())  // a bare path is a file name: printed back it is a sqlite: URL
     CheckAdapter(url, UrlForm::kFile, [](std::string_view u) { return idem::sqlite::Store::ParseUrl(u); });
   (void)idem::sqlite::Store::ParseUrl(url);
 #endif
-#if IDEM_FUZZ_HAVE_EMBEDDED
-  CheckAdapter(url, UrlForm::kFile, [](std::string_view u) { return idem::embedded::Queue::ParseUrl(u); });
+#if IDEM_OPEN_HAVE_EMBEDDED
+  CheckAdapters<idem::embedded::Queue>(url, UrlForm::kFile);
 #endif
-#if IDEM_FUZZ_HAVE_POSTGRES
+#if IDEM_OPEN_HAVE_POSTGRES
   (void)idem::postgres::Store::ParseUrl(url);  // libpq reads the URL as written
 #endif
-#if IDEM_FUZZ_HAVE_REDIS
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::redis::ClaimStore::ParseUrl(u); });
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::redis::Prefilter::ParseUrl(u); });
+#if IDEM_OPEN_HAVE_REDIS
+  CheckAdapters<idem::redis::ClaimStore, idem::redis::Prefilter>(url, UrlForm::kNetwork);
 #endif
-#if IDEM_FUZZ_HAVE_REDIS_STREAMS
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::redis::StreamSource::ParseUrl(u); });
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::redis::StreamPublisher::ParseUrl(u); });
+#if IDEM_OPEN_HAVE_REDIS_STREAMS
+  CheckAdapters<idem::redis::StreamSource, idem::redis::StreamPublisher>(url, UrlForm::kNetwork);
 #endif
-#if IDEM_FUZZ_HAVE_AMQP
+#if IDEM_OPEN_HAVE_AMQP
   CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::amqp::ParseUrl(u); });
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::amqp::Source::ParseUrl(u); });
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::amqp::Publisher::ParseUrl(u); });
+  CheckAdapters<idem::amqp::Source, idem::amqp::Publisher>(url, UrlForm::kNetwork);
 #endif
-#if IDEM_FUZZ_HAVE_KAFKA
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::kafka::Source::ParseUrl(u); });
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::kafka::Publisher::ParseUrl(u); });
+#if IDEM_OPEN_HAVE_KAFKA
+  CheckAdapters<idem::kafka::Source, idem::kafka::Publisher>(url, UrlForm::kNetwork);
 #endif
 #if IDEM_FUZZ_HAVE_HTTP
   // The base URL keeps its path as written (%-escapes and all), so only

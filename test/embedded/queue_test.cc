@@ -64,6 +64,15 @@ Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
 
 using embedded::Queue;
 
+// Runs `sql` on the SQLite file at `path` behind any queue's back (a
+// foreign, newer or damaged file).
+void ExecOnFile(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  sqlite3_close(db);
+}
+
 TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   TempDir dir;
   {
@@ -88,10 +97,7 @@ TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
 
 TEST(EmbeddedQueue, FileWithAForeignTableIsRefusedAsSchemaMismatch) {
   TempDir dir;
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(dir.File("app.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE orders(id INTEGER PRIMARY KEY)", nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  ExecOnFile(dir.File("app.db"), "CREATE TABLE orders(id INTEGER PRIMARY KEY)");
   auto q = Queue::Open({.path = dir.File("app.db")});
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.status().code(), Code::kSchemaMismatch) << q.status();
@@ -105,12 +111,7 @@ TEST(EmbeddedQueue, NewerQueueSchemaIsRefused) {
     auto q = Queue::Open({.path = dir.File("q.db")});
     ASSERT_TRUE(q.ok()) << q.status();
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(dir.File("q.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(
-      sqlite3_exec(db, "UPDATE idem_queue_meta SET value = '99' WHERE key = 'version'", nullptr, nullptr, nullptr),
-      SQLITE_OK);
-  sqlite3_close(db);
+  ExecOnFile(dir.File("q.db"), "UPDATE idem_queue_meta SET value = '99' WHERE key = 'version'");
   auto q = Queue::Open({.path = dir.File("q.db")});
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.status().code(), Code::kSchemaMismatch) << q.status();
@@ -164,12 +165,7 @@ TEST(EmbeddedQueue, ADeliveryCountOutOfRangeIsTheLargestAttempt) {
   m.id = "m-counted";
   m.payload = "p";
   ASSERT_TRUE((*q)->Publish(m).ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(dir.File("q.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(
-      sqlite3_exec(db, "UPDATE idem_queue_messages SET deliveries = 9223372036854775807", nullptr, nullptr, nullptr),
-      SQLITE_OK);
-  sqlite3_close(db);
+  ExecOnFile(dir.File("q.db"), "UPDATE idem_queue_messages SET deliveries = 9223372036854775807");
   for (int i = 0; i < 2; ++i) {  // the second reads the REAL the first one's + 1 wrote
     auto got = (*q)->Receive(1, 0);
     ASSERT_TRUE(got.ok()) << got.status();
