@@ -1,7 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Hostile clients against idem::httplib::Server and the provider (POST
-// /charges behind the Idempotency-Key middleware, on SQLite): a slowloris
+// Hostile clients against idem::httplib::Server with POST /charges behind the
+// Idempotency-Key middleware on SQLite (a transactional route: the charge row
+// and the key's record in one commit; grouped commits on fibers): a slowloris
 // (connections that send a header line, or a body byte, every half second and
 // never finish), a connection flood (connections that send nothing, and
 // connects closed at once), a request past its deadline, and the bounds on
@@ -26,7 +27,6 @@
 
 #include "http/http_test_util.h"
 #include "idem/sqlite/store.h"
-#include "provider_server.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -204,17 +204,14 @@ std::vector<Reply> LegitimateCharges(int port, const std::string& prefix, int n,
   return replies;
 }
 
-// Rows of the provider's store: charges and idempotency records, all and
-// the attackers' ("evil-" keys).
+// Rows of the store: charges and idempotency records, all and the
+// attackers' ("evil-" keys).
 struct Rows {
   int64_t charges = -1, evil_charges = -1, claims = -1, evil_claims = -1;
 };
-Rows CountRows(const TempDir& dir) {
+Rows CountRows(Store& store) {
   Rows out;
-  auto store = sqlite::Store::Open({.path = dir.File("provider.db")});
-  EXPECT_TRUE(store.ok()) << store.status();
-  if (!store.ok()) return out;
-  auto tx = (*store)->Begin();
+  auto tx = store.Begin();
   EXPECT_TRUE(tx.ok()) << tx.status();
   if (!tx.ok()) return out;
   auto count = [&](const char* sql) {
@@ -222,8 +219,8 @@ Rows CountRows(const TempDir& dir) {
     EXPECT_TRUE(rows.ok()) << rows.status();
     return rows.ok() ? rows->rows[0][0].AsInt() : -1;
   };
-  out.charges = count("SELECT count(*) FROM provider_charges");
-  out.evil_charges = count("SELECT count(*) FROM provider_charges WHERE idem_key LIKE 'evil-%'");
+  out.charges = count("SELECT count(*) FROM charges");
+  out.evil_charges = count("SELECT count(*) FROM charges WHERE k LIKE 'evil-%'");
   out.claims = count("SELECT count(*) FROM idem_claims");
   out.evil_claims = count("SELECT count(*) FROM idem_claims WHERE CAST(key AS TEXT) LIKE '%evil-%'");
   return out;
@@ -235,63 +232,75 @@ void WaitUntil(F done) {
   while (!done()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-// The provider's serving: requests on threads, or (group commit) on fibers.
+// How requests are served: on threads, or (group commit) on fibers.
 struct Serving {
   const char* name;
   int fibers;
 };
 std::string ServingName(const ::testing::TestParamInfo<Serving>& p) { return p.param.name; }
 
-class HostileProviderTest : public ::testing::TestWithParam<Serving> {
+class HostileMiddlewareTest : public ::testing::TestWithParam<Serving> {
  protected:
   void Start(int64_t request_deadline_ms) {
-    cli::ProviderServerOptions o;
-    o.store_url = "sqlite:" + dir_.File("provider.db");
-    o.api_keys = {{"sk_a", "acct_a"}};
-    o.request_deadline_ms = request_deadline_ms;
-    o.fibers = GetParam().fibers;
-    if (o.fibers > 0) {  // fibers are for group commit
-      o.one_transaction = true;
-      o.idempotency.group_commit_max = 16;
-    }
-    auto p = cli::ProviderServer::Start(std::move(o));
-    ASSERT_TRUE(p.ok()) << p.status();
-    provider_ = std::move(*p);
+    auto s = sqlite::Store::Open({.path = dir_.File("idem.db")});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    auto tx = store_->Begin();
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_TRUE((*tx)->Exec("CREATE TABLE charges(k TEXT PRIMARY KEY)", {}).ok());
+    ASSERT_TRUE((*tx)->Commit().ok());
+    claims_ = std::make_unique<Claims>(*store_->claim_store());
+    const bool fibers = GetParam().fibers > 0;  // fibers are for group commit
+    idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
+                           http::Idempotency::Options{.group_commit_max = fibers ? 16 : 0});
+    ASSERT_NE(idem_, nullptr);
+    server_ = std::make_unique<LoopbackServer>(idem::httplib::Server::Options{
+        .request_deadline_ms = request_deadline_ms, .threads = 32, .fibers = GetParam().fibers});
+    auto charge = [](const ::httplib::Request&, ::httplib::Response& res, Transaction& tx) {
+      Value row[] = {http::CurrentClaim()->key};
+      res.status = tx.Exec("INSERT INTO charges(k) VALUES ($1)", row).ok() ? 201 : 500;
+    };
+    server_->server().Post("/charges", Must(idem::httplib::WrapInTransaction(*idem_, "/charges", {}, *store_, charge)));
+    server_->Start();
   }
   void TearDown() override {
-    if (provider_) provider_->Stop();
+    if (server_) server_->Stop();
   }
+  int port() const { return server_->port(); }
 
   TempDir dir_;
-  std::unique_ptr<cli::ProviderServer> provider_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Claims> claims_;
+  std::unique_ptr<http::Idempotency> idem_;
+  std::unique_ptr<LoopbackServer> server_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Provider, HostileProviderTest,
+INSTANTIATE_TEST_SUITE_P(Middleware, HostileMiddlewareTest,
                          ::testing::Values(Serving{"Threads", 0}, Serving{"GroupCommitOnFibers", 2}), ServingName);
 
 // 256 slowloris connections (the default per-address bound admits them all)
 // while 200 legitimate charges go through: each is answered 201, the
 // attackers' connections are closed at the deadline (1 s here) and come back,
 // and nothing of their half requests is stored.
-TEST_P(HostileProviderTest, ASlowlorisOf256ConnectionsStarvesNoRequest) {
+TEST_P(HostileMiddlewareTest, ASlowlorisOf256ConnectionsStarvesNoRequest) {
   constexpr int kLegitimate = 200;
   Start(/*request_deadline_ms=*/1000);
   std::vector<Reply> replies;
   {
-    Slowloris attack("127.0.0.2", provider_->port(), 256);
+    Slowloris attack("127.0.0.2", port(), 256);
     WaitUntil([&] { return attack.opened() >= 256; });
-    replies = LegitimateCharges(provider_->port(), "legit", kLegitimate,
+    replies = LegitimateCharges(port(), "legit", kLegitimate,
                                 std::string("slowloris of 256 connections, ") + GetParam().name);
     // Every attacker was closed at its deadline at least once.
-    WaitUntil([&] { return provider_->server_counters().deadline_closes >= 256; });
+    WaitUntil([&] { return server_->counters().deadline_closes >= 256; });
   }
   for (const Reply& r : replies) {
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.status, 201) << r.body;
   }
-  WaitUntil([&] { return provider_->server_counters().open == 0; });
-  provider_->Stop();
-  const Rows rows = CountRows(dir_);
+  WaitUntil([&] { return server_->counters().open == 0; });
+  server_->Stop();
+  const Rows rows = CountRows(*store_);
   EXPECT_EQ(rows.charges, kLegitimate);
   EXPECT_EQ(rows.claims, kLegitimate);
   EXPECT_EQ(rows.evil_charges, 0);
@@ -301,22 +310,21 @@ TEST_P(HostileProviderTest, ASlowlorisOf256ConnectionsStarvesNoRequest) {
 // A flood: 512 connections that send nothing (the per-address bound of 256
 // refuses the rest with 503) and connects closed at once, while 200
 // legitimate charges go through from another address: each is answered 201.
-TEST_P(HostileProviderTest, AConnectionFloodStarvesNoRequest) {
+TEST_P(HostileMiddlewareTest, AConnectionFloodStarvesNoRequest) {
   constexpr int kLegitimate = 200;
   Start(/*request_deadline_ms=*/10'000);
   std::vector<Reply> replies;
   {
-    Flood flood("127.0.0.3", provider_->port(), 512);
-    WaitUntil([&] { return provider_->server_counters().refused > 0; });
-    replies =
-        LegitimateCharges(provider_->port(), "legit", kLegitimate, std::string("connection flood, ") + GetParam().name);
+    Flood flood("127.0.0.3", port(), 512);
+    WaitUntil([&] { return server_->counters().refused > 0; });
+    replies = LegitimateCharges(port(), "legit", kLegitimate, std::string("connection flood, ") + GetParam().name);
   }
   for (const Reply& r : replies) {
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.status, 201) << r.body;
   }
-  provider_->Stop();
-  const Rows rows = CountRows(dir_);
+  server_->Stop();
+  const Rows rows = CountRows(*store_);
   EXPECT_EQ(rows.charges, kLegitimate);
   EXPECT_EQ(rows.claims, kLegitimate);
 }
