@@ -464,6 +464,33 @@ TEST_P(HostileServerTest, OverTheBoundInAllIsRefused503) {
   for (int fd : held) ::close(fd);
 }
 
+// A task queue set on native() takes each connection for its life, as
+// cpp-httplib's own loop does: requests are still served, the bounds still
+// apply, and stop() still returns.
+TEST_P(HostileServerTest, ATaskQueueSetOnNativeStillServes) {
+  server_ = std::make_unique<LoopbackServer>(
+      idem::httplib::Server::Options{.max_connections_per_client = 1, .fibers = GetParam().fibers});
+  server_->server().new_task_queue = [] { return new ::httplib::ThreadPool(2); };
+  server_->server().Get(
+      "/health", [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+  server_->Start();
+  const int held = ConnectFrom("127.0.0.2", server_->port());
+  ASSERT_GE(held, 0);
+  WaitUntil([&] { return server_->counters().open == 1; });
+  const int over = ConnectFrom("127.0.0.2", server_->port());
+  ASSERT_GE(over, 0);
+  EXPECT_EQ(ReadToClose(over).rfind("HTTP/1.1 503 ", 0), 0u);
+  ::close(over);
+  for (int i = 0; i < 3; ++i) {
+    const Reply r = Health();
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.status, 200);
+  }
+  ::close(held);
+  server_->Stop();
+  EXPECT_EQ(server_->counters().open, 0);
+}
+
 TEST(HostileServerOptions, OpenRefusesOptionsOutOfRange) {
   using Options = idem::httplib::Server::Options;
   for (const Options& bad : {Options{.request_deadline_ms = 0}, Options{.max_connections = 0},
