@@ -236,6 +236,12 @@ check provider-fibers-need-groups 2 "$IDEM" provider --api-key k:p --one-transac
 has provider-fibers-need-groups-named "$T/err" "--fibers needs --group-commit"
 check provider-bad-fibers 2 "$IDEM" provider --api-key k:p --one-transaction --group-commit 8 --fibers 65 --store "sqlite:$T/prov.db"
 has provider-bad-fibers-named "$T/err" "--fibers must be 0..64"
+check provider-bad-deadline 2 "$IDEM" provider --api-key k:p --request-deadline 0s --store "sqlite:$T/prov.db"
+has provider-bad-deadline-named "$T/err" "--request-deadline must be more than 0"
+check provider-bad-max-connections 2 "$IDEM" provider --api-key k:p --max-connections 0 --store "sqlite:$T/prov.db"
+has provider-bad-max-connections-named "$T/err" "--max-connections must be 1..1000000"
+check provider-bad-per-client 2 "$IDEM" provider --api-key k:p --max-connections-per-client -1 --store "sqlite:$T/prov.db"
+has provider-bad-per-client-named "$T/err" "--max-connections-per-client must be 0..1000000"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
 PPORT=$(free_port 24000)  # below the ephemeral range, apart from the other test ports
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
