@@ -11,12 +11,37 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <unordered_set>
+#include <utility>
+
+// The sanitizers' fiber API, compiled in only under the sanitizer: each
+// switch between a loop's stack and a fiber's is announced, so AddressSanitizer
+// knows which stack is live (and its fake stacks) and ThreadSanitizer keeps
+// one shadow state per fiber, with a switch ordering what came before it.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IDEM_FIBER_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define IDEM_FIBER_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(IDEM_FIBER_ASAN)
+#define IDEM_FIBER_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(IDEM_FIBER_TSAN)
+#define IDEM_FIBER_TSAN 1
+#endif
+#ifdef IDEM_FIBER_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef IDEM_FIBER_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 namespace idem::httplib::internal {
 namespace {
@@ -32,6 +57,37 @@ int64_t NowMs() {
       .count();
 }
 
+// What a stack switch tells the sanitizers; empty without them.
+struct SanitizerFiber {
+#ifdef IDEM_FIBER_ASAN
+  void* fake_stack = nullptr;  // AddressSanitizer's fake stack of the side switched away from
+#endif
+#ifdef IDEM_FIBER_TSAN
+  void* tsan = nullptr;  // ThreadSanitizer's fiber
+#endif
+};
+
+// Before a switch from `from` (null: it ends for good) to `to`, whose stack
+// is [bottom, bottom + size).
+void StartSwitch([[maybe_unused]] SanitizerFiber* from, [[maybe_unused]] const SanitizerFiber& to,
+                 [[maybe_unused]] const void* bottom, [[maybe_unused]] size_t size) {
+#ifdef IDEM_FIBER_ASAN
+  __sanitizer_start_switch_fiber(from != nullptr ? &from->fake_stack : nullptr, bottom, size);
+#endif
+#ifdef IDEM_FIBER_TSAN
+  __tsan_switch_to_fiber(to.tsan, 0);
+#endif
+}
+
+// First thing after a switch lands on `self`'s stack; the stack switched
+// from is written to *from_bottom and *from_size when they are not null.
+void FinishSwitch([[maybe_unused]] SanitizerFiber* self, [[maybe_unused]] const void** from_bottom,
+                  [[maybe_unused]] size_t* from_size) {
+#ifdef IDEM_FIBER_ASAN
+  __sanitizer_finish_switch_fiber(self != nullptr ? self->fake_stack : nullptr, from_bottom, from_size);
+#endif
+}
+
 }  // namespace
 
 class Loops::Loop {
@@ -40,7 +96,10 @@ class Loops::Loop {
   ~Loop();
   // Queues a new fiber, or a parked one to resume; from any thread.
   void Post(Fiber* f);
+  // From fiber `f`: back to the loop (for good once f is kDone).
   void Yield(Fiber* f);
+  // From a fiber's first instruction (notes the loop's stack for switches back).
+  void Entered();
   void WatchWrites(Fiber* f, bool on);
 
  private:
@@ -56,6 +115,11 @@ class Loops::Loop {
   bool stopping_ = false;
   std::deque<Fiber*> ready_;
   std::unordered_set<Fiber*> fibers_;
+  // The loop thread's own side of each switch (its stack: from a fiber's
+  // first switch back; its tsan fiber: the thread's).
+  SanitizerFiber main_san_;
+  const void* main_bottom_ = nullptr;
+  size_t main_size_ = 0;
   std::thread thread_;
 };
 
@@ -67,8 +131,9 @@ class Fiber final : public http::internal::Parker {
   enum class State { kNew, kRunning, kReady, kWaitFd, kParked, kDone };
   Loops::Loop* loop = nullptr;
   int fd = -1;
-  const std::function<void()>* body = nullptr;
+  std::function<void()> body;
   ucontext_t ctx{};
+  SanitizerFiber san;
   void* stack = nullptr;
   State state = State::kNew;
   bool queued = false;
@@ -79,10 +144,6 @@ class Fiber final : public http::internal::Parker {
   bool in_pending = false;
   bool wait_write = false;
   int64_t deadline_ms = 0;
-  // Run()'s caller sleeps on these until the fiber is done.
-  std::mutex done_mu;
-  std::condition_variable done_cv;
-  bool done = false;
 };
 
 namespace {
@@ -90,8 +151,9 @@ thread_local Fiber* tl_fiber = nullptr;
 
 void Trampoline() {
   Fiber* f = tl_fiber;
+  f->loop->Entered();
   try {
-    (*f->body)();
+    f->body();
   } catch (...) {  // the connection ends; the server goes on
   }
   f->state = Fiber::State::kDone;
@@ -168,7 +230,14 @@ void Loops::Loop::Post(Fiber* f) {
   }
 }
 
-void Loops::Loop::Yield(Fiber* f) { ::swapcontext(&f->ctx, &main_ctx_); }
+void Loops::Loop::Yield(Fiber* f) {
+  const bool last = f->state == Fiber::State::kDone;
+  StartSwitch(last ? nullptr : &f->san, main_san_, main_bottom_, main_size_);
+  ::swapcontext(&f->ctx, &main_ctx_);
+  FinishSwitch(&f->san, nullptr, nullptr);  // resumed (never reached when last)
+}
+
+void Loops::Loop::Entered() { FinishSwitch(nullptr, &main_bottom_, &main_size_); }
 
 void Loops::Loop::WatchWrites(Fiber* f, bool on) {
   epoll_event ev{};
@@ -198,24 +267,32 @@ void Loops::Loop::Resume(Fiber* f) {
     f->ctx.uc_stack.ss_size = kStackBytes;
     f->ctx.uc_link = nullptr;
     ::makecontext(&f->ctx, &Trampoline, 0);
+#ifdef IDEM_FIBER_TSAN
+    f->san.tsan = __tsan_create_fiber(0);
+#endif
   }
   f->state = Fiber::State::kRunning;
   tl_fiber = f;
+  StartSwitch(&main_san_, f->san, f->stack, kStackBytes);
   ::swapcontext(&main_ctx_, &f->ctx);
+  FinishSwitch(&main_san_, nullptr, nullptr);
   tl_fiber = nullptr;
 }
 
 void Loops::Loop::Finish(Fiber* f) {
   ::epoll_ctl(epfd_, EPOLL_CTL_DEL, f->fd, nullptr);
   fibers_.erase(f);
+#ifdef IDEM_FIBER_TSAN
+  if (f->san.tsan != nullptr) __tsan_destroy_fiber(f->san.tsan);
+#endif
   if (f->stack != nullptr) ::munmap(f->stack, kStackBytes);
-  f->stack = nullptr;
-  std::lock_guard lock(f->done_mu);
-  f->done = true;
-  f->done_cv.notify_one();  // Run() returns and frees the fiber
+  delete f;  // its body (and what the body owns) after the socket left the epoll set
 }
 
 void Loops::Loop::Main() {
+#ifdef IDEM_FIBER_TSAN
+  main_san_.tsan = __tsan_get_current_fiber();
+#endif
   std::vector<Fiber*> inbox;
   epoll_event events[64];
   int64_t next_check = NowMs() + kTickMs;
@@ -284,14 +361,12 @@ Loops::Loops(int threads) {
 
 Loops::~Loops() = default;
 
-void Loops::Run(int fd, const std::function<void()>& body) {
-  Fiber f;
-  f.fd = fd;
-  f.body = &body;
-  f.loop = loops_[next_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
-  f.loop->Post(&f);
-  std::unique_lock lock(f.done_mu);
-  f.done_cv.wait(lock, [&] { return f.done; });
+void Loops::Spawn(int fd, std::function<void()> body) {
+  auto* f = new Fiber;
+  f->fd = fd;
+  f->body = std::move(body);
+  f->loop = loops_[next_.fetch_add(1, std::memory_order_relaxed) % loops_.size()].get();
+  f->loop->Post(f);
 }
 
 }  // namespace idem::httplib::internal

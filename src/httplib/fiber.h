@@ -41,17 +41,21 @@ void Wake(Fiber* fiber);
 // socket); 0: timeout.
 int WaitForSocket(bool write, int64_t timeout_ms);
 
-// The loop threads. Run() blocks its caller (a thread of cpp-httplib's pool,
-// which then sleeps for the connection's life) until `body` returned.
+// The loop threads. Under AddressSanitizer and ThreadSanitizer every switch
+// between a loop and a fiber is announced to the sanitizer (its fiber API),
+// so each knows which stack runs.
 class Loops {
  public:
   explicit Loops(int threads);
-  ~Loops();  // joins the threads; every Run() has returned by then
+  ~Loops();  // waits for every fiber to end, then joins the threads
   Loops(const Loops&) = delete;
   Loops& operator=(const Loops&) = delete;
 
-  // Runs `body` as a fiber watching socket `fd`, on one of the threads.
-  void Run(int fd, const std::function<void()>& body);
+  // Runs `body` as a fiber watching socket `fd`, on one of the threads (round
+  // robin), and returns at once. When `body` has returned, the socket leaves
+  // the loop's epoll set and then `body` is destroyed (so a socket it owns is
+  // closed only after that: its number cannot be reused while watched).
+  void Spawn(int fd, std::function<void()> body);
 
   class Loop;  // one thread's epoll set and fibers
 

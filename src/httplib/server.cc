@@ -16,11 +16,15 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,23 +32,44 @@ namespace idem::httplib {
 namespace {
 
 constexpr size_t kReadBuffer = size_t{16} * 1024;
+// How much of a request a connection reads while it waits for it (head and
+// body) before a handler's thread takes it; the rest of a longer one is read
+// by cpp-httplib, within the same deadline.
+constexpr size_t kPrefetchMax = size_t{256} * 1024;
 // How often a connection waiting for its next request looks at stop().
 constexpr int64_t kIdleSliceMs = 100;
 // Longer timeouts are taken as "a very long time" (no overflow).
 constexpr int64_t kMaxTimeoutMs = int64_t{INT_MAX};
 
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool OnFiber() { return internal::CurrentFiber() != nullptr; }
+
+// The accept thread, inside AcceptQueue::enqueue: a connection handed over
+// from there is the server's to keep (nothing waits for it there).
+thread_local bool tl_accepting = false;
+
+// The peer's (or our own) address, as cpp-httplib reports it.
+struct Address {
+  std::string ip;
+  int port = 0;
+};
+
 // The address getpeername or getsockname gives for `sock`, as cpp-httplib
 // reports it (numeric host, port); left unchanged on an error.
-void AddressOf(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, std::string& ip, int& port) {
+void AddressOf(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, Address& out) {
   sockaddr_storage a{};
   socklen_t len = sizeof a;
   if (get(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
   char host[NI_MAXHOST] = {};
   if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
     return;
-  ip = host;
-  if (a.ss_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
-  if (a.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+  out.ip = host;
+  if (a.ss_family == AF_INET) out.port = ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+  if (a.ss_family == AF_INET6) out.port = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
 }
 
 char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -61,25 +86,31 @@ std::string HeaderIn(const std::string& head, const char* name) {
   return v;
 }
 
+// What a connection's wait for a whole request came to.
+enum class Arrival { kReady, kDeadline, kClosed, kStopped };
+
 // One connection's stream, for all of its requests. Reads are buffered (a
 // pipelined request read with the one before it waits in the buffer). A
 // response's head is held back and goes out with the first piece of its body
 // in one writev (one TCP segment for the usual small response); later pieces
-// (a streamed body) go out as written.
+// (a streamed body) go out as written. Its socket stays blocking for its
+// life; every recv and send is MSG_DONTWAIT and waits (a fiber parked on the
+// socket, a thread in poll) only on EAGAIN, so the same stream serves on a
+// fiber and on a thread.
 class ConnectionStream final : public ::httplib::Stream {
  public:
-  ConnectionStream(socket_t sock, int read_timeout_ms, int write_timeout_ms)
+  ConnectionStream(socket_t sock, Address remote, int read_timeout_ms, int write_timeout_ms, uint64_t body_max)
       : sock_(sock),
-        fiber_(internal::CurrentFiber() != nullptr),
         read_timeout_ms_(read_timeout_ms),
         write_timeout_ms_(write_timeout_ms),
+        body_max_(body_max),
+        remote_(std::move(remote)),
         in_(kReadBuffer) {
-    // cpp-httplib asks for them with every request; they do not change.
-    AddressOf(::getpeername, sock_, remote_.ip, remote_.port);
-    AddressOf(::getsockname, sock_, local_.ip, local_.port);
+    // cpp-httplib asks for it with every request; it does not change.
+    AddressOf(::getsockname, sock_, local_);
   }
 
-  bool is_readable() const override { return off_ < len_ || WaitIn(read_timeout_ms_) > 0; }
+  bool is_readable() const override { return off_ < len_ || WaitIn(ReadWaitMs()) > 0; }
   // As cpp-httplib's own: false once a send failed or the peer is gone (a
   // content provider looping on DataSink::is_writable() stops).
   bool is_writable() const override {
@@ -95,20 +126,12 @@ class ConnectionStream final : public ::httplib::Stream {
     // What the peer may be waiting for before it sends more (100 Continue).
     if (!out_.empty() && !Send(nullptr, 0)) return -1;
     if (off_ == len_) {
-      ssize_t n;
-      for (;;) {
-        // On a thread SO_RCVTIMEO (the read timeout) bounds it; a fiber
-        // waits for the bytes with the same timeout.
-        n = ::recv(sock_, in_.data(), in_.size(), fiber_ ? MSG_DONTWAIT : 0);
-        if (n >= 0) break;
-        if (errno == EINTR) continue;
-        if (!fiber_ || (errno != EAGAIN && errno != EWOULDBLOCK) ||
-            internal::WaitForSocket(/*write=*/false, read_timeout_ms_) <= 0)
-          break;
+      // The read timeout, and the request's deadline, bound the wait.
+      const Got got = Fill(ReadWaitMs());
+      if (got != Got::kBytes) {
+        if (NowMs() >= deadline_ms_) deadline_missed_ = true;
+        return got == Got::kEnd ? 0 : -1;
       }
-      if (n <= 0) return n < 0 ? -1 : 0;
-      off_ = 0;
-      len_ = static_cast<size_t>(n);
     }
     const size_t k = std::min(size, len_ - off_);
     std::memcpy(ptr, in_.data() + off_, k);
@@ -133,6 +156,31 @@ class ConnectionStream final : public ::httplib::Stream {
       return static_cast<ssize_t>(size);
     }
     return Send(ptr, size) ? static_cast<ssize_t>(size) : -1;
+  }
+
+  // The request about to be read must have arrived whole by `deadline_ms`
+  // (steady clock).
+  void StartRequest(int64_t deadline_ms) {
+    deadline_ms_ = deadline_ms;
+    deadline_missed_ = false;
+  }
+  // Whether a read of this request failed because its deadline passed.
+  bool deadline_missed() const { return deadline_missed_; }
+
+  // Reads until the buffer holds the whole request (its head and a body of
+  // up to kPrefetchMax; only the head of a chunked request or of one that
+  // waits for 100 Continue), waiting as the stream's other waits do.
+  // kDeadline past the request's deadline, kStopped on stop() (`listening`
+  // closed), kClosed when the peer closed or the socket failed.
+  Arrival Prefetch(const std::atomic<socket_t>& listening) {
+    for (;;) {
+      if (RequestBuffered()) return Arrival::kReady;
+      if (listening == INVALID_SOCKET) return Arrival::kStopped;
+      const int64_t left = deadline_ms_ - NowMs();
+      if (left <= 0) return Arrival::kDeadline;
+      const Got got = Fill(std::min(left, kIdleSliceMs));
+      if (got == Got::kEnd || got == Got::kError) return Arrival::kClosed;
+    }
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
@@ -171,7 +219,7 @@ class ConnectionStream final : public ::httplib::Stream {
 
   // Waits until the next request can be read: false on stop() (`listening`
   // closed), after `keep_alive_ms` idle, or on a socket error.
-  bool WaitForRequest(const std::atomic<socket_t>& listening, int64_t keep_alive_ms) const {
+  bool WaitForRequest(const std::atomic<socket_t>& listening, int64_t keep_alive_ms) {
     if (listening == INVALID_SOCKET) return false;
     if (off_ < len_) return true;  // pipelined: already here
     const auto start = std::chrono::steady_clock::now();
@@ -179,9 +227,9 @@ class ConnectionStream final : public ::httplib::Stream {
       const int64_t waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
       const int64_t left = keep_alive_ms - waited;
-      const int r = WaitIn(static_cast<int>(std::clamp<int64_t>(left, 0, kIdleSliceMs)));
-      if (r != 0) return r > 0;  // readable, closed by the peer (recv says so) or an error
-      if (left <= 0 || listening == INVALID_SOCKET) return false;
+      const Got got = Fill(std::clamp<int64_t>(left, 0, kIdleSliceMs));
+      if (got == Got::kBytes) return true;
+      if (got != Got::kTimeout || left <= 0 || listening == INVALID_SOCKET) return false;
     }
   }
 
@@ -198,13 +246,10 @@ class ConnectionStream final : public ::httplib::Stream {
       msghdr m{};
       m.msg_iov = v;
       m.msg_iovlen = static_cast<size_t>(n);
-      // On a thread SO_SNDTIMEO (the write timeout) bounds it; a fiber waits
-      // for room with the same timeout.
-      const ssize_t w = ::sendmsg(sock_, &m, MSG_NOSIGNAL | (fiber_ ? MSG_DONTWAIT : 0));
+      // The write timeout bounds the wait for room.
+      const ssize_t w = ::sendmsg(sock_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && fiber_ && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-          internal::WaitForSocket(/*write=*/true, write_timeout_ms_) > 0)
-        continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && Wait(/*write=*/true, write_timeout_ms_) > 0) continue;
       if (w <= 0) {
         failed_ = true;
         out_.clear();
@@ -240,26 +285,78 @@ class ConnectionStream final : public ::httplib::Stream {
     }
   }
 
-  // Waits until the socket is readable: > 0 readable (or closed, or an
-  // error: recv says which), 0 timed out.
-  int WaitIn(int timeout_ms) const {
-    if (fiber_) return internal::WaitForSocket(/*write=*/false, timeout_ms);
-    pollfd p{sock_, POLLIN, 0};
+  enum class Got { kBytes, kEnd, kError, kTimeout };
+
+  // One recv into the buffer's free end (made room for first), waiting at
+  // most `wait_ms` for bytes.
+  Got Fill(int64_t wait_ms) {
+    if (off_ == len_) off_ = len_ = 0;
+    if (len_ == in_.size()) {
+      if (off_ > 0) {
+        std::memmove(in_.data(), in_.data() + off_, len_ - off_);
+        len_ -= off_;
+        off_ = 0;
+      } else {
+        in_.resize(std::min(kPrefetchMax, 2 * in_.size()));
+      }
+    }
+    bool waited = false;
+    for (;;) {
+      const ssize_t n = ::recv(sock_, in_.data() + len_, in_.size() - len_, MSG_DONTWAIT);
+      if (n > 0) {
+        len_ += static_cast<size_t>(n);
+        return Got::kBytes;
+      }
+      if (n == 0) return Got::kEnd;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Got::kError;
+      if (waited || WaitIn(wait_ms) <= 0) return Got::kTimeout;
+      waited = true;
+    }
+  }
+
+  // Whether the buffer holds a whole request (as Prefetch says).
+  bool RequestBuffered() const {
+    const size_t have = len_ - off_;
+    if (have >= kPrefetchMax) return true;
+    const std::string_view buf(in_.data() + off_, have);
+    const size_t end = buf.find("\r\n\r\n");
+    if (end == std::string_view::npos) return false;
+    const size_t head_len = end + 4;
+    std::string head(buf.substr(0, head_len));
+    for (char& c : head) c = AsciiLower(c);
+    // The client waits for 100 Continue (or for a refusal) before its body;
+    // where a chunked body ends is cpp-httplib's to find.
+    if (!HeaderIn(head, "expect:").empty()) return true;
+    if (HeaderIn(head, "transfer-encoding:").find("chunked") != std::string::npos) return true;
+    const uint64_t length = std::strtoull(HeaderIn(head, "content-length:").c_str(), nullptr, 10);
+    // A body over the limit is refused from its head (413), unread.
+    return length > body_max_ || head_len + length >= kPrefetchMax || have - head_len >= length;
+  }
+
+  // How long a read may wait: the read timeout, within the request's deadline.
+  int ReadWaitMs() const { return static_cast<int>(std::clamp<int64_t>(deadline_ms_ - NowMs(), 0, read_timeout_ms_)); }
+
+  // Waits until the socket is readable (or writable): > 0 ready (or closed,
+  // or an error: recv/send says which), 0 timed out. A fiber gives its
+  // thread up; a thread polls.
+  int Wait(bool write, int64_t timeout_ms) const {
+    if (OnFiber()) return internal::WaitForSocket(write, timeout_ms);
+    pollfd p{sock_, static_cast<short>(write ? POLLOUT : POLLIN), 0};
     int r;
     do {
-      r = ::poll(&p, 1, timeout_ms);
+      r = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, kMaxTimeoutMs)));
     } while (r < 0 && errno == EINTR);
     return r;
   }
+  int WaitIn(int64_t timeout_ms) const { return Wait(/*write=*/false, timeout_ms); }
 
-  struct Address {
-    std::string ip;
-    int port = 0;
-  };
   socket_t sock_;
-  bool fiber_;  // run by a Server's fiber (set_fibers): waits give the thread up
   int read_timeout_ms_, write_timeout_ms_;
+  uint64_t body_max_;       // cpp-httplib's payload_max_length
   Address remote_, local_;  // looked up once, at the start
+  int64_t deadline_ms_ = INT64_MAX;
+  bool deadline_missed_ = false;
   std::vector<char> in_;
   size_t off_ = 0, len_ = 0;
   std::string out_;  // a response head held back for its body
@@ -273,74 +370,262 @@ class ConnectionStream final : public ::httplib::Stream {
   bool failed_ = false;
 };
 
-// Shuts the connection down and closes it however the loop ends.
-struct SocketCloser {
-  socket_t sock;
-  ~SocketCloser() {
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
-  }
-};
-
 int64_t Millis(time_t sec, time_t usec) {
   if (sec >= kMaxTimeoutMs / 1000) return kMaxTimeoutMs;
   return std::min<int64_t>(kMaxTimeoutMs, static_cast<int64_t>(sec) * 1000 + static_cast<int64_t>(usec) / 1000);
 }
 
+// A connection over a bound: answered without waiting (the socket's buffer
+// takes it), what already arrived is read away (so the close sends a FIN
+// after the answer, not a reset before it), and closed.
+void Refuse(socket_t sock) {
+  static constexpr std::string_view k503 =
+      "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  (void)!::send(sock, k503.data(), k503.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(sock, SHUT_WR);
+  char scratch[4096];
+  for (int i = 0; i < 16 && ::recv(sock, scratch, sizeof scratch, MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::close(sock);
+}
+
+// Signalled once: a thread of a task queue set on native() waits on it for
+// its connection's end.
+class Ended {
+ public:
+  void Set() {
+    std::lock_guard lock(mu_);
+    set_ = true;
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return set_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
+
 }  // namespace
 
 // cpp-httplib's server with idem's connection loop: it overrides
 // httplib::Server's per-connection loop (a virtual, as cpp-httplib's own
-// SSLServer does); requests still go through its process_request.
+// SSLServer does); requests still go through its process_request. Its task
+// queue (new_task_queue) is the accept thread itself: a connection is
+// admitted there and handed to a fiber, and listen() returns after every
+// connection has ended (AcceptQueue::shutdown).
 class Server::Impl final : public ::httplib::Server {
  public:
-  Status SetFibers(int threads) {
-    if (threads < 0)
-      return Status::InvalidArgument("Server::set_fibers: threads cannot be negative, got " + std::to_string(threads));
-    if (threads == 0) {
-      loops_.reset();
-      return Status::OK();
-    }
-    try {  // the fibers' epoll sets
-      loops_ = std::make_unique<internal::Loops>(threads);
+  explicit Impl(const ::idem::httplib::Server::Options& options) : options_(options) {
+    new_task_queue = [this] { return new AcceptQueue(*this); };
+  }
+  ~Impl() override {
+    loops_.reset();  // its fibers have ended: none waits for a worker
+    if (workers_ != nullptr) workers_->shutdown();
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Makes the loops (and threads) Options ask for unless made; kUnavailable
+  // when they cannot be.
+  Status Start() {
+    std::lock_guard lock(start_mu_);
+    if (loops_ != nullptr) return Status::OK();
+    try {
+      if (options_.fibers > 0) {
+        loops_ = std::make_unique<internal::Loops>(options_.fibers);
+      } else {
+        // One loop waits for every connection's bytes; the threads run requests.
+        loops_ = std::make_unique<internal::Loops>(1);
+        if (workers_ == nullptr) workers_ = std::make_unique<::httplib::ThreadPool>(options_.threads);
+      }
     } catch (const std::exception& e) {
-      return Status::Unavailable(e.what());
+      return Status::Unavailable(std::string("idem::httplib::Server: ") + e.what());
     }
     return Status::OK();
   }
 
- private:
-  bool process_and_close_socket(socket_t sock) override {
-    SocketCloser closer{sock};
-    if (loops_ == nullptr) return Serve(sock);
-    bool ret = false;
-    loops_->Run(sock, [&] { ret = Serve(sock); });
-    return ret;
-  }
-
-  bool Serve(socket_t sock) {
-    ConnectionStream strm(sock, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
-                          static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)));
-    const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
-    bool ret = false;
-    for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {
-      bool connection_closed = false;
-      strm.NextResponse();
-      ret = process_request(strm, /*close_connection=*/count == 1, connection_closed, nullptr);
-      if (!strm.Flush()) ret = false;
-      if (!ret || connection_closed || !strm.AtRequestBoundary()) break;
+  Status SetFibers(int threads) {
+    if (threads < 0 || threads > 1024)
+      return Status::InvalidArgument("Server::set_fibers: threads must be 0..1024, got " + std::to_string(threads));
+    {
+      std::lock_guard lock(start_mu_);
+      options_.fibers = threads;
+      loops_.reset();
     }
-    return ret;
+    return Start();
   }
 
+  ::idem::httplib::Server::Counters counters() const {
+    std::lock_guard lock(mu_);
+    return {.accepted = accepted_, .refused = refused_, .deadline_closes = deadline_closes_, .open = open_};
+  }
+
+ private:
+  // The accept thread as cpp-httplib's task queue: enqueue runs the task (a
+  // call of process_and_close_socket) at once.
+  class AcceptQueue final : public ::httplib::TaskQueue {
+   public:
+    explicit AcceptQueue(Impl& impl) : impl_(impl) {}
+    void enqueue(std::function<void()> fn) override {
+      tl_accepting = true;
+      fn();
+      tl_accepting = false;
+    }
+    void shutdown() override { impl_.WaitAllEnded(); }
+
+   private:
+    Impl& impl_;
+  };
+
+  // An admitted connection, owned by its fiber's body: closing it (after
+  // the fiber left the epoll set) gives its place back.
+  struct Connection {
+    Impl& impl;
+    socket_t sock;
+    Address peer;
+    std::shared_ptr<Ended> ended;  // set: a thread waits for the end
+    ~Connection() {
+      ::shutdown(sock, SHUT_RDWR);
+      ::close(sock);
+      impl.Release(peer.ip);
+      if (ended) ended->Set();
+    }
+  };
+
+  bool process_and_close_socket(socket_t sock) override {
+    Address peer;
+    AddressOf(::getpeername, sock, peer);
+    if (!Start().ok() || !Admit(peer.ip)) {
+      Refuse(sock);
+      return false;
+    }
+    std::shared_ptr<Connection> conn(new Connection{*this, sock, std::move(peer), nullptr});
+    // A thread of a task queue set on native(): it holds the connection
+    // until the end, as cpp-httplib's own loop would.
+    std::shared_ptr<Ended> ended;
+    if (!tl_accepting) conn->ended = ended = std::make_shared<Ended>();
+    loops_->Spawn(sock, [this, conn] { Serve(*conn); });
+    conn.reset();
+    if (ended) ended->Wait();
+    return true;
+  }
+
+  bool Admit(const std::string& ip) {
+    std::lock_guard lock(mu_);
+    int& from_ip = per_client_[ip];
+    if (open_ >= options_.max_connections ||
+        (options_.max_connections_per_client > 0 && from_ip >= options_.max_connections_per_client)) {
+      if (from_ip == 0) per_client_.erase(ip);
+      ++refused_;
+      return false;
+    }
+    ++from_ip;
+    ++open_;
+    ++accepted_;
+    return true;
+  }
+  void Release(const std::string& ip) {
+    std::lock_guard lock(mu_);
+    if (auto it = per_client_.find(ip); it != per_client_.end() && --it->second <= 0) per_client_.erase(it);
+    if (--open_ == 0) ended_cv_.notify_all();
+  }
+  void WaitAllEnded() {
+    std::unique_lock lock(mu_);
+    ended_cv_.wait(lock, [&] { return open_ == 0; });
+  }
+  void CountDeadlineClose() {
+    std::lock_guard lock(mu_);
+    ++deadline_closes_;
+  }
+
+  // The connection loop, on a fiber: it waits (parked) for each request's
+  // bytes, then serves the request there (fibers) or on a worker thread.
+  void Serve(const Connection& conn) {
+    ConnectionStream strm(conn.sock, conn.peer, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
+                          static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)), payload_max_length_);
+    const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
+    for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {
+      strm.StartRequest(NowMs() + options_.request_deadline_ms);
+      const Arrival arrival = strm.Prefetch(svr_sock_);
+      if (arrival == Arrival::kDeadline) CountDeadlineClose();
+      if (arrival != Arrival::kReady) return;
+      bool again = false;
+      OnWorker([&] { again = ServeRequest(strm, /*last=*/count == 1); });
+      if (!again) return;
+    }
+  }
+
+  // One request, whose bytes have arrived: whether the connection goes on.
+  bool ServeRequest(ConnectionStream& strm, bool last) {
+    bool connection_closed = false;
+    strm.NextResponse();
+    bool ok = process_request(strm, last, connection_closed, nullptr);
+    if (!strm.Flush()) ok = false;
+    if (strm.deadline_missed()) {
+      CountDeadlineClose();
+      return false;
+    }
+    return ok && !connection_closed && strm.AtRequestBoundary();
+  }
+
+  // Runs `fn` on a worker thread while this fiber is parked (no fibers of
+  // Options'), else here.
+  void OnWorker(const std::function<void()>& fn) {
+    internal::Fiber* self = internal::CurrentFiber();
+    if (workers_ == nullptr || self == nullptr) {
+      fn();
+      return;
+    }
+    workers_->enqueue([&fn, self] {
+      try {
+        fn();
+      } catch (...) {  // the connection ends (fn's result stays "no")
+      }
+      internal::Wake(self);  // the last touch: the fiber may return at once
+    });
+    internal::ParkUntilWoken();
+  }
+
+  ::idem::httplib::Server::Options options_;
+  std::mutex start_mu_;  // loops_ and workers_ are made once, by the first that needs them
   std::unique_ptr<internal::Loops> loops_;
+  std::unique_ptr<::httplib::ThreadPool> workers_;
+  mutable std::mutex mu_;
+  std::condition_variable ended_cv_;
+  std::unordered_map<std::string, int> per_client_;
+  int64_t open_ = 0, accepted_ = 0, refused_ = 0, deadline_closes_ = 0;
 };
 
-Server::Server() : impl_(std::make_unique<Impl>()) {}
+Result<std::unique_ptr<Server>> Server::Open(const Options& options) {
+  auto bad = [](const std::string& field, int64_t v, const char* range) {
+    return Status::InvalidArgument("idem::httplib::Server::Options::" + field + " must be " + range + ", got " +
+                                   std::to_string(v));
+  };
+  if (options.request_deadline_ms < 1) return bad("request_deadline_ms", options.request_deadline_ms, ">= 1");
+  if (options.max_connections < 1) return bad("max_connections", options.max_connections, ">= 1");
+  if (options.max_connections_per_client < 0)
+    return bad("max_connections_per_client", options.max_connections_per_client, ">= 0");
+  if (options.threads < 1 || options.threads > 4096) return bad("threads", options.threads, "1..4096");
+  if (options.fibers < 0 || options.fibers > 1024) return bad("fibers", options.fibers, "0..1024");
+  auto impl = std::make_unique<Impl>(options);
+  IDEM_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+// The defaults are valid; the loops are made by the first connection (one
+// that finds they cannot be is refused).
+Server::Server() : impl_(std::make_unique<Impl>(Options{})) {}
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
 ::httplib::Server& Server::native() { return *impl_; }
 
 Status Server::set_fibers(int threads) { return impl_->SetFibers(threads); }
+
+Server::Counters Server::counters() const { return impl_->counters(); }
 
 }  // namespace idem::httplib

@@ -172,8 +172,16 @@ has run-again-nothing "$T/out" '"applied":0,'
 check run-too-many-workers 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --workers 100000
 has run-too-many-workers-named "$T/err" "--workers must be from 1 to 256"
 # Threads the system refuses (an address-space limit far below 256 stacks): exit 3, named, no abort.
-check run-threads-refused 3 timeout 20 bash -c 'ulimit -v 400000 && exec "$0" "$@"' "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --workers 256
-has run-threads-refused-named "$T/err" "cannot start worker thread"
+# Not under AddressSanitizer (IDEM_TEST_SANITIZER, set by a sanitizer build):
+# it reserves terabytes of address space for its shadow memory at start, so no
+# ulimit -v admits it and refuses 256 stacks. The plain build of ./run test
+# runs this case.
+if [[ "${IDEM_TEST_SANITIZER:-}" == *address* ]]; then
+  echo "note: run-threads-refused runs in the plain build only (AddressSanitizer's shadow memory does not fit a ulimit -v)"
+else
+  check run-threads-refused 3 timeout 20 bash -c 'ulimit -v 400000 && exec "$0" "$@"' "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --workers 256
+  has run-threads-refused-named "$T/err" "cannot start worker thread"
+fi
 # An empty consumer name: the Inbox would refuse every message, retried forever.
 check run-empty-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --consumer ""
 has run-empty-consumer-named "$T/err" "--consumer must be a name of 1 to 255 bytes"
@@ -228,6 +236,12 @@ check provider-fibers-need-groups 2 "$IDEM" provider --api-key k:p --one-transac
 has provider-fibers-need-groups-named "$T/err" "--fibers needs --group-commit"
 check provider-bad-fibers 2 "$IDEM" provider --api-key k:p --one-transaction --group-commit 8 --fibers 65 --store "sqlite:$T/prov.db"
 has provider-bad-fibers-named "$T/err" "--fibers must be 0..64"
+check provider-bad-deadline 2 "$IDEM" provider --api-key k:p --request-deadline 0s --store "sqlite:$T/prov.db"
+has provider-bad-deadline-named "$T/err" "--request-deadline must be more than 0"
+check provider-bad-max-connections 2 "$IDEM" provider --api-key k:p --max-connections 0 --store "sqlite:$T/prov.db"
+has provider-bad-max-connections-named "$T/err" "--max-connections must be 1..1000000"
+check provider-bad-per-client 2 "$IDEM" provider --api-key k:p --max-connections-per-client -1 --store "sqlite:$T/prov.db"
+has provider-bad-per-client-named "$T/err" "--max-connections-per-client must be 0..1000000"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
 PPORT=$(free_port 24000)  # below the ephemeral range, apart from the other test ports
 "$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &

@@ -35,11 +35,13 @@ namespace idem::testing {
 
 // A server (idem::httplib::Server, cpp-httplib's with idem's connection loop)
 // listening on 127.0.0.1:<any free port>, served on its own thread; stopped
-// (and joined) by the destructor.
+// (and joined) by the destructor. Its requests run on `threads` threads
+// (Server::Options::threads).
 class LoopbackServer {
  public:
-  explicit LoopbackServer(size_t threads = 64) : server_(own_.native()) {
-    server_.new_task_queue = [threads] { return new ::httplib::ThreadPool(threads); };
+  explicit LoopbackServer(int threads = 64) : LoopbackServer(idem::httplib::Server::Options{.threads = threads}) {}
+  explicit LoopbackServer(const idem::httplib::Server::Options& options)
+      : own_(OpenServer(options)), server_(own_->native()) {
     // Not cpp-httplib's default (SO_REUSEPORT: a busy port would be shared);
     // and note the socket, to listen on it with a longer backlog below.
     server_.set_socket_options([this](socket_t sock) {
@@ -51,7 +53,8 @@ class LoopbackServer {
   ~LoopbackServer() { Stop(); }
   ::httplib::Server& server() { return server_; }
   // idem::httplib::Server::set_fibers (call before Start).
-  void set_fibers(int threads) { ASSERT_TRUE(own_.set_fibers(threads).ok()); }
+  void set_fibers(int threads) { ASSERT_TRUE(own_->set_fibers(threads).ok()); }
+  idem::httplib::Server::Counters counters() const { return own_->counters(); }
 
   // Binds and starts serving. Connections are queued from the bind on; this
   // returns once the accept loop runs.
@@ -90,7 +93,15 @@ class LoopbackServer {
     ASSERT_FALSE(ended_->load()) << "the server stopped at once";
   }
 
-  idem::httplib::Server own_;
+  // The server Options make (the test fails if they cannot; it then has the
+  // defaults).
+  static std::unique_ptr<idem::httplib::Server> OpenServer(const idem::httplib::Server::Options& options) {
+    auto server = idem::httplib::Server::Open(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? std::move(*server) : std::make_unique<idem::httplib::Server>();
+  }
+
+  std::unique_ptr<idem::httplib::Server> own_;
   ::httplib::Server& server_;
   std::thread thread_;
   std::shared_ptr<std::atomic<bool>> ended_;

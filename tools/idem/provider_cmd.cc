@@ -26,7 +26,8 @@ const Command& ProviderCommand() {
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
       "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--charge-delay DURATION] "
       "[--one-transaction] [--group-commit N]\n"
-      "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--quiet]",
+      "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--request-deadline DURATION]\n"
+      "       [--max-connections N] [--max-connections-per-client N] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)", true},
@@ -44,11 +45,20 @@ const Command& ProviderCommand() {
         "with --one-transaction: requests that arrive while a commit is under way share\n"
         "          the next transaction and its commit (one fsync), up to N (0: each its own)"},
        {"committers", "C", "1", "with --group-commit: transactions open at once (1 for SQLite; a few for PostgreSQL)"},
-       {"threads", "T", "32", "server threads (each serves one connection at a time)"},
+       {"threads", "T", "32",
+        "threads that run requests (a connection waiting for its request's bytes holds\n"
+        "          none)"},
        {"fibers", "F", "0",
-        "with --group-commit: serve the connections as fibers on F threads instead of a thread\n"
-        "          each (a request gives its thread up while its group commits: fewer thread\n"
-        "          switches on a machine with few cores); --threads still bounds the connections"},
+        "with --group-commit: serve the connections and their requests as fibers on F\n"
+        "          threads instead (a request gives its thread up while its group commits: fewer\n"
+        "          thread switches on a machine with few cores)"},
+       {"request-deadline", "DURATION", "10s",
+        "how long a request's head and body may take to arrive in all; a connection\n"
+        "          that misses it is closed unanswered (slow clients, slowloris)"},
+       {"max-connections", "N", "1024", "open connections at most; one more is answered 503 and closed"},
+       {"max-connections-per-client", "N", "256",
+        "open connections at most from one client address (0: no such bound, behind a\n"
+        "          proxy); one more is answered 503 and closed"},
        {"quiet", "", "", "no per-request log lines"},
        {"max-keys", "N", "100000",
         "stored idempotency keys per principal and route before 429 (a client\n"
@@ -86,8 +96,17 @@ int RunProvider(const Args& args) {
   auto committers = args.GetInt("committers");
   auto threads = args.GetInt("threads");
   auto fibers = args.GetInt("fibers");
-  for (const auto* r : {&group, &committers, &threads, &fibers})
+  auto max_connections = args.GetInt("max-connections");
+  auto per_client = args.GetInt("max-connections-per-client");
+  for (const auto* r : {&group, &committers, &threads, &fibers, &max_connections, &per_client})
     if (!r->ok()) return Fail(cmd, r->status());
+  auto request_deadline = ParseDurationMs(args.Get("request-deadline"));
+  if (!request_deadline.ok()) return Fail(cmd, request_deadline.status());
+  if (*request_deadline <= 0) return Fail(cmd, Status::InvalidArgument("--request-deadline must be more than 0"));
+  if (*max_connections < 1 || *max_connections > 1'000'000)
+    return Fail(cmd, Status::InvalidArgument("--max-connections must be 1..1000000"));
+  if (*per_client < 0 || *per_client > 1'000'000)
+    return Fail(cmd, Status::InvalidArgument("--max-connections-per-client must be 0..1000000"));
   if (*group < 0 || *group > 10'000) return Fail(cmd, Status::InvalidArgument("--group-commit must be 0..10000"));
   if (*committers < 1 || *committers > 64) return Fail(cmd, Status::InvalidArgument("--committers must be 1..64"));
   if (*threads < 1 || *threads > 1024) return Fail(cmd, Status::InvalidArgument("--threads must be 1..1024"));
@@ -123,6 +142,9 @@ int RunProvider(const Args& args) {
   o.idempotency.group_committers = static_cast<int>(*committers);
   o.threads = static_cast<int>(*threads);
   o.fibers = static_cast<int>(*fibers);
+  o.request_deadline_ms = *request_deadline;
+  o.max_connections = static_cast<int>(*max_connections);
+  o.max_connections_per_client = static_cast<int>(*per_client);
   if (!args.Bool("quiet")) {
     auto mu = std::make_shared<std::mutex>();
     o.log = [mu](const std::string& line) {

@@ -128,8 +128,8 @@ struct ProviderServer::Impl {
   std::unique_ptr<Claims> claims;
   std::unique_ptr<http::Idempotency> idempotency;
   http::Authenticator authenticate;
-  idem::httplib::Server own_server;  // cpp-httplib's, one recv and one send per request
-  ::httplib::Server& server = own_server.native();
+  std::unique_ptr<idem::httplib::Server> own_server;  // cpp-httplib's, one recv and one send per request
+  ::httplib::Server& server() { return own_server->native(); }
   std::thread thread;
   // Responses to drop (options.lose_response), by principal and key: the
   // handler decides (on a committer's thread under group commit), the
@@ -247,19 +247,22 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   idempotency.log = p->options.log;
   IDEM_ASSIGN_OR_RETURN(p->idempotency, http::Idempotency::Open(idempotency));
 
-  const int threads = std::max(1, p->options.threads);
+  IDEM_ASSIGN_OR_RETURN(
+      p->own_server, idem::httplib::Server::Open({.request_deadline_ms = p->options.request_deadline_ms,
+                                                  .max_connections = p->options.max_connections,
+                                                  .max_connections_per_client = p->options.max_connections_per_client,
+                                                  .threads = std::max(1, p->options.threads),
+                                                  .fibers = p->options.fibers}));
   // Without it a small response waits for the client's delayed ACK (~40 ms).
-  p->server.set_tcp_nodelay(true);
+  p->server().set_tcp_nodelay(true);
   // cpp-httplib closes a keep-alive connection after 5 requests by default:
   // every client would reconnect all the time.
-  p->server.set_keep_alive_max_count(100'000);
-  p->server.set_keep_alive_timeout(30);
-  p->server.new_task_queue = [threads] { return new ::httplib::ThreadPool(static_cast<size_t>(threads)); };
-  IDEM_RETURN_IF_ERROR(p->own_server.set_fibers(p->options.fibers));
+  p->server().set_keep_alive_max_count(100'000);
+  p->server().set_keep_alive_timeout(30);
   // A body past the limit is refused before it is read (cpp-httplib answers
   // 413 from the Content-Length), so no client can make the provider hold it.
-  p->server.set_payload_max_length(p->options.idempotency.max_body_bytes);
-  p->server.set_error_handler(
+  p->server().set_payload_max_length(p->options.idempotency.max_body_bytes);
+  p->server().set_error_handler(
       [base = p->options.idempotency.problem_base, limit = p->options.idempotency.max_body_bytes](
           const ::httplib::Request&, ::httplib::Response& res) {
         if (res.status != 413 || !res.body.empty()) return;
@@ -295,15 +298,16 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
         [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
   }
   if (!post_charges.ok()) return post_charges.status();
-  p->server.Post("/charges", std::move(*post_charges));
-  p->server.Get(R"(/charges/([A-Za-z0-9_]+))",
-                [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
-  p->server.Get("/charges", [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
-  p->server.Get("/health",
-                [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
+  p->server().Post("/charges", std::move(*post_charges));
+  p->server().Get(R"(/charges/([A-Za-z0-9_]+))",
+                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
+  p->server().Get("/charges",
+                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
+  p->server().Get(
+      "/health", [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
   // Prometheus text format, without authentication (the provider listens on
   // loopback by default): what the Idempotency-Key middleware did.
-  p->server.Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
+  p->server().Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
     const http::Idempotency::Counters c = p->idempotency->counters();
     std::string out;
     AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
@@ -326,11 +330,19 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
                  "", c.group_reruns);
     AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
                  "counter", "", c.invalid);
+    const idem::httplib::Server::Counters s = p->own_server->counters();
+    AppendMetric(out, "idem_http_connections_refused_total",
+                 "Connections answered 503 over the open-connection bounds (in all, per client address).", "counter",
+                 "", s.refused);
+    AppendMetric(out, "idem_http_deadline_closes_total",
+                 "Connections closed because a request's head and body did not arrive within the deadline.", "counter",
+                 "", s.deadline_closes);
+    AppendMetric(out, "idem_http_connections_open", "Connections open now.", "gauge", "", s.open);
     res.set_content(out, "text/plain; version=0.0.4");
   });
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
-  p->server.set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
+  p->server().set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
     if (!p->options.lose_response || res.status != 201 || res.has_header("Idempotent-Replayed") ||
         !req.has_header("Idempotency-Key"))
       return;
@@ -350,16 +362,16 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
   // use would share it (and its requests) instead of failing. SO_REUSEADDR
   // only (a restart may still bind over TIME_WAIT).
-  p->server.set_socket_options([p](socket_t sock) {
+  p->server().set_socket_options([p](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     p->listen_fd = sock;
   });
   if (p->options.port == 0) {
-    p->port = p->server.bind_to_any_port(p->options.host);
+    p->port = p->server().bind_to_any_port(p->options.host);
     if (p->port <= 0) return Status::Unavailable("cannot bind " + p->options.host + " to any port");
   } else {
-    if (!p->server.bind_to_port(p->options.host, p->options.port))
+    if (!p->server().bind_to_port(p->options.host, p->options.port))
       return Status::Unavailable("cannot listen on " + p->options.host + ":" + std::to_string(p->options.port) +
                                  " (in use, or not an address of this machine)");
     p->port = p->options.port;
@@ -370,12 +382,12 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   if (p->listen_fd != INVALID_SOCKET) ::listen(p->listen_fd, SOMAXCONN);
   auto ended = std::make_shared<std::atomic<bool>>(false);
   p->thread = std::thread([p, ended] {
-    p->server.listen_after_bind();
+    p->server().listen_after_bind();
     ended->store(true);
   });
   // Connections are accepted from the bind on (the listen backlog); this
   // only waits for the accept loop, so Stop() right after cannot miss it.
-  while (!p->server.is_running() && !ended->load()) std::this_thread::yield();
+  while (!p->server().is_running() && !ended->load()) std::this_thread::yield();
   if (ended->load()) {
     p->thread.join();
     return Status::Unavailable("the server on " + p->options.host + " stopped at once");
@@ -387,13 +399,14 @@ int ProviderServer::port() const { return impl_->port; }
 std::string ProviderServer::url() const { return "http://" + impl_->options.host + ":" + std::to_string(impl_->port); }
 void ProviderServer::Stop() {
   if (!impl_) return;
-  impl_->server.stop();
+  impl_->server().stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 void ProviderServer::Wait() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 http::Idempotency::Counters ProviderServer::counters() const { return impl_->idempotency->counters(); }
+idem::httplib::Server::Counters ProviderServer::server_counters() const { return impl_->own_server->counters(); }
 
 Result<std::map<std::string, std::string>> ParseApiKeys(const std::vector<std::string>& pairs,
                                                         const std::string& file) {

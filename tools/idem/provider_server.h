@@ -17,6 +17,7 @@
 #include <string>
 
 #include "idem/http/idempotency.h"
+#include "idem/httplib/server.h"
 #include "idem/result.h"
 
 namespace idem::cli {
@@ -37,11 +38,19 @@ struct ProviderServerOptions {
   // and how long a duplicate waits for it before 409.
   int64_t lease_ms = 30'000;
   int64_t wait_ms = 0;
+  // Threads that run requests (idem::httplib::Server::Options::threads); a
+  // connection waiting for bytes holds none.
   int threads = 32;
   // Connections served as fibers on this many threads (idem::httplib::
-  // Server::set_fibers); 0: a thread per connection. For group commit, where a
-  // request's only wait is its group's commit.
+  // Server::Options::fibers); 0: requests on `threads`. For group commit,
+  // where a request's only wait is its group's commit.
   int fibers = 0;
+  // Hostile clients (idem::httplib::Server::Options): how long a request's
+  // head and body may take to arrive, open connections at most in all and
+  // per client address (0: no per-address bound).
+  int64_t request_deadline_ms = 10'000;
+  int max_connections = 1024;
+  int max_connections_per_client = 256;
   // POST /charges in one transaction with its idempotency record
   // (RouteKind::kTransactional: one commit per request; a duplicate
   // waits for the first instead of 409) instead of two-phase (claim
@@ -76,6 +85,8 @@ class ProviderServer {
   // Blocks until Stop() (from another thread or a signal).
   void Wait();
   http::Idempotency::Counters counters() const;
+  // What the HTTP server did with connections (refused, closed at the deadline).
+  idem::httplib::Server::Counters server_counters() const;
 
  private:
   struct Impl;

@@ -28,19 +28,74 @@
 // are parsed, routed and answered by cpp-httplib itself, unchanged (its
 // logger and content-provider callbacks run before the last send, as
 // cpp-httplib's own loop does for a response's final bytes).
+//
+// Hostile clients: no connection holds a thread while it waits for bytes. A
+// connection is accepted (or refused, over Options' bounds) on the accept
+// thread; it then waits as a fiber parked in an epoll set until a request's
+// whole head (and a body of up to 256 KiB) has arrived, and only then is the
+// request handed to a thread (Options::threads) -- or, with Options::fibers,
+// run on the fiber itself. A request whose head and body do not arrive within
+// Options::request_deadline_ms of its first byte is closed unanswered (no
+// handler saw it). Replacing native().new_task_queue brings back cpp-httplib's
+// way: a thread of that queue for each connection's whole life.
+//
+// Thread safety: configure (native(), set_fibers) before listen; counters()
+// from any thread.
 #ifndef IDEM_HTTPLIB_SERVER_H_
 #define IDEM_HTTPLIB_SERVER_H_
 
 #include <httplib.h>
 
+#include <cstdint>
 #include <memory>
 
+#include "idem/result.h"
 #include "idem/status.h"
 
 namespace idem::httplib {
 
 class Server {
  public:
+  struct Options {
+    // How long a request's head and body may take to arrive in all, from its
+    // first byte (not per read): a connection that misses it is closed
+    // without an answer, and nothing of the request reaches a handler. >= 1.
+    // Default: 10'000.
+    int64_t request_deadline_ms = 10'000;
+    // Open connections at most. A connection over a bound is answered
+    // `503 Service Unavailable` with `Retry-After: 1` (sent without waiting,
+    // best effort: a client still sending may see a reset instead) and
+    // closed at once. Keep it under the process's file descriptor limit.
+    // >= 1. Default: 1024.
+    int max_connections = 1024;
+    // Open connections at most from one client address (0: no such bound,
+    // for a server behind a proxy, where every client has the proxy's
+    // address). >= 0. Default: 256.
+    int max_connections_per_client = 256;
+    // Threads that run requests (their handlers) when the connections are
+    // not fibers: how many requests are served at once. A connection
+    // waiting for its next request or for the rest of one holds none.
+    // 1..4096. Default: 8.
+    int threads = 8;
+    // Connections (and their requests) as fibers on this many threads
+    // instead (see set_fibers); 0: requests run on `threads`. 0..1024.
+    // Default: 0.
+    int fibers = 0;
+  };
+
+  // What the server did with connections since it was made.
+  struct Counters {
+    int64_t accepted = 0;         // connections admitted
+    int64_t refused = 0;          // connections answered 503 over a bound (Options)
+    int64_t deadline_closes = 0;  // connections closed for a request past request_deadline_ms
+    int64_t open = 0;             // connections open now
+  };
+
+  // Checks every field (kInvalidArgument naming it), then makes the server
+  // (kUnavailable when its loops cannot be made: epoll, threads).
+  static Result<std::unique_ptr<Server>> Open(const Options& options);
+
+  // A server with the default Options.
   Server();
   ~Server();
   Server(const Server&) = delete;
@@ -57,14 +112,15 @@ class Server {
   // every connection without a thread switch per request. For routes whose
   // handlers do not block: a handler that waits (a network round trip, a
   // lock held elsewhere, a sleep) holds up every connection of its thread.
-  // cpp-httplib's thread pool still takes each connection (one pool thread
-  // sleeps per open connection) and bounds how many are served at once.
-  // 0 (the default): a thread per connection. kInvalidArgument for a
-  // negative count; kUnavailable when the loops cannot be made (epoll).
+  // 0: requests on Options::threads. As Options::fibers; kInvalidArgument for
+  // a count out of range; kUnavailable when the loops cannot be made (epoll).
   Status set_fibers(int threads);
+
+  Counters counters() const;
 
  private:
   class Impl;  // the httplib::Server whose connection loop is idem's
+  explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
