@@ -681,10 +681,14 @@ TEST_F(IdempotencyTest, AHundredConcurrentRequestsWithOneKeyExecuteOnce) {
 
 // The "provider" behind the lease tests: one charge per key (as a unique
 // (principal, key) column would make it), whichever execution writes first.
+// The test reads and destroys it under `mu` as well: the handlers that wrote
+// it ran on server threads, and an answer over a socket is no happens-before
+// edge ThreadSanitizer can see.
 struct OneChargePerKey {
   std::mutex mu;
   std::map<std::string, std::string> charges;
   std::map<int, int64_t> fences;  // execution -> its claim's fencing token
+  ~OneChargePerKey() { std::lock_guard lock(mu); }
 };
 
 // A "provider" handler: the first execution blocks on `gate` (after noting
@@ -742,6 +746,7 @@ TEST_F(IdempotencyTest, AnExpiredLeaseIsTakenOverAndTheFirstAnswersWithTheStored
   Reply third = PostKey("lease-1");
   EXPECT_TRUE(third.replayed());
   ExpectSameResponse(second, third);
+  std::lock_guard provider_lock(provider.mu);
   EXPECT_EQ(provider.charges.size(), 1u);
   EXPECT_EQ(provider.charges["lease-1"], "ch_by_execution_2");
   EXPECT_GT(provider.fences[2], provider.fences[1]);
@@ -775,6 +780,7 @@ TEST_F(IdempotencyTest, ALeaseLostBeforeTheTakeoverCompletesIs409LeaseLost) {
   Reply retry = PostKey("lease-2");
   EXPECT_TRUE(retry.replayed());
   ExpectSameResponse(second, retry);
+  std::lock_guard provider_lock(provider.mu);
   EXPECT_EQ(provider.charges.size(), 1u);
 }
 

@@ -147,10 +147,20 @@ class ServerTest : public ::testing::TestWithParam<int> {
         return true;
       });
     });
-    server_.Start();
+  }
+
+  // Starts the server on first use: a test adds its own routes before that
+  // (cpp-httplib's route table is not for changing while it serves).
+  int Port() {
+    if (!started_) {
+      server_.Start();
+      started_ = true;
+    }
+    return server_.port();
   }
 
   LoopbackServer server_;
+  bool started_ = false;
 };
 
 std::string ModeName(const ::testing::TestParamInfo<int>& p) {
@@ -159,7 +169,7 @@ std::string ModeName(const ::testing::TestParamInfo<int>& p) {
 INSTANTIATE_TEST_SUITE_P(Connections, ServerTest, ::testing::Values(0, 2), ModeName);
 
 TEST_P(ServerTest, PipelinedRequestsSentInOneWriteAreEachAnsweredInOrder) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   // Three requests in one segment: the first read takes all of them.
   ASSERT_TRUE(c.Send(Post("/echo", "one") + Post("/echo", "two") + Post("/echo", "three")));
@@ -172,7 +182,7 @@ TEST_P(ServerTest, PipelinedRequestsSentInOneWriteAreEachAnsweredInOrder) {
 }
 
 TEST_P(ServerTest, KeepAliveConnectionEndsAfterItsMaximumCount) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   for (int i = 1; i <= 5; ++i) {  // cpp-httplib's default maximum: 5
     ASSERT_TRUE(c.Send(Post("/echo", std::to_string(i))));
@@ -202,7 +212,7 @@ TEST_P(ServerTest, KeepAliveConnectionServesManyRequestsEachAnsweredWhole) {
 }
 
 TEST_P(ServerTest, ExpectContinueGetsItsInterimReplyBeforeTheBodyIsSent) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   const std::string body = "payload";
   ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(body.size()) +
@@ -220,7 +230,7 @@ TEST_P(ServerTest, ExpectContinueGetsItsInterimReplyBeforeTheBodyIsSent) {
 }
 
 TEST_P(ServerTest, LongBodiesBothWaysArriveByteExact) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   std::string big(1'000'003, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('0' + i % 10);
@@ -239,7 +249,7 @@ TEST_P(ServerTest, LongBodiesBothWaysArriveByteExact) {
 // Every request of a keep-alive connection (the addresses are looked up
 // once per connection).
 TEST_P(ServerTest, TheRequestKnowsThePeerAndLocalAddress) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   std::string first;
   for (int i = 0; i < 2; ++i) {
@@ -247,14 +257,14 @@ TEST_P(ServerTest, TheRequestKnowsThePeerAndLocalAddress) {
     auto r = c.Read();
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->body.rfind("127.0.0.1 ", 0), 0u) << r->body;
-    EXPECT_NE(r->body.find(" 127.0.0.1 " + std::to_string(server_.port())), std::string::npos) << r->body;
+    EXPECT_NE(r->body.find(" 127.0.0.1 " + std::to_string(Port())), std::string::npos) << r->body;
     if (i == 0) first = r->body;
     EXPECT_EQ(r->body, first);  // the same peer port too
   }
 }
 
 TEST_P(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx"));
   auto r = c.Read();
@@ -264,7 +274,7 @@ TEST_P(ServerTest, ConnectionCloseIsHonouredAfterTheResponse) {
 }
 
 TEST_P(ServerTest, AMalformedRequestGetsOne400AndTheConnectionCloses) {
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send("NOT A REQUEST\r\nHost: x\r\n\r\n"));
   auto r = c.Read();
@@ -284,7 +294,7 @@ TEST_P(ServerTest, TheBodyOfARejectedRequestIsNeverServedAsARequest) {
     ++hidden;
     res.set_content("ran", "text/plain");
   });
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   const std::string inner = Post("/hidden", "x");
   ASSERT_TRUE(
@@ -303,7 +313,7 @@ TEST_P(ServerTest, AHandlersErrorAfterTheWholeRequestKeepsTheConnection) {
     res.status = 400;
     res.set_content("no", "text/plain");
   });
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(c.Send(Post("/reject", "body")));
@@ -333,7 +343,7 @@ TEST_P(ServerTest, AStreamedResponseGoesOutAsItIsWritten) {
       return true;
     });
   });
-  RawConnection c(server_.port());
+  RawConnection c(Port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send("GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
   while (c.rest().find("first;") == std::string::npos)
@@ -363,7 +373,7 @@ TEST_P(ServerTest, AProviderSeesItsClientLeave) {
         [&](bool) { ended = true; });
   });
   {
-    RawConnection c(server_.port());
+    RawConnection c(Port());
     ASSERT_TRUE(c.connected());
     ASSERT_TRUE(c.Send("GET /forever HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
     while (c.rest().find("tick") == std::string::npos) ASSERT_TRUE(c.ReadMore());

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <thread>
 
 #include "idem/inbox.h"
@@ -191,11 +192,14 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
         {.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages, .checkpoint = sqlite::Checkpoint::kBackground});
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE(CreatePayments(**store).ok());
+    // The action owns what it touches: the checkpointer may still be
+    // returning from it when this scope ends.
     std::promise<void> release;
     std::shared_future<void> released = release.get_future().share();
-    std::promise<void> stuck;
-    ArmKillPoint("sqlite.checkpoint", 1, [&] {
-      stuck.set_value();
+    auto stuck = std::make_shared<std::promise<void>>();
+    std::future<void> stuck_future = stuck->get_future();
+    ArmKillPoint("sqlite.checkpoint", 1, [stuck, released] {
+      stuck->set_value();
       released.wait();
     });
     uintmax_t largest = 0;
@@ -206,7 +210,7 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
       for (int d = 0; d < 2; ++d) ASSERT_TRUE(inbox.Handle(Msg(id), ChargeHandler()).ShouldAck()) << id;
       largest = std::max(largest, std::filesystem::file_size(dir.File("w.db") + "-wal"));
     }
-    ASSERT_EQ(stuck.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    ASSERT_EQ(stuck_future.wait_for(std::chrono::seconds(60)), std::future_status::ready);
     release.set_value();
     DisarmKillPoints();
     // Frames of 4 KiB pages plus a 24-byte header each, after a 32-byte file
