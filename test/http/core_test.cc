@@ -194,7 +194,7 @@ TEST_F(CoreTest, AnUnguardedHandlerThatThrowsIsA500) {
   auto thrower = [](const Request&, Answer&) { throw std::runtime_error("boom"); };
   auto two_phase = idem_->Wrap("/two-phase", {}, thrower);
   ASSERT_TRUE(two_phase.ok()) << two_phase.status();
-  auto tx = idem_->WrapInTransaction("/tx", {}, *store_, [this](const Request&, Answer&, Transaction& t) {
+  auto tx = idem_->WrapInTransaction("/tx", {}, *store_, [](const Request&, Answer&, Transaction& t) {
     ASSERT_TRUE(t.Exec("INSERT INTO effects(k) VALUES ('thrown')", {}).ok());
     throw std::runtime_error("boom");
   });
