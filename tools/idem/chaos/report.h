@@ -25,6 +25,7 @@ struct RunCounts {
   int64_t total_kills = 0;
   int64_t consumer_errors = 0;  // consumer lives that exited with an error
   int64_t provider_restarts = 0;
+  int64_t paused_ms = 0;  // the pauses' time, in all
 };
 
 // The run as the supervisor saw it (everything but the effects).

@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "chaos/clock.h"
 #include "chaos/oracle.h"
 #include "chaos/workdir.h"
 #include "cli.h"
@@ -99,10 +102,7 @@ Status Supervisor::StartProvider(bool chaos) {
   if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
   Life l;
   l.life = provider_lives_++;
-  if (chaos) {
-    l.plan.kill_point = schedule_.NextProviderPoint();
-    l.plan.label = "kill:" + l.plan.kill_point.substr(0, l.plan.kill_point.find(':'));
-  }
+  if (chaos) l.plan = schedule_.NextProvider(lease_ms);
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
   IDEM_ASSIGN_OR_RETURN(l.pid, Spawn(argv, env, cfg_.dir + "/provider.log"));
@@ -113,7 +113,12 @@ Status Supervisor::StartProvider(bool chaos) {
   provider_up_ = true;
   for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
     int st = 0;
-    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) {
+    if (::waitpid(l.pid, &st, WNOHANG | WUNTRACED) == l.pid) {
+      if (WIFSTOPPED(st)) {
+        // Paused at its kill point by a consumer's call: the pause begins.
+        Stopped(l.pid);
+        return Status::OK();
+      }
       // Killed at its kill point by a consumer's first call, before it
       // answered the health check: a death like any other (restarted).
       if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
@@ -165,6 +170,10 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
                                    "--stall-rate",
                                    std::to_string(cfg_.stall_rate)};
   if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
+  if (!l.plan.clock_jumps.empty()) {
+    l.clock_file = cfg_.dir + "/clock/" + std::to_string(slot) + "-" + std::to_string(l.life);
+    argv.insert(argv.end(), {"--clock-file", l.clock_file});
+  }
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
   if (!l.plan.vfs.empty()) env.push_back("IDEM_FAULT_VFS=" + l.plan.vfs);
@@ -180,7 +189,105 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
 void Supervisor::Reap() {
   int st = 0;
   pid_t pid;
-  while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) Ended(pid, st);
+  while ((pid = ::waitpid(-1, &st, WNOHANG | WUNTRACED)) > 0) {
+    if (WIFSTOPPED(st)) {
+      Stopped(pid);
+    } else {
+      Ended(pid, st);
+    }
+  }
+}
+
+void Supervisor::Stopped(pid_t pid) {
+  auto it = lives_.find(pid);
+  if (it == lives_.end()) return;
+  Life& l = it->second;
+  // The stops of its starvation are the supervisor's own.
+  if (l.plan.pause_ms > 0 && !l.paused) {
+    l.paused = true;
+    l.stopped_at_ms = SteadyMs();
+    if (l.slot < 0) {
+      l.taken_over = true;  // the provider: continued after its pause, retries queued meanwhile
+      return;
+    }
+    // What it holds: received, neither acknowledged nor lost.
+    std::ifstream in(JournalOf(l));
+    for (std::string line; std::getline(in, line);) {
+      if (line.size() < 3) continue;
+      if (line[0] == 'R') l.held.insert(line.substr(2));
+      if (line[0] == 'A' || line[0] == 'L') l.held.erase(line.substr(2));
+    }
+    for (const auto& [pid2, other] : lives_) {
+      if (other.slot < 0 || pid2 == pid) continue;
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(JournalOf(other), ec);
+      l.read_from[JournalOf(other)] = ec ? 0 : static_cast<int64_t>(size);
+    }
+    if (l.held.empty()) l.taken_over = true;  // nothing to take over (cannot be: it stopped holding work)
+  }
+}
+
+std::string Supervisor::JournalOf(const Life& l) const {
+  return cfg_.dir + "/journal/" + std::to_string(l.slot) + "-" + std::to_string(l.life) + ".log";
+}
+
+bool Supervisor::TakenOver(Life& l) {
+  for (const auto& [pid, other] : lives_) {
+    if (other.slot < 0 || other.pid == l.pid) continue;
+    const std::string path = JournalOf(other);
+    int64_t& from = l.read_from[path];  // a life started since: from its start
+    std::ifstream in(path);
+    in.seekg(from);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written: read it next time
+      from += static_cast<int64_t>(line.size()) + 1;
+      if (line.size() >= 3 && line[0] == 'R' && l.held.count(line.substr(2))) return true;
+    }
+  }
+  return false;
+}
+
+void Supervisor::Hold(Life& l, int64_t now) {
+  if (l.stopped_at_ms > 0) {
+    if (now - l.stopped_at_ms < l.plan.pause_ms) return;
+    if (!l.taken_over) l.taken_over = TakenOver(l);
+    if (!l.taken_over && now - l.stopped_at_ms < l.plan.pause_ms + l.plan.takeover_wait_ms) return;
+    // Continued past its lease: it finishes what it held, as a zombie.
+    ::kill(l.pid, SIGCONT);
+    ++counts_.faults[l.slot < 0 ? "pause-provider" : "pause-consumer"];
+    if (l.slot >= 0 && l.taken_over) ++counts_.faults["pause-consumer-taken-over"];
+    counts_.paused_ms += now - l.stopped_at_ms;
+    l.started_ms += now - l.stopped_at_ms;  // its timers waited
+    l.stopped_at_ms = 0;
+    return;
+  }
+  const Plan& p = l.plan;
+  if (p.starve_for_ms > 0) {
+    const int64_t t = now - l.started_ms;
+    const bool in_stretch = t >= p.starve_after_ms && t < p.starve_after_ms + p.starve_for_ms;
+    if (in_stretch && !l.starving) {
+      l.starving = true;
+      l.next_toggle_ms = now;
+      ++counts_.faults["starvation"];
+    }
+    if (l.starving && !in_stretch) {
+      l.starving = false;
+      if (l.starved_stopped) ::kill(l.pid, SIGCONT);
+      l.starved_stopped = false;
+    }
+    if (l.starving && now >= l.next_toggle_ms) {
+      l.starved_stopped = !l.starved_stopped;
+      ::kill(l.pid, l.starved_stopped ? SIGSTOP : SIGCONT);
+      if (l.starved_stopped) ++counts_.faults["starvation-stops"];
+      l.next_toggle_ms = now + (l.starved_stopped ? p.starve_stop_ms : p.starve_run_ms);
+    }
+  }
+  while (l.next_jump < p.clock_jumps.size() && now - l.started_ms >= p.clock_jumps[l.next_jump].first) {
+    const int64_t offset = p.clock_jumps[l.next_jump++].second;
+    if (WriteClockOffset(l.clock_file, offset).ok())
+      ++counts_.faults[offset > l.clock_offset_ms ? "clock-jump-forward" : "clock-jump-back"];
+    l.clock_offset_ms = offset;
+  }
 }
 
 // Counts how a process of the run ended (its status from waitpid).
@@ -256,7 +363,7 @@ void Supervisor::Produce() {
 // write lock on SQLite), or, for a broken consumer that writes none, the
 // effect rows.
 Result<int64_t> Supervisor::Applied() {
-  if (cfg_.broken != "no-guard") return store_->CountMarkers(kConsumer);
+  if (!BrokenWritesNoMarkers(cfg_)) return store_->CountMarkers(kConsumer);
   IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
   return r.rows[0][0].AsInt();
@@ -270,7 +377,10 @@ void Supervisor::TerminateBackends(const Life& l) {
 }
 
 void Supervisor::StopAll() {
-  for (auto& [pid, l] : lives_) ::kill(pid, SIGTERM);
+  for (auto& [pid, l] : lives_) {
+    ::kill(pid, SIGTERM);
+    ::kill(pid, SIGCONT);  // a paused or starved one handles it only when running
+  }
   const int64_t deadline = SteadyMs() + 10'000;
   while (!lives_.empty() && SteadyMs() < deadline) {
     int st = 0;
@@ -320,6 +430,8 @@ Status Supervisor::Go() {
     }
     if (!failure.ok()) break;
     for (auto& [pid, l] : lives_) {
+      Hold(l, now);
+      if (l.stopped_at_ms > 0) continue;  // paused: its timers wait
       if (l.plan.kill_after_ms > 0 && !l.killed_by_us && now - l.started_ms >= l.plan.kill_after_ms) {
         ::kill(pid, SIGKILL);
         l.killed_by_us = true;
