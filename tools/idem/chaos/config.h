@@ -82,10 +82,10 @@ struct Config {
 
 // How long past its pause a paused consumer may wait for another consumer
 // to receive what it holds before it is continued anyway.
-inline constexpr int64_t kTakeoverWaitMs = 8'000;
+inline constexpr int64_t kTakeoverWaitMs = 3'000;
 
 // With pauses, one provider life in this many is paused instead of killed.
-inline constexpr int64_t kProviderPauseEvery = 6;
+inline constexpr int64_t kProviderPauseEvery = 16;
 
 // Whether the --broken consumer writes effects without Inbox markers (the
 // run's progress is then its effect rows).

@@ -165,7 +165,7 @@ Plan Schedule::NextProvider(int64_t lease_ms) {
   Plan p;
   p.kill_point = std::string(point) + ":" + std::to_string(20 + provider_rng_() % 200);
   p.label = "kill:" + std::string(point);
-  const bool pause = cfg_.pause_rate > 0 && provider_lives_++ % kProviderPauseEvery == kProviderPauseEvery - 1;
+  const bool pause = cfg_.pause_rate > 0 && provider_lives_++ % kProviderPauseEvery == 3;
   if (pause) {
     // Stopped holding claims (two-phase: one claimed, its charge not yet
     // made; group commit: a group run, not committed), past the lease: the
