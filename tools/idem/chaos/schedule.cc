@@ -61,7 +61,8 @@ bool Schedule::NextHold(int slot, Plan& p) {
     const bool holds_sqlite_lock = !postgres_ && point.starts_with("inbox.");
     p.takeover_wait_ms = holds_sqlite_lock && point != "inbox.after_commit" ? 0 : kTakeoverWaitMs;
     p.label = "pause:" + point;
-    p.kill_after_ms = 3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000);
+    // (Its timer waits while it is stopped: this is running time.)
+    p.kill_after_ms = 800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200);
     return true;
   }
   if (roll < cfg_.pause_rate + cfg_.starve_rate) {
