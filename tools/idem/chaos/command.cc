@@ -60,6 +60,9 @@ const Command& ChaosCommand() {
        {"seed", "S", "1", "seed of the schedule of kills and faults"},
        {"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
+       {"backlog", "N", "200",
+        "the producer keeps at most N messages published and not yet applied (0: no\n"
+        "          bound), so what a paused consumer holds comes back to the others soon"},
        {"lost-ack-rate", "P", "0.02", "fraction of acks lost"},
        {"stall-rate", "P", "0.005", "fraction of receives that stall past the lease"},
        {"lost-response-rate", "P", "0.02", "fraction of keys whose first provider response is dropped"},
@@ -133,6 +136,7 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50, 3'600'000);
   if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
   if (s.ok()) s = integer("restarts", cfg.restarts, 0);
+  if (s.ok()) s = integer("backlog", cfg.backlog, 0);
   cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
   if (s.ok()) s = integer("worker", slot, 0);
   if (s.ok()) s = integer("life", cfg.life, 0);

@@ -48,6 +48,11 @@ struct Config {
   double starve_rate = 0.02;
   double clock_jump_rate = 0.03;
   int64_t lease_ms = 400;
+  // The producer keeps at most this many messages published and not yet
+  // applied (0: no bound), as a bounded queue does: a delivery a paused
+  // consumer holds comes back to the others behind at most this many, so
+  // they take it over while its holder is still stopped.
+  int64_t backlog = 200;
   int batch = 8;
   int64_t drain_timeout_ms = 60'000;
   // A kill point fires at its 1st..hits-th hit (drawn); timed kills come
@@ -82,7 +87,7 @@ struct Config {
 
 // How long past its pause a paused consumer may wait for another consumer
 // to receive what it holds before it is continued anyway.
-inline constexpr int64_t kTakeoverWaitMs = 3'000;
+inline constexpr int64_t kTakeoverWaitMs = 5'000;
 
 // With pauses, one provider life in this many is paused instead of killed.
 inline constexpr int64_t kProviderPauseEvery = 16;

@@ -7,7 +7,9 @@
 // (the fault VFS returned its n-th fault; the id is n), X (the source
 // refused an ack or a lease renewal: the lease was lost, another delivery may
 // hold the message), C (the life's clock offset changed; the id is the
-// offset in ms). The oracle reads them back (oracle.h).
+// offset in ms), H (the handler ran for the message, inside its
+// transaction). The oracle reads them back (oracle.h); the supervisor reads
+// a paused life's to see it taken over and what it did after (supervisor.h).
 #ifndef IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_
 #define IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_
 

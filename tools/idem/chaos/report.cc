@@ -51,6 +51,7 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
                 }()))
         .Add("paused_ms", counts.paused_ms)
         .Add("fenced", c.fenced)
+        .AddRaw("zombies", JsonCounts(counts.zombies))
         .Add("clock_jumps_seen", c.clock_jumps_seen)
         .Add("applied", c.applied)
         .Add("lost", c.lost)
@@ -106,6 +107,8 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     row("  time paused (ms, all pauses)", std::to_string(counts.paused_ms));
     row("  clock jumps seen by the consumers", std::to_string(c.clock_jumps_seen));
     row("acks and renewals refused: lease lost (fenced)", std::to_string(c.fenced));
+    row("zombies' deliveries (held when paused, taken over)", "");
+    for (const auto& [k, v] : counts.zombies) row("  " + k, std::to_string(v));
     row("applied (distinct messages with an effect)", std::to_string(c.applied) + mark(c.applied == c.unique));
     row("lost (published, never applied)", std::to_string(c.lost) + mark(c.lost == 0));
     row("duplicated (applied twice: store/provider)", std::to_string(c.duplicated) + " / " +

@@ -213,6 +213,7 @@ void Supervisor::Stopped(pid_t pid) {
     // What it holds: received, neither acknowledged nor lost.
     std::ifstream in(JournalOf(l));
     for (std::string line; std::getline(in, line);) {
+      l.journal_at_stop += static_cast<int64_t>(line.size()) + 1;
       if (line.size() < 3) continue;
       if (line[0] == 'R') l.held.insert(line.substr(2));
       if (line[0] == 'A' || line[0] == 'L') l.held.erase(line.substr(2));
@@ -255,7 +256,10 @@ void Supervisor::Hold(Life& l, int64_t now) {
     // Continued past its lease: it finishes what it held, as a zombie.
     ::kill(l.pid, SIGCONT);
     ++counts_.faults[l.slot < 0 ? "pause-provider" : "pause-consumer"];
-    if (l.slot >= 0 && l.taken_over) ++counts_.faults["pause-consumer-taken-over"];
+    if (l.slot >= 0 && l.taken_over && !l.held.empty()) {
+      ++counts_.faults["pause-consumer-taken-over"];
+      l.zombie = true;
+    }
     counts_.paused_ms += now - l.stopped_at_ms;
     l.started_ms += now - l.stopped_at_ms;  // its timers waited
     l.stopped_at_ms = 0;
@@ -290,12 +294,42 @@ void Supervisor::Hold(Life& l, int64_t now) {
   }
 }
 
+void Supervisor::CountZombie(const Life& l) {
+  if (!l.zombie) return;
+  // Its journal from where it stopped: per delivery it held, what it did.
+  std::set<std::string> handled, done, fenced;
+  std::ifstream in(JournalOf(l));
+  int64_t at = 0;
+  for (std::string line; std::getline(in, line);) {
+    const bool after = at >= l.journal_at_stop;
+    at += static_cast<int64_t>(line.size()) + 1;
+    if (line.size() < 3 || !l.held.count(line.substr(2))) continue;
+    const std::string id = line.substr(2);
+    if (line[0] == 'H') handled.insert(id);  // in this life, before the stop or after
+    if (after && (line[0] == 'A' || line[0] == 'L')) done.insert(id);
+    if (after && line[0] == 'X') fenced.insert(id);
+  }
+  for (const std::string& id : l.held) {
+    if (fenced.count(id)) {
+      ++counts_.zombies["fenced"];  // its ack or renewal refused: the lease had passed on
+    } else if (done.count(id)) {
+      // Acknowledged after the takeover: with no handler run, the inbox
+      // found the takeover's effect (absorbed as a duplicate); with one, its
+      // own commit went in first and the takeover's is the duplicate.
+      ++counts_.zombies[handled.count(id) ? "committed-first" : "absorbed"];
+    } else {
+      ++counts_.zombies["unfinished"];  // killed, or given back, before it finished
+    }
+  }
+}
+
 // Counts how a process of the run ended (its status from waitpid).
 void Supervisor::Ended(pid_t pid, int st) {
   auto it = lives_.find(pid);
   if (it == lives_.end()) return;
   const Life l = it->second;
   lives_.erase(it);
+  CountZombie(l);
   if (l.slot < 0) {
     provider_up_ = false;
   } else {
@@ -342,8 +376,23 @@ void Supervisor::Produce() {
     }
     return s.WithContext("publishing " + m.id + " failed for 2 minutes");
   };
+  // The window (--backlog): at most that many published and not applied.
+  auto window_open = [this](int64_t i) {
+    while (cfg_.backlog > 0 && i - last_applied_ >= cfg_.backlog) {
+      if (stop_producing_ || g_interrupted) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  };
   std::vector<Message> again;
   for (int64_t i = 0; i < cfg_.messages && produce_status_.ok(); ++i) {
+    if (!window_open(i)) {
+      if (!g_interrupted)
+        produce_status_ =
+            Status::Unavailable("the producer stopped after " + std::to_string(i) + " of " +
+                                std::to_string(cfg_.messages) + " messages: the consumers stopped applying them");
+      break;
+    }
     const int64_t cents = 100 + static_cast<int64_t>(rng() % 99'900);
     std::string order = "o";  // (built in steps: g++ 12 warns falsely on "o" + to_string)
     order += std::to_string(i);
@@ -386,6 +435,7 @@ void Supervisor::StopAll() {
     int st = 0;
     pid_t pid = ::waitpid(-1, &st, WNOHANG);
     if (pid > 0) {
+      if (auto it = lives_.find(pid); it != lives_.end()) CountZombie(it->second);
       lives_.erase(pid);
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -395,6 +445,7 @@ void Supervisor::StopAll() {
     ::kill(pid, SIGKILL);
     int st = 0;
     ::waitpid(pid, &st, 0);
+    CountZombie(l);
   }
   lives_.clear();
 }
@@ -486,6 +537,7 @@ Status Supervisor::Go() {
   progress.Done();
   kills_reached_ = counts_.total_kills >= cfg_.kills;
   StopAll();
+  stop_producing_ = true;
   producer.join();
   seconds_ = static_cast<double>(SteadyMs() - started) / 1000.0;
   IDEM_RETURN_IF_ERROR(failure);

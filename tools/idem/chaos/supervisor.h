@@ -78,6 +78,8 @@ class Supervisor {
     std::set<std::string> held;
     std::map<std::string, int64_t> read_from;
     bool taken_over = false;
+    int64_t journal_at_stop = 0;  // its journal's length when it stopped
+    bool zombie = false;          // continued after another life took what it held
     bool starved_stopped = false, starving = false;
     int64_t next_toggle_ms = 0;
     size_t next_jump = 0;
@@ -98,6 +100,9 @@ class Supervisor {
   // it stopped (reads the other journals on from where it left off).
   bool TakenOver(Life& l);
   std::string JournalOf(const Life& l) const;
+  // A zombie's outcome per delivery it held, from its journal (once it
+  // ended): RunCounts::zombies.
+  void CountZombie(const Life& l);
   void Produce();
   Result<int64_t> Applied();
   void TerminateBackends(const Life& l);
@@ -132,7 +137,8 @@ class Supervisor {
   std::atomic<int64_t> publish_retries_{0};
   Status produce_status_;
   double seconds_ = 0;
-  int64_t last_applied_ = 0;
+  std::atomic<int64_t> last_applied_{0};  // the loop's last count, read by the producer's window
+  std::atomic<bool> stop_producing_{false};
   bool kills_reached_ = false;
   bool drained_ = false;
 };

@@ -153,6 +153,7 @@ int RunWorker(const Config& cfg) {
   }
   Inbox& inbox = **inbox_owned;
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+    journal.Line('H', m.id);
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
     // The client gave up (409s while the provider holds the key, 5xx,
