@@ -36,6 +36,9 @@ bool Schedule::NextHold(int slot, Plan& p) {
   std::mt19937_64& rng = hold_rngs_[static_cast<size_t>(slot)];
   const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t lease = cfg_.lease_ms;
+  // (Not in a slot's first life: those start together, and a pause needs
+  // the others running to take over what it holds.)
+  if (lives_[slot]++ == 0 && roll < cfg_.pause_rate) return false;
   if (roll < cfg_.pause_rate) {
     // Stopped where it holds work: deliveries received, its marker in the
     // open transaction, its handler done, or its commit done and the ack not
