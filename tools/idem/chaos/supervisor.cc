@@ -456,7 +456,32 @@ Status Supervisor::Go() {
   std::thread producer([this] { Produce(); });
   Progress progress("chaos", cfg_.messages);
   bool chaos = true;
-  int64_t last_poll = 0, last_progress_ms = SteadyMs(), poll_every_ms = 200;
+  int64_t last_poll = 0, last_progress_ms = SteadyMs();
+  // The progress, counted on a thread of its own: a count may wait on a
+  // lock a stopped consumer holds (a broken consumer's progress is read in a
+  // transaction), and this loop is what continues it.
+  std::atomic<int64_t> counted{-1};
+  std::atomic<bool> stop_counting{false};
+  std::thread counter([&] {
+    while (!stop_counting) {
+      const int64_t t = SteadyMs();
+      if (auto applied = Applied(); applied.ok()) counted = *applied;
+      // Counting a million markers takes a while: at most 10% of the time,
+      // but every second at least (a count that waited on a lock is no
+      // reason to wait longer; the producer's window and the drain go by it).
+      const int64_t wait_ms = std::clamp<int64_t>(10 * (SteadyMs() - t), 200, 1'000);
+      for (int64_t w = 0; w < wait_ms && !stop_counting; w += 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  struct JoinCounter {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~JoinCounter() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join_counter{stop_counting, counter};
   Status failure;
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_interrupted = true; };
@@ -510,15 +535,12 @@ Status Supervisor::Go() {
       if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
       next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
     }
-    if (now - last_poll >= poll_every_ms) {
+    if (now - last_poll >= 200) {
       last_poll = now;
-      auto applied = Applied();
-      // Counting a million markers takes a while: poll at most 10% of the time.
-      poll_every_ms = std::max<int64_t>(200, 10 * (SteadyMs() - now));
-      if (applied.ok()) {
-        if (*applied != last_applied_) last_progress_ms = now;
-        last_applied_ = *applied;
-        progress.Update(last_applied_);
+      if (const int64_t applied = counted; applied >= 0) {
+        if (applied != last_applied_) last_progress_ms = now;
+        last_applied_ = applied;
+        progress.Update(applied);
       }
       if (produced_ && last_applied_ >= cfg_.messages) {
         drained_ = true;
@@ -535,6 +557,8 @@ Status Supervisor::Go() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   progress.Done();
+  stop_counting = true;
+  counter.join();
   kills_reached_ = counts_.total_kills >= cfg_.kills;
   StopAll();
   stop_producing_ = true;
