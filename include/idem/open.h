@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "idem/claim_store.h"
+#include "idem/env.h"
 #include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
@@ -44,6 +45,10 @@ struct SourceSettings {
   // Give each process its own (Redis keeps pending entries per name).
   // Default: "idem".
   std::string consumer = "idem";
+  // The clock the source reads its leases, waits and delivery times from,
+  // where it has one (embedded, Redis Streams); it must outlive the source.
+  // Default: null (Env::Default()).
+  Env* env = nullptr;
 };
 
 // Settings a store URL may not carry, shared by every store.

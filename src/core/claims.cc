@@ -3,6 +3,7 @@
 
 #include "core/handler_scope.h"
 #include "idem/call_first.h"
+#include "idem/testing/kill_points.h"
 
 #include "core/saturating.h"
 
@@ -188,19 +189,32 @@ std::vector<Status> Claims::CompleteMany(std::span<const Completion> completions
   return store_.CompleteMany(completions, options_.retention_ms);
 }
 
+namespace {
+// What a claim's holder learns from the store when it finishes or extends
+// the claim, with the kill points of both outcomes: the store has done its
+// part (a crash leaves the holder without the answer), or it refused the
+// holder as fenced.
+Status Learned(Status s, bool finished) {
+  if (s.code() == Code::kLeaseLost) IDEM_KILL_POINT("claims.lease_lost");
+  if (finished) IDEM_KILL_POINT("claims.finish_done");
+  return s;
+}
+}  // namespace
+
 Status Claims::Complete(const ClaimToken& token, std::string_view result) {
-  return store_.Complete(token, result, /*is_error=*/false, options_.retention_ms);
+  return Learned(store_.Complete(token, result, /*is_error=*/false, options_.retention_ms), true);
 }
 
 Status Claims::Fail(const ClaimToken& token, FailPolicy policy, std::string_view error) {
-  if (policy == FailPolicy::kRelease) return store_.Release(token);
-  return store_.Complete(token, error, /*is_error=*/true, options_.retention_ms);
+  if (policy == FailPolicy::kRelease) return Learned(store_.Release(token), true);
+  return Learned(store_.Complete(token, error, /*is_error=*/true, options_.retention_ms), true);
 }
 
 Status Claims::Extend(ClaimToken& token, int64_t lease_ms) {
   if (lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(lease_ms));
-  IDEM_ASSIGN_OR_RETURN(int64_t until, store_.Extend(token, lease_ms));
-  token.lease_until_ms = until;
+  Result<int64_t> until = store_.Extend(token, lease_ms);
+  IDEM_RETURN_IF_ERROR(Learned(until.status(), false));
+  token.lease_until_ms = *until;
   return Status::OK();
 }
 

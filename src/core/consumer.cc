@@ -145,9 +145,11 @@ void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
       const int64_t now = options_.env->NowMs();
       if (now - h->renewed_at_ms < every) continue;
       for (const Delivery& d : *h->deliveries) {
-        if (source_.ExtendLease(d).ok()) {
+        const Status extended = source_.ExtendLease(d);
+        if (extended.ok()) {
           leases_extended_.fetch_add(1, std::memory_order_relaxed);
         } else {
+          if (extended.code() == Code::kLeaseLost) IDEM_KILL_POINT("consumer.lease_lost");
           // Lost (another worker may hold it now: the marker settles the
           // race) or the source failed: either way nothing to undo here.
           lease_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -246,6 +248,7 @@ void Consumer::Work(Held* held) {
       held->deliveries = &*got;
       held->renewed_at_ms = started;  // the lease began at the Receive
     }
+    IDEM_KILL_POINT("consumer.after_receive");
     messages.clear();
     for (const Delivery& d : *got) messages.push_back(d.message);
     std::vector<Outcome> outcomes = HandleAll(messages);
@@ -269,6 +272,7 @@ void Consumer::Ack(const Delivery& d) {
   } else {
     // The effect is committed (or the message is dead-lettered); the
     // redelivery finds the marker (or the dead letter's count).
+    if (s.code() == Code::kLeaseLost) IDEM_KILL_POINT("consumer.lease_lost");
     ack_errors_.fetch_add(1, std::memory_order_relaxed);
   }
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace idem {
 namespace {
@@ -67,13 +68,19 @@ void DisarmKillPoints() {
 bool ArmKillPointFromEnv() {
   const char* v = std::getenv("IDEM_KILL_AT");
   if (v == nullptr || *v == '\0') return false;
+  // "<name>", "<name>:<n>" or "<name>:<n>:stop".
   std::string s(v);
+  std::function<void()> action;
+  if (s.ends_with(":stop")) {
+    s.resize(s.size() - 5);
+    action = [] { ::raise(SIGSTOP); };
+  }
   int hit = 1;
   if (auto colon = s.rfind(':'); colon != std::string::npos) {
     hit = std::atoi(s.c_str() + colon + 1);
     s.resize(colon);
   }
-  ArmKillPoint(s, hit);
+  ArmKillPoint(s, hit, std::move(action));
   return true;
 }
 

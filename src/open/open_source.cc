@@ -84,6 +84,7 @@ Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSet
   if (scheme == "embedded") {
     IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options o, embedded::Queue::ParseUrl(url));
     if (!lease_in_url) o.lease_ms = settings.lease_ms;
+    if (settings.env != nullptr) o.env = settings.env;
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<embedded::Queue> q, embedded::Queue::Open(o));
     return std::unique_ptr<Source>(std::move(q));
   }
@@ -93,6 +94,7 @@ Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSet
     IDEM_ASSIGN_OR_RETURN(redis::StreamSource::Options o, redis::StreamSource::ParseUrl(url));
     if (!lease_in_url) o.lease_ms = settings.lease_ms;
     if (o.consumer.empty()) o.consumer = settings.consumer;
+    if (settings.env != nullptr) o.env = settings.env;
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::StreamSource> s, redis::StreamSource::Open(o));
     return std::unique_ptr<Source>(std::move(s));
   }

@@ -43,6 +43,9 @@ class SqliteConnection final : public sql_internal::Connection {
     // With FULL, the commit's WAL frames go out in one write (batched_wal.h).
     sqlite_internal::BatchedWalWrites batched(db_->batched_wal());
     auto r = db_->Exec("COMMIT", {});
+    // A crash here leaves the caller without the outcome: committed or not,
+    // only the database knows (the Inbox's marker says which).
+    IDEM_KILL_POINT("sqlite.commit_done");
     if (r.ok()) return Status::OK();
     // SQLite rolled back by itself. After an I/O error during COMMIT the WAL
     // may or may not hold the commit record: in doubt.

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/claims.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
@@ -113,9 +114,11 @@ void PrintTo(const CrashCase& c, std::ostream* os) {
 // Where the crash leaves the message that was being handled.
 enum class Fate { kRolledBack, kCommittedNotAcked, kAcked };
 Fate FateOf(const std::string& point) {
-  if (point == "inbox.after_commit") return Fate::kCommittedNotAcked;
+  // sqlite.commit_done: the COMMIT ran, the crash came before its outcome
+  // was read: committed, the caller never knew.
+  if (point == "inbox.after_commit" || point == "sqlite.commit_done") return Fate::kCommittedNotAcked;
   if (point == "consumer.after_ack") return Fate::kAcked;
-  return Fate::kRolledBack;  // after_marker, after_work, batch_mid
+  return Fate::kRolledBack;  // after_receive, after_marker, after_work, batch_mid
 }
 
 class KillPoint : public ::testing::TestWithParam<CrashCase> {
@@ -320,6 +323,11 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Points, KillPoint,
                          ::testing::Values(
+                             // The third receive: its delivery held, nothing begun.
+                             CrashCase{"after_receive", "consumer.after_receive", 3, 1, 1},
+                             // The third message: SQLite ran its COMMIT, its outcome not read.
+                             CrashCase{"sqlite_commit_done", "sqlite.commit_done", 3, 1, 1},
+                             CrashCase{"batch_sqlite_commit_done", "sqlite.commit_done", 2, 4, 1},
                              // The third new message: its marker is in the open transaction.
                              CrashCase{"after_marker", "inbox.after_marker", 3, 1, 1},
                              // The third message: handler done, COMMIT not issued.
@@ -340,6 +348,148 @@ INSTANTIATE_TEST_SUITE_P(Points, KillPoint,
                              CrashCase{"two_workers_after_commit", "inbox.after_commit", 4, 1, 2},
                              CrashCase{"two_workers_after_marker", "inbox.after_marker", 4, 2, 2}),
                          [](const ::testing::TestParamInfo<CrashCase>& p) { return p.param.name; });
+
+// consumer.lease_lost: the child's handler, at its second message, lets the
+// lease run out (the fake clock past it) and a second handle on the queue
+// takes the deliveries over; the child's lease keeper is then refused its
+// renewal and the kill point crashes the child there, inside the handler.
+// The restart applies every message exactly once.
+TEST(KillPointLeaseLost, ACrashWhereTheHolderLearnsItLostItsLeaseLosesAndDoublesNothing) {
+  TempDir dir;
+  const std::string queue_path = dir.File("queue.db"), store_path = dir.File("store.db");
+  constexpr int64_t kLease = 1'000;
+  constexpr int kMessages = 4;
+  {
+    auto store = sqlite::Store::Open({.path = store_path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE(CreatePayments(**store).ok());
+    auto q = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease});
+    ASSERT_TRUE(q.ok()) << q.status();
+    for (int i = 0; i < kMessages; ++i) ASSERT_TRUE((*q)->Publish(Msg(Id(i))).ok());
+  }
+  const int status = RunInChild([&] {
+    FakeEnv env(Env::Default()->NowMs());
+    auto q = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease, .env = &env});
+    auto thief = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease, .env = &env});
+    auto store = sqlite::Store::Open({.path = store_path});
+    if (!q.ok() || !thief.ok() || !store.ok()) return 12;
+    auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+    int handled = 0;
+    Handler h = [&](Transaction& tx, const Message& m) -> Status {
+      if (++handled == 2) {
+        env.Advance(2 * kLease);
+        auto taken = (*thief)->Receive(kMessages, 0);  // the takeover: this delivery among them
+        if (!taken.ok() || taken->empty()) ::_exit(14);
+        // The keeper's next renewal is refused: the kill point. (Bounded:
+        // the test fails if it never comes.)
+        for (int i = 0; i < 1'000; ++i) ::usleep(10'000);
+        ::_exit(15);
+      }
+      return ChargeHandler()(tx, m);
+    };
+    auto consumer = MustOpen<Consumer>(**q, *inbox, h,
+                                       Consumer::Options{.receive_wait_ms = 50, .stop_when_idle = true, .env = &env});
+    ArmKillPoint("consumer.lease_lost");
+    (void)consumer->Run();
+    return 10;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "consumer.lease_lost did not crash the child (wait status " << status << ", exit code "
+      << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
+
+  auto store = sqlite::Store::Open({.path = store_path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Charges(**store), 1) << "the first message was done, the second's transaction died with the child";
+  // The restart: a fake clock that the waits move past every lease.
+  FakeEnv env(Env::Default()->NowMs() + 10 * kLease);
+  auto q = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease, .poll_ms = 200, .env = &env});
+  ASSERT_TRUE(q.ok()) << q.status();
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
+  auto consumer =
+      MustOpen<Consumer>(**q, *inbox, ChargeHandler(),
+                         Consumer::Options{.receive_wait_ms = 4 * kLease, .stop_when_idle = true, .env = &env});
+  ASSERT_TRUE(consumer->Run().ok());
+  for (int i = 0; i < kMessages; ++i) EXPECT_EQ(Charges(**store, Id(i)), 1) << Id(i);
+  auto st = (*q)->Stats();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->acked, kMessages);
+  EXPECT_EQ(st->ready + st->leased + st->delayed, 0);
+}
+
+// The claim kill points, on SQLite claims: claims.finish_done (the store
+// finished the claim, the holder crashed before it heard) and
+// claims.lease_lost (the holder's Complete refused: fenced by a takeover).
+class ClaimKillPoint : public ::testing::Test {
+ protected:
+  static ClaimRequest Req(int64_t lease_ms) {
+    return ClaimRequest{.scope = "charges", .key = "k1", .fingerprint = FingerprintOf("{}"), .lease_ms = lease_ms};
+  }
+  std::string Path() const { return dir_.File("claims.db"); }
+  TempDir dir_;
+};
+
+TEST_F(ClaimKillPoint, ACrashAfterTheStoreFinishedAClaimKeepsItsResult) {
+  const int status = RunInChild([&] {
+    auto store = sqlite::Store::Open({.path = Path()});
+    if (!store.ok()) return 12;
+    auto claims = MustOpen<Claims>(*(*store)->claim_store());
+    auto c = claims->Claim(Req(60'000));
+    if (!c.ok() || c->kind != ClaimOutcome::Kind::kStarted) return 13;
+    ArmKillPoint("claims.finish_done");
+    (void)claims->Complete(c->token, "ch_1");
+    return 10;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "claims.finish_done did not crash the child (wait status " << status << ")";
+  // The holder never heard; the store did it: a retry replays the result.
+  auto store = sqlite::Store::Open({.path = Path()});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto claims = MustOpen<Claims>(*(*store)->claim_store());
+  auto again = claims->Claim(Req(60'000));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted);
+  EXPECT_EQ(again->result, "ch_1");
+}
+
+TEST_F(ClaimKillPoint, AFencedHolderCrashingWhereItLearnsSoLeavesTheTakeoverInCharge) {
+  const int64_t start = Env::Default()->NowMs();
+  const int status = RunInChild([&] {
+    FakeEnv env(start);
+    auto store = sqlite::Store::Open({.path = Path(), .env = &env});
+    if (!store.ok()) return 12;
+    auto claims = MustOpen<Claims>(*(*store)->claim_store(), Claims::Options{.env = &env});
+    auto first = claims->Claim(Req(1'000));
+    if (!first.ok() || first->kind != ClaimOutcome::Kind::kStarted) return 13;
+    env.Advance(2'000);  // the holder paused past its lease
+    auto second = claims->Claim(Req(60'000));
+    if (!second.ok() || second->kind != ClaimOutcome::Kind::kStarted) return 14;
+    ArmKillPoint("claims.lease_lost");
+    (void)claims->Complete(first->token, "ch_zombie");  // refused: the kill point
+    return 10;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "claims.lease_lost did not crash the child (wait status " << status << ")";
+  FakeEnv env(start + 2'000);
+  auto store = sqlite::Store::Open({.path = Path(), .env = &env});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto rec = (*store)->claim_store()->FindClaim("charges", "k1");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, ClaimRecord::State::kInProgress) << "the zombie's result was never stored";
+  EXPECT_EQ((*rec)->fence, 2) << "the takeover's claim stands";
+  // The takeover died with the child: after its lease a third holder
+  // finishes the work once.
+  env.Advance(61'000);
+  auto claims = MustOpen<Claims>(*(*store)->claim_store(), Claims::Options{.env = &env});
+  auto third = claims->Claim(Req(1'000));
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_EQ(third->kind, ClaimOutcome::Kind::kStarted);
+  EXPECT_EQ(third->token.fence, 3);
+  ASSERT_TRUE(claims->Complete(third->token, "ch_3").ok());
+  auto replay = claims->Claim(Req(1'000));
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->kind, ClaimOutcome::Kind::kCompleted);
+  EXPECT_EQ(replay->result, "ch_3");
+}
 
 }  // namespace
 }  // namespace idem::testing

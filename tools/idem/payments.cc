@@ -43,14 +43,15 @@ Status InsertPayment(Transaction& tx, const Message& m, const std::string& charg
       .status();
 }
 
-Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts) {
+Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts,
+                                                     int64_t read_timeout_ms) {
   return http::Client::Open({.base_url = url,
                              .bearer = kApiKey,
                              .max_attempts = max_attempts,
                              .backoff_base_ms = 2,
                              .backoff_max_ms = 100,
                              .connect_timeout_ms = 2'000,
-                             .read_timeout_ms = 10'000});
+                             .read_timeout_ms = read_timeout_ms});
 }
 
 std::string ChargeBody(const std::string& order, int64_t cents) {
@@ -83,7 +84,7 @@ Result<http::Client*> ThreadClients::Get() {
   std::lock_guard lock(mu_);
   auto& c = clients_[std::this_thread::get_id()];
   if (!c) {
-    auto made = ProviderClient(url_, max_attempts_);
+    auto made = ProviderClient(url_, max_attempts_, read_timeout_ms_);
     if (!made.ok()) return made.status();
     c = std::move(*made);
   }
@@ -113,7 +114,16 @@ Status FaultySource::Ack(const Delivery& d) {
   }
   if (on_event) on_event('A', d);
   Status s = inner_.Ack(d);
-  if (s.code() == Code::kLeaseLost) ++stale_acks;
+  if (s.code() == Code::kLeaseLost) {
+    ++stale_acks;
+    if (on_event) on_event('X', d);
+  }
+  return s;
+}
+
+Status FaultySource::ExtendLease(const Delivery& d) {
+  Status s = inner_.ExtendLease(d);
+  if (s.code() == Code::kLeaseLost && on_event) on_event('X', d);
   return s;
 }
 

@@ -48,7 +48,8 @@ inline constexpr const char* kPrincipal = "acct_demo";
 // A client of the provider at `url`: the same key on every retry, backoff
 // with jitter; a dropped connection fails at once and is retried within a
 // few milliseconds. `max_attempts` bounds one call (a redelivery makes more).
-Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts = 8);
+Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts = 8,
+                                                     int64_t read_timeout_ms = 10'000);
 
 // POST /charges's body for a payment message.
 std::string ChargeBody(const std::string& order, int64_t cents);
@@ -71,12 +72,14 @@ Result<ProviderTotals> ProviderCharges(const std::string& path);
 // One provider client per calling thread (each keeps its connection).
 class ThreadClients {
  public:
-  explicit ThreadClients(std::string url, int max_attempts = 8) : url_(std::move(url)), max_attempts_(max_attempts) {}
+  explicit ThreadClients(std::string url, int max_attempts = 8, int64_t read_timeout_ms = 10'000)
+      : url_(std::move(url)), max_attempts_(max_attempts), read_timeout_ms_(read_timeout_ms) {}
   Result<http::Client*> Get();
 
  private:
   std::string url_;
   int max_attempts_;
+  int64_t read_timeout_ms_;
   std::mutex mu_;
   std::map<std::thread::id, std::unique_ptr<http::Client>> clients_;
 };
@@ -94,11 +97,15 @@ class FaultySource final : public Source {
   Status Ack(const Delivery& d) override;
   Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_.Nack(d, delay_ms); }
   std::string_view Kind() const override { return inner_.Kind(); }
+  // The lease is the inner source's: the consumer renews it through here.
+  int64_t lease_ms() const override { return inner_.lease_ms(); }
+  Status ExtendLease(const Delivery& d) override;
 
   std::atomic<uint64_t> received{0}, lost_acks{0}, stalls{0}, stale_acks{0};
   // Called (when set, before Run) for each delivery received ('R'), each
-  // stall ('S', with the first delivery of the batch), each ack lost ('L')
-  // and each ack passed to the broker ('A').
+  // stall ('S', with the first delivery of the batch), each ack lost ('L'),
+  // each ack passed to the broker ('A') and each ack or lease renewal the
+  // broker refused because the lease was lost ('X').
   std::function<void(char event, const Delivery& d)> on_event;
 
  private:

@@ -26,9 +26,13 @@ namespace idem {
 //
 // Arm from a test with ArmKillPoint(), or from outside a process through the
 // environment variable IDEM_KILL_AT="<name>" or "<name>:<n>" (read by
-// ArmKillPointFromEnv(), which the idem CLI calls at start).
+// ArmKillPointFromEnv(), which the idem CLI calls at start). With
+// "<name>:<n>:stop" the n-th hit stops the process instead (SIGSTOP, as a
+// pause of the whole process would) and it carries on where it stopped when
+// it gets SIGCONT: `idem chaos` pauses holders of work that way.
 //
 // The names are listed in doc/reliability.md; the product's are:
+//   consumer.after_receive deliveries received (their leases held), not yet handled
 //   inbox.before_marker    transaction begun, marker not yet inserted
 //   inbox.after_marker     marker inserted, handler not yet run
 //   inbox.after_work       handler done, COMMIT not yet issued
@@ -36,6 +40,13 @@ namespace idem {
 //   consumer.after_ack     the source acknowledged
 //   inbox.batch_mid        half of a batch's handlers done
 //   postgres.commit_sent   COMMIT sent to PostgreSQL, its answer not yet read
+//   sqlite.commit_done     SQLite ran COMMIT, the store has not yet read its outcome
+//   claims.finish_done     a claim store finished a claim (Complete, or Fail with
+//                          a final error or a release), the caller not yet told
+//   claims.lease_lost      a claim's holder is told it lost its lease (its
+//                          Complete, Fail or Extend refused: fenced)
+//   consumer.lease_lost    the source refused a consumer's lease renewal or ack:
+//                          another delivery of the message may be running
 //   sqlite.checkpoint      the store's checkpointer thread is about to copy the
 //                          WAL back into the database file
 //   postgres.round_trip    a request PostgreSQL must answer before the client

@@ -33,7 +33,9 @@ const Command& ChaosCommand() {
       "after the work, inside the commit, after the commit before the ack, after the ack, mid-batch)\n"
       "and restarted; the HTTP payment provider is killed while it holds a claim; faults are injected\n"
       "(lost acks, leases expiring under stalled consumers, lost provider responses, SQLite I/O errors\n"
-      "through a fault VFS, PostgreSQL backends terminated). Then everything is drained and the\n"
+      "through a fault VFS, PostgreSQL backends terminated); consumers and the provider are paused\n"
+      "(SIGSTOP) while they hold work for longer than their lease and then continued, consumers are\n"
+      "starved of CPU and their clock jumps forward and back. Then everything is drained and the\n"
       "effects are counted against an oracle journal kept outside every database: lost, duplicated\n"
       "(in the store or at the provider), unexpected, acknowledged-but-not-committed. Exits 0 only\n"
       "when all are 0 and every message's effect is there exactly once. Every run prints its seed;\n"
@@ -58,10 +60,24 @@ const Command& ChaosCommand() {
        {"seed", "S", "1", "seed of the schedule of kills and faults"},
        {"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"dup-rate", "P", "0.05", "fraction of messages the producer publishes twice"},
+       {"backlog", "N", "200",
+        "the producer keeps at most N messages published and not yet applied (0: no\n"
+        "          bound), so what a paused consumer holds comes back to the others soon"},
        {"lost-ack-rate", "P", "0.02", "fraction of acks lost"},
        {"stall-rate", "P", "0.005", "fraction of receives that stall past the lease"},
        {"lost-response-rate", "P", "0.02", "fraction of keys whose first provider response is dropped"},
        {"fault-rate", "P", "0.15", "fraction of consumer lives given an I/O error or a terminated backend"},
+       {"pause-rate", "P", "0.03",
+        "fraction of consumer lives stopped (SIGSTOP) at a kill point while they hold\n"
+        "          work, for longer than the lease, then continued (SIGCONT); when above 0,\n"
+        "          one provider life in " +
+            std::to_string(chaos::kProviderPauseEvery) + " is paused so while it holds a claim, past its lease"},
+       {"starve-rate", "P", "0.02",
+        "fraction of consumer lives starved of CPU for a stretch (stopped and\n"
+        "          continued in a duty cycle)"},
+       {"clock-jump-rate", "P", "0.03",
+        "fraction of consumer lives whose clock (the Env their consumer, inbox and\n"
+        "          source read) jumps forward, then back, past the lease"},
        {"hits", "N", "4",
         "a kill point fires at a hit drawn from 1..N (timed kills within 60*N ms):\n"
         "          larger means longer consumer lives, fewer process starts (long runs)"},
@@ -77,14 +93,16 @@ const Command& ChaosCommand() {
        {"json", "", "", "print one JSON object instead of the table"},
        {"broken", "MODE", "",
         "run a deliberately broken consumer to see the check fail: no-guard (the\n"
-        "          effect without its marker) or ack-before-commit"},
+        "          effect without its marker), ack-before-commit, or unfenced (the guard\n"
+        "          read apart from the effect's transaction: only pauses catch it)"},
        {"provider-mode", "MODE", "two-phase",
         "how the provider commits a charge: two-phase (killed after a claim and\n"
         "          before a completion) or group-commit (one transaction for many\n"
         "          requests; killed before and after a group's commit)"},
        {"worker", "SLOT", "", "(internal) run as consumer SLOT"},
        {"life", "N", "0", "(internal) the consumer's life number"},
-       {"provider", "URL", "", "(internal) the provider's URL"}}};
+       {"provider", "URL", "", "(internal) the provider's URL"},
+       {"clock-file", "PATH", "", "(internal) the file of the consumer's clock offset"}}};
   return c;
 }
 
@@ -118,6 +136,7 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50, 3'600'000);
   if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
   if (s.ok()) s = integer("restarts", cfg.restarts, 0);
+  if (s.ok()) s = integer("backlog", cfg.backlog, 0);
   cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
   if (s.ok()) s = integer("worker", slot, 0);
   if (s.ok()) s = integer("life", cfg.life, 0);
@@ -125,7 +144,10 @@ int RunChaos(const Args& args) {
                            {"lost-ack-rate", &cfg.lost_ack_rate},
                            {"stall-rate", &cfg.stall_rate},
                            {"lost-response-rate", &cfg.lost_response_rate},
-                           {"fault-rate", &cfg.fault_rate}})
+                           {"fault-rate", &cfg.fault_rate},
+                           {"pause-rate", &cfg.pause_rate},
+                           {"starve-rate", &cfg.starve_rate},
+                           {"clock-jump-rate", &cfg.clock_jump_rate}})
     if (s.ok()) s = fraction(name, *out);
   if (s.ok() && args.Has("drain-timeout")) {
     auto d = ParseDurationMs(args.Get("drain-timeout"));
@@ -145,9 +167,10 @@ int RunChaos(const Args& args) {
   cfg.store = args.Has("store") ? args.Get("store") : "";
   cfg.provider = args.Get("provider");
   cfg.broken = args.Has("broken") ? args.Get("broken") : "";
-  if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit")
-    return Fail(cmd,
-                Status::InvalidArgument("--broken must be no-guard or ack-before-commit, got '" + cfg.broken + "'"));
+  if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit" && cfg.broken != "unfenced")
+    return Fail(cmd, Status::InvalidArgument("--broken must be no-guard, ack-before-commit or unfenced, got '" +
+                                             cfg.broken + "'"));
+  cfg.clock_file = args.Has("clock-file") ? args.Get("clock-file") : "";
   cfg.provider_mode = args.Get("provider-mode");
   cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
   if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")

@@ -9,6 +9,7 @@
 //   workdir.h    the work directory and the embedded queue reset before a run
 //   process.h    starting processes, free ports, the provider's health
 //   schedule.h   the seeded schedule of kills and faults (Plan, Schedule)
+//   clock.h      the clock a consumer life sees, jumped by the supervisor
 //   journal.h    the consumer lives' journals (one line per event)
 //   worker.h     one consumer life (the process the run starts and kills)
 //   supervisor.h the parent: producer, oracle log, killer, restarts, drain
@@ -39,7 +40,19 @@ struct Config {
   double stall_rate = 0.005;
   double lost_response_rate = 0.02;
   double fault_rate = 0.15;  // share of consumer lives given a fault instead of a kill point
+  // Shares of consumer lives paused while they hold work (stopped at a kill
+  // point past the lease, then continued; with any, the provider too, one
+  // life in kProviderPauseEvery), starved of CPU (stopped and continued in a
+  // duty cycle for a stretch) and given clock jumps (forward and back).
+  double pause_rate = 0.03;
+  double starve_rate = 0.02;
+  double clock_jump_rate = 0.03;
   int64_t lease_ms = 400;
+  // The producer keeps at most this many messages published and not yet
+  // applied (0: no bound), as a bounded queue does: a delivery a paused
+  // consumer holds comes back to the others behind at most this many, so
+  // they take it over while its holder is still stopped.
+  int64_t backlog = 200;
   int batch = 8;
   int64_t drain_timeout_ms = 60'000;
   // A kill point fires at its 1st..hits-th hit (drawn); timed kills come
@@ -53,7 +66,10 @@ struct Config {
   bool json = false;
   // A deliberately broken consumer, to show the check catches what it
   // claims to: "" (the real one), "no-guard" (effect without the marker) or
-  // "ack-before-commit" (the delivery acknowledged before the transaction).
+  // "ack-before-commit" (the delivery acknowledged before the transaction)
+  // or "unfenced" (the guard read in a transaction of its own, then the
+  // effect written without checking it again: right under kills and lost
+  // acks, wrong when two holders overlap, as a paused one does).
   std::string broken;
   // How the provider commits POST /charges: "two-phase" (claim committed,
   // charge, response committed) or "group-commit" (--one-transaction
@@ -66,12 +82,28 @@ struct Config {
   int slot = -1;
   int64_t life = 0;
   std::string provider;
+  std::string clock_file;  // this life's ShiftedClock file (clock.h), or ""
 };
+
+// How long past its pause a paused consumer may wait for another consumer
+// to receive what it holds before it is continued anyway.
+inline constexpr int64_t kTakeoverWaitMs = 5'000;
+
+// With pauses, one provider life in this many is paused instead of killed.
+inline constexpr int64_t kProviderPauseEvery = 16;
+
+// Whether the --broken consumer writes effects without Inbox markers (the
+// run's progress is then its effect rows).
+inline bool BrokenWritesNoMarkers(const Config& cfg) { return cfg.broken == "no-guard" || cfg.broken == "unfenced"; }
 
 // The consumers' retries, in one place: what the workers run with and what
 // the parent computes their budget from.
 inline constexpr int kClientAttempts = 4;        // tries of one POST /charges (ProviderClient: backoff 2..100 ms)
 inline constexpr int kClientBackoffMaxMs = 100;  // as ProviderClient sets it
+// A call waits this long for the provider's answer, then tries again: a
+// provider paused past its lease (--pause-rate) gets the retries queued
+// while it is stopped, which take its claims over when it goes on.
+inline constexpr int64_t kClientReadTimeoutMs = 1'000;
 // Failures before a message is dead-lettered (a dead letter counts as lost).
 // Kills and in-progress outcomes count none; what counts is the store's own
 // errors (I/O faults, backends terminated), each its own failure.

@@ -4,8 +4,12 @@
 // line per event: "<event> <id>". The events: R (a delivery received), S (a
 // receive stalled past the lease), L (an ack lost on purpose: the consumer
 // was told OK, the broker never heard), A (an ack passed to the broker), F
-// (the fault VFS returned its n-th fault; the id is n). The oracle reads
-// them back (oracle.h).
+// (the fault VFS returned its n-th fault; the id is n), X (the source
+// refused an ack or a lease renewal: the lease was lost, another delivery may
+// hold the message), C (the life's clock offset changed; the id is the
+// offset in ms), H (the handler ran for the message, inside its
+// transaction). The oracle reads them back (oracle.h); the supervisor reads
+// a paused life's to see it taken over and what it did after (supervisor.h).
 #ifndef IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_
 #define IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_
 

@@ -112,6 +112,8 @@ Result<EffectCheck> CheckEffects(const Config& cfg, Store& store) {
           break;
         case 'A': acked.insert(id); break;
         case 'F': ++c.vfs_faults_fired; break;
+        case 'X': ++c.fenced; break;
+        case 'C': ++c.clock_jumps_seen; break;
         default: break;
       }
     }

@@ -40,6 +40,8 @@ struct EffectCheck {
   int64_t acked_not_committed = 0, effects_without_charge = 0, lost_acks = 0, stalls = 0, lost_responses = 0;
   int64_t effect_rows = 0, expected_cents = 0, charged_cents = 0;
   int64_t vfs_faults_fired = 0;       // I/O errors and full disks the fault VFS returned
+  int64_t fenced = 0;                 // acks and lease renewals the source refused as lost (journal X)
+  int64_t clock_jumps_seen = 0;       // clock offsets the consumers read (journal C)
   std::vector<std::string> examples;  // a few ids per problem, for the report
 
   // Every effect exactly once, in the store and at the provider.

@@ -25,7 +25,9 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
   // may die or finish before its operation comes).
   int64_t faults = c.lost_acks + c.stalls + c.lost_responses + c.vfs_faults_fired;
   for (const auto& [k, v] : counts.faults)
-    if (!k.starts_with("sqlite-") && k != "network-cut-connections-reset") faults += v;
+    if (!k.starts_with("sqlite-") && k != "network-cut-connections-reset" && k != "starvation-stops" &&
+        k != "pause-consumer-taken-over")
+      faults += v;
   const bool effects_ok = c.EffectsOk();
   const bool interrupted = run.interrupted;
   const bool ok = effects_ok && run.kills_reached && !interrupted;
@@ -47,6 +49,10 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
                   m["sqlite-faults-fired"] = c.vfs_faults_fired;
                   return m;
                 }()))
+        .Add("paused_ms", counts.paused_ms)
+        .Add("fenced", c.fenced)
+        .AddRaw("zombies", JsonCounts(counts.zombies))
+        .Add("clock_jumps_seen", c.clock_jumps_seen)
         .Add("applied", c.applied)
         .Add("lost", c.lost)
         .Add("duplicated", c.duplicated + c.provider_duplicated)
@@ -98,6 +104,11 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     row("  stalls past the lease", std::to_string(c.stalls));
     row("  lost provider responses", std::to_string(c.lost_responses));
     if (!run.postgres) row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
+    row("  time paused (ms, all pauses)", std::to_string(counts.paused_ms));
+    row("  clock jumps seen by the consumers", std::to_string(c.clock_jumps_seen));
+    row("acks and renewals refused: lease lost (fenced)", std::to_string(c.fenced));
+    row("zombies' deliveries (held when paused, taken over)", "");
+    for (const auto& [k, v] : counts.zombies) row("  " + k, std::to_string(v));
     row("applied (distinct messages with an effect)", std::to_string(c.applied) + mark(c.applied == c.unique));
     row("lost (published, never applied)", std::to_string(c.lost) + mark(c.lost == 0));
     row("duplicated (applied twice: store/provider)", std::to_string(c.duplicated) + " / " +

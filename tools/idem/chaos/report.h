@@ -25,6 +25,13 @@ struct RunCounts {
   int64_t total_kills = 0;
   int64_t consumer_errors = 0;  // consumer lives that exited with an error
   int64_t provider_restarts = 0;
+  int64_t paused_ms = 0;  // the pauses' time, in all
+  // What the paused consumers continued after a takeover (zombies) did with
+  // each delivery they held: "fenced" (ack or renewal refused), "absorbed"
+  // (acknowledged without running the handler: the takeover's effect was
+  // there), "committed-first" (its own effect went in; the takeover's
+  // attempt is the duplicate), "unfinished" (killed or given back first).
+  std::map<std::string, int64_t> zombies;
 };
 
 // The run as the supervisor saw it (everything but the effects).

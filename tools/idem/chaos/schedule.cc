@@ -10,7 +10,11 @@ namespace idem::cli::chaos {
 Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
     : cfg_(cfg), postgres_(postgres), faults_(postgres || have_vfs) {
   points_ = {"inbox.before_marker", "inbox.after_marker", "inbox.after_work", "commit",
-             "inbox.after_commit",  "consumer.after_ack", "inbox.batch_mid"};
+             "inbox.after_commit",  "consumer.after_ack", "inbox.batch_mid",  "consumer.after_receive",
+             "consumer.lease_lost"};
+  // SQLite's COMMIT ran, its outcome not yet read (PostgreSQL's counterpart,
+  // postgres.commit_sent, is the "commit" point there).
+  if (!postgres) points_.push_back("sqlite.commit_done");
   if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
   // A store that checkpoints on its own thread: that thread dies too.
   if (!postgres) {
@@ -22,12 +26,85 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
     next_point_[s] = static_cast<size_t>(s);  // the slots start at different points
   }
   provider_rng_.seed(cfg.seed * 1'000'003ULL + 999'983ULL);
+  for (int s = 0; s < cfg.consumers; ++s) hold_rngs_.emplace_back(cfg.seed * 2'000'029ULL + static_cast<uint64_t>(s));
+  provider_hold_rng_.seed(cfg.seed * 2'000'029ULL + 777'767ULL);
+}
+
+// A pause, starvation or clock jumps for consumer `slot`'s next life, or
+// false.
+bool Schedule::NextHold(int slot, Plan& p) {
+  std::mt19937_64& rng = hold_rngs_[static_cast<size_t>(slot)];
+  const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
+  const int64_t lease = cfg_.lease_ms;
+  // (Not in a slot's first life: those start together, and a pause needs
+  // the others running to take over what it holds.)
+  if (lives_[slot]++ == 0 && roll < cfg_.pause_rate) return false;
+  if (roll < cfg_.pause_rate) {
+    // Stopped where it holds work: deliveries received, its marker in the
+    // open transaction, its handler done, or its commit done and the ack not
+    // yet made; the unfenced consumer between its guard's read and its
+    // effect. Past the lease: the supervisor continues it once another
+    // consumer has received what it holds (supervisor.h), so it finishes as
+    // a zombie after a takeover.
+    // (On SQLite the open transaction holds the file's write lock, which
+    // stops every other consumer's commits: one such point of three there.)
+    static const char* const kPoints[] = {"consumer.after_receive", "inbox.after_marker", "inbox.after_work",
+                                          "inbox.after_commit"};
+    static const char* const kSqlitePoints[] = {"consumer.after_receive", "inbox.after_work", "inbox.after_commit"};
+    const size_t k = next_pause_point_[slot]++;
+    const std::string point = cfg_.broken == "unfenced" ? "chaos.unfenced_after_check"
+                              : postgres_               ? kPoints[k % std::size(kPoints)]
+                                                        : kSqlitePoints[k % std::size(kSqlitePoints)];
+    p.kill_point = point + ":" + std::to_string(1 + rng() % static_cast<uint64_t>(cfg_.hits)) + ":stop";
+    p.pause_ms = lease + 100 + static_cast<int64_t>(rng() % 500);
+    // The others take the held deliveries over only when they reach them
+    // (a backlog published before comes first): wait for that, up to
+    // kTakeoverWaitMs, except where the pause stops everyone (SQLite's write
+    // lock held).
+    const bool holds_sqlite_lock = !postgres_ && point.starts_with("inbox.");
+    p.takeover_wait_ms = holds_sqlite_lock && point != "inbox.after_commit" ? 0 : kTakeoverWaitMs;
+    p.label = "pause:" + point;
+    // (Its timer waits while it is stopped: this is running time.)
+    p.kill_after_ms = 800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200);
+    return true;
+  }
+  if (roll < cfg_.pause_rate + cfg_.starve_rate) {
+    // Stopped 30..150 ms, run 5..30 ms, for one to three leases and more:
+    // its leases run out under it while it still works now and then.
+    p.starve_after_ms = 50 + static_cast<int64_t>(rng() % 500);
+    p.starve_for_ms = lease + 200 + static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * lease + 1'000));
+    p.starve_stop_ms = 30 + static_cast<int64_t>(rng() % 121);
+    p.starve_run_ms = 5 + static_cast<int64_t>(rng() % 26);
+    p.label = "starve";
+    p.kill_after_ms = p.starve_after_ms + p.starve_for_ms + 200 + static_cast<int64_t>(rng() % 1'000);
+    return true;
+  }
+  if (roll < cfg_.pause_rate + cfg_.starve_rate + cfg_.clock_jump_rate) {
+    // Forward past the lease (it takes what others hold, its own leases look
+    // run out), back past it (it renews too late, trusts a lease the others
+    // see as expired), then right again.
+    const int64_t forward = lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease));
+    const int64_t back = -(lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease)));
+    const int64_t t1 = 100 + static_cast<int64_t>(rng() % 400);
+    const int64_t t2 = t1 + 300 + static_cast<int64_t>(rng() % 700);
+    const int64_t t3 = t2 + 300 + static_cast<int64_t>(rng() % 700);
+    if (rng() % 2 == 0) {
+      p.clock_jumps = {{t1, forward}, {t2, back}, {t3, 0}};
+    } else {
+      p.clock_jumps = {{t1, back}, {t2, forward}, {t3, 0}};
+    }
+    p.label = "clock";
+    p.kill_after_ms = t3 + 300 + static_cast<int64_t>(rng() % 1'000);
+    return true;
+  }
+  return false;
 }
 
 Plan Schedule::Next(int slot) {
   std::mt19937_64& rng = rngs_[static_cast<size_t>(slot)];
   const bool batch = slot % 2 == 1 && cfg_.batch > 1;
   Plan p;
+  if (NextHold(slot, p)) return p;
   const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
   if (faults_ && roll < cfg_.fault_rate) {
     if (postgres_) {
@@ -85,11 +162,27 @@ int64_t Schedule::NextProviderLeaseMs() {
   return lo + static_cast<int64_t>(provider_rng_() % static_cast<uint64_t>(hi - lo + 1));
 }
 
-std::string Schedule::NextProviderPoint() {
+Plan Schedule::NextProvider(int64_t lease_ms) {
   const bool group = cfg_.provider_mode == "group-commit";
   const char* point = provider_rng_() % 2 == 0 ? (group ? "http.group_before_commit" : "http.after_claim")
                                                : (group ? "http.group_after_commit" : "http.before_complete");
-  return std::string(point) + ":" + std::to_string(20 + provider_rng_() % 200);
+  Plan p;
+  p.kill_point = std::string(point) + ":" + std::to_string(20 + provider_rng_() % 200);
+  p.label = "kill:" + std::string(point);
+  const bool pause = cfg_.pause_rate > 0 && provider_lives_++ % kProviderPauseEvery == 3;
+  if (pause) {
+    // Stopped holding claims (two-phase: one claimed, its charge not yet
+    // made; group commit: a group run, not committed), past the lease: the
+    // clients give up and retry, and when it goes on the retries may take the
+    // keys over while its requests finish (fenced, or absorbed by the
+    // charge's unique key).
+    const char* at = group ? "http.group_before_commit" : "http.after_claim";
+    p.kill_point = std::string(at) + ":" + std::to_string(1 + provider_hold_rng_() % 40) + ":stop";
+    p.pause_ms = lease_ms + 200 + static_cast<int64_t>(provider_hold_rng_() % 500);
+    p.label = "pause:" + std::string(at);
+    p.kill_after_ms = 300 + static_cast<int64_t>(provider_hold_rng_() % 1'200);
+  }
+  return p;
 }
 
 }  // namespace idem::cli::chaos

@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chaos/config.h"
@@ -26,6 +27,19 @@ struct Plan {
   std::string label;               // what the summary counts it as
   int64_t kill_after_ms = 0;       // a timed SIGKILL this long after start (0: none)
   int64_t terminate_after_ms = 0;  // PostgreSQL: terminate its backends this long after start (0: none)
+  // A pause: kill_point ends in ":stop" (the process stops itself there,
+  // holding work) and is continued this long after it stopped. Its timers
+  // (kill_after_ms) wait while it is stopped.
+  int64_t pause_ms = 0;
+  // How much longer a paused consumer may wait for another one to receive
+  // what it holds (0: continued after pause_ms whatever happened).
+  int64_t takeover_wait_ms = 0;
+  // CPU starvation: from starve_after_ms after start, for starve_for_ms,
+  // stopped starve_stop_ms then running starve_run_ms, in turn.
+  int64_t starve_after_ms = 0, starve_for_ms = 0, starve_stop_ms = 0, starve_run_ms = 0;
+  // Clock jumps: at each first (ms after start) the life's clock offset
+  // becomes second (ms).
+  std::vector<std::pair<int64_t, int64_t>> clock_jumps;
 };
 
 class Schedule {
@@ -40,10 +54,14 @@ class Schedule {
   // The provider's next lease, drawn at each (re)start.
   int64_t NextProviderLeaseMs();
 
-  // The provider's next life: it dies at one of its kill points.
-  std::string NextProviderPoint();
+  // The provider's next life: it dies at one of its kill points, or (one
+  // life in kProviderPauseEvery when pauses are on) stops at one and is
+  // continued after `lease_ms` (its lease) and a little more.
+  Plan NextProvider(int64_t lease_ms);
 
  private:
+  bool NextHold(int slot, Plan& p);
+
   const Config& cfg_;
   bool postgres_;
   bool faults_;
@@ -53,6 +71,13 @@ class Schedule {
   std::map<int, int64_t> faults_given_;
   static constexpr int64_t kSweep = 150;
   std::mt19937_64 provider_rng_;
+  // The pauses, starvation and clock jumps draw from generators of their
+  // own, so the other draws of a seed stay what they were without them.
+  std::vector<std::mt19937_64> hold_rngs_;
+  std::map<int, size_t> next_pause_point_;
+  std::map<int, int64_t> lives_;  // the lives drawn per slot
+  int64_t provider_lives_ = 0;
+  std::mt19937_64 provider_hold_rng_;
 };
 
 }  // namespace idem::cli::chaos

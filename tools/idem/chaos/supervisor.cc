@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "chaos/clock.h"
 #include "chaos/oracle.h"
 #include "chaos/workdir.h"
 #include "cli.h"
@@ -99,10 +102,7 @@ Status Supervisor::StartProvider(bool chaos) {
   if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
   Life l;
   l.life = provider_lives_++;
-  if (chaos) {
-    l.plan.kill_point = schedule_.NextProviderPoint();
-    l.plan.label = "kill:" + l.plan.kill_point.substr(0, l.plan.kill_point.find(':'));
-  }
+  if (chaos) l.plan = schedule_.NextProvider(lease_ms);
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
   IDEM_ASSIGN_OR_RETURN(l.pid, Spawn(argv, env, cfg_.dir + "/provider.log"));
@@ -113,7 +113,12 @@ Status Supervisor::StartProvider(bool chaos) {
   provider_up_ = true;
   for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
     int st = 0;
-    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) {
+    if (::waitpid(l.pid, &st, WNOHANG | WUNTRACED) == l.pid) {
+      if (WIFSTOPPED(st)) {
+        // Paused at its kill point by a consumer's call: the pause begins.
+        Stopped(l.pid);
+        return Status::OK();
+      }
       // Killed at its kill point by a consumer's first call, before it
       // answered the health check: a death like any other (restarted).
       if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
@@ -165,6 +170,10 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
                                    "--stall-rate",
                                    std::to_string(cfg_.stall_rate)};
   if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
+  if (!l.plan.clock_jumps.empty()) {
+    l.clock_file = cfg_.dir + "/clock/" + std::to_string(slot) + "-" + std::to_string(l.life);
+    argv.insert(argv.end(), {"--clock-file", l.clock_file});
+  }
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
   if (!l.plan.vfs.empty()) env.push_back("IDEM_FAULT_VFS=" + l.plan.vfs);
@@ -180,7 +189,138 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
 void Supervisor::Reap() {
   int st = 0;
   pid_t pid;
-  while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) Ended(pid, st);
+  while ((pid = ::waitpid(-1, &st, WNOHANG | WUNTRACED)) > 0) {
+    if (WIFSTOPPED(st)) {
+      Stopped(pid);
+    } else {
+      Ended(pid, st);
+    }
+  }
+}
+
+void Supervisor::Stopped(pid_t pid) {
+  auto it = lives_.find(pid);
+  if (it == lives_.end()) return;
+  Life& l = it->second;
+  // The stops of its starvation are the supervisor's own.
+  if (l.plan.pause_ms > 0 && !l.paused) {
+    l.paused = true;
+    l.stopped_at_ms = SteadyMs();
+    if (l.slot < 0) {
+      l.taken_over = true;  // the provider: continued after its pause, retries queued meanwhile
+      return;
+    }
+    // What it holds: received, neither acknowledged nor lost.
+    std::ifstream in(JournalOf(l));
+    for (std::string line; std::getline(in, line);) {
+      l.journal_at_stop += static_cast<int64_t>(line.size()) + 1;
+      if (line.size() < 3) continue;
+      if (line[0] == 'R') l.held.insert(line.substr(2));
+      if (line[0] == 'A' || line[0] == 'L') l.held.erase(line.substr(2));
+    }
+    for (const auto& [pid2, other] : lives_) {
+      if (other.slot < 0 || pid2 == pid) continue;
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(JournalOf(other), ec);
+      l.read_from[JournalOf(other)] = ec ? 0 : static_cast<int64_t>(size);
+    }
+    if (l.held.empty()) l.taken_over = true;  // nothing to take over (cannot be: it stopped holding work)
+  }
+}
+
+std::string Supervisor::JournalOf(const Life& l) const {
+  return cfg_.dir + "/journal/" + std::to_string(l.slot) + "-" + std::to_string(l.life) + ".log";
+}
+
+bool Supervisor::TakenOver(Life& l) {
+  for (const auto& [pid, other] : lives_) {
+    if (other.slot < 0 || other.pid == l.pid) continue;
+    const std::string path = JournalOf(other);
+    int64_t& from = l.read_from[path];  // a life started since: from its start
+    std::ifstream in(path);
+    in.seekg(from);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written: read it next time
+      from += static_cast<int64_t>(line.size()) + 1;
+      if (line.size() >= 3 && line[0] == 'R' && l.held.count(line.substr(2))) return true;
+    }
+  }
+  return false;
+}
+
+void Supervisor::Hold(Life& l, int64_t now) {
+  if (l.stopped_at_ms > 0) {
+    if (now - l.stopped_at_ms < l.plan.pause_ms) return;
+    if (!l.taken_over) l.taken_over = TakenOver(l);
+    if (!l.taken_over && now - l.stopped_at_ms < l.plan.pause_ms + l.plan.takeover_wait_ms) return;
+    // Continued past its lease: it finishes what it held, as a zombie.
+    ::kill(l.pid, SIGCONT);
+    ++counts_.faults[l.slot < 0 ? "pause-provider" : "pause-consumer"];
+    if (l.slot >= 0 && l.taken_over && !l.held.empty()) {
+      ++counts_.faults["pause-consumer-taken-over"];
+      l.zombie = true;
+    }
+    counts_.paused_ms += now - l.stopped_at_ms;
+    l.started_ms += now - l.stopped_at_ms;  // its timers waited
+    l.stopped_at_ms = 0;
+    return;
+  }
+  const Plan& p = l.plan;
+  if (p.starve_for_ms > 0) {
+    const int64_t t = now - l.started_ms;
+    const bool in_stretch = t >= p.starve_after_ms && t < p.starve_after_ms + p.starve_for_ms;
+    if (in_stretch && !l.starving) {
+      l.starving = true;
+      l.next_toggle_ms = now;
+      ++counts_.faults["starvation"];
+    }
+    if (l.starving && !in_stretch) {
+      l.starving = false;
+      if (l.starved_stopped) ::kill(l.pid, SIGCONT);
+      l.starved_stopped = false;
+    }
+    if (l.starving && now >= l.next_toggle_ms) {
+      l.starved_stopped = !l.starved_stopped;
+      ::kill(l.pid, l.starved_stopped ? SIGSTOP : SIGCONT);
+      if (l.starved_stopped) ++counts_.faults["starvation-stops"];
+      l.next_toggle_ms = now + (l.starved_stopped ? p.starve_stop_ms : p.starve_run_ms);
+    }
+  }
+  while (l.next_jump < p.clock_jumps.size() && now - l.started_ms >= p.clock_jumps[l.next_jump].first) {
+    const int64_t offset = p.clock_jumps[l.next_jump++].second;
+    if (WriteClockOffset(l.clock_file, offset).ok())
+      ++counts_.faults[offset > l.clock_offset_ms ? "clock-jump-forward" : "clock-jump-back"];
+    l.clock_offset_ms = offset;
+  }
+}
+
+void Supervisor::CountZombie(const Life& l) {
+  if (!l.zombie) return;
+  // Its journal from where it stopped: per delivery it held, what it did.
+  std::set<std::string> handled, done, fenced;
+  std::ifstream in(JournalOf(l));
+  int64_t at = 0;
+  for (std::string line; std::getline(in, line);) {
+    const bool after = at >= l.journal_at_stop;
+    at += static_cast<int64_t>(line.size()) + 1;
+    if (line.size() < 3 || !l.held.count(line.substr(2))) continue;
+    const std::string id = line.substr(2);
+    if (line[0] == 'H') handled.insert(id);  // in this life, before the stop or after
+    if (after && (line[0] == 'A' || line[0] == 'L')) done.insert(id);
+    if (after && line[0] == 'X') fenced.insert(id);
+  }
+  for (const std::string& id : l.held) {
+    if (fenced.count(id)) {
+      ++counts_.zombies["fenced"];  // its ack or renewal refused: the lease had passed on
+    } else if (done.count(id)) {
+      // Acknowledged after the takeover: with no handler run, the inbox
+      // found the takeover's effect (absorbed as a duplicate); with one, its
+      // own commit went in first and the takeover's is the duplicate.
+      ++counts_.zombies[handled.count(id) ? "committed-first" : "absorbed"];
+    } else {
+      ++counts_.zombies["unfinished"];  // killed, or given back, before it finished
+    }
+  }
 }
 
 // Counts how a process of the run ended (its status from waitpid).
@@ -189,6 +329,7 @@ void Supervisor::Ended(pid_t pid, int st) {
   if (it == lives_.end()) return;
   const Life l = it->second;
   lives_.erase(it);
+  CountZombie(l);
   if (l.slot < 0) {
     provider_up_ = false;
   } else {
@@ -235,8 +376,23 @@ void Supervisor::Produce() {
     }
     return s.WithContext("publishing " + m.id + " failed for 2 minutes");
   };
+  // The window (--backlog): at most that many published and not applied.
+  auto window_open = [this](int64_t i) {
+    while (cfg_.backlog > 0 && i - last_applied_ >= cfg_.backlog) {
+      if (stop_producing_ || g_interrupted) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  };
   std::vector<Message> again;
   for (int64_t i = 0; i < cfg_.messages && produce_status_.ok(); ++i) {
+    if (!window_open(i)) {
+      if (!g_interrupted)
+        produce_status_ =
+            Status::Unavailable("the producer stopped after " + std::to_string(i) + " of " +
+                                std::to_string(cfg_.messages) + " messages: the consumers stopped applying them");
+      break;
+    }
     const int64_t cents = 100 + static_cast<int64_t>(rng() % 99'900);
     std::string order = "o";  // (built in steps: g++ 12 warns falsely on "o" + to_string)
     order += std::to_string(i);
@@ -256,7 +412,7 @@ void Supervisor::Produce() {
 // write lock on SQLite), or, for a broken consumer that writes none, the
 // effect rows.
 Result<int64_t> Supervisor::Applied() {
-  if (cfg_.broken != "no-guard") return store_->CountMarkers(kConsumer);
+  if (!BrokenWritesNoMarkers(cfg_)) return store_->CountMarkers(kConsumer);
   IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
   return r.rows[0][0].AsInt();
@@ -270,12 +426,16 @@ void Supervisor::TerminateBackends(const Life& l) {
 }
 
 void Supervisor::StopAll() {
-  for (auto& [pid, l] : lives_) ::kill(pid, SIGTERM);
+  for (auto& [pid, l] : lives_) {
+    ::kill(pid, SIGTERM);
+    ::kill(pid, SIGCONT);  // a paused or starved one handles it only when running
+  }
   const int64_t deadline = SteadyMs() + 10'000;
   while (!lives_.empty() && SteadyMs() < deadline) {
     int st = 0;
     pid_t pid = ::waitpid(-1, &st, WNOHANG);
     if (pid > 0) {
+      if (auto it = lives_.find(pid); it != lives_.end()) CountZombie(it->second);
       lives_.erase(pid);
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -285,6 +445,7 @@ void Supervisor::StopAll() {
     ::kill(pid, SIGKILL);
     int st = 0;
     ::waitpid(pid, &st, 0);
+    CountZombie(l);
   }
   lives_.clear();
 }
@@ -295,7 +456,32 @@ Status Supervisor::Go() {
   std::thread producer([this] { Produce(); });
   Progress progress("chaos", cfg_.messages);
   bool chaos = true;
-  int64_t last_poll = 0, last_progress_ms = SteadyMs(), poll_every_ms = 200;
+  int64_t last_poll = 0, last_progress_ms = SteadyMs();
+  // The progress, counted on a thread of its own: a count may wait on a
+  // lock a stopped consumer holds (a broken consumer's progress is read in a
+  // transaction), and this loop is what continues it.
+  std::atomic<int64_t> counted{-1};
+  std::atomic<bool> stop_counting{false};
+  std::thread counter([&] {
+    while (!stop_counting) {
+      const int64_t t = SteadyMs();
+      if (auto applied = Applied(); applied.ok()) counted = *applied;
+      // Counting a million markers takes a while: at most 10% of the time,
+      // but every second at least (a count that waited on a lock is no
+      // reason to wait longer; the producer's window and the drain go by it).
+      const int64_t wait_ms = std::clamp<int64_t>(10 * (SteadyMs() - t), 200, 1'000);
+      for (int64_t w = 0; w < wait_ms && !stop_counting; w += 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  struct JoinCounter {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~JoinCounter() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join_counter{stop_counting, counter};
   Status failure;
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_interrupted = true; };
@@ -320,6 +506,8 @@ Status Supervisor::Go() {
     }
     if (!failure.ok()) break;
     for (auto& [pid, l] : lives_) {
+      Hold(l, now);
+      if (l.stopped_at_ms > 0) continue;  // paused: its timers wait
       if (l.plan.kill_after_ms > 0 && !l.killed_by_us && now - l.started_ms >= l.plan.kill_after_ms) {
         ::kill(pid, SIGKILL);
         l.killed_by_us = true;
@@ -347,15 +535,12 @@ Status Supervisor::Go() {
       if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
       next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
     }
-    if (now - last_poll >= poll_every_ms) {
+    if (now - last_poll >= 200) {
       last_poll = now;
-      auto applied = Applied();
-      // Counting a million markers takes a while: poll at most 10% of the time.
-      poll_every_ms = std::max<int64_t>(200, 10 * (SteadyMs() - now));
-      if (applied.ok()) {
-        if (*applied != last_applied_) last_progress_ms = now;
-        last_applied_ = *applied;
-        progress.Update(last_applied_);
+      if (const int64_t applied = counted; applied >= 0) {
+        if (applied != last_applied_) last_progress_ms = now;
+        last_applied_ = applied;
+        progress.Update(applied);
       }
       if (produced_ && last_applied_ >= cfg_.messages) {
         drained_ = true;
@@ -372,8 +557,11 @@ Status Supervisor::Go() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   progress.Done();
+  stop_counting = true;
+  counter.join();
   kills_reached_ = counts_.total_kills >= cfg_.kills;
   StopAll();
+  stop_producing_ = true;
   producer.join();
   seconds_ = static_cast<double>(SteadyMs() - started) / 1000.0;
   IDEM_RETURN_IF_ERROR(failure);

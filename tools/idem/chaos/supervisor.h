@@ -8,8 +8,12 @@
 //       each new consumer life (IDEM_KILL_AT), injects faults (I/O errors in
 //       SQLite through the fault VFS, PostgreSQL backends terminated, network
 //       cuts to PostgreSQL, lost acks, leases expiring under stalled
-//       consumers, lost provider responses, broker restarts) and restarts
-//       whatever died; then drains.
+//       consumers, lost provider responses, broker restarts), pauses
+//       consumers and the provider while they hold work (SIGSTOP at a kill
+//       point, SIGCONT past the lease once another consumer took over what
+//       it holds, or Plan::takeover_wait_ms later), starves consumers (SIGSTOP/SIGCONT in
+//       a duty cycle), jumps their clocks (DIR/clock/<slot>-<life>), and
+//       restarts whatever died; then drains.
 //
 // What it kills and breaks, and when, comes from the Schedule; what it saw is
 // RunFacts (report.h); the effects are counted by CheckEffects (oracle.h).
@@ -23,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,12 +70,39 @@ class Supervisor {
     int64_t started_ms = 0;
     bool killed_by_us = false;
     bool terminated = false;
+    int64_t stopped_at_ms = 0;  // a pause: when it stopped at its kill point (0: running)
+    bool paused = false;        // its pause came (one per life)
+    // While paused: what it held (received, not acknowledged, from its
+    // journal), how far the other lives' journals were read, and whether
+    // another life has received something it held (a takeover).
+    std::set<std::string> held;
+    std::map<std::string, int64_t> read_from;
+    bool taken_over = false;
+    int64_t journal_at_stop = 0;  // its journal's length when it stopped
+    bool zombie = false;          // continued after another life took what it held
+    bool starved_stopped = false, starving = false;
+    int64_t next_toggle_ms = 0;
+    size_t next_jump = 0;
+    int64_t clock_offset_ms = 0;
+    std::string clock_file;
   };
 
   Status StartConsumer(int slot, bool chaos);
   Status StartProvider(bool chaos);
   void Reap();
   void Ended(pid_t pid, int status);
+  // A process of the run stopped (waitpid's WIFSTOPPED): a planned pause
+  // begins.
+  void Stopped(pid_t pid);
+  // Pauses, starvation and clock jumps due at `now` (the supervisor's loop).
+  void Hold(Life& l, int64_t now);
+  // Whether a life other than `l` has received a delivery `l` holds since
+  // it stopped (reads the other journals on from where it left off).
+  bool TakenOver(Life& l);
+  std::string JournalOf(const Life& l) const;
+  // A zombie's outcome per delivery it held, from its journal (once it
+  // ended): RunCounts::zombies.
+  void CountZombie(const Life& l);
   void Produce();
   Result<int64_t> Applied();
   void TerminateBackends(const Life& l);
@@ -105,7 +137,8 @@ class Supervisor {
   std::atomic<int64_t> publish_retries_{0};
   Status produce_status_;
   double seconds_ = 0;
-  int64_t last_applied_ = 0;
+  std::atomic<int64_t> last_applied_{0};  // the loop's last count, read by the producer's window
+  std::atomic<bool> stop_producing_{false};
   bool kills_reached_ = false;
   bool drained_ = false;
 };

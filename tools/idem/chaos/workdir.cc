@@ -40,16 +40,20 @@ Status PrepareWorkDir(const std::string& dir) {
         return Status::InvalidArgument("--dir " + dir + " holds " + name +
                                        ", which idem chaos did not make: give a new or empty directory");
   }
-  std::filesystem::create_directories(dir + "/journal", ec);
-  if (ec) return Status::Unavailable("cannot create " + dir + "/journal: " + ec.message());
+  for (const char* sub : {"/journal", "/clock"}) {
+    std::filesystem::create_directories(dir + sub, ec);
+    if (ec) return Status::Unavailable("cannot create " + dir + sub + ": " + ec.message());
+  }
   if (FILE* f = std::fopen(mark.c_str(), "w")) {
     std::fputs("a work directory of idem chaos: a later run may delete its files\n", f);
     std::fclose(f);
   } else {
     return Status::Unavailable("cannot write " + mark + ": " + std::strerror(errno));
   }
-  IDEM_ASSIGN_OR_RETURN(auto journals, ListDir(dir + "/journal"));
-  for (const auto& p : journals) IDEM_RETURN_IF_ERROR(RemoveFile(p.string()));
+  for (const char* sub : {"/journal", "/clock"}) {
+    IDEM_ASSIGN_OR_RETURN(auto files, ListDir(dir + sub));
+    for (const auto& p : files) IDEM_RETURN_IF_ERROR(RemoveFile(p.string()));
+  }
   for (const char* name : {"oracle.log", "provider.db", "provider.db-wal", "provider.db-shm", "provider.log"})
     IDEM_RETURN_IF_ERROR(RemoveFile(dir + "/" + name));
   return Status::OK();

@@ -7,14 +7,17 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 
+#include "chaos/clock.h"
 #include "chaos/journal.h"
 #include "cli.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
 #include "idem/testing/fault_vfs.h"
+#include "idem/testing/kill_points.h"
 #include "payments.h"
 #include "sources.h"
 
@@ -23,6 +26,15 @@ namespace {
 
 // A broken worker's stop: SIGTERM or SIGINT.
 std::atomic<bool> g_stop{false};
+
+// The effect rows of message `id`, read in a transaction of their own.
+Result<int64_t> EffectRows(Store& store, const std::string& id) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  IDEM_ASSIGN_OR_RETURN(Rows r,
+                        tx->Query(std::string("SELECT count(*) FROM ") + kTable + " WHERE message_id = $1", {id}));
+  IDEM_RETURN_IF_ERROR(tx->Commit());
+  return r.rows[0][0].AsInt();
+}
 
 // The mistakes the pattern exists to prevent, made on purpose (--broken):
 // the run must then report lost or duplicated effects.
@@ -37,6 +49,29 @@ int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, 
     for (const Delivery& d : *got) {
       if (cfg.broken == "no-guard") {
         // The effect alone, then the ack: a redelivery applies it again.
+        auto tx = store.Begin();
+        if (!tx.ok() || !handler(**tx, d.message).ok() || !(*tx)->Commit().ok()) {
+          (void)source.Nack(d, 10);
+          continue;
+        }
+        (void)source.Ack(d);
+      } else if (cfg.broken == "unfenced") {
+        // The guard read on its own (the effect row is the marker here),
+        // then the effect written by a transaction that does not look again.
+        // A redelivery after the commit finds the row (kills, lost acks:
+        // right); two holders at once both pass the read (wrong): a holder
+        // paused between the two, past its lease, commits after the one that
+        // took the delivery over.
+        auto applied = EffectRows(store, d.message.id);
+        if (!applied.ok()) {
+          (void)source.Nack(d, 10);
+          continue;
+        }
+        if (*applied > 0) {
+          (void)source.Ack(d);
+          continue;
+        }
+        IDEM_KILL_POINT("chaos.unfenced_after_check");
         auto tx = store.Begin();
         if (!tx.ok() || !handler(**tx, d.message).ok() || !(*tx)->Commit().ok()) {
           (void)source.Nack(d, 10);
@@ -62,7 +97,19 @@ int RunWorker(const Config& cfg) {
     std::cerr << "chaos consumer " << name << ": cannot open its journal in " << cfg.dir << "/journal\n";
     return kExitError;
   }
-  auto opened = OpenSource(cfg.source, {.lease_ms = cfg.lease_ms, .consumer = "chaos-" + std::to_string(cfg.slot)});
+  // A life given clock jumps reads its time through the supervisor's offset.
+  std::unique_ptr<ShiftedClock> clock;
+  if (!cfg.clock_file.empty()) {
+    auto started =
+        ShiftedClock::Start(cfg.clock_file, [&journal](int64_t offset) { journal.Line('C', std::to_string(offset)); });
+    if (!started.ok()) {
+      std::cerr << "chaos consumer " << name << ": " << started.status() << "\n";
+      return kExitError;
+    }
+    clock = std::move(*started);
+  }
+  auto opened = OpenSource(
+      cfg.source, {.lease_ms = cfg.lease_ms, .consumer = "chaos-" + std::to_string(cfg.slot), .env = clock.get()});
   if (!opened.ok()) {
     std::cerr << "chaos consumer " << name << ": " << opened.status() << "\n";
     return kExitError;
@@ -98,14 +145,15 @@ int RunWorker(const Config& cfg) {
                       cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
   source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
-  ThreadClients clients(cfg.provider, kClientAttempts);
-  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  ThreadClients clients(cfg.provider, kClientAttempts, kClientReadTimeoutMs);
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer, .env = clock.get()});
   if (!inbox_owned.ok()) {
     std::cerr << "chaos consumer " << name << ": " << inbox_owned.status() << "\n";
     return kExitError;
   }
   Inbox& inbox = **inbox_owned;
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+    journal.Line('H', m.id);
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
     // The client gave up (409s while the provider holds the key, 5xx,
@@ -118,7 +166,9 @@ int RunWorker(const Config& cfg) {
     return InsertPayment(tx, m, c->charge_id, kTable);
   };
   if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
-  auto consumer_owned = Consumer::Open(source, inbox, handler, ChaosConsumerOptions(cfg));
+  Consumer::Options options = ChaosConsumerOptions(cfg);
+  options.env = clock.get();
+  auto consumer_owned = Consumer::Open(source, inbox, handler, options);
   if (!consumer_owned.ok()) {
     std::cerr << "chaos consumer " << name << ": " << consumer_owned.status() << "\n";
     return kExitError;
