@@ -11,6 +11,13 @@ if(IDEM_BUILD_FUZZERS)
                         "-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang (found ${CMAKE_CXX_COMPILER_ID} "
                         "${CMAKE_CXX_COMPILER})")
   endif()
-  add_compile_options(-fsanitize=fuzzer-no-link)
+  # Coverage in every library (the default, for fuzzing runs of their own) or
+  # in the fuzz harnesses only: ./run test builds the fuzzers in its
+  # AddressSanitizer variant, whose tests would run slower through coverage
+  # callbacks in every comparison of the libraries.
+  option(IDEM_FUZZ_COVERAGE_LIBS "Compile every idem library with libFuzzer's coverage (else the fuzz harnesses only)" ON)
+  if(IDEM_FUZZ_COVERAGE_LIBS)
+    add_compile_options(-fsanitize=fuzzer-no-link)
+  endif()
   enable_testing()
 endif()
