@@ -290,7 +290,7 @@ has provider-bad-lose-named "$T/err" "--lose-responses must be a number in 0..1"
 
 # idem chaos: bad input is refused before anything starts; an unreachable store is exit 3.
 check chaos-bad-broken 2 "$IDEM" chaos --broken sometimes
-has chaos-bad-broken-named "$T/err" "--broken must be no-guard or ack-before-commit"
+has chaos-bad-broken-named "$T/err" "--broken must be no-guard, ack-before-commit or unfenced"
 check chaos-bad-rate 2 "$IDEM" chaos --fault-rate 3
 has chaos-bad-rate-named "$T/err" "--fault-rate must be a fraction"
 check chaos-bad-consumers 2 "$IDEM" chaos --consumers 0
