@@ -14,7 +14,9 @@
 #ifndef IDEM_PUBLISHER_H_
 #define IDEM_PUBLISHER_H_
 
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "idem/message.h"
 #include "idem/status.h"
@@ -28,6 +30,30 @@ namespace idem {
 // (Redis Streams); see doc/wire-format.md.
 inline constexpr std::string_view kProducerTimeHeader = "idem-producer-time-ms";
 
+// One message of a PublishBatch: where it goes and what orders it.
+struct Outgoing {
+  // The queue, stream or topic. Empty: the channel the publisher was
+  // opened on (its URL's queue, stream or topic).
+  std::string_view destination;
+  // The ordering key (the aggregate id): Kafka's record key (the message id
+  // when empty), and the idem-ordering-key header elsewhere. Messages with
+  // one key are meant to be stored in the order they are handed over.
+  std::string_view key;
+  const Message* message = nullptr;
+};
+
+// What a publisher promises about a batch.
+struct PublisherTraits {
+  // True when, within one PublishBatch, a message of a key is never stored
+  // unless every earlier message of that key in the batch was (no gaps, no
+  // reordering): the embedded queue (one transaction), Kafka's idempotent
+  // producer. False: the caller sends at most one message per key per
+  // batch to keep order (the outbox relay does).
+  bool ordered_batch = false;
+  // The most messages worth handing over in one PublishBatch.
+  int max_batch = 1;
+};
+
 class Publisher {
  public:
   virtual ~Publisher() = default;
@@ -37,6 +63,18 @@ class Publisher {
   // carry (empty id, too large); kUnavailable / kInDoubt when the broker
   // did not confirm.
   virtual Status Publish(const Message& message) = 0;
+
+  // Hands over every message of `batch` and waits until the broker has
+  // confirmed or refused each; element i answers batch[i]. Permanent
+  // refusals are kInvalidArgument (the broker can never carry it) and
+  // kRejected (the broker refused it: no such destination, a nack of a
+  // message it will never take); anything else may succeed if sent again.
+  // Default: Publish in turn, for the publisher's own channel only.
+  virtual std::vector<Status> PublishBatch(std::span<const Outgoing> batch);
+  virtual PublisherTraits traits() const { return {}; }
+  // The channel named by the URL or options the publisher was opened with
+  // (the default destination); empty if none.
+  virtual std::string_view Channel() const { return {}; }
 
   // "embedded", "redis-streams", "amqp", "kafka": the same names as the
   // Source::Kind() of the source that reads what it publishes.
