@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "idem/message.h"
+#include "idem/outbox_store.h"
 #include "idem/result.h"
 #include "idem/status.h"
 #include "idem/transaction.h"
@@ -119,6 +120,16 @@ class StoreTransaction : public Transaction, public TransactionalClaims {
   // Records a dead letter (upsert on (consumer, id)).
   virtual Status PutDeadLetter(const DeadLetter& letter) = 0;
 
+  // The outbox of the store this transaction belongs to (null: none), and
+  // rows to write into it with this transaction (idem/outbox.h): written
+  // before the transaction's next statement or its COMMIT, whichever comes
+  // first, so they commit with it and a savepoint rolled back takes them.
+  virtual OutboxStore* outbox() { return nullptr; }
+  virtual Status AddToOutbox(std::vector<OutboxRow> rows) {
+    (void)rows;
+    return Status::InvalidArgument("this store has no outbox");
+  }
+
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.
   virtual bool Healthy() const { return true; }
@@ -185,6 +196,9 @@ class Store {
   // nullptr where the store has none. The SQLite and PostgreSQL stores have
   // one; it lives as long as the Store.
   virtual ClaimStore* claim_store() { return nullptr; }
+  // The same database as an OutboxStore (idem/outbox.h), or nullptr. The
+  // SQLite and PostgreSQL stores have one; it lives as long as the Store.
+  virtual OutboxStore* outbox_store() { return nullptr; }
 
   // Names the write lock this store's transactions hold, when another store
   // object can share it: on SQLite, "sqlite:<the file's absolute path>" (one

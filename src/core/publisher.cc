@@ -13,8 +13,8 @@ std::vector<Status> Publisher::PublishBatch(std::span<const Outgoing> batch) {
       out.push_back(Status::InvalidArgument("PublishBatch: an Outgoing without a message"));
     } else if (!o.destination.empty() && o.destination != Channel()) {
       out.push_back(Status::InvalidArgument("this " + std::string(Kind()) + " publisher publishes to '" +
-                                            std::string(Channel()) + "' only, not to '" +
-                                            std::string(o.destination) + "'"));
+                                            std::string(Channel()) + "' only, not to '" + std::string(o.destination) +
+                                            "'"));
     } else {
       out.push_back(Publish(*o.message));
     }

@@ -79,6 +79,24 @@ inline constexpr sql_internal::Migration kMigrations[] = {
     {6, "failures: since when a message has been in progress, and when it was parked",
      "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms bigint;"
      "ALTER TABLE idem_failures ADD COLUMN parked_at_ms bigint"},
+    {7, "the transactional outbox: messages to publish, sent, dead; relays",
+     // A queue table: rows come and go, so vacuum runs by row count.
+     "CREATE SEQUENCE idem_outbox_seq;"
+     "CREATE TABLE idem_outbox(seq bigint PRIMARY KEY, lane smallint NOT NULL, id bytea NOT NULL,"
+     " destination text NOT NULL, ordering_key bytea NOT NULL, payload bytea NOT NULL, headers bytea NOT NULL,"
+     " producer_time_ms bigint NOT NULL, added_at_ms bigint NOT NULL, attempts integer NOT NULL DEFAULT 0,"
+     " last_error text) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);"
+     "CREATE TABLE idem_outbox_sent(seq bigint PRIMARY KEY, id bytea NOT NULL, destination text NOT NULL,"
+     " ordering_key bytea NOT NULL, payload bytea NOT NULL, headers bytea NOT NULL, producer_time_ms bigint NOT NULL,"
+     " added_at_ms bigint NOT NULL, sent_at_ms bigint NOT NULL);"
+     "CREATE TABLE idem_outbox_dead(seq bigint PRIMARY KEY, id bytea NOT NULL, destination text NOT NULL,"
+     " ordering_key bytea NOT NULL, payload bytea NOT NULL, headers bytea NOT NULL, producer_time_ms bigint NOT NULL,"
+     " added_at_ms bigint NOT NULL, attempts integer NOT NULL, reason text NOT NULL, error text NOT NULL,"
+     " at_ms bigint NOT NULL);"
+     "CREATE TABLE idem_outbox_relays(name text PRIMARY KEY, seen_at_ms bigint NOT NULL, lanes integer NOT NULL,"
+     " asleep_until_ms bigint NOT NULL DEFAULT 0, backend_pid integer NOT NULL);"
+     // Only a hint for the republished count: not worth a WAL record.
+     "CREATE UNLOGGED TABLE idem_outbox_handed(lane integer PRIMARY KEY, upto bigint NOT NULL)"},
 };
 
 // A bounded wait's watch registers itself on the record (after LISTEN,
@@ -172,6 +190,73 @@ inline constexpr const char* kCountMarkers = "SELECT count(*) FROM idem_markers 
 inline constexpr const char* kListMarkers =
     "SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers WHERE ($1 = '' OR consumer = $1)"
     " ORDER BY processed_at_ms DESC LIMIT $2";
+
+// ---- the outbox: 64 lanes held by relays' session advisory locks; a
+// transaction that adds rows locks their keys (advisory, until commit) so
+// rows of one key take seq in commit order, and NOTIFYs only when a relay
+// sleeps (a NOTIFY serialises commits).
+inline constexpr const char* kOutboxChannel = "idem_outbox";
+inline constexpr sql_internal::OutboxSql kOutbox{
+    .lanes = 64,
+    .list_open = '{',
+    .lock_keys =
+        "SELECT pg_current_xact_id()::text, (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(7317291, k)"
+        " FROM unnest($1::int[]) AS u(k) ORDER BY k) l)",
+    .insert_head =
+        "WITH ins AS (INSERT INTO idem_outbox(lane, seq, id, destination, ordering_key, payload, headers,"
+        " producer_time_ms, added_at_ms) SELECT lane, nextval('idem_outbox_seq'), id, destination, k,"
+        " payload, headers, pt, at FROM (VALUES ",
+    .insert_tail =
+        ") AS v(lane, id, destination, k, payload, headers, pt, at) RETURNING 1) SELECT (SELECT count(*)"
+        " FROM ins), (SELECT count(*) FROM (SELECT pg_notify('idem_outbox', '') FROM idem_outbox_relays"
+        " WHERE asleep_until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint LIMIT 1) n)",
+    .fetch =
+        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " attempts, lane FROM idem_outbox WHERE lane = ANY($1::int[]) ORDER BY seq LIMIT $2",
+    .any_pending = "SELECT 1 FROM idem_outbox WHERE lane = ANY($1::int[]) LIMIT 1",
+    .move_sent =
+        "INSERT INTO idem_outbox_sent(seq, id, destination, ordering_key, payload, headers,"
+        " producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id, destination, ordering_key, payload,"
+        " headers, producer_time_ms, added_at_ms, $2 FROM idem_outbox WHERE seq = ANY($1::bigint[])",
+    .delete_rows = "DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[])",
+    .put_dead =
+        "INSERT INTO idem_outbox_dead(seq, id, destination, ordering_key, payload, headers,"
+        " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"
+        " ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts + 1, $2, $3, $4 FROM"
+        " idem_outbox WHERE seq = $1 ON CONFLICT DO NOTHING",
+    .note_failure = "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
+    .heartbeat =
+        "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes, backend_pid) VALUES ($1, (extract(epoch FROM "
+        "clock_timestamp()) * 1000)::bigint, $2,"
+        " pg_backend_pid()) ON CONFLICT (name) DO UPDATE SET seen_at_ms = excluded.seen_at_ms, lanes = excluded.lanes,"
+        " backend_pid = excluded.backend_pid",
+    // Judged by the server's clock, and only relays whose connection is still
+    // open count: a killed relay stops counting once the server sees it gone.
+    .live_relays =
+        "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * "
+        "1000)::bigint - $2"
+        " AND backend_pid IN (SELECT pid FROM pg_stat_activity)",
+    .forget_relay = "DELETE FROM idem_outbox_relays WHERE name = $1",
+    .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane = ANY($1::int[])",
+    .handed_write =
+        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
+        " GREATEST(idem_outbox_handed.upto, excluded.upto)",
+    .stats =
+        "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT 1),"
+        " (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT count(*) FROM"
+        " idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $2 AND "
+        "backend_pid IN (SELECT pid FROM pg_stat_activity))",
+    .list_dead =
+        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " attempts, reason, error, at_ms FROM idem_outbox_dead ORDER BY at_ms DESC, seq DESC LIMIT $1",
+    .purge_sent =
+        "DELETE FROM idem_outbox_sent WHERE seq IN (SELECT seq FROM idem_outbox_sent WHERE sent_at_ms < $1"
+        " ORDER BY seq LIMIT $2)",
+    .purge_dead =
+        "DELETE FROM idem_outbox_dead WHERE seq IN (SELECT seq FROM idem_outbox_dead WHERE at_ms < $1 ORDER"
+        " BY seq LIMIT $2)",
+    .session_setup = "SET synchronous_commit = off; LISTEN idem_outbox",
+};
 
 }  // namespace idem::pg_internal
 

@@ -158,6 +158,7 @@ constexpr sql_internal::Dialect kDialect{
     .count_markers = pg_internal::kCountMarkers,
     .list_markers = pg_internal::kListMarkers,
     .claims = &pg_internal::kClaims,
+    .outbox = &pg_internal::kOutbox,
 };
 
 constexpr sql_internal::Dialect kDailyDialect{
@@ -172,6 +173,28 @@ constexpr sql_internal::Dialect kDailyDialect{
     .count_markers = pg_internal::kDailyCountMarkers,
     .list_markers = pg_internal::kDailyListMarkers,
     .claims = &pg_internal::kClaims,
+    .outbox = &pg_internal::kOutbox,
+};
+
+// A lane's lock key: the outbox table's OID (one per schema: relays of two
+// schemas never share lanes) and the lane, under a prefix of their own.
+#define IDEM_PG_LANE_KEY "(20290::bigint << 48) | (('idem_outbox'::regclass)::oid::bigint << 8) | $1::bigint"
+// A relay's lane: a session advisory lock on the relay's own connection,
+// freed by the server when that connection ends (the relay's process died,
+// or its connection was cut).
+class AdvisoryLane final : public sql_internal::SqlStore::LaneLock {
+ public:
+  AdvisoryLane(sql_internal::Connection& c, int lane) : c_(c), lane_(lane) {}
+  ~AdvisoryLane() override {
+    if (!c_.Healthy()) return;
+    Value p[] = {lane_};
+    (void)c_.Query("SELECT pg_advisory_unlock(" IDEM_PG_LANE_KEY ")", p);
+  }
+  bool Held() override { return c_.Healthy(); }
+
+ private:
+  sql_internal::Connection& c_;
+  int lane_;
 };
 
 // The advisory-lock key of (consumer, id): 64 bits of SHA-256. A collision
@@ -244,6 +267,56 @@ class PgStore final : public sql_internal::SqlStore {
         return std::make_unique<PgWatch>(std::move(*conn), std::string(scope) + ":" + HexOf(key));
     }
     return ClaimStore::WatchKey(scope, key);  // polling still finds the result
+  }
+
+  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection& c, int lane) override {
+    Value p[] = {lane};
+    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query("SELECT pg_try_advisory_lock(" IDEM_PG_LANE_KEY ")", p));
+    if (r.rows.empty() || r.rows[0][0].AsInt() == 0) return std::unique_ptr<LaneLock>();
+    return std::unique_ptr<LaneLock>(new AdvisoryLane(c, lane));
+  }
+
+  // Asleep: flag the relay's row, so commits that add rows NOTIFY (only
+  // those: a NOTIFY serialises commits); wait for the transactions that
+  // were running when the flag committed (each may have read it before), so
+  // that the look that follows sees their rows; then listen.
+  Status WaitForOutbox(sql_internal::Connection& c, std::string_view name, int64_t timeout_ms,
+                       const std::function<Result<bool>()>& pending) override {
+    auto* pg = static_cast<PGconn*>(c.Native());
+    Value flag[] = {std::string(name), timeout_ms + 1000};
+    IDEM_RETURN_IF_ERROR(c.Exec("UPDATE idem_outbox_relays SET asleep_until_ms ="
+                                " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $2 WHERE name = $1",
+                                flag)
+                             .status());
+    IDEM_ASSIGN_OR_RETURN(Rows xip,
+                          c.Query("SELECT array_agg(x)::text FROM pg_snapshot_xip(pg_current_snapshot()) x", {}));
+    int64_t wait_ms = timeout_ms;
+    if (!xip.rows.empty() && !xip.rows[0][0].is_null()) {
+      Value list[] = {xip.rows[0][0].AsText()};
+      bool done = false;
+      for (int i = 0; i < 20 && !done; ++i) {
+        IDEM_ASSIGN_OR_RETURN(Rows n, c.Query("SELECT count(*) FROM unnest($1::xid8[]) x"
+                                              " WHERE pg_xact_status(x) = 'in progress'",
+                                              list));
+        done = n.rows.empty() || n.rows[0][0].AsInt() == 0;
+        if (!done) env()->SleepMs(1);
+      }
+      if (!done) wait_ms = std::min<int64_t>(wait_ms, 50);  // a long transaction: look again soon
+    }
+    auto awake = [&]() {
+      Value p[] = {std::string(name)};
+      return c.Exec("UPDATE idem_outbox_relays SET asleep_until_ms = 0 WHERE name = $1", p).status();
+    };
+    // Notifications from before the flag are stale: the look below covers them.
+    if (PQconsumeInput(pg) == 1)
+      while (PGnotify* n = PQnotifies(pg)) PQfreemem(n);
+    IDEM_ASSIGN_OR_RETURN(bool any, pending());
+    if (!any) {
+      pollfd pfd{PQsocket(pg), POLLIN, 0};
+      if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(wait_ms, 60'000))) > 0 && PQconsumeInput(pg) == 1)
+        while (PGnotify* n = PQnotifies(pg)) PQfreemem(n);
+    }
+    return awake();
   }
 
   // Claims are judged by the server's clock unless a clock was given.

@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "sql/sql_store.h"
 
+#include "sql/sql_outbox.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -97,6 +99,7 @@ Status NotInsideIdemsTransaction(std::string_view sql) {
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
+  IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Exec(sql, params);
 }
 
@@ -113,6 +116,7 @@ Result<std::vector<Rows>> Connection::QueryMany(std::string_view sql, std::span<
 Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
+  IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Query(sql, params);
 }
 
@@ -154,10 +158,33 @@ std::vector<Status> SqlTransaction::CompleteManyInTransaction(std::span<const Co
   return store_.CompleteManyOn(*conn_, completions, retention_ms);
 }
 
+OutboxStore* SqlTransaction::outbox() { return store_.outbox_store(); }
+
+Status SqlTransaction::AddToOutbox(std::vector<OutboxRow> rows) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  if (store_.outbox_store() == nullptr) return StoreTransaction::AddToOutbox(std::move(rows));
+  for (auto& r : rows) outbox_rows_.push_back(std::move(r));
+  return Status::OK();
+}
+
+Status SqlTransaction::FlushOutbox() {
+  if (outbox_rows_.empty()) return Status::OK();
+  std::vector<OutboxRow> rows = std::move(outbox_rows_);
+  outbox_rows_.clear();
+  IDEM_RETURN_IF_ERROR(store_.WriteOutbox(*conn_, rows));
+  outbox_written_ = true;
+  return Status::OK();
+}
+
 Status SqlTransaction::Commit() {
   IDEM_RETURN_IF_ERROR(Usable());
+  if (Status f = FlushOutbox(); !f.ok()) {
+    Rollback();
+    return f;
+  }
   Status s = conn_->Commit();
   if (s.ok()) store_.Committed(conn_.get());
+  if (s.ok() && outbox_written_) store_.OutboxCommitted();
   if (s.ok() || s.code() == Code::kInDoubt || !conn_->InTransaction()) {
     done_ = true;
     return s;
@@ -175,7 +202,10 @@ void SqlTransaction::Rollback() noexcept {
 // ------------------------------------------------------------------ SqlStore
 
 SqlStore::SqlStore(const Dialect& dialect, Env* env, int pool_size)
-    : dialect_(dialect), env_(env ? env : Env::Default()), pool_size_(static_cast<size_t>(std::max(1, pool_size))) {}
+    : dialect_(dialect), env_(env ? env : Env::Default()), pool_size_(static_cast<size_t>(std::max(1, pool_size))) {
+  if (dialect_.outbox != nullptr) outbox_ = std::make_unique<SqlOutbox>(*this);
+}
+SqlStore::~SqlStore() = default;
 
 void SqlStore::Return(std::unique_ptr<Connection> conn) {
   // Never reuse a connection that is broken or in an unknown state.

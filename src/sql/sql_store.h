@@ -134,6 +134,37 @@ struct Dialect {
   const char* count_markers;  // ($1 consumer or '')
   const char* list_markers;   // ($1 consumer or '', $2 limit)
   const ClaimsSql* claims = nullptr;
+  const struct OutboxSql* outbox = nullptr;
+};
+
+// A backend's SQL for the outbox (sql_outbox.cc). Lists of seqs and lanes
+// are passed as one text parameter: "{1,2}" with list_open '{' (PostgreSQL
+// arrays) or "[1,2]" with '[' (SQLite's json_each).
+struct OutboxSql {
+  int lanes;              // lanes the rows are split into (one relay holds each)
+  char list_open;         // '{' or '['
+  const char* lock_keys;  // ($1 list of 32-bit key hashes) locks them until commit; nullptr: one writer anyway
+  // The multi-row insert: head + "($1,...,$8),($9,...)" + tail, columns
+  // (lane, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms).
+  const char* insert_head;
+  const char* insert_tail;
+  const char* fetch;          // ($1 lanes, $2 limit) -> seq, id, destination, ordering_key, payload, headers,
+                              //   producer_time_ms, added_at_ms, attempts, lane
+  const char* any_pending;    // ($1 lanes) -> a row if there is one
+  const char* move_sent;      // ($1 seqs, $2 now) copies to idem_outbox_sent
+  const char* delete_rows;    // ($1 seqs)
+  const char* put_dead;       // ($1 seq, $2 reason, $3 error, $4 at) copies to idem_outbox_dead
+  const char* note_failure;   // ($1 seq, $2 error)
+  const char* heartbeat;      // ($1 name, $2 lanes held, $3 now)
+  const char* live_relays;    // ($1 now, $2 live_ms) -> count
+  const char* forget_relay;   // ($1 name)
+  const char* handed_read;    // ($1 lanes) -> lane, upto
+  const char* handed_write;   // ($1 lane, $2 upto)
+  const char* stats;          // ($1 now, $2 live_ms) -> backlog, oldest added_at_ms, dead, sent, relays
+  const char* list_dead;      // ($1 limit) -> fetch's columns but lane, then reason, error, at_ms
+  const char* purge_sent;     // ($1 before, $2 limit)
+  const char* purge_dead;     // ($1 before, $2 limit)
+  const char* session_setup;  // run once on a relay's connection
 };
 
 Blob IdBlob(std::string_view id);
@@ -141,6 +172,7 @@ Blob FingerprintBlob(const Fingerprint& fp);
 Fingerprint ToFingerprint(const Value& v);
 
 class SqlStore;
+class SqlOutbox;
 
 // A pooled connection; goes back to the pool when destroyed (unless broken
 // or left inside a transaction).
@@ -185,20 +217,27 @@ class SqlTransaction : public StoreTransaction {
   Status Commit() override;
   void Rollback() noexcept override;
   bool Healthy() const override { return conn_->Healthy(); }
+  OutboxStore* outbox() override;
+  Status AddToOutbox(std::vector<OutboxRow> rows) override;
 
   Connection& conn() { return *conn_; }
 
  private:
   Status Usable() const;
+  // Writes the rows AddToOutbox queued (before any other statement).
+  Status FlushOutbox();
 
   SqlStore& store_;
   Lease conn_;
   bool done_ = false;
+  std::vector<OutboxRow> outbox_rows_;
+  bool outbox_written_ = false;
 };
 
 class SqlStore : public Store, public ClaimStore {
  public:
   SqlStore(const Dialect& dialect, Env* env, int pool_size);
+  ~SqlStore() override;
 
   // Runs the migrations on a first connection (kept in the pool).
   Status Init(bool create_if_missing, const std::string& name);
@@ -216,6 +255,7 @@ class SqlStore : public Store, public ClaimStore {
   Result<SchemaInfo> Schema() override;
   std::string_view Kind() const override { return dialect_.kind; }
   ClaimStore* claim_store() override { return dialect_.claims != nullptr ? this : nullptr; }
+  OutboxStore* outbox_store() override;
 
   // ClaimStore (sql_claims.cc).
   Result<ClaimOutcome> TryClaim(const ClaimRequest& request) override;
@@ -246,6 +286,20 @@ class SqlStore : public Store, public ClaimStore {
 
   // Backend hooks.
   virtual Result<std::unique_ptr<Connection>> Connect() = 0;
+  // The outbox: a lane's lock, held by one relay session at a time and
+  // freed when its process ends (nullptr: another session holds it); a
+  // relay's wait for new rows; the wake-up after a commit that added some.
+  class LaneLock {
+   public:
+    virtual ~LaneLock() = default;
+    virtual bool Held() { return true; }
+  };
+  virtual Result<std::unique_ptr<LaneLock>> LockLane(Connection& c, int lane);
+  virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,
+                               const std::function<Result<bool>()>& pending);
+  virtual void OutboxCommitted() {}
+  // Writes `rows` (seq drawn by the database) in `tx`'s transaction.
+  Status WriteOutbox(Connection& tx, std::span<const OutboxRow> rows);
   // Default: with the dialect's multi-row statements, a batch's markers in
   // two statements (insert the new, read the existing); otherwise one
   // insert_marker (and, for a duplicate, one find_marker) per marker. Later
@@ -266,6 +320,7 @@ class SqlStore : public Store, public ClaimStore {
   void Committed(const Connection* conn);
 
  protected:
+  friend class SqlOutbox;
   // A pooled connection (or a new one). `for_write`: the one that committed
   // last first, whose page cache is still current on SQLite (any other
   // connection's cache is dropped at its next transaction once another
@@ -294,6 +349,7 @@ class SqlStore : public Store, public ClaimStore {
 
   Dialect dialect_;
   Env* env_;
+  std::unique_ptr<SqlOutbox> outbox_;
   size_t pool_size_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Connection>> pool_;

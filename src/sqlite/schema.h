@@ -82,6 +82,23 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      // a failure: it is retried, and parked past Consumer::Options::park_after_ms.
      "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms INTEGER;"
      "ALTER TABLE idem_failures ADD COLUMN parked_at_ms INTEGER"},
+    {7, "the transactional outbox: messages to publish, sent, dead; relays",
+     // seq never goes back (AUTOINCREMENT), so a key's messages keep their
+     // order and idem-outbox-seq only grows, even after every row was sent.
+     "CREATE TABLE idem_outbox(seq INTEGER PRIMARY KEY AUTOINCREMENT, lane INTEGER NOT NULL, id BLOB NOT NULL,"
+     " destination TEXT NOT NULL, ordering_key BLOB NOT NULL, payload BLOB NOT NULL, headers BLOB NOT NULL,"
+     " producer_time_ms INTEGER NOT NULL, added_at_ms INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+     " last_error TEXT);"
+     "CREATE TABLE idem_outbox_sent(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, destination TEXT NOT NULL,"
+     " ordering_key BLOB NOT NULL, payload BLOB NOT NULL, headers BLOB NOT NULL, producer_time_ms INTEGER NOT NULL,"
+     " added_at_ms INTEGER NOT NULL, sent_at_ms INTEGER NOT NULL);"
+     "CREATE TABLE idem_outbox_dead(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, destination TEXT NOT NULL,"
+     " ordering_key BLOB NOT NULL, payload BLOB NOT NULL, headers BLOB NOT NULL, producer_time_ms INTEGER NOT NULL,"
+     " added_at_ms INTEGER NOT NULL, attempts INTEGER NOT NULL, reason TEXT NOT NULL, error TEXT NOT NULL,"
+     " at_ms INTEGER NOT NULL);"
+     "CREATE TABLE idem_outbox_relays(name TEXT PRIMARY KEY, seen_at_ms INTEGER NOT NULL, lanes INTEGER NOT NULL,"
+     " asleep_until_ms INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;"
+     "CREATE TABLE idem_outbox_handed(lane INTEGER PRIMARY KEY, upto INTEGER NOT NULL)"},
 };
 
 // ---- claims. The store's clock is the Env's (SQLite is local): `now` is
@@ -158,6 +175,58 @@ inline constexpr const char* kPurgeByTime =
     "DELETE FROM idem_markers_by_producer_time WHERE (produced_at_ms, consumer, id) IN ("
     " SELECT produced_at_ms, consumer, id FROM idem_markers_by_producer_time WHERE produced_at_ms < $1"
     " AND ($2 = '' OR consumer = $2) ORDER BY produced_at_ms LIMIT $3)";
+
+// ---- the outbox: one lane (one relay at a time per file, by flock); the
+// rows commit in seq order (one writer), so no lock per key.
+inline constexpr sql_internal::OutboxSql kOutbox{
+    .lanes = 1,
+    .list_open = '[',
+    .lock_keys = nullptr,
+    .insert_head =
+        "INSERT INTO idem_outbox(lane, id, destination, ordering_key, payload, headers, producer_time_ms,"
+        " added_at_ms) VALUES ",
+    .insert_tail = "",
+    .fetch =
+        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " attempts, lane FROM idem_outbox WHERE lane IN (SELECT value FROM json_each($1)) ORDER BY seq LIMIT"
+        " $2",
+    .any_pending = "SELECT 1 FROM idem_outbox WHERE lane IN (SELECT value FROM json_each($1)) LIMIT 1",
+    .move_sent =
+        "INSERT INTO idem_outbox_sent(seq, id, destination, ordering_key, payload, headers,"
+        " producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id, destination, ordering_key, payload,"
+        " headers, producer_time_ms, added_at_ms, $2 FROM idem_outbox WHERE seq IN (SELECT value FROM"
+        " json_each($1))",
+    .delete_rows = "DELETE FROM idem_outbox WHERE seq IN (SELECT value FROM json_each($1))",
+    .put_dead =
+        "INSERT INTO idem_outbox_dead(seq, id, destination, ordering_key, payload, headers,"
+        " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"
+        " ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts + 1, $2, $3, $4 FROM"
+        " idem_outbox WHERE seq = $1 ON CONFLICT DO NOTHING",
+    .note_failure = "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
+    .heartbeat =
+        "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes) VALUES ($1, $3, $2) ON CONFLICT (name) DO"
+        " UPDATE SET seen_at_ms = excluded.seen_at_ms, lanes = excluded.lanes",
+    .live_relays = "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2",
+    .forget_relay = "DELETE FROM idem_outbox_relays WHERE name = $1",
+    .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane IN (SELECT value FROM json_each($1))",
+    .handed_write =
+        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
+        " max(idem_outbox_handed.upto, excluded.upto)",
+    .stats =
+        "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT"
+        " 1), (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT"
+        " count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2)",
+    .list_dead =
+        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " attempts, reason, error, at_ms FROM idem_outbox_dead ORDER BY at_ms DESC, seq DESC LIMIT $1",
+    .purge_sent =
+        "DELETE FROM idem_outbox_sent WHERE seq IN (SELECT seq FROM idem_outbox_sent WHERE sent_at_ms < $1"
+        " ORDER BY seq LIMIT $2)",
+    .purge_dead =
+        "DELETE FROM idem_outbox_dead WHERE seq IN (SELECT seq FROM idem_outbox_dead WHERE at_ms < $1 ORDER"
+        " BY seq LIMIT $2)",
+    .session_setup = "PRAGMA synchronous = NORMAL",
+};
 
 }  // namespace idem::sqlite_internal
 

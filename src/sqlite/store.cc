@@ -1,13 +1,20 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -77,6 +84,57 @@ constexpr sql_internal::Dialect kDialect{
     .count_markers = sqlite_internal::kCountMarkers,
     .list_markers = sqlite_internal::kListMarkers,
     .claims = &sqlite_internal::kClaims,
+    .outbox = &sqlite_internal::kOutbox,
+};
+
+// Wakes relays in this process after a commit that added outbox rows: one
+// board per file (by its write lock id), shared by every store object on it.
+struct OutboxBoard {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t rings = 0;
+
+  static std::shared_ptr<OutboxBoard> For(const std::string& id) {
+    static std::mutex boards_mu;
+    static std::map<std::string, std::weak_ptr<OutboxBoard>> boards;
+    std::lock_guard lock(boards_mu);
+    auto& weak = boards[id];
+    auto board = weak.lock();
+    if (!board) {
+      board = std::make_shared<OutboxBoard>();
+      weak = board;
+    }
+    return board;
+  }
+  void Ring() {
+    {
+      std::lock_guard lock(mu);
+      ++rings;
+    }
+    cv.notify_all();
+  }
+  uint64_t Seen() {
+    std::lock_guard lock(mu);
+    return rings;
+  }
+  // Until a ring after `seen`, or `ms` passed.
+  void WaitPast(uint64_t seen, int64_t ms) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return rings != seen; });
+  }
+};
+
+// The file's one outbox lane: an exclusive flock on "<db>-idem-relay.lock",
+// released by the kernel when the holder's process ends however it ends.
+// flock belongs to the open file description, so two relays of one process
+// exclude each other too.
+class FlockLane final : public sql_internal::SqlStore::LaneLock {
+ public:
+  explicit FlockLane(int fd) : fd_(fd) {}
+  ~FlockLane() override { ::close(fd_); }
+
+ private:
+  int fd_;
 };
 
 // Copies the WAL back into the database file on a thread of its own
@@ -194,7 +252,10 @@ std::string WriteLockIdOf(const std::string& path) {
 class SqliteStore final : public sql_internal::SqlStore {
  public:
   explicit SqliteStore(const Options& o)
-      : SqlStore(kDialect, o.env, 16), options_(o), write_lock_id_(WriteLockIdOf(o.path)) {
+      : SqlStore(kDialect, o.env, 16),
+        options_(o),
+        write_lock_id_(WriteLockIdOf(o.path)),
+        board_(OutboxBoard::For(write_lock_id_)) {
     if (sqlite::Store::CheckpointsInBackground(o))
       checkpointer_ = std::make_unique<Checkpointer>(OpenOptionsFor(o, /*create=*/false), o.wal_autocheckpoint_pages);
   }
@@ -210,6 +271,37 @@ class SqliteStore final : public sql_internal::SqlStore {
     return std::unique_ptr<sql_internal::Connection>(new SqliteConnection(std::move(db)));
   }
   void set_create_file(bool v) { create_file_.store(v, std::memory_order_release); }
+
+  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection&, int) override {
+    const std::string path = options_.path + "-idem-relay.lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::IoError("cannot open the relay lock file " + path + ": " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      ::close(fd);
+      if (e == EWOULDBLOCK) return std::unique_ptr<LaneLock>();
+      return Status::IoError("cannot lock " + path + ": " + std::strerror(e));
+    }
+    return std::unique_ptr<LaneLock>(new FlockLane(fd));
+  }
+  // In this process: the board; other processes' commits: the file's
+  // data_version, looked at every 20 ms.
+  Status WaitForOutbox(sql_internal::Connection& c, std::string_view, int64_t timeout_ms,
+                       const std::function<Result<bool>()>& pending) override {
+    const uint64_t seen = board_->Seen();
+    IDEM_ASSIGN_OR_RETURN(Rows v0, c.Query("PRAGMA data_version", {}));
+    IDEM_ASSIGN_OR_RETURN(bool any, pending());
+    if (any) return Status::OK();
+    const int64_t version = v0.rows.empty() ? 0 : v0.rows[0][0].AsInt();
+    for (int64_t waited = 0; waited < timeout_ms; waited += 20) {
+      board_->WaitPast(seen, std::min<int64_t>(20, timeout_ms - waited));
+      if (board_->Seen() != seen) return Status::OK();
+      IDEM_ASSIGN_OR_RETURN(Rows v, c.Query("PRAGMA data_version", {}));
+      if (!v.rows.empty() && v.rows[0][0].AsInt() != version) return Status::OK();
+    }
+    return Status::OK();
+  }
+  void OutboxCommitted() override { board_->Ring(); }
   std::string WriteLockId() const override { return write_lock_id_; }
 
   // Markers with a producer time go to idem_markers_by_producer_time (keyed by that
@@ -311,6 +403,7 @@ class SqliteStore final : public sql_internal::SqlStore {
  private:
   Options options_;
   const std::string write_lock_id_;
+  std::shared_ptr<OutboxBoard> board_;
   // Read and written by concurrent Connect calls of the pool: atomic.
   std::atomic<bool> create_file_{true};
   std::unique_ptr<Checkpointer> checkpointer_;

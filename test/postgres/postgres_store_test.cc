@@ -25,6 +25,7 @@
 #include "postgres/pg.h"
 #include "postgres/pg_test_util.h"
 #include "util/claims_conformance.h"
+#include "util/outbox_conformance.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -41,6 +42,14 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
                                                         return postgres::Store::Open({.url = SchemaUrl(d.path()),
                                                                                       .partition_by_day = true,
                                                                                       .env = env});
+                                                      }}),
+                         StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
+                         ::testing::Values(StoreParam{"postgres",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Store::Open(
+                                                            {.url = SchemaUrl(d.path()), .env = env});
                                                       }}),
                          StoreParamName);
 

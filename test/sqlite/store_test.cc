@@ -16,6 +16,7 @@
 #include "idem/testing/kill_points.h"
 #include "sqlite/db.h"
 #include "util/claims_conformance.h"
+#include "util/outbox_conformance.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -429,6 +430,14 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
 
 namespace idem::testing {
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"sqlite",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return sqlite::Store::Open(
+                                                            {.path = d.File("store.db"), .env = env});
+                                                      }}),
+                         StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
                          ::testing::Values(StoreParam{"sqlite",
                                                       [](const TempDir& d, Env* env) {
                                                         return sqlite::Store::Open(

@@ -1,0 +1,110 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/outbox.h"
+
+#include <cstdio>
+
+#include "idem/testing/kill_points.h"
+
+namespace idem {
+
+namespace {
+
+constexpr size_t kMaxFieldBytes = 255;
+
+// A UUIDv7 (RFC 9562): 48 bits of ms time, version 7, 74 random bits.
+std::string NewId(Env& env) {
+  const uint64_t ms = static_cast<uint64_t>(env.NowMs());
+  const uint64_t r1 = env.Random(), r2 = env.Random();
+  unsigned char b[16];
+  for (int i = 0; i < 6; ++i) b[i] = static_cast<unsigned char>(ms >> (8 * (5 - i)));
+  b[6] = static_cast<unsigned char>(0x70 | ((r1 >> 8) & 0x0f));
+  b[7] = static_cast<unsigned char>(r1);
+  b[8] = static_cast<unsigned char>(0x80 | ((r1 >> 16) & 0x3f));
+  for (int i = 9; i < 16; ++i) b[i] = static_cast<unsigned char>(r2 >> (8 * (i - 9)));
+  char out[37];
+  std::snprintf(out, sizeof out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return out;
+}
+
+}  // namespace
+
+OutgoingMessage& OutgoingMessage::CausedBy(const Message& incoming) {
+  for (std::string_view name : {std::string_view("traceparent"), std::string_view("tracestate")}) {
+    if (auto v = incoming.Header(name)) headers.emplace_back(std::string(name), std::string(*v));
+  }
+  headers.emplace_back(std::string(kCausationIdHeader), incoming.id);
+  return *this;
+}
+
+Result<std::unique_ptr<Outbox>> Outbox::Open(Store& store, const Options& options) {
+  OutboxStore* os = store.outbox_store();
+  if (os == nullptr) return Status::InvalidArgument("the " + std::string(store.Kind()) + " store has no outbox");
+  if (options.max_payload_bytes < 0) return Status::InvalidArgument("Outbox::Options::max_payload_bytes is negative");
+  Options o = options;
+  if (o.env == nullptr) o.env = Env::Default();
+  return std::unique_ptr<Outbox>(new Outbox(*os, o));
+}
+
+Result<OutboxRow> Outbox::ToRow(const OutgoingMessage& m, int64_t now) const {
+  OutboxRow row;
+  if (m.id.empty()) {
+    row.id = NewId(*options_.env);
+  } else {
+    IDEM_RETURN_IF_ERROR(ValidateId(m.id));
+    row.id = m.id;
+  }
+  auto bad = [&](std::string what) {
+    return Status::InvalidArgument("outbox message " + Printable(row.id) + ": " + what);
+  };
+  if (m.destination.size() > kMaxFieldBytes)
+    return bad("destination is " + std::to_string(m.destination.size()) + " bytes, more than 255");
+  if (m.key.size() > kMaxFieldBytes) return bad("key is " + std::to_string(m.key.size()) + " bytes, more than 255");
+  if (static_cast<int64_t>(m.payload.size()) > options_.max_payload_bytes)
+    return bad("payload is " + std::to_string(m.payload.size()) + " bytes, more than max_payload_bytes (" +
+               std::to_string(options_.max_payload_bytes) + ")");
+  for (const auto& [name, value] : m.headers) {
+    if (name.empty() || name.size() > kMaxFieldBytes)
+      return bad("a header name must be 1..255 bytes, not " + std::to_string(name.size()));
+    if (name.rfind("idem-", 0) == 0 && name != kCausationIdHeader)
+      return bad("header '" + Printable(name) + "': names starting with idem- are idem's own");
+  }
+  row.destination = m.destination;
+  row.key = m.key;
+  row.payload = m.payload;
+  row.headers = m.headers;
+  row.producer_time_ms = m.producer_time_ms.value_or(now);
+  row.added_at_ms = now;
+  return row;
+}
+
+Result<std::string> Outbox::Add(Transaction& tx, const OutgoingMessage& message) {
+  IDEM_ASSIGN_OR_RETURN(auto ids, AddMany(tx, std::span<const OutgoingMessage>(&message, 1)));
+  return std::move(ids[0]);
+}
+
+Result<std::vector<std::string>> Outbox::AddMany(Transaction& tx, std::span<const OutgoingMessage> messages) {
+  auto* st = dynamic_cast<StoreTransaction*>(&tx);
+  if (st == nullptr || st->outbox() != &store_)
+    return Status::InvalidArgument("Outbox::Add: the transaction is not one of this outbox's store");
+  const int64_t now = options_.env->NowMs();
+  std::vector<OutboxRow> rows;
+  std::vector<std::string> ids;
+  rows.reserve(messages.size());
+  for (const OutgoingMessage& m : messages) {
+    IDEM_ASSIGN_OR_RETURN(OutboxRow row, ToRow(m, now));
+    ids.push_back(row.id);
+    rows.push_back(std::move(row));
+  }
+  IDEM_RETURN_IF_ERROR(st->AddToOutbox(std::move(rows)));
+  IDEM_KILL_POINT("outbox.after_add");
+  return ids;
+}
+
+Result<OutboxStats> Outbox::Stats() { return store_.Stats(); }
+Result<std::vector<OutboxDeadLetter>> Outbox::ListDeadLetters(int limit) { return store_.ListDeadLetters(limit); }
+Result<int64_t> Outbox::Purge(int64_t sent_before_ms, int64_t dead_before_ms, int batch_size) {
+  return store_.PurgeOutbox(sent_before_ms, dead_before_ms, batch_size);
+}
+
+}  // namespace idem
