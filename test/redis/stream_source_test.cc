@@ -48,11 +48,17 @@ StreamOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const s
 }
 
 Result<SourceHandle> OpenStreams(const TempDir& dir, const SourceConfig& c) {
-  auto s = StreamSource::Open(OptionsFor(dir, c.lease_ms, c.env));
+  StreamOptions o = OptionsFor(dir, c.lease_ms, c.env);
+  if (c.other_channel) o.stream += "-other";
+  auto s = StreamSource::Open(o);
   if (!s.ok()) return s.status();
+  auto p = redis::StreamPublisher::Open({.url = o.url, .stream = o.stream});
+  if (!p.ok()) return p.status();
   StreamSource* raw = s->get();
   SourceHandle h;
   h.publish = [raw](const Message& m) { return raw->Publish(m).status(); };
+  h.publisher = std::move(*p);
+  h.channel = o.stream;
   h.source = std::move(*s);
   return h;
 }
