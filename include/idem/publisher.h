@@ -30,6 +30,12 @@ namespace idem {
 // (Redis Streams); see doc/wire-format.md.
 inline constexpr std::string_view kProducerTimeHeader = "idem-producer-time-ms";
 
+// The name under which PublishBatch writes Outgoing::key when it is not
+// empty (a header, a stream field header:idem-ordering-key; on Kafka also
+// the record key): doc/wire-format.md. A source delivers it among
+// Message::headers.
+inline constexpr std::string_view kOrderingKeyHeader = "idem-ordering-key";
+
 // One message of a PublishBatch: where it goes and what orders it.
 struct Outgoing {
   // The queue, stream or topic. Empty: the channel the publisher was

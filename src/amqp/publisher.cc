@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "amqp/conn.h"
+#include "core/publish_batch.h"
 
 namespace idem::amqp {
 namespace {
@@ -35,18 +37,63 @@ class PublisherImpl final : public Publisher {
   }
 
   Status Publish(const Message& message) override {
-    if (o_.queue.empty())
-      return Status::InvalidArgument("amqp publisher: Options::queue is empty (no routing key for Publish(message))");
+    if (o_.queue.empty()) return publish_internal::NoChannel("amqp", "queue");
     return Publish(o_.queue, message);
   }
 
   Status Publish(std::string_view routing_key, const Message& message) override {
+    if (Status s = CheckMessage(message); !s.ok()) return s;
+    Item item{routing_key, &message, {}};
     std::lock_guard<std::mutex> l(mu_);
-    bool fresh = false;
-    if (!conn_) {
-      IDEM_RETURN_IF_ERROR(ConnectLocked());
-      fresh = true;
+    SendAndConfirmLocked(std::span<Item>(&item, 1));
+    // Publish(message)'s own contract: unroutable is kNotFound.
+    if (item.status.code() == Code::kRejected) return Status::NotFound(item.status.message());
+    return item.status;
+  }
+
+  // Every message on the confirm channel first, then the confirms, mapped
+  // to the elements by delivery tag.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override {
+    std::vector<Status> out(batch.size());
+    std::vector<Item> items;
+    std::vector<size_t> index;  // the element of each item
+    items.reserve(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto d = publish_internal::Destination(batch[i], o_.queue, "amqp", "queue");
+      Status s = d.ok() ? CheckMessage(*batch[i].message) : d.status();
+      if (!s.ok()) {
+        out[i] = s;
+        continue;
+      }
+      items.push_back({*d, batch[i].message, batch[i].key});
+      index.push_back(i);
     }
+    if (items.empty()) return out;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      SendAndConfirmLocked(items);
+    }
+    for (size_t k = 0; k < items.size(); ++k) out[index[k]] = std::move(items[k].status);
+    return out;
+  }
+
+  PublisherTraits traits() const override { return {.ordered_batch = false, .max_batch = 500}; }
+  std::string_view Channel() const override { return o_.queue; }
+
+ private:
+  // One message to publish and, afterwards, what became of it.
+  struct Item {
+    std::string_view routing_key;
+    const Message* message;
+    std::string_view key;  // the ordering key; empty: no header
+    Status status = Status::InDoubt("amqp: not confirmed");
+    uint64_t tag = 0;  // its publish sequence number, once sent
+    bool confirmed = false;
+    std::string returned;  // why the broker returned it (unroutable)
+  };
+
+  // kInvalidArgument for what rabbitmq-c cannot carry.
+  static Status CheckMessage(const Message& message) {
     for (const auto& [k, v] : message.headers) {
       if (k.empty())
         return Status::InvalidArgument(
@@ -54,6 +101,12 @@ class PublisherImpl final : public Publisher {
       if (k.size() > 255) return Status::InvalidArgument("amqp: header name longer than 255 bytes");
     }
     if (message.id.size() > 255) return Status::InvalidArgument("amqp: message id longer than 255 bytes");
+    return Status::OK();
+  }
+
+  // basic.publish of one item (persistent, mandatory); rabbitmq-c's code.
+  int BasicPublishLocked(const Item& item) {
+    const Message& message = *item.message;
     amqp_basic_properties_t props{};
     props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG;
     props.delivery_mode = 2;  // persistent
@@ -62,13 +115,15 @@ class PublisherImpl final : public Publisher {
       props.message_id = Bytes(message.id);
     }
     std::vector<amqp_table_entry_t> entries;
-    for (const auto& [k, v] : message.headers) {
+    auto add = [&](std::string_view k, std::string_view v) {
       amqp_table_entry_t e{};
       e.key = Bytes(k);
       e.value.kind = AMQP_FIELD_KIND_UTF8;
       e.value.value.bytes = Bytes(v);
       entries.push_back(e);
-    }
+    };
+    for (const auto& [k, v] : message.headers) add(k, v);
+    if (!item.key.empty()) add(kOrderingKeyHeader, item.key);
     if (message.producer_time_ms) {
       amqp_table_entry_t e{};
       e.key = Bytes(kProducerTimeHeader);
@@ -80,74 +135,119 @@ class PublisherImpl final : public Publisher {
     }
     props.headers.num_entries = static_cast<int>(entries.size());
     props.headers.entries = entries.empty() ? nullptr : entries.data();
-
-    int rc = amqp_basic_publish(conn_.get(), kChannel, Bytes(o_.exchange), Bytes(routing_key), /*mandatory=*/1,
-                                /*immediate=*/0, &props, Bytes(message.payload));
-    if (rc != AMQP_STATUS_OK && !fresh) {
-      // The connection died since the last call. A publish that failed to
-      // write never reached the broker whole: reconnect and send it again.
-      conn_.Reset(false);
-      IDEM_RETURN_IF_ERROR(ConnectLocked());
-      rc = amqp_basic_publish(conn_.get(), kChannel, Bytes(o_.exchange), Bytes(routing_key), 1, 0, &props,
-                              Bytes(message.payload));
-    }
-    if (rc != AMQP_STATUS_OK) {
-      conn_.Reset(false);
-      return Status::Unavailable("amqp: publish to " + ep_.Where() + " failed: " + amqp_error_string2(rc));
-    }
-    const uint64_t seq = ++seq_;
-    return WaitConfirmLocked(seq);
+    return amqp_basic_publish(conn_.get(), kChannel, Bytes(o_.exchange), Bytes(item.routing_key), /*mandatory=*/1,
+                              /*immediate=*/0, &props, Bytes(message.payload));
   }
 
- private:
-  Status WaitConfirmLocked(uint64_t seq) {
+  // Publishes every item, then waits for their confirms. Each item's status:
+  // OK (acked); kRejected (returned as unroutable, then acked; or the
+  // channel closed with 404, no such exchange); kUnavailable (nacked, or
+  // never sent); kInDoubt (sent, then the channel or the connection was
+  // lost or no confirm came in time: the next call reconnects).
+  void SendAndConfirmLocked(std::span<Item> items) {
+    bool fresh = false;
+    if (!conn_) {
+      if (Status s = ConnectLocked(); !s.ok()) {
+        for (Item& it : items) it.status = s;
+        return;
+      }
+      fresh = true;
+    }
+    size_t sent = 0;
+    for (; sent < items.size(); ++sent) {
+      int rc = BasicPublishLocked(items[sent]);
+      if (rc != AMQP_STATUS_OK && sent == 0 && !fresh) {
+        // The connection died since the last call. A publish that failed to
+        // write never reached the broker whole: reconnect and send it again.
+        conn_.Reset(false);
+        if (Status s = ConnectLocked(); !s.ok()) {
+          for (Item& it : items) it.status = s;
+          return;
+        }
+        rc = BasicPublishLocked(items[sent]);
+      }
+      if (rc != AMQP_STATUS_OK) {
+        conn_.Reset(false);
+        const std::string why = "amqp: publish to " + ep_.Where() + " failed: " + amqp_error_string2(rc);
+        // The first never went out whole; later ones may follow sent ones.
+        for (size_t k = 0; k < sent; ++k) items[k].status = Status::InDoubt(why + ": publish again");
+        for (size_t k = sent; k < items.size(); ++k) items[k].status = Status::Unavailable(why);
+        return;
+      }
+      items[sent].tag = ++seq_;
+    }
+    WaitConfirmsLocked(items);
+  }
+
+  // Settles every item of tag <= `tag` (or just `tag`) not settled yet.
+  static size_t Settle(std::span<Item> items, uint64_t tag, bool multiple, bool ack, const std::string& nack_text) {
+    size_t n = 0;
+    for (Item& it : items) {
+      if (it.confirmed || !(it.tag == tag || (multiple && it.tag < tag))) continue;
+      it.confirmed = true;
+      ++n;
+      if (!ack)
+        it.status = Status::Unavailable(nack_text);
+      else if (!it.returned.empty())
+        it.status = Status::Rejected("amqp: unroutable: no queue takes routing key '" + std::string(it.routing_key) +
+                                     "': " + it.returned);
+      else
+        it.status = Status::OK();
+    }
+    return n;
+  }
+
+  void WaitConfirmsLocked(std::span<Item> items) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1, o_.connect_timeout_ms));
-    bool returned = false;
-    std::string return_text;
-    for (;;) {
+    size_t open = items.size();
+    auto fail_open = [&](const Status& s) {
+      conn_.Reset(false);  // a late confirm must not be taken for the next message's
+      for (Item& it : items)
+        if (!it.confirmed) it.status = s;
+    };
+    while (open > 0) {
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        conn_.Reset(false);  // a late confirm must not be taken for the next message's
-        return Status::InDoubt("amqp: no publisher confirm from " + ep_.Where() + " within " +
-                               std::to_string(o_.connect_timeout_ms) + " ms: publish again");
-      }
+      if (now >= deadline)
+        return fail_open(Status::InDoubt("amqp: no publisher confirm from " + ep_.Where() + " within " +
+                                         std::to_string(o_.connect_timeout_ms) + " ms: publish again"));
       timeval tv = ToTimeval(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
       amqp_maybe_release_buffers(conn_.get());
       amqp_frame_t frame;
       int rc = amqp_simple_wait_frame_noblock(conn_.get(), &frame, &tv);
       if (rc == AMQP_STATUS_TIMEOUT) continue;
-      if (rc != AMQP_STATUS_OK) {
-        conn_.Reset(false);
-        return Status::InDoubt("amqp: connection to " + ep_.Where() + " lost before the publisher confirm (" +
-                               amqp_error_string2(rc) + "): publish again");
-      }
+      if (rc != AMQP_STATUS_OK)
+        return fail_open(Status::InDoubt("amqp: connection to " + ep_.Where() + " lost before the publisher confirm (" +
+                                         amqp_error_string2(rc) + "): publish again"));
       if (frame.frame_type != AMQP_FRAME_METHOD) continue;
       const amqp_method_t& m = frame.payload.method;
       if (m.id == AMQP_BASIC_ACK_METHOD) {
         auto* a = static_cast<amqp_basic_ack_t*>(m.decoded);
-        if (a->delivery_tag == seq || (a->multiple && a->delivery_tag >= seq)) {
-          if (returned) return Status::NotFound("amqp: unroutable message: " + return_text);
-          return Status::OK();
-        }
+        open -= Settle(items, a->delivery_tag, a->multiple, true, {});
       } else if (m.id == AMQP_BASIC_NACK_METHOD) {
         auto* n = static_cast<amqp_basic_nack_t*>(m.decoded);
-        if (n->delivery_tag == seq || (n->multiple && n->delivery_tag >= seq))
-          return Status::Unavailable("amqp: the broker at " + ep_.Where() + " nacked the publish");
+        open -= Settle(items, n->delivery_tag, n->multiple, false,
+                       "amqp: the broker at " + ep_.Where() + " nacked the publish");
       } else if (m.id == AMQP_BASIC_RETURN_METHOD) {
         auto* r = static_cast<amqp_basic_return_t*>(m.decoded);
-        returned = true;
-        return_text = std::to_string(r->reply_code) + " " + Str(r->reply_text) + " (exchange '" + Str(r->exchange) +
-                      "', routing key '" + Str(r->routing_key) + "')";
-        // The returned message's content follows: read it and drop it.
+        const std::string routing_key = Str(r->routing_key);
+        std::string text = std::to_string(r->reply_code) + " " + Str(r->reply_text) + " (exchange '" +
+                           Str(r->exchange) + "', routing key '" + routing_key + "')";
+        // The returned message's content follows: its message-id and
+        // routing key name the item (the return comes before its ack).
         amqp_message_t msg;
         amqp_rpc_reply_t rr = amqp_read_message(conn_.get(), frame.channel, &msg, 0);
-        if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
-          conn_.Reset(false);
-          return Status::InDoubt("amqp: connection to " + ep_.Where() +
-                                 " lost reading a returned message: " + ReplyText(rr));
-        }
+        if (rr.reply_type != AMQP_RESPONSE_NORMAL)
+          return fail_open(Status::InDoubt("amqp: connection to " + ep_.Where() +
+                                           " lost reading a returned message: " + ReplyText(rr)));
+        const std::string id =
+            (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) ? Str(msg.properties.message_id) : std::string();
         amqp_destroy_message(&msg);
+        for (Item& it : items)
+          if (!it.confirmed && it.returned.empty() && it.routing_key == routing_key && it.message->id == id) {
+            it.returned = std::move(text);
+            break;
+          }
       } else if (m.id == AMQP_CHANNEL_CLOSE_METHOD || m.id == AMQP_CONNECTION_CLOSE_METHOD) {
         uint16_t code = 0;
         std::string text;
@@ -160,11 +260,9 @@ class PublisherImpl final : public Publisher {
           code = c->reply_code;
           text = Str(c->reply_text);
         }
-        conn_.Reset(false);
         const std::string msg =
             "amqp: the broker at " + ep_.Where() + " closed the channel: " + std::to_string(code) + " " + text;
-        if (code == AMQP_NOT_FOUND) return Status::NotFound(msg);
-        return Status::InDoubt(msg + ": publish again");
+        return fail_open(code == AMQP_NOT_FOUND ? Status::Rejected(msg) : Status::InDoubt(msg + ": publish again"));
       }
     }
   }

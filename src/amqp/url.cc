@@ -41,21 +41,21 @@ Result<Endpoint> ParseUrl(std::string_view url) {
 
 namespace {
 
-// The keys of an amqp:// source or publisher URL.
-Result<ParsedUrl> ParseQuery(std::string_view url) {
+// The keys of an amqp:// source or publisher URL (a publisher's may name no
+// queue: it is then given a destination per message).
+Result<ParsedUrl> ParseQuery(std::string_view url, bool need_queue) {
   IDEM_RETURN_IF_ERROR(amqp::ParseUrl(url).status());
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "amqp url"));
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue", "id_header", "prefetch", "lease_ms", "queue_type", "declare_queue",
                                     "heartbeat_ms", "connect_timeout_ms", "max_nack_delay_ms"}));
-  if (u.Get("queue").empty())
+  if (u.Get("queue").empty() && need_queue)
     return Status::InvalidArgument("an amqp:// URL needs ?queue=NAME: '" + RedactUrl(url) + "'");
   return u;
 }
 
-}  // namespace
-
-Result<Source::Options> Source::ParseUrl(std::string_view url) {
-  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseQuery(url));
+Result<Source::Options> ParseSourceUrl(std::string_view url, bool need_queue) {
+  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseQuery(url, need_queue));
+  using Options = Source::Options;
   Options o;
   o.url = std::string(url.substr(0, url.find('?')));
   o.queue = u.Get("queue");
@@ -72,12 +72,16 @@ Result<Source::Options> Source::ParseUrl(std::string_view url) {
   return o;
 }
 
+}  // namespace
+
+Result<Source::Options> Source::ParseUrl(std::string_view url) { return ParseSourceUrl(url, /*need_queue=*/true); }
+
 Result<Publisher::Options> Publisher::ParseUrl(std::string_view url) {
   // One URL opens both ends: the consumer's keys are checked the same way.
-  IDEM_ASSIGN_OR_RETURN(Source::Options s, Source::ParseUrl(url));
+  IDEM_ASSIGN_OR_RETURN(Source::Options s, ParseSourceUrl(url, /*need_queue=*/false));
   return Options{.url = s.url,
                  .queue = s.queue,
-                 .declare_queue = s.declare_queue,
+                 .declare_queue = s.declare_queue && !s.queue.empty(),
                  .queue_type = s.queue_type,
                  .connect_timeout_ms = s.connect_timeout_ms};
 }

@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/publish_batch.h"
 #include "core/saturating.h"
 #include "embedded/rows.h"
 #include "idem/url.h"
@@ -59,27 +61,49 @@ class SqliteQueue final : public Queue {
     IDEM_RETURN_IF_ERROR(ValidateId(m.id));
     std::lock_guard<std::mutex> l(mu_);
     return InTx([&]() -> Status {
-      int64_t now = o_.env->NowMs();
-      Value p[] = {o_.queue,
-                   Blob{m.id},
-                   m.producer_time_ms ? Value(*m.producer_time_ms) : Value(),
-                   Blob{m.payload},
-                   Blob{EncodeHeaders(m.headers)},
-                   now,
-                   now};
-      IDEM_RETURN_IF_ERROR(db_->Exec("INSERT INTO idem_queue_messages(queue, id, producer_time_ms, payload, headers,"
-                                     " published_at_ms, visible_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                                     p)
-                               .status());
-      Value q[] = {o_.queue};
-      return db_
-          ->Exec(
-              "INSERT INTO idem_queue_counters(queue, published, acked) VALUES ($1, 1, 0)"
-              " ON CONFLICT (queue) DO UPDATE SET published = published + 1",
-              q)
-          .status();
+      IDEM_RETURN_IF_ERROR(InsertLocked(o_.queue, m, m.headers));
+      return CountPublishedLocked(o_.queue, 1);
     });
   }
+
+  // One transaction for every element that passes its checks: all of them
+  // are stored, or none (each then answers the transaction's error). An
+  // element refused by its checks (kInvalidArgument) is left out and does
+  // not hold back the others.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override {
+    std::vector<Status> out(batch.size());
+    std::vector<std::string_view> where(batch.size());
+    bool any = false;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto d = publish_internal::Destination(batch[i], o_.queue, "embedded queue", "queue");
+      if (!d.ok()) {
+        out[i] = d.status();
+        continue;
+      }
+      where[i] = *d;
+      any = true;
+    }
+    if (!any) return out;
+    std::lock_guard<std::mutex> l(mu_);
+    Status s = InTx([&]() -> Status {
+      std::map<std::string_view, int64_t> counts;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (!out[i].ok()) continue;
+        const Message& m = *batch[i].message;
+        IDEM_RETURN_IF_ERROR(InsertLocked(where[i], m, publish_internal::HeadersWithKey(m, batch[i].key)));
+        ++counts[where[i]];
+      }
+      for (const auto& [queue, n] : counts) IDEM_RETURN_IF_ERROR(CountPublishedLocked(queue, n));
+      return Status::OK();
+    });
+    if (!s.ok())
+      for (Status& e : out)
+        if (e.ok()) e = s;
+    return out;
+  }
+
+  PublisherTraits traits() const override { return {.ordered_batch = true, .max_batch = 1000}; }
+  std::string_view Channel() const override { return o_.queue; }
 
   Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override {
     if (max < 1) return Status::InvalidArgument("Receive: max must be at least 1");
@@ -149,6 +173,34 @@ class SqliteQueue final : public Queue {
   }
 
  private:
+  // Appends one message to `queue` (inside a transaction).
+  Status InsertLocked(std::string_view queue, const Message& m,
+                      const std::vector<std::pair<std::string, std::string>>& headers) {
+    const int64_t now = o_.env->NowMs();
+    Value p[] = {std::string(queue),
+                 Blob{m.id},
+                 m.producer_time_ms ? Value(*m.producer_time_ms) : Value(),
+                 Blob{m.payload},
+                 Blob{EncodeHeaders(headers)},
+                 now,
+                 now};
+    return db_
+        ->Exec(
+            "INSERT INTO idem_queue_messages(queue, id, producer_time_ms, payload, headers,"
+            " published_at_ms, visible_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            p)
+        .status();
+  }
+  Status CountPublishedLocked(std::string_view queue, int64_t n) {
+    Value q[] = {std::string(queue), n};
+    return db_
+        ->Exec(
+            "INSERT INTO idem_queue_counters(queue, published, acked) VALUES ($1, $2, 0)"
+            " ON CONFLICT (queue) DO UPDATE SET published = published + $2",
+            q)
+        .status();
+  }
+
   template <typename F>
   Status InTx(F&& body) {
     IDEM_RETURN_IF_ERROR(db_->Script("BEGIN IMMEDIATE").WithContext("queue " + o_.path));

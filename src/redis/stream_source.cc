@@ -462,6 +462,16 @@ Result<std::unique_ptr<StreamSource>> StreamSource::Open(const Options& options)
 }
 
 Result<StreamSource::Options> StreamSource::ParseUrl(std::string_view url) {
+  return redis_internal::ParseStreamUrl(url, /*need_stream=*/true);
+}
+
+}  // namespace idem::redis
+
+namespace idem::redis_internal {
+
+Result<redis::StreamSource::Options> ParseStreamUrl(std::string_view url, bool need_stream) {
+  using redis::StreamSource;
+  using Options = StreamSource::Options;
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Redis stream URL"));
   if (u.scheme != "redis")
     return Status::InvalidArgument("not a Redis stream URL: '" + RedactUrl(url) +
@@ -474,13 +484,13 @@ Result<StreamSource::Options> StreamSource::ParseUrl(std::string_view url) {
   // named by ParseUrl.
   IDEM_RETURN_IF_ERROR(redis_internal::ParseUrl(o.url).status());
   o.stream = u.Get("stream");
-  if (o.stream.empty())
+  if (o.stream.empty() && need_stream)
     return Status::InvalidArgument("a Redis stream URL needs ?stream=NAME: '" + RedactUrl(url) + "'");
   o.group = u.Get("group", "idem");
   o.consumer = u.Get("consumer");
   o.id_field = u.Get("id_field", o.id_field);
   o.payload_field = u.Get("payload_field", o.payload_field);
-  IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 1, kLeaseClockShiftMs / 2));
+  IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 1, redis::kLeaseClockShiftMs / 2));
   IDEM_ASSIGN_OR_RETURN(o.create_group, u.GetBool("create_group", o.create_group));
   IDEM_ASSIGN_OR_RETURN(o.delete_on_ack, u.GetBool("delete_on_ack", o.delete_on_ack));
   IDEM_ASSIGN_OR_RETURN(o.poll_ms, u.GetInt("poll_ms", o.poll_ms, 1, 600'000));
@@ -490,4 +500,4 @@ Result<StreamSource::Options> StreamSource::ParseUrl(std::string_view url) {
   return o;
 }
 
-}  // namespace idem::redis
+}  // namespace idem::redis_internal

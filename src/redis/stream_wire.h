@@ -7,11 +7,13 @@
 #ifndef IDEM_SRC_REDIS_STREAM_WIRE_H_
 #define IDEM_SRC_REDIS_STREAM_WIRE_H_
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "idem/message.h"
+#include "idem/redis/stream_source.h"
 #include "idem/result.h"
 #include "idem/source.h"
 #include "redis/client.h"
@@ -24,11 +26,30 @@ inline constexpr std::string_view kStreamHeaderPrefix = "header:";
 // The header a message read without an id carries, saying why.
 inline constexpr std::string_view kStreamErrorHeader = "idem-error";
 
-// XADD <stream> * <id_field> <id> [idem-producer-time-ms <t>] <payload_field>
-// <payload> [header:<name> <value>]...; the entry id. kInvalidArgument for
+// The argv of XADD <stream> * <id_field> <id> [idem-producer-time-ms <t>]
+// <payload_field> <payload> [header:<name> <value>]...
+// [header:idem-ordering-key <key>]: views into its arguments (which must
+// outlive it) and its own strings.
+class StreamEntry {
+ public:
+  StreamEntry(std::string_view stream, std::string_view id_field, std::string_view payload_field, const Message& m,
+              std::string_view key);
+  StreamEntry(StreamEntry&&) = default;
+  std::span<const std::string_view> argv() const { return argv_; }
+
+ private:
+  std::vector<std::string> names_;  // the producer time, "header:<name>"s
+  std::vector<std::string_view> argv_;
+};
+
+// Runs the XADD of StreamEntry (no key); the entry id. kInvalidArgument for
 // an invalid message id.
 Result<std::string> StreamAppend(Conn& conn, std::string_view stream, std::string_view id_field,
                                  std::string_view payload_field, const Message& m);
+
+// StreamSource::ParseUrl; with need_stream false, a URL without ?stream=
+// is read too (a publisher given its destinations per message).
+Result<redis::StreamSource::Options> ParseStreamUrl(std::string_view url, bool need_stream);
 
 // OK, or kInvalidArgument when `field` cannot hold the id or the payload
 // (empty, a producer time name, "header:...").

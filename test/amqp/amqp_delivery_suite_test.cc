@@ -74,16 +74,18 @@ std::string QueueFor(const TempDir& dir) {
 
 Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
   if (SuiteUrl().empty()) return Status::Unavailable("IDEM_TEST_AMQP_URL is not set (run via ctest)");
-  const std::string q = QueueFor(dir);
+  const std::string q = QueueFor(dir) + (c.other_channel ? "-other" : "");
   // The source declares the quorum queue; the publisher then only publishes.
   auto s = amqp::Source::Open(
       {.url = SuiteUrl(), .queue = q, .prefetch = 1000, .queue_type = "quorum", .lease_ms = c.lease_ms, .env = c.env});
   if (!s.ok()) return s.status();
-  auto p = amqp::Publisher::Open({.url = SuiteUrl()});
+  auto p = amqp::Publisher::Open({.url = SuiteUrl(), .queue = q});
   if (!p.ok()) return p.status();
   std::shared_ptr<amqp::Publisher> pub = std::move(*p);
   SourceHandle h;
   h.publish = [pub, q](const Message& m) { return pub->Publish(q, m); };
+  h.publisher = pub;
+  h.channel = q;
   h.source = std::make_unique<Settled>(std::move(*s));
   return h;
 }

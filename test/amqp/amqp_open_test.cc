@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,14 +53,52 @@ TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
 }
 
 TEST(AmqpOpenByUrl, BadKeysAndValuesAreRefusedBeforeConnecting) {
-  for (const std::string q : {"?queue=q&colour=red", "?queue=q&prefetch=0", "?queue=q&prefetch=1x", "?prefetch=5",
-                              "?queue=q&declare_queue=maybe"}) {
+  for (const std::string q :
+       {"?queue=q&colour=red", "?queue=q&prefetch=0", "?queue=q&prefetch=1x", "?queue=q&declare_queue=maybe"}) {
     auto src = OpenSource(BaseUrl() + q);
     EXPECT_EQ(src.status().code(), Code::kInvalidArgument) << q << ": " << src.status();
     EXPECT_EQ(src.status().message().find("secret"), std::string::npos) << src.status();
     auto pub = OpenPublisher(BaseUrl() + q);
     EXPECT_EQ(pub.status().code(), Code::kInvalidArgument) << q << ": " << pub.status();
   }
+}
+
+// A source needs a queue; a publisher opens without one (Channel() empty:
+// Publish says so, PublishBatch names a destination per message), and an
+// unroutable element of a batch is kRejected alone, naming its routing key.
+TEST(AmqpOpenByUrl, APublisherWithoutAQueuePublishesBatchesAndRejectsJustTheUnroutableElement) {
+  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  EXPECT_EQ(OpenSource(BaseUrl() + "?prefetch=5").status().code(), Code::kInvalidArgument);
+  auto pub = OpenPublisher(BaseUrl() + "?prefetch=5");
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  EXPECT_EQ((*pub)->Channel(), "");
+  Status no_queue = (*pub)->Publish(Msg("m-0"));
+  EXPECT_EQ(no_queue.code(), Code::kInvalidArgument) << no_queue;
+  EXPECT_NE(no_queue.message().find("no queue"), std::string::npos) << no_queue;
+  const std::string queue = QueueName("batch"), missing = QueueName("nobody");
+  auto src = OpenSource(BaseUrl() + "?queue=" + queue);
+  ASSERT_TRUE(src.ok()) << src.status();
+  Message a = Msg("m-1", "a"), lost = Msg("m-2", "b"), c = Msg("m-3", "c");
+  const Outgoing batch[] = {{queue, "k-1", &a}, {missing, "k-2", &lost}, {queue, "k-3", &c}};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Status> st = (*pub)->PublishBatch(batch);
+    ASSERT_EQ(st.size(), 3u);
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    EXPECT_EQ(st[1].code(), Code::kRejected) << st[1];
+    EXPECT_NE(st[1].message().find(missing), std::string::npos) << st[1];
+    EXPECT_TRUE(st[2].ok()) << st[2];
+  }
+  std::vector<Delivery> got = ReceiveUntil(**src, 4);
+  ASSERT_EQ(got.size(), 4u);
+  std::map<std::string, int> ids;
+  for (const Delivery& d : got) {
+    ++ids[d.message.id];
+    EXPECT_EQ(d.message.Header(kOrderingKeyHeader), d.message.id == "m-1" ? "k-1" : "k-3");
+    EXPECT_TRUE((*src)->Ack(d).ok());
+  }
+  EXPECT_EQ(ids, (std::map<std::string, int>{{"m-1", 2}, {"m-3", 2}}));
+  // The publisher goes on working after the return.
+  EXPECT_TRUE((*pub)->PublishBatch(std::span<const Outgoing>(batch, 1))[0].ok());
 }
 
 // Messages written under the producer time's former names keep their time;

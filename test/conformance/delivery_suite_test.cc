@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -23,6 +24,7 @@
 
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "idem/publisher.h"
 #include "idem/sqlite/store.h"
 #include "idem/store.h"
 #include "util/delivery_suite.h"
@@ -569,6 +571,122 @@ IDEM_DELIVERY_CASE(ThroughTheInboxEachMessageIsAppliedOnceAndAckedAfterItsCommit
   EXPECT_EQ(checked.acked_before_commit(), 0);
   EXPECT_EQ(consumer->stats().dead_lettered, 0u);
   ExpectDrained();
+}
+
+// ---------------------------------------------------------------------------
+// PublishBatch (the outbox relay's way in): every source's Publisher.
+// ---------------------------------------------------------------------------
+
+// `n` messages "b-<i>" over `keys` keys "key-<i % keys>", payload "<i>".
+struct KeyedBatch {
+  KeyedBatch(int n, int keys, std::string_view destination = {}) {
+    for (int i = 0; i < n; ++i) {
+      messages.push_back(Msg("b-" + std::to_string(i), std::to_string(i)));
+      key_names.push_back("key-" + std::to_string(i % keys));
+    }
+    for (int i = 0; i < n; ++i) outgoing.push_back({destination, key_names[i], &messages[i]});
+  }
+  std::vector<Message> messages;
+  std::vector<std::string> key_names;
+  std::vector<Outgoing> outgoing;
+};
+
+IDEM_DELIVERY_CASE(ABatchToTheOwnChannelIsReadBackCompleteWithItsOrderingKeys) {
+  constexpr int kN = 50;
+  KeyedBatch b(kN, 5);
+  EXPECT_EQ(publisher().Channel(), handle_.channel);
+  EXPECT_GE(publisher().traits().max_batch, kN);
+  PublishBatch(b.outgoing);
+  PublishBatch(b.outgoing);  // a relay's republish: every id twice
+  std::vector<Delivery> got = ReceiveN(source(), 2 * kN);
+  ASSERT_EQ(got.size(), 2u * kN);
+  std::map<std::string, int> seen = CountIds(got);
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kN));
+  for (const auto& [id, n] : seen) EXPECT_EQ(n, 2) << id;
+  for (const Delivery& d : got) {
+    const int i = std::stoi(d.message.payload);
+    EXPECT_EQ(d.message.id, "b-" + std::to_string(i));
+    EXPECT_EQ(d.message.Header(kOrderingKeyHeader), std::optional<std::string_view>(b.key_names[i])) << d.message.id;
+    EXPECT_TRUE(source().Ack(d).ok()) << d.message.id;
+  }
+  ExpectDrained();
+}
+
+// Per key, the messages arrive in the order they were handed over: in one
+// batch where the publisher promises ordered batches, else in batches that
+// hold one message per key (as the outbox relay sends them).
+IDEM_DELIVERY_CASE(BatchesKeepTheOrderOfEachKey) {
+  constexpr int kN = 40, kKeys = 4;
+  KeyedBatch b(kN, kKeys);
+  const bool ordered = publisher().traits().ordered_batch;
+  for (int round = 0; round < 2; ++round) {
+    if (ordered) {
+      PublishBatch(b.outgoing);
+    } else {
+      for (int i = 0; i < kN; i += kKeys) PublishBatch(std::span<const Outgoing>(b.outgoing).subspan(i, kKeys));
+    }
+  }
+  std::vector<Delivery> got = ReceiveN(source(), 2 * kN);
+  ASSERT_EQ(got.size(), 2u * kN);
+  std::map<std::string, std::vector<int>> order;  // per key, the payloads as received
+  for (const Delivery& d : got) {
+    const int i = std::stoi(d.message.payload);
+    order[b.key_names[i]].push_back(i);
+    EXPECT_TRUE(source().Ack(d).ok()) << d.message.id;
+  }
+  ASSERT_EQ(order.size(), static_cast<size_t>(kKeys));
+  for (int k = 0; k < kKeys; ++k) {
+    std::vector<int> want;
+    for (int round = 0; round < 2; ++round)
+      for (int i = k; i < kN; i += kKeys) want.push_back(i);
+    EXPECT_EQ(order["key-" + std::to_string(k)], want) << "key-" << k << (ordered ? " (one batch)" : " (batches)");
+  }
+  ExpectDrained();
+}
+
+// An element the broker can never carry (an empty id, no message) answers
+// kInvalidArgument; the others are published (on the embedded queue too:
+// the refused elements are left out of its one transaction).
+IDEM_DELIVERY_CASE(AnInvalidElementIsRefusedAndTheOthersArePublished) {
+  Message good_a = Msg("good-a", "a"), bad = Msg("", "no id"), good_b = Msg("good-b", "b");
+  const Outgoing batch[] = {{{}, "k-1", &good_a}, {{}, "k-2", &bad}, {{}, "k-3", nullptr}, {{}, "k-1", &good_b}};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Status> st = publisher().PublishBatch(batch);
+    ASSERT_EQ(st.size(), 4u);
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    EXPECT_EQ(st[1].code(), Code::kInvalidArgument) << st[1];
+    EXPECT_EQ(st[2].code(), Code::kInvalidArgument) << st[2];
+    EXPECT_TRUE(st[3].ok()) << st[3];
+  }
+  std::vector<Delivery> got = ReceiveN(source(), 4);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(CountIds(got), (std::map<std::string, int>{{"good-a", 2}, {"good-b", 2}}));
+  for (const Delivery& d : got) EXPECT_TRUE(source().Ack(d).ok());
+  ExpectDrained();
+}
+
+// A destination names another queue, stream or topic than the publisher's
+// own channel: its messages go there, the others to the channel.
+IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere) {
+  auto other = Open({.lease_ms = kLeaseMs, .env = &env_, .other_channel = true});
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_NE(other->channel, handle_.channel);
+  Message there = Msg("there", "1"), here = Msg("here", "2");
+  const Outgoing batch[] = {{other->channel, "k", &there}, {{}, "k", &here}};
+  PublishBatch(batch);
+  PublishBatch(batch);
+  std::vector<Delivery> got_there = ReceiveN(*other->source, 2);
+  ASSERT_EQ(got_there.size(), 2u);
+  EXPECT_EQ(CountIds(got_there), (std::map<std::string, int>{{"there", 2}}));
+  for (const Delivery& d : got_there) EXPECT_TRUE(other->source->Ack(d).ok());
+  std::vector<Delivery> got_here = ReceiveN(source(), 2);
+  ASSERT_EQ(got_here.size(), 2u);
+  EXPECT_EQ(CountIds(got_here), (std::map<std::string, int>{{"here", 2}}));
+  for (const Delivery& d : got_here) EXPECT_TRUE(source().Ack(d).ok());
+  ExpectDrained();
+  auto left = other->source->Receive(10, 0);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty()) << left->size() << " left on the other channel";
 }
 
 }  // namespace

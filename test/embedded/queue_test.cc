@@ -41,7 +41,7 @@ namespace {
 
 Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
   auto q = embedded::Queue::Open({.path = dir.File("queue.db"),
-                                  .queue = "orders",
+                                  .queue = c.other_channel ? "invoices" : "orders",
                                   .lease_ms = c.lease_ms,
                                   .durable = false,
                                   .poll_ms = 5,
@@ -50,6 +50,8 @@ Result<SourceHandle> OpenEmbedded(const TempDir& dir, const SourceConfig& c) {
   embedded::Queue* raw = q->get();
   SourceHandle h;
   h.publish = [raw](const Message& m) { return raw->Publish(m); };
+  h.publisher = std::shared_ptr<Publisher>(std::shared_ptr<void>(), raw);  // not owned: the source is the queue
+  h.channel = c.other_channel ? "invoices" : "orders";
   h.source = std::move(*q);
   return h;
 }

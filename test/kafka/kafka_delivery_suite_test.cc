@@ -86,9 +86,13 @@ Result<std::shared_ptr<void>> StartCluster(const TempDir&) {
 Result<SourceHandle> OpenKafka(const TempDir&, const SourceConfig& c) {
   auto* cluster = static_cast<MockKafka*>(c.broker.get());
   if (cluster == nullptr) return Status::InvalidArgument("kafka: the suite's mock cluster was not started");
+  // The second channel: a topic of its own, read by a group of its own.
+  const std::string topic = std::string(kTopic) + (c.other_channel ? "-other" : "");
+  const std::string group = std::string(kGroup) + (c.other_channel ? "-other" : "");
+  if (c.other_channel) (void)rd_kafka_mock_topic_create(cluster->cluster(), topic.c_str(), kPartitions, 1);
   auto s = kafka::Source::Open({.brokers = cluster->brokers(),
-                                .topic = kTopic,
-                                .group = kGroup,
+                                .topic = topic,
+                                .group = group,
                                 .session_timeout_ms = 6'000,
                                 .heartbeat_interval_ms = 200,
                                 .config = {{"fetch.wait.max.ms", "20"},
@@ -98,11 +102,13 @@ Result<SourceHandle> OpenKafka(const TempDir&, const SourceConfig& c) {
                                            {"topic.metadata.refresh.interval.ms", "500"}},
                                 .env = c.env});
   if (!s.ok()) return s.status();
-  auto p = kafka::Publisher::Open({.brokers = cluster->brokers(), .topic = kTopic});
+  auto p = kafka::Publisher::Open({.brokers = cluster->brokers(), .topic = topic});
   if (!p.ok()) return p.status();
   std::shared_ptr<kafka::Publisher> pub = std::move(*p);
   SourceHandle h;
   h.publish = [pub](const Message& m) { return pub->Publish(m); };
+  h.publisher = pub;
+  h.channel = topic;
   h.source = std::make_unique<Fetched>(std::move(*s));
   return h;
 }

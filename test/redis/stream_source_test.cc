@@ -48,11 +48,17 @@ StreamOptions OptionsFor(const TempDir& dir, int64_t lease_ms, Env* env, const s
 }
 
 Result<SourceHandle> OpenStreams(const TempDir& dir, const SourceConfig& c) {
-  auto s = StreamSource::Open(OptionsFor(dir, c.lease_ms, c.env));
+  StreamOptions o = OptionsFor(dir, c.lease_ms, c.env);
+  if (c.other_channel) o.stream += "-other";
+  auto s = StreamSource::Open(o);
   if (!s.ok()) return s.status();
+  auto p = redis::StreamPublisher::Open({.url = o.url, .stream = o.stream});
+  if (!p.ok()) return p.status();
   StreamSource* raw = s->get();
   SourceHandle h;
   h.publish = [raw](const Message& m) { return raw->Publish(m).status(); };
+  h.publisher = std::move(*p);
+  h.channel = o.stream;
   h.source = std::move(*s);
   return h;
 }
@@ -771,7 +777,17 @@ TEST_F(StreamsTest, PublisherWritesTheCurrentProducerTimeName) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].message.producer_time_ms, m.producer_time_ms);
   EXPECT_TRUE(s->Ack(got[0]).ok());
-  EXPECT_EQ(redis::StreamPublisher::Open({.url = RedisUrl(), .stream = ""}).status().code(), Code::kInvalidArgument);
+  // Without a stream a publisher opens (PublishBatch names a destination
+  // per message); Publish then says that no stream was given.
+  auto none = redis::StreamPublisher::Open({.url = RedisUrl(), .stream = ""});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ((*none)->Channel(), "");
+  EXPECT_EQ((*none)->Publish(m).code(), Code::kInvalidArgument);
+  auto by_url = OpenPublisher(RedisUrl());
+  ASSERT_TRUE(by_url.ok()) << by_url.status();
+  EXPECT_EQ((*by_url)->Channel(), "");
+  const Outgoing there[] = {{Opts().stream, "k", &m}};
+  EXPECT_TRUE((*by_url)->PublishBatch(there)[0].ok());
   EXPECT_EQ((*pub)->Publish(Msg("")).code(), Code::kInvalidArgument);
 }
 

@@ -31,12 +31,14 @@
 #include <map>
 #include <memory>
 #include <ostream>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
 #include "idem/testing/fake_env.h"
@@ -105,6 +107,9 @@ struct SourceConfig {
   Env* env = nullptr;
   // What SourceParam::start returned for this test (null without it).
   std::shared_ptr<void> broker;
+  // Open the test's second channel (another queue, stream or topic of the
+  // same broker, created by the hook), not its own.
+  bool other_channel = false;
 };
 
 // One open handle on the suite's queue.
@@ -112,6 +117,11 @@ struct SourceHandle {
   std::unique_ptr<Source> source;
   // Appends a message, as a producer would.
   std::function<Status(const Message&)> publish;
+  // The adapter's Publisher, opened on this handle's channel (for
+  // PublishBatch), and that channel's name (the destination of its
+  // messages for a publisher of another channel).
+  std::shared_ptr<Publisher> publisher;
+  std::string channel;
 };
 
 struct SourceParam {
@@ -161,6 +171,27 @@ class DeliverySuite : public ::testing::Test {
   void PublishTwice(const Message& m) {
     Publish(m);
     Publish(m);
+  }
+  Publisher& publisher() { return *handle_.publisher; }
+  // PublishBatch, and every element's status must be `want` (OK by default).
+  void PublishBatch(std::span<const Outgoing> batch) {
+    std::vector<Status> got = publisher().PublishBatch(batch);
+    ASSERT_EQ(got.size(), batch.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(got[i].ok()) << "element " << i << ": " << got[i];
+  }
+  // Receives from `s` until `n` deliveries came (or a round saw nothing).
+  static std::vector<Delivery> ReceiveN(Source& s, size_t n) {
+    std::vector<Delivery> out;
+    for (int empty = 0; out.size() < n && empty < 3;) {
+      auto got = s.Receive(static_cast<int>(n - out.size()), 0);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok() || got->empty()) {
+        ++empty;
+        continue;
+      }
+      for (Delivery& d : *got) out.push_back(std::move(d));
+    }
+    return out;
   }
   void Advance(int64_t ms) {
     if (GetParam().advance)

@@ -18,8 +18,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/message.h"
 #include "idem/publisher.h"
@@ -62,7 +64,8 @@ class Publisher : public ::idem::Publisher {
   // Reads the URL of Source::ParseUrl (the same URL opens both ends):
   // queue, queue_type, declare_queue (default true, as for the Source) and
   // connect_timeout_ms; the keys only a consumer uses are checked and
-  // ignored.
+  // ignored. Unlike the source's, ?queue= may be left out (no queue is then
+  // declared: PublishBatch names a destination per message).
   static Result<Options> ParseUrl(std::string_view url);
 
   // Publishes to Options::queue (see Publish(routing_key, message));
@@ -81,6 +84,18 @@ class Publisher : public ::idem::Publisher {
   //     are idempotent).
   //   kUnavailable: the broker nacked it or cannot be reached.
   virtual Status Publish(std::string_view routing_key, const Message& message) = 0;
+  // Publishes every element (routing key: its destination, else
+  // Options::queue) as Publish does, all at once on the confirm channel,
+  // then reads the confirms (basic.ack / basic.nack, `multiple` included)
+  // and maps them to the elements by delivery tag: one round trip for the
+  // batch. A non-empty key becomes the string header idem-ordering-key.
+  // Per element: OK; kInvalidArgument (as Publish, and an empty id or no
+  // destination); kRejected when the broker returned it as unroutable
+  // (mandatory: no queue takes its routing key); kUnavailable when nacked or
+  // never sent; kInDoubt when sent and then the channel or the connection
+  // was lost or no confirm came in time (the next call reconnects).
+  // traits(): not ordered, max_batch 500. Channel(): Options::queue.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override = 0;
   std::string_view Kind() const override { return "amqp"; }
 };
 

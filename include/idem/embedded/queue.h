@@ -82,6 +82,14 @@ class Queue : public Source, public Publisher {
 
   // Appends a message. Its id is validated; the payload is stored as is.
   Status Publish(const Message& message) override = 0;
+  // Appends every message in one write transaction: all are stored or none
+  // (every element then answers the same error). Destination: the name of a
+  // queue in this queue's file (empty: Options::queue); a key goes into the
+  // headers as kOrderingKeyHeader. An element with an invalid id or no
+  // message answers kInvalidArgument and is left out; the others are
+  // stored. traits(): ordered_batch, max_batch 1000. Channel():
+  // Options::queue.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override = 0;
   virtual Result<QueueStats> Stats() = 0;
   std::string_view Kind() const override { return "embedded"; }
 };

@@ -82,6 +82,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -238,7 +239,8 @@ class Publisher final : public ::idem::Publisher {
   struct Options {
     // Bootstrap brokers, "host:port,...". Required.
     std::string brokers;
-    // The topic to write to. Required.
+    // The topic Publish and Produce write to. Empty: they are
+    // kInvalidArgument, and PublishBatch needs a destination per message.
     std::string topic;
     // The header that carries the message id. Default: "id".
     std::string id_header = "id";
@@ -271,6 +273,18 @@ class Publisher final : public ::idem::Publisher {
   // brokers acknowledged it (acks). An error: it may or may not be written;
   // publish again.
   Status Publish(const Message& message) override;
+  // Produces every element as a record (topic: its destination, else
+  // Options::topic; record key: its key, else the message id; the headers
+  // as Produce writes them, and idem-ordering-key = key when not empty),
+  // then flushes and gives each element its own delivery report
+  // (kInDoubt for one that did not come within publish_timeout_ms).
+  // traits(): ordered_batch when the producer is idempotent (the default:
+  // acks=all, enable.idempotence=true unless `config` turns it off), with
+  // the partitioner murmur2_random (one key, one partition, as the Java
+  // client places it); max_batch 1000. Channel(): Options::topic.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override;
+  PublisherTraits traits() const override;
+  std::string_view Channel() const override;
   std::string_view Kind() const override { return "kafka"; }
 
   // Queues one record. kBusy when the local queue is full (Flush, retry).

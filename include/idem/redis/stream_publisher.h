@@ -17,8 +17,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/message.h"
 #include "idem/publisher.h"
@@ -32,7 +34,8 @@ class StreamPublisher : public Publisher {
   struct Options {
     // "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]", no query. Required.
     std::string url;
-    // The stream's key. Required.
+    // The stream's key: Channel(), where Publish appends. Empty: Publish is
+    // kInvalidArgument, PublishBatch needs a destination per message.
     std::string stream;
     // The entry fields for the message id and the payload: the same as the
     // consumers' StreamSource::Options. Defaults: "id", "payload".
@@ -51,11 +54,18 @@ class StreamPublisher : public Publisher {
   static Result<std::unique_ptr<StreamPublisher>> Open(const Options& options);
   // Reads the URL of StreamSource::ParseUrl (the same URL opens both ends);
   // the keys only a consumer uses (group, consumer, lease_ms, ...) are
-  // checked and ignored.
+  // checked and ignored. Unlike the source's, ?stream= may be left out.
   static Result<Options> ParseUrl(std::string_view url);
 
-  // Appends `message`. kInvalidArgument for an invalid message id.
+  // Appends `message`. kInvalidArgument for an invalid message id, or when
+  // the publisher was opened without a stream.
   Status Publish(const Message& message) override = 0;
+  // One XADD per element (destination: the stream's key; empty: Options::
+  // stream), pipelined on one connection, each answered by its own reply
+  // (an error reply fails that element only); a non-empty key is written
+  // as the field header:idem-ordering-key. traits(): not ordered (one entry
+  // may fail and the next pass), max_batch 500. Channel(): Options::stream.
+  std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override = 0;
   // As Publish, and returns the new entry's id.
   virtual Result<std::string> Append(const Message& message) = 0;
   std::string_view Kind() const override { return "redis-streams"; }
