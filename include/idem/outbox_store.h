@@ -27,14 +27,14 @@
 #include <utility>
 #include <vector>
 
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/status.h"
 
 namespace idem {
 
-// Headers every relayed message carries besides the producer time
-// (doc/wire-format.md).
-inline constexpr std::string_view kOrderingKeyHeader = "idem-ordering-key";
+// Headers every relayed message carries besides the producer time and the
+// ordering key (idem/publisher.h; doc/wire-format.md).
 inline constexpr std::string_view kOutboxSeqHeader = "idem-outbox-seq";
 inline constexpr std::string_view kCausationIdHeader = "idem-causation-id";
 
