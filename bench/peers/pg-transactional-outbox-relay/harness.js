@@ -207,6 +207,17 @@ async function main() {
   }
   const produceAll = () => Promise.all(Array.from({ length: PRODUCERS }, (_, p) => producer(p)));
 
+  // The library gives up on a message after its retries (marks it abandoned):
+  // then the consumer never holds all N, so stop waiting once every row is
+  // either processed or abandoned.
+  const settled = (async () => {
+    for (;;) {
+      await sleep(200);
+      const { rows: [r] } = await admin.query(`SELECT count(*) FILTER (WHERE processed_at IS NOT NULL)::int AS p,
+          count(*) FILTER (WHERE abandoned_at IS NOT NULL)::int AS a FROM outbox`);
+      if (r.a > 0 && r.p + r.a >= N) { await sleep(1000); return { at: nowMs(), abandoned: r.a }; }
+    }
+  })();
   let t0, tEnd, shutdown;
   const deadline = (what) => sleep(TIMEOUT_S * 1000).then(() => { throw new Error(`timeout: ${what}`); });
   if (RATE > 0) {
@@ -215,7 +226,7 @@ async function main() {
     tFirstScheduled = nowMs() + 10;
     t0 = tFirstScheduled;
     await Promise.race([produceAll(), childExit]);
-    tEnd = (await Promise.race([allReceived, childExit, deadline('consumer')])).at;
+    tEnd = (await Promise.race([allReceived, settled, childExit, deadline('consumer')])).at;
   } else {
     const tp = nowMs();
     await produceAll();
@@ -224,7 +235,7 @@ async function main() {
       `(${(N / produceSeconds).toFixed(1)} producer commits/s)`);
     t0 = nowMs();
     shutdown = startRelay();
-    tEnd = (await Promise.race([allReceived, childExit, deadline('consumer')])).at;
+    tEnd = (await Promise.race([allReceived, settled, childExit, deadline('consumer')])).at;
   }
   // every outbox row marked processed (the relay finishes its transactions)
   for (const until = Date.now() + 30_000; ;) {
