@@ -2,7 +2,7 @@
 # pg-transactional-outbox's outbox relayed to RabbitMQ (see README.md).
 # Env: MODE=polling|replication (polling), N (20000), K (1000), PAYLOAD_BYTES (100),
 #      RATE (0 = preloaded throughput; R = latency at R messages/s), PRODUCERS (16),
-#      BATCH (100) and POLL_MS (50) for polling, POOL (16), RUNS (1), LOG=1.
+#      BATCH (16) and POLL_MS (10) for polling, POOL (16), RUNS (1), LOG=1.
 # Servers: the shared peers' services.sh (PostgreSQL; started here with
 # wal_level=logical unless already running) and a throwaway RabbitMQ
 # (scripts/test-rabbitmq.sh on AMQP_PORT, 56741), unless AMQP_URL is given.
