@@ -80,9 +80,9 @@ async function consumer() {
   process.on('message', async (msg) => {
     if (msg.type !== 'report') return;
     await sleep(300); // let late republishes arrive
-    process.send({ type: 'report', recv: Array.from(recv), distinct, duplicates, violations, foreign });
     await conn.close().catch(() => {});
-    process.exit(0);
+    // the parent ends this process once it has the report
+    process.send({ type: 'report', recv: Array.from(recv), distinct, duplicates, violations, foreign });
   });
   process.send({ type: 'ready' });
 }
@@ -137,7 +137,11 @@ async function main() {
     const on = (m) => { if (m.type === type) { child.off('message', on); resolve(m); } };
     child.on('message', on);
   });
-  const childExit = new Promise((_, reject) => child.on('exit', (c) => reject(new Error(`consumer exited (${c})`))));
+  let reported = false;
+  const childExit = new Promise((_, reject) => child.on('exit', (c) => {
+    if (!reported) reject(new Error(`consumer exited (${c})`));
+  }));
+  childExit.catch(() => {});
   await Promise.race([fromChild('ready'), childExit]);
   const allReceived = fromChild('all');
 
@@ -245,6 +249,8 @@ async function main() {
   }
   child.send({ type: 'report' });
   const rep = await Promise.race([fromChild('report'), childExit]);
+  reported = true;
+  child.kill();
   await shutdown();
   await producerPool.end();
   await pub.close().catch(() => {});
