@@ -237,8 +237,8 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         " AND backend_pid IN (SELECT pid FROM pg_stat_activity)",
     .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane = ANY($1::int[])",
     .handed_write =
-        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
-        " GREATEST(idem_outbox_handed.upto, excluded.upto)",
+        "INSERT INTO idem_outbox_handed(lane, upto) SELECT * FROM unnest($1::int[], $2::bigint[]) ON CONFLICT"
+        " (lane) DO UPDATE SET upto = GREATEST(idem_outbox_handed.upto, excluded.upto)",
     .stats =
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT 1),"
         " (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT count(*) FROM"

@@ -135,13 +135,17 @@ class SqlOutboxSession final : public OutboxSession {
       const int lane = static_cast<int>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql_.lanes));
       upto[lane] = std::max(upto[lane], r.seq);
     }
+    std::vector<int> lanes;
+    std::vector<int64_t> seqs;
     for (const auto& [lane, seq] : upto) {
       if (handed_[lane] >= seq) continue;
       handed_[lane] = seq;
-      Value p[] = {lane, seq};
-      IDEM_RETURN_IF_ERROR(conn_->Exec(sql_.handed_write, p).status());
+      lanes.push_back(lane);
+      seqs.push_back(seq);
     }
-    return Status::OK();
+    if (lanes.empty()) return Status::OK();
+    Value p[] = {List(sql_.list_open, lanes), List(sql_.list_open, seqs)};
+    return conn_->Exec(sql_.handed_write, p).status();
   }
 
   Status Settle(const OutboxSettlement& s) override {

@@ -157,7 +157,7 @@ struct OutboxSql {
   const char* heartbeat;      // ($1 name, $2 lanes held, $3 now)
   const char* live_relays;    // ($1 now, $2 live_ms) -> count
   const char* handed_read;    // ($1 lanes) -> lane, upto
-  const char* handed_write;   // ($1 lane, $2 upto)
+  const char* handed_write;   // ($1 lanes, $2 their uptos: lists of one length)
   const char* stats;          // ($1 now, $2 live_ms) -> backlog, oldest added_at_ms, dead, sent, relays
   const char* session_setup;  // run once on a relay's connection
 };

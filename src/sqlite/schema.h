@@ -208,7 +208,8 @@ inline constexpr sql_internal::OutboxSql kOutbox{
     .live_relays = "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2",
     .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane IN (SELECT value FROM json_each($1))",
     .handed_write =
-        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
+        "INSERT INTO idem_outbox_handed(lane, upto) SELECT l.value, u.value FROM json_each($1) l JOIN"
+        " json_each($2) u ON u.key = l.key WHERE true ON CONFLICT (lane) DO UPDATE SET upto ="
         " max(idem_outbox_handed.upto, excluded.upto)",
     .stats =
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT"
