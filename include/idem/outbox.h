@@ -81,8 +81,9 @@ class Outbox {
   static Result<std::unique_ptr<Outbox>> Open(Store& store) { return Open(store, Options{}); }
 
   // Records `message` in `tx`, a transaction of this Outbox's store. The
-  // row is written before the transaction commits, with it; rolled back,
-  // it was never added. Returns the message's id (drawn when empty).
+  // row is written when the transaction commits, with it (all the rows of a
+  // transaction in one statement); rolled back, it was never added. A
+  // savepoint rolled back takes the Adds made after it. Returns the message's id (drawn when empty).
   // kInvalidArgument, nothing recorded, for a field out of bounds or a
   // transaction that is not an idem store's.
   Result<std::string> Add(Transaction& tx, const OutgoingMessage& message);

@@ -122,8 +122,9 @@ class StoreTransaction : public Transaction, public TransactionalClaims {
 
   // The outbox of the store this transaction belongs to (null: none), and
   // rows to write into it with this transaction (idem/outbox.h): written
-  // before the transaction's next statement or its COMMIT, whichever comes
-  // first, so they commit with it and a savepoint rolled back takes them.
+  // at COMMIT (all in one go), or before a SAVEPOINT, a ROLLBACK TO or a
+  // statement naming idem_outbox if one comes first, so they commit with the
+  // transaction and a savepoint rolled back takes the ones added after it.
   virtual OutboxStore* outbox() { return nullptr; }
   virtual Status AddToOutbox(std::vector<OutboxRow> rows) {
     (void)rows;

@@ -264,7 +264,7 @@ Status SqlStore::WaitForOutbox(Connection&, std::string_view, int64_t timeout_ms
 OutboxStore* SqlStore::outbox_store() { return outbox_.get(); }
 
 Result<std::unique_ptr<OutboxSession>> SqlOutbox::OpenSession(std::string_view name) {
-  IDEM_ASSIGN_OR_RETURN(auto conn, store_.Connect());
+  IDEM_ASSIGN_OR_RETURN(auto conn, store_.ConnectRelay());
   const OutboxSql& sql = *store_.dialect().outbox;
   if (sql.session_setup != nullptr && *sql.session_setup) IDEM_RETURN_IF_ERROR(conn->Script(sql.session_setup));
   return std::unique_ptr<OutboxSession>(new SqlOutboxSession(store_, std::move(conn), std::string(name)));

@@ -87,6 +87,15 @@ bool EndsOrStartsATransaction(std::string_view sql) {
 }
 
 namespace {
+// Whether the outbox rows queued so far must be written before `sql` runs:
+// before a savepoint is set or rolled back to (so that it takes exactly the
+// Adds made after it), and before a statement that reads the outbox. Every
+// other statement lets them wait for COMMIT, where they go in one insert.
+bool NeedsOutboxWritten(std::string_view sql) {
+  const LeadingWords w(sql);
+  return w.Is(0, "SAVEPOINT") || w.Is(0, "ROLLBACK") || sql.find("idem_outbox") != std::string_view::npos;
+}
+
 Status NotInsideIdemsTransaction(std::string_view sql) {
   if (!EndsOrStartsATransaction(sql)) return Status::OK();
   std::string m = "'";
@@ -99,7 +108,7 @@ Status NotInsideIdemsTransaction(std::string_view sql) {
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
-  IDEM_RETURN_IF_ERROR(FlushOutbox());
+  if (!outbox_rows_.empty() && NeedsOutboxWritten(sql)) IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Exec(sql, params);
 }
 
@@ -116,7 +125,7 @@ Result<std::vector<Rows>> Connection::QueryMany(std::string_view sql, std::span<
 Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Usable());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
-  IDEM_RETURN_IF_ERROR(FlushOutbox());
+  if (!outbox_rows_.empty() && NeedsOutboxWritten(sql)) IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Query(sql, params);
 }
 

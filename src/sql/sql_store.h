@@ -219,7 +219,7 @@ class SqlTransaction : public StoreTransaction {
 
  private:
   Status Usable() const;
-  // Writes the rows AddToOutbox queued (before any other statement).
+  // Writes the rows AddToOutbox queued (at COMMIT, or before a savepoint).
   Status FlushOutbox();
 
   SqlStore& store_;
@@ -281,6 +281,8 @@ class SqlStore : public Store, public ClaimStore {
 
   // Backend hooks.
   virtual Result<std::unique_ptr<Connection>> Connect() = 0;
+  // A relay session's connection (its records need no sync). Default: Connect.
+  virtual Result<std::unique_ptr<Connection>> ConnectRelay() { return Connect(); }
   // The outbox: a lane's lock, held by one relay session at a time and
   // freed when its process ends (nullptr: another session holds it); a
   // relay's wait for new rows; the wake-up after a commit that added some.

@@ -215,7 +215,7 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT"
         " 1), (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT"
         " count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2)",
-    .session_setup = "PRAGMA synchronous = NORMAL",
+    .session_setup = "",  // the connection is opened with synchronous=NORMAL (ConnectRelay)
 };
 
 }  // namespace idem::sqlite_internal

@@ -262,8 +262,14 @@ class SqliteStore final : public sql_internal::SqlStore {
   // The pooled connections hold hooks into the checkpointer: close them first.
   ~SqliteStore() override { ClosePool(); }
 
-  Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
+  Result<std::unique_ptr<sql_internal::Connection>> Connect() override { return ConnectAs(nullptr); }
+  // A relay records what it published without a sync (a lost record only
+  // publishes again). Opened so (not switched by PRAGMA), so that the
+  // batched-WAL shim, which needs each commit's sync, is left out.
+  Result<std::unique_ptr<sql_internal::Connection>> ConnectRelay() override { return ConnectAs("NORMAL"); }
+  Result<std::unique_ptr<sql_internal::Connection>> ConnectAs(const char* synchronous) {
     sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_.load(std::memory_order_acquire));
+    if (synchronous != nullptr) oo.synchronous = synchronous;
     if (checkpointer_ != nullptr)
       oo.after_commit = [c = checkpointer_.get()](int pages) { return c->AfterCommit(pages); };
     IDEM_ASSIGN_OR_RETURN(auto db, Db::Open(oo));
