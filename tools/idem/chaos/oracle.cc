@@ -281,6 +281,7 @@ Result<PipelineCheck> CheckPipeline(const Config& cfg, Store& store, Store& stor
         if (w.size() != 2) continue;
         if (w[0] == "R") {
           ++c.stage2_deliveries;
+        } else if (w[0] == "D") {
           if (auto it = key_seq_of.find(w[1]); it != key_seq_of.end()) received.push_back(it->second);
         } else if (w[0] == "H") {
           ++handled[w[1]];
@@ -290,7 +291,8 @@ Result<PipelineCheck> CheckPipeline(const Config& cfg, Store& store, Store& stor
       }
       for (const auto& [id, n] : acked) c.stage2_duplicates_absorbed += std::max<int64_t>(0, n - handled[id]);
     }
-    c.order_checked = cfg.stage2_consumers == 1;
+    // (A source that does not number its deliveries gives no first ones.)
+    c.order_checked = cfg.stage2_consumers == 1 && !received.empty();
     if (c.order_checked) c.stage2_order_violations = Inversions(received);
   }
   return c;

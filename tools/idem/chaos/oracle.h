@@ -61,9 +61,11 @@ struct PipelineCheck {
   // Per key, messages first handed over by the relays (all their lives, in
   // time order) with a lower seq than one handed before: the relay's order.
   int64_t relay_order_violations = 0;
-  // Per key, messages first received by the one stage-2 consumer (its
-  // lives in turn) with a lower seq than one received before; checked with
-  // one stage-2 consumer only (order_checked).
+  // Per key, first deliveries (the source's attempt 1, journal D) to the
+  // one stage-2 consumer (its lives in turn) with a lower seq than one
+  // delivered before; checked with one stage-2 consumer only
+  // (order_checked). A first delivery a kill cut off before its journal
+  // line is not counted: its redelivery is no first one.
   int64_t stage2_order_violations = 0;
   bool order_checked = false;
   // Per key, stage-2 effects applied after one of a higher seq (redeliveries

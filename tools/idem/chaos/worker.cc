@@ -169,7 +169,11 @@ int RunWorker(const Config& cfg) {
   FaultySource source(*opened->source,
                       cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
-  source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
+  source.on_event = [&journal, stage2](char e, const Delivery& d) {
+    journal.Line(e, d.message.id);
+    // Stage 2's first deliveries, whose order per key the check reads.
+    if (stage2 && e == 'R' && d.message.attempt == 1) journal.Line('D', d.message.id);
+  };
   ThreadClients clients(cfg.provider, kClientAttempts, kClientReadTimeoutMs);
   auto inbox_owned =
       Inbox::Open(**store, Inbox::Options{.consumer = stage2 ? kStage2Consumer : kConsumer, .env = clock.get()});
