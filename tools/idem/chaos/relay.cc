@@ -91,6 +91,8 @@ Status BrokenRelay(Store& store, Publisher& publisher, const std::string& name) 
             .count();
     for (const OutboxRow& r : *rows) settle.sent.push_back(r.seq);
     if (!session->Settle(settle).ok()) continue;
+    // (The real relay's points, where this one is: settled, not published.)
+    IDEM_KILL_POINT("relay.after_settle");
     IDEM_KILL_POINT("relay.before_publish");
     for (const OutboxRow& r : *rows) {
       Message m{.id = r.id, .producer_time_ms = r.producer_time_ms, .payload = r.payload, .headers = r.headers};
@@ -98,6 +100,7 @@ Status BrokenRelay(Store& store, Publisher& publisher, const std::string& name) 
       const Outgoing o{r.destination, r.key, &m};
       (void)publisher.PublishBatch({&o, 1});
     }
+    IDEM_KILL_POINT("relay.after_publish");
   }
   return Status::OK();
 }
