@@ -17,11 +17,13 @@
 
 #include "chaos/config.h"
 #include "chaos/oracle.h"
+#include "chaos/relay.h"
 #include "chaos/report.h"
 #include "chaos/supervisor.h"
 #include "chaos/workdir.h"
 #include "chaos/worker.h"
 #include "commands.h"
+#include "components.h"
 
 namespace idem::cli {
 
@@ -99,7 +101,22 @@ const Command& ChaosCommand() {
         "how the provider commits a charge: two-phase (killed after a claim and\n"
         "          before a completion) or group-commit (one transaction for many\n"
         "          requests; killed before and after a group's commit)"},
+       {"pipeline", "MODE", "",
+        "two-stage: each payment's handler also adds one message to the store's outbox\n"
+        "          (key: its order's aggregate, --keys), relay processes (--relays) publish\n"
+        "          them to --source2, stage-2 consumers apply them with their own Inbox; the\n"
+        "          relays are killed at their kill points and at random times too, and the\n"
+        "          check adds stage 2: each outbox message's effect exactly once, the order\n"
+        "          per key, the outbox empty"},
+       {"keys", "N", "20", "two-stage: the ordering keys (aggregates) the orders are spread over"},
+       {"relays", "N", "2", "two-stage: relay processes"},
+       {"stage2-consumers", "N", "1",
+        "two-stage: stage-2 consumer processes (with one, the order of its first\n"
+        "          receipts per key is checked)"},
+       {"source2", "URL", "embedded:DIR/queue2.db?queue=shipping", "two-stage: where the relays publish"},
+       {"stage2-store", "URL", "sqlite:DIR/stage2.db (PostgreSQL: --store)", "two-stage: stage 2's store"},
        {"worker", "SLOT", "", "(internal) run as consumer SLOT"},
+       {"worker-mode", "MODE", "consumer", "(internal) consumer, stage2 or relay"},
        {"life", "N", "0", "(internal) the consumer's life number"},
        {"provider", "URL", "", "(internal) the provider's URL"},
        {"clock-file", "PATH", "", "(internal) the file of the consumer's clock offset"}}};
@@ -126,7 +143,8 @@ int RunChaos(const Args& args) {
       return Status::InvalidArgument("--" + std::string(name) + " must be a fraction 0..1, got '" + v + "'");
     return Status::OK();
   };
-  int64_t consumers = cfg.consumers, seed = 1, batch = cfg.batch, slot = -1;
+  int64_t consumers = cfg.consumers, seed = 1, batch = cfg.batch, slot = -1, relays = cfg.relays,
+          stage2_consumers = cfg.stage2_consumers;
   Status s = integer("messages", cfg.messages, 1);
   if (s.ok()) s = integer("consumers", consumers, 1);
   if (s.ok()) s = integer("kills", cfg.kills, 0);
@@ -137,6 +155,9 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
   if (s.ok()) s = integer("restarts", cfg.restarts, 0);
   if (s.ok()) s = integer("backlog", cfg.backlog, 0);
+  if (s.ok()) s = integer("keys", cfg.keys, 1);
+  if (s.ok()) s = integer("relays", relays, 1, 16);
+  if (s.ok()) s = integer("stage2-consumers", stage2_consumers, 1, 64);
   cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
   if (s.ok()) s = integer("worker", slot, 0);
   if (s.ok()) s = integer("life", cfg.life, 0);
@@ -166,10 +187,23 @@ int RunChaos(const Args& args) {
   cfg.source = args.Has("source") ? args.Get("source") : "";
   cfg.store = args.Has("store") ? args.Get("store") : "";
   cfg.provider = args.Get("provider");
+  cfg.relays = static_cast<int>(relays);
+  cfg.stage2_consumers = static_cast<int>(stage2_consumers);
+  cfg.pipeline = args.Has("pipeline") ? args.Get("pipeline") : "";
+  if (!cfg.pipeline.empty() && cfg.pipeline != "two-stage")
+    return Fail(cmd, Status::InvalidArgument("--pipeline must be two-stage, got '" + cfg.pipeline + "'"));
+  const std::string worker_mode = args.Has("worker-mode") ? args.Get("worker-mode") : "consumer";
+  cfg.role = worker_mode == "relay"    ? chaos::Role::kRelay
+             : worker_mode == "stage2" ? chaos::Role::kStage2
+                                       : chaos::Role::kStage1;
   cfg.broken = args.Has("broken") ? args.Get("broken") : "";
-  if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit" && cfg.broken != "unfenced")
-    return Fail(cmd, Status::InvalidArgument("--broken must be no-guard, ack-before-commit or unfenced, got '" +
-                                             cfg.broken + "'"));
+  if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit" &&
+      cfg.broken != "unfenced" && cfg.broken != chaos::kBrokenRelay)
+    return Fail(cmd, Status::InvalidArgument(
+                         "--broken must be no-guard, ack-before-commit, unfenced or relay-ack-before-confirm, got '" +
+                         cfg.broken + "'"));
+  if (cfg.broken == chaos::kBrokenRelay && !chaos::TwoStage(cfg))
+    return Fail(cmd, Status::InvalidArgument("--broken relay-ack-before-confirm needs --pipeline two-stage"));
   cfg.clock_file = args.Has("clock-file") ? args.Get("clock-file") : "";
   cfg.provider_mode = args.Get("provider-mode");
   cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
@@ -192,19 +226,33 @@ int RunChaos(const Args& args) {
   }
   if (cfg.source.empty()) cfg.source = "embedded:" + cfg.dir + "/queue.db?queue=payments";
   if (cfg.store.empty()) cfg.store = "sqlite:" + cfg.dir + "/payments.db";
+  cfg.source2 = args.Has("source2") ? args.Get("source2") : "embedded:" + cfg.dir + "/queue2.db?queue=shipping";
+  cfg.stage2_store = args.Has("stage2-store")      ? args.Get("stage2-store")
+                     : IsPostgresScheme(cfg.store) ? cfg.store
+                                                   : "sqlite:" + cfg.dir + "/stage2.db";
   if (cfg.source.starts_with("embedded:")) {
     if (Status st = chaos::ResetEmbeddedQueue(cfg.source); !st.ok()) return Fail(cmd, st);
   }
+  if (chaos::TwoStage(cfg) && cfg.source2.starts_with("embedded:")) {
+    if (Status st = chaos::ResetEmbeddedQueue(cfg.source2); !st.ok()) return Fail(cmd, st);
+  }
   if (!cfg.json)
     std::cout << "idem chaos: seed " << cfg.seed << ", " << cfg.messages << " messages, " << cfg.consumers
-              << " consumers, " << cfg.kills << " kills; files in " << cfg.dir << "\n"
+              << " consumers, "
+              << (chaos::TwoStage(cfg) ? std::to_string(cfg.relays) + " relays, " +
+                                             std::to_string(cfg.stage2_consumers) + " stage-2 consumers, "
+                                       : "")
+              << cfg.kills << " kills; files in " << cfg.dir << "\n"
               << std::flush;
   chaos::Supervisor run(cfg, /*have_vfs=*/true);
   if (Status st = run.Prepare(); !st.ok()) return Fail(cmd, st);
   if (Status st = run.Go(); !st.ok()) return Fail(cmd, st);
   auto checked = chaos::CheckEffects(cfg, run.store());
   if (!checked.ok()) return Fail(cmd, checked.status());
-  return chaos::Report(cfg, run.Facts(), *checked);
+  if (!chaos::TwoStage(cfg)) return chaos::Report(cfg, run.Facts(), *checked);
+  auto pipeline = chaos::CheckPipeline(cfg, run.store(), run.store2());
+  if (!pipeline.ok()) return Fail(cmd, pipeline.status());
+  return chaos::Report(cfg, run.Facts(), *checked, &*pipeline);
 }
 
 }  // namespace idem::cli

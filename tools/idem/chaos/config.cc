@@ -36,6 +36,32 @@ std::string ProviderStore(const Config& cfg) {
   return cfg.provider_store.empty() ? "sqlite:" + cfg.dir + "/provider.db?synchronous=normal" : cfg.provider_store;
 }
 
+Role RoleOf(const Config& cfg, int slot) {
+  if (slot < cfg.consumers) return Role::kStage1;
+  return slot < ConsumerSlots(cfg) ? Role::kStage2 : Role::kRelay;
+}
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kStage1: return "consumer";
+    case Role::kStage2: return "stage2";
+    case Role::kRelay: return "relay";
+  }
+  return "consumer";
+}
+
+std::string JournalPath(const std::string& dir, Role role, int slot, int64_t life) {
+  const char* sub = role == Role::kStage1 ? "/journal/" : role == Role::kStage2 ? "/journal2/" : "/relay/";
+  return dir + sub + std::to_string(slot) + "-" + std::to_string(life) + ".log";
+}
+
+std::string OrderKey(const Config& cfg, const std::string& order) {
+  int64_t n = 0;
+  for (char ch : order)
+    if (ch >= '0' && ch <= '9') n = n * 10 + (ch - '0');
+  return "k" + std::to_string(n % std::max<int64_t>(1, cfg.keys));
+}
+
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

@@ -28,6 +28,15 @@ namespace idem::cli::chaos {
 // The consumer name under test and the effect table.
 inline constexpr const char* kConsumer = "idem-chaos";
 inline constexpr const char* kTable = "chaos_payments";
+// The two-stage pipeline (--pipeline two-stage): stage 1 also adds one
+// outbox message per payment, relays publish them to the second source,
+// stage 2 applies each into its own table (outbox id, key, seq) with its own
+// Inbox.
+inline constexpr const char* kStage2Consumer = "idem-chaos-stage2";
+inline constexpr const char* kStage2Table = "chaos_shipments";
+
+// What a process of the run is.
+enum class Role { kStage1, kStage2, kRelay };
 
 struct Config {
   std::string dir, source, store;
@@ -78,12 +87,35 @@ struct Config {
   std::string provider_mode = "two-phase";
   // The provider's own store; empty: sqlite:DIR/provider.db (synchronous=normal).
   std::string provider_store;
-  // Worker mode (internal): this process is consumer `slot`, life `life`.
+  // "" (one stage) or "two-stage".
+  std::string pipeline;
+  int64_t keys = 20;         // ordering keys (aggregates) the payments are spread over
+  int relays = 2;            // relay processes
+  int stage2_consumers = 1;  // stage-2 consumer processes (one: its deliveries' order is checked)
+  // The second source (default: embedded:DIR/queue2.db?queue=shipping) and
+  // stage 2's store (default: the store under test on PostgreSQL,
+  // sqlite:DIR/stage2.db on SQLite).
+  std::string source2, stage2_store;
+  // Worker mode (internal): this process is `slot` (stage-1 consumers
+  // first, then stage-2 consumers, then relays), life `life`.
+  Role role = Role::kStage1;
   int slot = -1;
   int64_t life = 0;
   std::string provider;
   std::string clock_file;  // this life's ShiftedClock file (clock.h), or ""
 };
+
+inline bool TwoStage(const Config& cfg) { return cfg.pipeline == "two-stage"; }
+// The slots of a run: stage-1 consumers, stage-2 consumers, relays.
+inline int ConsumerSlots(const Config& cfg) { return cfg.consumers + (TwoStage(cfg) ? cfg.stage2_consumers : 0); }
+inline int AllSlots(const Config& cfg) { return ConsumerSlots(cfg) + (TwoStage(cfg) ? cfg.relays : 0); }
+Role RoleOf(const Config& cfg, int slot);
+const char* RoleName(Role role);
+// A life's journal: DIR/journal/ (stage 1), DIR/journal2/ (stage 2),
+// DIR/relay/ (relays), <slot>-<life>.log.
+std::string JournalPath(const std::string& dir, Role role, int slot, int64_t life);
+// The ordering key a payment's order belongs to ("o<i>": "k<i mod keys>").
+std::string OrderKey(const Config& cfg, const std::string& order);
 
 // How long past its pause a paused consumer may wait for another consumer
 // to receive what it holds before it is continued anyway.

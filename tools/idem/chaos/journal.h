@@ -8,7 +8,8 @@
 // refused an ack or a lease renewal: the lease was lost, another delivery may
 // hold the message), C (the life's clock offset changed; the id is the
 // offset in ms), H (the handler ran for the message, inside its
-// transaction). The oracle reads them back (oracle.h); the supervisor reads
+// transaction), D (stage 2 of the two-stage pipeline: a delivery the source
+// numbers its first). The relays' journals are relay.h's. The oracle reads them back (oracle.h); the supervisor reads
 // a paused life's to see it taken over and what it did after (supervisor.h).
 #ifndef IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_
 #define IDEM_TOOLS_IDEM_CHAOS_JOURNAL_H_

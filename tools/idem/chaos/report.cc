@@ -18,7 +18,7 @@ std::string JsonCounts(const std::map<std::string, int64_t>& m) {
 
 }  // namespace
 
-int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
+int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const PipelineCheck* pipeline) {
   const RunCounts& counts = run.counts;
   const std::vector<int64_t>& leases_ms = run.provider_leases_ms;
   // SQLite faults count when the VFS returned them, not when armed (a life
@@ -30,7 +30,14 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
       faults += v;
   const bool effects_ok = c.EffectsOk();
   const bool interrupted = run.interrupted;
-  const bool ok = effects_ok && run.kills_reached && !interrupted;
+  const bool pipeline_ok = pipeline == nullptr || pipeline->Ok();
+  const bool ok = effects_ok && pipeline_ok && run.kills_reached && !interrupted;
+  // Kills by role (the two-stage pipeline's relays and stage 2).
+  int64_t relay_kills = 0, stage2_kills = 0;
+  for (const auto& [k, v] : counts.kills) {
+    if (k.starts_with("relay ")) relay_kills += v;
+    if (k.starts_with("stage2 ")) stage2_kills += v;
+  }
   if (cfg.json) {
     Json j;
     j.Add("published", c.published)
@@ -75,8 +82,33 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
         .Add("provider_leases_over_budget",
              static_cast<int64_t>(std::count_if(leases_ms.begin(), leases_ms.end(),
                                                 [](int64_t l) { return l > ConsumerRetryBudgetMs(); })))
-        .Add("publish_retries", run.publish_retries)
-        .Add("seconds", run.seconds)
+        .Add("publish_retries", run.publish_retries);
+    if (pipeline != nullptr) {
+      const PipelineCheck& p = *pipeline;
+      j.Add("pipeline", cfg.pipeline)
+          .Add("relays", static_cast<int64_t>(cfg.relays))
+          .Add("relay_kills", relay_kills)
+          .Add("stage2_kills", stage2_kills)
+          .Add("stage2_expected", p.expected)
+          .Add("stage2_applied", p.applied)
+          .Add("stage2_lost", p.lost)
+          .Add("stage2_duplicated", p.duplicated)
+          .Add("stage2_unexpected", p.unexpected)
+          .Add("relay_handed", p.relay_handed)
+          .Add("relay_published", p.relay_published)
+          .Add("relay_republished", p.relay_republished)
+          .Add("relay_stats_published", p.relay_stats_published)
+          .Add("relay_stats_republished", p.relay_stats_republished)
+          .Add("relay_order_violations", p.relay_order_violations)
+          .Add("stage2_order_checked", p.order_checked)
+          .Add("stage2_order_violations", p.stage2_order_violations)
+          .Add("stage2_reordered", p.stage2_reordered)
+          .Add("stage2_deliveries", p.stage2_deliveries)
+          .Add("stage2_duplicates_absorbed", p.stage2_duplicates_absorbed)
+          .Add("outbox_backlog", p.outbox_backlog)
+          .Add("outbox_dead_letters", p.outbox_dead_letters);
+    }
+    j.Add("seconds", run.seconds)
         .Add("source", run.source_kind)
         .Add("store", run.postgres ? "postgres" : "sqlite")
         .Add("interrupted", interrupted)
@@ -120,6 +152,30 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     row("provider charges", std::to_string(c.provider_charges) + mark(c.provider_charges == c.unique));
     row("charged / expected (cents)", std::to_string(c.charged_cents) + " / " + std::to_string(c.expected_cents) +
                                           mark(c.charged_cents == c.expected_cents));
+    if (pipeline != nullptr) {
+      const PipelineCheck& p = *pipeline;
+      row("two-stage: relays / stage-2 consumers",
+          std::to_string(cfg.relays) + " / " + std::to_string(cfg.stage2_consumers));
+      row("  relay kills / stage-2 kills", std::to_string(relay_kills) + " / " + std::to_string(stage2_kills));
+      row("  relay hand-overs / published / republished", std::to_string(p.relay_handed) + " / " +
+                                                              std::to_string(p.relay_published) + " / " +
+                                                              std::to_string(p.relay_republished));
+      row("  relay order violations (per key)",
+          std::to_string(p.relay_order_violations) + mark(p.relay_order_violations == 0));
+      row("  stage-2 applied / expected", std::to_string(p.applied) + " / " + std::to_string(p.expected) +
+                                              mark(p.applied == p.expected && p.effects == p.expected));
+      row("  stage-2 lost / duplicated / unexpected", std::to_string(p.lost) + " / " + std::to_string(p.duplicated) +
+                                                          " / " + std::to_string(p.unexpected) +
+                                                          mark(p.lost + p.duplicated + p.unexpected == 0));
+      row("  stage-2 receipts out of order (per key)",
+          p.order_checked ? std::to_string(p.stage2_order_violations) + mark(p.stage2_order_violations == 0)
+                          : "not checked (several stage-2 consumers)");
+      row("  stage-2 applied out of order (information)", std::to_string(p.stage2_reordered));
+      row("  stage-2 duplicates absorbed by its Inbox", std::to_string(p.stage2_duplicates_absorbed));
+      row("  outbox left / dead letters", std::to_string(p.outbox_backlog) + " / " +
+                                              std::to_string(p.outbox_dead_letters) +
+                                              mark(p.outbox_backlog == 0 && p.outbox_dead_letters == 0));
+    }
     {
       std::string leases;
       int64_t over = 0;
@@ -139,7 +195,12 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c) {
     if (interrupted) std::cout << "  interrupted: the counts are of an unfinished run\n";
     if (!run.kills_reached)
       std::cout << "  the messages ran out before the kills did: raise --messages or lower --kills\n";
-    std::cout << (ok ? "  OK: every message's effect exactly once, in the store and at the provider\n" : "  FAILED\n")
+    if (pipeline != nullptr)
+      for (const auto& e : pipeline->examples) std::cout << "  e.g. " << e << "\n";
+    std::cout << (ok ? pipeline != nullptr
+                           ? "  OK: every message's effect exactly once, in the store, at the provider and in stage 2\n"
+                           : "  OK: every message's effect exactly once, in the store and at the provider\n"
+                     : "  FAILED\n")
               << "  replay this schedule: idem chaos --seed " << cfg.seed << " (files in " << cfg.dir << ")\n";
   }
   return ok ? kExitOk : kExitCheckFailed;

@@ -47,8 +47,8 @@ struct RunFacts {
 };
 
 // Prints the report (cfg.json: the JSON object) to stdout; returns the exit
-// code.
-int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c);
+// code. `pipeline`: the two-stage pipeline's check, or null (one stage).
+int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const PipelineCheck* pipeline = nullptr);
 
 }  // namespace idem::cli::chaos
 

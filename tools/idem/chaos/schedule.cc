@@ -21,12 +21,16 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
     auto o = sqlite::Store::ParseUrl(cfg.store);
     if (o.ok() && sqlite::Store::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
   }
-  for (int s = 0; s < cfg.consumers; ++s) {
+  // Stage 1 adds to its outbox after the effect (the two-stage pipeline).
+  if (TwoStage(cfg)) points_.push_back("outbox.after_add");
+  // Every slot, relays too (seeded as the consumers are: a run without
+  // them draws what it drew before).
+  for (int s = 0; s < AllSlots(cfg); ++s) {
     rngs_.emplace_back(cfg.seed * 1'000'003ULL + static_cast<uint64_t>(s) * 7'919ULL + 1);
     next_point_[s] = static_cast<size_t>(s);  // the slots start at different points
   }
   provider_rng_.seed(cfg.seed * 1'000'003ULL + 999'983ULL);
-  for (int s = 0; s < cfg.consumers; ++s) hold_rngs_.emplace_back(cfg.seed * 2'000'029ULL + static_cast<uint64_t>(s));
+  for (int s = 0; s < AllSlots(cfg); ++s) hold_rngs_.emplace_back(cfg.seed * 2'000'029ULL + static_cast<uint64_t>(s));
   provider_hold_rng_.seed(cfg.seed * 2'000'029ULL + 777'767ULL);
 }
 
@@ -100,6 +104,32 @@ bool Schedule::NextHold(int slot, Plan& p) {
   return false;
 }
 
+// A fault for `slot`'s life: its PostgreSQL backends terminated, or an
+// I/O error of the fault VFS; the life then ends by a kill too.
+void Schedule::Fault(int slot, Plan& p) {
+  std::mt19937_64& rng = rngs_[static_cast<size_t>(slot)];
+  if (postgres_) {
+    p.terminate_after_ms = 20 + static_cast<int64_t>(rng() % 400);
+    p.label = "fault:postgres-backend-terminated";
+  } else {
+    // An I/O error (or a full disk) on the store's write path (writes,
+    // syncs, truncates of the database, WAL and journal), transient (the
+    // next try works) or persistent (until the life's kill). The
+    // operation's number sweeps 1..kSweep over each slot's fault lives of
+    // each kind,
+    // counted from the life's first store open, so a long run fails
+    // every operation of the write path of the first transactions.
+    const int64_t k = faults_given_[slot]++;
+    static const char* const kKinds[][2] = {{"fail", "transient"}, {"fail", "persistent"}, {"full", "transient"}};
+    const auto& kind = kKinds[k % 3];
+    const int op = 1 + static_cast<int>((k / 3 * 37) % kSweep);  // 37 and kSweep coprime: every number
+    p.vfs = std::string(kind[0]) + ":any:" + std::to_string(op) + ":" + kind[1];
+    p.label = std::string("fault:sqlite-") + (kind[0] == std::string("full") ? "disk-full-" : "io-error-") + kind[1];
+  }
+  // The life then ends by a kill too, so a slot never stays in one life.
+  p.kill_after_ms = 300 + static_cast<int64_t>(rng() % 700);
+}
+
 Plan Schedule::Next(int slot) {
   std::mt19937_64& rng = rngs_[static_cast<size_t>(slot)];
   const bool batch = slot % 2 == 1 && cfg_.batch > 1;
@@ -107,26 +137,7 @@ Plan Schedule::Next(int slot) {
   if (NextHold(slot, p)) return p;
   const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
   if (faults_ && roll < cfg_.fault_rate) {
-    if (postgres_) {
-      p.terminate_after_ms = 20 + static_cast<int64_t>(rng() % 400);
-      p.label = "fault:postgres-backend-terminated";
-    } else {
-      // An I/O error (or a full disk) on the store's write path (writes,
-      // syncs, truncates of the database, WAL and journal), transient (the
-      // next try works) or persistent (until the life's kill). The
-      // operation's number sweeps 1..kSweep over each slot's fault lives of
-      // each kind,
-      // counted from the life's first store open, so a long run fails
-      // every operation of the write path of the first transactions.
-      const int64_t k = faults_given_[slot]++;
-      static const char* const kKinds[][2] = {{"fail", "transient"}, {"fail", "persistent"}, {"full", "transient"}};
-      const auto& kind = kKinds[k % 3];
-      const int op = 1 + static_cast<int>((k / 3 * 37) % kSweep);  // 37 and kSweep coprime: every number
-      p.vfs = std::string(kind[0]) + ":any:" + std::to_string(op) + ":" + kind[1];
-      p.label = std::string("fault:sqlite-") + (kind[0] == std::string("full") ? "disk-full-" : "io-error-") + kind[1];
-    }
-    // The life then ends by a kill too, so a slot never stays in one life.
-    p.kill_after_ms = 300 + static_cast<int64_t>(rng() % 700);
+    Fault(slot, p);
     return p;
   }
   if (roll < cfg_.fault_rate + 0.15) {
@@ -153,6 +164,30 @@ Plan Schedule::Next(int slot) {
     p.kill_point = point + ":" + std::to_string(hit);
   }
   // A life whose point is never reached (idle) still ends.
+  p.kill_after_ms = 3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000);
+  return p;
+}
+
+Plan Schedule::NextRelay(int slot) {
+  std::mt19937_64& rng = rngs_[static_cast<size_t>(slot)];
+  Plan p;
+  const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
+  if (faults_ && roll < cfg_.fault_rate) {
+    Fault(slot, p);
+    return p;
+  }
+  if (roll < cfg_.fault_rate + 0.2) {
+    p.kill_after_ms = 10 + static_cast<int64_t>(rng() % static_cast<uint64_t>(60 * cfg_.hits));
+    p.label = "kill:timed";
+    return p;
+  }
+  // Where a relay's crash matters, in turn: before a hand-over, after it
+  // before its confirm is recorded, inside the settle, after the settle.
+  static const char* const kPoints[] = {"relay.before_publish", "relay.after_publish", "relay.before_settle_commit",
+                                        "relay.after_settle"};
+  const std::string point = kPoints[next_point_[slot]++ % std::size(kPoints)];
+  p.kill_point = point + ":" + std::to_string(1 + rng() % static_cast<uint64_t>(cfg_.hits));
+  p.label = "kill:" + point;
   p.kill_after_ms = 3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000);
   return p;
 }

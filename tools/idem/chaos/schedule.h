@@ -51,6 +51,10 @@ class Schedule {
   // The next life of consumer `slot`, while the chaos lasts.
   Plan Next(int slot);
 
+  // The next life of relay `slot` (the two-stage pipeline): killed at one
+  // of the relay's kill points, at a random time, or given a fault.
+  Plan NextRelay(int slot);
+
   // The provider's next lease, drawn at each (re)start.
   int64_t NextProviderLeaseMs();
 
@@ -61,6 +65,7 @@ class Schedule {
 
  private:
   bool NextHold(int slot, Plan& p);
+  void Fault(int slot, Plan& p);
 
   const Config& cfg_;
   bool postgres_;

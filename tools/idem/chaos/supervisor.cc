@@ -15,6 +15,7 @@
 #include "chaos/clock.h"
 #include "chaos/oracle.h"
 #include "chaos/workdir.h"
+#include "chaos/worker.h"
 #include "cli.h"
 #include "components.h"
 #include "payments.h"
@@ -53,6 +54,25 @@ Status Supervisor::Prepare() {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
+  if (TwoStage(cfg_)) {
+    // The outbox starts empty (the store under test is the run's), and so
+    // do stage 2's effects and markers.
+    {
+      IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
+      for (const char* table : {"idem_outbox", "idem_outbox_sent", "idem_outbox_dead"})
+        IDEM_RETURN_IF_ERROR(tx->Exec(std::string("DELETE FROM ") + table).status());
+      IDEM_RETURN_IF_ERROR(tx->Commit());
+    }
+    IDEM_ASSIGN_OR_RETURN(store2_, OpenStore(cfg_.stage2_store, true, 2));
+    IDEM_ASSIGN_OR_RETURN(auto tx, store2_->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec(std::string("DROP TABLE IF EXISTS ") + kStage2Table).status());
+    IDEM_RETURN_IF_ERROR(tx->Exec(CreateShipmentsSql()).status());
+    for (const char* table : {"idem_failures", "idem_dead_letters"})
+      IDEM_RETURN_IF_ERROR(
+          tx->Exec(std::string("DELETE FROM ") + table + " WHERE consumer = $1", {kStage2Consumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+    IDEM_RETURN_IF_ERROR(store2_->Purge(kStage2Consumer, INT64_MAX, 10'000).status());
+  }
   if (!cfg_.provider_store.empty()) {  // (the default's files are gone already)
     IDEM_ASSIGN_OR_RETURN(auto provider, OpenStore(cfg_.provider_store, true, 1));
     IDEM_ASSIGN_OR_RETURN(auto tx, provider->Begin());
@@ -64,18 +84,26 @@ Status Supervisor::Prepare() {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   consumer_store_ = cfg_.store;
+  stage2_store_ = cfg_.stage2_store;
   if (postgres_) {
     std::string host;
     int target = 0;
     IDEM_RETURN_IF_ERROR(RouteThrough(cfg_.store, 1, host, target).status());
     IDEM_ASSIGN_OR_RETURN(proxy_, CutProxy::Start(host, target));
     IDEM_ASSIGN_OR_RETURN(consumer_store_, RouteThrough(cfg_.store, proxy_->port(), host, target));
+    if (TwoStage(cfg_) && IsPostgresScheme(cfg_.stage2_store)) {
+      // Stage 2 on the same server: through the proxy too.
+      std::string host2;
+      int target2 = 0;
+      auto routed = RouteThrough(cfg_.stage2_store, proxy_->port(), host2, target2);
+      if (routed.ok() && host2 == host && target2 == target) stage2_store_ = *routed;
+    }
     net_rng_.seed(cfg_.seed * 1'000'003ULL + 424'242ULL);
   }
   IDEM_ASSIGN_OR_RETURN(provider_port_, FreePort());
   provider_url_ = "http://127.0.0.1:" + std::to_string(provider_port_);
-  next_life_.assign(static_cast<size_t>(cfg_.consumers), 0);
-  slot_busy_.assign(static_cast<size_t>(cfg_.consumers), false);
+  next_life_.assign(static_cast<size_t>(AllSlots(cfg_)), 0);
+  slot_busy_.assign(static_cast<size_t>(AllSlots(cfg_)), false);
   return Status::OK();
 }
 
@@ -137,10 +165,14 @@ Status Supervisor::StartProvider(bool chaos) {
 Status Supervisor::StartConsumer(int slot, bool chaos) {
   Life l;
   l.slot = slot;
+  l.role = RoleOf(cfg_, slot);
   l.life = next_life_[static_cast<size_t>(slot)]++;
-  if (chaos) l.plan = schedule_.Next(slot);
-  std::string store = consumer_store_;
-  if (postgres_) {
+  if (chaos) l.plan = l.role == Role::kRelay ? schedule_.NextRelay(slot) : schedule_.Next(slot);
+  // Stage 1 and the relays on the store under test (the relays publish to
+  // the second source); stage 2 from the second source to its store.
+  std::string store = l.role == Role::kStage2 ? stage2_store_ : consumer_store_;
+  const std::string& source = l.role == Role::kStage1 ? source_url_ : cfg_.source2;
+  if (IsPostgresScheme(store)) {
     store = WithParam(store, "application_name=idem-chaos-" + std::to_string(slot) + "-" + std::to_string(l.life));
   } else if (!l.plan.vfs.empty()) {
     store = WithParam(store, "vfs=idem-fault");
@@ -153,8 +185,10 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
                                    std::to_string(l.life),
                                    "--dir",
                                    cfg_.dir,
+                                   "--worker-mode",
+                                   RoleName(l.role),
                                    "--source",
-                                   source_url_,
+                                   source,
                                    "--store",
                                    store,
                                    "--provider",
@@ -170,6 +204,7 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
                                    "--stall-rate",
                                    std::to_string(cfg_.stall_rate)};
   if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
+  if (TwoStage(cfg_)) argv.insert(argv.end(), {"--pipeline", cfg_.pipeline, "--keys", std::to_string(cfg_.keys)});
   if (!l.plan.clock_jumps.empty()) {
     l.clock_file = cfg_.dir + "/clock/" + std::to_string(slot) + "-" + std::to_string(l.life);
     argv.insert(argv.end(), {"--clock-file", l.clock_file});
@@ -177,9 +212,11 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
   std::vector<std::string> env;
   if (!l.plan.kill_point.empty()) env.push_back("IDEM_KILL_AT=" + l.plan.kill_point);
   if (!l.plan.vfs.empty()) env.push_back("IDEM_FAULT_VFS=" + l.plan.vfs);
-  IDEM_ASSIGN_OR_RETURN(l.pid, Spawn(argv, env, cfg_.dir + "/consumer-" + std::to_string(slot) + ".log"));
+  IDEM_ASSIGN_OR_RETURN(l.pid,
+                        Spawn(argv, env, cfg_.dir + "/" + RoleName(l.role) + "-" + std::to_string(slot) + ".log"));
   l.started_ms = SteadyMs();
-  if (l.plan.label.starts_with("fault:")) ++counts_.faults[l.plan.label.substr(6)];
+  if (l.plan.label.starts_with("fault:"))
+    ++counts_.faults[(l.role == Role::kRelay ? "relay-" : "") + l.plan.label.substr(6)];
   slot_busy_[static_cast<size_t>(slot)] = true;
   lives_[l.pid] = l;
   return Status::OK();
@@ -228,9 +265,7 @@ void Supervisor::Stopped(pid_t pid) {
   }
 }
 
-std::string Supervisor::JournalOf(const Life& l) const {
-  return cfg_.dir + "/journal/" + std::to_string(l.slot) + "-" + std::to_string(l.life) + ".log";
-}
+std::string Supervisor::JournalOf(const Life& l) const { return JournalPath(cfg_.dir, l.role, l.slot, l.life); }
 
 bool Supervisor::TakenOver(Life& l) {
   for (const auto& [pid, other] : lives_) {
@@ -342,6 +377,7 @@ void Supervisor::Ended(pid_t pid, int st) {
                            ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
                            : l.plan.label;
     if (l.slot < 0) what = "provider " + what;
+    if (l.slot >= 0 && l.role != Role::kStage1) what = std::string(RoleName(l.role)) + " " + what;
     ++counts_.kills[what.empty() ? "kill:unplanned" : what];
   } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
     ++counts_.consumer_errors;
@@ -418,6 +454,14 @@ Result<int64_t> Supervisor::Applied() {
   return r.rows[0][0].AsInt();
 }
 
+Result<int64_t> Supervisor::Applied2() { return store2_->CountMarkers(kStage2Consumer); }
+
+Result<bool> Supervisor::OutboxEmpty() {
+  if (store_->outbox_store() == nullptr) return Status::InvalidArgument("the store under test has no outbox");
+  IDEM_ASSIGN_OR_RETURN(OutboxStats st, store_->outbox_store()->Stats());
+  return st.backlog == 0;
+}
+
 void Supervisor::TerminateBackends(const Life& l) {
   auto tx = store_->Begin();
   if (!tx.ok()) return;
@@ -460,12 +504,20 @@ Status Supervisor::Go() {
   // The progress, counted on a thread of its own: a count may wait on a
   // lock a stopped consumer holds (a broken consumer's progress is read in a
   // transaction), and this loop is what continues it.
-  std::atomic<int64_t> counted{-1};
+  std::atomic<int64_t> counted{-1}, counted2{-1};
+  std::atomic<bool> outbox_empty{false};
   std::atomic<bool> stop_counting{false};
   std::thread counter([&] {
     while (!stop_counting) {
       const int64_t t = SteadyMs();
       if (auto applied = Applied(); applied.ok()) counted = *applied;
+      if (TwoStage(cfg_)) {
+        // (The outbox first: empty, then every stage-2 effect counted, is
+        // drained.)
+        auto empty = OutboxEmpty();
+        if (auto applied2 = Applied2(); applied2.ok()) counted2 = *applied2;
+        outbox_empty = empty.ok() && *empty;
+      }
       // Counting a million markers takes a while: at most 10% of the time,
       // but every second at least (a count that waited on a lock is no
       // reason to wait longer; the producer's window and the drain go by it).
@@ -497,7 +549,7 @@ Status Supervisor::Go() {
         break;
       }
     }
-    for (int slot = 0; slot < cfg_.consumers; ++slot) {
+    for (int slot = 0; slot < AllSlots(cfg_); ++slot) {
       if (slot_busy_[static_cast<size_t>(slot)]) continue;
       if (Status s = StartConsumer(slot, chaos); !s.ok()) {
         failure = s;
@@ -542,7 +594,12 @@ Status Supervisor::Go() {
         last_applied_ = applied;
         progress.Update(applied);
       }
-      if (produced_ && last_applied_ >= cfg_.messages) {
+      if (const int64_t applied2 = counted2; applied2 >= 0) {
+        if (applied2 != last_applied2_) last_progress_ms = now;
+        last_applied2_ = applied2;
+      }
+      const bool stage2_drained = !TwoStage(cfg_) || (outbox_empty && last_applied2_ >= cfg_.messages);
+      if (produced_ && last_applied_ >= cfg_.messages && stage2_drained) {
         drained_ = true;
         break;  // every effect is in; a shortfall of kills is reported
       }

@@ -57,6 +57,8 @@ class Supervisor {
 
   // The store under test (after Prepare).
   Store& store() { return *store_; }
+  // Stage 2's store (the two-stage pipeline, after Prepare).
+  Store& store2() { return *store2_; }
   // What the run saw (after Go).
   RunFacts Facts() const;
 
@@ -64,6 +66,7 @@ class Supervisor {
   // One process of the run.
   struct Life {
     int slot = -1;  // -1: the provider
+    Role role = Role::kStage1;
     int64_t life = 0;
     pid_t pid = 0;
     Plan plan;
@@ -105,6 +108,10 @@ class Supervisor {
   void CountZombie(const Life& l);
   void Produce();
   Result<int64_t> Applied();
+  // The two-stage pipeline's progress: stage 2's markers, and whether the
+  // outbox is empty.
+  Result<int64_t> Applied2();
+  Result<bool> OutboxEmpty();
   void TerminateBackends(const Life& l);
   void StopAll();
 
@@ -118,6 +125,8 @@ class Supervisor {
   int provider_port_ = 0;
   OpenedSource producer_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> store2_;  // stage 2's (the two-stage pipeline)
+  std::string stage2_store_;       // what the stage-2 consumers open
   // PostgreSQL: the consumers reach the server through this proxy, which
   // cuts the network to it now and then.
   std::unique_ptr<CutProxy> proxy_;
@@ -137,7 +146,8 @@ class Supervisor {
   std::atomic<int64_t> publish_retries_{0};
   Status produce_status_;
   double seconds_ = 0;
-  std::atomic<int64_t> last_applied_{0};  // the loop's last count, read by the producer's window
+  std::atomic<int64_t> last_applied_{0};
+  int64_t last_applied2_ = 0;  // the loop's last count, read by the producer's window
   std::atomic<bool> stop_producing_{false};
   bool kills_reached_ = false;
   bool drained_ = false;

@@ -13,9 +13,11 @@
 
 #include "chaos/clock.h"
 #include "chaos/journal.h"
+#include "chaos/relay.h"
 #include "cli.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "idem/outbox.h"
 #include "idem/testing/fault_vfs.h"
 #include "idem/testing/kill_points.h"
 #include "payments.h"
@@ -88,13 +90,36 @@ int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, 
   return kExitOk;
 }
 
+// Stage 2's effect: one row per message applied, in the order applied (n),
+// with the outbox's id, ordering key and seq and the stage-1 message it was
+// caused by.
+Status InsertShipment(Transaction& tx, const Message& m) {
+  auto header = [&m](std::string_view name) { return std::string(m.Header(name).value_or("")); };
+  const std::string seq = header(kOutboxSeqHeader);
+  return tx
+      .Exec(std::string("INSERT INTO ") + kStage2Table +
+                "(n, outbox_id, key, seq, causation_id) VALUES ((SELECT coalesce(max(n), 0) + 1 FROM " + kStage2Table +
+                "), $1, $2, $3, $4)",
+            {m.id, header(kOrderingKeyHeader), static_cast<int64_t>(std::strtoll(seq.c_str(), nullptr, 10)),
+             header(kCausationIdHeader)})
+      .status();
+}
+
 }  // namespace
 
+std::string CreateShipmentsSql() {
+  return std::string("CREATE TABLE IF NOT EXISTS ") + kStage2Table +
+         "(n BIGINT NOT NULL, outbox_id TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL, causation_id TEXT "
+         "NOT NULL)";
+}
+
 int RunWorker(const Config& cfg) {
+  if (cfg.role == Role::kRelay) return RunRelay(cfg);
+  const bool stage2 = cfg.role == Role::kStage2;
   const std::string name = std::to_string(cfg.slot) + "-" + std::to_string(cfg.life);
-  Journal journal(cfg.dir + "/journal/" + name + ".log");
+  Journal journal(JournalPath(cfg.dir, cfg.role, cfg.slot, cfg.life));
   if (!journal.ok()) {
-    std::cerr << "chaos consumer " << name << ": cannot open its journal in " << cfg.dir << "/journal\n";
+    std::cerr << "chaos consumer " << name << ": cannot open its journal in " << cfg.dir << "\n";
     return kExitError;
   }
   // A life given clock jumps reads its time through the supervisor's offset.
@@ -144,16 +169,34 @@ int RunWorker(const Config& cfg) {
   FaultySource source(*opened->source,
                       cfg.seed * 7919 + static_cast<uint64_t>(cfg.slot) * 131 + static_cast<uint64_t>(cfg.life),
                       cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
-  source.on_event = [&journal](char e, const Delivery& d) { journal.Line(e, d.message.id); };
+  source.on_event = [&journal, stage2](char e, const Delivery& d) {
+    journal.Line(e, d.message.id);
+    // Stage 2's first deliveries, whose order per key the check reads.
+    if (stage2 && e == 'R' && d.message.attempt == 1) journal.Line('D', d.message.id);
+  };
   ThreadClients clients(cfg.provider, kClientAttempts, kClientReadTimeoutMs);
-  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer, .env = clock.get()});
+  auto inbox_owned =
+      Inbox::Open(**store, Inbox::Options{.consumer = stage2 ? kStage2Consumer : kConsumer, .env = clock.get()});
   if (!inbox_owned.ok()) {
     std::cerr << "chaos consumer " << name << ": " << inbox_owned.status() << "\n";
     return kExitError;
   }
   Inbox& inbox = **inbox_owned;
+  // The two-stage pipeline's stage 1 adds one message per payment to the
+  // outbox, in the handler's transaction: the order's key, caused by the
+  // payment.
+  std::unique_ptr<Outbox> outbox;
+  if (TwoStage(cfg) && !stage2) {
+    auto opened_outbox = Outbox::Open(**store);
+    if (!opened_outbox.ok()) {
+      std::cerr << "chaos consumer " << name << ": " << opened_outbox.status() << "\n";
+      return kExitError;
+    }
+    outbox = std::move(*opened_outbox);
+  }
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
     journal.Line('H', m.id);
+    if (stage2) return InsertShipment(tx, m);
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
     // The client gave up (409s while the provider holds the key, 5xx,
@@ -163,9 +206,14 @@ int RunWorker(const Config& cfg) {
     // the provider's lease outlasts the consumer's retry budget.
     if (!c.ok() && c.status().code() == Code::kUnavailable) return Status::InDoubt(c.status().message());
     if (!c.ok()) return c.status();
-    return InsertPayment(tx, m, c->charge_id, kTable);
+    IDEM_RETURN_IF_ERROR(InsertPayment(tx, m, c->charge_id, kTable));
+    if (outbox == nullptr) return Status::OK();
+    IDEM_ASSIGN_OR_RETURN(auto payment, ParsePayment(m));
+    OutgoingMessage out{.key = OrderKey(cfg, payment.first), .payload = "shipping:" + m.id};
+    return outbox->Add(tx, out.CausedBy(m)).status();
   };
-  if (!cfg.broken.empty()) return BrokenWorker(cfg, source, **store, inbox, handler);
+  if (!cfg.broken.empty() && cfg.broken != kBrokenRelay && !stage2)
+    return BrokenWorker(cfg, source, **store, inbox, handler);
   Consumer::Options options = ChaosConsumerOptions(cfg);
   options.env = clock.get();
   auto consumer_owned = Consumer::Open(source, inbox, handler, options);

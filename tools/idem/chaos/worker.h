@@ -10,11 +10,17 @@
 #ifndef IDEM_TOOLS_IDEM_CHAOS_WORKER_H_
 #define IDEM_TOOLS_IDEM_CHAOS_WORKER_H_
 
+#include <string>
+
 #include "chaos/config.h"
 
 namespace idem::cli::chaos {
 
-// Runs consumer cfg.slot's life cfg.life until SIGTERM or SIGINT (or its
+// The stage-2 effect table (the two-stage pipeline): n (the order applied),
+// outbox_id, key, seq, causation_id.
+std::string CreateShipmentsSql();
+
+// Runs consumer (or, with Role::kRelay, relay: relay.h) cfg.slot's life cfg.life until SIGTERM or SIGINT (or its
 // kill); returns the process's exit code.
 int RunWorker(const Config& cfg);
 
