@@ -720,12 +720,10 @@ IDEM_DELIVERY_CASE(TheOutboxRelayPublishesEveryRowIntactAndEachKeyInOrder) {
 }
 
 // A relay in a child process is SIGKILLed at each of the relay's kill points
-// in turn, with rows confirmed by the broker and not yet settled (or just
-// settled); a fresh relay then drains the outbox. Every row arrives, a row
-// arrives again only when the killed relay had it confirmed (a republish:
-// same id, bytes and seq), and each key's first copies keep seq order.
-IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhatItHadSent,
-                   &Capabilities::survives_fork) {
+// in turn (in this process, where a source does not survive fork(): below), with rows confirmed by the broker and not
+// yet settled (or just settled); a fresh relay then drains the outbox. Every row arrives, a row arrives again only when
+// the killed relay had it confirmed (a republish: same id, bytes and seq), and each key's first copies keep seq order.
+IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhatItHadSent) {
   struct Kill {
     const char* point;
     int hit;
@@ -752,23 +750,44 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
       ASSERT_TRUE(store.ok()) << store.status();
       for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 7).ok());
     }
-    handle_ = {};  // no connection crosses the fork
-    const int status = RunInChild([&]() -> int {
+    // The killed relay: its own store handle, logging what its broker confirmed.
+    // Returns only if it drained before the kill point's hit.
+    auto relay_until_killed = [&](Publisher& to, std::function<void()> action) {
       auto store = OpenOutboxStore(db);
-      if (!store.ok()) return 2;
-      // The suite's clock: what the child publishes is visible at the
-      // parent's (fake) now.
-      auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-      if (!h.ok()) return 3;
-      LoggingPublisher logged(*h->publisher, child_log);
-      ArmKillPoint(kill.point, kill.hit);
+      if (!store.ok()) return;
+      LoggingPublisher logged(to, child_log);
+      ArmKillPoint(kill.point, kill.hit, std::move(action));
       (void)DrainOutbox(**store, logged, DrainOptions(kBatch));
-      return 4;  // drained before the kill point's hit
-    });
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
-    auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-    ASSERT_TRUE(h.ok()) << h.status();
-    handle_ = std::move(*h);
+    };
+    if (promises().survives_fork) {
+      handle_ = {};  // no connection crosses the fork
+      const int status = RunInChild([&]() -> int {
+        // The suite's clock: what the child publishes is visible at the
+        // parent's (fake) now.
+        auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
+        if (!h.ok()) return 3;
+        relay_until_killed(*h->publisher, {});
+        return 4;
+      });
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
+      auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
+      ASSERT_TRUE(h.ok()) << h.status();
+      handle_ = std::move(*h);
+    } else {
+      // Not across a fork (librdkafka): the kill point's action throws, which
+      // unwinds the relay in this process as a crash ends it (its
+      // transaction rolled back, its session and lane lock dropped, nothing
+      // settled after the point).
+      struct Killed {};
+      bool killed = false;
+      try {
+        relay_until_killed(publisher(), [] { throw Killed{}; });
+      } catch (const Killed&) {
+        killed = true;
+      }
+      DisarmKillPoints();
+      ASSERT_TRUE(killed) << "the relay drained before " << kill.point << " hit " << kill.hit;
+    }
     auto store = OpenOutboxStore(db);
     ASSERT_TRUE(store.ok()) << store.status();
     LoggingPublisher logged(publisher(), fresh_log);
@@ -795,8 +814,10 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
           << row.first << " seq " << row.second << ": copies delivered, and confirmed by the two relays";
     }
     for (const Delivery& d : got) EXPECT_TRUE(source().Ack(d).ok()) << d.message.id;
-    ExpectDrained();
   }
+  // A copy too many of an earlier round would have shown in a later one
+  // (not of its workload); one of the last round shows here.
+  ExpectDrained();
 }
 
 }  // namespace
