@@ -794,25 +794,17 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
     auto stats = DrainOutbox(**store, logged, DrainOptions(kBatch));
     ASSERT_TRUE(stats.ok()) << stats.status();
     std::map<RelayedRow, int> before = ReadPublishLog(child_log), after = ReadPublishLog(fresh_log);
-    size_t total = 0, again = 0;
-    for (const auto& [row, n] : before) total += n;
-    for (const auto& [row, n] : after) {
-      total += n;
-      again += before.count(row);
-    }
+    const std::map<RelayedRow, int> confirmed = MergeLogs({before, after});
+    size_t again = 0;
+    for (const auto& [row, n] : after) again += before.count(row);
     EXPECT_FALSE(before.empty()) << "the child confirmed nothing before it was killed";
     if (kill.republishes.has_value()) {
       EXPECT_EQ(again > 0, *kill.republishes) << again << " rows published again";
     }
     EXPECT_LE(again, stats->republished);
-    std::vector<Delivery> got = ReceiveN(source(), total);
-    ASSERT_EQ(got.size(), total);
-    std::map<RelayedRow, int> copies = ExpectRelayed(w, got, 2);
-    for (const auto& [row, n] : copies) {
-      auto b = before.find(row), a = after.find(row);
-      EXPECT_EQ(n, (b == before.end() ? 0 : b->second) + (a == after.end() ? 0 : a->second))
-          << row.first << " seq " << row.second << ": copies delivered, and confirmed by the two relays";
-    }
+    std::vector<Delivery> got = ReceiveN(source(), CountCopies(confirmed));
+    ASSERT_EQ(got.size(), CountCopies(confirmed));
+    ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
     for (const Delivery& d : got) EXPECT_TRUE(source().Ack(d).ok()) << d.message.id;
   }
   // A copy too many of an earlier round would have shown in a later one

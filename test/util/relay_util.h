@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -152,6 +154,50 @@ inline std::map<RelayedRow, int> ReadPublishLog(const std::string& path) {
   int64_t seq = 0;
   for (std::string id; in >> seq >> id;) ++out[{id, seq}];
   return out;
+}
+
+// The copies of each row in `logs` together, and how many in all.
+inline std::map<RelayedRow, int> MergeLogs(std::initializer_list<std::map<RelayedRow, int>> logs) {
+  std::map<RelayedRow, int> out;
+  for (const auto& log : logs)
+    for (const auto& [row, n] : log) out[row] += n;
+  return out;
+}
+inline size_t CountCopies(const std::map<RelayedRow, int>& copies) {
+  size_t n = 0;
+  for (const auto& [row, c] : copies) n += static_cast<size_t>(c);
+  return n;
+}
+
+// Each row was delivered as often as its broker confirmed it: no copy lost,
+// none made up.
+inline void ExpectCopiesAsConfirmed(const std::map<RelayedRow, int>& delivered,
+                                    const std::map<RelayedRow, int>& confirmed) {
+  for (const auto& [row, n] : confirmed) {
+    auto it = delivered.find(row);
+    EXPECT_EQ(it == delivered.end() ? 0 : it->second, n) << row.first << " seq " << row.second << ": copies delivered";
+  }
+  for (const auto& [row, n] : delivered)
+    EXPECT_TRUE(confirmed.count(row)) << row.first << " seq " << row.second << " was delivered, never confirmed";
+}
+
+// Drains `store`'s outbox into `publisher` across a broker restart: after
+// the relay's `stop_after`-th PublishBatch, `stop` takes the broker away (in
+// the relay's thread, so mid-relay at a known place) and `start` brings it
+// back on a thread of its own while the relay's publishes fail and back
+// off. What the broker confirmed is logged to `log`.
+inline Result<OutboxRelayStats> DrainAcrossABrokerRestart(Store& store, Publisher& publisher, const std::string& log,
+                                                          int stop_after, const std::function<void()>& stop,
+                                                          const std::function<void()>& start) {
+  std::thread restarter;
+  LoggingPublisher logged(publisher, log, [&](int batches) {
+    if (batches != stop_after) return;
+    stop();
+    restarter = std::thread(start);
+  });
+  auto stats = DrainOutbox(store, logged, DrainOptions(10));
+  if (restarter.joinable()) restarter.join();
+  return stats;
 }
 
 // Checks what a source delivered of a relayed workload that was added
