@@ -120,10 +120,10 @@ has inspect-queue-alone-missing-named "$T/err" "no queue file at $T/no-queue-alo
 check inspect-queue-not-embedded 2 "$IDEM" inspect --queue "redis://127.0.0.1:1?stream=s"
 has inspect-queue-not-embedded-named "$T/err" "not an embedded queue URL"
 check schema 0 "$IDEM" schema --store "$STORE" --json
-has schema-version "$T/out" '"version":6'
+has schema-version "$T/out" '"version":7'
 # Without --store: the schema this build creates (it once refused, asking a file of ':memory:').
 check schema-default 0 "$IDEM" schema --json
-has schema-default-version "$T/out" '"store":"sqlite","version":6,"statements":\["CREATE TABLE IF NOT EXISTS idem_migrations'
+has schema-default-version "$T/out" '"store":"sqlite","version":7,"statements":\["CREATE TABLE IF NOT EXISTS idem_migrations'
 check schema-default-text 0 "$IDEM" schema
 has schema-default-text-markers "$T/out" "CREATE TABLE idem_markers"
 check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json

@@ -454,7 +454,18 @@ const Command& BenchCommand() {
       "           inside a plain Handler; on SQLite its claims in a file of their own). Prints messages/s\n"
       "           per worker count and round, the ratio of each count to the first per round and the\n"
       "           median; checks every message applied once and the provider charged once per order\n"
-      "           (exit 1 if not).",
+      "           (exit 1 if not).\n\n"
+      "  outbox-add  what Outbox::Add costs in the handler's transaction: rounds alternate between the\n"
+      "           work (Inbox::Handle, or HandleBatch for --batch B, default 100: a marker and a payments row\n"
+      "           per message) and the same work plus one Outbox::Add per message; prints both rates and the\n"
+      "           ratio work+outbox time / work time. SQLite runs with synchronous FULL. The added messages\n"
+      "           are published away to a throwaway embedded queue at the end.\n\n"
+      "  relay    the outbox relay's throughput: preloads --messages over --keys ordering keys (transactions\n"
+      "           of 100), starts --relays relays (threads, each its own OutboxRelay) publishing to --to, and\n"
+      "           times until a consumer of that destination (Receive and Ack) has seen every id; checks every\n"
+      "           id arrived and each key's first copies came in idem-outbox-seq order (exit 1 if not). --to\n"
+      "           without a queue, stream or topic: one of the run's own. With --rate R a producer adds R\n"
+      "           messages/s while one relay runs, and prints the latency commit -> receipt (p50/p99/p999).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
@@ -463,12 +474,17 @@ const Command& BenchCommand() {
       "       idem bench source --source URL --store URL [--messages N] [--dup-rate R] [--workers W] [--batch B] "
       "[--rounds R]\n"
       "       idem bench call-first --store sqlite:PATH|postgres://... [--messages N] [--provider-delay-ms MS]\n"
-      "            [--workers-list 1,4] [--rounds R] [--forms both|call-first|in-transaction] [--json]",
+      "            [--workers-list 1,4] [--rounds R] [--forms both|call-first|in-transaction] [--json]\n"
+      "       idem bench outbox-add --store URL [--batch B] [--seconds S] [--rounds R] [--keys K] [--json]\n"
+      "       idem bench relay --store URL --to URL [--messages N] [--keys K] [--payload-bytes B] [--relays R]\n"
+      "            [--rate R] [--batch B] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
        {"ids", "KIND", "random", "message ids: random (UUIDv4-like) or ordered (time-ordered, UUIDv7-like)"},
-       {"batch", "B", "1", "messages per transaction (1: Inbox::Handle, more: Inbox::HandleBatch)"},
+       {"batch", "B", "1",
+        "messages per transaction (1: Inbox::Handle, more: Inbox::HandleBatch; outbox-add: default 100);\n"
+        "          relay: rows per relay round (default 500)"},
        {"synchronous", "MODE", "", "full, normal or off (default: full for --batch 1, normal for batches)"},
        {"seconds", "S", "2", "time per measured round and side"},
        {"rounds", "R", "3", "measured rounds per side (call-first: rounds of every worker count and form)"},
@@ -488,7 +504,14 @@ const Command& BenchCommand() {
        {"workers", "W", "", "source: consumer threads (default 4)"},
        {"provider-delay-ms", "MS", "20", "call-first: how long the provider works on each charge"},
        {"workers-list", "W,W", "1,4", "call-first: the worker counts compared (ratios to the first)"},
-       {"forms", "F", "both", "call-first: both, call-first or in-transaction"}},
+       {"forms", "F", "both", "call-first: both, call-first or in-transaction"},
+       {"to", "URL", "", "relay: the relay's destination (a source URL; see idem run --help)"},
+       {"keys", "K", "",
+        "relay: ordering keys (default 100); outbox-add: keys of the added messages\n"
+        "          (default 0: each its own, the message id)"},
+       {"payload-bytes", "B", "100", "relay: payload size of each message"},
+       {"relays", "R", "1", "relay: relays at once, each its own OutboxRelay, store and publisher"},
+       {"rate", "R", "", "relay: add R messages/s while one relay runs and measure commit -> receipt latency"}},
       /*max_positional=*/1};
   return c;
 }
@@ -499,16 +522,18 @@ int RunBench(const Args& args) {
     return Fail(
         "bench",
         Status::InvalidArgument(
-            "missing subcommand: expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
+            "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add or relay "
+            "(see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
-      pos[0] != "call-first")
-    return Fail("bench", Status::InvalidArgument(
-                             "unknown subcommand '" + pos[0] +
-                             "': expected marker, peers, purge, claims, source or call-first (see idem bench --help)"));
+      pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay")
+    return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
+                                                 "': expected marker, peers, purge, claims, source, call-first, "
+                                                 "outbox-add or relay (see idem bench --help)"));
   if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);
+  if (pos[0] == "outbox-add" || pos[0] == "relay") return RunBenchOutbox(args);
 #if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
 #else

@@ -1,0 +1,521 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem bench outbox-add: what Outbox::Add costs inside the handler's
+// transaction. In one run on one store, rounds alternate between the work of
+// an Inbox handler (a marker and a payments row per message, --batch
+// messages per transaction: Inbox::Handle or HandleBatch) and the same work
+// plus one Outbox::Add per message; prints both rates and the ratio
+// work+outbox time / work time. SQLite runs with synchronous FULL.
+//
+// idem bench relay: the relay's throughput. Preloads --messages over --keys
+// ordering keys (transactions of 100), then starts --relays OutboxRelays
+// (threads, each its own store and publisher) and times until a consumer on
+// the destination (a raw Receive + Ack loop) has seen every id; checks that
+// every id arrived and that the first copies of each key came in
+// idem-outbox-seq order. With --rate, a producer adds at that rate while one
+// relay runs, and the latency from each commit to its first receipt (steady
+// clock, one process) is reported as p50/p99/p999.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.h"
+#include "components.h"
+#include "idem/inbox.h"
+#include "idem/open.h"
+#include "idem/outbox.h"
+#include "idem/outbox_relay.h"
+#include "idem/outbox_store.h"
+#include "idem/url.h"
+#include "marker_workload.h"
+#include "sources.h"
+
+namespace idem::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t NanosOf(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// `url` with `key=value` appended to its query unless it has the key.
+std::string WithKey(const std::string& url, const std::string& key, const std::string& value) {
+  auto parsed = ParseUrl(url, "URL",
+                         UrlScheme(url) == "embedded" || UrlScheme(url) == "kafka-mock" || UrlScheme(url) == "sqlite"
+                             ? UrlForm::kFile
+                             : UrlForm::kNetwork);
+  if (parsed.ok() && parsed->Has(key)) return url;
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + key + "=" + value;
+}
+
+// Publishes whatever the outbox of `store` holds onto a throwaway embedded
+// queue and deletes it: the bench's own leftovers never reach a later run.
+Status DrainOutbox(Store& store) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::temp_directory_path(ec) / ("idem-bench-drain-" + std::to_string(::getpid()));
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IoError("cannot create " + dir.string() + ": " + ec.message());
+  Status result = [&]() -> Status {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> pub,
+                          OpenPublisher("embedded:" + (dir / "drain.q").string() + "?durable=false"));
+    IDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<OutboxRelay> relay,
+        OutboxRelay::Open(store, *pub,
+                          {.name = "bench-drain", .poll_ms = 50, .keep_sent = false, .stop_when_idle = true}));
+    return relay->Run();
+  }();
+  fs::remove_all(dir, ec);
+  return result.WithContext("draining the outbox");
+}
+
+// --- idem bench outbox-add
+
+struct Side {
+  int64_t messages = 0;
+  double seconds = 0;
+  std::vector<double> rounds;  // messages per second of each round
+  double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
+};
+
+// Batches of fresh messages through `run` for about `seconds`.
+template <typename Run>
+Status Measure(bench::IdGenerator& ids, size_t batch, double seconds, Side* side, Run&& run) {
+  std::vector<Message> msgs;
+  int64_t n = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    bench::NextBatch(ids, msgs, batch);
+    IDEM_RETURN_IF_ERROR(run(std::span<const Message>(msgs)));
+    n += static_cast<int64_t>(batch);
+    elapsed = SecondsSince(t0);
+  } while (elapsed < seconds);
+  if (side != nullptr) {
+    side->messages += n;
+    side->seconds += elapsed;
+    side->rounds.push_back(static_cast<double>(n) / elapsed);
+  }
+  return Status::OK();
+}
+
+int RunOutboxAdd(const Args& args) {
+  const std::string cmd = "bench outbox-add";
+  auto batch = args.Has("batch") ? args.GetInt("batch", 1, 10'000) : Result<int64_t>(100);
+  auto rounds = args.GetInt("rounds", 1, 1000);
+  auto keys = args.Has("keys") ? args.GetInt("keys", 0, int64_t{1} << 40) : Result<int64_t>(0);
+  for (const auto* r : {&batch, &rounds, &keys})
+    if (!r->ok()) return Fail(cmd, r->status());
+  auto seconds = args.GetDouble("seconds", 0.001, 3600);
+  if (!seconds.ok()) return Fail(cmd, seconds.status());
+  std::string url = args.Get("store");
+  const bool pg = IsPostgresScheme(url);
+  if (!pg) url = WithKey(url, "synchronous", "full");
+  auto store_or = OpenStore(url, true, 2);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  std::string sync = "synchronous full";
+  if (pg) {
+    auto tx = store.Begin();
+    if (!tx.ok()) return Fail(cmd, tx.status());
+    auto r = (*tx)->Query("SELECT current_setting('fsync'), current_setting('synchronous_commit')");
+    if (!r.ok()) return Fail(cmd, r.status());
+    sync = "fsync " + r->rows[0][0].AsText() + ", synchronous_commit " + r->rows[0][1].AsText();
+  }
+  if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
+  auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-outbox-add"});
+  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
+  Inbox& inbox = **inbox_owned;
+  auto outbox_owned = Outbox::Open(store);
+  if (!outbox_owned.ok()) return Fail(cmd, outbox_owned.status());
+  Outbox& outbox = **outbox_owned;
+
+  // The work: Inbox::Handle / HandleBatch with the payments row. With the
+  // outbox: the same handler adds "order paid", keyed by the order (the
+  // message id, or one of --keys), to the relay's own channel.
+  int64_t added = 0;
+  const Handler with_outbox = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(bench::PaymentWork(tx, m));
+    OutgoingMessage out{.key = *keys == 0 ? m.id : "order-" + std::to_string(added++ % *keys),
+                        .payload = "paid:" + m.payload};
+    return outbox.Add(tx, out).status();
+  };
+  auto work = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
+  auto work_outbox = [&](std::span<const Message> b) -> Status {
+    if (b.size() == 1) return bench::CheckApplied(inbox.Handle(b[0], with_outbox), b[0]);
+    std::vector<Outcome> out = inbox.HandleBatch(b, with_outbox);
+    for (size_t i = 0; i < out.size(); ++i) IDEM_RETURN_IF_ERROR(bench::CheckApplied(out[i], b[i]));
+    return Status::OK();
+  };
+
+  bench::IdGenerator ids(bench::IdKind::kOrdered, bench::FreshSeed());
+  const size_t nb = static_cast<size_t>(*batch);
+  const double warmup = std::min(0.5, *seconds / 4);
+  Side w, o;
+  Status s = Measure(ids, nb, warmup, nullptr, work);
+  if (s.ok()) s = Measure(ids, nb, warmup, nullptr, work_outbox);
+  {
+    Progress progress("measuring work and work+outbox", 2 * *rounds);
+    for (int64_t r = 0; s.ok() && r < *rounds; ++r) {
+      s = Measure(ids, nb, *seconds, &w, work);
+      progress.Update(2 * r + 1);
+      if (s.ok()) s = Measure(ids, nb, *seconds, &o, work_outbox);
+      progress.Update(2 * r + 2);
+    }
+  }
+  if (!s.ok()) return Fail(cmd, s);
+  // Leave the store as found: payments emptied, the outbox published away.
+  if (Status c = bench::PrepareBusinessTable(store); !c.ok()) return Fail(cmd, c.WithContext("business table"));
+  if (Status d = DrainOutbox(store); !d.ok()) return Fail(cmd, d);
+
+  const double work_ps = w.PerSecond(), outbox_ps = o.PerSecond();
+  const double ratio = outbox_ps > 0 ? work_ps / outbox_ps : INFINITY;
+  const std::string kind(store.Kind());
+  for (size_t r = 0; r < w.rounds.size(); ++r)
+    std::printf("round %zu: work %.0f/s, work+outbox %.0f/s\n", r + 1, w.rounds[r], o.rounds[r]);
+  std::printf("bench=outbox-add store=%s batch=%lld keys=%lld work_per_s=%.1f outbox_per_s=%.1f ratio=%.3f (%s)\n",
+              kind.c_str(), static_cast<long long>(*batch), static_cast<long long>(*keys), work_ps, outbox_ps, ratio,
+              sync.c_str());
+  if (args.Bool("json")) {
+    Json j;
+    j.Add("bench", "outbox-add")
+        .Add("store", kind)
+        .Add("durability", sync)
+        .Add("batch", *batch)
+        .Add("keys", *keys)
+        .Add("seconds", *seconds)
+        .Add("rounds", *rounds)
+        .Add("work_messages", w.messages)
+        .Add("work_seconds", w.seconds)
+        .Add("work_per_s", work_ps)
+        .Add("outbox_messages", o.messages)
+        .Add("outbox_seconds", o.seconds)
+        .Add("outbox_per_s", outbox_ps)
+        .Add("ratio", ratio);
+    std::cout << j.str() << "\n";
+  }
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+// --- idem bench relay
+
+// The channel key of a source URL (what names its queue, stream or topic).
+std::string ChannelKey(const std::string& url) {
+  const std::string scheme = UrlScheme(url);
+  if (scheme == "redis" || scheme == "rediss") return "stream";
+  if (scheme == "kafka" || scheme == "kafka-mock") return "topic";
+  return "queue";
+}
+
+double Percentile(std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const size_t i = std::min(sorted.size() - 1,
+                            static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size()))) - (p > 0 ? 1 : 0));
+  return sorted[i];
+}
+
+// What the consumer saw.
+struct Seen {
+  int64_t unique = 0, copies = 0, foreign = 0, order_violations = 0, missing_seq = 0;
+  std::vector<int64_t> receipt_ns;  // first receipt of each id, steady clock
+  Status error;
+};
+
+// Receives and acks until every one of `n` ids "<run>-<i>" was seen, the
+// relays failed, or nothing new came for `idle_s`. Key of id i: i % keys.
+Seen Consume(Source& source, const std::string& run, int64_t n, int64_t keys, const std::atomic<bool>& failed,
+             double idle_s, Clock::time_point* last_new) {
+  Seen seen;
+  seen.receipt_ns.assign(static_cast<size_t>(n), 0);
+  std::vector<int64_t> last_seq(static_cast<size_t>(keys), -1);
+  const std::string prefix = run + "-";
+  auto progress_at = Clock::now();
+  while (seen.unique < n && !failed.load()) {
+    auto got = source.Receive(500, 100);
+    if (!got.ok()) {
+      seen.error = got.status().WithContext("consumer");
+      return seen;
+    }
+    const auto now = Clock::now();
+    for (const Delivery& d : *got) {
+      if (Status s = source.Ack(d); !s.ok() && s.code() != Code::kLeaseLost) {
+        seen.error = s.WithContext("consumer ack");
+        return seen;
+      }
+      const std::string& id = d.message.id;
+      int64_t i = -1;
+      if (id.starts_with(prefix)) {
+        const char* b = id.data() + prefix.size();
+        auto [p, ec] = std::from_chars(b, id.data() + id.size(), i);
+        if (ec != std::errc() || p != id.data() + id.size() || i >= n) i = -1;
+      }
+      if (i < 0) {
+        ++seen.foreign;  // the warm-up, or another run's
+        continue;
+      }
+      ++seen.copies;
+      if (seen.receipt_ns[static_cast<size_t>(i)] != 0) continue;
+      seen.receipt_ns[static_cast<size_t>(i)] = NanosOf(now);
+      ++seen.unique;
+      progress_at = now;
+      *last_new = now;
+      int64_t seq = -1;
+      if (auto h = d.message.Header(kOutboxSeqHeader)) std::from_chars(h->data(), h->data() + h->size(), seq);
+      if (seq < 0) {
+        ++seen.missing_seq;
+        continue;
+      }
+      int64_t& last = last_seq[static_cast<size_t>(i % keys)];
+      if (seq <= last) ++seen.order_violations;
+      last = std::max(last, seq);
+    }
+    if (got->empty() && SecondsSince(progress_at) > idle_s) {
+      seen.error = Status::Unavailable("nothing new for " + std::to_string(static_cast<int>(idle_s)) + " s at " +
+                                       std::to_string(seen.unique) + " of " + std::to_string(n) + " messages");
+      return seen;
+    }
+  }
+  return seen;
+}
+
+// Adds messages i in [from, to) in one transaction.
+Status AddRange(Store& store, Outbox& outbox, const std::string& run, int64_t keys, const std::string& payload,
+                int64_t from, int64_t to, std::vector<OutgoingMessage>& buf) {
+  buf.resize(static_cast<size_t>(to - from));
+  for (int64_t i = from; i < to; ++i) {
+    OutgoingMessage& m = buf[static_cast<size_t>(i - from)];
+    m.id = run + "-" + std::to_string(i);
+    m.key = "key-" + std::to_string(i % keys);
+    m.payload = payload;
+  }
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  IDEM_RETURN_IF_ERROR(outbox.AddMany(*tx, buf).status());
+  return tx->Commit();
+}
+
+int RunRelay(const Args& args) {
+  const std::string cmd = "bench relay";
+  if (!args.Has("to")) return Fail(cmd, Status::InvalidArgument("--to URL is required (the relay's destination)"));
+  auto n = args.Has("messages") ? args.GetInt("messages", 1, int64_t{1} << 32) : Result<int64_t>(50'000);
+  auto keys = args.Has("keys") ? args.GetInt("keys", 1, int64_t{1} << 32) : Result<int64_t>(100);
+  auto bytes = args.Has("payload-bytes") ? args.GetInt("payload-bytes", 0, 1 << 20) : Result<int64_t>(100);
+  auto relays = args.Has("relays") ? args.GetInt("relays", 1, 64) : Result<int64_t>(1);
+  auto rate = args.Has("rate") ? args.GetInt("rate", 1, 10'000'000) : Result<int64_t>(0);
+  auto relay_batch = args.Has("batch") ? args.GetInt("batch", 1, 10'000) : Result<int64_t>(500);
+  for (const auto* r : {&n, &keys, &bytes, &relays, &rate, &relay_batch})
+    if (!r->ok()) return Fail(cmd, r->status());
+  if (*rate > 0 && *relays != 1)
+    return Fail(cmd, Status::InvalidArgument("--rate measures latency with one relay: drop --relays"));
+  const std::string store_url = args.Get("store");
+  const std::string to = args.Get("to");
+  const int nr = static_cast<int>(*relays);
+
+  auto store_or = OpenStore(store_url, true, 2);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  auto outbox_owned = Outbox::Open(store);
+  if (!outbox_owned.ok()) return Fail(cmd, outbox_owned.status());
+  Outbox& outbox = **outbox_owned;
+  if (auto st = outbox.Stats(); !st.ok()) {
+    return Fail(cmd, st.status());
+  } else if (st->backlog > 0) {
+    std::fprintf(stderr, "bench relay: publishing %lld earlier unsent messages away first\n",
+                 static_cast<long long>(st->backlog));
+    if (Status d = DrainOutbox(store); !d.ok()) return Fail(cmd, d);
+  }
+
+  // The destination: the URL's channel, or one of this run's own. The
+  // consumer of an embedded queue acks without fsync (its durability is not
+  // what is measured).
+  const std::string run = "r" + std::to_string(Env::Default()->NowMs());
+  const bool embedded = UrlScheme(to) == "embedded";
+  const std::string channel_url = embedded ? to : WithKey(to, ChannelKey(to), "idem-bench-relay-" + run);
+  auto src = OpenSource(embedded ? WithKey(channel_url, "durable", "false") : channel_url,
+                        {.lease_ms = 60'000, .consumer = "bench-relay"});
+  if (!src.ok()) return Fail(cmd, src.status());
+  // Warm-up, untimed: connections, the queue declared, a group joined.
+  {
+    Message warm{.id = "warm-" + run, .payload = "warm"};
+    if (Status s = src->publish(warm); !s.ok()) return Fail(cmd, s.WithContext("warm-up"));
+    bool got = false;
+    const auto t0 = Clock::now();
+    while (!got && SecondsSince(t0) < 30) {
+      auto d = src->source->Receive(100, 100);
+      if (!d.ok()) return Fail(cmd, d.status().WithContext("warm-up"));
+      for (const Delivery& x : *d) {
+        (void)src->source->Ack(x);
+        got = got || x.message.id == warm.id;
+      }
+    }
+    if (!got) return Fail(cmd, Status::Unavailable("warm-up: the consumer did not receive its message in 30 s"));
+  }
+  // The relays' publishers: on the consumer's broker and channel
+  // (kafka-mock: the cluster's own address).
+  const std::string pub_url = UrlScheme(to) == "kafka-mock" ? src->shared_url : channel_url;
+  std::vector<std::unique_ptr<Store>> relay_stores;
+  std::vector<std::unique_ptr<Publisher>> publishers;
+  std::vector<std::unique_ptr<OutboxRelay>> relay_objs;
+  for (int r = 0; r < nr; ++r) {
+    auto rs = OpenStore(store_url, true, 2);
+    if (!rs.ok()) return Fail(cmd, rs.status());
+    auto p = OpenPublisher(pub_url);
+    if (!p.ok()) return Fail(cmd, p.status());
+    auto relay = OutboxRelay::Open(
+        **rs, **p,
+        {.name = "bench-relay-" + std::to_string(r), .batch = static_cast<int>(*relay_batch), .poll_ms = 100});
+    if (!relay.ok()) return Fail(cmd, relay.status());
+    relay_stores.push_back(std::move(*rs));
+    publishers.push_back(std::move(*p));
+    relay_objs.push_back(std::move(*relay));
+  }
+
+  const std::string payload(static_cast<size_t>(*bytes), 'p');
+  std::vector<OutgoingMessage> buf;
+  double preload_s = 0;
+  if (*rate == 0) {
+    const auto t0 = Clock::now();
+    Progress progress("preloading the outbox", *n);
+    for (int64_t i = 0; i < *n; i += 100) {
+      if (Status s = AddRange(store, outbox, run, *keys, payload, i, std::min(*n, i + 100), buf); !s.ok())
+        return Fail(cmd, s.WithContext("preload"));
+      progress.Update(std::min(*n, i + 100));
+    }
+    progress.Done();
+    preload_s = SecondsSince(t0);
+  }
+
+  std::atomic<bool> failed{false};
+  std::vector<Status> relay_status(static_cast<size_t>(nr));
+  std::vector<std::thread> threads;
+  Seen seen;
+  Clock::time_point last_new;
+  std::vector<int64_t> commit_ns(static_cast<size_t>(*rate > 0 ? *n : 0), 0);
+  Status producer_status;
+  const auto t0 = Clock::now();
+  std::thread consumer([&] { seen = Consume(*src->source, run, *n, *keys, failed, 30, &last_new); });
+  for (int r = 0; r < nr; ++r)
+    threads.emplace_back([&, r] {
+      relay_status[static_cast<size_t>(r)] = relay_objs[static_cast<size_t>(r)]->Run();
+      if (!relay_status[static_cast<size_t>(r)].ok()) failed = true;
+    });
+  if (*rate > 0) {  // the producer, here: at *rate messages/s, in transactions of what is due (up to 100)
+    int64_t added = 0;
+    while (added < *n && !failed.load()) {
+      const int64_t due = std::min<int64_t>(*n, static_cast<int64_t>(SecondsSince(t0) * static_cast<double>(*rate)));
+      if (due <= added) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      const int64_t to_i = std::min(due, added + 100);
+      if (Status s = AddRange(store, outbox, run, *keys, payload, added, to_i, buf); !s.ok()) {
+        producer_status = s.WithContext("producer");
+        failed = true;
+        break;
+      }
+      const int64_t at = NanosOf(Clock::now());
+      for (int64_t i = added; i < to_i; ++i) commit_ns[static_cast<size_t>(i)] = at;
+      added = to_i;
+    }
+  }
+  consumer.join();
+  const double seconds = std::chrono::duration<double>(last_new - t0).count();
+  for (auto& relay : relay_objs) relay->Stop();
+  for (auto& t : threads) t.join();
+  OutboxRelayStats total;
+  for (auto& relay : relay_objs) {
+    const OutboxRelayStats st = relay->stats();
+    total.published += st.published;
+    total.republished += st.republished;
+    total.transient_errors += st.transient_errors;
+    total.dead_lettered += st.dead_lettered;
+    total.rounds += st.rounds;
+  }
+  if (!producer_status.ok()) return Fail(cmd, producer_status);
+  for (const Status& s : relay_status)
+    if (!s.ok()) return Fail(cmd, s.WithContext("relay"));
+  if (!seen.error.ok()) return Fail(cmd, seen.error);
+
+  const std::string store_kind(store.Kind());
+  const double per_s = seconds > 0 ? static_cast<double>(*n) / seconds : 0;
+  std::printf(
+      "peer=idem-relay store=%s to=%s messages=%lld seconds=%.3f messages_per_s=%.1f republished=%llu "
+      "order_violations=%lld keys=%lld payload_bytes=%lld relays=%d duplicates=%lld rounds=%llu",
+      store_kind.c_str(), src->kind.c_str(), static_cast<long long>(*n), seconds, per_s,
+      static_cast<unsigned long long>(total.republished), static_cast<long long>(seen.order_violations),
+      static_cast<long long>(*keys), static_cast<long long>(*bytes), nr,
+      static_cast<long long>(seen.copies - seen.unique), static_cast<unsigned long long>(total.rounds));
+  std::vector<double> lat_ms;
+  if (*rate > 0) {
+    lat_ms.reserve(static_cast<size_t>(*n));
+    for (size_t i = 0; i < commit_ns.size(); ++i)
+      lat_ms.push_back(std::max<double>(0, static_cast<double>(seen.receipt_ns[i] - commit_ns[i]) / 1e6));
+    std::sort(lat_ms.begin(), lat_ms.end());
+    std::printf(" rate=%lld p50_ms=%.2f p99_ms=%.2f p999_ms=%.2f max_ms=%.2f", static_cast<long long>(*rate),
+                Percentile(lat_ms, 0.5), Percentile(lat_ms, 0.99), Percentile(lat_ms, 0.999), lat_ms.back());
+  } else {
+    std::printf(" preload_per_s=%.1f", static_cast<double>(*n) / preload_s);
+  }
+  std::printf("\n");
+  if (args.Bool("json")) {
+    Json j;
+    j.Add("bench", "relay")
+        .Add("store", store_kind)
+        .Add("to", src->kind)
+        .Add("messages", *n)
+        .Add("keys", *keys)
+        .Add("payload_bytes", *bytes)
+        .Add("relays", nr)
+        .Add("batch", *relay_batch)
+        .Add("seconds", seconds)
+        .Add("messages_per_s", per_s)
+        .Add("published", total.published)
+        .Add("republished", total.republished)
+        .Add("transient_errors", total.transient_errors)
+        .Add("dead_lettered", total.dead_lettered)
+        .Add("rounds", total.rounds)
+        .Add("duplicates", seen.copies - seen.unique)
+        .Add("order_violations", seen.order_violations)
+        .Add("missing_seq", seen.missing_seq);
+    if (*rate > 0) {
+      j.Add("rate", *rate)
+          .Add("p50_ms", Percentile(lat_ms, 0.5))
+          .Add("p99_ms", Percentile(lat_ms, 0.99))
+          .Add("p999_ms", Percentile(lat_ms, 0.999))
+          .Add("max_ms", lat_ms.back());
+    } else {
+      j.Add("preload_seconds", preload_s);
+    }
+    std::cout << j.str() << "\n";
+  }
+  std::fflush(stdout);
+  if (src->close) (void)src->close();
+  if (seen.order_violations > 0 || seen.missing_seq > 0 || seen.unique != *n) {
+    std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %lld of %lld ids, %lld order violations, %lld without seq\n",
+                 static_cast<long long>(seen.unique), static_cast<long long>(*n),
+                 static_cast<long long>(seen.order_violations), static_cast<long long>(seen.missing_seq));
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunBenchOutbox(const Args& args) { return args.positional()[0] == "relay" ? RunRelay(args) : RunOutboxAdd(args); }
+
+}  // namespace idem::cli
