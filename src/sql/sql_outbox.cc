@@ -299,7 +299,10 @@ Result<std::vector<OutboxDeadLetter>> SqlOutbox::ListDeadLetters(int limit) {
 Result<int64_t> SqlOutbox::PurgeOutbox(int64_t sent_before_ms, int64_t dead_before_ms, int batch_size) {
   if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
   int64_t total = 0;
-  for (auto [stmt, before] : {std::pair{kPurgeSent, sent_before_ms}, std::pair{kPurgeDead, dead_before_ms}}) {
+  for (const auto& purge : {std::pair{kPurgeSent, sent_before_ms}, std::pair{kPurgeDead, dead_before_ms}}) {
+    // Not a structured binding: clang before 16 cannot capture one in the lambda.
+    const auto& stmt = purge.first;
+    const int64_t before = purge.second;
     if (before <= 0) continue;
     for (;;) {
       int64_t n = 0;

@@ -34,6 +34,7 @@
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
 #include "idem/testing/kill_points.h"
+#include "util/relay_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -643,6 +644,39 @@ TEST(AmqpSource, BrokerRestartMidRunLosesNothingAndDoublesNothing) {
   src.reset();
   DrainRest(q, inbox);
   ExpectExactlyOnce(*db.store, ids);
+}
+
+// The outbox relay across a broker restart: the broker stops after the
+// relay's third batch and starts again while the relay's publishes fail; the
+// relay backs off and finishes. Every row arrives (each message was added
+// twice), as often as the broker confirmed it, each key's first copies in
+// order.
+TEST(AmqpSource, TheOutboxRelayBacksOffAcrossABrokerRestartAndLosesNothing) {
+  REQUIRE_BROKER();
+  PrivateBroker broker;
+  ASSERT_TRUE(broker.started()) << "could not start a broker on port " << IDEM_TEST_AMQP_RESTART_PORT;
+  const std::string q = UniqueQueue();
+  auto pub = OpenPublisher(q);  // declares the queue
+  ASSERT_NE(pub, nullptr);
+  TempDir dir;
+  RelayWorkload w(60, 6);
+  auto store = OpenOutboxStore(dir.File("outbox.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 10).ok());
+  int resumed = -1;
+  auto stats = DrainAcrossABrokerRestart(
+      **store, *pub, dir.File("published.log"), 3, [&] { ASSERT_EQ(broker.Ctl("pause"), 0); },
+      [&] { resumed = broker.Ctl("resume"); });
+  ASSERT_EQ(resumed, 0) << "could not start the broker again";
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->transient_errors, 1u) << "the relay saw the broker go";
+  const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir.File("published.log"));
+  auto src = OpenSource(q, 1000);
+  ASSERT_NE(src, nullptr);
+  std::vector<Delivery> got = ReceiveN(*src, CountCopies(confirmed), 1000);
+  ASSERT_EQ(got.size(), CountCopies(confirmed));
+  ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
+  for (const Delivery& d : got) EXPECT_TRUE(src->Ack(d).ok()) << d.message.id;
 }
 
 }  // namespace

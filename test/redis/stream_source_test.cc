@@ -32,6 +32,7 @@
 #include "idem/testing/kill_points.h"
 #include "redis/redis_test_util.h"
 #include "util/delivery_suite.h"
+#include "util/relay_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -725,6 +726,45 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   auto left = (*s)->Receive(1000, 0);
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_TRUE(left->empty());
+}
+
+// The outbox relay across a server restart: the server goes away after the
+// relay's third batch and comes back while its publishes fail; the relay
+// backs off and finishes. Every row arrives (each message was added twice),
+// as often as the server confirmed it, each key's first copies in order.
+TEST_F(StreamsTest, TheOutboxRelayBacksOffAcrossAServerRestartAndLosesNothing) {
+  OwnRedis server(IDEM_TEST_STREAMS_RESTART_PORT);
+  const std::string data = dir_.File("redis");
+  std::filesystem::create_directories(data);
+  ASSERT_TRUE(server.Start(data));
+  RelayWorkload w(60, 6);
+  auto store = OpenOutboxStore(dir_.File("outbox.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 10).ok());
+  StreamOptions o = OptionsFor(dir_, kLease, Env::Default(), server.url());
+  ASSERT_TRUE(StreamSource::Open(o).ok());  // the group first: it reads the stream from its start
+  auto p = redis::StreamPublisher::Open({.url = o.url, .stream = o.stream});
+  ASSERT_TRUE(p.ok()) << p.status();
+  bool restarted = false;
+  auto stats = DrainAcrossABrokerRestart(
+      **store, **p, dir_.File("published.log"), 3, [&] { server.Stop(); },
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        restarted = server.Start(data);
+      });
+  ASSERT_TRUE(restarted);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->transient_errors, 1u) << "the relay saw the server go";
+  const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir_.File("published.log"));
+  auto s = StreamSource::Open(o);  // a connection to the server that came back
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<Delivery> got = ReceiveUntil(**s, CountCopies(confirmed));
+  ASSERT_EQ(got.size(), CountCopies(confirmed));
+  ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
+  for (const Delivery& d : got) EXPECT_TRUE((*s)->Ack(d).ok()) << d.message.id;
+  auto left = (*s)->Receive(1000, 0);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty()) << left->size() << " copies left";
 }
 
 // ---------------------------------------------------------------------------
