@@ -2,9 +2,6 @@
 //
 // idem run: the payments consumer against any source and store, with
 // Prometheus metrics and progress lines; and idem publish, its producer.
-#if IDEM_HAVE_HTTP
-#include <httplib.h>  // --metrics: served by cpp-httplib
-#endif
 #include <signal.h>
 
 #include <atomic>
@@ -23,6 +20,7 @@
 #include "components.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "long_running.h"
 #include "sources.h"
 
 namespace idem::cli {
@@ -45,7 +43,7 @@ Status RecordPayment(Transaction& tx, const Message& m) {
       .status();
 }
 
-#if IDEM_HAVE_HTTP  // served on --metrics
+// Served on --metrics.
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
   const std::string labels = "consumer=\"" + consumer + "\"";
@@ -71,7 +69,6 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
       s.lease_extension_errors);
   return out;
 }
-#endif
 
 // The most worker threads `idem run --workers` starts.
 constexpr int64_t kMaxWorkers = 256;
@@ -106,16 +103,6 @@ Status RunWorkers(Consumer& runner, int workers) {
   Status s = started.ok() ? runner.Run() : Status::OK();
   for (auto& t : threads) t.join();
   return started.ok() ? s : started;
-}
-
-// A thread for `fn`, or kUnavailable when the system refuses one.
-Status StartThread(std::thread& t, std::function<void()> fn, const std::string& what) {
-  try {
-    t = std::thread(std::move(fn));
-  } catch (const std::system_error& e) {
-    return Status::Unavailable("cannot start the " + what + " thread: " + e.what());
-  }
-  return Status::OK();
 }
 
 }  // namespace
@@ -162,17 +149,7 @@ int RunRun(const Args& args) {
                 Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0"));
   const std::string consumer = args.Get("consumer");
   if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
-  std::string metrics_host;
-  int metrics_port = 0;
-  if (args.Has("metrics")) {
-    const std::string at = args.Get("metrics");
-    const auto hp = ParseHostPort(at);
-    if (!hp) return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
-    std::tie(metrics_host, metrics_port) = *hp;
-#if !IDEM_HAVE_HTTP
-    return Fail(cmd, NotBuilt("--metrics (served over HTTP)", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
-#endif
-  }
+  if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
   auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 2);
@@ -195,57 +172,26 @@ int RunRun(const Args& args) {
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
 
-#if IDEM_HAVE_HTTP
-  httplib::Server metrics;
-  std::thread metrics_thread;
-  auto stop_metrics = [&] {
-    if (metrics_thread.joinable()) {
-      metrics.stop();
-      metrics_thread.join();
-    }
-  };
-  if (args.Has("metrics")) {
-    metrics.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-      res.set_content(Metrics(consumer, inbox.counters(), runner.stats()), "text/plain; version=0.0.4");
-    });
-    if (!metrics.bind_to_port(metrics_host, metrics_port))
-      return Fail(cmd, Status::Unavailable("cannot serve metrics on " + args.Get("metrics") + " (in use?)"));
-    if (Status st = StartThread(
-            metrics_thread, [&] { metrics.listen_after_bind(); }, "metrics");
-        !st.ok())
-      return Fail(cmd, st);
-  }
-#else
-  auto stop_metrics = [] {};
-#endif
+  auto metrics = MetricsServer::Start(args, [&] { return Metrics(consumer, inbox.counters(), runner.stats()); });
+  if (!metrics.ok()) return Fail(cmd, metrics.status());
+  auto stop_metrics = [&] { metrics->reset(); };
   StopOnSignals(&runner);
-  std::atomic<bool> done{false};
-  std::thread progress;
-  Status progress_started = StartThread(
-      progress,
-      [&] {
-        int64_t last = 0;
-        while (!done.load()) {
-          for (int i = 0; i < 50 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          if (done.load()) break;
-          InboxCounters c = inbox.counters();
-          std::fprintf(stderr,
-                       "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
-                       static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
-                       static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
-                       static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
-          last = static_cast<int64_t>(c.applied + c.duplicates);
-        }
-      },
-      "progress");
-  if (!progress_started.ok()) {
+  int64_t last = 0;
+  auto progress = ProgressLines::Start([&] {
+    InboxCounters c = inbox.counters();
+    std::fprintf(stderr, "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
+                 static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
+                 static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
+                 static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
+    last = static_cast<int64_t>(c.applied + c.duplicates);
+  });
+  if (!progress.ok()) {
     StopOnSignals(nullptr);
     stop_metrics();
-    return Fail(cmd, progress_started);
+    return Fail(cmd, progress.status());
   }
   Status s = RunWorkers(runner, static_cast<int>(*workers));
-  done = true;
-  progress.join();
+  progress->reset();
   StopOnSignals(nullptr);
   stop_metrics();
   if (source->close) {
