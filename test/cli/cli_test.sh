@@ -255,39 +255,42 @@ free_port() {
   done
   echo "$p"
 }
+# Fetches $MPORT's /metrics into $T/metrics until PATTERN is in it: up to 60 s on
+# a loaded machine; not once the process $RPID has exited.
+wait_metrics() {
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q "$1" "$T/metrics" && break
+    kill -0 "$RPID" 2>/dev/null || break
+    sleep 0.1
+  done
+}
+stop_by_sigterm() {  # stop_by_sigterm NAME: $RPID must exit 0 on SIGTERM
+  kill -TERM "$RPID"; wait "$RPID"; local rc=$?
+  [ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL $1 exit $rc after SIGTERM"; fails=$((fails + 1)); }
+}
 # idem run --metrics: Prometheus counters while it runs; stopped by its PID.
 MPORT=$(free_port 23000)
 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --metrics "127.0.0.1:$MPORT" 2>"$T/run.log" &
 RPID=$!
 # 10 new messages: applied once each, acknowledged after their commits.
 "$IDEM" publish --source "embedded:$T/runq.db?queue=pay" --messages 10 >/dev/null
-for _ in $(seq 600); do  # up to 60 s on a loaded machine; not once it has exited
-  curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q 'idem_acked_total{consumer="payments"} 10$' "$T/metrics" && break
-  kill -0 "$RPID" 2>/dev/null || break
-  sleep 0.1
-done
+wait_metrics 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-acked "$T/metrics" 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-applied "$T/metrics" 'idem_applied_total{consumer="payments"} 10$'
 has run-metrics-type "$T/metrics" '# TYPE idem_duplicates_total counter'
-kill -TERM "$RPID"; wait "$RPID"; rc=$?
-[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL run exit $rc after SIGTERM"; fails=$((fails + 1)); }
+stop_by_sigterm run
 
 # idem relay --metrics: the outbox's gauges and counters while it runs; SIGTERM stops it (exit 0).
 ok relay-metrics-fixture "$OUTBOX" add "sqlite:$T/ob3.db" 25
 MPORT=$(free_port 24000)
 "$IDEM" relay --store "sqlite:$T/ob3.db" --to "embedded:$T/obq3.db?queue=ship" --poll 50 --metrics "127.0.0.1:$MPORT" >"$T/relay.out" 2>"$T/relay.log" &
 RPID=$!
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q '^idem_outbox_published_total{relay="relay"} 25$' "$T/metrics" && break
-  kill -0 "$RPID" 2>/dev/null || break
-  sleep 0.1
-done
+wait_metrics '^idem_outbox_published_total{relay="relay"} 25$'
 has relay-metrics-published "$T/metrics" '^idem_outbox_published_total\{relay="relay"\} 25$'
 has relay-metrics-lanes "$T/metrics" '^idem_outbox_lanes_held\{relay="relay"\} 1$'
 for m in idem_outbox_backlog idem_outbox_oldest_unsent_age_seconds idem_outbox_republished_total \
          idem_outbox_dead_lettered_total idem_outbox_transient_errors_total; do has "relay-metrics-$m" "$T/metrics" "^$m\\{"; done
-kill -TERM "$RPID"; wait "$RPID"; rc=$?
-[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL relay exit $rc after SIGTERM"; fails=$((fails + 1)); }
+stop_by_sigterm relay
 has relay-stopped-summary "$T/relay.out" '^published 25 '
 
 # idem provider: bad input is refused before serving; a busy port is exit 3.
