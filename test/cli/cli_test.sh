@@ -280,6 +280,18 @@ has run-metrics-applied "$T/metrics" 'idem_applied_total{consumer="payments"} 10
 has run-metrics-type "$T/metrics" '# TYPE idem_duplicates_total counter'
 stop_by_sigterm run
 
+# idem run --relay-to: the consumer's store's outbox relayed in the same process.
+ok run-relay-fixture "$OUTBOX" add "sqlite:$T/runrelay.db" 20
+"$IDEM" publish --source "embedded:$T/runrelayq.db?queue=pay" --messages 5 >/dev/null
+check run-relay-to 0 "$IDEM" run --source "embedded:$T/runrelayq.db?queue=pay" --store "sqlite:$T/runrelay.db" --drain \
+  --relay-to "embedded:$T/runrelays.db?queue=ship" --json
+has run-relay-to-applied "$T/out" '"applied":5,'
+has run-relay-to-relayed "$T/out" '"relayed":20,'
+ok run-relay-to-every-id "$OUTBOX" check "embedded:$T/runrelays.db?queue=ship" 20
+check run-relay-to-bad-url 2 "$IDEM" run --source "embedded:$T/runrelayq.db?queue=pay" --store "sqlite:$T/runrelay.db" \
+  --drain --relay-to "nats://127.0.0.1:4222/x"
+has run-relay-to-bad-url-named "$T/err" "--relay-to nats://127.0.0.1:4222/x"
+
 # idem relay --metrics: the outbox's gauges and counters while it runs; SIGTERM stops it (exit 0).
 ok relay-metrics-fixture "$OUTBOX" add "sqlite:$T/ob3.db" 25
 MPORT=$(free_port 24000)

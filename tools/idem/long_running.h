@@ -3,9 +3,11 @@
 // The parts of the long-running commands (idem run, idem relay): --metrics
 // HOST:PORT, where GET /metrics answers the Prometheus text a callback
 // renders, and a progress line on stderr every 5 s; each on a thread of its
-// own until it is destroyed.
+// own until it is destroyed; and a relay's stop on SIGINT/SIGTERM.
 #ifndef IDEM_TOOLS_IDEM_LONG_RUNNING_H_
 #define IDEM_TOOLS_IDEM_LONG_RUNNING_H_
+
+#include <signal.h>
 
 #include <atomic>
 #include <functional>
@@ -14,6 +16,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "idem/outbox_relay.h"
 #include "idem/result.h"
 
 namespace idem::cli {
@@ -49,6 +52,20 @@ class ProgressLines {
   ProgressLines() = default;
   std::atomic<bool> done_{false};
   std::thread thread_;
+};
+
+// Routes SIGINT and SIGTERM to OutboxRelay::Stop (async-signal-safe) while
+// it lives; the handlers before it are restored after.
+class RelayStopOnSignals {
+ public:
+  explicit RelayStopOnSignals(OutboxRelay& relay);
+  ~RelayStopOnSignals();
+  RelayStopOnSignals(const RelayStopOnSignals&) = delete;
+  RelayStopOnSignals& operator=(const RelayStopOnSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
 };
 
 }  // namespace idem::cli

@@ -2,15 +2,12 @@
 //
 // idem relay: publishes a store's outbox (idem/outbox_relay.h) to a broker,
 // with Prometheus metrics and progress lines.
-#include <signal.h>
-
 #include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <string>
 
 #include "commands.h"
-#include "idem/open.h"
 #include "idem/outbox.h"
 #include "idem/outbox_relay.h"
 #include "idem/url.h"
@@ -19,35 +16,6 @@
 
 namespace idem::cli {
 namespace {
-
-// The relay SIGINT/SIGTERM stop (OutboxRelay::Stop is async-signal-safe).
-std::atomic<OutboxRelay*> g_signal_relay{nullptr};
-
-void StopRelay(int) {
-  if (OutboxRelay* r = g_signal_relay.load()) r->Stop();
-}
-
-// Routes SIGINT and SIGTERM to `relay` while it lives.
-class StopOnSignal {
- public:
-  explicit StopOnSignal(OutboxRelay& relay) {
-    g_signal_relay = &relay;
-    struct sigaction sa {};
-    sa.sa_handler = StopRelay;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopOnSignal() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-    g_signal_relay = nullptr;
-  }
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
 
 std::string Metrics(const std::string& relay, const OutboxRelayStats& s) {
   std::string out;
@@ -131,11 +99,8 @@ int RunRelay(const Args& args) {
     return Fail(cmd, Status::InvalidArgument("--keep-sent must be true or false, got '" + keep + "'"));
   if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
   const std::string to = args.Get("to");
-  auto publisher = OpenPublisher(to);
-  if (!publisher.ok())
-    return Fail(cmd, publisher.status().code() == Code::kInvalidArgument
-                         ? Status::InvalidArgument("--to " + RedactUrl(to) + ": " + publisher.status().message())
-                         : publisher.status());
+  auto publisher = OpenPublisherFlag("to", to);
+  if (!publisher.ok()) return Fail(cmd, publisher.status());
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail(cmd, store.status());
   auto relay_owned = OutboxRelay::Open(**store, **publisher,
@@ -164,7 +129,7 @@ int RunRelay(const Args& args) {
   if (!progress.ok()) return Fail(cmd, progress.status());
   Status s;
   {
-    StopOnSignal on_signal(relay);
+    RelayStopOnSignals on_signal(relay);
     s = relay.Run();
   }
   progress->reset();

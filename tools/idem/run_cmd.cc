@@ -20,6 +20,7 @@
 #include "components.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "idem/outbox_relay.h"
 #include "long_running.h"
 #include "sources.h"
 
@@ -116,9 +117,11 @@ const Command& RunCommand() {
           KnownSources() +
           ".\n"
           "Prometheus metrics on --metrics HOST:PORT (GET /metrics); a progress line on stderr every 5 s.\n"
-          "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.",
+          "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.\n"
+          "--relay-to URL also runs an outbox relay (idem relay) on the store, in this process: on a thread\n"
+          "until the consumer stops, and with --drain then until the outbox is empty.",
       "--source URL [--store URL] [--consumer NAME] [--workers N] [--batch N] [--max-attempts N]\n"
-      "       [--lease DURATION] [--drain] [--metrics HOST:PORT] [--json]",
+      "       [--lease DURATION] [--drain] [--relay-to URL] [--metrics HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},
        {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
@@ -127,6 +130,7 @@ const Command& RunCommand() {
        {"max-attempts", "N", "5", "handler failures before a message is dead-lettered"},
        {"lease", "DURATION", "30s", "visibility timeout where the source has one"},
        {"drain", "", "", "return once the source is idle"},
+       {"relay-to", "URL", "", "also relay the store's outbox to this broker (see idem relay --help)"},
        {"metrics", "HOST:PORT", "", "serve Prometheus metrics on GET /metrics"},
        {"json", "", "", "print the final counters as one JSON object"}}};
   return c;
@@ -152,7 +156,13 @@ int RunRun(const Args& args) {
   if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
-  auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 2);
+  std::unique_ptr<Publisher> relay_publisher;
+  if (args.Has("relay-to")) {
+    auto p = OpenPublisherFlag("relay-to", args.Get("relay-to"));
+    if (!p.ok()) return Fail(cmd, p.status());
+    relay_publisher = std::move(*p);
+  }
+  auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 3);
   if (!store.ok()) return Fail(cmd, store.status());
   {
     auto tx = (*store)->Begin();
@@ -171,6 +181,21 @@ int RunRun(const Args& args) {
                                                        .stop_when_idle = args.Bool("drain")});
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
+  // --relay-to: on a thread while the consumer runs; with --drain, to the
+  // end of the outbox once the consumer is done.
+  std::unique_ptr<OutboxRelay> relay;
+  if (relay_publisher) {
+    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer});
+    if (!r.ok()) return Fail(cmd, r.status());
+    relay = std::move(*r);
+  }
+  Status relay_status;
+  std::thread relay_thread;
+  auto stop_relay = [&] {
+    if (!relay_thread.joinable()) return;
+    relay->Stop();
+    relay_thread.join();
+  };
 
   auto metrics = MetricsServer::Start(args, [&] { return Metrics(consumer, inbox.counters(), runner.stats()); });
   if (!metrics.ok()) return Fail(cmd, metrics.status());
@@ -190,7 +215,31 @@ int RunRun(const Args& args) {
     stop_metrics();
     return Fail(cmd, progress.status());
   }
+  if (relay) {
+    try {
+      relay_thread = std::thread([&] { relay_status = relay->Run(); });
+    } catch (const std::system_error& e) {
+      StopOnSignals(nullptr);
+      return Fail(cmd, Status::Unavailable(std::string("cannot start the relay thread: ") + e.what()));
+    }
+  }
   Status s = RunWorkers(runner, static_cast<int>(*workers));
+  stop_relay();
+  OutboxRelayStats relayed = relay ? relay->stats() : OutboxRelayStats{};
+  if (relay && args.Bool("drain") && s.ok() && relay_status.ok() && !runner.stopping()) {
+    // What the consumer's last commits added: a relay that stops when idle.
+    auto drain = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .stop_when_idle = true});
+    if (!drain.ok()) relay_status = drain.status();
+    if (drain.ok()) {
+      {
+        RelayStopOnSignals on_signal(**drain);
+        relay_status = (*drain)->Run();
+      }
+      relayed.published += (*drain)->stats().published;
+      relayed.republished += (*drain)->stats().republished;
+      relayed.dead_lettered += (*drain)->stats().dead_lettered;
+    }
+  }
   progress->reset();
   StopOnSignals(nullptr);
   stop_metrics();
@@ -216,14 +265,18 @@ int RunRun(const Args& args) {
                      .Add("received", st.received)
                      .Add("acked", st.acked)
                      .Add("nacked", st.nacked)
+                     .Add("relayed", relayed.published)
+                     .Add("relay_republished", relayed.republished)
+                     .Add("relay_dead_lettered", relayed.dead_lettered)
                      .str()
               << "\n";
   } else {
     std::cout << "applied " << c.applied << ", duplicates " << c.duplicates << ", conflicts " << c.conflicts
               << ", dead-lettered " << st.dead_lettered << "; received " << st.received << ", acked " << st.acked
-              << "\n";
+              << (relay ? "; relayed " + std::to_string(relayed.published) : std::string()) << "\n";
   }
   if (!s.ok()) return Fail(cmd, s);
+  if (!relay_status.ok()) return Fail(cmd, relay_status.WithContext("relay"));
   return kExitOk;
 }
 
