@@ -224,7 +224,6 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"
         " ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts + 1, $2, $3, $4 FROM"
         " idem_outbox WHERE seq = $1 ON CONFLICT DO NOTHING",
-    .note_failure = "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
     .heartbeat =
         "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes, backend_pid) VALUES ($1, (extract(epoch FROM "
         "clock_timestamp()) * 1000)::bigint, $2,"
@@ -236,25 +235,15 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * "
         "1000)::bigint - $2"
         " AND backend_pid IN (SELECT pid FROM pg_stat_activity)",
-    .forget_relay = "DELETE FROM idem_outbox_relays WHERE name = $1",
     .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane = ANY($1::int[])",
     .handed_write =
-        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
-        " GREATEST(idem_outbox_handed.upto, excluded.upto)",
+        "INSERT INTO idem_outbox_handed(lane, upto) SELECT * FROM unnest($1::int[], $2::bigint[]) ON CONFLICT"
+        " (lane) DO UPDATE SET upto = GREATEST(idem_outbox_handed.upto, excluded.upto)",
     .stats =
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT 1),"
         " (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT count(*) FROM"
         " idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $2 AND "
         "backend_pid IN (SELECT pid FROM pg_stat_activity))",
-    .list_dead =
-        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
-        " attempts, reason, error, at_ms FROM idem_outbox_dead ORDER BY at_ms DESC, seq DESC LIMIT $1",
-    .purge_sent =
-        "DELETE FROM idem_outbox_sent WHERE seq IN (SELECT seq FROM idem_outbox_sent WHERE sent_at_ms < $1"
-        " ORDER BY seq LIMIT $2)",
-    .purge_dead =
-        "DELETE FROM idem_outbox_dead WHERE seq IN (SELECT seq FROM idem_outbox_dead WHERE at_ms < $1 ORDER"
-        " BY seq LIMIT $2)",
     .session_setup = "SET synchronous_commit = off; LISTEN idem_outbox",
 };
 

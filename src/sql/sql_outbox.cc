@@ -21,6 +21,19 @@ uint64_t OutboxKeyHash(std::string_view key_or_id) {
 
 namespace {
 
+// The same SQL on every backend (off the hot path, no layout to tune).
+constexpr const char* kNoteFailure = "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1";
+constexpr const char* kForgetRelay = "DELETE FROM idem_outbox_relays WHERE name = $1";
+constexpr const char* kListDead =
+    "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts, reason,"
+    " error, at_ms FROM idem_outbox_dead ORDER BY at_ms DESC, seq DESC LIMIT $1";
+constexpr const char* kPurgeSent =
+    "DELETE FROM idem_outbox_sent WHERE seq IN (SELECT seq FROM idem_outbox_sent WHERE sent_at_ms < $1"
+    " ORDER BY seq LIMIT $2)";
+constexpr const char* kPurgeDead =
+    "DELETE FROM idem_outbox_dead WHERE seq IN (SELECT seq FROM idem_outbox_dead WHERE at_ms < $1 ORDER BY seq"
+    " LIMIT $2)";
+
 constexpr size_t kRowsPerInsert = 1000;  // 8 parameters each: far below the servers' limits
 constexpr int64_t kLiveMs = 5'000;       // a relay not seen for this long no longer counts
 
@@ -66,7 +79,7 @@ class SqlOutboxSession final : public OutboxSession {
     locks_.clear();  // before the connection they were taken on
     if (conn_->Healthy()) {
       Value p[] = {name_};
-      (void)conn_->Exec(sql_.forget_relay, p);
+      (void)conn_->Exec(kForgetRelay, p);
     }
   }
 
@@ -122,13 +135,17 @@ class SqlOutboxSession final : public OutboxSession {
       const int lane = static_cast<int>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql_.lanes));
       upto[lane] = std::max(upto[lane], r.seq);
     }
+    std::vector<int> lanes;
+    std::vector<int64_t> seqs;
     for (const auto& [lane, seq] : upto) {
       if (handed_[lane] >= seq) continue;
       handed_[lane] = seq;
-      Value p[] = {lane, seq};
-      IDEM_RETURN_IF_ERROR(conn_->Exec(sql_.handed_write, p).status());
+      lanes.push_back(lane);
+      seqs.push_back(seq);
     }
-    return Status::OK();
+    if (lanes.empty()) return Status::OK();
+    Value p[] = {List(sql_.list_open, lanes), List(sql_.list_open, seqs)};
+    return conn_->Exec(sql_.handed_write, p).status();
   }
 
   Status Settle(const OutboxSettlement& s) override {
@@ -177,7 +194,7 @@ class SqlOutboxSession final : public OutboxSession {
     }
     for (const auto& [seq, error] : s.failed) {
       Value p[] = {seq, error};
-      IDEM_RETURN_IF_ERROR(conn_->Exec(sql_.note_failure, p).status());
+      IDEM_RETURN_IF_ERROR(conn_->Exec(kNoteFailure, p).status());
     }
     return Status::OK();
   }
@@ -270,7 +287,7 @@ Result<OutboxStats> SqlOutbox::Stats() {
 Result<std::vector<OutboxDeadLetter>> SqlOutbox::ListDeadLetters(int limit) {
   IDEM_RETURN_IF_ERROR(CheckListLimit(limit));
   Value p[] = {limit};
-  IDEM_ASSIGN_OR_RETURN(Rows r, store_.Read(store_.dialect().outbox->list_dead, p));
+  IDEM_ASSIGN_OR_RETURN(Rows r, store_.Read(kListDead, p));
   std::vector<OutboxDeadLetter> out;
   for (const auto& v : r.rows) {
     IDEM_ASSIGN_OR_RETURN(OutboxRow row, RowFrom(v));
@@ -281,9 +298,8 @@ Result<std::vector<OutboxDeadLetter>> SqlOutbox::ListDeadLetters(int limit) {
 
 Result<int64_t> SqlOutbox::PurgeOutbox(int64_t sent_before_ms, int64_t dead_before_ms, int batch_size) {
   if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
-  const OutboxSql& sql = *store_.dialect().outbox;
   int64_t total = 0;
-  for (auto [stmt, before] : {std::pair{sql.purge_sent, sent_before_ms}, std::pair{sql.purge_dead, dead_before_ms}}) {
+  for (auto [stmt, before] : {std::pair{kPurgeSent, sent_before_ms}, std::pair{kPurgeDead, dead_before_ms}}) {
     if (before <= 0) continue;
     for (;;) {
       int64_t n = 0;

@@ -154,16 +154,11 @@ struct OutboxSql {
   const char* move_sent;      // ($1 seqs, $2 now) copies to idem_outbox_sent
   const char* delete_rows;    // ($1 seqs)
   const char* put_dead;       // ($1 seq, $2 reason, $3 error, $4 at) copies to idem_outbox_dead
-  const char* note_failure;   // ($1 seq, $2 error)
   const char* heartbeat;      // ($1 name, $2 lanes held, $3 now)
   const char* live_relays;    // ($1 now, $2 live_ms) -> count
-  const char* forget_relay;   // ($1 name)
   const char* handed_read;    // ($1 lanes) -> lane, upto
-  const char* handed_write;   // ($1 lane, $2 upto)
+  const char* handed_write;   // ($1 lanes, $2 their uptos: lists of one length)
   const char* stats;          // ($1 now, $2 live_ms) -> backlog, oldest added_at_ms, dead, sent, relays
-  const char* list_dead;      // ($1 limit) -> fetch's columns but lane, then reason, error, at_ms
-  const char* purge_sent;     // ($1 before, $2 limit)
-  const char* purge_dead;     // ($1 before, $2 limit)
   const char* session_setup;  // run once on a relay's connection
 };
 

@@ -202,29 +202,19 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"
         " ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts + 1, $2, $3, $4 FROM"
         " idem_outbox WHERE seq = $1 ON CONFLICT DO NOTHING",
-    .note_failure = "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
     .heartbeat =
         "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes) VALUES ($1, $3, $2) ON CONFLICT (name) DO"
         " UPDATE SET seen_at_ms = excluded.seen_at_ms, lanes = excluded.lanes",
     .live_relays = "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2",
-    .forget_relay = "DELETE FROM idem_outbox_relays WHERE name = $1",
     .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane IN (SELECT value FROM json_each($1))",
     .handed_write =
-        "INSERT INTO idem_outbox_handed(lane, upto) VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE SET upto ="
+        "INSERT INTO idem_outbox_handed(lane, upto) SELECT l.value, u.value FROM json_each($1) l JOIN"
+        " json_each($2) u ON u.key = l.key WHERE true ON CONFLICT (lane) DO UPDATE SET upto ="
         " max(idem_outbox_handed.upto, excluded.upto)",
     .stats =
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT"
         " 1), (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT"
         " count(*) FROM idem_outbox_relays WHERE seen_at_ms >= $1 - $2)",
-    .list_dead =
-        "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
-        " attempts, reason, error, at_ms FROM idem_outbox_dead ORDER BY at_ms DESC, seq DESC LIMIT $1",
-    .purge_sent =
-        "DELETE FROM idem_outbox_sent WHERE seq IN (SELECT seq FROM idem_outbox_sent WHERE sent_at_ms < $1"
-        " ORDER BY seq LIMIT $2)",
-    .purge_dead =
-        "DELETE FROM idem_outbox_dead WHERE seq IN (SELECT seq FROM idem_outbox_dead WHERE at_ms < $1 ORDER"
-        " BY seq LIMIT $2)",
     .session_setup = "PRAGMA synchronous = NORMAL",
 };
 

@@ -330,6 +330,15 @@ TEST_P(HostileMiddlewareTest, AConnectionFloodStarvesNoRequest) {
 }
 
 // The server's own cases, with requests on threads and on fibers.
+// Reads what the server sends on `fd` until it closes.
+std::string ReadToClose(int fd) {
+  std::string out;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
 class HostileServerTest : public ::testing::TestWithParam<Serving> {
  protected:
   void Start(idem::httplib::Server::Options options) {
@@ -346,6 +355,17 @@ class HostileServerTest : public ::testing::TestWithParam<Serving> {
     server_->Start();
   }
   Reply Health() { return Send(server_->port(), "GET", "/health", {}); }
+  // A connection from `from` is answered 503 with Retry-After and closed:
+  // the first refusal of the test.
+  void ExpectRefused503From(const char* from) {
+    const int over = ConnectFrom(from, server_->port());
+    ASSERT_GE(over, 0);
+    const std::string answer = ReadToClose(over);
+    ::close(over);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 503 ", 0), 0u) << answer;
+    EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
+    EXPECT_EQ(server_->counters().refused, 1);
+  }
 
   std::unique_ptr<LoopbackServer> server_;
   std::atomic<int> handled_{0};
@@ -408,15 +428,6 @@ TEST_P(HostileServerTest, ARequestPastItsDeadlineIsClosedUnanswered) {
   EXPECT_EQ(r.status, 200);
 }
 
-// Reads what the server sends on `fd` until it closes.
-std::string ReadToClose(int fd) {
-  std::string out;
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  return out;
-}
-
 // Over the per-address bound a connection is answered 503 with Retry-After
 // and closed; another address is served; a place given back is taken again.
 TEST_P(HostileServerTest, OverThePerAddressBoundIsRefused503) {
@@ -425,13 +436,7 @@ TEST_P(HostileServerTest, OverThePerAddressBoundIsRefused503) {
   for (int i = 0; i < 4; ++i) held.push_back(ConnectFrom("127.0.0.2", server_->port()));
   for (int fd : held) ASSERT_GE(fd, 0);
   WaitUntil([&] { return server_->counters().open == 4; });
-  const int over = ConnectFrom("127.0.0.2", server_->port());
-  ASSERT_GE(over, 0);
-  const std::string answer = ReadToClose(over);
-  ::close(over);
-  EXPECT_EQ(answer.rfind("HTTP/1.1 503 ", 0), 0u) << answer;
-  EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
-  EXPECT_EQ(server_->counters().refused, 1);
+  ExpectRefused503From("127.0.0.2");
   const Reply other = Health();  // from 127.0.0.1
   ASSERT_TRUE(other.ok) << other.error;
   EXPECT_EQ(other.status, 200);
@@ -454,13 +459,7 @@ TEST_P(HostileServerTest, OverTheBoundInAllIsRefused503) {
   for (const char* from : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) held.push_back(ConnectFrom(from, server_->port()));
   for (int fd : held) ASSERT_GE(fd, 0);
   WaitUntil([&] { return server_->counters().open == 3; });
-  const int over = ConnectFrom("127.0.0.1", server_->port());
-  ASSERT_GE(over, 0);
-  const std::string answer = ReadToClose(over);
-  ::close(over);
-  EXPECT_EQ(answer.rfind("HTTP/1.1 503 ", 0), 0u) << answer;
-  EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
-  EXPECT_EQ(server_->counters().refused, 1);
+  ExpectRefused503From("127.0.0.1");
   for (int fd : held) ::close(fd);
 }
 

@@ -286,12 +286,15 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_versions").ok());
     ASSERT_TRUE((*tx)->Exec("ALTER TABLE idem_failures DROP COLUMN in_progress_since_ms").ok());
     ASSERT_TRUE((*tx)->Exec("ALTER TABLE idem_failures DROP COLUMN parked_at_ms").ok());
+    for (const char* t :
+         {"idem_outbox", "idem_outbox_sent", "idem_outbox_dead", "idem_outbox_relays", "idem_outbox_handed"})
+      ASSERT_TRUE((*tx)->Exec(std::string("DROP TABLE ") + t).ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
   }
   auto s = sqlite::Store::Open({.path = dir.File("old.db")});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ((*s)->Schema()->version, 6);
+  EXPECT_EQ((*s)->Schema()->version, 7);
   auto tx = (*s)->Begin();
   auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
   ASSERT_TRUE(idx.ok());

@@ -51,6 +51,14 @@ namespace idem {
 //                          WAL back into the database file
 //   postgres.round_trip    a request PostgreSQL must answer before the client
 //                          goes on is about to be sent (tests count them)
+//   outbox.after_add       Outbox::Add queued its rows, the transaction still open
+//   relay.after_lock       a relay rebalanced its lanes
+//   relay.after_fetch      a relay fetched a round's rows, nothing handed over yet
+//   relay.before_publish   a round's batch built, not yet handed to the publisher
+//   relay.after_publish    the broker answered a batch, nothing recorded yet
+//   relay.before_settle    a round published, its record not yet begun
+//   relay.before_settle_commit  the round's record written, not committed
+//   relay.after_settle     the round's record committed
 //   http.after_claim       an HTTP request's key claimed, the handler not yet run
 //   http.before_complete   the handler's effect done, the response not yet stored
 //   http.group_before_commit  a group of transactional requests run, COMMIT not yet issued
