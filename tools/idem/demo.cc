@@ -643,12 +643,12 @@ Result<ShippingResult> ShippingStage(const Config& cfg, const Files& f) {
   Handler ship = [](Transaction& tx, const Message& m) {
     return tx.Exec("INSERT INTO demo_shipments(order_id, message_id) VALUES ($1, $2)", {m.payload, m.id}).status();
   };
-  IDEM_ASSIGN_OR_RETURN(
-      auto consumer,
-      Consumer::Open(
-          source, *inbox, ship,
-          Consumer::Options{
-              .workers = 1, .batch = 100, .max_attempts = 20, .receive_wait_ms = 100, .stop_when_idle = true}));
+  IDEM_ASSIGN_OR_RETURN(auto consumer, Consumer::Open(source, *inbox, ship,
+                                                      Consumer::Options{.workers = cfg.consumers,
+                                                                        .batch = 100,
+                                                                        .max_attempts = 20,
+                                                                        .receive_wait_ms = 100,
+                                                                        .stop_when_idle = true}));
   for (;;) {  // lost acks come back once their lease ends
     IDEM_RETURN_IF_ERROR(consumer->Run());
     IDEM_ASSIGN_OR_RETURN(auto qs, queue->Stats());
@@ -766,6 +766,7 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   (*provider)->Stop();
   IDEM_ASSIGN_OR_RETURN(ProviderTotals charges, ProviderCharges(f.provider));
   IDEM_ASSIGN_OR_RETURN(ShippingResult ship, ShippingStage(cfg, f));
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms));
   IDEM_ASSIGN_OR_RETURN(Totals pay, PaymentsFor(*p.store, ""));
   IDEM_ASSIGN_OR_RETURN(auto qs, p.queue->Stats());
