@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The idem command against the test PostgreSQL server: the demo with
-# --store postgres://, inspect, schema, purge, and bad URLs.
+# --store postgres:// (its second stage through the outbox), inspect, schema,
+# purge, and bad URLs.
 # usage: cli_postgres_test.sh IDEM_BINARY PG_URL
 set -uo pipefail
 IDEM=$1 URL=$2
@@ -21,6 +22,8 @@ check demo-postgres 0 "$IDEM" demo --store "$URL" --dir "$T/demo" --messages 400
 has demo-ok "$T/out" '"ok":true'
 has demo-charges "$T/out" '"charges":400,'
 has demo-markers "$T/out" '"markers":400,'
+has demo-shipments "$T/out" '"shipments":400,'
+has demo-relay-killed "$T/out" '"relay_killed":true'
 check inspect 0 "$IDEM" inspect --store "$URL" --consumer idem-demo --json
 has inspect-count "$T/out" '"markers":400'
 check schema 0 "$IDEM" schema --store "$URL" --json

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The idem command end to end: help, the demo's JSON, inspect/purge/schema,
 # and bad input (clear error, the exit code scripts can trust, nothing lost).
-# usage: cli_test.sh IDEM_BINARY
+# usage: cli_test.sh IDEM_BINARY OUTBOX_FIXTURE
 set -uo pipefail
 IDEM=$1
+OUTBOX=$2  # test/cli/outbox_fixture.cc
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fails=0
@@ -28,7 +29,7 @@ has() {  # has NAME FILE PATTERN
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge provider run publish chaos; do
+for c in demo bench schema inspect purge provider run publish relay chaos; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -65,6 +66,55 @@ if [ "$(num deliveries)" -gt "$(num messages)" ] && [ "$(num duplicates_skipped)
 else
   echo "FAIL demo totals: $(cat "$T/out")"; fails=$((fails + 1))
 fi
+
+# The second stage: the relay killed after a publish, its batch republished,
+# every order shipped once by the shipping inbox.
+has demo-relay-killed "$T/out" '"relay_killed":true'
+has demo-shipments "$T/out" '"shipments":300,'
+has demo-outbox-empty "$T/out" '"outbox_left":0,'
+if [ "$(num relayed)" -ge 300 ] && [ "$(num relay_republished)" -gt 0 ] &&
+   [ "$(num shipping_duplicates_skipped)" -ge "$(num relay_republished)" ]; then
+  pass=$((pass + 1))
+else
+  echo "FAIL demo second stage: $(cat "$T/out")"; fails=$((fails + 1))
+fi
+
+# idem relay: the outbox of a SQLite store to an embedded queue, every id once
+# and in order per key; a URL without a queue publishes to each destination.
+check relay-no-to 2 "$IDEM" relay --store "sqlite:$T/ob.db"
+has relay-no-to-named "$T/err" "--to is required"
+ok relay-fixture "$OUTBOX" add "sqlite:$T/ob.db" 120
+check relay-bad-to 2 "$IDEM" relay --store "sqlite:$T/ob.db" --to "nats://127.0.0.1:4222/x" --drain
+has relay-bad-to-named "$T/err" "nats://127.0.0.1:4222/x"
+check relay-bad-keep-sent 2 "$IDEM" relay --store "sqlite:$T/ob.db" --to "embedded:$T/obq.db?queue=ship" --keep-sent maybe
+check relay-bad-batch 2 "$IDEM" relay --store "sqlite:$T/ob.db" --to "embedded:$T/obq.db?queue=ship" --batch 0
+check relay-no-store 3 "$IDEM" relay --store "sqlite:$T/absent.db" --to "embedded:$T/obq.db?queue=ship" --drain
+check inspect-outbox-backlog 0 "$IDEM" inspect --store "sqlite:$T/ob.db" --json
+has inspect-outbox-backlog-120 "$T/out" '"outbox":\{"backlog":120,'
+check relay-drain 0 "$IDEM" relay --store "sqlite:$T/ob.db" --to "embedded:$T/obq.db?queue=ship" --batch 50 --drain --json
+has relay-drain-published "$T/out" '"published":120,'
+has relay-drain-no-dead "$T/out" '"dead_lettered":0,'
+ok relay-queue-holds-every-id "$OUTBOX" check "embedded:$T/obq.db?queue=ship" 120
+check relay-drain-again 0 "$IDEM" relay --store "sqlite:$T/ob.db" --to "embedded:$T/obq.db?queue=ship" --drain --json
+has relay-drain-again-nothing "$T/out" '"published":0,'
+ok relay-fixture-dest "$OUTBOX" add "sqlite:$T/ob2.db" 30 orders
+check relay-to-destinations 0 "$IDEM" relay --store "sqlite:$T/ob2.db" --to "embedded:$T/obq.db" --drain --keep-sent false
+ok relay-destination-holds-every-id "$OUTBOX" check "embedded:$T/obq.db?queue=orders" 30
+check inspect-outbox 0 "$IDEM" inspect --store "sqlite:$T/ob.db" --json
+for f in backlog oldest_unsent_age_ms sent_kept dead_letter_count relays dead_letters; do has "inspect-outbox-$f" "$T/out" "\"$f\":"; done
+has inspect-outbox-sent "$T/out" '"backlog":0,"oldest_unsent_age_ms":0,"sent_kept":120,'
+check inspect-outbox-text 0 "$IDEM" inspect --store "sqlite:$T/ob.db"
+has inspect-outbox-text-line "$T/out" '^outbox: backlog 0, sent kept 120'
+check inspect-outbox-not-kept 0 "$IDEM" inspect --store "sqlite:$T/ob2.db" --json
+has inspect-outbox-not-kept-0 "$T/out" '"sent_kept":0,'
+check purge-outbox-keeps-recent 0 "$IDEM" purge --store "sqlite:$T/ob.db" --older-than 1h --json
+has purge-outbox-keeps-recent-0 "$T/out" '"outbox_purged":0'
+check purge-outbox-filtered 0 "$IDEM" purge --store "sqlite:$T/ob.db" --older-than 0s --consumer nobody --json
+ok purge-outbox-filtered-untouched bash -c "! grep -q outbox_purged '$T/out'"
+check purge-outbox 0 "$IDEM" purge --store "sqlite:$T/ob.db" --older-than 0s --batch 7 --outbox-dead --json
+has purge-outbox-120 "$T/out" '"outbox_purged":120'
+check inspect-outbox-purged 0 "$IDEM" inspect --store "sqlite:$T/ob.db" --json
+has inspect-outbox-purged-0 "$T/out" '"sent_kept":0,'
 
 # See and purge what is stored.
 STORE="sqlite:$T/demo/run/payments.db"
@@ -130,7 +180,9 @@ check purge-keeps-recent 0 "$IDEM" purge --store "$STORE" --older-than 1h --json
 has purge-none "$T/out" '"purged":0'
 check purge-scope-keeps-markers 0 "$IDEM" purge --store "$STORE" --older-than 0s --scope "no-such-scope" --json
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
-has purge-300 "$T/out" '"purged":300'
+# The demo's markers: 300 payments and 300 shipments; its 300 sent outbox messages.
+has purge-600 "$T/out" '"purged":600,'
+has purge-demo-outbox "$T/out" '"outbox_purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
 for d in inf nan 1e300d -5s; do
   check "bad-duration-$d" 2 "$IDEM" purge --store "$STORE" --older-than "$d"
@@ -203,22 +255,55 @@ free_port() {
   done
   echo "$p"
 }
+# Fetches $MPORT's /metrics into $T/metrics until PATTERN is in it: up to 60 s on
+# a loaded machine; not once the process $RPID has exited.
+wait_metrics() {
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q "$1" "$T/metrics" && break
+    kill -0 "$RPID" 2>/dev/null || break
+    sleep 0.1
+  done
+}
+stop_by_sigterm() {  # stop_by_sigterm NAME: $RPID must exit 0 on SIGTERM
+  kill -TERM "$RPID"; wait "$RPID"; local rc=$?
+  [ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL $1 exit $rc after SIGTERM"; fails=$((fails + 1)); }
+}
 # idem run --metrics: Prometheus counters while it runs; stopped by its PID.
 MPORT=$(free_port 23000)
 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --metrics "127.0.0.1:$MPORT" 2>"$T/run.log" &
 RPID=$!
 # 10 new messages: applied once each, acknowledged after their commits.
 "$IDEM" publish --source "embedded:$T/runq.db?queue=pay" --messages 10 >/dev/null
-for _ in $(seq 600); do  # up to 60 s on a loaded machine; not once it has exited
-  curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics" 2>/dev/null && grep -q 'idem_acked_total{consumer="payments"} 10$' "$T/metrics" && break
-  kill -0 "$RPID" 2>/dev/null || break
-  sleep 0.1
-done
+wait_metrics 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-acked "$T/metrics" 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-applied "$T/metrics" 'idem_applied_total{consumer="payments"} 10$'
 has run-metrics-type "$T/metrics" '# TYPE idem_duplicates_total counter'
-kill -TERM "$RPID"; wait "$RPID"; rc=$?
-[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL run exit $rc after SIGTERM"; fails=$((fails + 1)); }
+stop_by_sigterm run
+
+# idem run --relay-to: the consumer's store's outbox relayed in the same process.
+ok run-relay-fixture "$OUTBOX" add "sqlite:$T/runrelay.db" 20
+"$IDEM" publish --source "embedded:$T/runrelayq.db?queue=pay" --messages 5 >/dev/null
+check run-relay-to 0 "$IDEM" run --source "embedded:$T/runrelayq.db?queue=pay" --store "sqlite:$T/runrelay.db" --drain \
+  --relay-to "embedded:$T/runrelays.db?queue=ship" --json
+has run-relay-to-applied "$T/out" '"applied":5,'
+has run-relay-to-relayed "$T/out" '"relayed":20,'
+ok run-relay-to-every-id "$OUTBOX" check "embedded:$T/runrelays.db?queue=ship" 20
+check run-relay-to-bad-url 2 "$IDEM" run --source "embedded:$T/runrelayq.db?queue=pay" --store "sqlite:$T/runrelay.db" \
+  --drain --relay-to "nats://127.0.0.1:4222/x"
+has run-relay-to-bad-url-named "$T/err" "--relay-to nats://127.0.0.1:4222/x"
+
+# idem relay --metrics: the outbox's gauges and counters while it runs; SIGTERM stops it (exit 0).
+ok relay-metrics-fixture "$OUTBOX" add "sqlite:$T/ob3.db" 25
+MPORT=$(free_port 24000)
+"$IDEM" relay --store "sqlite:$T/ob3.db" --to "embedded:$T/obq3.db?queue=ship" --poll 50 --metrics "127.0.0.1:$MPORT" >"$T/relay.out" 2>"$T/relay.log" &
+RPID=$!
+wait_metrics '^idem_outbox_published_total{relay="relay"} 25$'
+has relay-metrics-published "$T/metrics" '^idem_outbox_published_total\{relay="relay"\} 25$'
+has relay-metrics-lanes "$T/metrics" '^idem_outbox_lanes_held\{relay="relay"\} 1$'
+for m in idem_outbox_backlog idem_outbox_oldest_unsent_age_seconds idem_outbox_republished_total \
+         idem_outbox_dead_lettered_total idem_outbox_transient_errors_total; do has "relay-metrics-$m" "$T/metrics" "^$m\\{"; done
+stop_by_sigterm relay
+has relay-stopped-summary "$T/relay.out" '^published 25 '
 
 # idem provider: bad input is refused before serving; a busy port is exit 3.
 check provider-no-keys 2 "$IDEM" provider --store "sqlite:$T/prov.db"

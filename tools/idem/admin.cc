@@ -3,6 +3,7 @@
 // idem schema | inspect | purge: see and clean what a store holds.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "idem/claims.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
+#include "idem/outbox.h"
 
 namespace idem::cli {
 namespace {
@@ -228,6 +230,61 @@ int InspectQueue(const std::string& url, bool json) {
   return kExitOk;
 }
 
+// The outbox of a store that has one (idem/outbox.h); nullopt when it has none.
+struct OutboxView {
+  OutboxStats stats;
+  std::vector<OutboxDeadLetter> dead;
+  int64_t now_ms = 0;
+};
+Result<std::optional<OutboxView>> ReadOutbox(Store& store, int limit) {
+  if (store.outbox_store() == nullptr) return std::optional<OutboxView>();
+  IDEM_ASSIGN_OR_RETURN(auto outbox, Outbox::Open(store));
+  OutboxView v;
+  IDEM_ASSIGN_OR_RETURN(v.stats, outbox->Stats());
+  IDEM_ASSIGN_OR_RETURN(v.dead, outbox->ListDeadLetters(limit));
+  v.now_ms = Env::Default()->NowMs();
+  return std::optional<OutboxView>(std::move(v));
+}
+
+int64_t OldestUnsentAgeMs(const OutboxView& v) {
+  return v.stats.oldest_unsent_ms ? std::max<int64_t>(0, v.now_ms - *v.stats.oldest_unsent_ms) : 0;
+}
+
+std::string OutboxJson(const OutboxView& v) {
+  std::vector<std::string> ds;
+  for (const auto& d : v.dead)
+    ds.push_back(Json()
+                     .Add("id", d.row.id)
+                     .Add("destination", d.row.destination)
+                     .Add("key", d.row.key)
+                     .Add("reason", d.reason)
+                     .Add("error", d.error)
+                     .Add("attempts", d.row.attempts)
+                     .Add("at_ms", d.at_ms)
+                     .str());
+  return Json()
+      .Add("backlog", v.stats.backlog)
+      .Add("oldest_unsent_age_ms", OldestUnsentAgeMs(v))
+      .Add("sent_kept", v.stats.sent_kept)
+      .Add("dead_letter_count", v.stats.dead_letters)
+      .Add("relays", v.stats.relays)
+      .AddRaw("dead_letters", JsonArray(ds))
+      .str();
+}
+
+void PrintOutbox(const OutboxView& v, int limit) {
+  std::cout << "outbox: backlog " << v.stats.backlog;
+  if (v.stats.oldest_unsent_ms) std::cout << " (oldest unsent " << OldestUnsentAgeMs(v) << " ms ago)";
+  std::cout << ", sent kept " << v.stats.sent_kept << ", relays live " << v.stats.relays << "\n";
+  std::cout << "outbox dead letters: " << v.stats.dead_letters
+            << (v.dead.size() == static_cast<size_t>(limit) && v.stats.dead_letters > limit ? " (newest listed)" : "")
+            << "\n";
+  for (const auto& d : v.dead)
+    std::cout << "  " << Printable(d.row.id) << "  to " << Printable(d.row.destination) << "  key "
+              << Printable(d.row.key) << "  " << d.reason << " after " << d.row.attempts << " attempt(s): " << d.error
+              << "\n";
+}
+
 }  // namespace
 
 int RunInspect(const Args& args) {
@@ -265,6 +322,8 @@ int RunInspect(const Args& args) {
   if (!markers.ok()) return Fail("inspect", markers.status());
   auto dead = (*store)->ListDeadLetters(consumer, static_cast<int>(*limit));
   if (!dead.ok()) return Fail("inspect", dead.status());
+  auto outbox = ReadOutbox(**store, static_cast<int>(*limit));
+  if (!outbox.ok()) return Fail("inspect", outbox.status());
   std::optional<embedded::QueueStats> qs;
   if (args.Has("queue")) {
     auto st = QueueStatsAt(args.Get("queue"));
@@ -295,6 +354,7 @@ int RunInspect(const Args& args) {
     for (const auto& c : claims) cs.push_back(ClaimJson(c));
     j.Add("markers", *count).AddRaw("recent", JsonArray(ms)).AddRaw("dead_letters", JsonArray(ds));
     j.AddRaw("claims", JsonArray(cs));
+    if (*outbox) j.AddRaw("outbox", OutboxJson(**outbox));
     if (qs) {
       j.AddRaw("queue", QueueJson(*qs));
     }
@@ -312,6 +372,7 @@ int RunInspect(const Args& args) {
   std::cout << "claims (most recently changed): " << claims.size()
             << (claims.size() == static_cast<size_t>(*limit) ? "+" : "") << "\n";
   for (const auto& c : claims) std::cout << ClaimLine(c, claims_now) << "\n";
+  if (*outbox) PrintOutbox(**outbox, static_cast<int>(*limit));
   if (qs) std::cout << QueueLine(*qs) << "\n";
   return kExitOk;
 }
@@ -319,17 +380,20 @@ int RunInspect(const Args& args) {
 const Command& PurgeCommand() {
   static const Command c{
       "purge",
-      "Delete markers older than a retention, in bounded batches, and claim records whose retention ended\n"
-      "(completed) or whose lease ended longer than the retention ago (abandoned in progress).\n"
+      "Delete markers older than a retention, in bounded batches, claim records whose retention ended\n"
+      "(completed) or whose lease ended longer than the retention ago (abandoned in progress), and outbox\n"
+      "messages sent before the cutoff (with --outbox-dead, the outbox's dead letters too).\n"
       "A purged id is forgotten: a late duplicate of it would be applied again, so the retention must\n"
       "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
       "acked; Kafka can replay its whole retention).",
-      "--older-than DURATION [--store URL] [--consumer NAME] [--scope SCOPE] [--batch N] [--json]",
+      "--older-than DURATION [--store URL] [--consumer NAME] [--scope SCOPE] [--batch N] [--outbox-dead]\n"
+      "       [--json]",
       {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"older-than", "DURATION", "7d", "retention: markers processed before now minus this go (90s, 15m, 24h, 7d)"},
        {"consumer", "NAME", "", "only this consumer's markers; claim records are left alone unless --scope"},
        {"scope", "SCOPE", "", "only this scope's claim records; markers are left alone unless --consumer"},
-       {"batch", "N", "10000", "markers deleted per transaction"},
+       {"batch", "N", "10000", "markers (and outbox messages) deleted per transaction"},
+       {"outbox-dead", "", "", "also delete the outbox's dead letters from before the cutoff"},
        {"json", "", "", "print one JSON object"}}};
   return c;
 }
@@ -373,15 +437,28 @@ int RunPurge(const Args& args) {
     if (!c.ok()) return Fail("purge", c.status());
     claims = *c;
   }
+  // The outbox is purged unless a filter names markers or claims only.
+  std::optional<int64_t> outbox_purged;
+  if (consumer.empty() && scope.empty() && (*store)->outbox_store() != nullptr) {
+    auto outbox = Outbox::Open(**store);
+    if (!outbox.ok()) return Fail("purge", outbox.status());
+    auto n = (*outbox)->Purge(before, args.Bool("outbox-dead") ? before : 0, static_cast<int>(*batch));
+    if (!n.ok()) return Fail("purge", n.status());
+    outbox_purged = *n;
+  }
   if (args.Bool("json")) {  // a kind left alone has no count
     Json j;
     if (purged) j.Add("purged", *purged).Add("before_ms", before);
     if (claims) j.Add("claims_purged", *claims);
+    if (outbox_purged) j.Add("outbox_purged", *outbox_purged);
     std::cout << j.str() << "\n";
   } else {
     std::string what;
     if (purged) what = std::to_string(*purged) + " marker(s) processed before " + std::to_string(before) + " ms";
     if (claims) what += (what.empty() ? "" : " and ") + std::to_string(*claims) + " claim record(s)";
+    if (outbox_purged)
+      what += (what.empty() ? "" : " and ") + std::to_string(*outbox_purged) +
+              (args.Bool("outbox-dead") ? " outbox message(s) and dead letter(s)" : " sent outbox message(s)");
     std::cout << "purged " << (what.empty() ? "nothing (this store keeps no claim records)" : what) << "\n";
   }
   return kExitOk;

@@ -42,6 +42,9 @@ int RunPublish(const Args& args);  // run_cmd.cc
 const Command& ChaosCommand();
 int RunChaos(const Args& args);  // chaos.cc
 
+const Command& RelayCommand();
+int RunRelay(const Args& args);  // relay_cmd.cc
+
 const Command& PurgeCommand();
 int RunPurge(const Args& args);
 

@@ -39,6 +39,9 @@
 #include "idem/env.h"
 #include "idem/http/client.h"
 #include "idem/inbox.h"
+#include "idem/open.h"
+#include "idem/outbox.h"
+#include "idem/outbox_relay.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
 #include "idem/url.h"
@@ -98,11 +101,17 @@ constexpr const char* kConsumer = "idem-demo";
 // The store: "" for a SQLite file in each step's directory, or --store.
 std::string g_store_url;
 
+// The second stage: the shipping consumer and its effect, one row per order
+// paid (no unique key: a second application would show as a second row).
+constexpr const char* kShippingConsumer = "idem-demo-shipping";
+constexpr const char* kCreateShipments =
+    "CREATE TABLE IF NOT EXISTS demo_shipments(order_id TEXT NOT NULL, message_id TEXT NOT NULL)";
+
 constexpr const char* kCreateNaiveMarkers = "CREATE TABLE IF NOT EXISTS demo_processed(message_id TEXT PRIMARY KEY)";
 
 // One step's files, in a directory of its own.
 struct Files {
-  std::string dir, queue, store, provider;
+  std::string dir, queue, store, provider, shipping;
 };
 Result<Files> MakeFiles(const std::string& root, const std::string& name) {
   Files f;
@@ -113,6 +122,7 @@ Result<Files> MakeFiles(const std::string& root, const std::string& name) {
   f.queue = f.dir + "/queue.db";
   f.store = g_store_url.empty() ? "sqlite:" + f.dir + "/payments.db" : g_store_url;
   f.provider = f.dir + "/provider.db";
+  f.shipping = f.dir + "/shipping.db";
   return f;
 }
 
@@ -128,8 +138,12 @@ Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh = false) {
   IDEM_ASSIGN_OR_RETURN(p.store, OpenStore(f.store));
   if (fresh) {
     IDEM_RETURN_IF_ERROR(p.store->Purge(kConsumer, INT64_MAX, 10'000).status());
+    IDEM_RETURN_IF_ERROR(p.store->Purge(kShippingConsumer, INT64_MAX, 10'000).status());
+    IDEM_ASSIGN_OR_RETURN(auto outbox, Outbox::Open(*p.store));
+    IDEM_RETURN_IF_ERROR(outbox->Purge(INT64_MAX, INT64_MAX, 10'000).status());
     IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_payments").status());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_shipments").status());
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_processed").status());
     IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_failures WHERE consumer = $1", {kConsumer}).status());
     IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_dead_letters WHERE consumer = $1", {kConsumer}).status());
@@ -138,6 +152,7 @@ Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh = false) {
   IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(CreatePaymentsSql("demo_payments")).status());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreateNaiveMarkers).status());
+  IDEM_RETURN_IF_ERROR(tx->Exec(kCreateShipments).status());
   IDEM_RETURN_IF_ERROR(tx->Commit());
   return p;
 }
@@ -495,8 +510,14 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
     return 20;
   }
   Inbox& inbox = **inbox_owned;
+  auto outbox = Outbox::Open(**store);
+  if (!outbox.ok()) {
+    std::cerr << "consumer " << index << ": " << outbox.status() << "\n";
+    return 20;
+  }
   std::atomic<int64_t> retries{0}, replays{0}, provider_errors{0};
   Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));
     IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
     auto c = Charge(*client, m);
     if (!c.ok()) {
@@ -505,7 +526,10 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
     }
     retries += c->attempts - 1;
     replays += c->replayed;
-    return InsertPayment(tx, m, c->charge_id);
+    IDEM_RETURN_IF_ERROR(InsertPayment(tx, m, c->charge_id));
+    // "order paid", for the shipping service: committed with the payment.
+    OutgoingMessage paid{.destination = "shipping", .key = pay.first, .payload = pay.first};
+    return (*outbox)->Add(tx, paid.CausedBy(m)).status();
   };
   auto consumer_owned = Consumer::Open(source, inbox, handler,
                                        Consumer::Options{.workers = 1,
@@ -571,6 +595,79 @@ class LossInjector {
   int64_t lost_ = 0;
 };
 
+// The second stage of the larger run.
+struct ShippingResult {
+  bool relay_killed = false;
+  int64_t relayed = 0, republished = 0, outbox_left = 0;
+  int64_t deliveries = 0, lost_acks = 0, duplicates = 0, shipments = 0, orders = 0, queue_left = 0;
+};
+
+// A relay publishing to `to` until the outbox is empty.
+Result<OutboxRelayStats> DrainOutbox(const std::string& store_url, const std::string& to) {
+  IDEM_ASSIGN_OR_RETURN(auto store, OpenStore(store_url));
+  IDEM_ASSIGN_OR_RETURN(auto publisher, OpenPublisher(to));
+  IDEM_ASSIGN_OR_RETURN(auto relay,
+                        OutboxRelay::Open(*store, *publisher, {.name = "idem-demo", .stop_when_idle = true}));
+  IDEM_RETURN_IF_ERROR(relay->Run());
+  return relay->stats();
+}
+
+// The payments consumers added "order paid" to their outbox with each
+// payment. A relay process publishes it to the shipping queue and is
+// SIGKILLed after the broker took its first batch, before it recorded it;
+// a second relay publishes that batch again (same ids) and the rest; the
+// shipping consumer, losing some acks, applies each order once with its
+// own Inbox.
+Result<ShippingResult> ShippingStage(const Config& cfg, const Files& f) {
+  const std::string to = "embedded:" + f.shipping + "?queue=shipping";
+  ShippingResult r;
+  std::cout.flush();
+  pid_t pid = ::fork();
+  if (pid < 0) return Status::Unavailable("fork failed");
+  if (pid == 0) {
+    ArmKillPoint("relay.after_publish");
+    ::_exit(DrainOutbox(f.store, to).ok() ? 0 : 12);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.relay_killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  IDEM_ASSIGN_OR_RETURN(OutboxRelayStats relayed, DrainOutbox(f.store, to));
+  r.relayed = static_cast<int64_t>(relayed.published);
+  r.republished = static_cast<int64_t>(relayed.republished);
+
+  IDEM_ASSIGN_OR_RETURN(auto queue,
+                        embedded::Queue::Open({.path = f.shipping, .queue = "shipping", .lease_ms = cfg.lease_ms}));
+  IDEM_ASSIGN_OR_RETURN(auto store, OpenStore(f.store));
+  IDEM_ASSIGN_OR_RETURN(auto inbox, Inbox::Open(*store, Inbox::Options{.consumer = kShippingConsumer}));
+  FaultySource source(*queue, cfg.seed * 104'729 + 3, cfg.lost_ack_rate, 0, 0);
+  Handler ship = [](Transaction& tx, const Message& m) {
+    return tx.Exec("INSERT INTO demo_shipments(order_id, message_id) VALUES ($1, $2)", {m.payload, m.id}).status();
+  };
+  IDEM_ASSIGN_OR_RETURN(auto consumer, Consumer::Open(source, *inbox, ship,
+                                                      Consumer::Options{.workers = cfg.consumers,
+                                                                        .batch = 100,
+                                                                        .max_attempts = 20,
+                                                                        .receive_wait_ms = 100,
+                                                                        .stop_when_idle = true}));
+  for (;;) {  // lost acks come back once their lease ends
+    IDEM_RETURN_IF_ERROR(consumer->Run());
+    IDEM_ASSIGN_OR_RETURN(auto qs, queue->Stats());
+    r.queue_left = qs.ready + qs.leased + qs.delayed;
+    if (r.queue_left == 0) break;
+  }
+  r.deliveries = static_cast<int64_t>(source.received.load());
+  r.lost_acks = static_cast<int64_t>(source.lost_acks.load());
+  r.duplicates = static_cast<int64_t>(inbox->counters().duplicates);
+  IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+  IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query("SELECT count(*), count(DISTINCT order_id) FROM demo_shipments"));
+  r.shipments = rows.rows[0][0].AsInt();
+  r.orders = rows.rows[0][1].AsInt();
+  IDEM_ASSIGN_OR_RETURN(auto outbox, Outbox::Open(*store));
+  IDEM_ASSIGN_OR_RETURN(OutboxStats os, outbox->Stats());
+  r.outbox_left = os.backlog;
+  return r;
+}
+
 struct RunResult {
   Json json;
   bool ok = false;
@@ -578,7 +675,7 @@ struct RunResult {
 
 Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(cfg.dir, "run"));
-  for (const char* name : {"queue.db", "payments.db", "provider.db"})
+  for (const char* name : {"queue.db", "payments.db", "provider.db", "shipping.db"})
     IDEM_RETURN_IF_ERROR(RemoveDbFiles(f.dir + "/" + name));
   std::mt19937_64 rng(cfg.seed);
   int64_t expected = 0, published = 0;
@@ -668,6 +765,8 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   const int64_t replays = static_cast<int64_t>((*provider)->counters().replayed);
   (*provider)->Stop();
   IDEM_ASSIGN_OR_RETURN(ProviderTotals charges, ProviderCharges(f.provider));
+  IDEM_ASSIGN_OR_RETURN(ShippingResult ship, ShippingStage(cfg, f));
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, cfg.lease_ms));
   IDEM_ASSIGN_OR_RETURN(Totals pay, PaymentsFor(*p.store, ""));
   IDEM_ASSIGN_OR_RETURN(auto qs, p.queue->Stats());
@@ -679,6 +778,9 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   r.ok = failed_children == 0 && pay.rows == cfg.messages && pay.cents == expected && charges.charges == cfg.messages &&
          charges.keys == cfg.messages && charges.cents == expected && markers == cfg.messages && left == 0 &&
          dead.empty();
+  const bool shipped_once = ship.relay_killed && ship.relayed >= cfg.messages && ship.shipments == cfg.messages &&
+                            ship.orders == cfg.messages && ship.outbox_left == 0 && ship.queue_left == 0;
+  r.ok = r.ok && shipped_once;
   r.json.Add("messages", cfg.messages)
       .Add("published", published)
       .Add("producer_duplicates", published - cfg.messages)
@@ -700,6 +802,15 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
       .Add("queue_left", left)
       .Add("charged_cents", charges.cents)
       .Add("expected_cents", expected)
+      .Add("relay_killed", ship.relay_killed)
+      .Add("relayed", ship.relayed)
+      .Add("relay_republished", ship.republished)
+      .Add("outbox_left", ship.outbox_left)
+      .Add("shipping_deliveries", ship.deliveries)
+      .Add("shipping_lost_acks", ship.lost_acks)
+      .Add("shipping_duplicates_skipped", ship.duplicates)
+      .Add("shipments", ship.shipments)
+      .Add("shipping_queue_left", ship.queue_left)
       .Add("seconds", seconds)
       .Add("seed", static_cast<int64_t>(cfg.seed))
       .Add("provider", provider_url)
@@ -725,10 +836,18 @@ Result<RunResult> LargerRun(const Config& cfg, const Out& say) {
   row("total charged", Dollars(charges.cents));
   row("expected", Dollars(expected) + "  " + Mark(charges.cents == expected && pay.cents == expected));
   row("left in the queue / dead letters", std::to_string(left) + " / " + std::to_string(dead.size()));
+  say("  second stage: each payment added \"order paid\" to the outbox in its transaction; a relay");
+  say("  published them to the shipping queue and was SIGKILLed after the broker took a batch, before");
+  say("  recording it; a second relay published that batch again; the shipping consumer applied them");
+  row("relayed to the shipping queue",
+      std::to_string(ship.relayed) + " (" + std::to_string(ship.republished) + " republished, same ids)");
+  row("shipping deliveries", std::to_string(ship.deliveries) + " (" + std::to_string(ship.lost_acks) + " acks lost)");
+  row("duplicates skipped by shipping's inbox", std::to_string(ship.duplicates));
+  row("shipments", std::to_string(ship.shipments) + "  " + Mark(shipped_once));
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f s", seconds);
   row("time", secs);
-  say(r.ok ? "  OK: every message charged exactly once" : "  FAILED: the totals differ");
+  say(r.ok ? "  OK: every message charged exactly once, every order shipped once" : "  FAILED: the totals differ");
   say("  see what is stored: idem inspect --store '" + RedactUrl(f.store) + "' --consumer " + kConsumer +
       " --queue 'embedded:" + f.queue + "?queue=payments'");
   say("  and the provider's idempotency records: idem inspect --store 'sqlite:" + f.provider + "'");

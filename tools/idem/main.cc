@@ -45,6 +45,7 @@ const Entry kEntries[] = {
     IDEM_CRASH_COMMAND("chaos", idem::cli::ChaosCommand, idem::cli::RunChaos),
     {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},
     {"publish", idem::cli::PublishCommand, idem::cli::RunPublish, ""},
+    {"relay", idem::cli::RelayCommand, idem::cli::RunRelay, ""},
 };
 
 int NotBuilt(const Entry& e) {

@@ -2,9 +2,6 @@
 //
 // idem run: the payments consumer against any source and store, with
 // Prometheus metrics and progress lines; and idem publish, its producer.
-#if IDEM_HAVE_HTTP
-#include <httplib.h>  // --metrics: served by cpp-httplib
-#endif
 #include <signal.h>
 
 #include <atomic>
@@ -23,6 +20,8 @@
 #include "components.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "idem/outbox_relay.h"
+#include "long_running.h"
 #include "sources.h"
 
 namespace idem::cli {
@@ -45,7 +44,7 @@ Status RecordPayment(Transaction& tx, const Message& m) {
       .status();
 }
 
-#if IDEM_HAVE_HTTP  // served on --metrics
+// Served on --metrics.
 std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
   std::string out;
   const std::string labels = "consumer=\"" + consumer + "\"";
@@ -71,7 +70,6 @@ std::string Metrics(const std::string& consumer, const InboxCounters& c, const C
       s.lease_extension_errors);
   return out;
 }
-#endif
 
 // The most worker threads `idem run --workers` starts.
 constexpr int64_t kMaxWorkers = 256;
@@ -108,16 +106,6 @@ Status RunWorkers(Consumer& runner, int workers) {
   return started.ok() ? s : started;
 }
 
-// A thread for `fn`, or kUnavailable when the system refuses one.
-Status StartThread(std::thread& t, std::function<void()> fn, const std::string& what) {
-  try {
-    t = std::thread(std::move(fn));
-  } catch (const std::system_error& e) {
-    return Status::Unavailable("cannot start the " + what + " thread: " + e.what());
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 const Command& RunCommand() {
@@ -129,9 +117,11 @@ const Command& RunCommand() {
           KnownSources() +
           ".\n"
           "Prometheus metrics on --metrics HOST:PORT (GET /metrics); a progress line on stderr every 5 s.\n"
-          "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.",
+          "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.\n"
+          "--relay-to URL also runs an outbox relay (idem relay) on the store, in this process: on a thread\n"
+          "until the consumer stops, and with --drain then until the outbox is empty.",
       "--source URL [--store URL] [--consumer NAME] [--workers N] [--batch N] [--max-attempts N]\n"
-      "       [--lease DURATION] [--drain] [--metrics HOST:PORT] [--json]",
+      "       [--lease DURATION] [--drain] [--relay-to URL] [--metrics HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},
        {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
@@ -140,6 +130,7 @@ const Command& RunCommand() {
        {"max-attempts", "N", "5", "handler failures before a message is dead-lettered"},
        {"lease", "DURATION", "30s", "visibility timeout where the source has one"},
        {"drain", "", "", "return once the source is idle"},
+       {"relay-to", "URL", "", "also relay the store's outbox to this broker (see idem relay --help)"},
        {"metrics", "HOST:PORT", "", "serve Prometheus metrics on GET /metrics"},
        {"json", "", "", "print the final counters as one JSON object"}}};
   return c;
@@ -162,20 +153,16 @@ int RunRun(const Args& args) {
                 Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0"));
   const std::string consumer = args.Get("consumer");
   if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
-  std::string metrics_host;
-  int metrics_port = 0;
-  if (args.Has("metrics")) {
-    const std::string at = args.Get("metrics");
-    const auto hp = ParseHostPort(at);
-    if (!hp) return Fail(cmd, Status::InvalidArgument("--metrics must be HOST:PORT, got '" + at + "'"));
-    std::tie(metrics_host, metrics_port) = *hp;
-#if !IDEM_HAVE_HTTP
-    return Fail(cmd, NotBuilt("--metrics (served over HTTP)", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
-#endif
-  }
+  if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
-  auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 2);
+  std::unique_ptr<Publisher> relay_publisher;
+  if (args.Has("relay-to")) {
+    auto p = OpenPublisherFlag("relay-to", args.Get("relay-to"));
+    if (!p.ok()) return Fail(cmd, p.status());
+    relay_publisher = std::move(*p);
+  }
+  auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 3);
   if (!store.ok()) return Fail(cmd, store.status());
   {
     auto tx = (*store)->Begin();
@@ -194,58 +181,66 @@ int RunRun(const Args& args) {
                                                        .stop_when_idle = args.Bool("drain")});
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
-
-#if IDEM_HAVE_HTTP
-  httplib::Server metrics;
-  std::thread metrics_thread;
-  auto stop_metrics = [&] {
-    if (metrics_thread.joinable()) {
-      metrics.stop();
-      metrics_thread.join();
-    }
-  };
-  if (args.Has("metrics")) {
-    metrics.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-      res.set_content(Metrics(consumer, inbox.counters(), runner.stats()), "text/plain; version=0.0.4");
-    });
-    if (!metrics.bind_to_port(metrics_host, metrics_port))
-      return Fail(cmd, Status::Unavailable("cannot serve metrics on " + args.Get("metrics") + " (in use?)"));
-    if (Status st = StartThread(
-            metrics_thread, [&] { metrics.listen_after_bind(); }, "metrics");
-        !st.ok())
-      return Fail(cmd, st);
+  // --relay-to: on a thread while the consumer runs; with --drain, to the
+  // end of the outbox once the consumer is done.
+  std::unique_ptr<OutboxRelay> relay;
+  if (relay_publisher) {
+    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer});
+    if (!r.ok()) return Fail(cmd, r.status());
+    relay = std::move(*r);
   }
-#else
-  auto stop_metrics = [] {};
-#endif
+  Status relay_status;
+  std::thread relay_thread;
+  auto stop_relay = [&] {
+    if (!relay_thread.joinable()) return;
+    relay->Stop();
+    relay_thread.join();
+  };
+
+  auto metrics = MetricsServer::Start(args, [&] { return Metrics(consumer, inbox.counters(), runner.stats()); });
+  if (!metrics.ok()) return Fail(cmd, metrics.status());
+  auto stop_metrics = [&] { metrics->reset(); };
   StopOnSignals(&runner);
-  std::atomic<bool> done{false};
-  std::thread progress;
-  Status progress_started = StartThread(
-      progress,
-      [&] {
-        int64_t last = 0;
-        while (!done.load()) {
-          for (int i = 0; i < 50 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          if (done.load()) break;
-          InboxCounters c = inbox.counters();
-          std::fprintf(stderr,
-                       "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
-                       static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
-                       static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
-                       static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
-          last = static_cast<int64_t>(c.applied + c.duplicates);
-        }
-      },
-      "progress");
-  if (!progress_started.ok()) {
+  int64_t last = 0;
+  auto progress = ProgressLines::Start([&] {
+    InboxCounters c = inbox.counters();
+    std::fprintf(stderr, "idem run: %llu applied, %llu duplicates, %llu failures, %llu dead-lettered (+%lld in 5 s)\n",
+                 static_cast<unsigned long long>(c.applied), static_cast<unsigned long long>(c.duplicates),
+                 static_cast<unsigned long long>(c.failures), static_cast<unsigned long long>(c.dead_lettered),
+                 static_cast<long long>(static_cast<int64_t>(c.applied + c.duplicates) - last));
+    last = static_cast<int64_t>(c.applied + c.duplicates);
+  });
+  if (!progress.ok()) {
     StopOnSignals(nullptr);
     stop_metrics();
-    return Fail(cmd, progress_started);
+    return Fail(cmd, progress.status());
+  }
+  if (relay) {
+    try {
+      relay_thread = std::thread([&] { relay_status = relay->Run(); });
+    } catch (const std::system_error& e) {
+      StopOnSignals(nullptr);
+      return Fail(cmd, Status::Unavailable(std::string("cannot start the relay thread: ") + e.what()));
+    }
   }
   Status s = RunWorkers(runner, static_cast<int>(*workers));
-  done = true;
-  progress.join();
+  stop_relay();
+  OutboxRelayStats relayed = relay ? relay->stats() : OutboxRelayStats{};
+  if (relay && args.Bool("drain") && s.ok() && relay_status.ok() && !runner.stopping()) {
+    // What the consumer's last commits added: a relay that stops when idle.
+    auto drain = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .stop_when_idle = true});
+    if (!drain.ok()) relay_status = drain.status();
+    if (drain.ok()) {
+      {
+        RelayStopOnSignals on_signal(**drain);
+        relay_status = (*drain)->Run();
+      }
+      relayed.published += (*drain)->stats().published;
+      relayed.republished += (*drain)->stats().republished;
+      relayed.dead_lettered += (*drain)->stats().dead_lettered;
+    }
+  }
+  progress->reset();
   StopOnSignals(nullptr);
   stop_metrics();
   if (source->close) {
@@ -270,14 +265,18 @@ int RunRun(const Args& args) {
                      .Add("received", st.received)
                      .Add("acked", st.acked)
                      .Add("nacked", st.nacked)
+                     .Add("relayed", relayed.published)
+                     .Add("relay_republished", relayed.republished)
+                     .Add("relay_dead_lettered", relayed.dead_lettered)
                      .str()
               << "\n";
   } else {
     std::cout << "applied " << c.applied << ", duplicates " << c.duplicates << ", conflicts " << c.conflicts
               << ", dead-lettered " << st.dead_lettered << "; received " << st.received << ", acked " << st.acked
-              << "\n";
+              << (relay ? "; relayed " + std::to_string(relayed.published) : std::string()) << "\n";
   }
   if (!s.ok()) return Fail(cmd, s);
+  if (!relay_status.ok()) return Fail(cmd, relay_status.WithContext("relay"));
   return kExitOk;
 }
 

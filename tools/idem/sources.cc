@@ -109,6 +109,13 @@ Result<OpenedSource> OpenKafkaMock(const std::string& url, const SourceSettings&
 
 }  // namespace
 
+Result<std::unique_ptr<Publisher>> OpenPublisherFlag(const std::string& flag, const std::string& url) {
+  auto publisher = ::idem::OpenPublisher(url);
+  if (!publisher.ok() && publisher.status().code() == Code::kInvalidArgument)
+    return Status::InvalidArgument("--" + flag + " " + RedactUrl(url) + ": " + publisher.status().message());
+  return publisher;
+}
+
 std::string KnownSources() {
   std::string s = "embedded:PATH?queue=NAME";
 #if IDEM_HAVE_REDIS_STREAMS

@@ -17,6 +17,7 @@
 
 #include "idem/message.h"
 #include "idem/open.h"
+#include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/source.h"
 
@@ -48,6 +49,11 @@ using SourceSettings = ::idem::SourceSettings;
 // kInvalidArgument for an unknown scheme or a bad URL (naming it, password
 // hidden); the source's own errors otherwise.
 Result<OpenedSource> OpenSource(const std::string& url, const SourceSettings& settings);
+
+// idem::OpenPublisher for the URL of a command's flag (idem relay --to, idem
+// run --relay-to): a URL it refuses is kInvalidArgument naming the flag and
+// the URL (password hidden).
+Result<std::unique_ptr<Publisher>> OpenPublisherFlag(const std::string& flag, const std::string& url);
 
 // The schemes this build knows, for --help and errors.
 std::string KnownSources();

@@ -1,0 +1,73 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The parts of the long-running commands (idem run, idem relay): --metrics
+// HOST:PORT, where GET /metrics answers the Prometheus text a callback
+// renders, and a progress line on stderr every 5 s; each on a thread of its
+// own until it is destroyed; and a relay's stop on SIGINT/SIGTERM.
+#ifndef IDEM_TOOLS_IDEM_LONG_RUNNING_H_
+#define IDEM_TOOLS_IDEM_LONG_RUNNING_H_
+
+#include <signal.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "cli.h"
+#include "idem/outbox_relay.h"
+#include "idem/result.h"
+
+namespace idem::cli {
+
+class MetricsServer {
+ public:
+  // Checks --metrics: kInvalidArgument when it is not HOST:PORT, or when this
+  // idem was built without HTTP.
+  static Status Validate(const Args& args);
+  // Serves `render` on --metrics; null when the flag is absent. kUnavailable
+  // when the port cannot be bound or the thread cannot start.
+  static Result<std::unique_ptr<MetricsServer>> Start(const Args& args, std::function<std::string()> render);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+ private:
+  MetricsServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Calls `line` every 5 s (it prints one progress line) until destroyed.
+class ProgressLines {
+ public:
+  // kUnavailable when the thread cannot start.
+  static Result<std::unique_ptr<ProgressLines>> Start(std::function<void()> line);
+  ~ProgressLines();
+  ProgressLines(const ProgressLines&) = delete;
+  ProgressLines& operator=(const ProgressLines&) = delete;
+
+ private:
+  ProgressLines() = default;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// Routes SIGINT and SIGTERM to OutboxRelay::Stop (async-signal-safe) while
+// it lives; the handlers before it are restored after.
+class RelayStopOnSignals {
+ public:
+  explicit RelayStopOnSignals(OutboxRelay& relay);
+  ~RelayStopOnSignals();
+  RelayStopOnSignals(const RelayStopOnSignals&) = delete;
+  RelayStopOnSignals& operator=(const RelayStopOnSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+}  // namespace idem::cli
+
+#endif  // IDEM_TOOLS_IDEM_LONG_RUNNING_H_
