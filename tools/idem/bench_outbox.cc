@@ -309,7 +309,7 @@ Status AddRange(Store& store, Outbox& outbox, const std::string& run, int64_t ke
   return tx->Commit();
 }
 
-int RunRelay(const Args& args) {
+int RunBenchRelayCmd(const Args& args) {
   const std::string cmd = "bench relay";
   if (!args.Has("to")) return Fail(cmd, Status::InvalidArgument("--to URL is required (the relay's destination)"));
   auto n = args.Has("messages") ? args.GetInt("messages", 1, int64_t{1} << 32) : Result<int64_t>(50'000);
@@ -516,6 +516,8 @@ int RunRelay(const Args& args) {
 
 }  // namespace
 
-int RunBenchOutbox(const Args& args) { return args.positional()[0] == "relay" ? RunRelay(args) : RunOutboxAdd(args); }
+int RunBenchOutbox(const Args& args) {
+  return args.positional()[0] == "relay" ? RunBenchRelayCmd(args) : RunOutboxAdd(args);
+}
 
 }  // namespace idem::cli
