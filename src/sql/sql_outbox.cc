@@ -102,9 +102,17 @@ class SqlOutboxSession final : public OutboxSession {
       locks_.emplace(lane, std::move(lock));
       taken.push_back(lane);
     }
-    if (!taken.empty()) {
-      // Where earlier holders got to: rows up to there may be in a broker.
-      Value p[] = {List(sql_.list_open, taken)};
+    // Where earlier holders got to: rows up to there may be in a broker.
+    std::vector<int> in_table;
+    for (int lane : taken) {
+      if (auto hint = locks_[lane]->ReadHint()) {
+        handed_[lane] = *hint;
+      } else {
+        in_table.push_back(lane);
+      }
+    }
+    if (!in_table.empty()) {
+      Value p[] = {List(sql_.list_open, in_table)};
       IDEM_ASSIGN_OR_RETURN(Rows handed, conn_->Query(sql_.handed_read, p));
       for (const auto& row : handed.rows) handed_[static_cast<int>(row[0].AsInt())] = row[1].AsInt();
     }
@@ -140,6 +148,8 @@ class SqlOutboxSession final : public OutboxSession {
     for (const auto& [lane, seq] : upto) {
       if (handed_[lane] >= seq) continue;
       handed_[lane] = seq;
+      auto lock = locks_.find(lane);
+      if (lock != locks_.end() && lock->second->WriteHint(seq)) continue;
       lanes.push_back(lane);
       seqs.push_back(seq);
     }

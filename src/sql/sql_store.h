@@ -290,6 +290,13 @@ class SqlStore : public Store, public ClaimStore {
    public:
     virtual ~LaneLock() = default;
     virtual bool Held() { return true; }
+    // Where a lock can keep the lane's "handed over up to" hint itself (a
+    // write without a transaction), it does: true. Otherwise the table does.
+    virtual bool WriteHint(int64_t upto) {
+      (void)upto;
+      return false;
+    }
+    virtual std::optional<int64_t> ReadHint() { return std::nullopt; }
   };
   virtual Result<std::unique_ptr<LaneLock>> LockLane(Connection& c, int lane);
   virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,

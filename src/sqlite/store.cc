@@ -132,6 +132,17 @@ class FlockLane final : public sql_internal::SqlStore::LaneLock {
  public:
   explicit FlockLane(int fd) : fd_(fd) {}
   ~FlockLane() override { ::close(fd_); }
+  // The hint lives in the lock file's first 8 bytes (no sync: it survives
+  // a process kill, and is only a hint), so a relay round makes one write
+  // transaction on the store, not two.
+  bool WriteHint(int64_t upto) override {
+    return ::pwrite(fd_, &upto, sizeof upto, 0) == static_cast<ssize_t>(sizeof upto);
+  }
+  std::optional<int64_t> ReadHint() override {
+    int64_t v = 0;
+    if (::pread(fd_, &v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) return int64_t{0};
+    return v;
+  }
 
  private:
   int fd_;

@@ -203,7 +203,7 @@ has one-dash-flag-named "$T/err" "unknown flag -j"
 check flag-as-value 2 "$IDEM" schema --store --json
 has flag-as-value-named "$T/err" "flag --store needs a value \\(URL\\), not the flag --json"
 check bench-no-subcommand 2 "$IDEM" bench
-has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source or call-first"
+has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add or relay"
 check bench-source-bad-rate 2 "$IDEM" bench source --source "embedded:$T/bs.db?queue=q" --store "sqlite:$T/bs-store.db" --dup-rate banana
 has bench-source-bad-rate-named "$T/err" "--dup-rate must be a number in 0..1, not 'banana'"
 [ ! -e "$T/bs-store.db" ] && pass=$((pass + 1)) || { echo "FAIL bench source created a store before refusing"; fails=$((fails + 1)); }
@@ -375,7 +375,7 @@ has provider-bad-lose-named "$T/err" "--lose-responses must be a number in 0..1"
 
 # idem chaos: bad input is refused before anything starts; an unreachable store is exit 3.
 check chaos-bad-broken 2 "$IDEM" chaos --broken sometimes
-has chaos-bad-broken-named "$T/err" "--broken must be no-guard, ack-before-commit or unfenced"
+has chaos-bad-broken-named "$T/err" "--broken must be no-guard, ack-before-commit, unfenced or relay-ack-before-confirm"
 check chaos-bad-rate 2 "$IDEM" chaos --fault-rate 3
 has chaos-bad-rate-named "$T/err" "--fault-rate must be a fraction"
 check chaos-bad-consumers 2 "$IDEM" chaos --consumers 0

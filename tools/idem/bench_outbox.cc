@@ -414,12 +414,16 @@ int RunBenchRelayCmd(const Args& args) {
       relay_status[static_cast<size_t>(r)] = relay_objs[static_cast<size_t>(r)]->Run();
       if (!relay_status[static_cast<size_t>(r)].ok()) failed = true;
     });
-  if (*rate > 0) {  // the producer, here: at *rate messages/s, in transactions of what is due (up to 100)
+  if (*rate > 0) {
+    // The producer, here: at *rate messages/s, as a service's requests
+    // would come: every 5 ms, what is due since the last tick, in
+    // transactions of up to 100 (not a commit whenever one message is due,
+    // which would keep SQLite's one writer busy all the time).
     int64_t added = 0;
     while (added < *n && !failed.load()) {
       const int64_t due = std::min<int64_t>(*n, static_cast<int64_t>(SecondsSince(t0) * static_cast<double>(*rate)));
       if (due <= added) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
         continue;
       }
       const int64_t to_i = std::min(due, added + 100);
