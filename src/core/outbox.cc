@@ -1,8 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/outbox.h"
 
-#include <cstdio>
-
 #include "idem/testing/kill_points.h"
 
 namespace idem {
@@ -21,9 +19,14 @@ std::string NewId(Env& env) {
   b[7] = static_cast<unsigned char>(r1);
   b[8] = static_cast<unsigned char>(0x80 | ((r1 >> 16) & 0x3f));
   for (int i = 9; i < 16; ++i) b[i] = static_cast<unsigned char>(r2 >> (8 * (i - 9)));
-  char out[37];
-  std::snprintf(out, sizeof out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[b[i] >> 4];
+    out += kHex[b[i] & 15];
+  }
   return out;
 }
 

@@ -221,7 +221,7 @@ class SqlOutboxSession final : public OutboxSession {
 
 }  // namespace
 
-Status SqlStore::WriteOutbox(Connection& tx, std::span<const OutboxRow> rows) {
+Status SqlStore::WriteOutbox(Connection& tx, std::vector<OutboxRow>& rows) {
   const OutboxSql& sql = *dialect_.outbox;
   if (sql.lock_keys != nullptr) {
     std::set<int32_t> keys;  // sorted: two transactions lock shared keys in one order
@@ -230,25 +230,42 @@ Status SqlStore::WriteOutbox(Connection& tx, std::span<const OutboxRow> rows) {
     Value p[] = {List(sql.list_open, keys)};
     IDEM_RETURN_IF_ERROR(tx.Query(sql.lock_keys, p).status());
   }
+  auto params_of = [&](OutboxRow& r, std::vector<Value>& params) {
+    params.emplace_back(static_cast<int64_t>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql.lanes)));
+    params.emplace_back(Blob{std::move(r.id)});
+    params.emplace_back(std::move(r.destination));
+    params.emplace_back(Blob{std::move(r.key)});
+    params.emplace_back(Blob{std::move(r.payload)});
+    params.emplace_back(Blob{internal::EncodeHeaders(r.headers)});
+    params.emplace_back(r.producer_time_ms);
+    params.emplace_back(r.added_at_ms);
+  };
+  if (sql.insert_one != nullptr) {
+    Value n[] = {static_cast<int64_t>(rows.size())};
+    IDEM_ASSIGN_OR_RETURN(Rows counter, tx.Query(sql.reserve_seqs, n));
+    if (counter.rows.empty()) return Status::Corruption("idem_outbox_counter has no row");
+    int64_t seq = counter.rows[0][0].AsInt() - static_cast<int64_t>(rows.size());
+    std::vector<Value> params;
+    for (OutboxRow& r : rows) {
+      params.clear();
+      params_of(r, params);
+      params.emplace_back(++seq);
+      IDEM_RETURN_IF_ERROR(tx.Exec(sql.insert_one, params).status());
+    }
+    return Status::OK();
+  }
   for (size_t at = 0; at < rows.size(); at += kRowsPerInsert) {
     const size_t n = std::min(kRowsPerInsert, rows.size() - at);
     std::string text = sql.insert_head;
     std::vector<Value> params;
     params.reserve(n * 8);
     for (size_t i = 0; i < n; ++i) {
-      const OutboxRow& r = rows[at + i];
+      OutboxRow& r = rows[at + i];
       const size_t b = params.size();
       text += i == 0 ? "(" : ",(";
       for (int k = 1; k <= 8; ++k) text += (k == 1 ? "$" : ",$") + std::to_string(b + k);
       text += ")";
-      params.emplace_back(static_cast<int64_t>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql.lanes)));
-      params.emplace_back(IdBlob(r.id));
-      params.emplace_back(r.destination);
-      params.emplace_back(Blob{r.key});
-      params.emplace_back(Blob{r.payload});
-      params.emplace_back(Blob{internal::EncodeHeaders(r.headers)});
-      params.emplace_back(r.producer_time_ms);
-      params.emplace_back(r.added_at_ms);
+      params_of(r, params);
     }
     text += sql.insert_tail;
     IDEM_RETURN_IF_ERROR(tx.Query(text, params).status());

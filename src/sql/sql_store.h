@@ -148,6 +148,12 @@ struct OutboxSql {
   // (lane, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms).
   const char* insert_head;
   const char* insert_tail;
+  // When set, one row per execution of this instead ($1..$8, the columns
+  // above, $9 the seq): where a statement costs no round trip, a prepared
+  // one-row insert is cheaper than binding a long multi-row one (SQLite).
+  // The seqs come from reserve_seqs ($1 how many -> the counter after).
+  const char* insert_one = nullptr;
+  const char* reserve_seqs = nullptr;
   const char* fetch;          // ($1 lanes, $2 limit) -> seq, id, destination, ordering_key, payload, headers,
                               //   producer_time_ms, added_at_ms, attempts, lane
   const char* any_pending;    // ($1 lanes) -> a row if there is one
@@ -303,7 +309,7 @@ class SqlStore : public Store, public ClaimStore {
                                const std::function<Result<bool>()>& pending);
   virtual void OutboxCommitted() {}
   // Writes `rows` (seq drawn by the database) in `tx`'s transaction.
-  Status WriteOutbox(Connection& tx, std::span<const OutboxRow> rows);
+  Status WriteOutbox(Connection& tx, std::vector<OutboxRow>& rows);  // moves the rows' fields out
   // Default: with the dialect's multi-row statements, a batch's markers in
   // two statements (insert the new, read the existing); otherwise one
   // insert_marker (and, for a duplicate, one find_marker) per marker. Later

@@ -83,9 +83,10 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      "ALTER TABLE idem_failures ADD COLUMN in_progress_since_ms INTEGER;"
      "ALTER TABLE idem_failures ADD COLUMN parked_at_ms INTEGER"},
     {7, "the transactional outbox: messages to publish, sent, dead; relays",
-     // seq never goes back (AUTOINCREMENT), so a key's messages keep their
-     // order and idem-outbox-seq only grows, even after every row was sent.
-     "CREATE TABLE idem_outbox(seq INTEGER PRIMARY KEY AUTOINCREMENT, lane INTEGER NOT NULL, id BLOB NOT NULL,"
+     // seq comes from a counter that only grows (one update per
+     // transaction that adds), so a key's messages keep their order and
+     // idem-outbox-seq only grows, even after every row was sent.
+     "CREATE TABLE idem_outbox(seq INTEGER PRIMARY KEY, lane INTEGER NOT NULL, id BLOB NOT NULL,"
      " destination TEXT NOT NULL, ordering_key BLOB NOT NULL, payload BLOB NOT NULL, headers BLOB NOT NULL,"
      " producer_time_ms INTEGER NOT NULL, added_at_ms INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
      " last_error TEXT);"
@@ -98,7 +99,9 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " at_ms INTEGER NOT NULL);"
      "CREATE TABLE idem_outbox_relays(name TEXT PRIMARY KEY, seen_at_ms INTEGER NOT NULL, lanes INTEGER NOT NULL,"
      " asleep_until_ms INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;"
-     "CREATE TABLE idem_outbox_handed(lane INTEGER PRIMARY KEY, upto INTEGER NOT NULL)"},
+     "CREATE TABLE idem_outbox_handed(lane INTEGER PRIMARY KEY, upto INTEGER NOT NULL);"
+     "CREATE TABLE idem_outbox_counter(one INTEGER PRIMARY KEY CHECK (one = 1), seq INTEGER NOT NULL);"
+     "INSERT INTO idem_outbox_counter VALUES (1, 0)"},
 };
 
 // ---- claims. The store's clock is the Env's (SQLite is local): `now` is
@@ -186,6 +189,10 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         "INSERT INTO idem_outbox(lane, id, destination, ordering_key, payload, headers, producer_time_ms,"
         " added_at_ms) VALUES ",
     .insert_tail = "",
+    .insert_one =
+        "INSERT INTO idem_outbox(lane, id, destination, ordering_key, payload, headers, producer_time_ms,"
+        " added_at_ms, seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    .reserve_seqs = "UPDATE idem_outbox_counter SET seq = seq + $1 RETURNING seq",
     .fetch =
         "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
         " attempts, lane FROM idem_outbox WHERE lane IN (SELECT value FROM json_each($1)) ORDER BY seq LIMIT"

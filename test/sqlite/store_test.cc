@@ -286,8 +286,8 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
     ASSERT_TRUE((*tx)->Exec("DROP TABLE idem_versions").ok());
     ASSERT_TRUE((*tx)->Exec("ALTER TABLE idem_failures DROP COLUMN in_progress_since_ms").ok());
     ASSERT_TRUE((*tx)->Exec("ALTER TABLE idem_failures DROP COLUMN parked_at_ms").ok());
-    for (const char* t :
-         {"idem_outbox", "idem_outbox_sent", "idem_outbox_dead", "idem_outbox_relays", "idem_outbox_handed"})
+    for (const char* t : {"idem_outbox", "idem_outbox_sent", "idem_outbox_dead", "idem_outbox_relays",
+                          "idem_outbox_handed", "idem_outbox_counter"})
       ASSERT_TRUE((*tx)->Exec(std::string("DROP TABLE ") + t).ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
     ASSERT_TRUE((*tx)->Commit().ok());
