@@ -224,6 +224,15 @@ inline Result<int64_t> Retain(Store& store, const std::string& consumer, IdKind 
   return added;
 }
 
+// One side of a side-by-side measurement: messages and time over its
+// rounds, and each round's rate.
+struct Side {
+  int64_t messages = 0;
+  double seconds = 0;
+  std::vector<double> rounds;  // messages per second of each round
+  double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
+};
+
 }  // namespace idem::bench
 
 #endif  // IDEM_BENCH_MARKER_WORKLOAD_H_

@@ -93,12 +93,7 @@ Result<double> MeasureFsync(const std::string& dir, double seconds) {
 
 namespace {
 
-struct Side {
-  int64_t messages = 0;
-  double seconds = 0;
-  std::vector<double> rounds;  // messages per second of each round
-  double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
-};
+using bench::Side;
 
 // Runs batches of `batch` fresh messages through `run` for about `seconds`.
 template <typename Run>

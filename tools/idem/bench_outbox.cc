@@ -86,12 +86,7 @@ Status DrainOutbox(Store& store) {
 
 // --- idem bench outbox-add
 
-struct Side {
-  int64_t messages = 0;
-  double seconds = 0;
-  std::vector<double> rounds;  // messages per second of each round
-  double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
-};
+using bench::Side;
 
 // Batches of fresh messages through `run` for about `seconds`.
 template <typename Run>
