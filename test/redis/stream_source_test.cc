@@ -826,7 +826,8 @@ TEST_F(StreamsTest, PublisherWritesTheCurrentProducerTimeName) {
   auto by_url = OpenPublisher(RedisUrl());
   ASSERT_TRUE(by_url.ok()) << by_url.status();
   EXPECT_EQ((*by_url)->Channel(), "");
-  const Outgoing there[] = {{Opts().stream, "k", &m}};
+  const auto opts = Opts();  // the destination's view must outlive the batch
+  const Outgoing there[] = {{opts.stream, "k", &m}};
   EXPECT_TRUE((*by_url)->PublishBatch(there)[0].ok());
   EXPECT_EQ((*pub)->Publish(Msg("")).code(), Code::kInvalidArgument);
 }
