@@ -233,6 +233,26 @@ struct Side {
   double PerSecond() const { return seconds > 0 ? static_cast<double>(messages) / seconds : 0; }
 };
 
+// Runs batches of `batch` fresh messages through `run` for about `seconds`.
+template <typename Run>
+Status Round(IdGenerator& ids, std::vector<Message>& msgs, int64_t batch, double seconds, Side* side, Run&& run) {
+  int64_t n = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    bench::NextBatch(ids, msgs, static_cast<size_t>(batch));
+    IDEM_RETURN_IF_ERROR(run(std::span<const Message>(msgs)));
+    n += batch;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  if (side != nullptr) {
+    side->messages += n;
+    side->seconds += elapsed;
+    side->rounds.push_back(static_cast<double>(n) / elapsed);
+  }
+  return Status::OK();
+}
+
 }  // namespace idem::bench
 
 #endif  // IDEM_BENCH_MARKER_WORKLOAD_H_

@@ -95,26 +95,7 @@ namespace {
 
 using bench::Side;
 
-// Runs batches of `batch` fresh messages through `run` for about `seconds`.
-template <typename Run>
-Status Round(bench::IdGenerator& ids, std::vector<Message>& msgs, int64_t batch, double seconds, Side* side,
-             Run&& run) {
-  int64_t n = 0;
-  auto t0 = Clock::now();
-  double elapsed = 0;
-  do {
-    bench::NextBatch(ids, msgs, static_cast<size_t>(batch));
-    IDEM_RETURN_IF_ERROR(run(std::span<const Message>(msgs)));
-    n += batch;
-    elapsed = SecondsSince(t0);
-  } while (elapsed < seconds);
-  if (side != nullptr) {
-    side->messages += n;
-    side->seconds += elapsed;
-    side->rounds.push_back(static_cast<double>(n) / elapsed);
-  }
-  return Status::OK();
-}
+using bench::Round;
 
 // The same with `consumers` threads at once, each with its own ids and
 // messages; the side's rate is all their messages over the round's time.

@@ -92,21 +92,7 @@ using bench::Side;
 template <typename Run>
 Status Measure(bench::IdGenerator& ids, size_t batch, double seconds, Side* side, Run&& run) {
   std::vector<Message> msgs;
-  int64_t n = 0;
-  const auto t0 = Clock::now();
-  double elapsed = 0;
-  do {
-    bench::NextBatch(ids, msgs, batch);
-    IDEM_RETURN_IF_ERROR(run(std::span<const Message>(msgs)));
-    n += static_cast<int64_t>(batch);
-    elapsed = SecondsSince(t0);
-  } while (elapsed < seconds);
-  if (side != nullptr) {
-    side->messages += n;
-    side->seconds += elapsed;
-    side->rounds.push_back(static_cast<double>(n) / elapsed);
-  }
-  return Status::OK();
+  return bench::Round(ids, msgs, static_cast<int64_t>(batch), seconds, side, run);
 }
 
 int RunOutboxAdd(const Args& args) {
