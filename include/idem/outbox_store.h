@@ -103,6 +103,12 @@ class OutboxStore {
   virtual ~OutboxStore() = default;
   virtual Result<std::unique_ptr<OutboxSession>> OpenSession(std::string_view name) = 0;
   virtual Result<OutboxStats> Stats() = 0;
+  // Whether any message is waiting (in any lane): Stats().backlog > 0,
+  // without counting everything Stats counts.
+  virtual Result<bool> HasUnsent() {
+    IDEM_ASSIGN_OR_RETURN(OutboxStats st, Stats());
+    return st.backlog > 0;
+  }
   virtual Result<std::vector<OutboxDeadLetter>> ListDeadLetters(int limit) = 0;
   virtual Result<int64_t> PurgeOutbox(int64_t sent_before_ms, int64_t dead_before_ms, int batch_size) = 0;
 };

@@ -116,8 +116,8 @@ Status OutboxRelay::Run() {
     // Drained: nothing left in the whole outbox (lanes held elsewhere, or
     // by a relay that just died, are waited for).
     auto drained = [&]() {
-      auto st = store_.Stats();
-      return st.ok() && st->backlog == 0;
+      auto unsent = store_.HasUnsent();
+      return unsent.ok() && !*unsent;
     };
     if (lanes == 0) {  // standby: another relay holds every lane
       if (options_.stop_when_idle && drained()) return Status::OK();

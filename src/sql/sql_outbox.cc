@@ -311,6 +311,11 @@ Result<OutboxStats> SqlOutbox::Stats() {
   return s;
 }
 
+Result<bool> SqlOutbox::HasUnsent() {
+  IDEM_ASSIGN_OR_RETURN(Rows r, store_.Read("SELECT 1 FROM idem_outbox LIMIT 1", {}));
+  return !r.rows.empty();
+}
+
 Result<std::vector<OutboxDeadLetter>> SqlOutbox::ListDeadLetters(int limit) {
   IDEM_RETURN_IF_ERROR(CheckListLimit(limit));
   Value p[] = {limit};

@@ -25,6 +25,7 @@ class SqlOutbox final : public OutboxStore {
   explicit SqlOutbox(SqlStore& store) : store_(store) {}
   Result<std::unique_ptr<OutboxSession>> OpenSession(std::string_view name) override;
   Result<OutboxStats> Stats() override;
+  Result<bool> HasUnsent() override;
   Result<std::vector<OutboxDeadLetter>> ListDeadLetters(int limit) override;
   Result<int64_t> PurgeOutbox(int64_t sent_before_ms, int64_t dead_before_ms, int batch_size) override;
 
