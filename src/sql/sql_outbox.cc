@@ -241,10 +241,11 @@ Status SqlStore::WriteOutbox(Connection& tx, std::vector<OutboxRow>& rows) {
     params.emplace_back(r.added_at_ms);
   };
   if (sql.insert_one != nullptr) {
-    Value n[] = {static_cast<int64_t>(rows.size())};
-    IDEM_ASSIGN_OR_RETURN(Rows counter, tx.Query(sql.reserve_seqs, n));
+    IDEM_ASSIGN_OR_RETURN(Rows counter, tx.Query(sql.read_seq, {}));
     if (counter.rows.empty()) return Status::Corruption("idem_outbox_counter has no row");
-    int64_t seq = counter.rows[0][0].AsInt() - static_cast<int64_t>(rows.size());
+    int64_t seq = counter.rows[0][0].AsInt();
+    Value n[] = {static_cast<int64_t>(rows.size())};
+    IDEM_RETURN_IF_ERROR(tx.Exec(sql.advance_seq, n).status());
     std::vector<Value> params;
     for (OutboxRow& r : rows) {
       params.clear();

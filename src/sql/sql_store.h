@@ -151,9 +151,11 @@ struct OutboxSql {
   // When set, one row per execution of this instead ($1..$8, the columns
   // above, $9 the seq): where a statement costs no round trip, a prepared
   // one-row insert is cheaper than binding a long multi-row one (SQLite).
-  // The seqs come from reserve_seqs ($1 how many -> the counter after).
+  // The seqs follow read_seq (-> the counter), which advance_seq then moves
+  // on ($1 how many).
   const char* insert_one = nullptr;
-  const char* reserve_seqs = nullptr;
+  const char* read_seq = nullptr;
+  const char* advance_seq = nullptr;
   const char* fetch;          // ($1 lanes, $2 limit) -> seq, id, destination, ordering_key, payload, headers,
                               //   producer_time_ms, added_at_ms, attempts, lane
   const char* any_pending;    // ($1 lanes) -> a row if there is one

@@ -192,7 +192,11 @@ inline constexpr sql_internal::OutboxSql kOutbox{
     .insert_one =
         "INSERT INTO idem_outbox(lane, id, destination, ordering_key, payload, headers, producer_time_ms,"
         " added_at_ms, seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-    .reserve_seqs = "UPDATE idem_outbox_counter SET seq = seq + $1 RETURNING seq",
+    // Read, then advanced without RETURNING: a RETURNING clause runs as a
+    // trigger, which with the CHECK gives the UPDATE a statement journal
+    // (allocated and freed on every flush).
+    .read_seq = "SELECT seq FROM idem_outbox_counter WHERE one = 1",
+    .advance_seq = "UPDATE idem_outbox_counter SET seq = seq + $1 WHERE one = 1",
     .fetch =
         "SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
         " attempts, lane FROM idem_outbox WHERE lane IN (SELECT value FROM json_each($1)) ORDER BY seq LIMIT"

@@ -80,6 +80,7 @@ kafka::Source::Options SourceOptions(std::string brokers, std::string topic, std
           .group = std::move(group),
           .session_timeout_ms = 6'000,
           .heartbeat_interval_ms = 200,
+          .max_poll_interval_ms = 20'000,  // bounds a rebalance (kafka_delivery_suite_test.cc)
           .config = {{"fetch.wait.max.ms", "20"},
                      {"fetch.error.backoff.ms", "20"},
                      {"reconnect.backoff.ms", "20"},
@@ -310,10 +311,11 @@ class KafkaCrash : public ::testing::Test {
 
 TEST_F(KafkaCrash, AConsumerKilledAfterCommitBeforeAckIsRedeliveredToAnotherConsumerAndAbsorbed) {
   constexpr int kN = 40;
-  // The child dies right after its 5th commit, before that ack. Each
-  // partition holds the first copies of its ~10 ids before any second copy,
-  // so the 5 records the child handles are first copies: 5 effects.
-  constexpr int kKillAt = 5;
+  // The child dies right after its first commit, before that ack: on an
+  // empty store the first commit always applies (a later one may be a
+  // duplicate's when librdkafka fetched a record again inside the child, and
+  // then nothing would be committed and not acked).
+  constexpr int kKillAt = 1;
   ASSERT_NO_FATAL_FAILURE(PublishTwice(kN));
 
   ASSERT_NO_FATAL_FAILURE(SpawnChild(kKillAt));

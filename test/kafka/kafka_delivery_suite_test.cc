@@ -82,7 +82,10 @@ Result<std::shared_ptr<void>> StartCluster(const TempDir&) {
   return std::shared_ptr<void>(std::move(cluster));
 }
 
-// Short timers: the mock cluster answers at once.
+// Short timers: the mock cluster answers at once. A rebalance waits for the
+// members it knows to rejoin for at most max.poll.interval.ms (5 min by
+// default): a member whose LeaveGroup a loaded machine delayed would hold the
+// next member's assignment back past the suite's 60 s; 20 s bounds it.
 Result<SourceHandle> OpenKafka(const TempDir&, const SourceConfig& c) {
   auto* cluster = static_cast<MockKafka*>(c.broker.get());
   if (cluster == nullptr) return Status::InvalidArgument("kafka: the suite's mock cluster was not started");
@@ -95,6 +98,7 @@ Result<SourceHandle> OpenKafka(const TempDir&, const SourceConfig& c) {
                                 .group = group,
                                 .session_timeout_ms = 6'000,
                                 .heartbeat_interval_ms = 200,
+                                .max_poll_interval_ms = 20'000,
                                 .config = {{"fetch.wait.max.ms", "20"},
                                            {"fetch.error.backoff.ms", "20"},
                                            {"reconnect.backoff.ms", "20"},

@@ -28,6 +28,7 @@
 #include "idem/kafka/source.h"
 #include "idem/sqlite/store.h"
 #include "mock_kafka.h"
+#include "util/relay_util.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -392,6 +393,45 @@ TEST_F(KafkaTest, InjectedBrokerErrorsMidRunLoseNothingAndDoubleNothing) {
   run.Stop();
   ExpectExactlyOnce(2 * kHalf);
   EXPECT_EQ(inbox_->counters().applied, static_cast<uint64_t>(2 * kHalf));
+}
+
+// The outbox relay across a cluster restart: after the relay's third batch
+// every broker goes down, and comes back 500 ms later while the relay's
+// batch waits for its delivery reports (the idempotent producer retries
+// inside librdkafka, within publish_timeout_ms). Every row arrives (each
+// message was added twice), as often as the cluster confirmed it, each
+// key's first copies in order.
+TEST_F(KafkaTest, TheOutboxRelayRidesOutABrokerRestartAndLosesNothing) {
+  RelayWorkload w(60, 6);
+  auto outbox_store = OpenOutboxStore(dir_.File("outbox.db"));
+  ASSERT_TRUE(outbox_store.ok()) << outbox_store.status();
+  for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**outbox_store, w.messages, 10).ok());
+  auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto set_all = [&](bool up) {
+    for (int32_t b = 1; b <= 3; ++b)
+      ASSERT_EQ(up ? rd_kafka_mock_broker_set_up(mock_, b) : rd_kafka_mock_broker_set_down(mock_, b),
+                RD_KAFKA_RESP_ERR_NO_ERROR);
+  };
+  auto stats = DrainAcrossABrokerRestart(
+      **outbox_store, **p, dir_.File("published.log"), 3, [&] { set_all(false); },
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        set_all(true);
+      });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->dead_lettered, 0u);
+  const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir_.File("published.log"));
+  EXPECT_EQ(confirmed.size(), 2 * w.messages.size()) << "every row confirmed";
+  auto src = OpenSource();
+  ASSERT_TRUE(src);
+  std::vector<Delivery> got = ReceiveN(*src, CountCopies(confirmed));
+  ASSERT_EQ(got.size(), CountCopies(confirmed));
+  ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
+  for (const Delivery& d : got) EXPECT_TRUE(src->Ack(d).ok()) << d.message.id;
+  auto left = src->Receive(1000, 500);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty()) << left->size() << " copies left";
 }
 
 TEST_F(KafkaTest, APoisonMessageIsDeadLetteredAndTheRestApplyOnce) {
