@@ -6,6 +6,9 @@
 #include <cstdlib>
 
 #include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -147,17 +150,25 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
   db->batched_wal_ = batched;
   if (rc != SQLITE_OK) return Translate(rc, raw, "open " + o.path);
   sqlite3_extended_result_codes(raw, 1);
-  // Waiting for another writer's lock: retry every millisecond up to the
+  // Waiting for another writer's lock: retry every 100 us up to the
   // timeout. SQLite's own busy timeout sleeps in growing steps of up to
   // 100 ms, so a waiter can miss many short transactions of another writer
-  // (a purge, a competing consumer) and stall far longer than it must.
+  // (a purge, a competing consumer, a relay's acks) and stall far longer
+  // than it must; a waiter that slept whole milliseconds lost the lock to
+  // a writer committing thousands of times a second (an outbox relay behind
+  // a consumer acking one by one waited hundreds of ms).
   db->busy_timeout_ms_ = o.busy_timeout_ms;
+  if (o.path != ":memory:" && !o.path.empty()) {
+    std::error_code ec;
+    std::filesystem::path canonical = std::filesystem::weakly_canonical(o.path, ec);
+    db->gate_ = WriteGate::For(ec ? o.path : canonical.string());
+  }
   sqlite3_busy_handler(
       raw,
       [](void* arg, int tries) -> int {
-        const int timeout = *static_cast<int*>(arg);
-        if (tries >= timeout) return 0;  // about 1 ms per try
-        ::usleep(1000);
+        const int64_t timeout_us = int64_t{*static_cast<int*>(arg)} * 1000;
+        if (int64_t{tries} * 100 >= timeout_us) return 0;  // about 100 us per try
+        ::usleep(100);
         return 1;
       },
       &db->busy_timeout_ms_);
@@ -204,16 +215,90 @@ Result<std::unique_ptr<Db>> Db::Open(const OpenOptions& o) {
   return db;
 }
 
+std::shared_ptr<WriteGate> WriteGate::For(const std::string& file) {
+  static std::mutex registry_mu;
+  static std::map<std::string, std::weak_ptr<WriteGate>> registry;
+  // Per process: a child forked while a parent's thread held a gate gets
+  // its own.
+  const std::string key = std::to_string(::getpid()) + ":" + file;
+  std::lock_guard<std::mutex> l(registry_mu);
+  std::shared_ptr<WriteGate> gate = registry[key].lock();
+  if (!gate) {
+    gate = std::make_shared<WriteGate>();
+    registry[key] = gate;
+  }
+  return gate;
+}
+
+bool WriteGate::Acquire(int timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t ticket = next_++;
+  if (cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return serving_ == ticket; })) return true;
+  abandoned_.insert(ticket);  // its turn is skipped when it comes
+  return false;
+}
+
+size_t WriteGate::Waiting() {
+  std::lock_guard<std::mutex> l(mu_);
+  // Tickets handed out, minus the holder (or the next to be served) and the
+  // waiters that gave up.
+  const uint64_t out = next_ - serving_;
+  return out == 0 ? 0 : static_cast<size_t>(out - 1 - abandoned_.size());
+}
+
+void WriteGate::Release() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++serving_;
+    while (abandoned_.erase(serving_) > 0) ++serving_;
+  }
+  cv_.notify_all();
+}
+
+namespace {
+// BEGIN IMMEDIATE or BEGIN EXCLUSIVE, in any case and spacing.
+bool BeginsWriteTransaction(std::string_view sql) {
+  auto word = [&](std::string_view upper) {
+    while (!sql.empty() && std::isspace(static_cast<unsigned char>(sql.front()))) sql.remove_prefix(1);
+    if (sql.size() < upper.size()) return false;
+    for (size_t i = 0; i < upper.size(); ++i)
+      if (std::toupper(static_cast<unsigned char>(sql[i])) != upper[i]) return false;
+    sql.remove_prefix(upper.size());
+    return true;
+  };
+  if (sql.empty() ||
+      (sql.front() != 'B' && sql.front() != 'b' && !std::isspace(static_cast<unsigned char>(sql.front()))))
+    return false;
+  if (!word("BEGIN")) return false;
+  std::string_view rest = sql;
+  if (word("IMMEDIATE")) return true;
+  sql = rest;
+  return word("EXCLUSIVE");
+}
+}  // namespace
+
+Status Db::EnterGate(std::string_view sql) {
+  if (gate_ == nullptr || gate_held_ || !BeginsWriteTransaction(sql)) return Status::OK();
+  if (!gate_->Acquire(busy_timeout_ms_))
+    return Status::Busy("database is locked: another writer of " + path_ + " in this process held it for " +
+                        std::to_string(busy_timeout_ms_) + " ms (" + std::string(sql.substr(0, 40)) + ")");
+  gate_held_ = true;
+  return Status::OK();
+}
+
 Db::~Db() {
   cache_.clear();  // finalize statements before closing
   if (db_ != nullptr) sqlite3_close_v2(db_);
+  if (gate_held_) gate_->Release();
 }
 
 Status Db::Script(std::string_view sql) {
+  IDEM_RETURN_IF_ERROR(EnterGate(sql));
   std::string s(sql);
   char* err = nullptr;
   int rc = sqlite3_exec(db_, s.c_str(), nullptr, nullptr, &err);
   if (err != nullptr) sqlite3_free(err);
+  LeaveGateIfDone();
   return Translate(rc, db_, s.size() > 80 ? s.substr(0, 80) + "..." : s);
 }
 
@@ -273,14 +358,19 @@ Result<bool> Db::Step(sqlite3_stmt* stmt, std::string_view what) {
 }
 
 Result<int64_t> Db::Exec(std::string_view sql, std::span<const Value> params) {
-  IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
-  StmtUse use(stmt);
-  IDEM_RETURN_IF_ERROR(Bind(stmt, params));
-  for (;;) {
-    IDEM_ASSIGN_OR_RETURN(bool row, Step(stmt, sql.substr(0, 120)));
-    if (!row) break;
-  }
-  return static_cast<int64_t>(sqlite3_changes64(db_));
+  IDEM_RETURN_IF_ERROR(EnterGate(sql));
+  Result<int64_t> r = [&]() -> Result<int64_t> {
+    IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
+    StmtUse use(stmt);
+    IDEM_RETURN_IF_ERROR(Bind(stmt, params));
+    for (;;) {
+      IDEM_ASSIGN_OR_RETURN(bool row, Step(stmt, sql.substr(0, 120)));
+      if (!row) break;
+    }
+    return static_cast<int64_t>(sqlite3_changes64(db_));
+  }();
+  LeaveGateIfDone();
+  return r;
 }
 
 Value ColumnValue(sqlite3_stmt* stmt, int i) {
@@ -301,6 +391,13 @@ Value ColumnValue(sqlite3_stmt* stmt, int i) {
 }
 
 Result<Rows> Db::Query(std::string_view sql, std::span<const Value> params) {
+  IDEM_RETURN_IF_ERROR(EnterGate(sql));
+  Result<Rows> r = QueryIn(sql, params);
+  LeaveGateIfDone();
+  return r;
+}
+
+Result<Rows> Db::QueryIn(std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
   StmtUse use(stmt);
   IDEM_RETURN_IF_ERROR(Bind(stmt, params));

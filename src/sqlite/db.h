@@ -7,8 +7,11 @@
 
 #include <sqlite3.h>
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +82,31 @@ struct OpenOptions {
   bool batch_wal_writes = false;
 };
 
+// The writers of one file in this process, served in the order they came:
+// every connection opened by Db::Open on a path takes its gate before
+// BEGIN IMMEDIATE (or EXCLUSIVE) and leaves it when the transaction ends.
+// SQLite's own lock, which other processes still meet, hands itself to
+// whoever polls first, so a writer that commits back to back (a consumer
+// acking one by one, a producer behind its rate) kept one that had gone to
+// sleep waiting for hundreds of milliseconds.
+class WriteGate {
+ public:
+  // The gate of `file` (a canonical path) in this process.
+  static std::shared_ptr<WriteGate> For(const std::string& file);
+  // Waits up to timeout_ms for this caller's turn; false when it did not come.
+  bool Acquire(int timeout_ms);
+  void Release();
+  // How many callers wait in Acquire now (tests).
+  size_t Waiting();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ = 0;             // the next ticket
+  uint64_t serving_ = 0;          // the ticket that holds the gate (or comes next)
+  std::set<uint64_t> abandoned_;  // tickets whose waiters timed out
+};
+
 // One connection with a cache of prepared statements. Used by one thread at
 // a time.
 class Db {
@@ -111,6 +139,19 @@ class Db {
 
  private:
   Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  // Before `sql`: this process's turn to write, when `sql` begins a write
+  // transaction. After any statement: the gate left once no transaction is
+  // open (COMMIT, ROLLBACK, or one SQLite ended by itself).
+  Status EnterGate(std::string_view sql);
+  Result<Rows> QueryIn(std::string_view sql, std::span<const Value> params);
+  void LeaveGateIfDone() {
+    if (gate_held_ && sqlite3_get_autocommit(db_) != 0) {
+      gate_held_ = false;
+      gate_->Release();
+    }
+  }
+  std::shared_ptr<WriteGate> gate_;
+  bool gate_held_ = false;
   sqlite3* db_;
   std::string path_;
   int busy_timeout_ms_ = 0;

@@ -63,16 +63,6 @@ std::string UniqueQueue() {
          std::to_string(Env::Default()->NowMs()) + "-" + std::to_string(n++);
 }
 
-// Polls `cond` every 20 ms until it holds or `timeout_ms` passed.
-bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 60'000) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() >= deadline) return cond();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
 // A broker of the restart test's own (the shared fixture's broker may be in
 // use by another test run): started and stopped with the fixture's script,
 // one test process at a time (a file lock). Ctl("pause") stops it, data

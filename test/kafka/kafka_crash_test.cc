@@ -63,15 +63,6 @@ constexpr char kEnvLog[] = "IDEM_KAFKA_CRASH_CHILD_LOG";
 
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
-bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
-
 // Short timers and backoffs (the mock cluster answers at once); the same in
 // the parent and the child, so that the dead member's session runs out soon.
 kafka::Source::Options SourceOptions(std::string brokers, std::string topic, std::string group) {

@@ -42,17 +42,6 @@ constexpr int16_t kApiOffsetCommit = 8;
 
 std::string Id(int i) { return "m-" + std::to_string(i); }
 
-// Polls `cond` until it holds or `timeout_ms` pass (generous: a loaded
-// machine is slow, never wrong).
-bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
-
 // Runs a Consumer on its own thread until the test stops it.
 class Runner {
  public:

@@ -23,15 +23,6 @@ namespace {
 
 std::string Script() { return std::string(IDEM_SOURCE_DIR) + "/scripts/test-postgres.sh"; }
 
-// Polls `done` (bounded: about 60 s) and says whether it became true.
-bool WaitFor(const std::function<bool()>& done) {
-  for (int i = 0; i < 6000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
-
 class PostgresRestart : public ::testing::Test {
  protected:
   void SetUp() override {

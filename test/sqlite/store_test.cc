@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -59,6 +60,86 @@ TEST(SqliteErrors, ParametersAreRewrittenOutsideQuotes) {
   EXPECT_EQ(RewriteParams("SELECT $1, $2 FROM t WHERE a = '$3' AND \"$4\" = $10"),
             "SELECT ?1, ?2 FROM t WHERE a = '$3' AND \"$4\" = ?10");
   EXPECT_EQ(RewriteParams("SELECT $a"), "SELECT $a");
+}
+
+// The writers of one file in one process are served in the order they
+// came (sqlite_internal::WriteGate), and a waiter that gave up is skipped.
+TEST(SqliteWriteGate, ServesWritersInTheOrderTheyCame) {
+  auto gate = sqlite_internal::WriteGate::For("/gate-test/order.db");
+  ASSERT_TRUE(gate->Acquire(1'000));
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&, i] {
+      ASSERT_TRUE(gate->Acquire(60'000));
+      {
+        std::lock_guard<std::mutex> l(mu);
+        order.push_back(i);
+      }
+      gate->Release();
+    });
+    ASSERT_TRUE(WaitFor([&] { return gate->Waiting() == static_cast<size_t>(i + 1); }));
+  }
+  gate->Release();
+  for (std::thread& t : waiters) t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(gate->Waiting(), 0u);
+}
+
+TEST(SqliteWriteGate, AWaiterThatGaveUpIsSkipped) {
+  auto gate = sqlite_internal::WriteGate::For("/gate-test/skip.db");
+  ASSERT_TRUE(gate->Acquire(1'000));
+  EXPECT_FALSE(gate->Acquire(1));  // gives up: the holder holds on
+  std::atomic<bool> got{false};
+  std::thread next([&] {
+    got = gate->Acquire(60'000);
+    gate->Release();
+  });
+  ASSERT_TRUE(WaitFor([&] { return gate->Waiting() == 1; }));
+  gate->Release();  // to the waiter after the one that gave up
+  next.join();
+  EXPECT_TRUE(got);
+  ASSERT_TRUE(gate->Acquire(1'000));
+  gate->Release();
+}
+
+// A writer that commits back to back on one connection does not keep
+// another connection of the process out: once that one waits, it is next.
+TEST(SqliteWriteGate, AWriterCommittingBackToBackLetsAWaitingOneIn) {
+  TempDir dir;
+  const std::string path = dir.File("gate.db");
+  auto a = sqlite_internal::Db::Open({.path = path});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Script("CREATE TABLE t(x INTEGER)").ok());
+  auto b = sqlite_internal::Db::Open({.path = path});
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto gate = sqlite_internal::WriteGate::For(std::filesystem::weakly_canonical(path).string());
+  std::atomic<int64_t> commits{0};
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop) {
+      ASSERT_TRUE((*a)->Exec("BEGIN IMMEDIATE", {}).ok());
+      ASSERT_TRUE((*a)->Exec("INSERT INTO t VALUES (1)", {}).ok());
+      ASSERT_TRUE((*a)->Exec("COMMIT", {}).ok());
+      ++commits;
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return commits >= 100; }));
+  int64_t queued_at = -1;
+  std::thread watcher([&] {
+    ASSERT_TRUE(WaitFor([&] { return gate->Waiting() >= 1; }, 60'000));
+    queued_at = commits.load();
+  });
+  ASSERT_TRUE((*b)->Exec("BEGIN IMMEDIATE", {}).ok());
+  const int64_t in_at = commits.load();
+  watcher.join();
+  ASSERT_TRUE((*b)->Exec("INSERT INTO t VALUES (2)", {}).ok());
+  ASSERT_TRUE((*b)->Exec("COMMIT", {}).ok());
+  stop = true;
+  busy.join();
+  // Queued behind the transaction that held the gate, and no other.
+  EXPECT_LE(in_at - queued_at, 1) << "commits of the busy writer while the other waited";
 }
 
 TEST(SqliteStore, UrlParsing) {

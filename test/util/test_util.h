@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -135,6 +136,17 @@ class ForwardingStore : public Store {
  protected:
   Store& inner_;
 };
+
+// Polls `cond` every 10 ms until it holds or `timeout_ms` passed (generous
+// by default: a loaded machine is slow, never wrong); says whether it held.
+inline bool WaitFor(const std::function<bool()>& cond, int64_t timeout_ms = 90'000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
 
 }  // namespace idem::testing
 
