@@ -102,6 +102,7 @@ class Outbox {
  private:
   Outbox(OutboxStore& store, const Options& options) : store_(store), options_(options) {}
   Result<OutboxRow> ToRow(const OutgoingMessage& message, int64_t now) const;
+  Result<StoreTransaction*> TransactionOf(Transaction& tx) const;
 
   OutboxStore& store_;
   Options options_;

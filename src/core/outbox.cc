@@ -81,19 +81,30 @@ Result<OutboxRow> Outbox::ToRow(const OutgoingMessage& m, int64_t now) const {
   return row;
 }
 
-Result<std::string> Outbox::Add(Transaction& tx, const OutgoingMessage& message) {
-  IDEM_ASSIGN_OR_RETURN(auto ids, AddMany(tx, std::span<const OutgoingMessage>(&message, 1)));
-  return std::move(ids[0]);
-}
-
-Result<std::vector<std::string>> Outbox::AddMany(Transaction& tx, std::span<const OutgoingMessage> messages) {
+Result<StoreTransaction*> Outbox::TransactionOf(Transaction& tx) const {
   auto* st = dynamic_cast<StoreTransaction*>(&tx);
   if (st == nullptr || st->outbox() != &store_)
     return Status::InvalidArgument("Outbox::Add: the transaction is not one of this outbox's store");
+  return st;
+}
+
+Result<std::string> Outbox::Add(Transaction& tx, const OutgoingMessage& message) {
+  IDEM_ASSIGN_OR_RETURN(StoreTransaction * st, TransactionOf(tx));
+  std::vector<OutboxRow> rows(1);
+  IDEM_ASSIGN_OR_RETURN(rows[0], ToRow(message, options_.env->NowMs()));
+  std::string id = rows[0].id;
+  IDEM_RETURN_IF_ERROR(st->AddToOutbox(std::move(rows)));
+  IDEM_KILL_POINT("outbox.after_add");
+  return id;
+}
+
+Result<std::vector<std::string>> Outbox::AddMany(Transaction& tx, std::span<const OutgoingMessage> messages) {
+  IDEM_ASSIGN_OR_RETURN(StoreTransaction * st, TransactionOf(tx));
   const int64_t now = options_.env->NowMs();
   std::vector<OutboxRow> rows;
   std::vector<std::string> ids;
   rows.reserve(messages.size());
+  ids.reserve(messages.size());
   for (const OutgoingMessage& m : messages) {
     IDEM_ASSIGN_OR_RETURN(OutboxRow row, ToRow(m, now));
     ids.push_back(row.id);

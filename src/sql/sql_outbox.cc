@@ -231,7 +231,9 @@ Status SqlStore::WriteOutbox(Connection& tx, std::vector<OutboxRow>& rows) {
     IDEM_RETURN_IF_ERROR(tx.Query(sql.lock_keys, p).status());
   }
   auto params_of = [&](OutboxRow& r, std::vector<Value>& params) {
-    params.emplace_back(static_cast<int64_t>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql.lanes)));
+    params.emplace_back(sql.lanes == 1
+                            ? int64_t{0}
+                            : static_cast<int64_t>(OutboxKeyHash(KeyOrId(r)) % static_cast<uint64_t>(sql.lanes)));
     params.emplace_back(Blob{std::move(r.id)});
     params.emplace_back(std::move(r.destination));
     params.emplace_back(Blob{std::move(r.key)});

@@ -303,7 +303,7 @@ Status Db::Script(std::string_view sql) {
 }
 
 Result<sqlite3_stmt*> Db::Prepare(std::string_view sql) {
-  auto it = cache_.find(std::string(sql));
+  auto it = cache_.find(sql);
   if (it != cache_.end()) return it->second.get();
   // Cached under the caller's text; $N is rewritten once, on the miss.
   std::string text = RewriteParams(sql);

@@ -157,7 +157,12 @@ class Db {
   int busy_timeout_ms_ = 0;
   bool batched_wal_ = false;
   std::function<bool(int)> after_commit_;
-  std::unordered_map<std::string, StmtPtr> cache_;
+  // Looked up by the caller's text as it is (no copy per statement).
+  struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, StmtPtr, TextHash, std::equal_to<>> cache_;
 };
 
 // Reads column i of the current row as a Value.
