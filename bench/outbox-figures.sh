@@ -6,8 +6,8 @@
 #   2. idem bench relay: relay throughput SQLite -> embedded queue,
 #      PostgreSQL -> RabbitMQ (durable queue), PostgreSQL -> Kafka's mock
 #      cluster                                               -> outbox-relay.log
-#      then each path's latency commit -> receipt at half its measured rate
-#                                                            -> outbox-latency.log
+#      then each path's latency commit -> receipt at half its measured rate,
+#      LATENCY_RUNS times (3)                                -> outbox-latency.log
 #   3. Publish in turn vs PublishBatch on RabbitMQ, classic and quorum queues
 #                                                            -> outbox-publish-batch.log
 # and a plot of the relay's rates (bench/results/outbox-relay.png) when
@@ -24,6 +24,7 @@ KEYS=${KEYS:-100}
 PAYLOAD=${PAYLOAD:-100}
 SECONDS_PER_ROUND=${SECONDS_PER_ROUND:-2}
 LATENCY_SECONDS=${LATENCY_SECONDS:-10}
+LATENCY_RUNS=${LATENCY_RUNS:-3}
 OUT=${OUT:-$ROOT/bench/results}
 PG_PORT=${PG_PORT:-55491}
 AMQP_PORT=${AMQP_PORT:-56751}
@@ -64,8 +65,10 @@ for path in "${paths[@]}"; do
   max=$(echo "$line" | sed -n 's/.* messages_per_s=\([0-9]*\).*/\1/p')
   rate=$((max / 2))
   n=$((rate * LATENCY_SECONDS))
-  echo "\$ idem bench relay ${args[*]} --messages $n --rate $rate" | clean >>"$OUT/outbox-latency.log"
-  "$IDEM" bench relay "${args[@]}" --messages "$n" --rate "$rate" 2>/dev/null | clean | tee -a "$OUT/outbox-latency.log"
+  for run in $(seq "$LATENCY_RUNS"); do
+    echo "\$ idem bench relay ${args[*]} --messages $n --rate $rate   # run $run" | clean >>"$OUT/outbox-latency.log"
+    "$IDEM" bench relay "${args[@]}" --messages "$n" --rate "$rate" 2>/dev/null | clean | tee -a "$OUT/outbox-latency.log"
+  done
 done
 
 if [ -x "$PUBLISH_BATCH" ]; then

@@ -444,8 +444,10 @@ int RunBenchRelayCmd(const Args& args) {
   if (*rate > 0) {
     // The producer, here: at *rate messages/s, as a service's requests
     // would come: every 5 ms, what is due since the last tick, in
-    // transactions of up to 100 (not a commit whenever one message is due,
-    // which would keep SQLite's one writer busy all the time).
+    // transactions of up to 1,000 (not a commit whenever one message is
+    // due, which would keep SQLite's one writer busy all the time; at tens
+    // of thousands a second one synced commit per 100 is more than one
+    // connection can make).
     int64_t added = 0;
     while (added < *n && !failed.load()) {
       const int64_t due = std::min<int64_t>(*n, static_cast<int64_t>(SecondsSince(t0) * static_cast<double>(*rate)));
@@ -453,7 +455,7 @@ int RunBenchRelayCmd(const Args& args) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         continue;
       }
-      const int64_t to_i = std::min(due, added + 100);
+      const int64_t to_i = std::min(due, added + 1000);
       if (Status s = AddRange(store, outbox, run, *keys, payload, added, to_i, buf); !s.ok()) {
         producer_status = s.WithContext("producer");
         failed = true;
