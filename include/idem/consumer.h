@@ -38,6 +38,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -171,6 +172,8 @@ class Consumer {
   // Records a rejection (dead letter) and acknowledges.
   void SettleRejected(const Delivery& d, const Outcome& o);
   void Ack(const Delivery& d);
+  // Tells the Inbox's observer (Inbox::Options::observer), if any.
+  void Emit(EventKind kind, const Delivery& d, std::string_view detail = {}, int64_t handler_us = -1);
 
   Source& source_;
   Inbox& inbox_;

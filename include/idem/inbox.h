@@ -30,6 +30,7 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/observer.h"
 #include "idem/prefilter.h"
 #include "idem/result.h"
 #include "idem/status.h"
@@ -65,6 +66,11 @@ struct Outcome {
   // kConflict: the fingerprint stored with the marker, and this message's.
   Fingerprint stored_fingerprint{};
   Fingerprint incoming_fingerprint{};
+  // With an observer (Options::observer): how long the handler ran and the
+  // transaction's commit took, in µs (a batch shares its commit). -1: not
+  // measured.
+  int64_t handler_us = -1;
+  int64_t commit_us = -1;
 
   // Acknowledge the delivery only when this is true: the effect is committed
   // (now or earlier), or the message can never be applied (conflict).
@@ -113,6 +119,10 @@ class Inbox {
     // (idem::redis::Prefilter). Never the only guard: see idem/prefilter.h.
     // Must outlive the Inbox. Default: none.
     DuplicateFilter* prefilter = nullptr;
+    // Optional: told every outcome (idem/observer.h, idem/metrics.h), and
+    // every delivery event of a Consumer that runs this Inbox. Must outlive
+    // the Inbox. Default: none (nothing is timed).
+    Observer* observer = nullptr;
   };
 
   // Checks the options (kInvalidArgument naming the field), then makes the
@@ -149,6 +159,8 @@ class Inbox {
   std::vector<Outcome> HandleBatch(std::span<const Message> messages, const CallFirst& handler);
 
   InboxCounters counters() const;
+  // Options::observer (null: none).
+  Observer* observer() const { return options_.observer; }
   void NoteDeadLetter() { dead_lettered_.fetch_add(1, std::memory_order_relaxed); }
 
   const std::string& consumer() const { return options_.consumer; }
@@ -170,6 +182,8 @@ class Inbox {
   bool ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
                       std::vector<Outcome>& outcomes, const Status& s);
   void Count(const Outcome& o);
+  // Tells Options::observer each outcome.
+  void Notify(std::span<const Message> messages, const std::vector<Outcome>& out);
   // Validation and the pre-filter, before any transaction: fills `out` for
   // the messages it answers and excludes them. False when nothing can run
   // (every outcome is filled).

@@ -36,6 +36,7 @@
 
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/observer.h"
 #include "idem/outbox_store.h"
 #include "idem/result.h"
 #include "idem/store.h"
@@ -74,6 +75,9 @@ class Outbox {
     int64_t max_payload_bytes = int64_t{1} << 20;
     // Clock and randomness for ids and producer times; null: Env::Default().
     Env* env = nullptr;
+    // Optional: told each message added (idem/observer.h). Must outlive the
+    // Outbox.
+    Observer* observer = nullptr;
   };
 
   // kInvalidArgument when the store has no outbox (Store::outbox_store()).
@@ -103,6 +107,7 @@ class Outbox {
   Outbox(OutboxStore& store, const Options& options) : store_(store), options_(options) {}
   Result<OutboxRow> ToRow(const OutgoingMessage& message, int64_t now) const;
   Result<StoreTransaction*> TransactionOf(Transaction& tx) const;
+  void NoteAdded(const OutboxRow& row) const;
 
   OutboxStore& store_;
   Options options_;

@@ -31,8 +31,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "idem/env.h"
+#include "idem/observer.h"
+#include "idem/outbox_store.h"
 #include "idem/publisher.h"
 #include "idem/result.h"
 #include "idem/status.h"
@@ -75,6 +78,9 @@ class OutboxRelay {
     // Return from Run once the outbox is empty (tests, drains, the demo).
     bool stop_when_idle = false;
     Env* env = nullptr;  // null: Env::Default()
+    // Optional: told each message published, republished, dead-lettered or
+    // failed for now (idem/observer.h). Must outlive the relay.
+    Observer* observer = nullptr;
   };
 
   // kInvalidArgument when the store has no outbox or an option is out of
@@ -92,6 +98,8 @@ class OutboxRelay {
 
  private:
   OutboxRelay(OutboxStore& store, Publisher& publisher, const Options& options);
+  // Tells Options::observer what a settled round did.
+  void Notify(const std::vector<OutboxRow>& rows, const OutboxSettlement& settled, int64_t republished) const;
   struct State;
   OutboxStore& store_;
   Publisher& publisher_;

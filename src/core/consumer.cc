@@ -148,11 +148,13 @@ void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
         const Status extended = source_.ExtendLease(d);
         if (extended.ok()) {
           leases_extended_.fetch_add(1, std::memory_order_relaxed);
+          Emit(EventKind::kLeaseExtended, d);
         } else {
           if (extended.code() == Code::kLeaseLost) IDEM_KILL_POINT("consumer.lease_lost");
           // Lost (another worker may hold it now: the marker settles the
           // race) or the source failed: either way nothing to undo here.
           lease_errors_.fetch_add(1, std::memory_order_relaxed);
+          Emit(EventKind::kLeaseLost, d, extended.message());
         }
       }
       h->renewed_at_ms = options_.env->NowMs();
@@ -224,11 +226,13 @@ void Consumer::Work(Held* held) {
     }
     busy_.fetch_add(1);
     received_.fetch_add(got->size(), std::memory_order_relaxed);
+    for (const Delivery& d : *got) Emit(EventKind::kReceived, d);
     if (stopping()) {
       // Received but not started: give back unacknowledged, at once.
       for (const Delivery& d : *got) {
         (void)source_.Nack(d, 0);
         nacked_.fetch_add(1, std::memory_order_relaxed);
+        Emit(EventKind::kNacked, d);
       }
       busy_.fetch_sub(1);
       return;
@@ -252,10 +256,20 @@ void Consumer::Work(Held* held) {
     messages.clear();
     for (const Delivery& d : *got) messages.push_back(d.message);
     std::vector<Outcome> outcomes = HandleAll(messages);
+    int64_t renewed_at_ms = started;
     {
       // Settled deliveries need no lease: stop renewing before the acks.
       std::lock_guard<std::mutex> l(held->mu);
       held->deliveries = nullptr;
+      renewed_at_ms = held->renewed_at_ms;
+    }
+    // Handled past its lease, unrenewed: another consumer may have been
+    // given the message meanwhile (the seed's cause of a rise in skipped
+    // duplicates). Told to the observer with how long it took.
+    if (const int64_t lease = source_.lease_ms(); lease > 0 && inbox_.observer() != nullptr) {
+      const int64_t now = options_.env->NowMs();
+      if (now - renewed_at_ms > lease)
+        for (const Delivery& d : *got) Emit(EventKind::kLeaseOverrun, d, {}, (now - started) * 1000);
     }
     BatchFailures batch_failures;
     for (size_t i = 0; i < outcomes.size(); ++i)
@@ -264,16 +278,33 @@ void Consumer::Work(Held* held) {
   }
 }
 
+void Consumer::Emit(EventKind kind, const Delivery& d, std::string_view detail, int64_t handler_us) {
+  Observer* obs = inbox_.observer();
+  if (obs == nullptr) return;
+  Event e;
+  e.kind = kind;
+  e.consumer = inbox_.consumer();
+  e.message_id = d.message.id;
+  e.attempt = d.message.attempt;
+  e.handler_us = handler_us;
+  e.detail = detail;
+  if (auto tp = d.message.Header("traceparent")) e.traceparent = *tp;
+  e.at_ms = options_.env->NowMs();
+  obs->OnEvent(e);
+}
+
 void Consumer::Ack(const Delivery& d) {
   Status s = source_.Ack(d);
   if (s.ok()) {
     acked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kAcked, d);
     IDEM_KILL_POINT("consumer.after_ack");
   } else {
     // The effect is committed (or the message is dead-lettered); the
     // redelivery finds the marker (or the dead letter's count).
     if (s.code() == Code::kLeaseLost) IDEM_KILL_POINT("consumer.lease_lost");
     ack_errors_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kAckFailed, d, s.message());
   }
 }
 
@@ -284,6 +315,7 @@ void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
   if (!count.ok()) {  // the store is down: the verdict is not recorded yet
     (void)source_.Nack(d, Backoff(options_, std::max(1, d.message.attempt), options_.env));
     nacked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kNacked, d);
     return;
   }
   {
@@ -292,6 +324,7 @@ void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
   }
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kDeadLettered, d);
     rejected_.fetch_add(1, std::memory_order_relaxed);
     inbox_.NoteDeadLetter();
   }
@@ -312,7 +345,10 @@ void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
     std::lock_guard<std::mutex> l(failed_mu_);
     failed_ids_.insert(d.message.id);  // its row must be cleared when it applies
   }
-  if (count.ok() && count->parked) parked_.fetch_add(1, std::memory_order_relaxed);
+  if (count.ok() && count->parked) {
+    parked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kParked, d);
+  }
   // In progress: try again after the backoff of its delivery count; once
   // parked (or when the count is unknown), at the slowest pace.
   const bool slow = !count.ok() || count->parked;
@@ -321,6 +357,7 @@ void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
   (void)source_.Nack(d, delay);
   NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
   nacked_.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventKind::kNacked, d);
 }
 
 void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
@@ -347,6 +384,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     // the busy window, so an idle worker sees this before it may return.)
     NoteRetryDue(SaturatingAdd(options_.env->NowMs(), delay));
     nacked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kNacked, d);
   };
   if (o.ShouldAck()) {
     // The message is done (applied now, or earlier by another delivery): its
@@ -365,6 +403,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
   if (o.status.code() == Code::kAborted) {  // stopping: given back at once, nothing counted
     (void)source_.Nack(d, 0);
     nacked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kNacked, d);
     return;
   }
   const bool handler_failed = o.status.code() == Code::kHandlerFailed;
@@ -401,7 +440,10 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
     if (count.ok()) {
       failure_recorded = !bad_id;
       attempt = count->attempts;
-      if (count->parked) parked_.fetch_add(1, std::memory_order_relaxed);
+      if (count->parked) {
+        parked_.fetch_add(1, std::memory_order_relaxed);
+        Emit(EventKind::kParked, d);
+      }
       if (handler_failed && batch_failures != nullptr)
         (*batch_failures)[d.message.id] = BatchFailure{count->attempts, count->dead_lettered};
       if (count->dead_lettered) {
@@ -410,6 +452,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
         // could ever clear it later.
         if (bad_id) (void)inbox_.store().ClearFailures(inbox_.consumer(), keyed.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
+        Emit(EventKind::kDeadLettered, d);
         inbox_.NoteDeadLetter();
         ack();
         return;
@@ -433,6 +476,7 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
   if (!count.ok()) {  // the store is down: try again later
     (void)source_.Nack(d, Backoff(options_, 1, options_.env));
     nacked_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kNacked, d);
     return true;
   }
   // In progress: its deliveries reached an outcome (each was given back
@@ -440,6 +484,7 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
   if (count->in_progress) return false;
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventKind::kDeadLettered, d);
     inbox_.NoteDeadLetter();
   }
   // Applied earlier (its acks were lost) or dead-lettered now: done either way.

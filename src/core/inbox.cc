@@ -6,6 +6,7 @@
 #include "idem/testing/kill_points.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -72,6 +73,11 @@ Status HandlerStatus(Status s) {
 
 // Runs the user's handler; an exception becomes kHandlerFailed, so the caller
 // always gets to roll back before anything else happens.
+int64_t MonotonicUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
   try {
     return HandlerStatus(handler(tx, m));
@@ -139,6 +145,7 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   if (!Admit(messages, static_cast<bool>(handler), out, excluded)) return out;
   Apply(messages, handler, excluded, out);
   for (auto& o : out) Count(o);
+  Notify(messages, out);
   return out;
 }
 
@@ -191,6 +198,7 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   };
   Apply(messages, apply, excluded, out);
   for (auto& o : out) Count(o);
+  Notify(messages, out);
   return out;
 }
 
@@ -282,7 +290,9 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
     Status hs;
     {
       internal::HandlerScope scope(write_lock_id_);
+      const int64_t t0 = options_.observer != nullptr ? MonotonicUs() : 0;
       hs = RunHandler(handler, tx, m);
+      if (options_.observer != nullptr) out[i].handler_us = MonotonicUs() - t0;
     }
     if (!hs.ok() && !tx.Healthy()) {
       // The connection died under the handler: the store failed, not the
@@ -299,7 +309,12 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
   }
 
   IDEM_KILL_POINT("inbox.after_work");
+  const int64_t commit_t0 = options_.observer != nullptr ? MonotonicUs() : 0;
   Status cs = tx.Commit();
+  if (options_.observer != nullptr) {
+    const int64_t commit_us = MonotonicUs() - commit_t0;
+    for (size_t i : index) out[i].commit_us = commit_us;
+  }
   if (cs.code() == Code::kInDoubt) {
     for (size_t i : index)
       if (pending[i]) out[i] = Failed(cs);  // until the marker says otherwise
@@ -353,6 +368,36 @@ bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
     }
   }
   return all_present && !any_absent;
+}
+
+void Inbox::Notify(std::span<const Message> messages, const std::vector<Outcome>& out) {
+  Observer* obs = options_.observer;
+  if (obs == nullptr) return;
+  const int64_t now = options_.env->NowMs();
+  for (size_t i = 0; i < out.size() && i < messages.size(); ++i) {
+    const Outcome& o = out[i];
+    const Message& m = messages[i];
+    Event e;
+    switch (o.kind) {
+      case Outcome::Kind::kApplied: e.kind = EventKind::kApplied; break;
+      case Outcome::Kind::kDuplicate: e.kind = EventKind::kDuplicate; break;
+      case Outcome::Kind::kConflict: e.kind = EventKind::kConflict; break;
+      case Outcome::Kind::kFailed:
+        e.kind = o.status.code() == Code::kInProgress ? EventKind::kInProgress
+                 : o.status.code() == Code::kRejected ? EventKind::kRejected
+                                                      : EventKind::kFailed;
+        break;
+    }
+    e.consumer = options_.consumer;
+    e.message_id = m.id;
+    e.attempt = m.attempt;
+    e.handler_us = o.handler_us;
+    e.commit_us = o.commit_us;
+    if (o.kind == Outcome::Kind::kFailed) e.detail = o.status.message();
+    if (auto tp = m.Header("traceparent")) e.traceparent = *tp;
+    e.at_ms = now;
+    obs->OnEvent(e);
+  }
 }
 
 void Inbox::Count(const Outcome& o) {

@@ -88,11 +88,24 @@ Result<StoreTransaction*> Outbox::TransactionOf(Transaction& tx) const {
   return st;
 }
 
+void Outbox::NoteAdded(const OutboxRow& row) const {
+  if (options_.observer == nullptr) return;
+  Event e;
+  e.kind = EventKind::kOutboxAdded;
+  e.message_id = row.id;
+  e.detail = row.destination;
+  for (const auto& [name, value] : row.headers)
+    if (name == "traceparent") e.traceparent = value;
+  e.at_ms = row.added_at_ms;
+  options_.observer->OnEvent(e);
+}
+
 Result<std::string> Outbox::Add(Transaction& tx, const OutgoingMessage& message) {
   IDEM_ASSIGN_OR_RETURN(StoreTransaction * st, TransactionOf(tx));
   std::vector<OutboxRow> rows(1);
   IDEM_ASSIGN_OR_RETURN(rows[0], ToRow(message, options_.env->NowMs()));
   std::string id = rows[0].id;
+  NoteAdded(rows[0]);
   IDEM_RETURN_IF_ERROR(st->AddToOutbox(std::move(rows)));
   IDEM_KILL_POINT("outbox.after_add");
   return id;
@@ -108,6 +121,7 @@ Result<std::vector<std::string>> Outbox::AddMany(Transaction& tx, std::span<cons
   for (const OutgoingMessage& m : messages) {
     IDEM_ASSIGN_OR_RETURN(OutboxRow row, ToRow(m, now));
     ids.push_back(row.id);
+    NoteAdded(row);
     rows.push_back(std::move(row));
   }
   IDEM_RETURN_IF_ERROR(st->AddToOutbox(std::move(rows)));

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backoff.h"
@@ -63,6 +64,38 @@ Result<std::unique_ptr<OutboxRelay>> OutboxRelay::Open(Store& store, Publisher& 
 OutboxRelayStats OutboxRelay::stats() const {
   std::lock_guard lock(state_->mu);
   return state_->stats;
+}
+
+void OutboxRelay::Notify(const std::vector<OutboxRow>& rows, const OutboxSettlement& settled,
+                         int64_t republished) const {
+  std::unordered_map<int64_t, const OutboxRow*> by_seq;
+  for (const OutboxRow& r : rows) by_seq[r.seq] = &r;
+  const int64_t now = settled.now_ms;
+  auto tell = [&](EventKind kind, const OutboxRow* r, std::string_view detail) {
+    if (r == nullptr) return;
+    Event e;
+    e.kind = kind;
+    e.consumer = options_.name;
+    e.message_id = r->id;
+    e.attempt = static_cast<int>(r->attempts) + 1;
+    e.detail = detail;
+    for (const auto& [name, value] : r->headers)
+      if (name == "traceparent") e.traceparent = value;
+    e.at_ms = now;
+    options_.observer->OnEvent(e);
+  };
+  // The rows handed over before are a round's first (each lane's in seq
+  // order), as many as the fetch counted.
+  std::vector<int64_t> sent(settled.sent.begin(), settled.sent.end());
+  std::sort(sent.begin(), sent.end());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const OutboxRow* r = by_seq.count(sent[i]) ? by_seq[sent[i]] : nullptr;
+    tell(static_cast<int64_t>(i) < republished ? EventKind::kOutboxRepublished : EventKind::kOutboxPublished, r,
+         r != nullptr ? std::string_view(r->destination) : std::string_view());
+  }
+  for (const OutboxDeadLetter& d : settled.dead) tell(EventKind::kOutboxDeadLettered, &d.row, d.reason);
+  for (const auto& [seq, error] : settled.failed)
+    tell(EventKind::kOutboxTransientError, by_seq.count(seq) ? by_seq[seq] : nullptr, error);
 }
 
 Status OutboxRelay::Run() {
@@ -229,6 +262,7 @@ Status OutboxRelay::Run() {
       continue;
     }
     IDEM_KILL_POINT("relay.after_settle");
+    if (options_.observer != nullptr) Notify(rows, settle, republished);
     update([&](OutboxRelayStats& st) {
       st.published += settle.sent.size();
       st.republished += static_cast<uint64_t>(std::min<int64_t>(republished, static_cast<int64_t>(settle.sent.size())));

@@ -441,7 +441,10 @@ const Command& BenchCommand() {
       "           times until a consumer of that destination (Receive and Ack) has seen every id; checks every\n"
       "           id arrived and each key's first copies came in idem-outbox-seq order (exit 1 if not). --to\n"
       "           without a queue, stream or topic: one of the run's own. With --rate R a producer adds R\n"
-      "           messages/s while one relay runs, and prints the latency commit -> receipt (p50/p99/p999).",
+      "           messages/s while one relay runs, and prints the latency commit -> receipt (p50/p99/p999).\n\n"
+      "  observer what an observer costs: rounds alternate between the Inbox's work (a marker and a\n"
+      "           payments row per message; --batch B, default 1) without an observer and with\n"
+      "           idem::Metrics; prints both rates and the ratio without/with.",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
@@ -453,7 +456,8 @@ const Command& BenchCommand() {
       "            [--workers-list 1,4] [--rounds R] [--forms both|call-first|in-transaction] [--json]\n"
       "       idem bench outbox-add --store URL [--batch B] [--seconds S] [--rounds R] [--keys K] [--json]\n"
       "       idem bench relay --store URL --to URL [--messages N] [--keys K] [--payload-bytes B] [--relays R]\n"
-      "            [--rate R] [--batch B] [--json]",
+      "            [--rate R] [--batch B] [--json]\n"
+      "       idem bench observer --store URL [--batch B] [--seconds S] [--rounds R] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -495,21 +499,20 @@ const Command& BenchCommand() {
 int RunBench(const Args& args) {
   const auto& pos = args.positional();
   if (pos.empty())
-    return Fail(
-        "bench",
-        Status::InvalidArgument(
-            "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add or relay "
-            "(see idem bench --help)"));
+    return Fail("bench",
+                Status::InvalidArgument(
+                    "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add, relay "
+                    "or observer (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
-      pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay")
+      pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay" && pos[0] != "observer")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
                                                  "': expected marker, peers, purge, claims, source, call-first, "
-                                                 "outbox-add or relay (see idem bench --help)"));
+                                                 "outbox-add, relay or observer (see idem bench --help)"));
   if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);
-  if (pos[0] == "outbox-add" || pos[0] == "relay") return RunBenchOutbox(args);
+  if (pos[0] == "outbox-add" || pos[0] == "relay" || pos[0] == "observer") return RunBenchOutbox(args);
 #if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
 #else

@@ -34,6 +34,7 @@
 #include "commands.h"
 #include "components.h"
 #include "idem/inbox.h"
+#include "idem/metrics.h"
 #include "idem/open.h"
 #include "idem/outbox.h"
 #include "idem/outbox_relay.h"
@@ -549,8 +550,72 @@ int RunBenchRelayCmd(const Args& args) {
 
 }  // namespace
 
+// --- idem bench observer: the Inbox's work with and without an observer
+// (idem::Metrics), in alternating rounds on one store.
+int RunBenchObserver(const Args& args) {
+  const std::string cmd = "bench observer";
+  auto batch = args.Has("batch") ? args.GetInt("batch", 1, 10'000) : Result<int64_t>(1);
+  auto rounds = args.GetInt("rounds", 1, 1000);
+  for (const auto* r : {&batch, &rounds})
+    if (!r->ok()) return Fail(cmd, r->status());
+  auto seconds = args.GetDouble("seconds", 0.001, 3600);
+  if (!seconds.ok()) return Fail(cmd, seconds.status());
+  std::string url = args.Get("store");
+  const bool pg = IsPostgresScheme(url);
+  if (!pg) url = WithKey(url, "synchronous", *batch == 1 ? "full" : "normal");
+  auto store_or = OpenStore(url, true, 2);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
+  Metrics metrics;
+  auto plain_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-observer"});
+  auto observed_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-observer", .observer = &metrics});
+  if (!plain_owned.ok()) return Fail(cmd, plain_owned.status());
+  if (!observed_owned.ok()) return Fail(cmd, observed_owned.status());
+  auto plain = [&](std::span<const Message> b) { return bench::GuardedBatch(**plain_owned, b); };
+  auto observed = [&](std::span<const Message> b) { return bench::GuardedBatch(**observed_owned, b); };
+  bench::IdGenerator ids(bench::IdKind::kOrdered, bench::FreshSeed());
+  const size_t nb = static_cast<size_t>(*batch);
+  Side p, o;
+  Status s = Measure(ids, nb, std::min(0.5, *seconds / 4), nullptr, plain);
+  if (s.ok()) s = Measure(ids, nb, std::min(0.5, *seconds / 4), nullptr, observed);
+  {
+    Progress progress("measuring the Inbox without and with an observer", 2 * *rounds);
+    for (int64_t r = 0; s.ok() && r < *rounds; ++r) {
+      s = Measure(ids, nb, *seconds, &p, plain);
+      progress.Update(2 * r + 1);
+      if (s.ok()) s = Measure(ids, nb, *seconds, &o, observed);
+      progress.Update(2 * r + 2);
+    }
+  }
+  if (Status c = bench::PrepareBusinessTable(store); s.ok() && !c.ok()) s = c;
+  if (!s.ok()) return Fail(cmd, s);
+  const double plain_ps = p.PerSecond(), observed_ps = o.PerSecond();
+  const double ratio = observed_ps > 0 ? plain_ps / observed_ps : INFINITY;
+  for (size_t r = 0; r < p.rounds.size(); ++r)
+    std::printf("round %zu: without %.0f/s, with Metrics %.0f/s\n", r + 1, p.rounds[r], o.rounds[r]);
+  std::printf("bench=observer store=%s batch=%lld without_per_s=%.1f with_per_s=%.1f ratio=%.3f applied=%llu\n",
+              std::string(store.Kind()).c_str(), static_cast<long long>(*batch), plain_ps, observed_ps, ratio,
+              static_cast<unsigned long long>(metrics.Count(EventKind::kApplied, "bench-observer")));
+  if (args.Bool("json")) {
+    std::cout << Json()
+                     .Add("bench", "observer")
+                     .Add("store", std::string(store.Kind()))
+                     .Add("batch", *batch)
+                     .Add("without_per_s", plain_ps)
+                     .Add("with_per_s", observed_ps)
+                     .Add("ratio", ratio)
+                     .str()
+              << "\n";
+  }
+  std::fflush(stdout);
+  return kExitOk;
+}
+
 int RunBenchOutbox(const Args& args) {
-  return args.positional()[0] == "relay" ? RunBenchRelayCmd(args) : RunOutboxAdd(args);
+  const std::string& sub = args.positional()[0];
+  if (sub == "observer") return RunBenchObserver(args);
+  return sub == "relay" ? RunBenchRelayCmd(args) : RunOutboxAdd(args);
 }
 
 }  // namespace idem::cli

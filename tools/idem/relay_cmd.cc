@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "idem/metrics.h"
 #include "idem/outbox.h"
 #include "idem/outbox_relay.h"
 #include "idem/url.h"
@@ -16,29 +17,6 @@
 
 namespace idem::cli {
 namespace {
-
-std::string Metrics(const std::string& relay, const OutboxRelayStats& s) {
-  std::string out;
-  const std::string labels = "relay=\"" + relay + "\"";
-  AppendMetric(out, "idem_outbox_backlog", "Unsent outbox messages seen by the last fetch (at most --batch).", "gauge",
-               labels, static_cast<uint64_t>(s.backlog));
-  // Whole seconds: AppendMetric writes integers.
-  AppendMetric(out, "idem_outbox_oldest_unsent_age_seconds",
-               "Age of the oldest unsent outbox message at the last fetch (0: none).", "gauge", labels,
-               static_cast<uint64_t>(s.oldest_unsent_age_ms / 1000));
-  AppendMetric(out, "idem_outbox_published_total", "Outbox messages the broker confirmed.", "counter", labels,
-               s.published);
-  AppendMetric(out, "idem_outbox_republished_total",
-               "Of those, messages handed to a broker before (after a crash or an unconfirmed try).", "counter", labels,
-               s.republished);
-  AppendMetric(out, "idem_outbox_dead_lettered_total", "Outbox messages refused for good or past --max-attempts.",
-               "counter", labels, s.dead_lettered);
-  AppendMetric(out, "idem_outbox_transient_errors_total", "Publish attempts that failed and will be retried.",
-               "counter", labels, s.transient_errors);
-  AppendMetric(out, "idem_outbox_lanes_held", "Outbox lanes this relay holds (0: standby).", "gauge", labels,
-               static_cast<uint64_t>(s.lanes));
-  return out;
-}
 
 std::string StatsJson(const std::string& to, const OutboxRelayStats& s) {
   return Json()
@@ -103,17 +81,29 @@ int RunRelay(const Args& args) {
   if (!publisher.ok()) return Fail(cmd, publisher.status());
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail(cmd, store.status());
+  // --metrics: the relay's events counted by idem::Metrics (the library's
+  // registry), and its state as gauges.
+  Metrics registry;
   auto relay_owned = OutboxRelay::Open(**store, **publisher,
                                        {.name = args.Get("name"),
                                         .batch = static_cast<int>(*batch),
                                         .poll_ms = *poll,
                                         .keep_sent = keep == "true",
                                         .max_attempts = static_cast<int>(*attempts),
-                                        .stop_when_idle = args.Bool("drain")});
+                                        .stop_when_idle = args.Bool("drain"),
+                                        .observer = &registry});
   if (!relay_owned.ok()) return Fail(cmd, relay_owned.status());
   OutboxRelay& relay = **relay_owned;
   const std::string name = args.Get("name");
-  auto metrics = MetricsServer::Start(args, [&] { return Metrics(name, relay.stats()); });
+  const std::string labels = "relay=\"" + name + "\"";
+  registry.AddGauge("idem_outbox_backlog", "Unsent outbox messages seen by the last fetch (at most --batch).", labels,
+                    [&] { return static_cast<double>(relay.stats().backlog); });
+  registry.AddGauge("idem_outbox_oldest_unsent_age_seconds",
+                    "Age of the oldest unsent outbox message at the last fetch (0: none).", labels,
+                    [&] { return static_cast<double>(relay.stats().oldest_unsent_age_ms) / 1000; });
+  registry.AddGauge("idem_outbox_lanes_held", "Outbox lanes this relay holds (0: standby).", labels,
+                    [&] { return static_cast<double>(relay.stats().lanes); });
+  auto metrics = MetricsServer::Start(args, [&] { return registry.Render(); });
   if (!metrics.ok()) return Fail(cmd, metrics.status());
   uint64_t last = 0;
   auto progress = ProgressLines::Start([&] {

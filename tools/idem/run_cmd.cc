@@ -20,6 +20,7 @@
 #include "components.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#include "idem/metrics.h"
 #include "idem/outbox_relay.h"
 #include "long_running.h"
 #include "sources.h"
@@ -44,30 +45,13 @@ Status RecordPayment(Transaction& tx, const Message& m) {
       .status();
 }
 
-// Served on --metrics.
-std::string Metrics(const std::string& consumer, const InboxCounters& c, const ConsumerStats& s) {
-  std::string out;
-  const std::string labels = "consumer=\"" + consumer + "\"";
-  auto add = [&](const char* name, const char* help, uint64_t v) {
-    AppendMetric(out, name, help, "counter", labels, v);
-  };
-  add("idem_applied_total", "Messages whose effect was committed by this process.", c.applied);
-  add("idem_duplicates_total", "Deliveries skipped because the marker existed.", c.duplicates);
-  add("idem_conflicts_total", "Deliveries whose id was reused for another payload.", c.conflicts);
-  add("idem_failures_total", "Deliveries not committed (handler or store errors).", c.failures);
-  add("idem_dead_lettered_total", "Messages moved to the dead-letter table.", s.dead_lettered);
-  add("idem_received_total", "Deliveries received from the source.", s.received);
-  add("idem_acked_total", "Deliveries acknowledged after their commit.", s.acked);
-  add("idem_nacked_total", "Deliveries given back for a retry.", s.nacked);
-  add("idem_ack_errors_total", "Acknowledgements that failed after a commit.", s.ack_errors);
-  add("idem_receive_errors_total", "Failed receives from the source.", s.receive_errors);
-  add("idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).", s.in_progress);
-  add("idem_parked_total", "Messages parked: in progress past the park horizon (1 h), listed by idem inspect.",
-      s.parked);
-  add("idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).", s.rejected);
-  add("idem_leases_extended_total", "Leases renewed while a handler ran.", s.leases_extended);
-  add("idem_lease_extension_errors_total", "Lease renewals that failed (lost to another consumer).",
-      s.lease_extension_errors);
+// Served on --metrics: the Inbox's and the Consumer's events counted by
+// idem::Metrics (the same text a service gets from the library), and the
+// receive errors, which are no event.
+std::string MetricsText(const Metrics& registry, const std::string& consumer, const ConsumerStats& s) {
+  std::string out = registry.Render();
+  AppendMetric(out, "idem_receive_errors_total", "Failed receives from the source.", "counter",
+               "consumer=\"" + consumer + "\"", s.receive_errors);
   return out;
 }
 
@@ -170,7 +154,8 @@ int RunRun(const Args& args) {
     if (auto r = (*tx)->Exec(kCreateRunPayments); !r.ok()) return Fail(cmd, r.status());
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
-  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = consumer});
+  Metrics registry;
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = consumer, .observer = &registry});
   if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
   Inbox& inbox = **inbox_owned;
   // One worker per Consumer::Run call: RunWorkers starts the threads.
@@ -185,7 +170,7 @@ int RunRun(const Args& args) {
   // end of the outbox once the consumer is done.
   std::unique_ptr<OutboxRelay> relay;
   if (relay_publisher) {
-    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer});
+    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .observer = &registry});
     if (!r.ok()) return Fail(cmd, r.status());
     relay = std::move(*r);
   }
@@ -197,7 +182,7 @@ int RunRun(const Args& args) {
     relay_thread.join();
   };
 
-  auto metrics = MetricsServer::Start(args, [&] { return Metrics(consumer, inbox.counters(), runner.stats()); });
+  auto metrics = MetricsServer::Start(args, [&] { return MetricsText(registry, consumer, runner.stats()); });
   if (!metrics.ok()) return Fail(cmd, metrics.status());
   auto stop_metrics = [&] { metrics->reset(); };
   StopOnSignals(&runner);

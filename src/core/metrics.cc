@@ -1,0 +1,285 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+#include "idem/metrics.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace idem {
+
+namespace {
+
+constexpr size_t kKinds = static_cast<size_t>(EventKind::kOutboxTransientError) + 1;
+
+struct KindInfo {
+  std::string_view name;    // EventKindName
+  std::string_view metric;  // the counter's name
+  std::string_view help;
+  bool relay;  // labelled relay="..." (else consumer="...")
+};
+
+constexpr std::array<KindInfo, kKinds> kInfo{{
+    {"applied", "idem_applied_total", "Messages whose effect was committed.", false},
+    {"duplicate", "idem_duplicates_total", "Deliveries skipped because the marker existed.", false},
+    {"conflict", "idem_conflicts_total", "Deliveries whose id was reused for another payload.", false},
+    {"failed", "idem_failures_total", "Deliveries not committed (handler or store errors).", false},
+    {"in_progress", "idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).",
+     false},
+    {"rejected", "idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).", false},
+    {"received", "idem_received_total", "Deliveries received from the source.", false},
+    {"acked", "idem_acked_total", "Deliveries acknowledged after their commit.", false},
+    {"ack_failed", "idem_ack_errors_total", "Acknowledgements that failed after a commit.", false},
+    {"nacked", "idem_nacked_total", "Deliveries given back for a retry.", false},
+    {"dead_lettered", "idem_dead_lettered_total", "Messages moved to the dead-letter table.", false},
+    {"parked", "idem_parked_total", "Messages parked: in progress past the park horizon, listed by idem inspect.",
+     false},
+    {"lease_extended", "idem_leases_extended_total", "Leases renewed while a handler ran.", false},
+    {"lease_lost", "idem_lease_extension_errors_total", "Lease renewals that failed (lost to another consumer).",
+     false},
+    {"lease_overrun", "idem_lease_overruns_total",
+     "Deliveries settled after their lease ran out unrenewed: a rise in duplicates follows.", false},
+    {"outbox_added", "idem_outbox_added_total", "Messages added to the outbox (in transactions of the caller).", true},
+    {"outbox_published", "idem_outbox_published_total", "Outbox messages the broker confirmed.", true},
+    {"outbox_republished", "idem_outbox_republished_total",
+     "Outbox messages published again after a relay stopped between confirm and record.", true},
+    {"outbox_dead_lettered", "idem_outbox_dead_lettered_total", "Outbox messages refused for good or out of attempts.",
+     true},
+    {"outbox_transient_error", "idem_outbox_transient_errors_total",
+     "Outbox publishes that failed and will be retried.", true},
+}};
+
+const KindInfo& Info(EventKind k) { return kInfo[static_cast<size_t>(k)]; }
+
+std::atomic<uint64_t> next_generation{1};
+
+// A label value in the text format: backslash, double quote and newline escaped.
+std::string LabelValue(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Number(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+void JsonString(std::string& out, std::string_view s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+std::string_view EventKindName(EventKind kind) {
+  const auto i = static_cast<size_t>(kind);
+  return i < kKinds ? kInfo[i].name : std::string_view("unknown");
+}
+
+struct Metrics::Series {
+  struct Histogram {
+    std::array<std::atomic<uint64_t>, 15> buckets{};  // Buckets().size() + 1 (+Inf)
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> sum_us{0};
+    void Observe(int64_t us) {
+      const double s = static_cast<double>(us) / 1e6;
+      const auto& b = Buckets();
+      size_t i = 0;
+      while (i < b.size() && s > b[i]) ++i;
+      buckets[i].fetch_add(1, std::memory_order_relaxed);
+      count.fetch_add(1, std::memory_order_relaxed);
+      sum_us.fetch_add(static_cast<uint64_t>(us), std::memory_order_relaxed);
+    }
+  };
+  std::array<std::atomic<uint64_t>, kKinds> counts{};
+  Histogram handler, commit;
+};
+
+const std::vector<double>& Metrics::Buckets() {
+  static const std::vector<double> b = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                        0.025,  0.05,    0.1,    0.25,  0.5,    1,     5};
+  return b;
+}
+
+Metrics::Metrics() : generation_(next_generation.fetch_add(1)) {}
+Metrics::~Metrics() = default;
+
+Metrics::Series* Metrics::SeriesFor(std::string_view name) noexcept {
+  // The last series this thread used, checked by content: the common case
+  // (one consumer per worker thread) takes no lock.
+  struct Last {
+    uint64_t generation = 0;
+    std::string name;
+    Series* series = nullptr;
+  };
+  thread_local Last last;
+  if (last.generation == generation_ && last.name == name) return last.series;
+  try {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = series_.find(name);
+    if (it == series_.end()) it = series_.emplace(std::string(name), std::make_unique<Series>()).first;
+    last.generation = generation_;
+    last.name.assign(name);
+    last.series = it->second.get();
+    return last.series;
+  } catch (...) {
+    return nullptr;  // out of memory: the event is not counted
+  }
+}
+
+void Metrics::OnEvent(const Event& event) noexcept {
+  Series* s = SeriesFor(event.consumer);
+  if (s == nullptr) return;
+  s->counts[static_cast<size_t>(event.kind)].fetch_add(1, std::memory_order_relaxed);
+  if (event.kind == EventKind::kApplied) {
+    if (event.handler_us >= 0) s->handler.Observe(event.handler_us);
+    if (event.commit_us >= 0) s->commit.Observe(event.commit_us);
+  }
+}
+
+uint64_t Metrics::Count(EventKind kind, std::string_view name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = series_.find(name);
+  return it == series_.end() ? 0 : it->second->counts[static_cast<size_t>(kind)].load(std::memory_order_relaxed);
+}
+
+void Metrics::AddGauge(std::string name, std::string help, std::string labels, std::function<double()> read) {
+  std::lock_guard<std::mutex> l(mu_);
+  gauges_.push_back({std::move(name), std::move(help), std::move(labels), std::move(read)});
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  std::lock_guard<std::mutex> l(mu_);
+  auto labels_of = [](bool relay, const std::string& name) {
+    return name.empty() ? std::string() : std::string(relay ? "relay" : "consumer") + "=\"" + LabelValue(name) + "\"";
+  };
+  for (size_t k = 0; k < kKinds; ++k) {
+    const KindInfo& info = kInfo[k];
+    bool header = false;
+    for (const auto& [name, s] : series_) {
+      const uint64_t v = s->counts[k].load(std::memory_order_relaxed);
+      // A consumer's series shows every consumer counter (zeros too); a
+      // relay's only the outbox ones; a counter nobody touched is left out.
+      bool any_of_family = false;
+      for (size_t j = 0; j < kKinds && !any_of_family; ++j)
+        any_of_family = kInfo[j].relay == info.relay && s->counts[j].load(std::memory_order_relaxed) > 0;
+      if (!any_of_family) continue;
+      if (!header) {
+        out.append("# HELP ").append(info.metric).append(" ").append(info.help).append("\n");
+        out.append("# TYPE ").append(info.metric).append(" counter\n");
+        header = true;
+      }
+      const std::string labels = labels_of(info.relay, name);
+      out.append(info.metric);
+      if (!labels.empty()) out.append("{").append(labels).append("}");
+      out.append(" ").append(std::to_string(v)).append("\n");
+    }
+  }
+  const std::pair<const char*, const char*> hists[] = {
+      {"idem_handler_seconds", "How long handlers of applied messages ran."},
+      {"idem_commit_seconds", "How long the commits of applied messages took (a batch shares one)."}};
+  for (int h = 0; h < 2; ++h) {
+    bool header = false;
+    for (const auto& [name, s] : series_) {
+      const Series::Histogram& hist = h == 0 ? s->handler : s->commit;
+      const uint64_t count = hist.count.load(std::memory_order_relaxed);
+      if (count == 0) continue;
+      if (!header) {
+        out.append("# HELP ").append(hists[h].first).append(" ").append(hists[h].second).append("\n");
+        out.append("# TYPE ").append(hists[h].first).append(" histogram\n");
+        header = true;
+      }
+      const std::string labels = labels_of(false, name);
+      const std::string sep = labels.empty() ? "" : ",";
+      uint64_t cumulative = 0;
+      const auto& b = Buckets();
+      for (size_t i = 0; i <= b.size(); ++i) {
+        cumulative += hist.buckets[i].load(std::memory_order_relaxed);
+        out.append(hists[h].first).append("_bucket{").append(labels).append(sep).append("le=\"");
+        out.append(i < b.size() ? Number(b[i]) : "+Inf").append("\"} ").append(std::to_string(cumulative)).append("\n");
+      }
+      const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+      out.append(hists[h].first).append("_sum").append(braces).append(" ");
+      out.append(Number(static_cast<double>(hist.sum_us.load(std::memory_order_relaxed)) / 1e6)).append("\n");
+      out.append(hists[h].first).append("_count").append(braces).append(" ").append(std::to_string(count));
+      out.append("\n");
+    }
+  }
+  std::string last_name;
+  for (const Gauge& g : gauges_) {
+    if (g.name != last_name) {
+      out.append("# HELP ").append(g.name).append(" ").append(g.help).append("\n");
+      out.append("# TYPE ").append(g.name).append(" gauge\n");
+      last_name = g.name;
+    }
+    out.append(g.name);
+    if (!g.labels.empty()) out.append("{").append(g.labels).append("}");
+    out.append(" ").append(Number(g.read ? g.read() : 0)).append("\n");
+  }
+  return out;
+}
+
+JsonLog::JsonLog(std::function<void(std::string_view line)> write_line) : write_line_(std::move(write_line)) {}
+
+std::string JsonLog::Line(const Event& e) {
+  std::string out = "{\"at_ms\":" + std::to_string(e.at_ms) + ",\"event\":";
+  JsonString(out, EventKindName(e.kind));
+  auto field = [&](const char* key, std::string_view v) {
+    if (v.empty()) return;
+    out.append(",\"").append(key).append("\":");
+    JsonString(out, v);
+  };
+  field(Info(e.kind).relay ? "relay" : "consumer", e.consumer);
+  field("id", e.message_id);
+  if (e.attempt > 0) out.append(",\"attempt\":").append(std::to_string(e.attempt));
+  if (e.handler_us >= 0) out.append(",\"handler_us\":").append(std::to_string(e.handler_us));
+  if (e.commit_us >= 0) out.append(",\"commit_us\":").append(std::to_string(e.commit_us));
+  field("detail", e.detail);
+  field("traceparent", e.traceparent);
+  out += '}';
+  return out;
+}
+
+void JsonLog::OnEvent(const Event& event) noexcept {
+  try {
+    const std::string line = Line(event);
+    std::lock_guard<std::mutex> l(mu_);
+    if (write_line_) write_line_(line);
+  } catch (...) {
+    // An observer never throws into the run: a line that could not be
+    // built or written is lost.
+  }
+}
+
+}  // namespace idem

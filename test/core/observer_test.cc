@@ -1,0 +1,274 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The observer (idem/observer.h) and its two implementations (idem/metrics.h):
+// every outcome of the Inbox, every delivery event of the Consumer, the
+// lease overrun behind a rise in duplicates, the outbox's adds and the
+// relay's publishes reach it; Metrics renders them in the Prometheus text
+// format; JsonLog writes one escaped line per event. Every message is
+// delivered twice.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "idem/consumer.h"
+#include "idem/embedded/queue.h"
+#include "idem/inbox.h"
+#include "idem/metrics.h"
+#include "idem/outbox.h"
+#include "idem/outbox_relay.h"
+#include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+// Keeps a copy of every event.
+class Recorder final : public Observer {
+ public:
+  struct Seen {
+    EventKind kind;
+    std::string consumer, id, detail, traceparent;
+    int64_t handler_us, commit_us;
+  };
+  void OnEvent(const Event& e) noexcept override {
+    std::lock_guard<std::mutex> l(mu_);
+    seen_.push_back({e.kind, std::string(e.consumer), std::string(e.message_id), std::string(e.detail),
+                     std::string(e.traceparent), e.handler_us, e.commit_us});
+  }
+  std::vector<Seen> Of(EventKind kind) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<Seen> out;
+    for (const Seen& s : seen_)
+      if (s.kind == kind) out.push_back(s);
+    return out;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu_);
+    return seen_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Seen> seen_;
+};
+
+std::unique_ptr<Store> OpenStore(const TempDir& dir) {
+  auto s = sqlite::Store::Open({.path = dir.File("store.db")});
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(CreatePayments(**s).ok());
+  return std::move(*s);
+}
+
+TEST(Observer, EveryInboxOutcomeIsToldWithItsTimes) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  Recorder rec;
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments", .observer = &rec});
+  Message m = Msg("m-7f3", "4000");
+  m.headers.emplace_back("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  EXPECT_TRUE(inbox->Handle(m, ChargeHandler()).applied());
+  EXPECT_EQ(inbox->Handle(m, ChargeHandler()).kind, Outcome::Kind::kDuplicate);  // delivered twice
+  EXPECT_EQ(inbox->Handle(Msg("m-7f3", "9999"), ChargeHandler()).kind, Outcome::Kind::kConflict);
+  const Handler failing = [](Transaction&, const Message&) { return Status::Unavailable("provider down"); };
+  EXPECT_EQ(inbox->Handle(Msg("m-2"), failing).kind, Outcome::Kind::kFailed);
+  const Handler rejecting = [](Transaction&, const Message&) { return Status::Rejected("malformed"); };
+  EXPECT_EQ(inbox->Handle(Msg("m-3"), rejecting).kind, Outcome::Kind::kFailed);
+
+  auto applied = rec.Of(EventKind::kApplied);
+  ASSERT_EQ(applied.size(), 1u);
+  EXPECT_EQ(applied[0].consumer, "payments");
+  EXPECT_EQ(applied[0].id, "m-7f3");
+  EXPECT_GE(applied[0].handler_us, 0);
+  EXPECT_GE(applied[0].commit_us, 0);
+  EXPECT_EQ(applied[0].traceparent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_EQ(rec.Of(EventKind::kDuplicate).size(), 1u);
+  EXPECT_EQ(rec.Of(EventKind::kConflict).size(), 1u);
+  auto failed = rec.Of(EventKind::kFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].detail.find("provider down"), std::string::npos) << failed[0].detail;
+  EXPECT_EQ(rec.Of(EventKind::kRejected).size(), 1u);
+  EXPECT_EQ(rec.size(), 5u);
+}
+
+TEST(Observer, WithoutAnObserverNothingIsTimed) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Outcome o = inbox->Handle(Msg("m-1"), ChargeHandler());
+  ASSERT_TRUE(o.applied());
+  EXPECT_EQ(o.handler_us, -1);
+  EXPECT_EQ(o.commit_us, -1);
+}
+
+// A Consumer on the embedded queue reports to its Inbox's observer: each
+// delivery received and acknowledged, the duplicates skipped, a poison
+// message's dead letter; Metrics counts them and renders the text format.
+TEST(Observer, ConsumerEventsAreCountedAndRendered) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .durable = false});
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  constexpr int kN = 20;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (int i = 0; i < kN; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i), "100")).ok());
+    ASSERT_TRUE((*queue)->Publish(Msg("poison", "x")).ok());
+  }
+  Metrics metrics;
+  Recorder rec;
+  Observers both({&metrics, &rec});
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments", .observer = &both});
+  const Handler handler = [](Transaction& tx, const Message& m) -> Status {
+    if (m.id == "poison") return Status::HandlerFailed("cannot parse");
+    return ChargeHandler()(tx, m);
+  };
+  auto consumer = MustOpen<Consumer>(**queue, *inbox, handler,
+                                     Consumer::Options{.workers = 2,
+                                                       .max_attempts = 1,
+                                                       .backoff_base_ms = 1,
+                                                       .backoff_max_ms = 5,
+                                                       .receive_wait_ms = 20,
+                                                       .stop_when_idle = true});
+  ASSERT_TRUE(consumer->Run().ok());
+  EXPECT_EQ(Charges(*store), kN);
+  const ConsumerStats st = consumer->stats();
+  EXPECT_EQ(metrics.Count(EventKind::kApplied, "payments"), static_cast<uint64_t>(kN));
+  EXPECT_EQ(metrics.Count(EventKind::kDuplicate, "payments"), static_cast<uint64_t>(kN));
+  EXPECT_EQ(metrics.Count(EventKind::kReceived, "payments"), st.received);
+  EXPECT_EQ(metrics.Count(EventKind::kAcked, "payments"), st.acked);
+  EXPECT_EQ(metrics.Count(EventKind::kDeadLettered, "payments"), st.dead_lettered);
+  EXPECT_GE(st.dead_lettered, 1u);
+  auto dead = rec.Of(EventKind::kDeadLettered);
+  ASSERT_FALSE(dead.empty());
+  EXPECT_EQ(dead[0].id, "poison");
+
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("# TYPE idem_applied_total counter\nidem_applied_total{consumer=\"payments\"} " +
+                      std::to_string(kN) + "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("idem_duplicates_total{consumer=\"payments\"} " + std::to_string(kN) + "\n"), std::string::npos);
+  EXPECT_NE(text.find("idem_lease_overruns_total{consumer=\"payments\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE idem_handler_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(text.find("idem_handler_seconds_bucket{consumer=\"payments\",le=\"+Inf\"} " + std::to_string(kN) + "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("idem_commit_seconds_count{consumer=\"payments\"} " + std::to_string(kN) + "\n"),
+            std::string::npos);
+  // One HELP and one TYPE per metric.
+  size_t helps = 0;
+  for (size_t at = text.find("# HELP idem_applied_total"); at != std::string::npos;
+       at = text.find("# HELP idem_applied_total", at + 1))
+    ++helps;
+  EXPECT_EQ(helps, 1u);
+}
+
+// The seed's signal: a handler that outlives its lease (renewal off) is
+// told as a lease overrun with the message id and how long it took: the
+// cause of the duplicates that follow when another consumer got the copy.
+TEST(Observer, AHandlerThatOutlivesItsLeaseIsToldAsALeaseOverrun) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  FakeEnv env;
+  auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .lease_ms = 1'000, .durable = false, .env = &env});
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_TRUE((*queue)->Publish(Msg("slow-1", "100")).ok());
+  ASSERT_TRUE((*queue)->Publish(Msg("fast-1", "100")).ok());
+  Metrics metrics;
+  Recorder rec;
+  Observers both({&metrics, &rec});
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments", .env = &env, .observer = &both});
+  const Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+    if (m.id == "slow-1") env.Advance(1'500);  // longer than the lease
+    return ChargeHandler()(tx, m);
+  };
+  auto consumer = MustOpen<Consumer>(
+      **queue, *inbox, handler,
+      Consumer::Options{
+          .workers = 1, .receive_wait_ms = 20, .stop_when_idle = true, .extend_leases = false, .env = &env});
+  ASSERT_TRUE(consumer->Run().ok());
+  EXPECT_EQ(Charges(*store), 2);
+  auto overruns = rec.Of(EventKind::kLeaseOverrun);
+  ASSERT_EQ(overruns.size(), 1u);
+  EXPECT_EQ(overruns[0].id, "slow-1");
+  EXPECT_GE(overruns[0].handler_us, 1'500'000);
+  EXPECT_EQ(metrics.Count(EventKind::kLeaseOverrun, "payments"), 1u);
+  EXPECT_NE(metrics.Render().find("idem_lease_overruns_total{consumer=\"payments\"} 1\n"), std::string::npos);
+}
+
+TEST(Observer, TheOutboxAndTheRelayTellWhatTheyAddedAndPublished) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  Metrics metrics;
+  Recorder rec;
+  Observers both({&metrics, &rec});
+  auto outbox = Outbox::Open(*store, {.observer = &both});
+  ASSERT_TRUE(outbox.ok()) << outbox.status();
+  for (int copy = 0; copy < 2; ++copy) {  // the same messages added twice
+    auto tx = store->Begin();
+    ASSERT_TRUE(tx.ok());
+    for (int i = 0; i < 3; ++i) {
+      OutgoingMessage m{.id = "paid-" + std::to_string(i), .key = "order-1", .payload = "paid"};
+      m.headers.emplace_back("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+      ASSERT_TRUE((*outbox)->Add(**tx, m).ok());
+    }
+    ASSERT_TRUE((*tx)->Commit().ok());
+  }
+  auto queue = embedded::Queue::Open({.path = dir.File("shipping.db"), .durable = false});
+  ASSERT_TRUE(queue.ok());
+  auto relay =
+      OutboxRelay::Open(*store, **queue, {.name = "relay-a", .poll_ms = 10, .stop_when_idle = true, .observer = &both});
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  ASSERT_TRUE((*relay)->Run().ok());
+  EXPECT_EQ(rec.Of(EventKind::kOutboxAdded).size(), 6u);
+  auto published = rec.Of(EventKind::kOutboxPublished);
+  ASSERT_EQ(published.size(), 6u);
+  EXPECT_EQ(published[0].consumer, "relay-a");
+  EXPECT_EQ(published[0].traceparent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  EXPECT_EQ(metrics.Count(EventKind::kOutboxPublished, "relay-a"), 6u);
+  EXPECT_NE(metrics.Render().find("idem_outbox_published_total{relay=\"relay-a\"} 6\n"), std::string::npos)
+      << metrics.Render();
+}
+
+TEST(Observer, JsonLogWritesOneEscapedLinePerEvent) {
+  std::vector<std::string> lines;
+  JsonLog log([&](std::string_view line) { lines.emplace_back(line); });
+  Event e;
+  e.kind = EventKind::kFailed;
+  e.consumer = "pay\"ments";
+  e.message_id = "m-1";
+  e.attempt = 2;
+  e.detail = "line one\nline \\two\x01";
+  e.at_ms = 1700000000000;
+  log.OnEvent(e);
+  e.kind = EventKind::kOutboxPublished;
+  e.consumer = "relay";
+  e.detail = {};
+  e.attempt = 0;
+  log.OnEvent(e);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0],
+            "{\"at_ms\":1700000000000,\"event\":\"failed\",\"consumer\":\"pay\\\"ments\",\"id\":\"m-1\",\"attempt\":2,"
+            "\"detail\":\"line one\\nline \\\\two\\u0001\"}");
+  EXPECT_EQ(lines[1], "{\"at_ms\":1700000000000,\"event\":\"outbox_published\",\"relay\":\"relay\",\"id\":\"m-1\"}");
+}
+
+TEST(Observer, LabelValuesAreEscapedAndGaugesRendered) {
+  Metrics metrics;
+  Event e;
+  e.kind = EventKind::kApplied;
+  e.consumer = "a\"b\\c\nd";
+  metrics.OnEvent(e);
+  metrics.AddGauge("idem_outbox_backlog", "Messages not yet published.", "relay=\"r\"", [] { return 42.0; });
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("idem_applied_total{consumer=\"a\\\"b\\\\c\\nd\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE idem_outbox_backlog gauge\nidem_outbox_backlog{relay=\"r\"} 42\n"), std::string::npos)
+      << text;
+  EXPECT_EQ(EventKindName(EventKind::kLeaseOverrun), "lease_overrun");
+}
+
+}  // namespace
+}  // namespace idem::testing
