@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/metrics.h"
 
+#include "core/json_string.h"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -75,28 +77,6 @@ std::string Number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
-}
-
-void JsonString(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20 || c >= 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
 }
 
 }  // namespace
@@ -254,11 +234,11 @@ JsonLog::JsonLog(std::function<void(std::string_view line)> write_line) : write_
 
 std::string JsonLog::Line(const Event& e) {
   std::string out = "{\"at_ms\":" + std::to_string(e.at_ms) + ",\"event\":";
-  JsonString(out, EventKindName(e.kind));
+  out += internal::JsonString(EventKindName(e.kind));
   auto field = [&](const char* key, std::string_view v) {
     if (v.empty()) return;
     out.append(",\"").append(key).append("\":");
-    JsonString(out, v);
+    out += internal::JsonString(v);
   };
   field(Info(e.kind).relay ? "relay" : "consumer", e.consumer);
   field("id", e.message_id);
