@@ -2,6 +2,7 @@
 #include "chaos/schedule.h"
 
 #include <algorithm>
+#include <array>
 
 #include "idem/sqlite/store.h"
 
@@ -38,12 +39,26 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
 // false.
 bool Schedule::NextHold(int slot, Plan& p) {
   std::mt19937_64& rng = hold_rngs_[static_cast<size_t>(slot)];
-  const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t lease = cfg_.lease_ms;
+  // Each kind's share of the slot's lives is given in turn, not drawn: a
+  // credit per kind grows by its rate every life and a hold is due when it
+  // reaches 1 (the slots start at spread-out credits, so they do not all
+  // hold at once). A run of N lives per slot so has every kind whose
+  // rate x N reaches 1, whatever the timing made N.
+  std::array<double, 3>& credit = hold_credit_[slot];
+  const double rates[3] = {cfg_.pause_rate, cfg_.starve_rate, cfg_.clock_jump_rate};
+  if (lives_[slot] == 0) {
+    const double spread = (static_cast<double>(slot % std::max(1, cfg_.consumers)) + 0.5) / std::max(1, cfg_.consumers);
+    for (size_t k = 0; k < 3; ++k) credit[k] = rates[k] > 0 ? spread : 0;
+  }
+  for (size_t k = 0; k < 3; ++k) credit[k] += rates[k];
   // (Not in a slot's first life: those start together, and a pause needs
-  // the others running to take over what it holds.)
-  if (lives_[slot]++ == 0 && roll < cfg_.pause_rate) return false;
-  if (roll < cfg_.pause_rate) {
+  // the others running to take over what it holds. The credit waits.)
+  if (lives_[slot]++ == 0) return false;
+  const size_t kind = static_cast<size_t>(std::max_element(credit.begin(), credit.end()) - credit.begin());
+  if (credit[kind] < 1) return false;
+  credit[kind] -= 1;
+  if (kind == 0) {
     // Stopped where it holds work: deliveries received, its marker in the
     // open transaction, its handler done, or its commit done and the ack not
     // yet made; the unfenced consumer between its guard's read and its
@@ -72,7 +87,7 @@ bool Schedule::NextHold(int slot, Plan& p) {
     p.kill_after_ms = 800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200);
     return true;
   }
-  if (roll < cfg_.pause_rate + cfg_.starve_rate) {
+  if (kind == 1) {
     // Stopped 30..150 ms, run 5..30 ms, for one to three leases and more:
     // its leases run out under it while it still works now and then.
     p.starve_after_ms = 50 + static_cast<int64_t>(rng() % 500);
@@ -83,25 +98,22 @@ bool Schedule::NextHold(int slot, Plan& p) {
     p.kill_after_ms = p.starve_after_ms + p.starve_for_ms + 200 + static_cast<int64_t>(rng() % 1'000);
     return true;
   }
-  if (roll < cfg_.pause_rate + cfg_.starve_rate + cfg_.clock_jump_rate) {
-    // Forward past the lease (it takes what others hold, its own leases look
-    // run out), back past it (it renews too late, trusts a lease the others
-    // see as expired), then right again.
-    const int64_t forward = lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease));
-    const int64_t back = -(lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease)));
-    const int64_t t1 = 100 + static_cast<int64_t>(rng() % 400);
-    const int64_t t2 = t1 + 300 + static_cast<int64_t>(rng() % 700);
-    const int64_t t3 = t2 + 300 + static_cast<int64_t>(rng() % 700);
-    if (rng() % 2 == 0) {
-      p.clock_jumps = {{t1, forward}, {t2, back}, {t3, 0}};
-    } else {
-      p.clock_jumps = {{t1, back}, {t2, forward}, {t3, 0}};
-    }
-    p.label = "clock";
-    p.kill_after_ms = t3 + 300 + static_cast<int64_t>(rng() % 1'000);
-    return true;
+  // Clock jumps: forward past the lease (it takes what others hold, its own leases look
+  // run out), back past it (it renews too late, trusts a lease the others
+  // see as expired), then right again.
+  const int64_t forward = lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease));
+  const int64_t back = -(lease + 100 + static_cast<int64_t>(rng() % static_cast<uint64_t>(3 * lease)));
+  const int64_t t1 = 100 + static_cast<int64_t>(rng() % 400);
+  const int64_t t2 = t1 + 300 + static_cast<int64_t>(rng() % 700);
+  const int64_t t3 = t2 + 300 + static_cast<int64_t>(rng() % 700);
+  if (rng() % 2 == 0) {
+    p.clock_jumps = {{t1, forward}, {t2, back}, {t3, 0}};
+  } else {
+    p.clock_jumps = {{t1, back}, {t2, forward}, {t3, 0}};
   }
-  return false;
+  p.label = "clock";
+  p.kill_after_ms = t3 + 300 + static_cast<int64_t>(rng() % 1'000);
+  return true;
 }
 
 // A fault for `slot`'s life: its PostgreSQL backends terminated, or an
