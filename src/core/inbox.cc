@@ -4,6 +4,7 @@
 #include "core/handler_scope.h"
 #include "idem/call_first.h"
 #include "idem/testing/kill_points.h"
+#include "idem/trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -176,6 +177,7 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
     }
     calls[i] = std::make_unique<Calls>(handler.claims(), m);
     Status s;
+    const TraceScope trace(TraceContext::Of(m));  // the calls continue the message's trace
     try {
       s = HandlerStatus(handler.calls()(*calls[i], m));
     } catch (const std::exception& e) {
@@ -290,6 +292,7 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
     Status hs;
     {
       internal::HandlerScope scope(write_lock_id_);
+      const TraceScope trace(TraceContext::Of(m));  // what the handler calls and adds continues the trace
       const int64_t t0 = options_.observer != nullptr ? MonotonicUs() : 0;
       hs = RunHandler(handler, tx, m);
       if (options_.observer != nullptr) out[i].handler_us = MonotonicUs() - t0;

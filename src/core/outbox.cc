@@ -2,6 +2,7 @@
 #include "idem/outbox.h"
 
 #include "idem/testing/kill_points.h"
+#include "idem/trace.h"
 
 namespace idem {
 
@@ -28,6 +29,12 @@ std::string NewId(Env& env) {
     out += kHex[b[i] & 15];
   }
   return out;
+}
+
+bool HasHeader(const std::vector<std::pair<std::string, std::string>>& headers, std::string_view name) {
+  for (const auto& h : headers)
+    if (h.first == name) return true;
+  return false;
 }
 
 }  // namespace
@@ -76,6 +83,14 @@ Result<OutboxRow> Outbox::ToRow(const OutgoingMessage& m, int64_t now) const {
   row.key = m.key;
   row.payload = m.payload;
   row.headers = m.headers;
+  // Added where a trace runs (a handler's message carried one, or a
+  // TraceScope of the caller's): the message continues it, unless it
+  // names a trace of its own.
+  if (const TraceContext* trace = CurrentTrace(); trace != nullptr && !HasHeader(m.headers, "traceparent")) {
+    row.headers.emplace_back("traceparent", trace->traceparent);
+    if (!trace->tracestate.empty() && !HasHeader(m.headers, "tracestate"))
+      row.headers.emplace_back("tracestate", trace->tracestate);
+  }
   row.producer_time_ms = m.producer_time_ms.value_or(now);
   row.added_at_ms = now;
   return row;

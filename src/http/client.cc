@@ -16,6 +16,7 @@
 #include "core/backoff.h"
 #include "idem/consumer.h"
 #include "idem/http/request.h"
+#include "idem/trace.h"
 #include "idem/url.h"
 
 namespace idem::http {
@@ -372,6 +373,17 @@ Result<std::unique_ptr<Client>> Client::Open(const Options& options) {
   return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(kept), std::move(*url))));
 }
 
+namespace {
+// The calling thread's trace (idem/trace.h) on a request that names none of
+// its own (httplib's Headers compare names without case).
+void AddTrace(httplib::Headers& headers) {
+  const TraceContext* trace = CurrentTrace();
+  if (trace == nullptr || headers.count("traceparent") > 0) return;
+  headers.emplace("traceparent", trace->traceparent);
+  if (!trace->tracestate.empty() && headers.count("tracestate") == 0) headers.emplace("tracestate", trace->tracestate);
+}
+}  // namespace
+
 Result<Response> Client::Post(std::string_view path, std::string_view body, std::string_view key,
                               std::string_view content_type) {
   return Post(path, body, key, HeaderList{}, content_type);
@@ -387,6 +399,7 @@ Result<Response> Client::Post(std::string_view path, std::string_view body, std:
   httplib::Headers headers = impl_->headers;
   for (const auto& [k, v] : extra) headers.emplace(k, v);
   headers.emplace("Idempotency-Key", QuoteKey(key));
+  AddTrace(headers);
   const std::string b(body), ct(content_type);
   return impl_->Run("POST " + *target + " with Idempotency-Key " + QuoteKey(key), /*keyed=*/true,
                     [&](httplib::ClientImpl& c) { return c.Post(*target, headers, b, ct); });
@@ -395,8 +408,9 @@ Result<Response> Client::Post(std::string_view path, std::string_view body, std:
 Result<Response> Client::Get(std::string_view path) {
   Result<std::string> target = impl_->Target(path);
   if (!target.ok()) return target.status();
-  return impl_->Run("GET " + *target, /*keyed=*/false,
-                    [&](httplib::ClientImpl& c) { return c.Get(*target, impl_->headers); });
+  httplib::Headers headers = impl_->headers;
+  AddTrace(headers);
+  return impl_->Run("GET " + *target, /*keyed=*/false, [&](httplib::ClientImpl& c) { return c.Get(*target, headers); });
 }
 
 void Client::Cancel() noexcept { impl_->cancelled.store(true, std::memory_order_release); }

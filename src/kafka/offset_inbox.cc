@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "idem/kafka/source.h"
+#include "idem/trace.h"
 
 namespace idem::kafka {
 
@@ -54,6 +55,7 @@ Outcome OffsetInbox::Handle(const Delivery& delivery, const Handler& handler) {
   }
   // As in the Inbox: an exception is the handler's failure, after a rollback.
   Status hs;
+  const TraceScope trace(TraceContext::Of(delivery.message));  // as in the Inbox
   try {
     hs = handler(**tx, delivery.message);
   } catch (const std::exception& e) {

@@ -26,6 +26,7 @@
 #include "idem/http/idempotency.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/trace.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -648,6 +649,40 @@ TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
   EXPECT_EQ(headers[0].count("X-Request-Id"), 0u);
   EXPECT_EQ(headers[1].find("X-Request-Id")->second, "req 7");
   EXPECT_EQ(headers[1].find("Idempotency-Key")->second, "\"p-2\"");
+}
+
+// The calling thread's trace (the message a handler works on: idem/trace.h)
+// goes on every request that names none of its own, retries included.
+TEST_F(ClientTest, TheCurrentTraceGoesOnEveryRequestAndEveryRetry) {
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> got;  // traceparent, tracestate per request
+  int posts = 0;
+  auto record = [&](const ::httplib::Request& req, ::httplib::Response& res) {
+    std::lock_guard lock(mu);
+    got.emplace_back(req.get_header_value("traceparent"), req.get_header_value("tracestate"));
+    res.status = req.method == "POST" && ++posts == 1 ? 503 : 200;  // the first POST is retried
+  };
+  server_.server().Post("/charges", record);
+  server_.server().Get("/charges/ch_1", record);
+  server_.Start();
+  auto client = NewClient(server_.port());
+  const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  {
+    TraceScope scope({.traceparent = trace, .tracestate = "congo=t61rcWkgMzE"});
+    ASSERT_TRUE(client->Post("/charges", kBody, "order-1:charge").ok());
+    ASSERT_TRUE(client->Get("/charges/ch_1").ok());
+    // A request that names its own trace keeps it.
+    ASSERT_TRUE(client
+                    ->Post("/charges", kBody, "order-2:charge",
+                           {{"TraceParent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}})
+                    .ok());
+  }
+  ASSERT_TRUE(client->Post("/charges", kBody, "order-3:charge").ok());  // no trace here
+  std::lock_guard lock(mu);
+  const std::pair<std::string, std::string> traced{trace, "congo=t61rcWkgMzE"};
+  EXPECT_EQ(got,
+            (std::vector<std::pair<std::string, std::string>>{
+                traced, traced, traced, {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ""}, {"", ""}}));
 }
 
 TEST_F(ClientTest, AHeaderThatCannotBeSentIsRefusedNamingIt) {
