@@ -52,6 +52,7 @@
 #include "idem/claim_types.h"
 #include "idem/env.h"
 #include "idem/message.h"
+#include "idem/observer.h"
 #include "idem/result.h"
 #include "idem/status.h"
 
@@ -71,6 +72,10 @@ class Claims {
     // The clock a bounded wait is measured on. Default (nullptr):
     // Env::Default().
     Env* env = nullptr;
+    // Optional: told each claim's outcome and each holder's completion,
+    // release and fencing (kClaim* in idem/observer.h). Must outlive the
+    // Claims.
+    Observer* observer = nullptr;
   };
 
   // Checks the options (kInvalidArgument naming the field), then makes the
@@ -116,6 +121,9 @@ class Claims {
   const Options& options() const { return options_; }
 
  private:
+  // Tells the observer (if any) the outcome of a claim, or of a holder's write.
+  void Tell(const ClaimRequest& request, const Result<ClaimOutcome>& outcome) const;
+  Status Told(const ClaimToken& token, Status written, EventKind ok_kind) const;
   Claims(ClaimStore& store, const Options& options);
 
   ClaimStore& store_;

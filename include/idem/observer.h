@@ -46,16 +46,30 @@ enum class EventKind {
   kOutboxRepublished,   // published again after a relay stopped between confirm and record
   kOutboxDeadLettered,  // refused for good, or failed max_attempts times; detail: why
   kOutboxTransientError,
+  // The Inbox: a commit whose outcome was unknown (the connection died in
+  // COMMIT), read back from the marker: committed, or not (redelivered).
+  kInDoubtCommitted,
+  kInDoubtNotCommitted,
+  // Claims (Claims::Options::observer; the HTTP middleware's and CallOnce's
+  // claims): message_id is the key, consumer the scope.
+  kClaimStarted,     // the key is the caller's: it does the work
+  kClaimTakenOver,   // the same, after another holder's lease ran out
+  kClaimReplayed,    // done before: the stored result is replayed, no second execution
+  kClaimInProgress,  // another holder's lease is live
+  kClaimConflict,    // the key came again with another fingerprint
+  kClaimCompleted,   // the result (or a stored error) was recorded
+  kClaimReleased,    // given up without a result: the next claim runs the work
+  kClaimFenced,      // the holder's lease had been taken over: its write was refused
 };
 
-// "applied", "duplicate", ..., "outbox_transient_error": the name in logs
-// and in metric names.
+// "applied", "duplicate", ..., "claim_fenced": the name in logs and in
+// metric names.
 std::string_view EventKindName(EventKind kind);
 
 struct Event {
   EventKind kind = EventKind::kApplied;
-  // The consumer's name (Inbox, Consumer), or the relay's (outbox events
-  // from a relay; "" from Outbox::Add).
+  // The consumer's name (Inbox, Consumer), the relay's (outbox events
+  // from a relay; "" from Outbox::Add), or the claims' scope.
   std::string_view consumer;
   std::string_view message_id;
   // The delivery count of the source (0 where it keeps none).

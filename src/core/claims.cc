@@ -140,18 +140,53 @@ Result<std::unique_ptr<Claims>> Claims::Open(ClaimStore& store, const Options& o
   return std::unique_ptr<Claims>(new Claims(store, options));
 }
 
+void Claims::Tell(const ClaimRequest& request, const Result<ClaimOutcome>& outcome) const {
+  if (options_.observer == nullptr || !outcome.ok()) return;
+  Event e;
+  switch (outcome->kind) {
+    case ClaimOutcome::Kind::kStarted:
+      e.kind = outcome->took_over ? EventKind::kClaimTakenOver : EventKind::kClaimStarted;
+      break;
+    case ClaimOutcome::Kind::kCompleted: e.kind = EventKind::kClaimReplayed; break;
+    case ClaimOutcome::Kind::kInProgress: e.kind = EventKind::kClaimInProgress; break;
+    case ClaimOutcome::Kind::kConflict: e.kind = EventKind::kClaimConflict; break;
+  }
+  e.consumer = request.scope;
+  e.message_id = request.key;
+  e.at_ms = options_.env->NowMs();
+  options_.observer->OnEvent(e);
+}
+
+Status Claims::Told(const ClaimToken& token, Status written, EventKind ok_kind) const {
+  if (options_.observer == nullptr || !(written.ok() || written.code() == Code::kLeaseLost)) return written;
+  Event e;
+  e.kind = written.ok() ? ok_kind : EventKind::kClaimFenced;
+  e.consumer = token.scope;
+  e.message_id = token.key;
+  if (!written.ok()) e.detail = written.message();
+  e.at_ms = options_.env->NowMs();
+  options_.observer->OnEvent(e);
+  return written;
+}
+
 Result<ClaimOutcome> Claims::Claim(const ClaimRequest& request) {
   IDEM_RETURN_IF_ERROR(ValidateRequest(request));
   Env* env = options_.env;
   const int64_t deadline = internal::SaturatingAdd(env->NowMs(), request.wait_ms);
-  if (request.wait_ms == 0) return store_.TryClaim(request);
+  if (request.wait_ms == 0) {
+    Result<ClaimOutcome> c = store_.TryClaim(request);
+    Tell(request, c);
+    return c;
+  }
   // Watch before the first read, so a completion right after it wakes us.
   std::unique_ptr<ClaimStore::Watch> watch = store_.WatchKey(request.scope, request.key);
   for (;;) {
     Result<ClaimOutcome> c = store_.TryClaim(request);
-    if (!c.ok() || c->kind != ClaimOutcome::Kind::kInProgress) return c;
     const int64_t left = deadline - env->NowMs();
-    if (left <= 0) return c;
+    if (!c.ok() || c->kind != ClaimOutcome::Kind::kInProgress || left <= 0) {
+      Tell(request, c);
+      return c;
+    }
     // Until woken by a change, or the next poll (a change made by another
     // process the watch cannot hear, or the holder's lease running out).
     watch->Wait(std::min(left, options_.poll_ms));
@@ -175,10 +210,15 @@ std::vector<Result<ClaimOutcome>> Claims::ClaimMany(std::span<const ClaimRequest
     for (size_t i : where) valid.push_back(requests[i]);
   auto claimed = store_.TryClaimMany(all_valid ? requests : std::span<const ClaimRequest>(valid));
   for (size_t k = 0; k < claimed.size(); ++k) out[where[k]] = std::move(claimed[k]);
-  // Keys in progress that may be waited for: as Claim does, one by one.
-  for (size_t i : where)
-    if (requests[i].wait_ms > 0 && out[i].ok() && out[i]->kind == ClaimOutcome::Kind::kInProgress)
+  // Keys in progress that may be waited for: as Claim does, one by one
+  // (Claim tells the observer of those).
+  for (size_t i : where) {
+    if (requests[i].wait_ms > 0 && out[i].ok() && out[i]->kind == ClaimOutcome::Kind::kInProgress) {
       out[i] = Claim(requests[i]);
+    } else {
+      Tell(requests[i], out[i]);
+    }
+  }
   return out;
 }
 
@@ -186,7 +226,10 @@ std::vector<Status> Claims::CompleteMany(std::span<const Completion> completions
   for (const Completion& c : completions)
     if (c.token == nullptr)
       return std::vector<Status>(completions.size(), Status::InvalidArgument("a Completion without a token"));
-  return store_.CompleteMany(completions, options_.retention_ms);
+  std::vector<Status> out = store_.CompleteMany(completions, options_.retention_ms);
+  for (size_t i = 0; i < out.size() && i < completions.size(); ++i)
+    (void)Told(*completions[i].token, out[i], EventKind::kClaimCompleted);
+  return out;
 }
 
 namespace {
@@ -202,17 +245,21 @@ Status Learned(Status s, bool finished) {
 }  // namespace
 
 Status Claims::Complete(const ClaimToken& token, std::string_view result) {
-  return Learned(store_.Complete(token, result, /*is_error=*/false, options_.retention_ms), true);
+  return Told(token, Learned(store_.Complete(token, result, /*is_error=*/false, options_.retention_ms), true),
+              EventKind::kClaimCompleted);
 }
 
 Status Claims::Fail(const ClaimToken& token, FailPolicy policy, std::string_view error) {
-  if (policy == FailPolicy::kRelease) return Learned(store_.Release(token), true);
-  return Learned(store_.Complete(token, error, /*is_error=*/true, options_.retention_ms), true);
+  if (policy == FailPolicy::kRelease)
+    return Told(token, Learned(store_.Release(token), true), EventKind::kClaimReleased);
+  return Told(token, Learned(store_.Complete(token, error, /*is_error=*/true, options_.retention_ms), true),
+              EventKind::kClaimCompleted);
 }
 
 Status Claims::Extend(ClaimToken& token, int64_t lease_ms) {
   if (lease_ms <= 0) return Status::InvalidArgument("lease_ms must be > 0, got " + std::to_string(lease_ms));
   Result<int64_t> until = store_.Extend(token, lease_ms);
+  if (!until.ok()) (void)Told(token, until.status(), EventKind::kClaimFenced);
   IDEM_RETURN_IF_ERROR(Learned(until.status(), false));
   token.lease_until_ms = *until;
   return Status::OK();

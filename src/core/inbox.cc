@@ -357,17 +357,28 @@ bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
     if (!pending[i]) continue;
     auto found = store_.FindMarker(options_.consumer, messages[i].id,
                                    options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt);
+    const bool present = found.ok() && found->has_value();
     if (!found.ok()) {
       any_absent = true;
       out[i] = Failed(
           s.WithContext("commit outcome unknown and the marker could not be read (" + found.status().ToString() + ")"));
-    } else if (!found->has_value()) {
+    } else if (!present) {
       any_absent = true;
       out[i] = Failed(
           s.WithContext("no committed marker found after it, so it is treated as not committed and not acknowledged"));
     } else {
       all_present = true;
       out[i].kind = Outcome::Kind::kApplied;
+    }
+    if (options_.observer != nullptr) {
+      Event e;
+      e.kind = present ? EventKind::kInDoubtCommitted : EventKind::kInDoubtNotCommitted;
+      e.consumer = options_.consumer;
+      e.message_id = messages[i].id;
+      e.attempt = messages[i].attempt;
+      e.detail = s.message();
+      e.at_ms = options_.env->NowMs();
+      options_.observer->OnEvent(e);
     }
   }
   return all_present && !any_absent;

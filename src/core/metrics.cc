@@ -12,43 +12,66 @@ namespace idem {
 
 namespace {
 
-constexpr size_t kKinds = static_cast<size_t>(EventKind::kOutboxTransientError) + 1;
+constexpr size_t kKinds = static_cast<size_t>(EventKind::kClaimFenced) + 1;
+
+// What a kind's series is labelled by.
+enum class Family { kConsumer, kRelay, kScope };
+constexpr std::string_view kFamilyLabel[] = {"consumer", "relay", "scope"};
 
 struct KindInfo {
   std::string_view name;    // EventKindName
   std::string_view metric;  // the counter's name
   std::string_view help;
-  bool relay;  // labelled relay="..." (else consumer="...")
+  Family family;  // the label: consumer=, relay= or scope=
 };
 
 constexpr std::array<KindInfo, kKinds> kInfo{{
-    {"applied", "idem_applied_total", "Messages whose effect was committed.", false},
-    {"duplicate", "idem_duplicates_total", "Deliveries skipped because the marker existed.", false},
-    {"conflict", "idem_conflicts_total", "Deliveries whose id was reused for another payload.", false},
-    {"failed", "idem_failures_total", "Deliveries not committed (handler or store errors).", false},
+    {"applied", "idem_applied_total", "Messages whose effect was committed.", Family::kConsumer},
+    {"duplicate", "idem_duplicates_total", "Deliveries skipped because the marker existed.", Family::kConsumer},
+    {"conflict", "idem_conflicts_total", "Deliveries whose id was reused for another payload.", Family::kConsumer},
+    {"failed", "idem_failures_total", "Deliveries not committed (handler or store errors).", Family::kConsumer},
     {"in_progress", "idem_in_progress_total", "Deliveries given back because a step was in progress (not failures).",
-     false},
-    {"rejected", "idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).", false},
-    {"received", "idem_received_total", "Deliveries received from the source.", false},
-    {"acked", "idem_acked_total", "Deliveries acknowledged after their commit.", false},
-    {"ack_failed", "idem_ack_errors_total", "Acknowledgements that failed after a commit.", false},
-    {"nacked", "idem_nacked_total", "Deliveries given back for a retry.", false},
-    {"dead_lettered", "idem_dead_lettered_total", "Messages moved to the dead-letter table.", false},
+     Family::kConsumer},
+    {"rejected", "idem_rejected_total", "Messages the handler rejected for good (dead-lettered at once).",
+     Family::kConsumer},
+    {"received", "idem_received_total", "Deliveries received from the source.", Family::kConsumer},
+    {"acked", "idem_acked_total", "Deliveries acknowledged after their commit.", Family::kConsumer},
+    {"ack_failed", "idem_ack_errors_total", "Acknowledgements that failed after a commit.", Family::kConsumer},
+    {"nacked", "idem_nacked_total", "Deliveries given back for a retry.", Family::kConsumer},
+    {"dead_lettered", "idem_dead_lettered_total", "Messages moved to the dead-letter table.", Family::kConsumer},
     {"parked", "idem_parked_total", "Messages parked: in progress past the park horizon, listed by idem inspect.",
-     false},
-    {"lease_extended", "idem_leases_extended_total", "Leases renewed while a handler ran.", false},
+     Family::kConsumer},
+    {"lease_extended", "idem_leases_extended_total", "Leases renewed while a handler ran.", Family::kConsumer},
     {"lease_lost", "idem_lease_extension_errors_total", "Lease renewals that failed (lost to another consumer).",
-     false},
+     Family::kConsumer},
     {"lease_overrun", "idem_lease_overruns_total",
-     "Deliveries settled after their lease ran out unrenewed: a rise in duplicates follows.", false},
-    {"outbox_added", "idem_outbox_added_total", "Messages added to the outbox (in transactions of the caller).", true},
-    {"outbox_published", "idem_outbox_published_total", "Outbox messages the broker confirmed.", true},
+     "Deliveries settled after their lease ran out unrenewed: a rise in duplicates follows.", Family::kConsumer},
+    {"outbox_added", "idem_outbox_added_total", "Messages added to the outbox (in transactions of the caller).",
+     Family::kRelay},
+    {"outbox_published", "idem_outbox_published_total", "Outbox messages the broker confirmed.", Family::kRelay},
     {"outbox_republished", "idem_outbox_republished_total",
-     "Outbox messages published again after a relay stopped between confirm and record.", true},
+     "Outbox messages published again after a relay stopped between confirm and record.", Family::kRelay},
     {"outbox_dead_lettered", "idem_outbox_dead_lettered_total", "Outbox messages refused for good or out of attempts.",
-     true},
+     Family::kRelay},
     {"outbox_transient_error", "idem_outbox_transient_errors_total",
-     "Outbox publishes that failed and will be retried.", true},
+     "Outbox publishes that failed and will be retried.", Family::kRelay},
+    {"in_doubt_committed", "idem_in_doubt_committed_total",
+     "Commits whose outcome was unknown, found committed when the marker was read back.", Family::kConsumer},
+    {"in_doubt_not_committed", "idem_in_doubt_not_committed_total",
+     "Commits whose outcome was unknown, found not committed (or unreadable): delivered again.", Family::kConsumer},
+    {"claim_started", "idem_claims_started_total", "Claims that made the caller the key's holder.", Family::kScope},
+    {"claim_taken_over", "idem_claims_taken_over_total",
+     "Claims that took a key over after its holder's lease ran out.", Family::kScope},
+    {"claim_replayed", "idem_claims_replayed_total", "Claims answered with the stored result (no second execution).",
+     Family::kScope},
+    {"claim_in_progress", "idem_claims_in_progress_total",
+     "Claims answered in progress (another holder's lease is live).", Family::kScope},
+    {"claim_conflict", "idem_claims_conflicts_total", "Claims of a key with another fingerprint.", Family::kScope},
+    {"claim_completed", "idem_claims_completed_total", "Results (or stored errors) recorded by a key's holder.",
+     Family::kScope},
+    {"claim_released", "idem_claims_released_total", "Keys given up without a result.", Family::kScope},
+    {"claim_fenced", "idem_claims_fenced_total", "Writes refused because the holder's lease had been taken over.",
+     Family::kScope},
 }};
 
 const KindInfo& Info(EventKind k) { return kInfo[static_cast<size_t>(k)]; }
@@ -161,8 +184,9 @@ void Metrics::AddGauge(std::string name, std::string help, std::string labels, s
 std::string Metrics::Render() const {
   std::string out;
   std::lock_guard<std::mutex> l(mu_);
-  auto labels_of = [](bool relay, const std::string& name) {
-    return name.empty() ? std::string() : std::string(relay ? "relay" : "consumer") + "=\"" + LabelValue(name) + "\"";
+  auto labels_of = [](Family family, const std::string& name) {
+    return name.empty() ? std::string()
+                        : std::string(kFamilyLabel[static_cast<size_t>(family)]) + "=\"" + LabelValue(name) + "\"";
   };
   for (size_t k = 0; k < kKinds; ++k) {
     const KindInfo& info = kInfo[k];
@@ -173,14 +197,14 @@ std::string Metrics::Render() const {
       // relay's only the outbox ones; a counter nobody touched is left out.
       bool any_of_family = false;
       for (size_t j = 0; j < kKinds && !any_of_family; ++j)
-        any_of_family = kInfo[j].relay == info.relay && s->counts[j].load(std::memory_order_relaxed) > 0;
+        any_of_family = kInfo[j].family == info.family && s->counts[j].load(std::memory_order_relaxed) > 0;
       if (!any_of_family) continue;
       if (!header) {
         out.append("# HELP ").append(info.metric).append(" ").append(info.help).append("\n");
         out.append("# TYPE ").append(info.metric).append(" counter\n");
         header = true;
       }
-      const std::string labels = labels_of(info.relay, name);
+      const std::string labels = labels_of(info.family, name);
       out.append(info.metric);
       if (!labels.empty()) out.append("{").append(labels).append("}");
       out.append(" ").append(std::to_string(v)).append("\n");
@@ -200,7 +224,7 @@ std::string Metrics::Render() const {
         out.append("# TYPE ").append(hists[h].first).append(" histogram\n");
         header = true;
       }
-      const std::string labels = labels_of(false, name);
+      const std::string labels = labels_of(Family::kConsumer, name);
       const std::string sep = labels.empty() ? "" : ",";
       uint64_t cumulative = 0;
       const auto& b = Buckets();
@@ -240,7 +264,7 @@ std::string JsonLog::Line(const Event& e) {
     out.append(",\"").append(key).append("\":");
     out += internal::JsonString(v);
   };
-  field(Info(e.kind).relay ? "relay" : "consumer", e.consumer);
+  field(kFamilyLabel[static_cast<size_t>(Info(e.kind).family)].data(), e.consumer);
   field("id", e.message_id);
   if (e.attempt > 0) out.append(",\"attempt\":").append(std::to_string(e.attempt));
   if (e.handler_us >= 0) out.append(",\"handler_us\":").append(std::to_string(e.handler_us));

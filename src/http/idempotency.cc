@@ -788,6 +788,26 @@ void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) c
   if (options_.log)
     options_.log(LogToken(a.req->method) + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
                  std::string(outcome) + " " + std::to_string(status));
+  if (options_.observer == nullptr) return;
+  static constexpr std::pair<std::string_view, EventKind> kKinds[] = {
+      {"executed", EventKind::kClaimCompleted}, {"replayed", EventKind::kClaimReplayed},
+      {"conflict", EventKind::kClaimConflict},  {"in-progress", EventKind::kClaimInProgress},
+      {"lease-lost", EventKind::kClaimFenced},  {"executed-not-stored", EventKind::kClaimReleased}};
+  Event e;
+  e.consumer = a.claim.scope;
+  e.message_id = a.key;
+  const std::string detail = std::string(outcome) + " " + std::to_string(status);
+  e.detail = detail;
+  e.at_ms = options_.env->NowMs();
+  for (const auto& [name, kind] : kKinds) {
+    if (name != outcome) continue;
+    if (kind == EventKind::kClaimCompleted || kind == EventKind::kClaimReleased) {
+      e.kind = EventKind::kClaimStarted;  // it ran: the key was this request's
+      options_.observer->OnEvent(e);
+    }
+    e.kind = kind;
+    options_.observer->OnEvent(e);
+  }
 }
 
 void Idempotency::Reject(const Admitted& a, std::string_view outcome, int status) {

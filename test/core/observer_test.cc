@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/claims.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
@@ -21,40 +22,11 @@
 #include "idem/outbox_relay.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
+#include "util/recording_observer.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
-
-// Keeps a copy of every event.
-class Recorder final : public Observer {
- public:
-  struct Seen {
-    EventKind kind;
-    std::string consumer, id, detail, traceparent;
-    int64_t handler_us, commit_us;
-  };
-  void OnEvent(const Event& e) noexcept override {
-    std::lock_guard<std::mutex> l(mu_);
-    seen_.push_back({e.kind, std::string(e.consumer), std::string(e.message_id), std::string(e.detail),
-                     std::string(e.traceparent), e.handler_us, e.commit_us});
-  }
-  std::vector<Seen> Of(EventKind kind) {
-    std::lock_guard<std::mutex> l(mu_);
-    std::vector<Seen> out;
-    for (const Seen& s : seen_)
-      if (s.kind == kind) out.push_back(s);
-    return out;
-  }
-  size_t size() {
-    std::lock_guard<std::mutex> l(mu_);
-    return seen_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Seen> seen_;
-};
 
 std::unique_ptr<Store> OpenStore(const TempDir& dir) {
   auto s = sqlite::Store::Open({.path = dir.File("store.db")});
@@ -231,6 +203,60 @@ TEST(Observer, TheOutboxAndTheRelayTellWhatTheyAddedAndPublished) {
   EXPECT_EQ(metrics.Count(EventKind::kOutboxPublished, "relay-a"), 6u);
   EXPECT_NE(metrics.Render().find("idem_outbox_published_total{relay=\"relay-a\"} 6\n"), std::string::npos)
       << metrics.Render();
+}
+
+// Claims tell each outcome and each holder's write: started, replayed,
+// in progress, conflict, taken over after the lease, the old holder fenced,
+// released; Metrics counts them per scope.
+TEST(Observer, ClaimsTellEveryOutcomeAndTheFencedHolder) {
+  TempDir dir;
+  FakeEnv env;
+  auto s = sqlite::Store::Open({.path = dir.File("claims.db"), .env = &env});
+  ASSERT_TRUE(s.ok()) << s.status();
+  Metrics metrics;
+  Recorder rec;
+  Observers both({&metrics, &rec});
+  auto claims = Claims::Open(*(*s)->claim_store(), {.env = &env, .observer = &both});
+  ASSERT_TRUE(claims.ok()) << claims.status();
+  const ClaimRequest charge{
+      .scope = "charges", .key = "order-1:charge", .fingerprint = FingerprintOf("4000"), .lease_ms = 1'000};
+  auto first = (*claims)->Claim(charge);
+  ASSERT_TRUE(first.ok() && first->kind == ClaimOutcome::Kind::kStarted);
+  auto busy = (*claims)->Claim(charge);  // the first holder's lease is live
+  ASSERT_TRUE(busy.ok() && busy->kind == ClaimOutcome::Kind::kInProgress);
+  env.Advance(1'500);  // its lease runs out
+  auto second = (*claims)->Claim(charge);
+  ASSERT_TRUE(second.ok() && second->took_over);
+  EXPECT_EQ((*claims)->Complete(first->token, "ch_1").code(), Code::kLeaseLost);  // the zombie is fenced
+  ASSERT_TRUE((*claims)->Complete(second->token, "ch_2").ok());
+  for (int copy = 0; copy < 2; ++copy) {  // the retry, twice: replayed
+    auto again = (*claims)->Claim(charge);
+    ASSERT_TRUE(again.ok() && again->kind == ClaimOutcome::Kind::kCompleted);
+  }
+  ClaimRequest other = charge;
+  other.fingerprint = FingerprintOf("9999");
+  auto conflict = (*claims)->Claim(other);
+  ASSERT_TRUE(conflict.ok() && conflict->kind == ClaimOutcome::Kind::kConflict);
+  ClaimRequest email = charge;
+  email.key = "order-1:email";
+  auto mail = (*claims)->Claim(email);
+  ASSERT_TRUE(mail.ok() && mail->kind == ClaimOutcome::Kind::kStarted);
+  ASSERT_TRUE((*claims)->Fail(mail->token, FailPolicy::kRelease, "smtp down").ok());
+
+  const std::pair<EventKind, size_t> want[] = {{EventKind::kClaimStarted, 2},   {EventKind::kClaimInProgress, 1},
+                                               {EventKind::kClaimTakenOver, 1}, {EventKind::kClaimFenced, 1},
+                                               {EventKind::kClaimCompleted, 1}, {EventKind::kClaimReplayed, 2},
+                                               {EventKind::kClaimConflict, 1},  {EventKind::kClaimReleased, 1}};
+  for (const auto& [kind, n] : want) {
+    EXPECT_EQ(rec.Of(kind).size(), n) << EventKindName(kind);
+    EXPECT_EQ(metrics.Count(kind, "charges"), n) << EventKindName(kind);
+  }
+  EXPECT_EQ(rec.Of(EventKind::kClaimFenced)[0].id, "order-1:charge");
+  EXPECT_EQ(rec.Of(EventKind::kClaimFenced)[0].consumer, "charges");
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("idem_claims_replayed_total{scope=\"charges\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("idem_claims_fenced_total{scope=\"charges\"} 1\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("idem_applied_total"), std::string::npos) << "no consumer series for a claims scope";
 }
 
 TEST(Observer, JsonLogWritesOneEscapedLinePerEvent) {

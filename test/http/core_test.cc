@@ -16,6 +16,7 @@
 #include "idem/http/request.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
+#include "util/recording_observer.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -49,7 +50,8 @@ class CoreTest : public ::testing::Test {
     auto m = Idempotency::Open({.claims = claims_.get(),
                                 .authenticate = http::BearerKeys({{"sk_a", "acct_a"}}),
                                 .env = &env_,
-                                .log = [this](const std::string& line) { log_ += line + "\n"; }});
+                                .log = [this](const std::string& line) { log_ += line + "\n"; },
+                                .observer = &told_});
     ASSERT_TRUE(m.ok()) << m.status();
     idem_ = std::move(*m);
   }
@@ -73,6 +75,7 @@ class CoreTest : public ::testing::Test {
   std::unique_ptr<Idempotency> idem_;
   int executions_ = 0;
   std::string log_;
+  Recorder told_;
 };
 
 TEST(HeadersTest, NamesAreCaseInsensitiveAndSetReplacesEveryField) {
@@ -140,6 +143,12 @@ TEST_F(CoreTest, TwoPhaseRouteRunsOnceAndReplaysTheSameAnswer) {
   EXPECT_EQ(c.conflicts, 1u);
   EXPECT_NE(log_.find("POST /charges key=k-1 executed 201"), std::string::npos) << log_;
   EXPECT_NE(log_.find("POST /charges key=k-1 replayed 201"), std::string::npos) << log_;
+  // The observer is told the same, per key.
+  for (const auto& [kind, n] : {std::pair{EventKind::kClaimStarted, 1u}, std::pair{EventKind::kClaimCompleted, 1u},
+                                std::pair{EventKind::kClaimReplayed, 1u}, std::pair{EventKind::kClaimConflict, 1u}}) {
+    ASSERT_EQ(told_.Of(kind).size(), n) << EventKindName(kind);
+    EXPECT_EQ(told_.Of(kind)[0].id, "k-1");
+  }
 }
 
 TEST_F(CoreTest, RefusalsBeforeAnyClaim) {

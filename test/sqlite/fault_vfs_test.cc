@@ -22,6 +22,7 @@
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "util/fault_vfs_util.h"
+#include "util/recording_observer.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -317,7 +318,8 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("s.db"));
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(CreatePayments(*store).ok());
-  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  Recorder told;
+  auto inbox_owned = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments", .observer = &told});
   Inbox& inbox = *inbox_owned;
   Vfs().Arm({.action = Action::kIoError, .op = Op::kSync, .at = 1});
   const std::vector<Message> first = {Msg("a"), Msg("a"), Msg("b")};
@@ -326,6 +328,9 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
   ASSERT_EQ(outcomes.size(), 3u);
   for (const Outcome& out : outcomes) EXPECT_FALSE(out.ShouldAck()) << out.ToString();
   EXPECT_EQ(Charges(*store, "a"), 0);
+  // The observer is told how each commit in doubt was read back.
+  EXPECT_EQ(told.Of(EventKind::kInDoubtNotCommitted).size(), 2u);  // "a" (its first copy) and "b"
+  EXPECT_EQ(told.Of(EventKind::kInDoubtCommitted).size(), 0u);
   // Delivered again (twice): applied once.
   const std::vector<Message> again = {Msg("a"), Msg("b")};
   for (int round = 0; round < 2; ++round)

@@ -171,6 +171,13 @@ class Idempotency {
     // Optional: one line per request (method, path, key, outcome, status)
     // for logs. Client text in it is quoted and escaped (Printable).
     std::function<void(const std::string& line)> log;
+    // Optional: told each guarded request's outcome when it is answered
+    // (idem/observer.h; consumer is the scope, message_id the key):
+    // kClaimStarted then kClaimCompleted for a first execution stored,
+    // kClaimReplayed, kClaimConflict, kClaimInProgress, kClaimFenced (its
+    // lease was taken over), kClaimReleased (executed, not stored: the
+    // status is not kept). Must outlive the Idempotency.
+    Observer* observer = nullptr;
   };
 
   // kInvalidArgument (naming the field) for no claims, Claims whose options
