@@ -39,12 +39,15 @@
 #include "idem/env.h"
 #include "idem/http/client.h"
 #include "idem/inbox.h"
+#include "idem/metrics.h"
 #include "idem/open.h"
 #include "idem/outbox.h"
 #include "idem/outbox_relay.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
 #include "idem/url.h"
+#include "live/feed.h"
+#include "live/web.h"
 #include "payments.h"
 #include "provider_server.h"
 #include "sources.h"
@@ -79,10 +82,55 @@ struct Config {
 };
 
 // Prints the narrative unless --json.
+// The demo's consumer name and tables, distinct from anything a user keeps in
+// a shared PostgreSQL database; each step starts by clearing them.
+constexpr const char* kConsumer = "idem-demo";
+
+// --web: the live view's feed, and how long each line of the story stays
+// on screen before the next step (a person's pace); none without --web.
+struct LiveDemo {
+  live::Feed* feed = nullptr;
+  int64_t pace_ms = 0;
+  std::string socket;  // the feed's socket, for the consumer processes
+};
+LiveDemo g_live;
+
+// One event of the demo's own (a hand-made delivery, a lost ack) to the page.
+// (The payments consumer's, unless it names another.)
+void Show(live::Note note) {
+  if (note.consumer.empty()) note.consumer = kConsumer;
+  if (g_live.feed != nullptr) g_live.feed->Tell(note);
+}
+
+// Tags the library's events with the consumer (process or thread) they came
+// from, for the page's lanes.
+class Tagged final : public Observer {
+ public:
+  explicit Tagged(std::string who) : who_(std::move(who)) {}
+  void OnEvent(const Event& e) noexcept override {
+    if (g_live.feed == nullptr) return;
+    try {
+      g_live.feed->Tell(live::NoteOf(e, who_));
+    } catch (...) {
+    }
+  }
+
+ private:
+  std::string who_;
+};
+
 struct Out {
   bool quiet = false;
   void operator()(const std::string& line) const {
     if (!quiet) std::cout << line << "\n" << std::flush;
+    if (g_live.feed == nullptr || line.empty()) return;
+    const size_t text = line.find_first_not_of(' ');
+    if (line.rfind("Step ", 0) == 0 || line.rfind("The larger run", 0) == 0 || line.rfind("Why the marker", 0) == 0) {
+      g_live.feed->Step(line);
+    } else {
+      g_live.feed->Say(line.substr(text));
+    }
+    if (g_live.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(g_live.pace_ms));
   }
 };
 
@@ -95,9 +143,6 @@ std::string Dollars(int64_t cents) {
   return s;
 }
 
-// The demo's consumer name and tables, distinct from anything a user keeps in
-// a shared PostgreSQL database; each step starts by clearing them.
-constexpr const char* kConsumer = "idem-demo";
 // The store: "" for a SQLite file in each step's directory, or --store.
 std::string g_store_url;
 
@@ -157,10 +202,13 @@ Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh = false) {
   return p;
 }
 
-// Waits for the next delivery (a redelivery appears once a lease expires).
-Result<Delivery> Next(Source& q, int64_t wait_ms = 5'000) {
+// Waits for the next delivery (a redelivery appears once a lease expires),
+// received by consumer `who` (the live view's lane).
+Result<Delivery> Next(Source& q, const char* who = "consumer", int64_t wait_ms = 5'000) {
   IDEM_ASSIGN_OR_RETURN(auto got, q.Receive(1, wait_ms));
   if (got.empty()) return Status::NotFound("no delivery within " + std::to_string(wait_ms) + " ms");
+  const Message& m = got.front().message;
+  Show({.kind = "received", .id = m.id, .attempt = m.attempt, .who = who});
   return std::move(got.front());
 }
 
@@ -198,6 +246,8 @@ Result<std::unique_ptr<ProviderServer>> StartProvider(const std::string& path, i
   o.threads = threads;
   o.lose_response = std::move(lose_response);
   o.log = std::move(log);
+  static Tagged provider_live("provider");
+  if (g_live.feed != nullptr) o.idempotency.observer = &provider_live;
   return ProviderServer::Start(std::move(o));
 }
 
@@ -223,12 +273,16 @@ Result<Totals> StepWithoutGuard(const std::string& root, const Out& say) {
   };
   IDEM_ASSIGN_OR_RETURN(Delivery d1, Next(*p.queue));
   IDEM_RETURN_IF_ERROR(naive(d1));
+  Show({.kind = "unguarded_effect", .id = "m-7f3", .detail = "charged $40", .who = "consumer"});
+  Show({.kind = "ack_lost", .id = "m-7f3", .attempt = d1.message.attempt, .who = "consumer"});
   say("  delivery " + std::to_string(d1.message.attempt) + ": charged $40 and committed; the ack is lost");
   IDEM_ASSIGN_OR_RETURN(Delivery d2, Next(*p.queue));
   say("  the lease expired (300 ms), so the queue delivered m-7f3 again (delivery " +
       std::to_string(d2.message.attempt) + ")");
   IDEM_RETURN_IF_ERROR(naive(d2));
+  Show({.kind = "unguarded_effect", .id = "m-7f3", .detail = "charged $40 again", .who = "consumer"});
   IDEM_RETURN_IF_ERROR(p.queue->Ack(d2));
+  Show({.kind = "acked", .id = "m-7f3", .attempt = d2.message.attempt, .who = "consumer"});
   IDEM_ASSIGN_OR_RETURN(Totals t, PaymentsFor(*p.store, "1042"));
   say("  read back: " + std::to_string(t.rows) + " payment rows for order 1042, " + Dollars(t.cents) + " charged  " +
       Mark(t.cents == 4000) + (t.cents == 4000 ? "" : " charged twice"));
@@ -245,9 +299,13 @@ struct GuardResult {
 Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(Files f, MakeFiles(root, "step2-guard"));
   IDEM_ASSIGN_OR_RETURN(Parts p, OpenParts(f, 300, true));
+  Tagged as_consumer("consumer"), as_a("consumer-A"), as_b("consumer-B");
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
-                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer, .observer = &as_consumer}));
   Inbox& inbox = *inbox_owned;
+  // Consumers A and B of the race: the same inbox table, told apart on the page.
+  IDEM_ASSIGN_OR_RETURN(auto inbox_a, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer, .observer = &as_a}));
+  IDEM_ASSIGN_OR_RETURN(auto inbox_b, Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer, .observer = &as_b}));
   Handler charge = [](Transaction& tx, const Message& m) { return InsertPayment(tx, m); };
   GuardResult r;
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-7f3", "1042", 4000)));
@@ -255,6 +313,7 @@ Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   Outcome o1 = inbox.Handle(d1.message, charge);
   r.first = o1.ToString();
   say("  delivery 1: BEGIN; INSERT marker (payments, m-7f3); INSERT payment; COMMIT -> outcome " + r.first);
+  Show({.kind = "ack_lost", .id = "m-7f3", .attempt = d1.message.attempt, .who = "consumer"});
   say("  the ack is lost again");
   say("");
   say("Step 3 · Redelivery changes nothing");
@@ -264,6 +323,7 @@ Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   say("  delivery " + std::to_string(d2.message.attempt) + ": the marker exists -> outcome " + r.second +
       ", work skipped, acknowledged");
   if (o2.ShouldAck()) IDEM_RETURN_IF_ERROR(p.queue->Ack(d2));
+  if (o2.ShouldAck()) Show({.kind = "acked", .id = "m-7f3", .attempt = d2.message.attempt, .who = "consumer"});
   IDEM_ASSIGN_OR_RETURN(r.order_1042, PaymentsFor(*p.store, "1042"));
   say("  read back: " + std::to_string(r.order_1042.rows) + " payment row for order 1042, " +
       Dollars(r.order_1042.cents) + " charged  " + Mark(r.order_1042.cents == 4000));
@@ -271,19 +331,21 @@ Result<GuardResult> StepWithGuard(const std::string& root, const Out& say) {
   // The race: consumer A stalls past its lease; the queue hands the message
   // to consumer B; both run the guarded handler at once.
   IDEM_RETURN_IF_ERROR(p.queue->Publish(PaymentMessage("m-8a1", "1043", 2500)));
-  IDEM_ASSIGN_OR_RETURN(Delivery da, Next(*p.queue));
-  IDEM_ASSIGN_OR_RETURN(Delivery db, Next(*p.queue));  // after A's lease expired
+  IDEM_ASSIGN_OR_RETURN(Delivery da, Next(*p.queue, "consumer-A"));
+  IDEM_ASSIGN_OR_RETURN(Delivery db, Next(*p.queue, "consumer-B"));  // after A's lease expired
   Handler slow = [](Transaction& tx, const Message& m) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // hold the transaction open
     return InsertPayment(tx, m);
   };
   Outcome oa, ob;
-  std::thread ta([&] { oa = inbox.Handle(da.message, slow); });
-  std::thread tb([&] { ob = inbox.Handle(db.message, slow); });
+  std::thread ta([&] { oa = inbox_a->Handle(da.message, slow); });
+  std::thread tb([&] { ob = inbox_b->Handle(db.message, slow); });
   ta.join();
   tb.join();
   (void)p.queue->Ack(da);  // A's lease expired: kLeaseLost, harmless after the commit
   (void)p.queue->Ack(db);
+  Show({.kind = "acked", .id = "m-8a1", .attempt = da.message.attempt, .who = "consumer-A"});
+  Show({.kind = "acked", .id = "m-8a1", .attempt = db.message.attempt, .who = "consumer-B"});
   r.race_a = oa.ToString();
   r.race_b = ob.ToString();
   IDEM_ASSIGN_OR_RETURN(r.order_1043, PaymentsFor(*p.store, "1043"));
@@ -311,9 +373,10 @@ Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   // on its call meanwhile). Declared before the server: it outlives it.
   std::mutex mu;
   bool lost_one = false, dropping = false;
-  auto lose_first = [&](const std::string&) {
+  auto lose_first = [&](const std::string& key) {
     std::lock_guard lock(mu);
     if (lost_one) return false;
+    Show({.kind = "provider_response_lost", .id = key, .who = "provider"});
     return lost_one = dropping = true;
   };
   auto log = [&](const std::string& line) {
@@ -324,8 +387,9 @@ Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   IDEM_ASSIGN_OR_RETURN(auto provider, StartProvider(f.provider, 4, lose_first, log));
   IDEM_ASSIGN_OR_RETURN(auto client, ProviderClient(provider->url()));
   say("  the provider: an HTTP server on " + provider->url() + " with a database of its own (provider.db)");
+  Tagged as_consumer("consumer");
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Inbox> inbox_owned,
-                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer}));
+                        Inbox::Open(*p.store, Inbox::Options{.consumer = kConsumer, .observer = &as_consumer}));
   Inbox& inbox = *inbox_owned;
   ProviderResult r;
   Handler charge = [&](Transaction& tx, const Message& m) -> Status {
@@ -350,6 +414,7 @@ Result<ProviderResult> StepProvider(const std::string& root, const Out& say) {
   say("  INSERT payment (charge " + r.charge_id + "); COMMIT -> outcome " + o1.ToString() +
       (o1.ShouldAck() ? "; acknowledged" : ""));
   if (o1.ShouldAck()) IDEM_RETURN_IF_ERROR(p.queue->Ack(d1));
+  if (o1.ShouldAck()) Show({.kind = "acked", .id = "m-7f3", .attempt = d1.message.attempt, .who = "consumer"});
   say("  (had every retry failed, the transaction would roll back, and the redelivery would send the same key)");
 
   // Read back: the provider's charges over HTTP, and what it received.
@@ -504,13 +569,26 @@ int ConsumerProcess(const Config& cfg, const Files& f, int index, int port_fd) {
   }
   ThreadClients clients("http://127.0.0.1:" + std::to_string(port));
   FaultySource source(**queue, cfg.seed * 7919 + index, cfg.lost_ack_rate, cfg.stall_rate, cfg.lease_ms + 200);
-  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
+  // --web: this process's events to the parent's live view (dropped, never
+  // waited for, when the page's feed falls behind).
+  std::unique_ptr<live::Sender> sender;
+  if (!g_live.socket.empty()) {
+    auto sent = live::Sender::Open(g_live.socket, "consumer-" + std::to_string(index));
+    if (sent.ok()) sender = std::move(*sent);
+  }
+  if (sender) {
+    source.on_event = [&sender](char event, const Delivery& d) {
+      if (event == 'L')
+        sender->Tell({.kind = "ack_lost", .id = d.message.id, .attempt = d.message.attempt, .consumer = kConsumer});
+    };
+  }
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer, .observer = sender.get()});
   if (!inbox_owned.ok()) {
     std::cerr << "consumer " << index << ": " << inbox_owned.status() << "\n";
     return 20;
   }
   Inbox& inbox = **inbox_owned;
-  auto outbox = Outbox::Open(**store);
+  auto outbox = Outbox::Open(**store, {.observer = sender.get()});
   if (!outbox.ok()) {
     std::cerr << "consumer " << index << ": " << outbox.status() << "\n";
     return 20;
@@ -606,8 +684,11 @@ struct ShippingResult {
 Result<OutboxRelayStats> DrainOutbox(const std::string& store_url, const std::string& to) {
   IDEM_ASSIGN_OR_RETURN(auto store, OpenStore(store_url));
   IDEM_ASSIGN_OR_RETURN(auto publisher, OpenPublisher(to));
-  IDEM_ASSIGN_OR_RETURN(auto relay,
-                        OutboxRelay::Open(*store, *publisher, {.name = "idem-demo", .stop_when_idle = true}));
+  static Tagged relay_live("relay");
+  IDEM_ASSIGN_OR_RETURN(
+      auto relay, OutboxRelay::Open(
+                      *store, *publisher,
+                      {.name = "idem-demo", .stop_when_idle = true, .observer = g_live.feed ? &relay_live : nullptr}));
   IDEM_RETURN_IF_ERROR(relay->Run());
   return relay->stats();
 }
@@ -638,7 +719,10 @@ Result<ShippingResult> ShippingStage(const Config& cfg, const Files& f) {
   IDEM_ASSIGN_OR_RETURN(auto queue,
                         embedded::Queue::Open({.path = f.shipping, .queue = "shipping", .lease_ms = cfg.lease_ms}));
   IDEM_ASSIGN_OR_RETURN(auto store, OpenStore(f.store));
-  IDEM_ASSIGN_OR_RETURN(auto inbox, Inbox::Open(*store, Inbox::Options{.consumer = kShippingConsumer}));
+  static Tagged shipping_live("shipping");
+  IDEM_ASSIGN_OR_RETURN(auto inbox,
+                        Inbox::Open(*store, Inbox::Options{.consumer = kShippingConsumer,
+                                                           .observer = g_live.feed ? &shipping_live : nullptr}));
   FaultySource source(*queue, cfg.seed * 104'729 + 3, cfg.lost_ack_rate, 0, 0);
   Handler ship = [](Transaction& tx, const Message& m) {
     return tx.Exec("INSERT INTO demo_shipments(order_id, message_id) VALUES ($1, $2)", {m.payload, m.id}).status();
@@ -1046,7 +1130,8 @@ const Command& DemoCommand() {
       "retry answered from the provider's store), crashes between separate writes, then a larger run with\n"
       "competing consumer processes, lost acks, lease expiries, producer duplicates and lost provider\n"
       "responses. Exits 1 if the totals differ from the expected ones.",
-      "[--dir DIR] [--store URL] [--source URL] [--messages N] [--consumers C] [--json]",
+      "[--dir DIR] [--store URL] [--source URL] [--messages N] [--consumers C] [--web HOST:PORT [--pace DURATION]]\n"
+      "       [--json]",
       {{"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"source", "URL", "",
         "run on a broker instead: redis://...?stream=S, amqp://...?queue=Q, kafka://...?topic=T,\n"
@@ -1061,6 +1146,10 @@ const Command& DemoCommand() {
        {"lost-response-rate", "P", "0.02", "fraction of charges whose HTTP response the provider drops"},
        {"seed", "S", "1", "random seed of the larger run"},
        {"skip-story", "", "", "only the larger run"},
+       {"web", "HOST:PORT", "",
+        "serve the live view: the story at --pace, then the larger run live; it stays up\n"
+        "          after the run until SIGINT/SIGTERM"},
+       {"pace", "DURATION", "1500ms", "with --web: how long each line of the story stays before the next"},
        {"json", "", "", "print one JSON object instead of the story"}}};
   return c;
 }
@@ -1113,6 +1202,27 @@ int RunDemo(const Args& args) {
     cfg.dir = tmpl;
   }
   Out say{cfg.json};
+  // --web: the live view, fed by this process and (over a socket in DIR) by
+  // the consumer processes; /metrics counts the same events.
+  std::unique_ptr<live::Feed> feed;
+  std::unique_ptr<live::WebServer> web;
+  Metrics registry;
+  if (args.Has("web")) {
+    auto pace = ParseDurationMs(args.Get("pace"));
+    if (!pace.ok()) return Fail("demo", pace.status());
+    if (*pace < 0) return Fail("demo", Status::InvalidArgument("--pace must not be negative"));
+    feed = std::make_unique<live::Feed>("idem demo");
+    feed->Forward(&registry);
+    auto w = live::WebServer::Start("web", args.Get("web"), feed.get(), [&registry] { return registry.Render(); });
+    if (!w.ok()) return Fail("demo", w.status());
+    web = std::move(*w);
+    g_live.socket = cfg.dir + "/live.sock";
+    if (Status s = feed->Listen(g_live.socket); !s.ok()) return Fail("demo", s);
+    g_live.feed = feed.get();
+    g_live.pace_ms = *pace;
+    std::cerr << "live view: " << web->url() << " (the story at one line per " << *pace
+              << " ms, then the larger run)\n";
+  }
   if (args.Has("source") && args.Get("source").rfind("embedded:", 0) != 0)
     return RunDemoOnSource(cfg, args.Get("source"), say);
   Json story;
@@ -1182,6 +1292,18 @@ int RunDemo(const Args& args) {
     if (cfg.story) j.AddRaw("story", story.str()).Add("story_ok", story_ok);
     j.Add("ok", ok);
     std::cout << j.str() << "\n";
+  }
+  if (web) {
+    say(ok ? "The demo is done: every total as expected." : "The demo is done: a total differs (see above).");
+    std::cerr << "live view: " << web->url() << " stays up until SIGINT/SIGTERM\n";
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    int sig = 0;
+    sigwait(&stop, &sig);
+    g_live.feed = nullptr;
   }
   return ok ? kExitOk : kExitCheckFailed;
 }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "idem/observer.h"
 #include "idem/outbox_relay.h"
 #include "idem/result.h"
 
@@ -35,6 +36,29 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --web HOST:PORT: the live view of this process's events (a page that
+// animates them, tools/idem/live/), with GET /metrics beside it.
+class LiveView {
+ public:
+  // Checks --web: kInvalidArgument when it is not HOST:PORT, or when this
+  // idem was built without HTTP.
+  static Status Validate(const Args& args);
+  // Serves the view on --web; null when the flag is absent. `process` names
+  // this process on the page. kUnavailable when the port cannot be bound.
+  static Result<std::unique_ptr<LiveView>> Start(const Args& args, std::string process,
+                                                 std::function<std::string()> render);
+  ~LiveView();
+  LiveView(const LiveView&) = delete;
+  LiveView& operator=(const LiveView&) = delete;
+  // What the view is fed by: set it as (one of) the library's observers.
+  Observer* observer();
+
+ private:
+  LiveView() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

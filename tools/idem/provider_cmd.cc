@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "commands.h"
+#include "long_running.h"
 #include "provider_server.h"
 
 namespace idem::cli {
@@ -21,13 +22,14 @@ const Command& ProviderCommand() {
       "of the key replays that answer (Idempotent-Replayed: true). GET /charges/{id} and\n"
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
       "A body that is not a valid charge gets 400 before its key is claimed (the key stays free for the\n"
-      "corrected request). GET /metrics serves Prometheus counters (no authentication).\n"
+      "corrected request). GET /metrics serves Prometheus counters (no authentication). --web HOST:PORT\n"
+      "serves the live view: a page animating each key's first execution, replays and conflicts.\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"
       "       [--retention DURATION] [--lease DURATION] [--wait DURATION] [--charge-delay DURATION] "
       "[--one-transaction] [--group-commit N]\n"
       "       [--committers C] [--threads T] [--fibers F] [--max-keys N] [--request-deadline DURATION]\n"
-      "       [--max-connections N] [--max-connections-per-client N] [--quiet]",
+      "       [--max-connections N] [--max-connections-per-client N] [--web HOST:PORT] [--quiet]",
       {{"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-provider.db", "the provider's database: charges and idempotency records"},
        {"api-key", "KEY:PRINCIPAL", "", "an API key and the principal it authenticates (repeatable)", true},
@@ -60,6 +62,7 @@ const Command& ProviderCommand() {
         "open connections at most from one client address (0: no such bound, behind a\n"
         "          proxy); one more is answered 503 and closed"},
        {"quiet", "", "", "no per-request log lines"},
+       {"web", "HOST:PORT", "", "serve the live view on GET / (events on /events)"},
        {"max-keys", "N", "100000",
         "stored idempotency keys per principal and route before 429 (a client\n"
         "          cannot exhaust storage)"},
@@ -166,6 +169,9 @@ int RunProvider(const Args& args) {
       return lose;
     };
   }
+  auto view = LiveView::Start(args, "idem provider", nullptr);
+  if (!view.ok()) return Fail(cmd, view.status());
+  if (*view) o.idempotency.observer = (*view)->observer();
   auto server = ProviderServer::Start(std::move(o));
   if (!server.ok()) return Fail(cmd, server.status());
   std::cerr << "idem provider: serving " << (*server)->url() << " (store " << args.Get("store") << ", retention "

@@ -44,11 +44,12 @@ const Command& RelayCommand() {
       "SQLite). Destinations (those this build has): " +
           KnownSources() +
           "; a URL without its queue, stream or topic\n"
-          "publishes each message to its own destination. Prometheus metrics on --metrics HOST:PORT; a progress\n"
+          "publishes each message to its own destination. Prometheus metrics on --metrics HOST:PORT; the live\n"
+          "view (a page animating what the relay publishes, with /metrics) on --web HOST:PORT; a progress\n"
           "line on stderr every 5 s. Stops on SIGINT/SIGTERM (after the round in flight), or once the\n"
           "outbox is empty with --drain.",
       "--to URL [--store URL] [--name NAME] [--batch N] [--poll DURATION] [--keep-sent true|false]\n"
-      "       [--max-attempts N] [--drain] [--metrics HOST:PORT] [--json]",
+      "       [--max-attempts N] [--drain] [--metrics HOST:PORT] [--web HOST:PORT] [--json]",
       {{"to", "URL", "", "where to publish (embedded:PATH, redis://..., amqp://..., kafka://...)"},
        {"store", "URL", "sqlite:idem.db", "the store holding the outbox (sqlite:PATH or postgres://...)"},
        {"name", "NAME", "relay", "this relay's name (idem inspect, metrics)"},
@@ -58,6 +59,7 @@ const Command& RelayCommand() {
        {"max-attempts", "N", "0", "transient failures of a message before it is dead-lettered; 0: forever"},
        {"drain", "", "", "return once the outbox is empty"},
        {"metrics", "HOST:PORT", "", "serve Prometheus metrics on GET /metrics"},
+       {"web", "HOST:PORT", "", "serve the live view on GET / (events on /events, metrics on /metrics)"},
        {"json", "", "", "print the final counters as one JSON object"}}};
   return c;
 }
@@ -76,6 +78,7 @@ int RunRelay(const Args& args) {
   if (keep != "true" && keep != "false")
     return Fail(cmd, Status::InvalidArgument("--keep-sent must be true or false, got '" + keep + "'"));
   if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
+  if (Status s = LiveView::Validate(args); !s.ok()) return Fail(cmd, s);
   const std::string to = args.Get("to");
   auto publisher = OpenPublisherFlag("to", to);
   if (!publisher.ok()) return Fail(cmd, publisher.status());
@@ -84,6 +87,9 @@ int RunRelay(const Args& args) {
   // --metrics: the relay's events counted by idem::Metrics (the library's
   // registry), and its state as gauges.
   Metrics registry;
+  auto view = LiveView::Start(args, "idem relay", [&] { return registry.Render(); });
+  if (!view.ok()) return Fail(cmd, view.status());
+  Observers observers({&registry, *view ? (*view)->observer() : nullptr});
   auto relay_owned = OutboxRelay::Open(**store, **publisher,
                                        {.name = args.Get("name"),
                                         .batch = static_cast<int>(*batch),
@@ -91,7 +97,7 @@ int RunRelay(const Args& args) {
                                         .keep_sent = keep == "true",
                                         .max_attempts = static_cast<int>(*attempts),
                                         .stop_when_idle = args.Bool("drain"),
-                                        .observer = &registry});
+                                        .observer = &observers});
   if (!relay_owned.ok()) return Fail(cmd, relay_owned.status());
   OutboxRelay& relay = **relay_owned;
   const std::string name = args.Get("name");

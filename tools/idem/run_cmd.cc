@@ -100,12 +100,15 @@ const Command& RunCommand() {
       "Sources (those this build has): " +
           KnownSources() +
           ".\n"
-          "Prometheus metrics on --metrics HOST:PORT (GET /metrics); a progress line on stderr every 5 s.\n"
+          "Prometheus metrics on --metrics HOST:PORT (GET /metrics); the live view (a page animating each\n"
+          "delivery, marker, duplicate and ack, with /metrics) on --web HOST:PORT; a progress line on stderr\n"
+          "every 5 s.\n"
           "Stops on SIGINT/SIGTERM (in-flight messages finish or are given back), or when idle with --drain.\n"
           "--relay-to URL also runs an outbox relay (idem relay) on the store, in this process: on a thread\n"
           "until the consumer stops, and with --drain then until the outbox is empty.",
       "--source URL [--store URL] [--consumer NAME] [--workers N] [--batch N] [--max-attempts N]\n"
-      "       [--lease DURATION] [--drain] [--relay-to URL] [--metrics HOST:PORT] [--json]",
+      "       [--lease DURATION] [--drain] [--relay-to URL] [--metrics HOST:PORT] [--web HOST:PORT]\n"
+      "       [--json]",
       {{"source", "URL", "", "where the messages come from"},
        {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
@@ -116,6 +119,7 @@ const Command& RunCommand() {
        {"drain", "", "", "return once the source is idle"},
        {"relay-to", "URL", "", "also relay the store's outbox to this broker (see idem relay --help)"},
        {"metrics", "HOST:PORT", "", "serve Prometheus metrics on GET /metrics"},
+       {"web", "HOST:PORT", "", "serve the live view on GET / (events on /events, metrics on /metrics)"},
        {"json", "", "", "print the final counters as one JSON object"}}};
   return c;
 }
@@ -138,6 +142,7 @@ int RunRun(const Args& args) {
   const std::string consumer = args.Get("consumer");
   if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
   if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
+  if (Status s = LiveView::Validate(args); !s.ok()) return Fail(cmd, s);
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
   std::unique_ptr<Publisher> relay_publisher;
@@ -155,7 +160,16 @@ int RunRun(const Args& args) {
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
   Metrics registry;
-  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = consumer, .observer = &registry});
+  // Declared before what it observes: it outlives them. Its /metrics adds
+  // the runner's counters once there is one.
+  std::atomic<Consumer*> served{nullptr};
+  auto view = LiveView::Start(args, "idem run", [&] {
+    Consumer* c = served.load();
+    return c != nullptr ? MetricsText(registry, consumer, c->stats()) : registry.Render();
+  });
+  if (!view.ok()) return Fail(cmd, view.status());
+  Observers observers({&registry, *view ? (*view)->observer() : nullptr});
+  auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = consumer, .observer = &observers});
   if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
   Inbox& inbox = **inbox_owned;
   // One worker per Consumer::Run call: RunWorkers starts the threads.
@@ -170,7 +184,7 @@ int RunRun(const Args& args) {
   // end of the outbox once the consumer is done.
   std::unique_ptr<OutboxRelay> relay;
   if (relay_publisher) {
-    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .observer = &registry});
+    auto r = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .observer = &observers});
     if (!r.ok()) return Fail(cmd, r.status());
     relay = std::move(*r);
   }
@@ -182,6 +196,7 @@ int RunRun(const Args& args) {
     relay_thread.join();
   };
 
+  served.store(&runner);
   auto metrics = MetricsServer::Start(args, [&] { return MetricsText(registry, consumer, runner.stats()); });
   if (!metrics.ok()) return Fail(cmd, metrics.status());
   auto stop_metrics = [&] { metrics->reset(); };
