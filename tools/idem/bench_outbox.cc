@@ -35,6 +35,9 @@
 #include "components.h"
 #include "idem/inbox.h"
 #include "idem/metrics.h"
+#if IDEM_HAVE_HTTP
+#include "live/feed.h"
+#endif
 #include "idem/open.h"
 #include "idem/outbox.h"
 #include "idem/outbox_relay.h"
@@ -574,29 +577,69 @@ int RunBenchObserver(const Args& args) {
   if (!observed_owned.ok()) return Fail(cmd, observed_owned.status());
   auto plain = [&](std::span<const Message> b) { return bench::GuardedBatch(**plain_owned, b); };
   auto observed = [&](std::span<const Message> b) { return bench::GuardedBatch(**observed_owned, b); };
+#if IDEM_HAVE_HTTP
+  // The third side: Metrics and the live view's Feed, read by one page (a
+  // thread taking a batch every 100 ms, as /events does).
+  live::Feed feed("idem bench observer");
+  Observers both({&metrics, &feed});
+  auto live_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-observer", .observer = &both});
+  if (!live_owned.ok()) return Fail(cmd, live_owned.status());
+  auto with_live = [&](std::span<const Message> b) { return bench::GuardedBatch(**live_owned, b); };
+  std::atomic<bool> page_done{false};
+  uint64_t page_next = 0, page_dropped = 0, page_events = 0;
+  (void)feed.Snapshot(&page_next);
+  std::thread page([&] {
+    while (!page_done.load()) {
+      const std::string batch = feed.Batch(&page_next, &page_dropped, 100, 300);
+      if (!batch.empty()) ++page_events;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  Side l;
+#endif
   bench::IdGenerator ids(bench::IdKind::kOrdered, bench::FreshSeed());
   const size_t nb = static_cast<size_t>(*batch);
   Side p, o;
   Status s = Measure(ids, nb, std::min(0.5, *seconds / 4), nullptr, plain);
   if (s.ok()) s = Measure(ids, nb, std::min(0.5, *seconds / 4), nullptr, observed);
   {
-    Progress progress("measuring the Inbox without and with an observer", 2 * *rounds);
+    Progress progress("measuring the Inbox without and with an observer", 3 * *rounds);
     for (int64_t r = 0; s.ok() && r < *rounds; ++r) {
       s = Measure(ids, nb, *seconds, &p, plain);
-      progress.Update(2 * r + 1);
+      progress.Update(3 * r + 1);
       if (s.ok()) s = Measure(ids, nb, *seconds, &o, observed);
-      progress.Update(2 * r + 2);
+      progress.Update(3 * r + 2);
+#if IDEM_HAVE_HTTP
+      if (s.ok()) s = Measure(ids, nb, *seconds, &l, with_live);
+#endif
+      progress.Update(3 * r + 3);
     }
   }
+#if IDEM_HAVE_HTTP
+  page_done.store(true);
+  page.join();
+#endif
   if (Status c = bench::PrepareBusinessTable(store); s.ok() && !c.ok()) s = c;
   if (!s.ok()) return Fail(cmd, s);
   const double plain_ps = p.PerSecond(), observed_ps = o.PerSecond();
   const double ratio = observed_ps > 0 ? plain_ps / observed_ps : INFINITY;
   for (size_t r = 0; r < p.rounds.size(); ++r)
     std::printf("round %zu: without %.0f/s, with Metrics %.0f/s\n", r + 1, p.rounds[r], o.rounds[r]);
-  std::printf("bench=observer store=%s batch=%lld without_per_s=%.1f with_per_s=%.1f ratio=%.3f applied=%llu\n",
+  std::printf("bench=observer store=%s batch=%lld without_per_s=%.1f with_per_s=%.1f ratio=%.3f applied=%llu",
               std::string(store.Kind()).c_str(), static_cast<long long>(*batch), plain_ps, observed_ps, ratio,
               static_cast<unsigned long long>(metrics.Count(EventKind::kApplied, "bench-observer")));
+#if IDEM_HAVE_HTTP
+  // With the live view: its rate, the ratio to the side without an
+  // observer, and what its page was sent (batches) and skipped (dropped
+  // or coalesced: the page is never waited for).
+  const double live_ps = l.PerSecond();
+  const double live_ratio = live_ps > 0 ? plain_ps / live_ps : INFINITY;
+  for (size_t r = 0; r < l.rounds.size(); ++r)
+    std::printf("\nround %zu: with the live view %.0f/s", r + 1, l.rounds[r]);
+  std::printf("\nbench=observer-live with_live_per_s=%.1f live_ratio=%.3f page_batches=%llu page_skipped=%llu", live_ps,
+              live_ratio, static_cast<unsigned long long>(page_events), static_cast<unsigned long long>(page_dropped));
+#endif
+  std::printf("\n");
   if (args.Bool("json")) {
     std::cout << Json()
                      .Add("bench", "observer")

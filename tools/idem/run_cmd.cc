@@ -285,10 +285,11 @@ const Command& PublishCommand() {
       "publish",
       "Publish payment messages (payload ORDER:CENTS, ids pay-<run>-<n>) to a source, as a producer\n"
       "would; --dup-rate publishes that share of them twice (a producer retry).",
-      "--source URL [--messages N] [--dup-rate R] [--json]",
+      "--source URL [--messages N] [--dup-rate R] [--rate R] [--json]",
       {{"source", "URL", "", "where to publish (see idem run --help)"},
        {"messages", "N", "1000", "how many distinct messages"},
        {"dup-rate", "R", "0", "fraction of messages published twice (0..1)"},
+       {"rate", "R", "0", "messages per second, spread evenly (0: as fast as the source takes them)"},
        {"json", "", "", "print the counts as one JSON object"}}};
   return c;
 }
@@ -302,12 +303,17 @@ int RunPublish(const Args& args) {
   auto dup_rate = args.GetDouble("dup-rate", 0, 1);
   if (!dup_rate.ok()) return Fail(cmd, dup_rate.status());
   const double dup = *dup_rate;
+  auto rate = args.GetDouble("rate", 0, 1e7);
+  if (!rate.ok()) return Fail(cmd, rate.status());
   auto source = OpenSource(args.Get("source"), {});
   if (!source.ok()) return Fail(cmd, source.status());
   std::mt19937_64 rng(42);
   const std::string run = std::to_string(Env::Default()->NowMs());
   int64_t published = 0, expected_cents = 0;
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < *n; ++i) {
+    if (*rate > 0)  // message i is due i / rate seconds after the start
+      std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(1e6 * i / *rate)));
     Message m;
     m.id = "pay-" + run + "-" + std::to_string(i);
     const int64_t cents = 100 + static_cast<int64_t>(rng() % 100'000);

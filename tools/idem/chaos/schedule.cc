@@ -39,25 +39,22 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
 // false.
 bool Schedule::NextHold(int slot, Plan& p) {
   std::mt19937_64& rng = hold_rngs_[static_cast<size_t>(slot)];
+  const double roll = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t lease = cfg_.lease_ms;
-  // Each kind's share of the slot's lives is given in turn, not drawn: a
-  // credit per kind grows by its rate every life and a hold is due when it
-  // reaches 1 (the slots start at spread-out credits, so they do not all
-  // hold at once). A run of N lives per slot so has every kind whose
-  // rate x N reaches 1, whatever the timing made N.
-  std::array<double, 3>& credit = hold_credit_[slot];
+  const int64_t life = lives_[slot]++;
+  // Drawn at its rate; and each kind with a rate is given to every slot
+  // once early on whatever the draws (at a life that differs per slot and
+  // kind), so a short run, or one whose timing gave few lives, still has
+  // every kind.
   const double rates[3] = {cfg_.pause_rate, cfg_.starve_rate, cfg_.clock_jump_rate};
-  if (lives_[slot] == 0) {
-    const double spread = (static_cast<double>(slot % std::max(1, cfg_.consumers)) + 0.5) / std::max(1, cfg_.consumers);
-    for (size_t k = 0; k < 3; ++k) credit[k] = rates[k] > 0 ? spread : 0;
-  }
-  for (size_t k = 0; k < 3; ++k) credit[k] += rates[k];
-  // (Not in a slot's first life: those start together, and a pause needs
-  // the others running to take over what it holds. The credit waits.)
-  if (lives_[slot]++ == 0) return false;
-  const size_t kind = static_cast<size_t>(std::max_element(credit.begin(), credit.end()) - credit.begin());
-  if (credit[kind] < 1) return false;
-  credit[kind] -= 1;
+  std::array<bool, 3>& given = holds_given_[slot];
+  int kind = roll < rates[0] ? 0 : roll < rates[0] + rates[1] ? 1 : roll < rates[0] + rates[1] + rates[2] ? 2 : -1;
+  for (int k = 0; k < 3; ++k)
+    if (rates[k] > 0 && !given[static_cast<size_t>(k)] && life == 2 + (slot * 3 + k * 2) % 9) kind = k;
+  // (Not a pause in a slot's first life: those start together, and a pause
+  // needs the others running to take over what it holds.)
+  if (kind < 0 || (life == 0 && kind == 0)) return false;
+  given[static_cast<size_t>(kind)] = true;
   if (kind == 0) {
     // Stopped where it holds work: deliveries received, its marker in the
     // open transaction, its handler done, or its commit done and the ack not

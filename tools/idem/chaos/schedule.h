@@ -81,8 +81,8 @@ class Schedule {
   // own, so the other draws of a seed stay what they were without them.
   std::vector<std::mt19937_64> hold_rngs_;
   std::map<int, size_t> next_pause_point_;
-  std::map<int, int64_t> lives_;                      // the lives drawn per slot
-  std::map<int, std::array<double, 3>> hold_credit_;  // pause, starve, clock: NextHold
+  std::map<int, int64_t> lives_;                    // the lives drawn per slot
+  std::map<int, std::array<bool, 3>> holds_given_;  // pause, starve, clock: given to the slot yet
   int64_t provider_lives_ = 0;
   std::mt19937_64 provider_hold_rng_;
 };
