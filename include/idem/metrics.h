@@ -56,7 +56,10 @@ class Metrics final : public Observer {
 
  private:
   struct Series;
-  Series* SeriesFor(std::string_view name) noexcept;
+  struct Shard;
+  // This thread's shard of the series `name` (each thread counts in its own,
+  // with no atomic read-modify-write; Render and Count add them up).
+  Shard* ShardFor(std::string_view name) noexcept;
 
   const uint64_t generation_;  // tells this registry from an earlier one at the same address
   mutable std::mutex mu_;

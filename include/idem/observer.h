@@ -16,6 +16,7 @@
 #ifndef IDEM_OBSERVER_H_
 #define IDEM_OBSERVER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -61,6 +62,9 @@ enum class EventKind {
   kClaimReleased,    // given up without a result: the next claim runs the work
   kClaimFenced,      // the holder's lease had been taken over: its write was refused
 };
+
+// How many kinds there are (the last one's value + 1), for arrays indexed by kind.
+inline constexpr std::size_t kEventKinds = static_cast<std::size_t>(EventKind::kClaimFenced) + 1;
 
 // "applied", "duplicate", ..., "claim_fenced": the name in logs and in
 // metric names.

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <thread>
 
 namespace idem {
 
 namespace {
 
-constexpr size_t kKinds = static_cast<size_t>(EventKind::kClaimFenced) + 1;
+constexpr size_t kKinds = kEventKinds;
 
 // What a kind's series is labelled by.
 enum class Family { kConsumer, kRelay, kScope };
@@ -109,23 +111,51 @@ std::string_view EventKindName(EventKind kind) {
   return i < kKinds ? kInfo[i].name : std::string_view("unknown");
 }
 
-struct Metrics::Series {
+// One thread's counts for one series: written by that thread only (a
+// relaxed load and store, no read-modify-write), read by Render and Count.
+struct Metrics::Shard {
   struct Histogram {
     std::array<std::atomic<uint64_t>, 15> buckets{};  // Buckets().size() + 1 (+Inf)
-    std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> sum_us{0};
     void Observe(int64_t us) {
-      const double s = static_cast<double>(us) / 1e6;
-      const auto& b = Buckets();
+      // The bounds of Buckets(), in microseconds.
+      static constexpr int64_t kBoundsUs[] = {100,    250,    500,     1'000,   2'500,   5'000,     10'000,
+                                              25'000, 50'000, 100'000, 250'000, 500'000, 1'000'000, 5'000'000};
       size_t i = 0;
-      while (i < b.size() && s > b[i]) ++i;
-      buckets[i].fetch_add(1, std::memory_order_relaxed);
-      count.fetch_add(1, std::memory_order_relaxed);
-      sum_us.fetch_add(static_cast<uint64_t>(us), std::memory_order_relaxed);
+      while (i < std::size(kBoundsUs) && us > kBoundsUs[i]) ++i;
+      Bump(buckets[i], 1);
+      Bump(sum_us, static_cast<uint64_t>(us));
     }
   };
+  static void Bump(std::atomic<uint64_t>& cell, uint64_t by) {
+    cell.store(cell.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
   std::array<std::atomic<uint64_t>, kKinds> counts{};
   Histogram handler, commit;
+};
+
+// A series (one consumer's, relay's or scope's name): its threads' shards.
+struct Metrics::Series {
+  std::map<std::thread::id, std::unique_ptr<Shard>> shards;  // guarded by Metrics::mu_
+  uint64_t Count(size_t kind) const {
+    uint64_t n = 0;
+    for (const auto& [id, shard] : shards) n += shard->counts[kind].load(std::memory_order_relaxed);
+    return n;
+  }
+  // The handler (h == 0) or commit histogram, added up: buckets, count, sum.
+  void Histogram(int h, std::array<uint64_t, 15>& buckets, uint64_t& count, uint64_t& sum_us) const {
+    buckets.fill(0);
+    count = sum_us = 0;
+    for (const auto& [id, shard] : shards) {
+      const Shard::Histogram& hist = h == 0 ? shard->handler : shard->commit;
+      for (size_t i = 0; i < buckets.size(); ++i) {
+        const uint64_t b = hist.buckets[i].load(std::memory_order_relaxed);
+        buckets[i] += b;
+        count += b;
+      }
+      sum_us += hist.sum_us.load(std::memory_order_relaxed);
+    }
+  }
 };
 
 const std::vector<double>& Metrics::Buckets() {
@@ -137,33 +167,35 @@ const std::vector<double>& Metrics::Buckets() {
 Metrics::Metrics() : generation_(next_generation.fetch_add(1)) {}
 Metrics::~Metrics() = default;
 
-Metrics::Series* Metrics::SeriesFor(std::string_view name) noexcept {
-  // The last series this thread used, checked by content: the common case
+Metrics::Shard* Metrics::ShardFor(std::string_view name) noexcept {
+  // The last shard this thread used, checked by content: the common case
   // (one consumer per worker thread) takes no lock.
   struct Last {
     uint64_t generation = 0;
     std::string name;
-    Series* series = nullptr;
+    Shard* shard = nullptr;
   };
   thread_local Last last;
-  if (last.generation == generation_ && last.name == name) return last.series;
+  if (last.generation == generation_ && last.name == name) return last.shard;
   try {
     std::lock_guard<std::mutex> l(mu_);
     auto it = series_.find(name);
     if (it == series_.end()) it = series_.emplace(std::string(name), std::make_unique<Series>()).first;
+    std::unique_ptr<Shard>& shard = it->second->shards[std::this_thread::get_id()];
+    if (shard == nullptr) shard = std::make_unique<Shard>();
     last.generation = generation_;
     last.name.assign(name);
-    last.series = it->second.get();
-    return last.series;
+    last.shard = shard.get();
+    return last.shard;
   } catch (...) {
     return nullptr;  // out of memory: the event is not counted
   }
 }
 
 void Metrics::OnEvent(const Event& event) noexcept {
-  Series* s = SeriesFor(event.consumer);
+  Shard* s = ShardFor(event.consumer);
   if (s == nullptr) return;
-  s->counts[static_cast<size_t>(event.kind)].fetch_add(1, std::memory_order_relaxed);
+  Shard::Bump(s->counts[static_cast<size_t>(event.kind)], 1);
   if (event.kind == EventKind::kApplied) {
     if (event.handler_us >= 0) s->handler.Observe(event.handler_us);
     if (event.commit_us >= 0) s->commit.Observe(event.commit_us);
@@ -173,7 +205,7 @@ void Metrics::OnEvent(const Event& event) noexcept {
 uint64_t Metrics::Count(EventKind kind, std::string_view name) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = series_.find(name);
-  return it == series_.end() ? 0 : it->second->counts[static_cast<size_t>(kind)].load(std::memory_order_relaxed);
+  return it == series_.end() ? 0 : it->second->Count(static_cast<size_t>(kind));
 }
 
 void Metrics::AddGauge(std::string name, std::string help, std::string labels, std::function<double()> read) {
@@ -188,23 +220,26 @@ std::string Metrics::Render() const {
     return name.empty() ? std::string()
                         : std::string(kFamilyLabel[static_cast<size_t>(family)]) + "=\"" + LabelValue(name) + "\"";
   };
+  // Each series' counts, added up over its shards once.
+  std::map<std::string_view, std::array<uint64_t, kKinds>> counts;
+  for (const auto& [name, s] : series_)
+    for (size_t k = 0; k < kKinds; ++k) counts[name][k] = s->Count(k);
   for (size_t k = 0; k < kKinds; ++k) {
     const KindInfo& info = kInfo[k];
     bool header = false;
-    for (const auto& [name, s] : series_) {
-      const uint64_t v = s->counts[k].load(std::memory_order_relaxed);
+    for (const auto& [name, c] : counts) {
+      const uint64_t v = c[k];
       // A consumer's series shows every consumer counter (zeros too); a
       // relay's only the outbox ones; a counter nobody touched is left out.
       bool any_of_family = false;
-      for (size_t j = 0; j < kKinds && !any_of_family; ++j)
-        any_of_family = kInfo[j].family == info.family && s->counts[j].load(std::memory_order_relaxed) > 0;
+      for (size_t j = 0; j < kKinds && !any_of_family; ++j) any_of_family = kInfo[j].family == info.family && c[j] > 0;
       if (!any_of_family) continue;
       if (!header) {
         out.append("# HELP ").append(info.metric).append(" ").append(info.help).append("\n");
         out.append("# TYPE ").append(info.metric).append(" counter\n");
         header = true;
       }
-      const std::string labels = labels_of(info.family, name);
+      const std::string labels = labels_of(info.family, std::string(name));
       out.append(info.metric);
       if (!labels.empty()) out.append("{").append(labels).append("}");
       out.append(" ").append(std::to_string(v)).append("\n");
@@ -216,8 +251,9 @@ std::string Metrics::Render() const {
   for (int h = 0; h < 2; ++h) {
     bool header = false;
     for (const auto& [name, s] : series_) {
-      const Series::Histogram& hist = h == 0 ? s->handler : s->commit;
-      const uint64_t count = hist.count.load(std::memory_order_relaxed);
+      std::array<uint64_t, 15> buckets;
+      uint64_t count = 0, sum_us = 0;
+      s->Histogram(h, buckets, count, sum_us);
       if (count == 0) continue;
       if (!header) {
         out.append("# HELP ").append(hists[h].first).append(" ").append(hists[h].second).append("\n");
@@ -229,13 +265,13 @@ std::string Metrics::Render() const {
       uint64_t cumulative = 0;
       const auto& b = Buckets();
       for (size_t i = 0; i <= b.size(); ++i) {
-        cumulative += hist.buckets[i].load(std::memory_order_relaxed);
+        cumulative += buckets[i];
         out.append(hists[h].first).append("_bucket{").append(labels).append(sep).append("le=\"");
         out.append(i < b.size() ? Number(b[i]) : "+Inf").append("\"} ").append(std::to_string(cumulative)).append("\n");
       }
       const std::string braces = labels.empty() ? "" : "{" + labels + "}";
       out.append(hists[h].first).append("_sum").append(braces).append(" ");
-      out.append(Number(static_cast<double>(hist.sum_us.load(std::memory_order_relaxed)) / 1e6)).append("\n");
+      out.append(Number(static_cast<double>(sum_us) / 1e6)).append("\n");
       out.append(hists[h].first).append("_count").append(braces).append(" ").append(std::to_string(count));
       out.append("\n");
     }

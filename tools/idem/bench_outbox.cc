@@ -586,11 +586,12 @@ int RunBenchObserver(const Args& args) {
   if (!live_owned.ok()) return Fail(cmd, live_owned.status());
   auto with_live = [&](std::span<const Message> b) { return bench::GuardedBatch(**live_owned, b); };
   std::atomic<bool> page_done{false};
-  uint64_t page_next = 0, page_dropped = 0, page_events = 0;
-  (void)feed.Snapshot(&page_next);
+  live::Cursor page_cursor;
+  uint64_t page_events = 0;
+  (void)feed.Snapshot(&page_cursor);
   std::thread page([&] {
     while (!page_done.load()) {
-      const std::string batch = feed.Batch(&page_next, &page_dropped, 100, 300);
+      const std::string batch = feed.Batch(&page_cursor, 100, 300);
       if (!batch.empty()) ++page_events;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -637,7 +638,8 @@ int RunBenchObserver(const Args& args) {
   for (size_t r = 0; r < l.rounds.size(); ++r)
     std::printf("\nround %zu: with the live view %.0f/s", r + 1, l.rounds[r]);
   std::printf("\nbench=observer-live with_live_per_s=%.1f live_ratio=%.3f page_batches=%llu page_skipped=%llu", live_ps,
-              live_ratio, static_cast<unsigned long long>(page_events), static_cast<unsigned long long>(page_dropped));
+              live_ratio, static_cast<unsigned long long>(page_events),
+              static_cast<unsigned long long>(page_cursor.dropped));
 #endif
   std::printf("\n");
   if (args.Bool("json")) {

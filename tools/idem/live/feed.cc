@@ -91,25 +91,49 @@ Feed::~Feed() {
   }
 }
 
-void Feed::Push(std::string_view kind, const std::string& body) {
-  {
-    std::lock_guard lock(mu_);
-    const uint64_t seq = next_seq_++;
-    std::string whole = "{\"seq\":" + std::to_string(seq) + "," + body + "}";
-    if (kind == "step") last_step_ = whole;
-    ring_.emplace_back(seq, std::move(whole));
-    while (ring_.size() > ring_size_) ring_.pop_front();
-    auto it = counts_.find(kind);
-    if (it == counts_.end()) it = counts_.emplace(std::string(kind), 0).first;
-    ++it->second;
+bool Feed::Count(std::string_view kind) {
+  if (auto k = KindNamed(kind)) return Count(*k);
+  std::lock_guard lock(mu_);
+  auto it = counts_.find(kind);
+  if (it == counts_.end()) it = counts_.emplace(std::string(kind), 0).first;
+  ++it->second;
+  return true;  // the CLI's own (narration, the demo's steps): always kept
+}
+
+bool Feed::Count(EventKind kind) {
+  library_counts_[static_cast<size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+  if (budget_.fetch_sub(1, std::memory_order_relaxed) > 0) return true;
+  // Out of budget: refilled once 100 ms have passed since the last refill
+  // (the clock read at most every 64 events).
+  const uint64_t skipped = skipped_.fetch_add(1, std::memory_order_relaxed);
+  if (skipped % 64 == 0) {
+    const int64_t now = WallMs();
+    int64_t last = refilled_ms_.load(std::memory_order_relaxed);
+    if (now - last >= 100 && refilled_ms_.compare_exchange_strong(last, now)) budget_.store(kKeptPer100Ms);
   }
-  cv_.notify_all();
+  return false;
+}
+
+void Feed::Push(std::string_view kind, const std::string& body) {
+  std::lock_guard lock(mu_);
+  const uint64_t seq = next_seq_++;
+  std::string whole = "{\"seq\":" + std::to_string(seq) + "," + body + "}";
+  if (kind == "step") last_step_ = whole;
+  ring_.emplace_back(seq, std::move(whole));
+  while (ring_.size() > ring_size_) ring_.pop_front();
+  // A page waits in Batch: wake it once, not once per event.
+  if (waiters_ > 0 && !wake_pending_) {
+    wake_pending_ = true;
+    cv_.notify_all();
+  }
 }
 
 void Feed::OnEvent(const Event& event) noexcept {
   try {
-    const Note n = NoteOf(event, {});
-    Push(n.kind, EncodeBody(n));
+    if (Count(event.kind)) {
+      const Note n = NoteOf(event, {});
+      Push(n.kind, EncodeBody(n));
+    }
     if (forward_ != nullptr) forward_->OnEvent(event);
   } catch (...) {
     // An observer never throws into the run (std::bad_alloc): the event is lost to the page.
@@ -117,7 +141,7 @@ void Feed::OnEvent(const Event& event) noexcept {
 }
 
 void Feed::Tell(const Note& n) {
-  Push(n.kind, EncodeBody(n));
+  if (Count(n.kind)) Push(n.kind, EncodeBody(n));
   if (forward_ == nullptr) return;
   if (auto k = KindNamed(n.kind)) {
     Event e;
@@ -188,20 +212,27 @@ Status Feed::Listen(const std::string& path) {
   return Status::OK();
 }
 
-std::string Feed::CountsLocked() const {
+std::string Feed::CountsLocked() {
   std::string out = "{";
-  for (const auto& [kind, n] : counts_) {
+  auto add = [&](std::string_view kind, uint64_t n) {
     if (out.size() > 1) out += ',';
     out += internal::JsonString(kind);
     out += ':';
     out += std::to_string(n);
-  }
+  };
+  for (size_t k = 0; k < kEventKinds; ++k)
+    if (const uint64_t n = library_counts_[k].load(std::memory_order_relaxed); n > 0)
+      add(EventKindName(static_cast<EventKind>(k)), n);
+  for (const auto& [kind, n] : counts_) add(kind, n);
   return out + "}";
 }
 
-std::string Feed::Snapshot(uint64_t* next) {
+std::string Feed::Snapshot(Cursor* cursor) {
   std::lock_guard lock(mu_);
-  if (next != nullptr) *next = next_seq_;
+  if (cursor != nullptr) {
+    cursor->next = next_seq_;
+    cursor->skipped_seen = skipped_.load();
+  }
   std::string out = "{\"process\":" + internal::JsonString(process_) +
                     ",\"started_ms\":" + std::to_string(started_ms_) + ",\"now_ms\":" + std::to_string(WallMs()) +
                     ",\"counts\":" + CountsLocked() + ",\"recent\":[";
@@ -223,28 +254,37 @@ std::string Feed::Snapshot(uint64_t* next) {
   return out + "],\"dropped\":0}";
 }
 
-std::string Feed::Batch(uint64_t* next, uint64_t* dropped, int64_t wait_ms, size_t max) {
+std::string Feed::Batch(Cursor* c, int64_t wait_ms, size_t max) {
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return closed_ || next_seq_ > *next; });
-  if (next_seq_ <= *next) return "";
+  ++waiters_;
+  cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return closed_ || next_seq_ > c->next; });
+  --waiters_;
+  wake_pending_ = false;
+  // What the feed skipped since this page last heard: dropped for it too.
+  const uint64_t skipped = skipped_.load();
+  const uint64_t newly_skipped = skipped - c->skipped_seen;
+  c->skipped_seen = skipped;
+  c->dropped += newly_skipped;
+  if (next_seq_ <= c->next && newly_skipped == 0) return "";
   // Gone from the ring: dropped. More than `max` waiting: the newest are
   // sent, the older ones coalesced.
-  if (!ring_.empty() && ring_.front().first > *next) {
-    *dropped += ring_.front().first - *next;
-    *next = ring_.front().first;
+  if (!ring_.empty() && ring_.front().first > c->next) {
+    c->dropped += ring_.front().first - c->next;
+    c->next = ring_.front().first;
   }
-  const size_t pending = static_cast<size_t>(next_seq_ - *next);
+  const size_t pending = static_cast<size_t>(next_seq_ - c->next);
   const size_t coalesced = pending > max ? pending - max : 0;
-  *next += coalesced;
-  *dropped += coalesced;
+  c->next += coalesced;
+  c->dropped += coalesced;
   std::string out = "{\"now_ms\":" + std::to_string(WallMs()) + ",\"counts\":" + CountsLocked() + ",\"events\":[";
-  const size_t start = ring_.size() - static_cast<size_t>(next_seq_ - *next);
+  const size_t start = ring_.size() - static_cast<size_t>(next_seq_ - c->next);
   for (size_t i = start; i < ring_.size(); ++i) {
     if (i > start) out += ',';
     out += ring_[i].second;
   }
-  *next = next_seq_;
-  return out + "],\"dropped\":" + std::to_string(*dropped) + ",\"coalesced\":" + std::to_string(coalesced) + "}";
+  c->next = next_seq_;
+  return out + "],\"dropped\":" + std::to_string(c->dropped) +
+         ",\"coalesced\":" + std::to_string(coalesced + newly_skipped) + "}";
 }
 
 void Feed::Close() {
@@ -256,6 +296,7 @@ void Feed::Close() {
 }
 
 uint64_t Feed::count(std::string_view kind) {
+  if (auto k = KindNamed(kind)) return library_counts_[static_cast<size_t>(*k)].load();
   std::lock_guard lock(mu_);
   auto it = counts_.find(kind);
   return it == counts_.end() ? 0 : it->second;

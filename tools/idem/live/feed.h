@@ -7,6 +7,11 @@
 // that falls behind skips ahead and is told how many it missed; the process
 // never waits for a page.
 //
+// Cheap when busy: each event is counted (one atomic add); at most
+// kKeptPer100Ms events per 100 ms are also kept for the pages (encoded and
+// put in the ring), the rest counted as skipped, so a flood costs the
+// process next to nothing and the pages say how many they did not see.
+//
 // Several processes feed one page: each child has a Sender (an Observer
 // that writes each event as one datagram to the Feed's unix socket, never
 // blocking: a full socket drops the event and counts it), and the Feed
@@ -22,6 +27,7 @@
 #ifndef IDEM_TOOLS_IDEM_LIVE_FEED_H_
 #define IDEM_TOOLS_IDEM_LIVE_FEED_H_
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -58,8 +64,17 @@ std::string EncodeBody(const Note& n);
 // An Event of the library as a Note (views into `e`).
 Note NoteOf(const Event& e, std::string_view who);
 
+// Where one page is in the feed.
+struct Cursor {
+  uint64_t next = 0;          // the first event not yet sent
+  uint64_t dropped = 0;       // events not sent: behind, coalesced, or skipped by the feed
+  uint64_t skipped_seen = 0;  // the feed's skipped count already added to dropped
+};
+
 class Feed final : public Observer {
  public:
+  static constexpr int64_t kKeptPer100Ms = 500;
+
   // `process` names the serving process on the page ("idem run").
   explicit Feed(std::string process, size_t ring = 4096);
   ~Feed() override;
@@ -86,23 +101,29 @@ class Feed final : public Observer {
   void Forward(Observer* o) { forward_ = o; }
 
   // {"process","started_ms","now_ms","counts":{kind:n},"recent":[...],"dropped":0}.
-  // *next (if given): the first event a Batch after it should send.
-  std::string Snapshot(uint64_t* next = nullptr);
-  // Waits up to `wait_ms` for events numbered `*next` or later, then
+  // *cursor (if given): where a page that got it starts.
+  std::string Snapshot(Cursor* cursor = nullptr);
+  // Waits up to `wait_ms` for events after the cursor, then
   // {"now_ms","counts","events":[...],"dropped":D,"coalesced":C}: at most
-  // `max` events, the newest (the older ones skipped are coalesced); those
-  // gone from the ring are dropped. Advances *next, adds to *dropped.
-  // "" when nothing came and `wait_ms` passed (the caller sends a comment).
-  std::string Batch(uint64_t* next, uint64_t* dropped, int64_t wait_ms, size_t max);
+  // `max` events, the newest (the older ones are coalesced); those gone
+  // from the ring, and those the feed skipped, are dropped. D is the
+  // cursor's total. "" when nothing came and `wait_ms` passed (the caller
+  // sends a comment).
+  std::string Batch(Cursor* cursor, int64_t wait_ms, size_t max);
   // Wakes every Batch waiting (the server stops).
   void Close();
 
   uint64_t count(std::string_view kind);
   uint64_t bad_lines() const { return bad_lines_.load(); }
+  uint64_t skipped() const { return skipped_.load(); }
 
  private:
+  // Counts `kind`; true when the event is also to be kept (the budget; the
+  // CLI's own kinds always are).
+  bool Count(std::string_view kind);
+  bool Count(EventKind kind);
   void Push(std::string_view kind, const std::string& body);
-  std::string CountsLocked() const;
+  std::string CountsLocked();
 
   const std::string process_;
   const size_t ring_size_;
@@ -110,9 +131,15 @@ class Feed final : public Observer {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t next_seq_ = 1;
-  std::deque<std::pair<uint64_t, std::string>> ring_;  // seq, the whole JSON object
-  std::string last_step_;                              // the latest "step" event, kept past the ring
-  std::map<std::string, uint64_t, std::less<>> counts_;
+  std::deque<std::pair<uint64_t, std::string>> ring_;    // seq, the whole JSON object
+  std::string last_step_;                                // the latest "step" event, kept past the ring
+  std::map<std::string, uint64_t, std::less<>> counts_;  // the CLI's own kinds (rare)
+  std::array<std::atomic<uint64_t>, kEventKinds> library_counts_{};
+  std::atomic<int64_t> budget_{kKeptPer100Ms};
+  std::atomic<int64_t> refilled_ms_{0};
+  std::atomic<uint64_t> skipped_{0};
+  int waiters_ = 0;            // Batch calls waiting (under mu_)
+  bool wake_pending_ = false;  // a notify not yet seen by them
   bool closed_ = false;
   Observer* forward_ = nullptr;
   std::atomic<uint64_t> bad_lines_{0};

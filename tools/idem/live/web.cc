@@ -16,8 +16,7 @@ namespace {
 // What one page's /events connection has been sent.
 struct Stream {
   bool started = false;
-  uint64_t next = 0;
-  uint64_t dropped = 0;
+  Cursor cursor;
 };
 
 // At most this many events per batch, and a batch at most every
@@ -64,9 +63,9 @@ Result<std::unique_ptr<WebServer>> WebServer::Start(const std::string& flag, con
         std::string msg;
         if (!stream->started) {
           stream->started = true;
-          msg = "retry: 1000\nevent: snapshot\ndata: " + feed->Snapshot(&stream->next) + "\n\n";
+          msg = "retry: 1000\nevent: snapshot\ndata: " + feed->Snapshot(&stream->cursor) + "\n\n";
         } else {
-          const std::string batch = feed->Batch(&stream->next, &stream->dropped, 1'000, kMaxPerBatch);
+          const std::string batch = feed->Batch(&stream->cursor, 1'000, kMaxPerBatch);
           msg = batch.empty() ? std::string(": idle\n\n") : "event: batch\ndata: " + batch + "\n\n";
         }
         if (!sink.write(msg.data(), msg.size())) return false;
