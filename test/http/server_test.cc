@@ -5,6 +5,7 @@
 // pipelined requests, 100 Continue, long bodies both ways, stop() with idle
 // keep-alive connections, the peer's address.
 #include "idem/httplib/server.h"
+#include "idem/httplib/metrics_endpoint.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -461,6 +462,31 @@ TEST(ServerFibers, ALargeResponseToASlowReaderArrivesWholeWhileOthersAreServed) 
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->body.size(), big.size() + 5);
   EXPECT_EQ(r->body, "echo:" + big);
+}
+
+// The small endpoint a service without a server of its own serves its
+// Metrics on: GET /metrics answers Render(); bad options are refused.
+TEST(MetricsEndpointTest, ServesTheMetricsTextAndRefusesBadOptions) {
+  Metrics metrics;
+  Event e;
+  e.kind = EventKind::kDuplicate;
+  e.consumer = "payments";
+  for (int copy = 0; copy < 2; ++copy) metrics.OnEvent(e);
+  auto endpoint = idem::httplib::MetricsEndpoint::Open(metrics, {.port = 0});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  ::httplib::Client client("127.0.0.1", (*endpoint)->port());
+  auto r = client.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("idem_duplicates_total{consumer=\"payments\"} 2\n"), std::string::npos) << r->body;
+  EXPECT_EQ(client.Get("/other")->status, 404);
+  EXPECT_EQ(idem::httplib::MetricsEndpoint::Open(metrics, {.port = 70000}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(idem::httplib::MetricsEndpoint::Open(metrics, {.port = 0, .path = "metrics"}).status().code(),
+            Code::kInvalidArgument);
+  // The port is taken: unavailable, naming it.
+  auto again = idem::httplib::MetricsEndpoint::Open(metrics, {.port = (*endpoint)->port()});
+  EXPECT_EQ(again.status().code(), Code::kUnavailable);
+  EXPECT_NE(again.status().message().find(std::to_string((*endpoint)->port())), std::string::npos);
 }
 
 }  // namespace

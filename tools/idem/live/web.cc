@@ -3,6 +3,8 @@
 
 #include <httplib.h>
 
+#include "idem/httplib/metrics_endpoint.h"
+
 #include <chrono>
 #include <system_error>
 #include <thread>
@@ -27,7 +29,7 @@ constexpr int64_t kBatchEveryMs = 100;
 }  // namespace
 
 struct WebServer::Impl {
-  httplib::Server server;
+  ::httplib::Server server;
   std::thread thread;
   Feed* feed = nullptr;
 };
@@ -40,26 +42,27 @@ Result<std::unique_ptr<WebServer>> WebServer::Start(const std::string& flag, con
   w->impl_ = std::make_unique<Impl>();
   Impl& impl = *w->impl_;
   impl.feed = feed;
+  idem::httplib::NoSharedPort(impl.server);  // a port in use is an error, not shared
   // Every open page holds a connection for its event stream.
-  impl.server.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  impl.server.new_task_queue = [] { return new ::httplib::ThreadPool(16); };
   if (render) {
-    impl.server.Get("/metrics", [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
+    impl.server.Get("/metrics", [render = std::move(render)](const ::httplib::Request&, ::httplib::Response& res) {
       res.set_content(render(), "text/plain; version=0.0.4");
     });
   }
   if (feed != nullptr) {
-    impl.server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    impl.server.Get("/", [](const ::httplib::Request&, ::httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(kLivePage, "text/html; charset=utf-8");
     });
-    impl.server.Get("/state", [feed](const httplib::Request&, httplib::Response& res) {
+    impl.server.Get("/state", [feed](const ::httplib::Request&, ::httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(feed->Snapshot(), "application/json");
     });
-    impl.server.Get("/events", [feed](const httplib::Request&, httplib::Response& res) {
+    impl.server.Get("/events", [feed](const ::httplib::Request&, ::httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       auto stream = std::make_shared<Stream>();
-      res.set_chunked_content_provider("text/event-stream", [feed, stream](size_t, httplib::DataSink& sink) {
+      res.set_chunked_content_provider("text/event-stream", [feed, stream](size_t, ::httplib::DataSink& sink) {
         std::string msg;
         if (!stream->started) {
           stream->started = true;
@@ -82,6 +85,9 @@ Result<std::unique_ptr<WebServer>> WebServer::Start(const std::string& flag, con
   } catch (const std::system_error& e) {
     return Status::Unavailable(std::string("cannot start the --") + flag + " server's thread: " + e.what());
   }
+  // Serving before it is returned: a stop() before the listen began would
+  // not end it.
+  while (!impl.server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return w;
 }
 
