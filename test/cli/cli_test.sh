@@ -239,6 +239,10 @@ check run-empty-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?
 has run-empty-consumer-named "$T/err" "--consumer must be a name of 1 to 255 bytes"
 check run-long-consumer 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --consumer "$(printf 'c%.0s' $(seq 300))"
 check run-bad-metrics-port 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --metrics 127.0.0.1:80x
+check run-bad-web 2 timeout 20 "$IDEM" run --source "embedded:$T/runq.db?queue=pay" --store "sqlite:$T/run.db" --drain --web nowhere
+has run-bad-web-named "$T/err" "--web must be HOST:PORT, got 'nowhere'"
+check demo-bad-pace 2 "$IDEM" demo --web 127.0.0.1:1 --pace soon
+has demo-bad-pace-named "$T/err" "soon"
 for r in banana nan inf -0.5 1.5 0.5x ""; do
   check "publish-bad-dup-rate-$r" 2 "$IDEM" publish --source "embedded:$T/rates.db?queue=pay" --messages 3 --dup-rate "$r"
   has "publish-bad-dup-rate-$r-named" "$T/err" "--dup-rate must be a number in 0..1"
@@ -295,9 +299,15 @@ has run-relay-to-bad-url-named "$T/err" "--relay-to nats://127.0.0.1:4222/x"
 # idem relay --metrics: the outbox's gauges and counters while it runs; SIGTERM stops it (exit 0).
 ok relay-metrics-fixture "$OUTBOX" add "sqlite:$T/ob3.db" 25
 MPORT=$(free_port 24000)
-"$IDEM" relay --store "sqlite:$T/ob3.db" --to "embedded:$T/obq3.db?queue=ship" --poll 50 --metrics "127.0.0.1:$MPORT" >"$T/relay.out" 2>"$T/relay.log" &
+WPORT=$(free_port 22000)
+"$IDEM" relay --store "sqlite:$T/ob3.db" --to "embedded:$T/obq3.db?queue=ship" --poll 50 --metrics "127.0.0.1:$MPORT" \
+  --web "127.0.0.1:$WPORT" >"$T/relay.out" 2>"$T/relay.log" &
 RPID=$!
 wait_metrics '^idem_outbox_published_total{relay="relay"} 25$'
+curl -sf "http://127.0.0.1:$WPORT/state" >"$T/state" 2>/dev/null
+has relay-web-published "$T/state" '"outbox_published":25[,}]'
+curl -sf "http://127.0.0.1:$WPORT/metrics" >"$T/webmetrics" 2>/dev/null
+has relay-web-metrics "$T/webmetrics" '^idem_outbox_published_total\{relay="relay"\} 25$'
 has relay-metrics-published "$T/metrics" '^idem_outbox_published_total\{relay="relay"\} 25$'
 has relay-metrics-lanes "$T/metrics" '^idem_outbox_lanes_held\{relay="relay"\} 1$'
 for m in idem_outbox_backlog idem_outbox_oldest_unsent_age_seconds idem_outbox_republished_total \
@@ -329,7 +339,9 @@ check provider-bad-per-client 2 "$IDEM" provider --api-key k:p --max-connections
 has provider-bad-per-client-named "$T/err" "--max-connections-per-client must be 0..1000000"
 # Serve, charge over HTTP, replay, then stop it by its PID (SIGTERM: exit 0).
 PPORT=$(free_port 24000)  # below the ephemeral range, apart from the other test ports
-"$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
+WPORT=$(free_port 22000)  # its live view (--web)
+"$IDEM" provider --api-key sk_t:acct_t --listen "127.0.0.1:$PPORT" --store "sqlite:$T/prov.db" \
+  --web "127.0.0.1:$WPORT" 2>"$T/prov.log" &
 PPID_=$!
 for _ in $(seq 600); do
   curl -sf "http://127.0.0.1:$PPORT/health" >/dev/null 2>&1 && break
@@ -342,6 +354,15 @@ for n in 1 2; do
 done
 has provider-201 "$T/headers1" "^HTTP/1.1 201"
 has provider-replayed "$T/headers2" "Idempotent-Replayed: true"
+# Its live view counts the key's first execution and its replay, and serves the page.
+curl -sf "http://127.0.0.1:$WPORT/state" >"$T/state" 2>/dev/null
+has provider-web-started "$T/state" '"claim_started":1[,}]'
+has provider-web-replayed "$T/state" '"claim_replayed":1[,}]'
+curl -sf "http://127.0.0.1:$WPORT/" >"$T/page" 2>/dev/null
+has provider-web-page "$T/page" "EventSource"
+timeout 3 curl -sN "http://127.0.0.1:$WPORT/events" >"$T/events" 2>/dev/null
+has provider-web-events "$T/events" '^event: snapshot$'
+has provider-web-log-line "$T/prov.log" "^live view: http://127.0.0.1:$WPORT/"
 cmp -s "$T/charge1" "$T/charge2" && pass=$((pass + 1)) || { echo "FAIL provider replay body differs"; fails=$((fails + 1)); }
 # A Content-Length past the body limit is refused from the header, before any body is read
 # (none is sent: reading one would wait for it and end in a 400).
