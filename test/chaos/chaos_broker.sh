@@ -27,5 +27,5 @@ if [ "$MODE" = two-stage ]; then
   "$IDEM" chaos --pipeline two-stage --source2 "$shipping" --messages 400 --kills 30 --consumers 2 --relays 2 \
     --keys 20 --seed "$SEED" "${restart[@]}" --json
 else
-  "$IDEM" chaos --source "$source" --messages 1500 --kills 60 --seed "$SEED" "${restart[@]}" --json
+  "$IDEM" chaos --source "$source" --messages 2000 --kills 60 --seed "$SEED" "${restart[@]}" --json
 fi
