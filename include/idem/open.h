@@ -62,6 +62,9 @@ struct StoreSettings {
   // Connections a PostgreSQL store keeps for reuse; 0: the URL's
   // idem_pool_size, or the adapter's default. Default: 0.
   int pool_size = 0;
+  // The clock of the store's records and waits (idem/env.h); it must
+  // outlive the store. Default: null (Env::Default()).
+  Env* env = nullptr;
 };
 
 // A Store: sqlite:PATH (or a bare PATH), postgres:// or postgresql://.

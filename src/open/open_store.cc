@@ -99,6 +99,7 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
         return NotAStore(url);
       IDEM_ASSIGN_OR_RETURN(sqlite::Store::Options o, std::move(parsed));
       o.create_if_missing = o.create_if_missing && settings.create_if_missing;
+      if (settings.env != nullptr) o.env = settings.env;
       return sqlite::Store::Open(o);
     }
     case StoreKind::kPostgres: {
@@ -106,6 +107,7 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
       IDEM_ASSIGN_OR_RETURN(postgres::Store::Options o, postgres::Store::ParseUrl(url));
       o.create_if_missing = o.create_if_missing && settings.create_if_missing;
       if (settings.pool_size > 0) o.pool_size = settings.pool_size;
+      if (settings.env != nullptr) o.env = settings.env;
       return postgres::Store::Open(o);
 #else
       return NotBuilt("postgres", "POSTGRES", url);

@@ -104,10 +104,10 @@ Result<const char*> FindVfs(const std::string& name) {
 #if IDEM_HAVE_TESTING
   if (name == sqlite::FaultVfs::kName) IDEM_RETURN_IF_ERROR(sqlite::FaultVfs::Install().status());
 #else
-  if (name == "idem-fault")  // the fault VFS: compiled in only for tests (build option IDEM_WITH_TESTING)
+  if (name == "idem-fault")  // the fault VFS: compiled in only for tests (build option IDEM_WITH_KILL_POINTS)
     return Status::InvalidArgument(
         "the SQLite VFS 'idem-fault' is not built into this idem (it is for tests: "
-        "configure with -DIDEM_WITH_TESTING=ON)");
+        "configure with -DIDEM_WITH_KILL_POINTS=ON)");
 #endif
   if (sqlite3_vfs_find(name.c_str()) != nullptr) return name.c_str();
   std::string known;

@@ -48,7 +48,7 @@ expect2() {
   ok "$what: exit 2, names $pattern"
 }
 expect2 "idem demo" "-DIDEM_WITH_HTTP=ON" "$IDEM" demo
-expect2 "idem chaos" "-DIDEM_WITH_TESTING=ON" "$IDEM" chaos
+expect2 "idem chaos" "-DIDEM_WITH_KILL_POINTS=ON" "$IDEM" chaos
 expect2 "idem provider" "-DIDEM_WITH_HTTPLIB=ON" "$IDEM" provider
 expect2 "idem bench call-first" "-DIDEM_WITH_HTTP=ON" "$IDEM" bench call-first
 expect2 "idem schema on postgres://" "IDEM_WITH_POSTGRES" "$IDEM" schema --store postgres://u@127.0.0.1:1/db

@@ -25,6 +25,8 @@
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "idem/store.h"
+#include "idem/testing/gtest.h"
+#include "idem/testing/harness.h"
 #include "util/temp_dir.h"
 
 namespace idem::testing {
@@ -56,11 +58,11 @@ std::unique_ptr<T> MustOpen(Args&&... args) {
   return std::move(*r);
 }
 
-inline Message Msg(std::string id, std::string payload = "") {
-  Message m;
-  m.id = std::move(id);
-  m.payload = payload.empty() ? "payload-of-" + m.id : std::move(payload);
-  return m;
+// The test kit's Msg(id, payload) (idem/testing/harness.h), and this one:
+// a message whose payload is "payload-of-<id>".
+inline Message Msg(std::string id) {
+  std::string payload = "payload-of-" + id;
+  return Msg(std::move(id), std::move(payload));
 }
 
 // The business table of the payments example: one row per charge, no unique

@@ -32,7 +32,7 @@ struct Entry {
   { name, command, run, "" }
 #else
 #define IDEM_CRASH_COMMAND(name, command, run) \
-  { name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_TESTING=ON" }
+  { name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_KILL_POINTS=ON" }
 #endif
 
 const Entry kEntries[] = {

@@ -18,7 +18,7 @@ namespace idem {
 // Kill points.
 //
 // IDEM_KILL_POINT("inbox.after_marker") marks a window that matters for
-// exactly-once. When idem is built with -DIDEM_WITH_TESTING=ON (which ./run test and
+// exactly-once. When idem is built with -DIDEM_WITH_KILL_POINTS=ON (which ./run test and
 // ./run demo do; the default is OFF, and kill points then compile to nothing) and
 // a kill point is armed, reaching it the n-th time runs its action: by default
 // the process sends itself SIGKILL, as a crash or power cut would. When no
