@@ -32,10 +32,10 @@ TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
   ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
   const std::string url = BaseUrl() + "?queue=" + QueueName("url") + "&prefetch=10&queue_type=quorum";
   auto pub = OpenPublisher(url);
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Kind(), "amqp");
   auto src = OpenSource(url, {.lease_ms = 60'000});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   EXPECT_EQ((*src)->Kind(), "amqp");
   EXPECT_EQ((*src)->lease_ms(), 60'000);
   Message m = Msg("m-1", "body");
@@ -70,14 +70,14 @@ TEST(AmqpOpenByUrl, APublisherWithoutAQueuePublishesBatchesAndRejectsJustTheUnro
   ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
   EXPECT_EQ(OpenSource(BaseUrl() + "?prefetch=5").status().code(), Code::kInvalidArgument);
   auto pub = OpenPublisher(BaseUrl() + "?prefetch=5");
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Channel(), "");
   Status no_queue = (*pub)->Publish(Msg("m-0"));
   EXPECT_EQ(no_queue.code(), Code::kInvalidArgument) << no_queue;
   EXPECT_NE(no_queue.message().find("no queue"), std::string::npos) << no_queue;
   const std::string queue = QueueName("batch"), missing = QueueName("nobody");
   auto src = OpenSource(BaseUrl() + "?queue=" + queue);
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   Message a = Msg("m-1", "a"), lost = Msg("m-2", "b"), c = Msg("m-3", "c");
   const Outgoing batch[] = {{queue, "k-1", &a}, {missing, "k-2", &lost}, {queue, "k-3", &c}};
   for (int round = 0; round < 2; ++round) {
@@ -107,9 +107,9 @@ TEST(AmqpWireFormat, FormerProducerTimeNamesAreRead) {
   ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
   const std::string queue = QueueName("wire");
   auto pub = amqp::Publisher::Open({.url = BaseUrl(), .queue = queue, .declare_queue = true});
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   auto src = amqp::Source::Open({.url = BaseUrl(), .queue = queue});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   Message kafka_name = Msg("kafka-name");
   kafka_name.headers = {{"idem-produced-at-ms", "1700000000001"}, {"trace", "t"}};
   Message redis_name = Msg("redis-name");

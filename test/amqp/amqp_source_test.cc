@@ -136,13 +136,13 @@ std::unique_ptr<AmqpSource> OpenSource(const std::string& queue, int prefetch = 
                                        Env* env = nullptr) {
   auto s = AmqpSource::Open(
       {.url = Url(), .queue = queue, .prefetch = prefetch, .id_header = std::move(id_header), .env = env});
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   return s.ok() ? std::move(*s) : nullptr;
 }
 
 std::unique_ptr<Publisher> OpenPublisher(const std::string& queue) {
   auto p = Publisher::Open({.url = Url(), .queue = queue, .declare_queue = true});
-  EXPECT_TRUE(p.ok()) << p.status();
+  EXPECT_OK(p);
   return p.ok() ? std::move(*p) : nullptr;
 }
 
@@ -152,7 +152,7 @@ std::vector<Delivery> ReceiveN(idem::Source& src, size_t n, int max = 100) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
     auto got = src.Receive(max, 500);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     if (!got.ok()) break;
     for (Delivery& d : *got) out.push_back(std::move(d));
   }
@@ -165,7 +165,7 @@ struct Db {
   std::unique_ptr<Store> store;
   Db() {
     auto s = sqlite::Store::Open({.path = dir.File("inbox.db")});
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     store = std::move(*s);
     EXPECT_TRUE(CreatePayments(*store).ok());
   }
@@ -306,7 +306,7 @@ TEST(AmqpSource, HeadersProducerTimeAndBinaryIdsAndPayloadsRoundTripByteExact) {
 TEST(AmqpSource, PublishToAMissingQueueIsNotFound) {
   REQUIRE_BROKER();
   auto pub = Publisher::Open({.url = Url()});
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   Status s = (*pub)->Publish(UniqueQueue() + "-nobody", Msg("m"));
   EXPECT_EQ(s.code(), Code::kNotFound) << s;
   // The publisher goes on working.
@@ -454,7 +454,7 @@ TEST(AmqpSource, MessageWithoutAnyIdGoesToTheDeadLetterPathAndHeaderFallbackWork
   DrainRest(q, inbox);
   ExpectExactlyOnce(*db.store, {"hdr-1", "ok-1"});
   auto dead = db.store->ListDeadLetters("payments", 100);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 2u) << "each copy of the id-less message is dead-lettered";
   for (const auto& d : *dead) EXPECT_EQ(d.reason, "failed");
 }
@@ -488,7 +488,7 @@ TEST(AmqpSource, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
   ExpectExactlyOnce(*db.store, {"ok-1", "ok-2"});
   EXPECT_EQ(Charges(*db.store, "poison-1"), 0);
   auto dead = db.store->ListDeadLetters("payments", 100);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 1u);
   EXPECT_EQ((*dead)[0].id, "poison-1");
   EXPECT_EQ((*dead)[0].reason, "failed");
@@ -569,7 +569,7 @@ TEST(AmqpSource, ConsumerKilledAfterCommitBeforeAckIsAbsorbedByAnother) {
   });
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "wait status " << status;
   auto opened = sqlite::Store::Open({.path = dir.File("inbox.db")});
-  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_OK(opened);
   struct {
     std::unique_ptr<Store> store;
   } db{std::move(*opened)};
@@ -651,14 +651,14 @@ TEST(AmqpSource, TheOutboxRelayBacksOffAcrossABrokerRestartAndLosesNothing) {
   TempDir dir;
   RelayWorkload w(60, 6);
   auto store = OpenOutboxStore(dir.File("outbox.db"));
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 10).ok());
   int resumed = -1;
   auto stats = DrainAcrossABrokerRestart(
       **store, *pub, dir.File("published.log"), 3, [&] { ASSERT_EQ(broker.Ctl("pause"), 0); },
       [&] { resumed = broker.Ctl("resume"); });
   ASSERT_EQ(resumed, 0) << "could not start the broker again";
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_GE(stats->transient_errors, 1u) << "the relay saw the broker go";
   const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir.File("published.log"));
   auto src = OpenSource(q, 1000);

@@ -29,7 +29,7 @@ TEST_P(ClaimsConformance, NewKeyStartsAndIsCompletedOnceThenReplayed) {
   auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
   Claims& claims = *claims_owned;
   auto first = claims.Claim(Req("k1"));
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   ASSERT_EQ(first->kind, Kind::kStarted);
   EXPECT_GT(first->token.fence, 0);
   EXPECT_EQ(first->token.lease_until_ms, env_.NowMs() + kLease);
@@ -37,7 +37,7 @@ TEST_P(ClaimsConformance, NewKeyStartsAndIsCompletedOnceThenReplayed) {
   ASSERT_TRUE(claims.Complete(first->token, "receipt-1").ok());
   for (int delivery = 0; delivery < 2; ++delivery) {
     auto again = claims.Claim(Req("k1"));
-    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_OK(again);
     EXPECT_EQ(again->kind, Kind::kCompleted);
     EXPECT_EQ(again->result, "receipt-1");
     EXPECT_FALSE(again->result_is_error);
@@ -134,7 +134,7 @@ TEST_P(ClaimsConformance, SecondClaimWhileLeaseIsLiveIsInProgress) {
   ASSERT_TRUE(first.ok() && first->kind == Kind::kStarted);
   env_.Advance(kLease - 1);
   auto second = claims.Claim(Req("k2"));
-  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_OK(second);
   EXPECT_EQ(second->kind, Kind::kInProgress);
   EXPECT_EQ(second->retry_at_ms, first->token.lease_until_ms);
 }
@@ -168,7 +168,7 @@ TEST_P(ClaimsConformance, ExpiredLeaseIsTakenOverAndTheStaleHolderIsFenced) {
   ASSERT_TRUE(paused.ok() && paused->kind == Kind::kStarted);
   env_.Advance(kLease);  // the holder pauses past its lease
   auto taker = claims.Claim(Req("k4"));
-  ASSERT_TRUE(taker.ok()) << taker.status();
+  ASSERT_OK(taker);
   ASSERT_EQ(taker->kind, Kind::kStarted);
   EXPECT_TRUE(taker->took_over);
   EXPECT_GT(taker->token.fence, paused->token.fence);
@@ -266,7 +266,7 @@ TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
   }
   EXPECT_EQ(Claims::Open(*store_, Claims::Options{.poll_ms = 0, .env = &env_}).status().code(), Code::kInvalidArgument);
   auto rec = store_->FindClaim("charges", "no-retention");
-  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_OK(rec);
   EXPECT_FALSE(rec->has_value());  // nothing was claimed
   // A wait "for ever" does not overflow the deadline.
   auto claims_owned = MustOpen<Claims>(*store_, Claims::Options{.env = &env_});
@@ -277,7 +277,7 @@ TEST_P(ClaimsConformance, ClaimsThatKeepNoResultStartNoWork) {
   ClaimRequest waiting = Req("forever");
   waiting.wait_ms = std::numeric_limits<int64_t>::max();
   auto replay = claims.Claim(waiting);
-  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_OK(replay);
   EXPECT_EQ(replay->kind, Kind::kCompleted);
 }
 
@@ -294,12 +294,12 @@ TEST_P(ClaimsConformance, CompletedRecordsExpireAfterRetentionAndArePurged) {
   ASSERT_TRUE(still.ok());
   EXPECT_EQ(still->kind, Kind::kConflict);
   auto purged_early = store_->PurgeClaims("", /*abandoned_after_ms=*/3'600'000, 100);
-  ASSERT_TRUE(purged_early.ok()) << purged_early.status();
+  ASSERT_OK(purged_early);
   EXPECT_EQ(*purged_early, 0);
 
   env_.Advance(kLease + 1);  // result expired; the abandoned lease ended an hour ago
   auto purged = store_->PurgeClaims("", 3'600'000, 1);
-  ASSERT_TRUE(purged.ok()) << purged.status();
+  ASSERT_OK(purged);
   EXPECT_EQ(*purged, 2);
   auto gone = store_->FindClaim("charges", "old");
   ASSERT_TRUE(gone.ok());
@@ -318,7 +318,7 @@ TEST_P(ClaimsConformance, ExpiredResultNotYetPurgedCountsAsAbsent) {
   ASSERT_TRUE(claims.Complete(c->token, "r1").ok());
   env_.Advance(1000);
   auto again = claims.Claim(Req("k9", "v2"));
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   ASSERT_EQ(again->kind, Kind::kStarted);
   EXPECT_FALSE(again->took_over);
   EXPECT_GT(again->token.fence, c->token.fence);
@@ -343,7 +343,7 @@ TEST_P(ClaimsConformance, ScopesAreSeparate) {
     EXPECT_EQ(cb->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
   auto listed = store_->ListClaims("refunds", 10);
-  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_OK(listed);
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].scope, "refunds");
   auto all = store_->ListClaims("", 10);
@@ -473,7 +473,7 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByTheCompletion) {
   observed.AwaitReads(1);  // the duplicate saw it in progress and waits
   ASSERT_TRUE(holding.Complete(holder->token, "the result").ok());
   duplicate.join();
-  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_OK(waited);
   EXPECT_EQ(waited->kind, Kind::kCompleted);
   EXPECT_EQ(waited->result, "the result");
 }
@@ -520,7 +520,7 @@ TEST_P(ClaimsConformance, BoundedWaitIsWokenByARelease) {
   observed.AwaitReads(1);
   ASSERT_TRUE(holding.Fail(holder->token, FailPolicy::kRelease, "503").ok());
   duplicate.join();
-  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_OK(waited);
   EXPECT_EQ(waited->kind, Kind::kStarted) << "the waiter runs the work after a release";
   EXPECT_GT(waited->token.fence, holder->token.fence);
 }
@@ -542,14 +542,14 @@ TEST_P(ClaimsConformance, BoundedWaitEndsInProgressWhenItsTimeIsUp) {
   observed.AwaitReads(2);  // it polls
   env_.Advance(5'000);     // its time is up (the lease of 30 s is not)
   duplicate.join();
-  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_OK(waited);
   EXPECT_EQ(waited->kind, Kind::kInProgress);
   EXPECT_EQ(waited->retry_at_ms, holder->token.lease_until_ms);
 }
 
 TEST_P(ClaimsConformance, StoreClockIsTheOneGiven) {
   auto now = store_->NowMs();
-  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_OK(now);
   EXPECT_EQ(*now, env_.NowMs());
 }
 

@@ -97,7 +97,7 @@ IDEM_DELIVERY_CASE(AckingOneCopyLeavesTheOtherLeased, &Capabilities::has_lease) 
 IDEM_DELIVERY_CASE(LeasedMessageIsInvisibleUntilTheLeaseExpiresThenRedelivered, &Capabilities::has_lease) {
   PublishTwice(Msg("m-1"));
   auto first = source().Receive(1, 0);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   ASSERT_EQ(first->size(), 1u);
   EXPECT_EQ((*first)[0].message.attempt, Attempt(1));
   // The second receiver sees only the other copy, never the leased one.
@@ -108,7 +108,7 @@ IDEM_DELIVERY_CASE(LeasedMessageIsInvisibleUntilTheLeaseExpiresThenRedelivered, 
   EXPECT_TRUE(ReceiveAll().empty());
   // A Receive that waits less than the lease still sees nothing.
   auto waited = source().Receive(10, kLeaseMs / 2);
-  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_OK(waited);
   EXPECT_TRUE(waited->empty());
   Advance(kLeaseMs);  // now past both leases
   std::vector<Delivery> redelivered = ReceiveAll();
@@ -126,7 +126,7 @@ IDEM_DELIVERY_CASE(AWaitingReceiveSeesALeaseExpire, &Capabilities::has_lease) {
   ASSERT_EQ(ReceiveAll().size(), 2u);
   // Receive waits longer than the lease: the messages come back within it.
   auto got = source().Receive(10, kLeaseMs * 2);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 2u);
   for (const Delivery& d : *got) {
     EXPECT_EQ(d.message.attempt, Attempt(2));
@@ -370,7 +370,7 @@ IDEM_DELIVERY_CASE(ReceiveReturnsAtMostMax) {
   std::vector<Delivery> all;
   for (int round = 0; round < 20 && all.size() < 10; ++round) {
     auto got = source().Receive(3, 0);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_LE(got->size(), 3u);
     for (auto& d : *got) all.push_back(std::move(d));
   }
@@ -483,7 +483,7 @@ IDEM_DELIVERY_CASE(TwoProcessesConsumingOneQueueAckEveryDeliveryExactlyOnce, &Ca
   ASSERT_EQ(acked.size(), static_cast<size_t>(kIds));
   for (auto& [id, n] : acked) EXPECT_EQ(n, 2) << id;
   auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_OK(h);
   handle_ = std::move(*h);
   ExpectDrained();
 }
@@ -502,7 +502,7 @@ IDEM_DELIVERY_CASE(ADeliveryNotAckedComesAgainToTheNextConsumerAfterAClose) {
   for (const Delivery& d : pending) EXPECT_EQ(d.message.id, "pending");
   handle_ = {};  // closed: neither acked nor nacked
   auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_OK(h);
   handle_ = std::move(*h);
   Advance(kLeaseMs + 1);  // on a source with leases, the closed consumer's run out
   std::vector<Delivery> again = ReceiveAll();
@@ -556,10 +556,10 @@ class AckAfterCommitCheck final : public Source {
 IDEM_DELIVERY_CASE(ThroughTheInboxEachMessageIsAppliedOnceAndAckedAfterItsCommit) {
   constexpr int kIds = 20;
   auto store = sqlite::Store::Open({.path = dir_.File("store.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto reader = sqlite::Store::Open({.path = dir_.File("store.db")});
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_OK(reader);
   for (int i = 0; i < kIds; ++i) PublishTwice(Msg("m-" + std::to_string(i)));
   AckAfterCommitCheck checked(source(), **reader);
   auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "suite"});
@@ -673,7 +673,7 @@ IDEM_DELIVERY_CASE(AnInvalidElementIsRefusedAndTheOthersArePublished) {
 // own channel: its messages go there, the others to the channel.
 IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere) {
   auto other = Open({.lease_ms = kLeaseMs, .env = &env_, .other_channel = true});
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_OK(other);
   ASSERT_NE(other->channel, handle_.channel);
   Message there = Msg("there", "1"), here = Msg("here", "2");
   const Outgoing batch[] = {{other->channel, "k", &there}, {{}, "k", &here}};
@@ -689,7 +689,7 @@ IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere) {
   for (const Delivery& d : got_here) EXPECT_TRUE(source().Ack(d).ok());
   ExpectDrained();
   auto left = other->source->Receive(10, 0);
-  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_OK(left);
   EXPECT_TRUE(left->empty()) << left->size() << " left on the other channel";
 }
 
@@ -705,10 +705,10 @@ IDEM_DELIVERY_CASE(TheOutboxRelayPublishesEveryRowIntactAndEachKeyInOrder) {
   constexpr int kN = 120, kKeys = 6;
   RelayWorkload w(kN, kKeys);
   auto store = OpenOutboxStore(dir_.File("outbox.db"));
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 15).ok());
   auto stats = DrainOutbox(**store, publisher(), DrainOptions(50));
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(stats->published, 2u * kN);
   EXPECT_EQ(stats->republished, 0u);
   std::vector<Delivery> got = ReceiveN(source(), 2 * kN);
@@ -747,7 +747,7 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
                       fresh_log = dir_.File(tag + "-fresh.log");
     {
       auto store = OpenOutboxStore(db);
-      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_OK(store);
       for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 7).ok());
     }
     // The killed relay: its own store handle, logging what its broker confirmed.
@@ -771,7 +771,7 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
       });
       ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
       auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handle_ = std::move(*h);
     } else {
       // Not across a fork (librdkafka): the kill point's action throws, which
@@ -789,10 +789,10 @@ IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhat
       ASSERT_TRUE(killed) << "the relay drained before " << kill.point << " hit " << kill.hit;
     }
     auto store = OpenOutboxStore(db);
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     LoggingPublisher logged(publisher(), fresh_log);
     auto stats = DrainOutbox(**store, logged, DrainOptions(kBatch));
-    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_OK(stats);
     std::map<RelayedRow, int> before = ReadPublishLog(child_log), after = ReadPublishLog(fresh_log);
     const std::map<RelayedRow, int> confirmed = MergeLogs({before, after});
     size_t again = 0;

@@ -42,11 +42,11 @@ OutgoingMessage Out(std::string key, std::string payload, std::string id = "") {
 // Adds `messages` in one committed transaction that also inserts a payments row.
 std::vector<std::string> AddCommitted(Store& store, Outbox& outbox, const std::vector<OutgoingMessage>& messages) {
   auto tx = store.Begin();
-  EXPECT_TRUE(tx.ok()) << tx.status();
+  EXPECT_OK(tx);
   if (!tx.ok()) return {};
   EXPECT_TRUE((*tx)->Exec("INSERT INTO payments(message_id, cents) VALUES ('w', 1)").ok());
   auto ids = outbox.AddMany(**tx, messages);
-  EXPECT_TRUE(ids.ok()) << ids.status();
+  EXPECT_OK(ids);
   Status c = (*tx)->Commit();
   EXPECT_TRUE(c.ok()) << c;
   return ids.ok() ? *ids : std::vector<std::string>{};
@@ -70,7 +70,7 @@ TEST_P(OutboxConformance, AddCommitsWithTheWorkAndRollsBackWithIt) {
     (*tx)->Rollback();
   }
   auto st = outbox->Stats();
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_EQ(st->backlog, 0) << "a rolled-back Add left a row";
   // A savepoint rolled back takes the Add made after it; the one before stays.
   std::string kept;
@@ -78,12 +78,12 @@ TEST_P(OutboxConformance, AddCommitsWithTheWorkAndRollsBackWithIt) {
     auto tx = store_->Begin();
     ASSERT_TRUE(tx.ok());
     auto a = outbox->Add(**tx, Out("order-1", "kept"));
-    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_OK(a);
     kept = *a;
     ASSERT_TRUE((*tx)->Exec("SAVEPOINT s").ok());
     ASSERT_TRUE(outbox->Add(**tx, Out("order-1", "taken back")).ok());
     ASSERT_TRUE((*tx)->Exec("ROLLBACK TO SAVEPOINT s").ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   st = outbox->Stats();
   ASSERT_TRUE(st.ok());
@@ -126,7 +126,7 @@ TEST_P(OutboxConformance, BadFieldsAreRefusedAndWriteNothing) {
   // A good message with a bad one in the same AddMany: neither is added.
   std::vector<OutgoingMessage> mixed = {Out("k", "ok"), Out("k", "more than ten bytes")};
   EXPECT_FALSE(outbox->AddMany(**tx, mixed).ok());
-  ASSERT_TRUE((*tx)->Commit().ok());
+  ASSERT_OK((*tx)->Commit());
   EXPECT_EQ(outbox->Stats()->backlog, 0);
   // A transaction of another store is refused.
   TempDir other_dir;
@@ -245,7 +245,7 @@ TEST_P(OutboxConformance, ARefusedMessageIsDeadLetteredAndItsKeyGoesOn) {
   for (const auto& c : pub.copies()) got.push_back(c.id);
   EXPECT_EQ(got, (std::vector<std::string>{ids[0], ids[2], ids[4]}));
   auto dead = outbox->ListDeadLetters(10);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 2u);
   std::map<std::string, OutboxDeadLetter> by_id;
   for (auto& d : *dead) by_id[d.row.id] = d;
@@ -275,7 +275,7 @@ TEST_P(OutboxConformance, SentMessagesAndDeadLettersArePurgedByAgeInBatches) {
   ASSERT_TRUE(Must(Relay::Open(*store_, pub, Drain(&env_)))->Run().ok());
   EXPECT_EQ(outbox->Stats()->sent_kept, 26);
   auto purged = outbox->Purge(sent_at + 1, 0, 10);
-  ASSERT_TRUE(purged.ok()) << purged.status();
+  ASSERT_OK(purged);
   EXPECT_EQ(*purged, 25);
   EXPECT_EQ(outbox->Stats()->sent_kept, 1) << "the later message is kept";
   EXPECT_EQ(outbox->Stats()->dead_letters, 1);

@@ -47,11 +47,11 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
   //    one call: the second finds the first in progress.
   {
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     std::vector<ClaimRequest> reqs = {req("k1"), req("k2"), req("k1")};
     auto got = (*tx)->ClaimManyInTransaction(reqs);
     ASSERT_EQ(got.size(), 3u);
-    for (auto& g : got) ASSERT_TRUE(g.ok()) << g.status();
+    for (auto& g : got) ASSERT_OK(g);
     EXPECT_EQ(got[0]->kind, Kind::kStarted);
     EXPECT_EQ(got[1]->kind, Kind::kStarted);
     EXPECT_EQ(got[2]->kind, Kind::kInProgress);
@@ -60,34 +60,34 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
   }
   for (const char* k : {"k1", "k2"}) {
     auto rec = claims->FindClaim("charges", k);
-    ASSERT_TRUE(rec.ok()) << rec.status();
+    ASSERT_OK(rec);
     EXPECT_FALSE(rec->has_value()) << k << " survived the rollback";
   }
   // 2. Again, committed this time.
   {
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     std::vector<ClaimRequest> reqs = {req("k1"), req("k2")};
     auto got = (*tx)->ClaimManyInTransaction(reqs);
     ASSERT_EQ(got.size(), 2u);
     for (auto& g : got) {
-      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_OK(g);
       EXPECT_EQ(g->kind, Kind::kStarted);
     }
     EXPECT_NE(got[0]->token.fence, got[1]->token.fence) << "two claims with one fence";
     last_fence = std::max(got[0]->token.fence, got[1]->token.fence);
     for (const Status& s : complete_all(**tx, {got[0]->token, got[1]->token})) EXPECT_TRUE(s.ok()) << s;
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   // 3. A replay, a conflict and a new key in one call; a completion with a
   //    token that does not hold its key fails.
   {
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     std::vector<ClaimRequest> reqs = {req("k1"), req("k2", "another body"), req("k3")};
     auto got = (*tx)->ClaimManyInTransaction(reqs);
     ASSERT_EQ(got.size(), 3u);
-    for (auto& g : got) ASSERT_TRUE(g.ok()) << g.status();
+    for (auto& g : got) ASSERT_OK(g);
     EXPECT_EQ(got[0]->kind, Kind::kCompleted);
     EXPECT_EQ(got[0]->result, "result of k1");
     EXPECT_EQ(got[1]->kind, Kind::kConflict);
@@ -102,11 +102,11 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
     (*tx)->Rollback();
   }
   auto k3 = claims->FindClaim("charges", "k3");
-  ASSERT_TRUE(k3.ok()) << k3.status();
+  ASSERT_OK(k3);
   EXPECT_FALSE(k3->has_value());
   {  // k3 again: rolled back, so it starts afresh
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     std::vector<ClaimRequest> reqs = {req("k3")};
     auto got = (*tx)->ClaimManyInTransaction(reqs);
     ASSERT_EQ(got.size(), 1u);
@@ -115,7 +115,7 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
     (*tx)->Rollback();
   }
   auto k1 = claims->FindClaim("charges", "k1");
-  ASSERT_TRUE(k1.ok()) << k1.status();
+  ASSERT_OK(k1);
   ASSERT_TRUE(k1->has_value());
   EXPECT_EQ((*k1)->state, ClaimRecord::State::kCompleted);
 }
@@ -263,7 +263,7 @@ TEST_P(StoreConformance, IdReusedForDifferentPayloadIsAConflictNeverSilent) {
   EXPECT_EQ(Charges(*store_), 1);
   EXPECT_EQ(inbox.counters().conflicts, 2u);
   auto dead = store_->ListDeadLetters("payments", 10);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 1u);
   EXPECT_EQ((*dead)[0].reason, "conflict");
   EXPECT_NE((*dead)[0].error.find(ToHex(FingerprintOf("4000"))), std::string::npos);
@@ -444,7 +444,7 @@ TEST_P(StoreConformance, TwoProcessesRacingApplyEachMessageOnce) {
   }
   EXPECT_EQ(total, kMessages);
   auto store = GetParam().open(dir_, &env_);
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ(Charges(**store), kMessages);
 }
 
@@ -453,7 +453,7 @@ TEST_P(StoreConformance, FailuresAreCountedOutsideTheTransactionAndDeadLettered)
   for (int i = 1; i <= 3; ++i) {
     FailureRecord rec{"payments", &m, "boom " + std::to_string(i), 3, env_.NowMs()};
     auto c = store_->RecordFailure(rec);
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     EXPECT_EQ(c->attempts, i);
     EXPECT_EQ(c->dead_lettered, i == 3);
   }
@@ -481,7 +481,7 @@ TEST_P(StoreConformance, AFailureOfAnAppliedMessageIsNotCounted) {
   // A racing copy whose lease ran out fails after the message was applied:
   // nothing is counted, the old count goes, nothing is dead-lettered.
   auto c = store_->RecordFailure(before);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_TRUE(c->already_applied);
   EXPECT_EQ(c->attempts, 0);
   EXPECT_FALSE(c->dead_lettered);
@@ -498,7 +498,7 @@ TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
   int64_t cut = env_.NowMs();
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(inbox.Handle(Msg("new-" + std::to_string(i)), ChargeHandler()).applied());
   auto n = store_->Purge("payments", cut, 7);
-  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 25);
   EXPECT_EQ(*store_->CountMarkers("payments"), 5);
   // A purged id is forgotten: its late duplicate would apply again. That is
@@ -538,7 +538,7 @@ TEST_P(StoreConformance, HandlerSeesItsOwnWritesAndParameters) {
 
 TEST_P(StoreConformance, SchemaIsVersioned) {
   auto info = store_->Schema();
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_GE(info->version, 1);
   bool markers = false;
   for (auto& s : info->statements) markers |= s.find("idem_markers") != std::string::npos;
@@ -548,10 +548,10 @@ TEST_P(StoreConformance, SchemaIsVersioned) {
 TEST_P(StoreConformance, ApplyIfNewerAppliesEachVersionOnceAndNeverAnOlderOne) {
   auto apply = [&](const std::string& key, int64_t version) -> bool {
     auto tx = store_->Begin();
-    EXPECT_TRUE(tx.ok()) << tx.status();
+    EXPECT_OK(tx);
     auto newer = ApplyIfNewer(**tx, "account", key, version);
-    EXPECT_TRUE(newer.ok()) << newer.status();
-    EXPECT_TRUE((*tx)->Commit().ok());
+    EXPECT_OK(newer);
+    EXPECT_OK((*tx)->Commit());
     return newer.ok() && *newer;
   };
   // Every version delivered twice, and out of order.

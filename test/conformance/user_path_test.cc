@@ -30,7 +30,7 @@ namespace {
 std::unique_ptr<embedded::Queue> OpenQueue(const TempDir& dir, Env* env) {
   auto q = embedded::Queue::Open(
       {.path = dir.File("queue.db"), .queue = "payments", .lease_ms = 60'000, .durable = false, .env = env});
-  EXPECT_TRUE(q.ok()) << q.status();
+  EXPECT_OK(q);
   return q.ok() ? std::move(*q) : nullptr;
 }
 
@@ -41,7 +41,7 @@ void PublishTwice(embedded::Queue& q, const std::vector<Message>& messages) {
 
 std::vector<DeadLetter> Letters(Store& store, const std::string& reason) {
   auto all = store.ListDeadLetters("", 100);
-  EXPECT_TRUE(all.ok()) << all.status();
+  EXPECT_OK(all);
   std::vector<DeadLetter> out;
   if (all.ok())
     for (auto& l : *all)
@@ -92,7 +92,7 @@ TEST_P(StoreConformance, ADownstreamInProgressIsRedeliveredAndParkedNeverDeadLet
   auto queue = OpenQueue(dir_, &env_);
   ASSERT_NE(queue, nullptr);
   auto claims_store = sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_});
-  ASSERT_TRUE(claims_store.ok()) << claims_store.status();
+  ASSERT_OK(claims_store);
   auto claims_owned = MustOpen<Claims>(*(*claims_store)->claim_store(), Claims::Options{.env = &env_});
   Claims& claims = *claims_owned;
   Downstream provider;

@@ -138,11 +138,11 @@ class ConsumerTestBase {
   void Open() {
     auto q = embedded::Queue::Open(
         {.path = dir_.File("queue.db"), .lease_ms = kLeaseMs, .durable = false, .poll_ms = 50, .env = &env_});
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
     queue_ = std::move(*q);
     auto s =
         sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
@@ -162,7 +162,7 @@ class ConsumerTestBase {
 
   void ExpectQueueEmpty() {
     auto s = queue_->Stats();
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     EXPECT_EQ(s->ready, 0);
     EXPECT_EQ(s->leased, 0);
     EXPECT_EQ(s->delayed, 0);
@@ -183,13 +183,13 @@ class ConsumerTestBase {
     EXPECT_TRUE(tx.ok());
     if (!tx.ok()) return -1;
     auto rows = (*tx)->Query("SELECT count(*) FROM idem_failures");
-    EXPECT_TRUE(rows.ok()) << rows.status();
+    EXPECT_OK(rows);
     return rows.ok() ? rows->rows[0][0].AsInt() : -1;
   }
 
   std::vector<DeadLetter> DeadLetters() {
     auto d = store_->ListDeadLetters("payments", 100);
-    EXPECT_TRUE(d.ok()) << d.status();
+    EXPECT_OK(d);
     return d.ok() ? *d : std::vector<DeadLetter>{};
   }
 

@@ -129,10 +129,10 @@ class KillPoint : public ::testing::TestWithParam<CrashCase> {
 
   void Prepare() {
     auto store = sqlite::Store::Open({.path = StorePath()});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs});
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
     for (int round = 0; round < 2; ++round)
       for (int i = 0; i < kIds; ++i) ASSERT_TRUE((*q)->Publish(Msg(Id(i))).ok());
     // Both close here: no SQLite connection crosses the fork.
@@ -214,9 +214,9 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   std::set<std::string> marked_before;
   {
     auto store = sqlite::Store::Open({.path = StorePath()});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     auto markers = (*store)->ListMarkers("payments", 1000);
-    ASSERT_TRUE(markers.ok()) << markers.status();
+    ASSERT_OK(markers);
     for (const Marker& m : *markers) marked_before.insert(m.id);
     for (int i = 0; i < kIds; ++i)
       EXPECT_EQ(Charges(**store, Id(i)), marked_before.count(Id(i)) ? 1 : 0)
@@ -249,9 +249,9 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   // The clean restart, with leases that the fake clock runs out.
   FakeEnv env(Env::Default()->NowMs());
   auto q = embedded::Queue::Open({.path = QueuePath(), .lease_ms = kLeaseMs, .poll_ms = 200, .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   auto store = sqlite::Store::Open({.path = StorePath(), .env = &env});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
   Inbox& inbox = *inbox_owned;
   RecordingSource src(**q);
@@ -272,7 +272,7 @@ TEST_P(KillPoint, CrashThenRestartAppliesEveryMessageExactlyOnce) {
   ASSERT_TRUE(count.ok());
   EXPECT_EQ(*count, kIds);
   auto st = (*q)->Stats();
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_EQ(st->ready, 0);
   EXPECT_EQ(st->leased, 0);
   EXPECT_EQ(st->delayed, 0);
@@ -361,10 +361,10 @@ TEST(KillPointLeaseLost, ACrashWhereTheHolderLearnsItLostItsLeaseLosesAndDoubles
   constexpr int kMessages = 4;
   {
     auto store = sqlite::Store::Open({.path = store_path});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
     auto q = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease});
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
     for (int i = 0; i < kMessages; ++i) ASSERT_TRUE((*q)->Publish(Msg(Id(i))).ok());
   }
   const int status = RunInChild([&] {
@@ -398,12 +398,12 @@ TEST(KillPointLeaseLost, ACrashWhereTheHolderLearnsItLostItsLeaseLosesAndDoubles
       << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
 
   auto store = sqlite::Store::Open({.path = store_path});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ(Charges(**store), 1) << "the first message was done, the second's transaction died with the child";
   // The restart: a fake clock that the waits move past every lease.
   FakeEnv env(Env::Default()->NowMs() + 10 * kLease);
   auto q = embedded::Queue::Open({.path = queue_path, .lease_ms = kLease, .poll_ms = 200, .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
   auto consumer =
       MustOpen<Consumer>(**q, *inbox, ChargeHandler(),
@@ -411,7 +411,7 @@ TEST(KillPointLeaseLost, ACrashWhereTheHolderLearnsItLostItsLeaseLosesAndDoubles
   ASSERT_TRUE(consumer->Run().ok());
   for (int i = 0; i < kMessages; ++i) EXPECT_EQ(Charges(**store, Id(i)), 1) << Id(i);
   auto st = (*q)->Stats();
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_EQ(st->acked, kMessages);
   EXPECT_EQ(st->ready + st->leased + st->delayed, 0);
 }
@@ -443,10 +443,10 @@ TEST_F(ClaimKillPoint, ACrashAfterTheStoreFinishedAClaimKeepsItsResult) {
       << "claims.finish_done did not crash the child (wait status " << status << ")";
   // The holder never heard; the store did it: a retry replays the result.
   auto store = sqlite::Store::Open({.path = Path()});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto claims = MustOpen<Claims>(*(*store)->claim_store());
   auto again = claims->Claim(Req(60'000));
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted);
   EXPECT_EQ(again->result, "ch_1");
 }
@@ -471,7 +471,7 @@ TEST_F(ClaimKillPoint, AFencedHolderCrashingWhereItLearnsSoLeavesTheTakeoverInCh
       << "claims.lease_lost did not crash the child (wait status " << status << ")";
   FakeEnv env(start + 2'000);
   auto store = sqlite::Store::Open({.path = Path(), .env = &env});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto rec = (*store)->claim_store()->FindClaim("charges", "k1");
   ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
   EXPECT_EQ((*rec)->state, ClaimRecord::State::kInProgress) << "the zombie's result was never stored";
@@ -481,12 +481,12 @@ TEST_F(ClaimKillPoint, AFencedHolderCrashingWhereItLearnsSoLeavesTheTakeoverInCh
   env.Advance(61'000);
   auto claims = MustOpen<Claims>(*(*store)->claim_store(), Claims::Options{.env = &env});
   auto third = claims->Claim(Req(1'000));
-  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_OK(third);
   ASSERT_EQ(third->kind, ClaimOutcome::Kind::kStarted);
   EXPECT_EQ(third->token.fence, 3);
   ASSERT_TRUE(claims->Complete(third->token, "ch_3").ok());
   auto replay = claims->Claim(Req(1'000));
-  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_OK(replay);
   EXPECT_EQ(replay->kind, ClaimOutcome::Kind::kCompleted);
   EXPECT_EQ(replay->result, "ch_3");
 }

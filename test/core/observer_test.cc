@@ -30,7 +30,7 @@ namespace {
 
 std::unique_ptr<Store> OpenStore(const TempDir& dir) {
   auto s = sqlite::Store::Open({.path = dir.File("store.db")});
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   EXPECT_TRUE(CreatePayments(**s).ok());
   return std::move(*s);
 }
@@ -83,7 +83,7 @@ TEST(Observer, ConsumerEventsAreCountedAndRendered) {
   TempDir dir;
   auto store = OpenStore(dir);
   auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .durable = false});
-  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_OK(queue);
   constexpr int kN = 20;
   for (int copy = 0; copy < 2; ++copy) {
     for (int i = 0; i < kN; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i), "100")).ok());
@@ -146,7 +146,7 @@ TEST(Observer, AHandlerThatOutlivesItsLeaseIsToldAsALeaseOverrun) {
   auto store = OpenStore(dir);
   FakeEnv env;
   auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .lease_ms = 1'000, .durable = false, .env = &env});
-  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_OK(queue);
   ASSERT_TRUE((*queue)->Publish(Msg("slow-1", "100")).ok());
   ASSERT_TRUE((*queue)->Publish(Msg("fast-1", "100")).ok());
   Metrics metrics;
@@ -178,7 +178,7 @@ TEST(Observer, TheOutboxAndTheRelayTellWhatTheyAddedAndPublished) {
   Recorder rec;
   Observers both({&metrics, &rec});
   auto outbox = Outbox::Open(*store, {.observer = &both});
-  ASSERT_TRUE(outbox.ok()) << outbox.status();
+  ASSERT_OK(outbox);
   for (int copy = 0; copy < 2; ++copy) {  // the same messages added twice
     auto tx = store->Begin();
     ASSERT_TRUE(tx.ok());
@@ -187,14 +187,14 @@ TEST(Observer, TheOutboxAndTheRelayTellWhatTheyAddedAndPublished) {
       m.headers.emplace_back("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
       ASSERT_TRUE((*outbox)->Add(**tx, m).ok());
     }
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   auto queue = embedded::Queue::Open({.path = dir.File("shipping.db"), .durable = false});
   ASSERT_TRUE(queue.ok());
   auto relay =
       OutboxRelay::Open(*store, **queue, {.name = "relay-a", .poll_ms = 10, .stop_when_idle = true, .observer = &both});
-  ASSERT_TRUE(relay.ok()) << relay.status();
-  ASSERT_TRUE((*relay)->Run().ok());
+  ASSERT_OK(relay);
+  ASSERT_OK((*relay)->Run());
   EXPECT_EQ(rec.Of(EventKind::kOutboxAdded).size(), 6u);
   auto published = rec.Of(EventKind::kOutboxPublished);
   ASSERT_EQ(published.size(), 6u);
@@ -212,12 +212,12 @@ TEST(Observer, ClaimsTellEveryOutcomeAndTheFencedHolder) {
   TempDir dir;
   FakeEnv env;
   auto s = sqlite::Store::Open({.path = dir.File("claims.db"), .env = &env});
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   Metrics metrics;
   Recorder rec;
   Observers both({&metrics, &rec});
   auto claims = Claims::Open(*(*s)->claim_store(), {.env = &env, .observer = &both});
-  ASSERT_TRUE(claims.ok()) << claims.status();
+  ASSERT_OK(claims);
   const ClaimRequest charge{
       .scope = "charges", .key = "order-1:charge", .fingerprint = FingerprintOf("4000"), .lease_ms = 1'000};
   auto first = (*claims)->Claim(charge);

@@ -28,7 +28,7 @@ class ProducerTimeKey : public ::testing::Test {
  protected:
   void SetUp() override {
     auto s = sqlite::Store::Open({.path = dir_.File("s.db"), .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }
@@ -87,7 +87,7 @@ TEST_F(ProducerTimeKey, AFailureOfAnAppliedMessageIsNotCounted) {
   Message m = Timed("m-1", 7000);
   ASSERT_TRUE(inbox.Handle(m, ChargeHandler()).applied());
   auto c = store_->RecordFailure({"payments", &m, "a late copy failed", 1, env_.NowMs()});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_TRUE(c->already_applied);
   EXPECT_FALSE(c->dead_lettered);
   EXPECT_TRUE(store_->ListDeadLetters("payments", 10)->empty());
@@ -117,7 +117,7 @@ TEST_F(ProducerTimeKey, PurgeGoesByProducerTimeAndARestampedRetryIsNotCaught) {
   for (int i = 0; i < 20; ++i)
     for (int copy = 0; copy < 2; ++copy) inbox.Handle(Timed("m-" + std::to_string(i), 1000 * i), ChargeHandler());
   auto n = store_->Purge("payments", 10'000, 3);
-  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 10);
   EXPECT_EQ(*store_->CountMarkers("payments"), 10);
   EXPECT_EQ(inbox.Handle(Timed("m-15", 15'000), ChargeHandler()).kind, Outcome::Kind::kDuplicate);

@@ -78,14 +78,14 @@ TEST(Trace, ScopesNestAndRestoreWhatWasThere) {
 
 std::unique_ptr<Store> OpenStore(const TempDir& dir, const std::string& name) {
   auto s = sqlite::Store::Open({.path = dir.File(name)});
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   return s.ok() ? std::move(*s) : nullptr;
 }
 
 // The queue named `name` in file `name`.db (an outbox destination names the queue).
 std::unique_ptr<embedded::Queue> OpenQueue(const TempDir& dir, const std::string& name) {
   auto q = embedded::Queue::Open({.path = dir.File(name + ".db"), .queue = name, .durable = false});
-  EXPECT_TRUE(q.ok()) << q.status();
+  EXPECT_OK(q);
   return q.ok() ? std::move(*q) : nullptr;
 }
 
@@ -120,9 +120,9 @@ TEST(Trace, OneTraceFollowsAMessageThroughTheInboxTheOutboxTheRelayAndTheNextCon
   };
 
   auto outbox = Outbox::Open(*payments_store);
-  ASSERT_TRUE(outbox.ok()) << outbox.status();
+  ASSERT_OK(outbox);
   auto payments = Inbox::Open(*payments_store, {.consumer = "payments"});
-  ASSERT_TRUE(payments.ok()) << payments.status();
+  ASSERT_OK(payments);
   const Handler charge = [&](Transaction& tx, const Message& m) -> Status {
     record("payments/" + m.id);
     IDEM_RETURN_IF_ERROR(
@@ -133,18 +133,18 @@ TEST(Trace, OneTraceFollowsAMessageThroughTheInboxTheOutboxTheRelayAndTheNextCon
     return (*outbox)->Add(tx, own).status();
   };
   auto stage1 = Consumer::Open(*orders, **payments, charge, {.stop_when_idle = true});
-  ASSERT_TRUE(stage1.ok()) << stage1.status();
-  ASSERT_TRUE((*stage1)->Run().ok());
+  ASSERT_OK(stage1);
+  ASSERT_OK((*stage1)->Run());
   EXPECT_EQ(CurrentTrace(), nullptr);  // nothing left behind on this thread
 
   auto relay = OutboxRelay::Open(*payments_store, *paid, {.poll_ms = 10, .stop_when_idle = true});
-  ASSERT_TRUE(relay.ok()) << relay.status();
-  ASSERT_TRUE((*relay)->Run().ok());
+  ASSERT_OK(relay);
+  ASSERT_OK((*relay)->Run());
   // Each published message comes twice (as a relay's republish after a
   // crash would bring it): the copy is the message as it arrived, headers
   // and all.
   auto first = paid->Receive(100, 0);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   ASSERT_EQ(first->size(), 6u);
   for (const Delivery& d : *first) {
     ASSERT_TRUE(paid->Publish(d.message).ok());
@@ -152,14 +152,14 @@ TEST(Trace, OneTraceFollowsAMessageThroughTheInboxTheOutboxTheRelayAndTheNextCon
   }
 
   auto shipping = Inbox::Open(*shipping_store, {.consumer = "shipping"});
-  ASSERT_TRUE(shipping.ok()) << shipping.status();
+  ASSERT_OK(shipping);
   const Handler ship = [&](Transaction&, const Message& m) -> Status {
     record("shipping/" + m.id);
     return Status::OK();
   };
   auto stage2 = Consumer::Open(*paid, **shipping, ship, {.stop_when_idle = true});
-  ASSERT_TRUE(stage2.ok()) << stage2.status();
-  ASSERT_TRUE((*stage2)->Run().ok());
+  ASSERT_OK(stage2);
+  ASSERT_OK((*stage2)->Run());
   EXPECT_EQ((*stage2)->stats().acked, 12u);  // 6 rows, each published twice
   EXPECT_EQ((*shipping)->counters().duplicates, 6u);
 
@@ -186,15 +186,15 @@ TEST(Trace, AddOutsideAHandlerTakesTheCallersScope) {
     auto tx = store->Begin();
     ASSERT_TRUE(tx.ok());
     ASSERT_TRUE((*outbox)->Add(**tx, {.destination = "paid", .id = "p-1", .payload = "x"}).ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   auto tx = store->Begin();
   ASSERT_TRUE(tx.ok());
   ASSERT_TRUE((*outbox)->Add(**tx, {.destination = "paid", .id = "p-2", .payload = "x"}).ok());
-  ASSERT_TRUE((*tx)->Commit().ok());
+  ASSERT_OK((*tx)->Commit());
   auto relay = OutboxRelay::Open(*store, *paid, {.poll_ms = 10, .stop_when_idle = true});
   ASSERT_TRUE(relay.ok());
-  ASSERT_TRUE((*relay)->Run().ok());
+  ASSERT_OK((*relay)->Run());
   auto got = paid->Receive(10, 0);
   ASSERT_TRUE(got.ok());
   ASSERT_EQ(got->size(), 2u);

@@ -52,15 +52,15 @@ class TwoPhaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto s = sqlite::Store::Open({.path = dir_.File("inbox.db"), .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE payments(id TEXT, receipt TEXT)").ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
     // Claims in a file of their own (see CallOnce).
     auto c = ClaimsOf(sqlite::Store::Open({.path = dir_.File("claims.db"), .env = &env_}));
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     claim_store_ = *c;
     claims_ = MustOpen<Claims>(*claim_store_, Claims::Options{.env = &env_});
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
@@ -81,7 +81,7 @@ class TwoPhaseTest : public ::testing::Test {
   std::vector<std::vector<Value>> Payments() {
     auto tx = store_->Begin();
     auto rows = (*tx)->Query("SELECT id, receipt FROM payments ORDER BY id");
-    EXPECT_TRUE(rows.ok()) << rows.status();
+    EXPECT_OK(rows);
     return rows.ok() ? rows->rows : std::vector<std::vector<Value>>{};
   }
 
@@ -190,7 +190,7 @@ TEST_F(TwoPhaseTest, HolderKilledMidCallIsTakenOverAfterItsLease) {
 TEST_F(TwoPhaseTest, ConsumerRedeliversAStepInProgressWithoutCountingAFailure) {
   auto q = embedded::Queue::Open(
       {.path = dir_.File("queue.db"), .lease_ms = 60'000, .durable = false, .poll_ms = 50, .env = &env_});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   for (int round = 0; round < 2; ++round) ASSERT_TRUE((*q)->Publish(Msg("m-1", "40")).ok());
   // Another process holds the step for 10 s of the consumer's clock.
   auto other =

@@ -79,7 +79,7 @@ TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   TempDir dir;
   {
     auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
   auto q = Queue::Open({.path = dir.File("payments.db")});
@@ -89,11 +89,11 @@ TEST(EmbeddedQueue, StoreFileIsRefusedAsSchemaMismatchAndLeftIntact) {
   EXPECT_NE(q.status().message().find("own file"), std::string::npos) << q.status();
   // Nothing was added to the store file.
   auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto tx = (*store)->Begin();
   ASSERT_TRUE(tx.ok());
   auto rows = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name LIKE 'idem_queue%'");
-  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_OK(rows);
   EXPECT_EQ(rows->rows[0][0].AsInt(), 0);
 }
 
@@ -111,7 +111,7 @@ TEST(EmbeddedQueue, NewerQueueSchemaIsRefused) {
   TempDir dir;
   {
     auto q = Queue::Open({.path = dir.File("q.db")});
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
   }
   ExecOnFile(dir.File("q.db"), "UPDATE idem_queue_meta SET value = '99' WHERE key = 'version'");
   auto q = Queue::Open({.path = dir.File("q.db")});
@@ -136,13 +136,13 @@ TEST(EmbeddedQueue, ForeverLeasesAndDelaysDoNotWrapIntoThePast) {
   FakeEnv env;
   constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
   auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = kForever, .durable = false, .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   Message m;
   m.id = "m-forever";
   m.payload = "p";
   for (int i = 0; i < 2; ++i) ASSERT_TRUE((*q)->Publish(m).ok());  // every message twice
   auto got = (*q)->Receive(2, 0);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 2u);
   env.Advance(1'000'000);
   auto again = (*q)->Receive(2, 0);
@@ -162,7 +162,7 @@ TEST(EmbeddedQueue, ADeliveryCountOutOfRangeIsTheLargestAttempt) {
   TempDir dir;
   FakeEnv env;
   auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = 1000, .durable = false, .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   Message m;
   m.id = "m-counted";
   m.payload = "p";
@@ -170,7 +170,7 @@ TEST(EmbeddedQueue, ADeliveryCountOutOfRangeIsTheLargestAttempt) {
   ExecOnFile(dir.File("q.db"), "UPDATE idem_queue_messages SET deliveries = 9223372036854775807");
   for (int i = 0; i < 2; ++i) {  // the second reads the REAL the first one's + 1 wrote
     auto got = (*q)->Receive(1, 0);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     ASSERT_EQ(got->size(), 1u);
     EXPECT_EQ((*got)[0].message.attempt, std::numeric_limits<int>::max()) << i;
     env.Advance(2000);  // past the lease: it comes again
@@ -193,12 +193,12 @@ TEST(EmbeddedQueue, InvalidOptionsAreRejected) {
 
 TEST(EmbeddedQueue, UrlParsing) {
   auto o = Queue::ParseUrl("embedded:/tmp/q.db?queue=x&lease_ms=5");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->path, "/tmp/q.db");
   EXPECT_EQ(o->queue, "x");
   EXPECT_EQ(o->lease_ms, 5);
   auto plain = Queue::ParseUrl("embedded:q.db");
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_EQ(plain->path, "q.db");
   EXPECT_EQ(plain->queue, "default");
   EXPECT_EQ(plain->lease_ms, Queue::Options{}.lease_ms);
@@ -218,10 +218,10 @@ TEST(EmbeddedQueue, ParsedUrlOpensAWorkingQueue) {
   TempDir dir;
   FakeEnv env;
   auto o = Queue::ParseUrl("embedded:" + dir.File("q.db") + "?queue=payments&lease_ms=5");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   o->env = &env;
   auto q = Queue::Open(*o);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   ASSERT_TRUE((*q)->Publish(Msg("m-1")).ok());
   ASSERT_TRUE((*q)->Publish(Msg("m-1")).ok());
   auto got = (*q)->Receive(10, 0);
@@ -241,7 +241,7 @@ TEST(EmbeddedQueue, InvalidIdOnPublishIsRejectedAndNothingIsQueued) {
   TempDir dir;
   FakeEnv env;
   auto q = Queue::Open({.path = dir.File("q.db"), .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   for (const std::string& bad : {std::string(), std::string(kMaxIdBytes + 1, 'z')}) {
     for (int i = 0; i < 2; ++i) {
       Status s = (*q)->Publish(Msg(bad, "1"));
@@ -292,7 +292,7 @@ TEST(EmbeddedQueue, StatsCountReadyLeasedDelayedPublishedAcked) {
   ASSERT_TRUE((*q)->Ack((*got)[0]).ok());
   ASSERT_TRUE((*q)->Nack((*got)[1], 5000).ok());
   auto s = (*q)->Stats();
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(s->ready, 3);
   EXPECT_EQ(s->leased, 1);
   EXPECT_EQ(s->delayed, 1);
@@ -375,7 +375,7 @@ TEST(EmbeddedQueue, ExtendLeaseHoldsWhileTheReceiptHoldsTheLeaseEvenAfterItRanOu
   TempDir dir;
   FakeEnv env;
   auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = 1000, .durable = false, .env = &env});
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_EQ((*q)->lease_ms(), 1000);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE((*q)->Publish(Msg("m-1")).ok());
   auto got = (*q)->Receive(2, 0);
@@ -475,28 +475,28 @@ TEST(OpenSourceByUrl, EmbeddedSourceAndPublisherShareTheQueue) {
   TempDir dir;
   const std::string url = "embedded:" + dir.File("q.db") + "?queue=orders";
   auto pub = OpenPublisher(url);
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Kind(), "embedded");
   Message m = Msg("m-1");
   m.producer_time_ms = 1'700'000'000'000;
   ASSERT_TRUE((*pub)->Publish(m).ok());
   auto src = OpenSource(url, {.lease_ms = 1'234});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   EXPECT_EQ((*src)->Kind(), "embedded");
   EXPECT_EQ((*src)->lease_ms(), 1'234);  // the settings' lease where the URL names none
   auto got = (*src)->Receive(10, 0);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 1u);
   EXPECT_EQ((*got)[0].message.id, "m-1");
   EXPECT_EQ((*got)[0].message.producer_time_ms, m.producer_time_ms);
   EXPECT_TRUE((*src)->Ack((*got)[0]).ok());
   // The URL's lease_ms wins over the settings'.
   auto own = OpenSource(url + "&lease_ms=777", {.lease_ms = 1'234});
-  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_OK(own);
   EXPECT_EQ((*own)->lease_ms(), 777);
   // Another queue of the same file sees nothing.
   auto other = OpenSource("embedded:" + dir.File("q.db") + "?queue=other");
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_OK(other);
   EXPECT_TRUE((*other)->Receive(10, 0)->empty());
   EXPECT_EQ(SourceSchemes().front(), "embedded");
 }

@@ -171,7 +171,7 @@ class ClientTest : public ::testing::Test {
                            .max_attempts = max_attempts,
                            .read_timeout_ms = read_timeout_ms,
                            .env = &env_});
-    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
   }
 
@@ -194,7 +194,7 @@ class ClientTest : public ::testing::Test {
   // The Idempotency middleware on SQLite in front of `handler` at /charges.
   void Guarded(::httplib::Server::Handler handler, http::RoutePolicy policy = {}) {
     auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}));
@@ -228,7 +228,7 @@ TEST_F(ClientTest, Retries5xxWithTheSameKeyUntil201) {
   server_.Start();
   auto client = NewClient(server_.port());
   auto r = client->Post("/charges", kBody, "order-42:charge");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->status, 201);
   EXPECT_EQ(r->attempts, 3);
   EXPECT_FALSE(r->replayed);
@@ -266,13 +266,13 @@ TEST_F(ClientTest, RetriesAConnectionErrorUntilTheServerIsUp) {
   });
   auto client = NewClient(port.port());
   auto r = client->Post("/charges", kBody, "conn-1");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->status, 201);
   EXPECT_EQ(r->attempts, 2);
   EXPECT_FALSE(r->replayed);
   // The same key again (a caller's own retry): the stored response.
   auto again = client->Post("/charges", kBody, "conn-1");
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_EQ(again->status, 201);
   EXPECT_TRUE(again->replayed);
   EXPECT_EQ(again->attempts, 1);
@@ -305,7 +305,7 @@ TEST_F(ClientTest, Retries409UntilTheFirstRequestIsDoneAndGetsItsReplay) {
     gate.Open();
     t.join();
   }
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->status, 201);
   EXPECT_TRUE(r->replayed);
   EXPECT_EQ(r->attempts, 2);
@@ -328,7 +328,7 @@ TEST_F(ClientTest, Retries429HonouringRetryAfter) {
   server_.Start();
   auto client = NewClient(server_.port());
   auto r = client->Post("/charges", kBody, "rate-1");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->status, 201);
   EXPECT_EQ(r->attempts, 2);
   EXPECT_EQ(env_.sleeps(), std::vector<int64_t>{1'000});
@@ -344,7 +344,7 @@ TEST_F(ClientTest, Never422ItIsABugInTheCaller) {
   server_.Start();
   auto client = NewClient(server_.port());
   auto r1 = client->Post("/charges", kBody, "reused-1");
-  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_OK(r1);
   for (int i = 0; i < 2; ++i) {
     auto r2 = client->Post("/charges", R"({"amount":9999,"currency":"usd"})", "reused-1");
     ASSERT_FALSE(r2.ok());
@@ -405,7 +405,7 @@ TEST_F(ClientTest, KeysWithQuotesAndBackslashesArriveIntact) {
   const std::string key = R"(order "42" \ charge\)";
   for (int i = 0; i < 2; ++i) {
     auto r = client->Post("/charges", kBody, key);
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->status, 201);
     EXPECT_EQ(r->replayed, i == 1);
   }
@@ -428,7 +428,7 @@ TEST_F(ClientTest, OtherStatusesAreReturnedAsTheyAre) {
   auto client = NewClient(server_.port());
   for (int i = 0; i < 2; ++i) {
     auto r = client->Post("/charges", kBody, "plain-1");
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->status, 400);
     EXPECT_EQ(r->attempts, 1);
     EXPECT_TRUE(r->replayed);
@@ -451,12 +451,12 @@ TEST_F(ClientTest, GetRetries5xxButNot409) {
   server_.Start();
   auto client = NewClient(server_.port());
   auto r = client->Get("/health");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(r->attempts, 2);
   EXPECT_EQ(r->body, "healthy");
   auto busy = client->Get("/busy");
-  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_OK(busy);
   EXPECT_EQ(busy->status, 409);
   EXPECT_EQ(busy->attempts, 1);
 }
@@ -494,7 +494,7 @@ TEST_F(ClientTest, AKeyTheHeaderCannotCarryIsRefusedNotSent) {
   }
   EXPECT_TRUE(seen_.Keys().empty());  // nothing reached the server
   auto fine = client->Post("/charges", kBody, std::string(255, 'k'));
-  ASSERT_TRUE(fine.ok()) << fine.status();
+  ASSERT_OK(fine);
   EXPECT_EQ(fine->status, 201);
 }
 
@@ -599,7 +599,7 @@ TEST_F(ClientTest, EveryPrintableAsciiKeyArrivesIntact) {
   const std::vector<std::string> sent = {all, " ", "  leading and trailing  ", "\"", "\\", "a b\\\"c\\\\"};
   for (const std::string& key : sent) {
     auto r = client->Post("/charges", kBody, key);
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->status, 201);
   }
   {
@@ -633,7 +633,7 @@ TEST_F(ClientTest, BasePathAndHeadersGoOnEveryRequest) {
                          .bearer = "sk_a",
                          .headers = {{"X-Tenant", "acme"}, {"Stripe-Version", "2024-06-20"}},
                          .env = &env_});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   auto client = std::move(*c);
   ASSERT_TRUE(client->Post("/charges", kBody, "p-1").ok());
   ASSERT_TRUE(client->Post("refunds", kBody, "p-2", {{"X-Request-Id", "req 7"}}).ok());
@@ -797,7 +797,7 @@ TEST_F(ClientTest, CancelIsSeenBetweenTheSlicesOfABackoff) {
   Answer(503);
   server_.Start();
   auto c = Client::Open({.base_url = server_.url(), .max_attempts = 6, .backoff_base_ms = 1'000, .env = &env_});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   auto client = std::move(*c);
   env_.OnSlice([&](int n) {
     if (n == 3) client->Cancel();
@@ -829,7 +829,7 @@ TEST_F(ClientTest, AStoppingConsumersHandlerStopsRetrying) {
   ASSERT_GT(hung.port(), 0);
   auto client = NewClient(hung.port(), /*max_attempts=*/6, /*read_timeout_ms=*/300);
   auto store = sqlite::Store::Open({.path = dir_.File("inbox.db"), .synchronous = sqlite::Synchronous::kNormal});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
   Inbox& inbox = *inbox_owned;
   OneMessageSource source;

@@ -140,7 +140,7 @@ class ClientTlsTest : public ::testing::Test {
                            .ca_file = ca_file,
                            .max_attempts = 6,
                            .env = &env_});
-    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
   }
   std::vector<std::string> keys() {
@@ -177,7 +177,7 @@ TEST_F(ClientTlsTest, PostsOverHttpsWithTheRightCa) {
   auto client = NewClient(ca_.pem);
   for (int i = 0; i < 2; ++i) {  // the second on the kept-alive connection
     auto r = client->Post("/charges", R"({"amount":4000})", "tls-1");
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->status, 201);
     EXPECT_EQ(r->attempts, 1);
     EXPECT_EQ(r->body, R"({"id":"ch_tls"})");

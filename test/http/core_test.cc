@@ -40,19 +40,19 @@ class CoreTest : public ::testing::Test {
   void SetUp() override {
     auto s =
         sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE effects(k TEXT NOT NULL)", {}).ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     auto m = Idempotency::Open({.claims = claims_.get(),
                                 .authenticate = http::BearerKeys({{"sk_a", "acct_a"}}),
                                 .env = &env_,
                                 .log = [this](const std::string& line) { log_ += line + "\n"; },
                                 .observer = &told_});
-    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_OK(m);
     idem_ = std::move(*m);
   }
 
@@ -64,7 +64,7 @@ class CoreTest : public ::testing::Test {
       ans.SetBody(R"({"id":"ch_)" + std::to_string(executions_) + R"(","request":)" + req.body + "}",
                   "application/json");
     });
-    EXPECT_TRUE(h.ok()) << h.status();
+    EXPECT_OK(h);
     return h.ok() ? std::move(*h) : nullptr;
   }
 
@@ -202,12 +202,12 @@ TEST_F(CoreTest, ALogLineQuotesAPathOrMethodWithANul) {
 TEST_F(CoreTest, AnUnguardedHandlerThatThrowsIsA500) {
   auto thrower = [](const Request&, Answer&) { throw std::runtime_error("boom"); };
   auto two_phase = idem_->Wrap("/two-phase", {}, thrower);
-  ASSERT_TRUE(two_phase.ok()) << two_phase.status();
+  ASSERT_OK(two_phase);
   auto tx = idem_->WrapInTransaction("/tx", {}, *store_, [](const Request&, Answer&, Transaction& t) {
     ASSERT_TRUE(t.Exec("INSERT INTO effects(k) VALUES ('thrown')", {}).ok());
     throw std::runtime_error("boom");
   });
-  ASSERT_TRUE(tx.ok()) << tx.status();
+  ASSERT_OK(tx);
   for (const http::Handler* route : {&*two_phase, &*tx}) {
     Request get = Post("");
     get.method = "GET";
@@ -230,7 +230,7 @@ TEST_F(CoreTest, TransactionalRouteCommitsTheEffectWithTheKey) {
     ASSERT_TRUE(tx.Exec("INSERT INTO effects(k) VALUES ($1)", row).ok());
     ans.status = executions_ == 1 ? 400 : 201;  // the first: a 4xx, rolled back with the key
   });
-  ASSERT_TRUE(route.ok()) << route.status();
+  ASSERT_OK(route);
   auto effects = [&] {
     auto tx = store_->Begin();
     auto rows = (*tx)->Query("SELECT count(*) FROM effects", {});
@@ -255,7 +255,7 @@ TEST_F(CoreTest, TransactionalRouteCommitsTheEffectWithTheKey) {
 // the framework's own types, here a plain struct), a validator per request.
 TEST_F(CoreTest, ServeWithAPerRequestHandlerAndValidator) {
   auto route = idem_->AddRoute("/charges", http::RouteKind::kTwoPhase, {});
-  ASSERT_TRUE(route.ok()) << route.status();
+  ASSERT_OK(route);
   struct NativeRequest {
     std::string body;
   } native{kBody};

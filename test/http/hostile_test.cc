@@ -212,11 +212,11 @@ struct Rows {
 Rows CountRows(Store& store) {
   Rows out;
   auto tx = store.Begin();
-  EXPECT_TRUE(tx.ok()) << tx.status();
+  EXPECT_OK(tx);
   if (!tx.ok()) return out;
   auto count = [&](const char* sql) {
     auto rows = (*tx)->Query(sql, {});
-    EXPECT_TRUE(rows.ok()) << rows.status();
+    EXPECT_OK(rows);
     return rows.ok() ? rows->rows[0][0].AsInt() : -1;
   };
   out.charges = count("SELECT count(*) FROM charges");
@@ -243,12 +243,12 @@ class HostileMiddlewareTest : public ::testing::TestWithParam<Serving> {
  protected:
   void Start(int64_t request_deadline_ms) {
     auto s = sqlite::Store::Open({.path = dir_.File("idem.db")});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE charges(k TEXT PRIMARY KEY)", {}).ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     const bool fibers = GetParam().fibers > 0;  // fibers are for group commit
     idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
@@ -499,7 +499,7 @@ TEST(HostileServerOptions, OpenRefusesOptionsOutOfRange) {
     EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status();
   }
   auto defaults = idem::httplib::Server::Open({});
-  EXPECT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_OK(defaults);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ class IdempotencyTest : public ::testing::Test {
   void SetUp() override {
     auto s =
         sqlite::Store::Open({.path = dir_.File("idem.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_NE(store_->claim_store(), nullptr);
     observed_ = std::make_unique<ObservedClaimStore>(*store_->claim_store());
@@ -415,7 +415,7 @@ TEST_F(IdempotencyTest, TooManyKeysPerPrincipalIs429) {
   EXPECT_EQ(executions_.load(), 3);
   // A refused key was released, not left in progress.
   auto rec = store_->claim_store()->FindClaim("acct_a|POST /charges", "lim-3");
-  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_OK(rec);
   EXPECT_FALSE(rec->has_value());
 }
 
@@ -423,7 +423,7 @@ TEST_F(IdempotencyTest, TooManyKeysCountsWhatTheStoreAlreadyHolds) {
   // Keys stored before this middleware existed (another process, a restart).
   for (const char* key : {"old-1", "old-2"}) {
     auto c = claims_->Claim({.scope = "acct_a|POST /charges", .key = key, .fingerprint = FingerprintOf(key)});
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     ASSERT_TRUE(claims_->Complete(c->token, "x").ok());
   }
   Middleware({.max_keys_per_principal = 3});
@@ -811,7 +811,7 @@ TEST_F(IdempotencyTest, ACorruptStoredResponseIs500NotAReplay) {
   auto c = claims_->Claim({.scope = "acct_a|POST /charges",
                            .key = "corrupt-1",
                            .fingerprint = http::RequestFingerprint("POST", "/charges", kBody)});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   ASSERT_EQ(c->kind, ClaimOutcome::Kind::kStarted);
   ASSERT_TRUE(claims_->Complete(c->token, std::string("idem-http-1\0\0", 13)).ok());
   for (int i = 0; i < 2; ++i) {

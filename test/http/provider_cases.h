@@ -55,7 +55,7 @@ class ProviderTest : public ::testing::TestWithParam<ProviderParam> {
   }
   void Start(cli::ProviderServerOptions o) {
     auto p = cli::ProviderServer::Start(std::move(o));
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     provider_ = std::move(*p);
   }
   void Start() { Start(Options()); }

@@ -45,12 +45,12 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
     // Through the fault VFS (passing everything through until a test arms it).
     (void)Vfs();
     auto s = sqlite::Store::Open({.path = dir_.File("idem.db"), .env = &env_, .vfs = sqlite::FaultVfs::kName});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     ASSERT_TRUE((*tx)->Exec("CREATE TABLE effects(k TEXT NOT NULL, amount INTEGER NOT NULL)", {}).ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
     claims_ = std::make_unique<Claims>(*store_->claim_store());
     idem_ = OpenMiddleware(*claims_, http::BearerKeys({{"sk_a", "acct_a"}}),
                            http::Idempotency::Options{.env = &env_, .group_commit_max = GetParam().group});
@@ -98,11 +98,11 @@ class TransactionalRouteTest : public ::testing::TestWithParam<Commits> {
   // Committed effect rows for `key` ("" for all).
   int64_t Effects(const std::string& key = "") {
     auto tx = store_->Begin();
-    EXPECT_TRUE(tx.ok()) << tx.status();
+    EXPECT_OK(tx);
     if (!tx.ok()) return -1;
     Value p[] = {key};
     auto rows = (*tx)->Query("SELECT count(*) FROM effects WHERE $1 = '' OR k = $1", p);
-    EXPECT_TRUE(rows.ok()) << rows.status();
+    EXPECT_OK(rows);
     return rows.ok() ? rows->rows[0][0].AsInt() : -1;
   }
   // Sends every request at once, each on its own connection.

@@ -43,12 +43,12 @@ cli::ProviderServerOptions ProviderOptions(const TempDir& dir, int port, int64_t
 // Charges the provider holds for `key`, read from its own database.
 int64_t ProviderCharges(const TempDir& dir, const std::string& key) {
   auto store = sqlite::Store::Open({.path = dir.File("provider.db")});
-  EXPECT_TRUE(store.ok()) << store.status();
+  EXPECT_OK(store);
   if (!store.ok()) return -1;
   auto tx = (*store)->Begin();
   EXPECT_TRUE(tx.ok());
   auto rows = (*tx)->Query("SELECT count(*) FROM provider_charges WHERE idem_key = $1", {key});
-  EXPECT_TRUE(rows.ok()) << rows.status();
+  EXPECT_OK(rows);
   return rows.ok() ? rows->rows[0][0].AsInt() : -1;
 }
 
@@ -99,10 +99,10 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
   });
 
   auto store = sqlite::Store::Open({.path = dir.File("payments.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .queue = "payments"});
-  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_OK(queue);
   for (int copy = 0; copy < 2; ++copy) ASSERT_TRUE((*queue)->Publish(Msg("order-1042", kBody)).ok());
 
   auto client = http::Client::Open({.base_url = "http://127.0.0.1:" + std::to_string(port),
@@ -111,7 +111,7 @@ TEST(UserPath, ProviderKilledAfterChargingWithALongLeaseAppliesOnceAndChargesOnc
                                     .backoff_base_ms = 20,
                                     .backoff_max_ms = 100,
                                     .read_timeout_ms = 2'000});
-  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_OK(client);
   Claims claims(*(*store)->claim_store());
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
   Inbox& inbox = *inbox_owned;

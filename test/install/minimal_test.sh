@@ -24,13 +24,13 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S "$SRC" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_TOOLS=ON >"$W/configure.log" 2>&1 ||
   { cat "$W/configure.log" >&2; fail "the default configuration does not configure without the optional components' files"; }
-for o in POSTGRES REDIS HTTP HTTPLIB AMQP KAFKA TESTING ALL; do
+for o in POSTGRES REDIS HTTP HTTPLIB AMQP KAFKA KILL_POINTS ALL; do
   grep -q "^IDEM_WITH_$o:BOOL=OFF$" "$W/build/CMakeCache.txt" || fail "IDEM_WITH_$o is not OFF by default"
 done
-for o in SQLITE EMBEDDED; do
+for o in SQLITE EMBEDDED TESTING; do
   grep -q "^IDEM_WITH_$o:BOOL=ON$" "$W/build/CMakeCache.txt" || fail "IDEM_WITH_$o is not ON by default"
 done
-ok "configured with the defaults (SQLite, embedded on; the rest off)"
+ok "configured with the defaults (SQLite, embedded, the test kit on; the rest off)"
 cmake --build "$W/build" -j "${IDEM_TEST_JOBS:-2}" >"$W/build.log" 2>&1 || { tail -50 "$W/build.log" >&2; fail "the default build does not build"; }
 ok "built the libraries and the idem command"
 
@@ -69,16 +69,18 @@ LIB=$(dirname "$(find "$P" -name idemConfig.cmake)")/../..
 LIB=$(cd "$LIB" && pwd)
 # (libidem_sql.a: the SQL stores' shared code, an internal library the static idem_sqlite links.)
 libs=$(cd "$LIB" && ls libidem_*.a | tr '\n' ' ')
-[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a " ] || fail "installed libraries: $libs"
+[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a libidem_testing.a " ] || fail "installed libraries: $libs"
 pcs=$(cd "$LIB/pkgconfig" && ls | tr '\n' ' ')
-[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc " ] || fail "installed .pc files: $pcs"
-for h in inbox.h consumer.h store.h status.h open.h sqlite/store.h embedded/queue.h; do
+[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc idem-testing.pc " ] || fail "installed .pc files: $pcs"
+for h in inbox.h consumer.h store.h status.h open.h sqlite/store.h embedded/queue.h testing/harness.h testing/fake_env.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
-for d in postgres redis http httplib amqp kafka testing; do
+for d in postgres redis http httplib amqp kafka; do
   test ! -e "$P/include/idem/$d" || fail "include/idem/$d is installed by a build without it"
 done
-test ! -e "$P/include/idem/sqlite/fault_vfs.h" || fail "the fault VFS's header is installed by a production build"
+for h in sqlite/fault_vfs.h testing/fault_vfs.h testing/kill_points.h; do
+  test ! -e "$P/include/idem/$h" || fail "include/idem/$h (kill points, fault VFS) is installed by a production build"
+done
 ok "installed: $libs; include/idem/ without the components not built"
 if grep -rq "IDEM_KILL_POINTS\|IDEM_HAVE_" "$LIB/cmake/idem" "$LIB/pkgconfig"; then
   fail "a build define is in the installed CMake or pkg-config files"

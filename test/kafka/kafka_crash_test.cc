@@ -144,11 +144,11 @@ TEST(KafkaCrashChild, ConsumesUntilKilled) {
   const int fd = ::open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
   ASSERT_GE(fd, 0);
   auto store = sqlite::Store::Open({.path = store_path, .synchronous = sqlite::Synchronous::kNormal});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
   Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers, topic, group));
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   AckLoggingSource logged(**src, fd);
   ASSERT_TRUE(ArmKillPointFromEnv()) << "IDEM_KILL_AT is not set";
   // One worker, one delivery at a time: exactly one delivery is committed
@@ -178,7 +178,7 @@ class KafkaCrash : public ::testing::Test {
     brokers_ = kafka_->brokers();
 
     auto s = sqlite::Store::Open({.path = StorePath(), .synchronous = sqlite::Synchronous::kNormal});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }
@@ -266,7 +266,7 @@ class KafkaCrash : public ::testing::Test {
   // in one partition, the first before the second.
   void PublishTwice(int n) {
     auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     for (int round = 0; round < 2; ++round)
       for (int i = 0; i < n; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i))).ok());
     Status f = (*p)->Flush();
@@ -336,7 +336,7 @@ TEST_F(KafkaCrash, AConsumerKilledAfterCommitBeforeAckIsRedeliveredToAnotherCons
   auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
   Inbox& inbox = *inbox_owned;
   auto src = kafka::Source::Open(SourceOptions(brokers_, kTopic, kGroup));
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   RecordingSource recorded(**src);
   {
     auto consumer_owned = MustOpen<Consumer>(recorded, inbox, ChargeHandler(),

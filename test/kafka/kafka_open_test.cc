@@ -25,7 +25,7 @@ TEST(KafkaUrl, ParseUrlReadsEveryKey) {
       "kafka://k1:9092,[::1]:9093,k3?topic=orders&group=billing&id_header=oid&id_from_key=true&client_id=c"
       "&session_timeout_ms=6000&heartbeat_interval_ms=300&max_poll_interval_ms=60000&auto_offset_reset=latest"
       "&revoke_wait_ms=100&connect_timeout_ms=2000");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->brokers, "k1:9092,[::1]:9093,k3");
   EXPECT_EQ(o->topic, "orders");
   EXPECT_EQ(o->group, "billing");
@@ -40,13 +40,13 @@ TEST(KafkaUrl, ParseUrlReadsEveryKey) {
   EXPECT_EQ(o->connect_timeout_ms, 2'000);
   // What a URL leaves out.
   auto plain = kafka::Source::ParseUrl("kafka://k1:9092?topic=t&session_timeout_ms=400");
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_EQ(plain->group, "idem");
   EXPECT_EQ(plain->connect_timeout_ms, 5'000);
   EXPECT_EQ(plain->heartbeat_interval_ms, 100);  // a quarter of the session timeout
   EXPECT_EQ(kafka::Source::ParseUrl("kafka://k?topic=t")->heartbeat_interval_ms, 1'000);
   auto pub = kafka::Publisher::ParseUrl("kafka://k1:9092?topic=t&group=g&id_header=oid&connect_timeout_ms=700");
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ(pub->brokers, "k1:9092");
   EXPECT_EQ(pub->topic, "t");
   EXPECT_EQ(pub->id_header, "oid");
@@ -62,7 +62,7 @@ TEST(KafkaUrl, ParseUrlReadsEveryKey) {
     EXPECT_EQ(kafka::Publisher::ParseUrl(bad).status().code(), Code::kInvalidArgument) << bad;
   }
   auto no_topic = kafka::Publisher::ParseUrl("kafka://k");
-  ASSERT_TRUE(no_topic.ok()) << no_topic.status();
+  ASSERT_OK(no_topic);
   EXPECT_EQ(no_topic->topic, "");
 }
 
@@ -71,14 +71,14 @@ TEST(KafkaUrl, OpenSourceAndOpenPublisherOnTheMockCluster) {
   ASSERT_TRUE(kafka.ok()) << kafka.error();
   const std::string url = "kafka://" + kafka.brokers() + "?topic=" + kTopic + "&group=by-url&session_timeout_ms=6000";
   auto pub = OpenPublisher(url);
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Kind(), "kafka");
   Message m = Msg("m-1", "body");
   m.producer_time_ms = 1'712'345'678'901;
   ASSERT_TRUE((*pub)->Publish(m).ok());
   ASSERT_TRUE((*pub)->Publish(m).ok());
   auto src = OpenSource(url, {.consumer = "by-url-client"});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   EXPECT_EQ((*src)->Kind(), "kafka");
   std::vector<Delivery> got = ReceiveUntil(**src, 2);
   ASSERT_EQ(got.size(), 2u);
@@ -103,7 +103,7 @@ TEST(KafkaUrl, APublisherWithoutATopicPublishesBatchesToTheirTopics) {
   MockKafka kafka(kTopic, 2, "no-topic");
   ASSERT_TRUE(kafka.ok()) << kafka.error();
   auto bare = OpenPublisher("kafka://" + kafka.brokers());
-  ASSERT_TRUE(bare.ok()) << bare.status();
+  ASSERT_OK(bare);
   EXPECT_EQ((*bare)->Channel(), "");
   Message m = Msg("m-1", "body");
   EXPECT_EQ((*bare)->Publish(m).code(), Code::kInvalidArgument);
@@ -111,7 +111,7 @@ TEST(KafkaUrl, APublisherWithoutATopicPublishesBatchesToTheirTopics) {
   const Outgoing to_topic[] = {{kTopic, "k-1", &m}, {kTopic, "k-1", &m}};
   for (const Status& st : (*bare)->PublishBatch(to_topic)) ASSERT_TRUE(st.ok()) << st;
   auto src = OpenSource("kafka://" + kafka.brokers() + "?topic=" + kTopic + "&group=no-topic&session_timeout_ms=6000");
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   std::vector<Delivery> got = ReceiveUntil(**src, 2);
   ASSERT_EQ(got.size(), 2u);
   for (const Delivery& d : got) {
@@ -127,7 +127,7 @@ TEST(KafkaWireFormat, FormerProducerTimeNamesAreRead) {
   MockKafka kafka(kTopic, 1, "wire");
   ASSERT_TRUE(kafka.ok()) << kafka.error();
   auto pub = kafka::Publisher::Open({.brokers = kafka.brokers(), .topic = kTopic});
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   Message kafka_name = Msg("kafka-name");
   kafka_name.headers = {{"idem-produced-at-ms", "1700000000001"}};
   Message redis_name = Msg("redis-name");
@@ -142,7 +142,7 @@ TEST(KafkaWireFormat, FormerProducerTimeNamesAreRead) {
                                   .session_timeout_ms = 6'000,
                                   .heartbeat_interval_ms = 200,
                                   .config = {{"fetch.wait.max.ms", "20"}}});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   std::vector<Delivery> got = ReceiveUntil(**src, 3);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].message.id, "kafka-name");

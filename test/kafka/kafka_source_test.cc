@@ -90,7 +90,7 @@ class KafkaTest : public ::testing::Test {
     brokers_ = kafka_->brokers();
 
     auto s = sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments"});
@@ -115,7 +115,7 @@ class KafkaTest : public ::testing::Test {
 
   std::unique_ptr<kafka::Source> OpenSource(int64_t revoke_wait_ms = 5'000) {
     auto s = kafka::Source::Open(SourceOptions(revoke_wait_ms));
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -123,7 +123,7 @@ class KafkaTest : public ::testing::Test {
   // retry: same id header, a second record).
   void PublishTwice(int n, int first = 0, const std::function<std::string(int)>& payload = {}) {
     auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic, .config = {{"linger.ms", "5"}}});
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     for (int round = 0; round < 2; ++round)
       for (int i = first; i < first + n; ++i) {
         Message m = Msg(Id(i), payload ? payload(i) : "");
@@ -188,7 +188,7 @@ std::vector<Delivery> ReceiveN(kafka::Source& src, size_t n) {
   std::vector<Delivery> out;
   WaitFor([&] {
     auto got = src.Receive(static_cast<int>(n - out.size()), 100);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     if (got.ok()) out.insert(out.end(), got->begin(), got->end());
     return out.size() >= n;
   });
@@ -211,7 +211,7 @@ TEST_F(KafkaTest, AProducerRetryGivesTwoDeliveriesWithOneId) {
     EXPECT_EQ(d.message.payload, std::to_string(100 + std::atoi(d.message.id.c_str() + 2)));
     EXPECT_EQ(d.message.Header("id"), d.message.id);
     auto r = kafka::DecodeReceipt(d.receipt);
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->topic, kTopic);
   }
   EXPECT_EQ(receipts.size(), 2u * kN);  // two records, two receipts
@@ -228,7 +228,7 @@ TEST_F(KafkaTest, AcksCommitOnlyTheAcknowledgedPrefixOfAPartition) {
     auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
     ASSERT_TRUE(p.ok());
     for (int i = 0; i < 3; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i)), {.partition = 0}).ok());
-    ASSERT_TRUE((*p)->Flush().ok());
+    ASSERT_OK((*p)->Flush());
   }
   auto src = OpenSource();
   std::vector<Delivery> got = ReceiveN(*src, 3);
@@ -393,10 +393,10 @@ TEST_F(KafkaTest, InjectedBrokerErrorsMidRunLoseNothingAndDoubleNothing) {
 TEST_F(KafkaTest, TheOutboxRelayRidesOutABrokerRestartAndLosesNothing) {
   RelayWorkload w(60, 6);
   auto outbox_store = OpenOutboxStore(dir_.File("outbox.db"));
-  ASSERT_TRUE(outbox_store.ok()) << outbox_store.status();
+  ASSERT_OK(outbox_store);
   for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**outbox_store, w.messages, 10).ok());
   auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   auto set_all = [&](bool up) {
     for (int32_t b = 1; b <= 3; ++b)
       ASSERT_EQ(up ? rd_kafka_mock_broker_set_up(mock_, b) : rd_kafka_mock_broker_set_down(mock_, b),
@@ -408,7 +408,7 @@ TEST_F(KafkaTest, TheOutboxRelayRidesOutABrokerRestartAndLosesNothing) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         set_all(true);
       });
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(stats->dead_lettered, 0u);
   const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir_.File("published.log"));
   EXPECT_EQ(confirmed.size(), 2 * w.messages.size()) << "every row confirmed";
@@ -419,7 +419,7 @@ TEST_F(KafkaTest, TheOutboxRelayRidesOutABrokerRestartAndLosesNothing) {
   ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
   for (const Delivery& d : got) EXPECT_TRUE(src->Ack(d).ok()) << d.message.id;
   auto left = src->Receive(1000, 500);
-  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_OK(left);
   EXPECT_TRUE(left->empty()) << left->size() << " copies left";
 }
 
@@ -488,7 +488,7 @@ int HandleInOrder(kafka::Source& src, kafka::OffsetInbox& oi, int n, InboxCounte
   int handled = 0;
   WaitFor([&] {
     auto got = src.Receive(1, 100);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     for (const Delivery& d : got.ok() ? *got : std::vector<Delivery>{}) {
       Outcome o = oi.Handle(d, ChargeHandler());
       EXPECT_TRUE(o.ShouldAck()) << o.ToString();
@@ -512,16 +512,16 @@ TEST_F(KafkaTest, OffsetModeAppliesNothingTwiceAfterACrashAndWritesNoMarkers) {
     auto p = kafka::Publisher::Open({.brokers = brokers_, .topic = kTopic});
     ASSERT_TRUE(p.ok());
     for (int i = 0; i < kN; ++i) ASSERT_TRUE((*p)->Produce(Msg(Id(i))).ok());
-    ASSERT_TRUE((*p)->Flush().ok());
+    ASSERT_OK((*p)->Flush());
   }
   auto oi = kafka::OffsetInbox::Open(*store_, {.consumer = "payments"});
-  ASSERT_TRUE(oi.ok()) << oi.status();
+  ASSERT_OK(oi);
   auto with_stored_offsets = [&](std::string group) {
     kafka::Source::Options o = SourceOptions();
     o.group = std::move(group);
     o.start_offset = (*oi)->StartOffsets();
     auto s = kafka::Source::Open(o);
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   };
 
@@ -569,7 +569,7 @@ TEST_F(KafkaTest, OffsetModeAppliesNothingTwiceAfterACrashAndWritesNoMarkers) {
   auto tx = store_->Begin();
   ASSERT_TRUE(tx.ok());
   auto rows = (*tx)->Query("SELECT count(*), sum(last_offset + 1) FROM idem_kafka_offsets WHERE consumer = 'payments'");
-  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_OK(rows);
   EXPECT_LE(rows->rows[0][0].AsInt(), kPartitions);
   EXPECT_EQ(rows->rows[0][1].AsInt(), kN);  // each partition's end
 }

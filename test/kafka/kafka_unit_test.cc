@@ -58,7 +58,7 @@ TEST(KafkaReceipt, RoundTripsWithAnyTopicName) {
   for (const std::string topic : {"payments", "a:b:c", "t.with-dots_and_underscores"}) {
     Receipt r{topic, 7, 123456789012345, 42};
     auto d = DecodeReceipt(EncodeReceipt(r));
-    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_OK(d);
     EXPECT_EQ(d->topic, topic);
     EXPECT_EQ(d->partition, 7);
     EXPECT_EQ(d->offset, 123456789012345);
@@ -99,7 +99,7 @@ namespace {
 // brokers are contacted lazily: none is needed to see it.)
 TEST(KafkaSource, ReceiveOfNoneIsInvalidArgument) {
   auto src = kafka::Source::Open({.brokers = "127.0.0.1:1", .topic = "t", .group = "g"});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   for (int max : {0, -1}) {
     auto got = (*src)->Receive(max, 0);
     EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << max;
@@ -111,9 +111,9 @@ TEST(KafkaSource, ReceiveOfNoneIsInvalidArgument) {
 TEST(KafkaOffsetInbox, AThrowingHandlerIsAFailureStoresNothingAndTheRetryApplies) {
   TempDir dir;
   auto store = sqlite::Store::Open({.path = dir.File("store.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto oi = kafka::OffsetInbox::Open(**store, {.consumer = "billing"});
-  ASSERT_TRUE(oi.ok()) << oi.status();
+  ASSERT_OK(oi);
   Delivery d;
   d.message = Msg("m-5");
   d.receipt = "kafka:1:0:5:payments";

@@ -59,15 +59,15 @@ TEST(OpenStore, BadUrlsAreNamedWithTheirPasswordHidden) {
 TEST(OpenClaimStore, ASqlUrlsClaimStoreOwnsItsStore) {
   TempDir dir;
   auto claims_store = OpenClaimStore("sqlite:" + dir.File("claims.db"));
-  ASSERT_TRUE(claims_store.ok()) << claims_store.status();
+  ASSERT_OK(claims_store);
   // The Store it lives in is owned by it: claims work after the call returned.
   Claims claims(**claims_store);
   auto c = claims.Claim({.scope = "charges", .key = "k1", .fingerprint = FingerprintOf("body")});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind, ClaimOutcome::Kind::kStarted);
   ASSERT_TRUE(claims.Complete(c->token, "receipt").ok());
   auto replay = claims.Claim({.scope = "charges", .key = "k1", .fingerprint = FingerprintOf("body")});
-  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_OK(replay);
   EXPECT_EQ(replay->kind, ClaimOutcome::Kind::kCompleted);
   EXPECT_EQ(replay->result, "receipt");
   auto rec = (*claims_store)->FindClaim("charges", "k1");

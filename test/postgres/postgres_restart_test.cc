@@ -41,10 +41,10 @@ class PostgresRestart : public ::testing::Test {
 
 TEST_F(PostgresRestart, ConsumerRecoversWhenTheServerComesBack) {
   auto store = postgres::Store::Open({.url = url_, .connect_timeout_ms = 2000});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto queue = embedded::Queue::Open({.path = dir_.File("queue.db"), .queue = "payments", .lease_ms = 5'000});
-  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_OK(queue);
   constexpr int kMessages = 60;
   for (int copy = 0; copy < 2; ++copy)
     for (int i = 0; i < kMessages; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());

@@ -101,7 +101,7 @@ class Postgres : public ::testing::Test {
   void SetUp() override {
     url_ = FreshSchemaUrl();
     auto s = postgres::Store::Open({.url = url_, .partition_by_day = daily()});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }
@@ -219,7 +219,7 @@ TEST_F(Postgres, BackendTerminatedAtCommitIsResolvedByReadingTheMarker) {
   EXPECT_TRUE(o.status.code() == Code::kInDoubt || o.status.code() == Code::kUnavailable) << o.status;
   EXPECT_FALSE(o.ShouldAck());
   auto marker = store_->FindMarker("payments", "m-7f3");
-  ASSERT_TRUE(marker.ok()) << marker.status();
+  ASSERT_OK(marker);
   EXPECT_FALSE(marker->has_value());
   EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kApplied);
   EXPECT_EQ(inbox.Handle(Msg("m-7f3"), h).kind, Outcome::Kind::kDuplicate);
@@ -267,9 +267,9 @@ TEST_F(Postgres, TheMarkerTravelsWithBeginSoTheGuardAddsNoRoundTrip) {
   auto fresh = [&] { return Msg("rt-" + std::to_string(next++)); };
   auto bare = [&](int n) {
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     for (int i = 0; i < n; ++i) ASSERT_TRUE(ChargeHandler()(**tx, Msg("bare-" + std::to_string(next_bare++))).ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   };
   auto guarded = [&](int n) {
     std::vector<Message> batch;
@@ -298,10 +298,10 @@ TEST_F(Postgres, TheMarkerTravelsWithBeginSoTheGuardAddsNoRoundTrip) {
 TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
   const int trips = RoundTrips([&] {
     auto tx = store_->BeginDeferred();
-    ASSERT_TRUE(tx.ok()) << tx.status();
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK(tx);
+    ASSERT_OK((*tx)->Commit());
     auto tx2 = store_->BeginDeferred();
-    ASSERT_TRUE(tx2.ok()) << tx2.status();
+    ASSERT_OK(tx2);
     (*tx2)->Rollback();
   });
   EXPECT_EQ(trips, 0);
@@ -317,7 +317,7 @@ TEST_F(Postgres, ATransactionWithNothingInItSendsNothing) {
 TEST_F(Postgres, AFailingFirstStatementIsAClearErrorAndTheConnectionStaysUsable) {
   for (int i = 0; i < 3; ++i) {
     auto tx = store_->BeginDeferred();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     auto r = (*tx)->Exec("INSERT INTO no_such_table(x) VALUES ($1)", {int64_t{1}});
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
@@ -335,7 +335,7 @@ TEST_F(Postgres, AFailingFirstStatementIsAClearErrorAndTheConnectionStaysUsable)
 TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
   for (bool commit : {false, true}) {
     auto tx = store_->BeginDeferred();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     auto* conn = static_cast<PGconn*>((*tx)->NativeHandle());
     ASSERT_NE(conn, nullptr);
     EXPECT_EQ(PQtransactionStatus(conn), PQTRANS_INTRANS);
@@ -343,7 +343,7 @@ TEST_F(Postgres, TheNativeHandleOfADeferredTransactionIsInsideIt) {
     EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQresultErrorMessage(r);
     PQclear(r);
     if (commit) {
-      ASSERT_TRUE((*tx)->Commit().ok());
+      ASSERT_OK((*tx)->Commit());
     } else {
       (*tx)->Rollback();
     }
@@ -409,7 +409,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   std::vector<ClaimRequest> all;
   auto group = [&](int n) {
     auto tx = store_->Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     std::vector<ClaimRequest> reqs;
     for (int i = 0; i < n; ++i)
       reqs.push_back(ClaimRequest{.scope = "charges",
@@ -419,7 +419,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
     auto got = (*tx)->ClaimManyInTransaction(reqs);
     std::vector<ClaimToken> tokens;
     for (auto& g : got) {
-      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_OK(g);
       ASSERT_EQ(g->kind, ClaimOutcome::Kind::kStarted);
       tokens.push_back(g->token);
     }
@@ -428,7 +428,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
     std::vector<Completion> done;
     for (size_t i = 0; i < tokens.size(); ++i) done.push_back(Completion{&tokens[i], results[i]});
     for (const Status& st : (*tx)->CompleteManyInTransaction(done, 60'000)) ASSERT_TRUE(st.ok()) << st;
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
     all.insert(all.end(), reqs.begin(), reqs.end());
   };
   for (int n : {1, 2, 16}) EXPECT_EQ(RoundTrips([&] { group(n); }), 4) << n;  // BEGIN, claims, completions, COMMIT
@@ -436,7 +436,7 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   Claims claims(*store_->claim_store());
   for (const ClaimRequest& r : all) {
     auto again = claims.Claim(r);
-    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_OK(again);
     EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << r.key;
     EXPECT_EQ(again->result, "charged " + r.key);  // each key its own result
   }
@@ -448,20 +448,20 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
 // that connection fails ("prepared statement already exists").
 TEST_F(Postgres, AStatementThatFailsAfterItsPrepareLeavesTheConnectionUsable) {
   auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
-  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_OK(one);
   Store& store = **one;
   for (int divisor : {0, 0, 2}) {
     auto tx = store.BeginDeferred();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     auto r = (*tx)->Query("SELECT 10 / $1::bigint", {int64_t{divisor}});
     if (divisor == 0) {
       EXPECT_FALSE(r.ok());
       (*tx)->Rollback();
       continue;
     }
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->rows[0][0].AsInt(), 5);
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   // A statement new to the connection after it.
   auto inbox_owned = MustOpen<Inbox>(store, Inbox::Options{.consumer = "payments"});
@@ -484,7 +484,7 @@ TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
     std::vector<int> pids;
     for (int i = 0; i < 4; ++i) {
       auto tx = store_->Begin();
-      ASSERT_TRUE(tx.ok()) << tx.status();
+      ASSERT_OK(tx);
       pids.push_back(BackendPid(**tx));
       open.push_back(std::move(*tx));
     }
@@ -493,15 +493,15 @@ TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
   };
   kill_the_pool();
   auto count = store_->CountMarkers("payments");  // a read
-  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_OK(count);
   EXPECT_EQ(*count, 1);
   kill_the_pool();
   {
     auto tx = store_->Begin();  // BEGIN on its own
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     auto one = (*tx)->Query("SELECT 1", {});
-    ASSERT_TRUE(one.ok()) << one.status();
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK(one);
+    ASSERT_OK((*tx)->Commit());
   }
   kill_the_pool();
   for (int d = 0; d < 2; ++d)  // BEGIN held back, sent with the marker
@@ -516,12 +516,12 @@ TEST_F(Postgres, EveryPooledConnectionDeadIsRecoveredFrom) {
 // the next transaction on it work.
 TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
   auto one = postgres::Store::Open({.url = url_, .pool_size = 1});
-  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_OK(one);
   Store& store = **one;
   for (bool rollback : {true, false}) {
     {
       auto tx = store.BeginDeferred();
-      ASSERT_TRUE(tx.ok()) << tx.status();
+      ASSERT_OK(tx);
       Value p[] = {std::string("a\0b", 3)};
       auto r = (*tx)->Query("SELECT $1::text", p);
       EXPECT_FALSE(r.ok());
@@ -533,12 +533,12 @@ TEST_F(Postgres, AFailedHeldBackBeginDoesNotStickToThePooledConnection) {
       }
     }
     auto count = store.CountMarkers("payments");
-    EXPECT_TRUE(count.ok()) << count.status();
+    EXPECT_OK(count);
     auto tx = store.Begin();
-    ASSERT_TRUE(tx.ok()) << tx.status();
+    ASSERT_OK(tx);
     auto r = (*tx)->Query("SELECT 1", {});
-    EXPECT_TRUE(r.ok()) << r.status();
-    EXPECT_TRUE((*tx)->Commit().ok());
+    EXPECT_OK(r);
+    EXPECT_OK((*tx)->Commit());
   }
 }
 
@@ -556,15 +556,15 @@ TEST_F(Postgres, ReadsOutsideATransactionRecoverFromADeadPooledConnection) {
   };
   cut_pooled("dead-1");
   auto marker = store_->FindMarker("payments", "dead-1");
-  ASSERT_TRUE(marker.ok()) << marker.status();
+  ASSERT_OK(marker);
   EXPECT_TRUE(marker->has_value());
   cut_pooled("dead-2");
   auto count = store_->CountMarkers("payments");
-  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_OK(count);
   EXPECT_EQ(*count, 2);
   cut_pooled("dead-3");
   auto list = store_->ListMarkers("payments", 10);
-  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_OK(list);
   EXPECT_EQ(list->size(), 3u);
   for (const char* id : {"dead-1", "dead-2", "dead-3"}) {
     EXPECT_EQ(inbox.Handle(Msg(id), ChargeHandler()).kind, Outcome::Kind::kDuplicate) << id;
@@ -604,7 +604,7 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   FakeEnv env(20'000 * day + 3'600'000);  // 01:00 on day 20000
   std::string url = FreshSchemaUrl();
   auto store = postgres::Store::Open({.url = url, .partition_by_day = true, .partition_days_ahead = 3, .env = &env});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   ASSERT_TRUE(CreatePayments(**store).ok());
   auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env});
   Inbox& inbox = *inbox_owned;
@@ -633,7 +633,7 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
   EXPECT_EQ(tables(), 3);
   // Retention: everything before day 20002.
   auto n = (*store)->Purge("", 20'002 * day, 1000);
-  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 20);
   EXPECT_EQ(tables(), 1);
   EXPECT_EQ(*(*store)->CountMarkers(""), 10);
@@ -648,9 +648,9 @@ TEST(PostgresDailyPurge, DropsWholeDaysAndKeepsYoungerOnes) {
 TEST(PostgresClaims, LeasesFollowTheServerClockNotTheClients) {
   FakeEnv skewed(Env::Default()->NowMs() - 86'400'000);
   auto store = ClaimsOf(postgres::Store::Open({.url = FreshSchemaUrl(), .env = &skewed}));
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto server_now = (*store)->NowMs();
-  ASSERT_TRUE(server_now.ok()) << server_now.status();
+  ASSERT_OK(server_now);
   EXPECT_GT(*server_now, skewed.NowMs() + 86'000'000) << "the store's clock is the server's, not the client's";
   auto claims_owned = MustOpen<Claims>(**store, Claims::Options{.env = &skewed});
   Claims& claims = *claims_owned;
@@ -687,7 +687,7 @@ TEST(PostgresBadInput, WrongPasswordIsNamedAndNotEchoed) {
   std::string good = FreshSchemaUrl();
   good.replace(good.find("postgres@"), 9, "idem_pw:secret@");
   auto ok = postgres::Store::Open({.url = good});
-  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_OK(ok);
 }
 
 TEST(PostgresBadInput, MissingDatabaseIsNamed) {
@@ -707,10 +707,10 @@ TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
   EXPECT_NE(none.status().message().find("no idem schema"), std::string::npos) << none.status();
   {
     auto s = postgres::Store::Open({.url = url});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   auto newer = postgres::Store::Open({.url = url});
   ASSERT_FALSE(newer.ok());
@@ -721,7 +721,7 @@ TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
 TEST(PostgresBadInput, IdemOptionsInTheUrl) {
   std::string url = FreshSchemaUrl();
   auto daily = postgres::Store::Open({.url = url + "&idem_partition_by_day=true"});
-  ASSERT_TRUE(daily.ok()) << daily.status();
+  ASSERT_OK(daily);
   auto inbox_owned = MustOpen<Inbox>(**daily, Inbox::Options{.consumer = "c"});
   Inbox& inbox = *inbox_owned;
   ASSERT_TRUE(CreatePayments(**daily).ok());
@@ -753,7 +753,7 @@ TEST(PostgresBadInput, UrlParsing) {
   auto o = postgres::Store::ParseUrl(
       "postgres://u:pw@h:5432/db?sslmode=disable&idem_pool_size=3&idem_partition_by_day=true"
       "&idem_connect_timeout_ms=1500&application_name=a%20b&idem_create_if_missing=false");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->url, "postgres://u:pw@h:5432/db?sslmode=disable&application_name=a%20b");
   EXPECT_EQ(o->pool_size, 3);
   EXPECT_TRUE(o->partition_by_day);
@@ -775,11 +775,11 @@ TEST(PostgresBadInput, UrlParsing) {
 
 TEST(PostgresOpenByUrl, OpenStoreAndOpenClaimStore) {
   auto store = idem::OpenStore(PgUrl() + (PgUrl().find('?') == std::string::npos ? "?" : "&") + "idem_pool_size=2");
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ((*store)->Kind(), "postgres");
   auto claims = idem::OpenClaimStore(PgUrl());
-  ASSERT_TRUE(claims.ok()) << claims.status();
-  EXPECT_TRUE((*claims)->NowMs().ok());
+  ASSERT_OK(claims);
+  EXPECT_OK((*claims)->NowMs());
   // Unreachable: kUnavailable, password hidden.
   auto down = idem::OpenStore("postgres://u:s3cret@127.0.0.1:1/db?idem_connect_timeout_ms=1000");
   EXPECT_EQ(down.status().code(), Code::kUnavailable) << down.status();

@@ -48,7 +48,7 @@ std::unique_ptr<redis::ClaimStore> OpenReal(redis::ClaimStore::Options o = {}) {
   if (o.url == redis::ClaimStore::Options{}.url) o.url = RedisUrl();
   if (o.prefix == redis::ClaimStore::Options{}.prefix) o.prefix = UniquePrefix();
   auto s = redis::ClaimStore::Open(o);
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   return s.ok() ? std::move(*s) : nullptr;
 }
 
@@ -99,7 +99,7 @@ TEST(RedisClaimStore, WrongPasswordIsUnavailableAndNeverEchoed) {
   ASSERT_NE(store, nullptr);
   for (int delivery = 0; delivery < 2; ++delivery) {
     auto c = store->TryClaim(Req("k"));
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
   EXPECT_EQ(idem::RedactUrl("redis://idem_pw:secret@h:1/2"), "redis://idem_pw:***@h:1/2");
@@ -109,7 +109,7 @@ TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
   auto o = redis::ClaimStore::ParseUrl(
       "redis://u:pw@h:6380/2?prefix=app:&pool_size=3&connect_timeout_ms=700&command_timeout_ms=900"
       "&client_name=app&abandon_margin_ms=60000");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->url, "redis://u:pw@h:6380/2");
   EXPECT_EQ(o->prefix, "app:");
   EXPECT_EQ(o->pool_size, 3);
@@ -118,7 +118,7 @@ TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
   EXPECT_EQ(o->client_name, "app");
   EXPECT_EQ(o->abandon_margin_ms, 60'000);
   auto plain = redis::ClaimStore::ParseUrl("redis://h");
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_EQ(plain->prefix, redis::ClaimStore::Options{}.prefix);
   for (const char* bad :
        {"redis://:s3cret@h?colour=blue", "redis://:s3cret@h?pool_size=0", "redis://:s3cret@h?prefix=a&prefix=b",
@@ -131,9 +131,9 @@ TEST(RedisClaimStoreUrl, KeysAreTheFieldsNames) {
 
 TEST(RedisClaimStoreUrl, OpenClaimStoreByUrl) {
   auto store = idem::OpenClaimStore(RedisUrl() + "?prefix=" + UniquePrefix() + "&pool_size=2");
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   auto c = (*store)->TryClaim(Req("by-url"));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind, Kind::kStarted);
   EXPECT_EQ(idem::OpenStore(RedisUrl()).status().code(), Code::kInvalidArgument);
 }
@@ -153,7 +153,7 @@ TEST(RedisClaimStore, LeasesAreJudgedByTheServersClock) {
   auto store = OpenReal();
   ASSERT_NE(store, nullptr);
   auto before = store->NowMs();
-  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_OK(before);
   auto c = store->TryClaim(Req("k", "b", 60'000));
   ASSERT_TRUE(c.ok() && c->kind == Kind::kStarted) << c.status();
   auto after = store->NowMs();
@@ -283,12 +283,12 @@ TEST(RedisClaimStore, ScopesAndKeysAreBinarySafe) {
   for (int delivery = 0; delivery < 2; ++delivery) {
     for (const ClaimRequest* r : {&a, &b, &c}) {
       auto got = store->TryClaim(*r);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       EXPECT_EQ(got->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
     }
   }
   auto listed = store->ListClaims("s*", 10);
-  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_OK(listed);
   ASSERT_EQ(listed->size(), 1u) << "the scope's glob characters are escaped";
   EXPECT_EQ((*listed)[0].key, odd_key);
   auto all = store->ListClaims("", 100);
@@ -399,7 +399,7 @@ TEST(RedisClaimStore, BrokenConnectionIsDroppedAndReplaced) {
   EXPECT_NE(failed.status().message().find(RedisAddress()), std::string::npos) << failed.status();
   for (int delivery = 0; delivery < 2; ++delivery) {
     auto c = store->TryClaim(Req("after-kill"));
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
 }
@@ -412,7 +412,7 @@ TEST(RedisClaimStore, ScriptFlushIsSurvived) {
   ASSERT_EQ(RedisRaw({"SCRIPT", "FLUSH"}), "OK");
   for (int delivery = 0; delivery < 2; ++delivery) {
     auto c = store->TryClaim(Req("after"));
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     EXPECT_EQ(c->kind, delivery == 0 ? Kind::kStarted : Kind::kInProgress);
   }
   // A batch of completions after a flush: each is loaded again and runs.
@@ -427,7 +427,7 @@ TEST(RedisClaimStore, ScriptFlushIsSurvived) {
   for (const Status& s : store->CompleteMany(done, 60'000)) EXPECT_TRUE(s.ok()) << s;
   for (int delivery = 0; delivery < 2; ++delivery)
     for (auto& r : store->TryClaimMany(std::vector<ClaimRequest>{Req("f1"), Req("f2"), Req("f3")})) {
-      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_OK(r);
       EXPECT_EQ(r->kind, Kind::kCompleted);
     }
 }

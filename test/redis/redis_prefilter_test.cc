@@ -42,7 +42,7 @@ class RedisPrefilter : public ::testing::Test {
  protected:
   void SetUp() override {
     auto s = sqlite::Store::Open({.path = dir_.File("inbox.db")});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     sqlite_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*sqlite_).ok());
     store_ = std::make_unique<CountingStore>(*sqlite_);
@@ -51,7 +51,7 @@ class RedisPrefilter : public ::testing::Test {
   void UseFilter(const redis::Prefilter::Options& o) {
     inbox_.reset();
     auto f = redis::Prefilter::Open(o);
-    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_OK(f);
     filter_ = std::move(*f);
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .prefilter = filter_.get()});
   }
@@ -154,8 +154,8 @@ TEST_F(RedisPrefilter, ReusedIdWithAnotherPayloadIsNotShed) {
 TEST_F(RedisPrefilter, ConsumersAreKeptApart) {
   const std::string prefix = UniquePrefix();
   auto f = redis::Prefilter::Open({.url = RedisUrl(), .prefix = prefix, .ttl_ms = 600'000});
-  ASSERT_TRUE(f.ok()) << f.status();
-  ASSERT_TRUE((*f)->Ping().ok());
+  ASSERT_OK(f);
+  ASSERT_OK((*f)->Ping());
   const Message m = Msg("b:c");
   for (int delivery = 0; delivery < 2; ++delivery) (*f)->Remember("a", std::span<const Message>(&m, 1));
   const Message other = Msg("c", m.payload);
@@ -172,7 +172,7 @@ TEST_F(RedisPrefilter, ConsumersAreKeptApart) {
 
 TEST(RedisPrefilterOptions, ParseUrlReadsTheFields) {
   auto o = redis::Prefilter::ParseUrl("redis://h:1/3?prefix=p:&ttl_ms=5000&retry_after_ms=0&pool_size=2");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->url, "redis://h:1/3");
   EXPECT_EQ(o->prefix, "p:");
   EXPECT_EQ(o->ttl_ms, 5000);
@@ -190,7 +190,7 @@ TEST(RedisPrefilterOptions, BadOptionsAreRefusedAndPasswordsNeverShown) {
   EXPECT_EQ(bad.status().message().find("hunter2"), std::string::npos) << bad.status();
   std::string url = RedisUrl();
   auto wrong = redis::Prefilter::Open({.url = "redis://idem_pw:hunter2@" + url.substr(8)});
-  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  ASSERT_OK(wrong);
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status ping = (*wrong)->Ping();
     EXPECT_EQ(ping.code(), Code::kUnavailable) << ping;

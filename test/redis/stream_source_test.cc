@@ -141,19 +141,19 @@ class StreamsTest : public ::testing::Test {
     StreamOptions o = OptionsFor(dir_, lease, env ? env : &env_);
     o.consumer = std::move(consumer);
     auto s = StreamSource::Open(o);
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   }
   StreamOptions Opts() { return OptionsFor(dir_, kLease, &env_); }
   std::vector<Delivery> ReceiveAll(Source& s) {
     auto got = s.Receive(1000, 0);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
   }
   void OpenStore() {
     auto s =
         sqlite::Store::Open({.path = dir_.File("store.db"), .synchronous = sqlite::Synchronous::kNormal, .env = &env_});
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
     inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
@@ -174,14 +174,14 @@ TEST_F(StreamsTest, ProducerRetryIsTwoEntriesWithOneMessageIdFromTheConfiguredFi
   o.id_field = "order_id";
   o.payload_field = "body";
   auto s = StreamSource::Open(o);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   // A producer that is not idem: XADD with its own fields, twice (a retry).
   for (int i = 0; i < 2; ++i) {
     std::string id = RedisRaw({"XADD", o.stream, "*", "order_id", "order-7", "body", "4000", "tenant", "acme"});
     ASSERT_EQ(id.find("ERROR"), std::string::npos) << id;
   }
   auto got = (*s)->Receive(10, 0);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 2u);
   EXPECT_NE((*got)[0].receipt, (*got)[1].receipt);
   for (const Delivery& d : *got) {
@@ -401,7 +401,7 @@ TEST_F(StreamsTest, EntryWithoutTheIdFieldIsDeadLetteredByTheConsumerAndAcked) {
   ASSERT_TRUE(consumer.Run().ok());
   ExpectExactlyOnce(2);
   auto dead = store_->ListDeadLetters("payments", 10);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 2u);  // one per entry: told apart by receipt
   for (const DeadLetter& d : *dead) {
     EXPECT_NE(d.id.find("invalid id"), std::string::npos) << d.id;
@@ -438,7 +438,7 @@ TEST_F(StreamsTest, PoisonMessageReachesTheDeadLetterTableAndTheRestApplyOnce) {
   for (int i : {0, 1, 3}) EXPECT_EQ(Charges(*store_, Id(i)), 1) << Id(i);
   EXPECT_EQ(Charges(*store_, Id(2)), 0);
   auto dead = store_->ListDeadLetters("payments", 10);
-  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_OK(dead);
   ASSERT_EQ(dead->size(), 1u);
   EXPECT_EQ((*dead)[0].id, Id(2));
   EXPECT_EQ((*dead)[0].reason, "failed");
@@ -611,7 +611,7 @@ TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
   ASSERT_TRUE(s);
   auto t0 = std::chrono::steady_clock::now();
   auto none = s->Receive(10, 150);
-  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_OK(none);
   EXPECT_TRUE(none->empty());
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(140));
   std::thread producer([&] {
@@ -627,7 +627,7 @@ TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
   for (int call = 0; call < 2 && got.size() < 2; ++call) {
     const auto start = std::chrono::steady_clock::now();
     auto r = s->Receive(10, std::chrono::duration_cast<std::chrono::milliseconds>(kWait).count());
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_LT(std::chrono::steady_clock::now() - start, kWait) << "the wait ran out: not woken by the XADD";
     for (auto& d : *r) got.push_back(std::move(d));
   }
@@ -686,7 +686,7 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   OpenStore();
   StreamOptions o = OptionsFor(dir_, 2'000, Env::Default(), server.url());
   auto s = StreamSource::Open(o);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < kIds; ++i) ASSERT_TRUE((*s)->Publish(Msg(Id(i))).ok());
   // Slow handler: the restart falls in the middle of the run.
@@ -724,7 +724,7 @@ TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   EXPECT_GE(consumer.stats().receive_errors + consumer.stats().ack_errors, 1u) << "the restart was seen";
   // Every entry was read by the group (none left unread).
   auto left = (*s)->Receive(1000, 0);
-  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_OK(left);
   EXPECT_TRUE(left->empty());
 }
 
@@ -739,12 +739,12 @@ TEST_F(StreamsTest, TheOutboxRelayBacksOffAcrossAServerRestartAndLosesNothing) {
   ASSERT_TRUE(server.Start(data));
   RelayWorkload w(60, 6);
   auto store = OpenOutboxStore(dir_.File("outbox.db"));
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   for (int add = 0; add < 2; ++add) ASSERT_TRUE(AddInTransactions(**store, w.messages, 10).ok());
   StreamOptions o = OptionsFor(dir_, kLease, Env::Default(), server.url());
   ASSERT_TRUE(StreamSource::Open(o).ok());  // the group first: it reads the stream from its start
   auto p = redis::StreamPublisher::Open({.url = o.url, .stream = o.stream});
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   bool restarted = false;
   auto stats = DrainAcrossABrokerRestart(
       **store, **p, dir_.File("published.log"), 3, [&] { server.Stop(); },
@@ -753,17 +753,17 @@ TEST_F(StreamsTest, TheOutboxRelayBacksOffAcrossAServerRestartAndLosesNothing) {
         restarted = server.Start(data);
       });
   ASSERT_TRUE(restarted);
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_GE(stats->transient_errors, 1u) << "the relay saw the server go";
   const std::map<RelayedRow, int> confirmed = ReadPublishLog(dir_.File("published.log"));
   auto s = StreamSource::Open(o);  // a connection to the server that came back
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   std::vector<Delivery> got = ReceiveUntil(**s, CountCopies(confirmed));
   ASSERT_EQ(got.size(), CountCopies(confirmed));
   ExpectCopiesAsConfirmed(ExpectRelayed(w, got, 2), confirmed);
   for (const Delivery& d : got) EXPECT_TRUE((*s)->Ack(d).ok()) << d.message.id;
   auto left = (*s)->Receive(1000, 0);
-  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_OK(left);
   EXPECT_TRUE(left->empty()) << left->size() << " copies left";
 }
 
@@ -794,18 +794,18 @@ TEST_F(StreamsTest, FormerProducerTimeFieldNamesAreRead) {
 
 TEST_F(StreamsTest, PublisherWritesTheCurrentProducerTimeName) {
   auto pub = redis::StreamPublisher::Open({.url = RedisUrl(), .stream = Opts().stream});
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Kind(), "redis-streams");
   Message m = Msg("m-1");
   m.producer_time_ms = 1'712'345'678'901;
   auto entry = (*pub)->Append(m);
-  ASSERT_TRUE(entry.ok()) << entry.status();
+  ASSERT_OK(entry);
   auto ep = redis_internal::ParseUrl(RedisUrl());
   ASSERT_TRUE(ep.ok());
   auto c = redis_internal::Conn::Connect(*ep, {});
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   auto r = (*c)->Command({"XRANGE", Opts().stream, *entry, *entry});
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   ASSERT_EQ((*r)->elements, 1u);
   const redisReply* fields = (*r)->element[0]->element[1];
   std::vector<std::string> names;
@@ -820,11 +820,11 @@ TEST_F(StreamsTest, PublisherWritesTheCurrentProducerTimeName) {
   // Without a stream a publisher opens (PublishBatch names a destination
   // per message); Publish then says that no stream was given.
   auto none = redis::StreamPublisher::Open({.url = RedisUrl(), .stream = ""});
-  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_OK(none);
   EXPECT_EQ((*none)->Channel(), "");
   EXPECT_EQ((*none)->Publish(m).code(), Code::kInvalidArgument);
   auto by_url = OpenPublisher(RedisUrl());
-  ASSERT_TRUE(by_url.ok()) << by_url.status();
+  ASSERT_OK(by_url);
   EXPECT_EQ((*by_url)->Channel(), "");
   const auto opts = Opts();  // the destination's view must outlive the batch
   const Outgoing there[] = {{opts.stream, "k", &m}};
@@ -836,7 +836,7 @@ TEST_F(StreamsTest, ParseUrlReadsEveryKey) {
   auto o = StreamSource::ParseUrl(
       "redis://:pw@127.0.0.1:6380/3?stream=orders&group=billing&consumer=billing-0&id_field=oid&payload_field=body"
       "&lease_ms=5000&create_group=false&delete_on_ack=true&poll_ms=7&pool_size=3&connect_timeout_ms=900");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->url, "redis://:pw@127.0.0.1:6380/3");
   EXPECT_EQ(o->stream, "orders");
   EXPECT_EQ(o->group, "billing");
@@ -850,11 +850,11 @@ TEST_F(StreamsTest, ParseUrlReadsEveryKey) {
   EXPECT_EQ(o->pool_size, 3);
   EXPECT_EQ(o->connect_timeout_ms, 900);
   auto plain = StreamSource::ParseUrl("redis://h?stream=s");
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_EQ(plain->group, "idem");
   EXPECT_EQ(plain->lease_ms, StreamSource::Options{}.lease_ms);
   auto pub = redis::StreamPublisher::ParseUrl("redis://h/2?stream=s&group=g&id_field=oid&pool_size=2");
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ(pub->url, "redis://h/2");
   EXPECT_EQ(pub->stream, "s");
   EXPECT_EQ(pub->id_field, "oid");
@@ -872,14 +872,14 @@ TEST_F(StreamsTest, ParseUrlReadsEveryKey) {
 TEST_F(StreamsTest, OpenSourceAndOpenPublisherByUrl) {
   const std::string url = RedisUrl() + "?stream=" + Opts().stream + "&group=by-url&lease_ms=4000";
   auto pub = OpenPublisher(url);
-  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_OK(pub);
   EXPECT_EQ((*pub)->Kind(), "redis-streams");
   Message m = Msg("m-1");
   m.producer_time_ms = 1'700'000'000'000;
   ASSERT_TRUE((*pub)->Publish(m).ok());
   ASSERT_TRUE((*pub)->Publish(m).ok());
   auto src = OpenSource(url, {.lease_ms = 99, .consumer = "by-url-0"});
-  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_OK(src);
   EXPECT_EQ((*src)->Kind(), "redis-streams");
   EXPECT_EQ((*src)->lease_ms(), 4'000);  // the URL's, not the settings'
   auto* streams = dynamic_cast<StreamSource*>(src->get());

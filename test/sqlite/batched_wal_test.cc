@@ -24,10 +24,10 @@ using sqlite_internal::BatchedWalCounts;
 
 std::unique_ptr<Store> OpenStore(const std::string& url) {
   auto o = sqlite::Store::ParseUrl(url);
-  EXPECT_TRUE(o.ok()) << o.status();
+  EXPECT_OK(o);
   if (!o.ok()) return nullptr;
   auto s = sqlite::Store::Open(*o);
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   return s.ok() ? std::move(*s) : nullptr;
 }
 

@@ -90,7 +90,7 @@ TEST(FaultVfsSpec, ParsesEveryForm) {
   for (const Good& c : cases) {
     SCOPED_TRACE(c.spec);
     auto config = FaultVfs::Parse(c.spec);
-    ASSERT_TRUE(config.ok()) << config.status();
+    ASSERT_OK(config);
     EXPECT_EQ(config->power_loss, c.power_loss);
     ASSERT_EQ(config->fault.has_value(), c.has_fault);
     if (c.has_fault) {
@@ -103,7 +103,7 @@ TEST(FaultVfsSpec, ParsesEveryForm) {
     const std::string canonical = FaultVfs::Format(*config);
     EXPECT_EQ(canonical, c.canonical);
     auto again = FaultVfs::Parse(canonical);
-    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_OK(again);
     EXPECT_EQ(FaultVfs::Format(*again), canonical);
   }
 }
@@ -149,12 +149,12 @@ TEST(FaultVfsSpec, RejectsMalformedSpecsSayingWhichItem) {
 TEST_F(FaultVfsTest, ConfiguresFromTheEnvironment) {
   ::unsetenv(FaultVfs::kEnvVar);
   auto none = Vfs().ConfigureFromEnv();
-  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_OK(none);
   EXPECT_FALSE(*none);
 
   ::setenv(FaultVfs::kEnvVar, "powerloss,fail:sync:2", 1);
   auto set = Vfs().ConfigureFromEnv();
-  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_OK(set);
   EXPECT_TRUE(*set);
   EXPECT_TRUE(Vfs().power_loss());
 
@@ -170,7 +170,7 @@ TEST_F(FaultVfsTest, ConfiguresFromTheEnvironment) {
 
 TEST(SqliteVfsOption, ParseUrlTakesAVfs) {
   auto o = sqlite::Store::ParseUrl("sqlite:/tmp/x.db?vfs=idem-fault&synchronous=normal");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->vfs, "idem-fault");
   EXPECT_EQ(o->path, "/tmp/x.db");
   auto plain = sqlite::Store::ParseUrl("sqlite:/tmp/x.db");
@@ -181,14 +181,14 @@ TEST(SqliteVfsOption, ParseUrlTakesAVfs) {
   EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
 
   auto q = embedded::Queue::ParseUrl("embedded:/tmp/q.db?vfs=idem-fault");
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_EQ(q->vfs, "idem-fault");
 }
 
 TEST(SqliteVfsOption, AnUnknownVfsIsRefusedAtOpenByName) {
   TempDir dir;
   auto o = sqlite::Store::ParseUrl("sqlite:" + dir.File("s.db") + "?vfs=no-such-vfs");
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   auto store = sqlite::Store::Open(*o);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), Code::kInvalidArgument);
@@ -205,7 +205,7 @@ TEST(SqliteVfsOption, AnUnknownVfsIsRefusedAtOpenByName) {
 
 std::string VfsNameOf(Store& store) {
   auto tx = store.Begin();
-  EXPECT_TRUE(tx.ok()) << tx.status();
+  EXPECT_OK(tx);
   if (!tx.ok()) return "";
   char* name = nullptr;
   auto* db = static_cast<sqlite3*>((*tx)->NativeHandle());
@@ -223,7 +223,7 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
   EXPECT_EQ(VfsNameOf(*store).rfind("idem-fault/", 0), 0u) << VfsNameOf(*store);
 
   auto queue = embedded::Queue::Open({.path = dir.File("q.db"), .vfs = FaultVfs::kName});
-  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_OK(queue);
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < 10; ++i) ASSERT_TRUE((*queue)->Publish(Msg("m-" + std::to_string(i))).ok());
 
@@ -233,7 +233,7 @@ TEST_F(FaultVfsTest, AStoreAndAQueueWorkThroughIt) {
   int applied = 0, duplicates = 0;
   for (;;) {
     auto got = (*queue)->Receive(3, 0);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     if (got->empty()) break;
     std::vector<Message> batch;
     for (auto& d : *got) batch.push_back(d.message);
@@ -490,13 +490,13 @@ TEST_F(FaultVfsTest, AStoreCommitSurvivesACutOnlyWhenSynced) {
     sqlite::Store::Options o{.path = dir.File("s.db"), .synchronous = sync, .vfs = FaultVfs::kName};
     {
       auto store = sqlite::Store::Open(o);
-      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_OK(store);
       ASSERT_TRUE(CreatePayments(**store).ok());
     }  // closed: checkpointed into the database file
     ASSERT_TRUE(Vfs().SetPowerLoss(true).ok());
     {
       auto store = sqlite::Store::Open(o);
-      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_OK(store);
       auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments"});
       Inbox& inbox = *inbox_owned;
       for (int i = 0; i < 3; ++i) ASSERT_TRUE(inbox.Handle(Msg("m-" + std::to_string(i)), ChargeHandler()).applied());
@@ -505,7 +505,7 @@ TEST_F(FaultVfsTest, AStoreCommitSurvivesACutOnlyWhenSynced) {
     }
     ASSERT_TRUE(Vfs().Revive().ok());
     auto store = sqlite::Store::Open(o);
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     EXPECT_EQ(Charges(**store), sync == sqlite::Synchronous::kFull ? 3 : 0);
     EXPECT_EQ(IntegrityCheck(**store), "ok");
     store->reset();
@@ -541,7 +541,7 @@ class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<S
  protected:
   static std::unique_ptr<Store> OpenStore(const TempDir& dir) {
     auto store = sqlite::Store::Open({.path = dir.File("s.db"), .vfs = FaultVfs::kName});
-    EXPECT_TRUE(store.ok()) << store.status();
+    EXPECT_OK(store);
     return store.ok() ? std::move(*store) : nullptr;
   }
   // A new database with the payments table, opened again so that the
@@ -563,7 +563,7 @@ class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<S
   void ExpectAllOrNothing(Store& store, const std::vector<Outcome>& outcomes, bool committed_unknown_ok) {
     for (size_t i = 0; i < messages_.size(); ++i) {
       auto marker = store.FindMarker("payments", messages_[i].id);
-      ASSERT_TRUE(marker.ok()) << marker.status();
+      ASSERT_OK(marker);
       const int64_t rows = Charges(store, messages_[i].id);
       EXPECT_EQ(marker->has_value() ? 1 : 0, rows) << messages_[i].id << ": marker and effect disagree";
       if (outcomes[i].applied()) {
@@ -576,13 +576,13 @@ class IoErrorSweep : public FaultVfsTest, public ::testing::WithParamInterface<S
   void ExpectExactlyOnce(Store& store) {
     for (const Message& m : messages_) {
       auto marker = store.FindMarker("payments", m.id);
-      ASSERT_TRUE(marker.ok()) << marker.status();
+      ASSERT_OK(marker);
       EXPECT_TRUE(marker->has_value()) << m.id;
       EXPECT_EQ(Charges(store, m.id), 1) << m.id;
     }
     EXPECT_EQ(Charges(store), static_cast<int64_t>(messages_.size()));
     auto markers = store.CountMarkers("payments");
-    ASSERT_TRUE(markers.ok()) << markers.status();
+    ASSERT_OK(markers);
     EXPECT_EQ(*markers, static_cast<int64_t>(messages_.size()));
     EXPECT_EQ(IntegrityCheck(store), "ok");
   }

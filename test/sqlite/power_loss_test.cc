@@ -89,15 +89,15 @@ struct StoreState {
 StoreState ReadState(Store& store) {
   StoreState st;
   auto tx = store.Begin();
-  EXPECT_TRUE(tx.ok()) << tx.status();
+  EXPECT_OK(tx);
   if (!tx.ok()) return st;
   auto rows = (*tx)->Query("SELECT message_id, count(*) FROM payments GROUP BY message_id");
-  EXPECT_TRUE(rows.ok()) << rows.status();
+  EXPECT_OK(rows);
   if (rows.ok())
     for (auto& r : rows->rows) st.rows[r[0].AsText()] = r[1].AsInt();
   tx->reset();
   auto markers = store.ListMarkers("payments", 1 << 30);
-  EXPECT_TRUE(markers.ok()) << markers.status();
+  EXPECT_OK(markers);
   if (markers.ok())
     for (const Marker& m : *markers) st.markers.insert(m.id);
   return st;
@@ -147,7 +147,7 @@ class PowerLoss : public ::testing::Test {
     // only make a thousand cycles slow).
     auto q = embedded::Queue::Open(
         {.path = dir_.File("queue.db"), .lease_ms = kLeaseMs, .durable = false, .env = env_.get()});
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
     queue_ = std::move(*q);
   }
   void TearDown() override {
@@ -293,7 +293,7 @@ class PowerLoss : public ::testing::Test {
   void Drain() {
     ASSERT_NO_FATAL_FAILURE(PublishRemainingCopies());
     auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     auto inbox_owned = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = env_.get()});
     Inbox& inbox = *inbox_owned;
     CutAwareSource source(*queue_, acked_);
@@ -334,7 +334,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
   const int wanted = CutsFromEnv(IDEM_POWER_LOSS_DEFAULT_CUTS);
   {
     auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kFull));
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
   ASSERT_TRUE(Vfs().SetPowerLoss(true).ok());
@@ -361,7 +361,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
   ASSERT_NO_FATAL_FAILURE(Drain());
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
   auto store = sqlite::Store::Open({.path = dir_.File("store.db")});  // the normal VFS
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   ASSERT_NO_FATAL_FAILURE(Check(**store, "after the drain"));
   EXPECT_TRUE(lost_.empty());
@@ -371,7 +371,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
   EXPECT_EQ(acked_.size(), published_.size());
   for (const auto& [id, n] : acked_) EXPECT_EQ(n, copies_[id]) << id << ": every copy is acknowledged once";
   auto stats = queue_->Stats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(stats->ready + stats->leased + stats->delayed, 0);
   EXPECT_EQ(stats->published, 2 * static_cast<int64_t>(published_.size())) << "every message was sent twice";
 }
@@ -382,7 +382,7 @@ TEST_F(PowerLoss, AThousandCutsLoseNoAcknowledgedMessageAndDoubleNone) {
 TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   {
     auto store = sqlite::Store::Open(StoreOptions(sqlite::Synchronous::kNormal));
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
   }
   ASSERT_TRUE(Vfs().SetPowerLoss(true).ok());
@@ -397,7 +397,7 @@ TEST_F(PowerLoss, WithSynchronousNormalCutsLoseAcknowledgedMessages) {
   // its marker (Check says so at every cycle); the file is sound.
   ASSERT_TRUE(Vfs().SetPowerLoss(false).ok());
   auto store = sqlite::Store::Open({.path = dir_.File("store.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ(IntegrityCheck(**store), "ok");
 }
 
@@ -421,7 +421,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   const std::string path = dir.File("store.db"), log = dir.File("acked.log");
   {
     auto store = sqlite::Store::Open({.path = path});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
   }  // no connection crosses the fork
 
@@ -463,7 +463,7 @@ TEST_P(KilledInsideACommit, NothingAcknowledgedIsLostAndTheRedeliveryAppliesOnce
   // A new process opens the files with the normal VFS: SQLite recovers the
   // WAL (the child's -shm is rebuilt, no process holding it).
   auto store = sqlite::Store::Open({.path = path});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ(IntegrityCheck(**store), "ok");
   StoreState st = ReadState(**store);
   int lost = 0;

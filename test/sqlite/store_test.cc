@@ -110,10 +110,10 @@ TEST(SqliteWriteGate, AWriterCommittingBackToBackLetsAWaitingOneIn) {
   TempDir dir;
   const std::string path = dir.File("gate.db");
   auto a = sqlite_internal::Db::Open({.path = path});
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   ASSERT_TRUE((*a)->Script("CREATE TABLE t(x INTEGER)").ok());
   auto b = sqlite_internal::Db::Open({.path = path});
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   auto gate = sqlite_internal::WriteGate::For(std::filesystem::weakly_canonical(path).string());
   std::atomic<int64_t> commits{0};
   std::atomic<bool> stop{false};
@@ -213,7 +213,7 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
     TempDir dir;
     auto store = sqlite::Store::Open(
         {.path = dir.File("c.db"), .synchronous = c.sync, .wal_autocheckpoint_pages = 4, .checkpoint = c.mode});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
     std::promise<std::thread::id> ran;
     std::future<std::thread::id> ran_on = ran.get_future();
@@ -238,27 +238,27 @@ TEST(SqliteStore, CheckpointsRunOnTheStoresThreadNotInTheCommit) {
 TEST(SqliteStore, WritesGoToTheConnectionThatCommittedLast) {
   TempDir dir;
   auto store = sqlite::Store::Open({.path = dir.File("w.db")});
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   ASSERT_TRUE(CreatePayments(**store).ok());
   for (int i = 0; i < 3; ++i) {
     auto wrote = (*store)->Begin();
-    ASSERT_TRUE(wrote.ok()) << wrote.status();
+    ASSERT_OK(wrote);
     ASSERT_TRUE((*wrote)
                     ->Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 1)",
                            std::vector<Value>{"p" + std::to_string(i)})
                     .ok());
-    ASSERT_TRUE((*wrote)->Commit().ok());
+    ASSERT_OK((*wrote)->Commit());
     void* writer = (*wrote)->NativeHandle();
     // Another connection, used while the writer's transaction object still
     // lives, goes back to the pool after the writer: the last one returned.
     auto other = (*store)->Begin();
-    ASSERT_TRUE(other.ok()) << other.status();
+    ASSERT_OK(other);
     ASSERT_NE((*other)->NativeHandle(), writer);
     (*other)->Rollback();
     wrote->reset();
     other->reset();
     auto next = (*store)->Begin();
-    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_OK(next);
     EXPECT_EQ((*next)->NativeHandle(), writer) << "round " << i;
   }
 }
@@ -272,7 +272,7 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
   {
     auto store = sqlite::Store::Open(
         {.path = dir.File("w.db"), .wal_autocheckpoint_pages = pages, .checkpoint = sqlite::Checkpoint::kBackground});
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store);
     ASSERT_TRUE(CreatePayments(**store).ok());
     // The action owns what it touches: the checkpointer may still be
     // returning from it when this scope ends.
@@ -302,14 +302,14 @@ TEST(SqliteStore, TheWalStaysBoundedWhenTheCheckpointerIsStuck) {
     EXPECT_EQ(Charges(**store), 300);
   }
   auto reopened = sqlite::Store::Open({.path = dir.File("w.db")});
-  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  ASSERT_OK(reopened);
   EXPECT_EQ(Charges(**reopened), 300);
 }
 
 TEST(SqliteStore, PageSizeAppliesToNewFilesAndIsValidated) {
   TempDir dir;
   auto s = sqlite::Store::Open({.path = dir.File("p.db"), .page_size = 2048});
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   auto tx = (*s)->Begin();
   auto r = (*tx)->Query("PRAGMA page_size");
   ASSERT_TRUE(r.ok());
@@ -341,7 +341,7 @@ TEST(SqliteStore, NewerSchemaIsRefused) {
     ASSERT_TRUE(s.ok());
     auto tx = (*s)->Begin();
     ASSERT_TRUE((*tx)->Exec("INSERT INTO idem_migrations VALUES (99, 'from the future', 0)").ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   auto s = sqlite::Store::Open({.path = dir.File("s.db")});
   ASSERT_FALSE(s.ok());
@@ -371,10 +371,10 @@ TEST(SqliteStore, AVersion1FileIsMigratedAndKeepsItsMarkers) {
                           "idem_outbox_handed", "idem_outbox_counter"})
       ASSERT_TRUE((*tx)->Exec(std::string("DROP TABLE ") + t).ok());
     ASSERT_TRUE((*tx)->Exec("DELETE FROM idem_migrations WHERE version > 1").ok());
-    ASSERT_TRUE((*tx)->Commit().ok());
+    ASSERT_OK((*tx)->Commit());
   }
   auto s = sqlite::Store::Open({.path = dir.File("old.db")});
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ((*s)->Schema()->version, 7);
   auto tx = (*s)->Begin();
   auto idx = (*tx)->Query("SELECT count(*) FROM sqlite_schema WHERE name = 'idem_markers_by_time'");
@@ -434,9 +434,9 @@ TEST(SqliteStore, AStoreAtTheCurrentVersionOpensWhileAnotherProcessWrites) {
   ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE; CREATE TABLE busy(x)", nullptr, nullptr, nullptr), SQLITE_OK);
   for (int i = 0; i < 2; ++i) {
     auto reader = sqlite::Store::Open({.path = dir.File("s.db"), .busy_timeout_ms = 50, .create_if_missing = false});
-    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_OK(reader);
     auto n = (*reader)->CountMarkers("");
-    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_OK(n);
     EXPECT_EQ(*n, 0);
   }
   sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -467,7 +467,7 @@ TEST(SqliteStore, ADamagedMigrationsTableIsCorruptionNotAMissingSchema) {
     auto tx = (*s)->Begin();
     ASSERT_TRUE(tx.ok());
     auto r = (*tx)->Query("SELECT rootpage FROM sqlite_schema WHERE name = 'idem_migrations'");
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     root = r->rows[0][0].AsInt();
     (*tx)->Rollback();
   }  // closed: the WAL is checkpointed into the file

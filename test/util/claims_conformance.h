@@ -35,7 +35,7 @@ class ClaimsConformance : public ::testing::TestWithParam<ClaimsParam> {
  protected:
   void SetUp() override {
     auto s = GetParam().open(dir_, &env_);
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
   }
   TempDir dir_;

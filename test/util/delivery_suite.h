@@ -152,11 +152,11 @@ class DeliverySuite : public ::testing::Test {
   void SetUp() override {
     if (GetParam().start) {
       auto b = GetParam().start(dir_);
-      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_OK(b);
       broker_ = std::move(*b);
     }
     auto h = Open({.lease_ms = kLeaseMs, .env = &env_});
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     handle_ = std::move(*h);
   }
   const SourceParam& GetParam() const { return *param_; }
@@ -184,7 +184,7 @@ class DeliverySuite : public ::testing::Test {
     std::vector<Delivery> out;
     for (int empty = 0; out.size() < n && empty < 3;) {
       auto got = s.Receive(static_cast<int>(n - out.size()), 0);
-      EXPECT_TRUE(got.ok()) << got.status();
+      EXPECT_OK(got);
       if (!got.ok() || got->empty()) {
         ++empty;
         continue;
@@ -205,7 +205,7 @@ class DeliverySuite : public ::testing::Test {
   // Everything visible now, without waiting.
   std::vector<Delivery> ReceiveAll(int max = 1000) {
     auto got = source().Receive(max, 0);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     return got.ok() ? std::move(*got) : std::vector<Delivery>{};
   }
   // Publishes `m` twice, receives both copies, lets their leases run out and

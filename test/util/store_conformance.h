@@ -33,7 +33,7 @@ class StoreConformance : public ::testing::TestWithParam<StoreParam> {
  protected:
   void SetUp() override {
     auto s = GetParam().open(dir_, &env_);
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     store_ = std::move(*s);
     ASSERT_TRUE(CreatePayments(*store_).ok());
   }

@@ -39,7 +39,7 @@ inline std::vector<Delivery> ReceiveUntil(Source& src, size_t n, int within_s = 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(within_s);
   while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
     auto got = src.Receive(static_cast<int>(n - out.size()), 200);
-    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_OK(got);
     if (!got.ok()) break;
     for (Delivery& d : *got) out.push_back(std::move(d));
   }
@@ -88,11 +88,11 @@ inline Handler ChargeHandler() {
 // Number of payments rows for `id` ("" for all rows).
 inline int64_t Charges(Store& store, const std::string& id = "") {
   auto tx = store.Begin();
-  EXPECT_TRUE(tx.ok()) << tx.status();
+  EXPECT_OK(tx);
   if (!tx.ok()) return -1;
   auto rows = id.empty() ? (*tx)->Query("SELECT count(*) FROM payments")
                          : (*tx)->Query("SELECT count(*) FROM payments WHERE message_id = $1", {id});
-  EXPECT_TRUE(rows.ok()) << rows.status();
+  EXPECT_OK(rows);
   return rows.ok() ? rows->rows[0][0].AsInt() : -1;
 }
 
