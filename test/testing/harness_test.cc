@@ -316,12 +316,12 @@ TempPostgres* HarnessOnPostgres::pg_ = nullptr;
 TEST_F(HarnessOnPostgres, TheCorrectHandlersAreIdempotent) {
   Harness harness(PaymentsOptions(pg_->url()));
   auto report =
-      harness.Run(HandlerSubject("charge", [](Context&) { return payments::Charge(); }), payments::Messages(8));
+      harness.Run(HandlerSubject("charge", [](Context&) { return payments::Charge(); }), payments::Messages(5));
   ASSERT_OK(report);
   EXPECT_TRUE(report->ok()) << *report;
   EXPECT_EQ(report->store_kind, "postgres");
   Subject s{.name = "charge-card", .call_first = [](Context& c) { return payments::ChargeCard(c, true); }};
-  auto card = harness.Run(s, payments::Messages(6));
+  auto card = harness.Run(s, payments::Messages(4));
   ASSERT_OK(card);
   EXPECT_TRUE(card->ok()) << *card;
 }
@@ -340,7 +340,7 @@ TEST_F(HarnessOnPostgres, ASecondConnectionIsCaughtByACrashAfterTheWork) {
 TEST_F(HarnessOnPostgres, AReadItShouldHaveLockedIsCaughtByConcurrentMessages) {
   Harness harness(PaymentsOptions(pg_->url()));
   auto report = harness.Run(HandlerSubject("read-then-write", [](Context&) { return payments::ChargeReadThenWrite(); }),
-                            payments::Messages(8));
+                            payments::Messages(6));
   ASSERT_OK(report);
   EXPECT_TRUE(Broken(*report).count(Scenario::kConcurrent)) << *report;
   EXPECT_FALSE(Broken(*report).count(Scenario::kTwice)) << *report;
@@ -348,12 +348,12 @@ TEST_F(HarnessOnPostgres, AReadItShouldHaveLockedIsCaughtByConcurrentMessages) {
 
 TEST_F(HarnessOnPostgres, AnEffectOutsideTheTransactionAndAKeylessCallAreCaught) {
   Harness ledger(LedgerOptions(pg_->url()));
-  auto a = ledger.Run(HandlerSubject("outside-ledger", payments::ChargeWithOutsideLedger), payments::Messages(6));
+  auto a = ledger.Run(HandlerSubject("outside-ledger", payments::ChargeWithOutsideLedger), payments::Messages(3));
   ASSERT_OK(a);
   EXPECT_TRUE(Broken(*a).count(Scenario::kCrash)) << *a;
   Harness harness(PaymentsOptions(pg_->url()));
   Subject s{.name = "no-key", .call_first = [](Context& c) { return payments::ChargeCard(c, false); }};
-  auto b = harness.Run(s, payments::Messages(6));
+  auto b = harness.Run(s, payments::Messages(3));
   ASSERT_OK(b);
   EXPECT_TRUE(Broken(*b).count(Scenario::kLostResponse)) << *b;
 }
