@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "idem/open.h"
 #include "idem/status.h"
 
 namespace idem::testing {
@@ -44,6 +45,16 @@ TempDir::~TempDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
 }
+
+Result<std::unique_ptr<TempSqlite>> TempSqlite::Open(Env* env) {
+  std::unique_ptr<TempSqlite> t(new TempSqlite());
+  t->dir_ = std::make_unique<TempDir>("idem-sqlite");
+  t->url_ = "sqlite:" + t->dir_->File("store.db");
+  IDEM_ASSIGN_OR_RETURN(t->store_, OpenStore(t->url_, {.env = env}));
+  return t;
+}
+
+TempSqlite::~TempSqlite() { store_.reset(); }
 
 namespace {
 

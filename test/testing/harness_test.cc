@@ -193,16 +193,16 @@ TEST(Harness, AMisconfiguredRunIsAnErrorNamingTheProblem) {
 // ---- The parts users take one by one.
 
 TEST(MemorySource, ALostAckBringsTheMessageAgainAndTheInboxAbsorbsIt) {
-  TempDir dir;
-  auto store = OpenStore("sqlite:" + dir.File("s.db"));
-  ASSERT_OK(store);
+  auto db = TempSqlite::Open();
+  ASSERT_OK(db);
+  Store* store = &(*db)->store();
   {
-    auto tx = (*store)->Begin();
+    auto tx = store->Begin();
     ASSERT_OK(tx);
     for (const std::string& sql : kSchema) ASSERT_OK((*tx)->Exec(sql));
     ASSERT_OK((*tx)->Commit());
   }
-  auto inbox = Inbox::Open(**store, {.consumer = "payments"});
+  auto inbox = Inbox::Open(*store, {.consumer = "payments"});
   ASSERT_OK(inbox);
   MemorySource source({.lease_ms = 0});
   for (const Message& m : payments::Messages(5)) source.Push(m);
@@ -218,7 +218,7 @@ TEST(MemorySource, ALostAckBringsTheMessageAgainAndTheInboxAbsorbsIt) {
   EXPECT_EQ(source.deliveries(), 8);
   EXPECT_EQ((*inbox)->counters().applied, 5u);
   EXPECT_EQ((*inbox)->counters().duplicates, 3u);
-  auto tx = (*store)->Begin();
+  auto tx = store->Begin();
   ASSERT_OK(tx);
   auto n = (*tx)->Query("SELECT count(*) FROM payments");
   ASSERT_OK(n);

@@ -5,7 +5,8 @@
 // 127.0.0.1, stopped by its PID when the object goes).
 //
 //   idem::testing::TempDir dir;                          // removed with its contents
-//   auto store = idem::OpenStore("sqlite:" + dir.path() + "/store.db");
+//   auto db = idem::testing::TempSqlite::Open();         // a store in a TempDir of its own
+//   idem::Inbox inbox((*db)->store());
 //
 //   auto pg = idem::testing::TempPostgres::Start();      // ~2 s
 //   if (!pg.ok()) GTEST_SKIP() << pg.status();           // no server binaries: your choice
@@ -20,7 +21,9 @@
 #include <memory>
 #include <string>
 
+#include "idem/env.h"
 #include "idem/result.h"
+#include "idem/store.h"
 
 namespace idem::testing {
 
@@ -39,6 +42,27 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// A SQLite store in a temporary directory of its own, removed with it.
+class TempSqlite {
+ public:
+  // `env`: the store's clock (must outlive it; null: the real one).
+  // Errors as sqlite::Store::Open's.
+  static Result<std::unique_ptr<TempSqlite>> Open(Env* env = nullptr);
+  ~TempSqlite();
+  TempSqlite(const TempSqlite&) = delete;
+  TempSqlite& operator=(const TempSqlite&) = delete;
+  Store& store() { return *store_; }
+  // "sqlite:<dir>/store.db", for a second connection or OpenStore.
+  const std::string& url() const { return url_; }
+  const TempDir& dir() const { return *dir_; }
+
+ private:
+  TempSqlite() = default;
+  std::unique_ptr<TempDir> dir_;  // destroyed after the store
+  std::unique_ptr<Store> store_;
+  std::string url_;
 };
 
 // A PostgreSQL server for one test or test suite: its own cluster in a
