@@ -19,7 +19,7 @@ namespace idem::testing {
 namespace {
 
 Message Timed(std::string id, int64_t produced_at, std::string payload = "") {
-  Message m = Msg(std::move(id), std::move(payload));
+  Message m = payload.empty() ? Msg(std::move(id)) : Msg(std::move(id), std::move(payload));
   m.producer_time_ms = produced_at;
   return m;
 }
