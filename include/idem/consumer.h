@@ -45,6 +45,7 @@
 
 #include "idem/call_first.h"
 #include "idem/env.h"
+#include "idem/id_from.h"
 #include "idem/inbox.h"
 #include "idem/result.h"
 #include "idem/source.h"
@@ -103,6 +104,12 @@ class Consumer {
     bool extend_leases = true;
     // Default (nullptr): Env::Default().
     Env* env = nullptr;
+    // Take each delivery's id from its payload or a header (idem/id_from.h:
+    // IdFrom::Parse("json:/order/id")) instead of the source's id field,
+    // before the Inbox sees it. A delivery without it is dead-lettered at
+    // once (reason "rejected", under the source's id) and acknowledged.
+    // Default: none (the source's id).
+    std::optional<IdFrom> id_from;
   };
 
   // Checks the options (kInvalidArgument naming the field and the value:

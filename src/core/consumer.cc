@@ -247,6 +247,24 @@ void Consumer::Work(Held* held) {
         continue;
       }
     }
+    if (options_.id_from) {
+      // The id from the payload or a header; none: dead-lettered at once.
+      std::erase_if(*got, [&](Delivery& d) {
+        auto id = options_.id_from->Extract(d.message);
+        if (id.ok()) {
+          d.message.id = std::move(*id);
+          return false;
+        }
+        Outcome o;
+        o.status = Status::Rejected(id.status().message());
+        SettleRejected(d, o);
+        return true;
+      });
+      if (got->empty()) {
+        busy_.fetch_sub(1);
+        continue;
+      }
+    }
     {
       std::lock_guard<std::mutex> l(held->mu);
       held->deliveries = &*got;

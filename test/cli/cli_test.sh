@@ -29,7 +29,7 @@ has() {  # has NAME FILE PATTERN
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge provider run publish relay chaos; do
+for c in demo bench schema inspect purge provider webhooks run publish relay chaos; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -203,7 +203,7 @@ has one-dash-flag-named "$T/err" "unknown flag -j"
 check flag-as-value 2 "$IDEM" schema --store --json
 has flag-as-value-named "$T/err" "flag --store needs a value \\(URL\\), not the flag --json"
 check bench-no-subcommand 2 "$IDEM" bench
-has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay or observer"
+has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay, observer or webhooks"
 check bench-source-bad-rate 2 "$IDEM" bench source --source "embedded:$T/bs.db?queue=q" --store "sqlite:$T/bs-store.db" --dup-rate banana
 has bench-source-bad-rate-named "$T/err" "--dup-rate must be a number in 0..1, not 'banana'"
 [ ! -e "$T/bs-store.db" ] && pass=$((pass + 1)) || { echo "FAIL bench source created a store before refusing"; fails=$((fails + 1)); }
@@ -393,6 +393,55 @@ has provider-key-twice-named "$T/err" "is given twice"
 if grep -q "k:alice\|alice" "$T/err"; then echo "FAIL provider-key-twice prints the principal/secret"; fails=$((fails + 1)); else pass=$((pass + 1)); fi
 check provider-bad-lose 2 "$IDEM" provider --api-key k:p --lose-responses 1.5 --store "sqlite:$T/prov.db"
 has provider-bad-lose-named "$T/err" "--lose-responses must be a number in 0..1"
+
+# idem run --id-from: a malformed spec is exit 2, named, before anything is received.
+check run-bad-id-from 2 "$IDEM" run --source "embedded:$T/idf.q?queue=q" --store "sqlite:$T/idf.db" --id-from json:order/id --drain
+has run-bad-id-from-named "$T/err" "--id-from: id-from: the JSON pointer 'order/id' must start with '/'"
+
+# idem webhooks: bad input is refused before serving; a receiver verifies, enqueues each event
+# once, answers retries 200 and forgeries 401 with nothing enqueued.
+WSECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+check webhooks-no-secret 2 "$IDEM" webhooks --to "embedded:$T/wh.q?queue=hooks"
+has webhooks-no-secret-named "$T/err" "--secret is required"
+check webhooks-no-to 2 "$IDEM" webhooks --secret "$WSECRET"
+has webhooks-no-to-named "$T/err" "--to is required"
+check webhooks-bad-scheme 2 "$IDEM" webhooks --secret s --scheme gitlab --to "embedded:$T/wh.q?queue=hooks"
+has webhooks-bad-scheme-named "$T/err" "known: standard, github, stripe"
+check webhooks-bad-secret 2 "$IDEM" webhooks --secret "whsec_!!" --to "embedded:$T/wh.q?queue=hooks" --store "sqlite:$T/wh.db"
+has webhooks-bad-secret-named "$T/err" "whsec_ followed by base64"
+check webhooks-sign-json 0 "$IDEM" webhooks --sign --secret "$WSECRET" --id evt-cli-1 --body '{"type":"paid"}' --json
+has webhooks-sign-json-id "$T/out" '"webhook-id":"evt-cli-1"'
+HPORT=$(free_port 24500)
+"$IDEM" webhooks --secret "$WSECRET" --listen "127.0.0.1:$HPORT" --to "embedded:$T/wh.q?queue=hooks" \
+  --store "sqlite:$T/wh.db" 2>"$T/wh.log" &
+HPID=$!
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$HPORT/metrics" >/dev/null 2>&1 && break
+  kill -0 "$HPID" 2>/dev/null || break
+  sleep 0.1
+done
+post_hook() {  # post_hook OUT BODY ID: a delivery signed now by idem webhooks --sign
+  local hdrs=()
+  while IFS= read -r line; do hdrs+=(-H "$line"); done < <("$IDEM" webhooks --sign --secret "$WSECRET" --id "$3" --body "$2")
+  curl -s -o "$1" -w '%{http_code}' -X POST "http://127.0.0.1:$HPORT/webhooks" "${hdrs[@]}" --data-binary "$2"
+}
+[ "$(post_hook "$T/h1" '{"type":"paid"}' evt-cli-1)" = 200 ] && pass=$((pass + 1)) || { echo "FAIL webhooks first delivery"; cat "$T/h1"; fails=$((fails + 1)); }
+[ "$(post_hook "$T/h2" '{"type":"paid"}' evt-cli-1)" = 200 ] && pass=$((pass + 1)) || { echo "FAIL webhooks retry"; fails=$((fails + 1)); }
+has webhooks-retry-duplicate "$T/h2" '"outcome":"duplicate"'
+[ "$(post_hook "$T/h3" '{"type":"refund"}' evt-cli-1)" = 422 ] && pass=$((pass + 1)) || { echo "FAIL webhooks conflict"; fails=$((fails + 1)); }
+code=$(curl -s -o "$T/h4" -w '%{http_code}' -X POST "http://127.0.0.1:$HPORT/webhooks" -H 'webhook-id: evt-forged' \
+  -H "webhook-timestamp: $(date +%s)" -H 'webhook-signature: v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=' --data-binary '{"type":"paid"}')
+[ "$code" = 401 ] && pass=$((pass + 1)) || { echo "FAIL webhooks forged: $code"; fails=$((fails + 1)); }
+curl -sf "http://127.0.0.1:$HPORT/metrics" >"$T/whmetrics"
+has webhooks-metrics-applied "$T/whmetrics" 'idem_applied_total\{consumer="webhooks"\} 1'
+kill "$HPID"; wait "$HPID"; rc=$?
+[ "$rc" -eq 0 ] && pass=$((pass + 1)) || { echo "FAIL webhooks exit $rc after SIGTERM"; fails=$((fails + 1)); }
+has webhooks-summary "$T/wh.log" "applied 1, replayed 1, conflicts 1, unverified 1"
+# The queue holds the event once, with its id.
+check webhooks-queue 0 "$IDEM" inspect --queue "embedded:$T/wh.q?queue=hooks"
+has webhooks-queue-one "$T/out" "queue: ready 1, leased 0, delayed 0, published 1,"
+check webhooks-markers 0 "$IDEM" inspect --store "sqlite:$T/wh.db" --consumer webhooks
+has webhooks-marker-evt "$T/out" "webhooks  evt-cli-1 "
 
 # idem chaos: bad input is refused before anything starts; an unreachable store is exit 3.
 check chaos-bad-broken 2 "$IDEM" chaos --broken sometimes

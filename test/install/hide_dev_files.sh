@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a command where the development files of the optional components'
-# libraries (PostgreSQL, Redis, RabbitMQ, Kafka, cpp-httplib, nlohmann-json)
+# libraries (PostgreSQL, Redis, RabbitMQ, Kafka, cpp-httplib)
 # cannot be seen: in a private mount namespace, every file of their -dev
 # packages (headers, .pc files, CMake package files, the .so links, static
 # archives, pg_config) is hidden under an overlay whiteout. Nothing outside
@@ -8,7 +8,7 @@
 # (skipped) without it.
 # usage: hide_dev_files.sh COMMAND [ARG...]
 set -euo pipefail
-HIDE_PACKAGES=(libpq-dev libhiredis-dev librabbitmq-dev librdkafka-dev libcpp-httplib-dev nlohmann-json3-dev)
+HIDE_PACKAGES=(libpq-dev libhiredis-dev librabbitmq-dev librdkafka-dev libcpp-httplib-dev)
 
 if [ "${IDEM_HIDE_DEV_FILES_INNER:-}" != 1 ]; then
   if [ "$(id -u)" -ne 0 ] || ! unshare -m true 2>/dev/null; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default build (SQLite + the embedded queue; no option given) where no
-# PostgreSQL, Redis, RabbitMQ, Kafka, cpp-httplib or nlohmann-json
+# PostgreSQL, Redis, RabbitMQ, Kafka or cpp-httplib
 # development files are visible (hide_dev_files.sh): it configures, builds
 # the libraries and the idem command, installs only those components'
 # libraries and headers, and an application builds against the install with

@@ -444,7 +444,14 @@ const Command& BenchCommand() {
       "           messages/s while one relay runs, and prints the latency commit -> receipt (p50/p99/p999).\n\n"
       "  observer what an observer costs: rounds alternate between the Inbox's work (a marker and a\n"
       "           payments row per message; --batch B, default 1) without an observer and with\n"
-      "           idem::Metrics; prints both rates and the ratio without/with.",
+      "           idem::Metrics; prints both rates and the ratio without/with.\n\n"
+      "  webhooks verified webhooks per second, first deliveries and replays, of two receivers served side\n"
+      "           by side on 127.0.0.1: idem's WebhookReceiver (the marker and the event's row in one\n"
+      "           transaction on --store, --group-commit G) and the hand-rolled design (the same signature\n"
+      "           check, Redis SET NX EX on --redis, the event's row in its own transaction on --store).\n"
+      "           --concurrency senders, --messages fresh events per round and side (default 2000), then\n"
+      "           the same deliveries again; rounds alternate which side goes first. Prints both rates and\n"
+      "           the ratios idem/redis; checks every answer 200 and one row per event (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
@@ -457,7 +464,9 @@ const Command& BenchCommand() {
       "       idem bench outbox-add --store URL [--batch B] [--seconds S] [--rounds R] [--keys K] [--json]\n"
       "       idem bench relay --store URL --to URL [--messages N] [--keys K] [--payload-bytes B] [--relays R]\n"
       "            [--rate R] [--batch B] [--json]\n"
-      "       idem bench observer --store URL [--batch B] [--seconds S] [--rounds R] [--json]",
+      "       idem bench observer --store URL [--batch B] [--seconds S] [--rounds R] [--json]\n"
+      "       idem bench webhooks --store URL --redis redis://HOST:PORT [--messages N] [--concurrency C]\n"
+      "            [--group-commit G] [--rounds R] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -491,7 +500,9 @@ const Command& BenchCommand() {
         "          (default 0: each its own, the message id)"},
        {"payload-bytes", "B", "100", "relay: payload size of each message"},
        {"relays", "R", "1", "relay: relays at once, each its own OutboxRelay, store and publisher"},
-       {"rate", "R", "", "relay: add R messages/s while one relay runs and measure commit -> receipt latency"}},
+       {"rate", "R", "", "relay: add R messages/s while one relay runs and measure commit -> receipt latency"},
+       {"redis", "URL", "", "webhooks: the hand-rolled receiver's Redis (redis://HOST:PORT)"},
+       {"group-commit", "G", "16", "webhooks: idem's receiver's group commit (0: a transaction per event)"}},
       /*max_positional=*/1};
   return c;
 }
@@ -501,18 +512,26 @@ int RunBench(const Args& args) {
   if (pos.empty())
     return Fail("bench",
                 Status::InvalidArgument(
-                    "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add, relay "
-                    "or observer (see idem bench --help)"));
+                    "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add, relay, "
+                    "observer or webhooks (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
-      pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay" && pos[0] != "observer")
+      pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay" && pos[0] != "observer" &&
+      pos[0] != "webhooks")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
                                                  "': expected marker, peers, purge, claims, source, call-first, "
-                                                 "outbox-add, relay or observer (see idem bench --help)"));
+                                                 "outbox-add, relay, observer or webhooks (see idem bench --help)"));
   if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
   if (pos[0] == "source") return RunBenchSource(args);
   if (pos[0] == "outbox-add" || pos[0] == "relay" || pos[0] == "observer") return RunBenchOutbox(args);
+#if IDEM_HAVE_HTTP && IDEM_HAVE_REDIS
+  if (pos[0] == "webhooks") return RunBenchWebhooks(args);
+#else
+  if (pos[0] == "webhooks")  // served over HTTP, beside a Redis SET NX receiver
+    return Fail("bench webhooks",
+                NotBuilt("idem bench webhooks", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_REDIS"));
+#endif
 #if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
 #else

@@ -19,6 +19,7 @@ int RunBenchPurge(const Args& args);      // idem bench purge (bench_purge.cc)
 int RunBenchClaims(const Args& args);     // idem bench claims (bench_claims.cc)
 int RunBenchSource(const Args& args);     // idem bench source (bench_source.cc)
 int RunBenchCallFirst(const Args& args);  // idem bench call-first (bench_call_first.cc)
+int RunBenchWebhooks(const Args& args);   // idem bench webhooks (bench_webhooks.cc)
 int RunBenchOutbox(const Args& args);     // idem bench outbox-add and relay (bench_outbox.cc)
 // How many 4 KiB write + fdatasync cycles the disk holding `dir` completes per
 // second, over `seconds`: the ceiling of durable commits (one fdatasync each)
@@ -33,6 +34,9 @@ int RunInspect(const Args& args);
 
 const Command& ProviderCommand();
 int RunProvider(const Args& args);  // provider_cmd.cc
+
+const Command& WebhooksCommand();
+int RunWebhooks(const Args& args);  // webhooks_cmd.cc
 
 const Command& RunCommand();
 int RunRun(const Args& args);  // run_cmd.cc

@@ -42,6 +42,7 @@ const Entry kEntries[] = {
     {"inspect", idem::cli::InspectCommand, idem::cli::RunInspect, ""},
     {"purge", idem::cli::PurgeCommand, idem::cli::RunPurge, ""},
     IDEM_HTTP_COMMAND("provider", idem::cli::ProviderCommand, idem::cli::RunProvider),
+    IDEM_HTTP_COMMAND("webhooks", idem::cli::WebhooksCommand, idem::cli::RunWebhooks),
     IDEM_CRASH_COMMAND("chaos", idem::cli::ChaosCommand, idem::cli::RunChaos),
     {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},
     {"publish", idem::cli::PublishCommand, idem::cli::RunPublish, ""},

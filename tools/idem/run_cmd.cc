@@ -107,8 +107,8 @@ const Command& RunCommand() {
           "--relay-to URL also runs an outbox relay (idem relay) on the store, in this process: on a thread\n"
           "until the consumer stops, and with --drain then until the outbox is empty.",
       "--source URL [--store URL] [--consumer NAME] [--workers N] [--batch N] [--max-attempts N]\n"
-      "       [--lease DURATION] [--drain] [--relay-to URL] [--metrics HOST:PORT] [--web HOST:PORT]\n"
-      "       [--json]",
+      "       [--lease DURATION] [--id-from SPEC] [--drain] [--relay-to URL] [--metrics HOST:PORT]\n"
+      "       [--web HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},
        {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
@@ -116,6 +116,10 @@ const Command& RunCommand() {
        {"batch", "N", "1", "deliveries per transaction, 1..10000"},
        {"max-attempts", "N", "5", "handler failures before a message is dead-lettered"},
        {"lease", "DURATION", "30s", "visibility timeout where the source has one"},
+       {"id-from", "SPEC", "",
+        "take each message's id from its payload or a header instead of the source's id:\n"
+        "          json:/order/id, header:X-Order-Id, or parts joined by + (values joined by ':');\n"
+        "          a message without it is dead-lettered (reason rejected)"},
        {"drain", "", "", "return once the source is idle"},
        {"relay-to", "URL", "", "also relay the store's outbox to this broker (see idem relay --help)"},
        {"metrics", "HOST:PORT", "", "serve Prometheus metrics on GET /metrics"},
@@ -141,6 +145,12 @@ int RunRun(const Args& args) {
                 Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0"));
   const std::string consumer = args.Get("consumer");
   if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
+  std::optional<IdFrom> id_from;
+  if (args.Has("id-from")) {
+    auto parsed = IdFrom::Parse(args.Get("id-from"));
+    if (!parsed.ok()) return Fail(cmd, parsed.status().WithContext("--id-from"));
+    id_from = std::move(*parsed);
+  }
   if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
   if (Status s = LiveView::Validate(args); !s.ok()) return Fail(cmd, s);
   auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
@@ -177,7 +187,8 @@ int RunRun(const Args& args) {
                                      Consumer::Options{.workers = 1,
                                                        .batch = static_cast<int>(*batch),
                                                        .max_attempts = static_cast<int>(*attempts),
-                                                       .stop_when_idle = args.Bool("drain")});
+                                                       .stop_when_idle = args.Bool("drain"),
+                                                       .id_from = id_from});
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
   // --relay-to: on a thread while the consumer runs; with --drain, to the
