@@ -21,7 +21,9 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 # 1. Configure with the defaults; only the tools on (no tests, bench, examples).
-cmake -S "$SRC" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+# Compiled without optimisation: this test is about what is built and
+# installed, and -O0 compiles in a third of the time.
+cmake -S "$SRC" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O0 "${launcher[@]}" \
   -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_TOOLS=ON >"$W/configure.log" 2>&1 ||
   { cat "$W/configure.log" >&2; fail "the default configuration does not configure without the optional components' files"; }
 for o in POSTGRES REDIS HTTP HTTPLIB AMQP KAFKA KILL_POINTS ALL; do
