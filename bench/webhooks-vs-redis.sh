@@ -22,6 +22,6 @@ for _ in $(seq 100); do
   redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG && break
   sleep 0.1
 done
-echo "# $(date -u +%FT%TZ) $(nproc) cores; $("$IDEM" --version 2>/dev/null || true)"
+echo "# $(date -u +%FT%TZ) $(nproc) cores; git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)"
 "$IDEM" bench webhooks --store "sqlite:$work/webhooks.db" --redis "redis://127.0.0.1:$PORT" \
   --messages "${MESSAGES:-2000}" --concurrency "${CONCURRENCY:-16}" --rounds "${ROUNDS:-3}" "$@"
