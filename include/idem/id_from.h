@@ -14,9 +14,10 @@
 // A part is "json:<JSON pointer>" (RFC 6901: "/order/id", "/items/0/sku",
 // "~1" for '/', "~0" for '~'; the value a string or an integer) or
 // "header:<name>" (the message's first header of that name, any case). A
-// composite joins its parts' values with ':' in order (so "a:b" + "c" and
-// "a" + "b:c" would collide: pick fields whose values hold no ':', or one
-// field). A message without one of them gets kRejected naming the part:
+// composite joins its parts' values with ':' in order, each value's '\' and
+// ':' escaped with a '\' ("a:b" + "c" gives "a\:b:c", "a" + "b:c" gives
+// "a:b\:c"), so different values never give one id. A single part is its
+// value as it is. A message without one of them gets kRejected naming the part:
 // the Consumer dead-letters it at once (reason "rejected"), since no
 // redelivery can give it an id.
 //

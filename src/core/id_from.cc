@@ -124,8 +124,17 @@ Result<std::string> IdFrom::Extract(const Message& m) const {
       }
       if (value.empty()) return Status::Rejected("id-from: " + p.name + " in the payload is empty");
     }
+    if (parts_.size() == 1) {
+      id = std::move(value);
+      break;
+    }
+    // Parts joined by ':', each with '\' and ':' escaped, so no two
+    // different lists of values give one id.
     if (i) id += ':';
-    id += value;
+    for (char c : value) {
+      if (c == '\\' || c == ':') id += '\\';
+      id += c;
+    }
   }
   IDEM_RETURN_IF_ERROR(ValidateId(id).WithContext("id-from " + spec_));
   return id;

@@ -39,6 +39,14 @@ TEST(IdFrom, ReadsAJsonPointerAHeaderAndACompositeOfThem) {
   expect("json:/t~0", "tilde");
   expect("header:x-tenant", "acme");
   expect("header:X-Tenant+json:/order/id", "acme:1042");
+  // A composite's values are escaped: different values, different ids.
+  Message a = Msg("m", R"({"x":"a:b","y":"c","z":"a\\"})"), b = Msg("m", R"({"x":"a","y":"b:c"})");
+  auto xy = IdFrom::Parse("json:/x+json:/y");
+  ASSERT_OK(xy);
+  EXPECT_EQ(xy->Extract(a).value(), "a\\:b:c");
+  EXPECT_EQ(xy->Extract(b).value(), "a:b\\:c");
+  EXPECT_EQ(IdFrom::Parse("json:/z+json:/y")->Extract(a).value(), "a\\\\:c");
+  EXPECT_EQ(IdFrom::Parse("json:/x")->Extract(a).value(), "a:b");  // one part: as it is
 }
 
 TEST(IdFrom, AMessageWithoutItIsRejectedNamingWhatIsMissing) {

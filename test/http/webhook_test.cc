@@ -199,6 +199,36 @@ TEST(WebhookReceiver, AnEventRunsOnceItsRetriesReplayAndAReusedIdIsAConflict) {
   EXPECT_EQ(rig.receiver->counters().conflicts, 1u);
 }
 
+TEST(WebhookReceiver, AStripeEventRedeliveredWithAnotherPendingWebhooksCountIsAReplay) {
+  // Stripe renders an event's body anew for each delivery: pending_webhooks
+  // falls as other endpoints answer. The signed id names the event.
+  FakeEnv clock(kTs * 1000);
+  auto db = TempSqlite::Open(&clock);
+  ASSERT_OK(db);
+  std::atomic<int> runs{0};
+  auto receiver =
+      WebhookReceiver::Open((*db)->store(), [&](Transaction&, const Message&) { return runs++, Status::OK(); },
+                            {.verify = {.scheme = WebhookScheme::kStripe, .secrets = {"whsec_stripe"}, .env = &clock}});
+  ASSERT_OK(receiver);
+  auto deliver = [&](int pending) {
+    Request r{.method = "POST",
+              .body = R"({"id":"evt_1","object":"event","type":"invoice.paid","pending_webhooks":)" +
+                      std::to_string(pending) + "}"};
+    r.headers = SignWebhook(WebhookScheme::kStripe, "whsec_stripe", "", clock.NowMs() / 1000, r.body).value();
+    return (*receiver)->Handle(r);
+  };
+  EXPECT_EQ(deliver(3).status, 200);
+  clock.Advance(300'000);
+  Answer again = deliver(2);
+  EXPECT_EQ(again.status, 200);
+  EXPECT_NE(again.body.find("\"outcome\":\"duplicate\""), std::string::npos) << again.body;
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ((*receiver)->counters().conflicts, 0u);
+  auto letters = (*db)->store().ListDeadLetters("webhooks", 10);
+  ASSERT_OK(letters);
+  EXPECT_TRUE(letters->empty());
+}
+
 TEST(WebhookReceiver, AForgedOrMalformedDeliveryIsRefusedWithNothingStored) {
   Rig rig;
   Request forged = rig.Signed("evt-2", "{\"amount\":1}");

@@ -23,7 +23,9 @@
 //    type from X-GitHub-Event. GitHub signs no timestamp.
 //  - kStripe: Stripe-Signature ("t=<seconds>,v1=<hex>[,v1=...]", HMAC-SHA256
 //    of "<t>.<body>" with the endpoint secret "whsec_..." as given), the
-//    event id and type from the JSON body's "id" and "type".
+//    event id and type from the JSON body's "id" and "type". Stripe renders
+//    an event's body anew for each delivery (pending_webhooks), so here a
+//    known event id is a replay whatever the body: never a 422.
 // Signatures are compared in constant time. A signed timestamp more than
 // Options::tolerance_ms from now (too old or too far ahead) is refused.
 //
