@@ -29,7 +29,7 @@ constexpr const char* kSecrets[] = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "g
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  static idem::testing::FakeEnv clock(1'700'000'000'000);
+  static idem::FakeEnv clock(1'700'000'000'000);
   const WebhookScheme scheme = static_cast<WebhookScheme>(data[0] % 3);
   const char* secret = kSecrets[data[0] % 3];
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
