@@ -151,16 +151,17 @@ namespace {
 
 Status CheckTime(int64_t ts_s, const WebhookVerifier::Options& o) {
   Env* env = o.env ? o.env : Env::Default();
-  const int64_t now_ms = env->NowMs(), at_ms = ts_s * 1000;
+  // In 128 bits: a sender's timestamp may be any 64-bit number.
+  const __int128 now_ms = env->NowMs(), at_ms = static_cast<__int128>(ts_s) * 1000;
   if (at_ms < now_ms - o.tolerance_ms) {
     return Status::Rejected("webhook timestamp " + std::to_string(ts_s) + " is " +
-                            std::to_string((now_ms - at_ms) / 1000) + " s old (tolerance " +
+                            std::to_string(static_cast<int64_t>((now_ms - at_ms) / 1000)) + " s old (tolerance " +
                             std::to_string(o.tolerance_ms / 1000) + " s)");
   }
   if (at_ms > now_ms + o.tolerance_ms) {
     return Status::Rejected("webhook timestamp " + std::to_string(ts_s) + " is " +
-                            std::to_string((at_ms - now_ms) / 1000) + " s in the future (tolerance " +
-                            std::to_string(o.tolerance_ms / 1000) + " s)");
+                            std::to_string(static_cast<int64_t>((at_ms - now_ms) / 1000)) +
+                            " s in the future (tolerance " + std::to_string(o.tolerance_ms / 1000) + " s)");
   }
   return Status::OK();
 }

@@ -138,6 +138,13 @@ TEST(WebhookVerifier, ATimestampBeyondTheToleranceEitherWayIsRefused) {
     FakeEnv clock((kTs + offset_s) * 1000);
     EXPECT_OK(Verifier(WebhookScheme::kStandard, v, clock)->Verify(Delivery(WebhookScheme::kStandard, v)));
   }
+  // A timestamp whose milliseconds overflow 64 bits (found by fuzz/webhook_fuzz.cc).
+  FakeEnv now(kTs * 1000);
+  Request far = Delivery(WebhookScheme::kStandard, v);
+  far.headers.Set("webhook-timestamp", "1700000001700000000");
+  auto r = Verifier(WebhookScheme::kStandard, v, now)->Verify(far);
+  EXPECT_TRUE(r.status().IsRejected()) << r.status();
+  EXPECT_NE(r.status().message().find("s in the future"), std::string::npos) << r.status();
   nlohmann::json s = Vectors()["stripe"][0];
   FakeEnv late((kTs + 400) * 1000);
   EXPECT_TRUE(
