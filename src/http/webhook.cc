@@ -421,27 +421,27 @@ Answer Json(int status, std::string_view outcome, std::string_view id, std::stri
 
 }  // namespace
 
-Result<std::unique_ptr<WebhookReceiver>> WebhookReceiver::Open(Store& store, Handler handler, const Options& options) {
-  if (!handler) return Status::InvalidArgument("webhook receiver: the handler is empty");
+Result<std::unique_ptr<WebhookReceiver>> WebhookReceiver::Make(Store& store, const Options& options, Handler handler,
+                                                               std::optional<CallFirst> call_first) {
   IDEM_ASSIGN_OR_RETURN(auto verifier, WebhookVerifier::Open(options.verify));
   auto st = std::make_unique<State>();
   st->store = &store;
   st->options = options;
   IDEM_ASSIGN_OR_RETURN(st->inbox, OpenInbox(store, options));
   st->handler = std::move(handler);
+  st->call_first = std::move(call_first);
   return std::unique_ptr<WebhookReceiver>(new WebhookReceiver(std::move(st), std::move(verifier)));
+}
+
+Result<std::unique_ptr<WebhookReceiver>> WebhookReceiver::Open(Store& store, Handler handler, const Options& options) {
+  if (!handler) return Status::InvalidArgument("webhook receiver: the handler is empty");
+  return Make(store, options, std::move(handler), std::nullopt);
 }
 
 Result<std::unique_ptr<WebhookReceiver>> WebhookReceiver::Open(Store& store, CallFirst handler,
                                                                const Options& options) {
   if (!handler.complete()) return Status::InvalidArgument("webhook receiver: the CallFirst needs both its parts");
-  IDEM_ASSIGN_OR_RETURN(auto verifier, WebhookVerifier::Open(options.verify));
-  auto st = std::make_unique<State>();
-  st->store = &store;
-  st->options = options;
-  IDEM_ASSIGN_OR_RETURN(st->inbox, OpenInbox(store, options));
-  st->call_first.emplace(std::move(handler));
-  return std::unique_ptr<WebhookReceiver>(new WebhookReceiver(std::move(st), std::move(verifier)));
+  return Make(store, options, nullptr, std::move(handler));
 }
 
 Result<std::unique_ptr<WebhookReceiver>> WebhookReceiver::Open(Store& store, Publisher& publisher,

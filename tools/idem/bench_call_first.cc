@@ -65,13 +65,6 @@ Result<std::vector<int>> ParseWorkersList(const std::string& text) {
   return out;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // The charge id from the provider's 201 answer.
 Result<std::string> PostCharge(http::Client& client, const Message& m, const std::string& key) {
   IDEM_ASSIGN_OR_RETURN(auto pay, ParsePayment(m));

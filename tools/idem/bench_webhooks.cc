@@ -42,13 +42,6 @@ namespace {
 constexpr const char* kSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 constexpr const char* kSides[] = {"idem", "redis"};
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // Connections to Redis, one per server thread at a time.
 class RedisPool {
  public:

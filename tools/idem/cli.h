@@ -87,6 +87,9 @@ void PrintHelp(const Command& cmd);
 // A whole decimal number in int64_t's range and nothing after it (strtoll's
 // syntax); nullopt when `text` is not one.
 std::optional<int64_t> ParseInteger(const std::string& text);
+
+// The median of `v` (0 for none): the figure of record of a benchmark's rounds.
+double Median(std::vector<double> v);
 // "HOST:PORT" with a port 1..65535 and nothing after it (HOST may be
 // empty); nullopt when not.
 std::optional<std::pair<std::string, int>> ParseHostPort(std::string_view text);

@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -177,6 +178,9 @@ class WebhookReceiver {
  private:
   struct State;
   explicit WebhookReceiver(std::unique_ptr<State> state, std::unique_ptr<WebhookVerifier> verifier);
+  // The receiver of either form (a handler, or a CallFirst when given).
+  static Result<std::unique_ptr<WebhookReceiver>> Make(Store& store, const Options& options, Handler handler,
+                                                       std::optional<CallFirst> call_first);
   std::unique_ptr<State> state_;
   std::unique_ptr<WebhookVerifier> verifier_;
 };
