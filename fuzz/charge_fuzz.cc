@@ -1,17 +1,68 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// The demo provider's POST /charges body (tools/idem/charge.h). Properties:
-// an accepted charge has a positive amount and a 3-character currency, and
-// the charge written back as JSON is read as the same charge.
+// The demo provider's POST /charges body and its Stripe dialect's form body
+// (tools/idem/charge.h), and the form canonicalisation of the fingerprint.
+// Properties: an accepted charge has a positive amount and a 3-character
+// currency, and the charge written back (as JSON, as a form) is read as the
+// same charge; a refusal names its problem; a canonical form body is its own
+// canonical form.
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <string_view>
 
 #include "charge.h"
+#include "idem/http/idempotency.h"
+
+namespace {
+
+std::string FormEncode(std::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c)) {
+      out += ch;
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 0xf];
+    }
+  }
+  return out;
+}
+
+void CheckStripeForm(std::string_view body) {
+  std::string param;
+  auto charge = idem::cli::ParseStripeCharge(body, &param);
+  if (!charge.ok()) {
+    if (charge.status().message().empty()) __builtin_trap();
+    return;
+  }
+  if (charge->amount <= 0 || charge->currency.size() != 3 || !param.empty()) __builtin_trap();
+  for (const char c : charge->currency)
+    if (c < 'a' || c > 'z') __builtin_trap();
+  std::string again_body = "amount=" + std::to_string(charge->amount) + "&currency=" + charge->currency;
+  if (!charge->customer.empty() || body.find("customer") != std::string_view::npos)
+    again_body += "&customer=" + FormEncode(charge->customer);
+  if (!charge->description.empty() || body.find("description") != std::string_view::npos)
+    again_body += "&description=" + FormEncode(charge->description);
+  auto again = idem::cli::ParseStripeCharge(again_body, &param);
+  if (!again.ok() || again->amount != charge->amount || again->currency != charge->currency ||
+      again->customer != charge->customer || again->description != charge->description)
+    __builtin_trap();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
+  CheckStripeForm(body);
+  if (auto canonical = idem::http::CanonicalForm(body)) {
+    if (idem::http::CanonicalForm(*canonical) != canonical) __builtin_trap();
+  }
   auto charge = idem::cli::ParseCharge(body);
   if (!charge.ok()) {
     if (charge.status().message().empty()) __builtin_trap();  // the 400's detail

@@ -9,6 +9,7 @@
 
 #include "idem/http/idempotency.h"
 #include "idem/http/request.h"
+#include "idem/url.h"
 
 namespace idem::http {
 namespace {
@@ -204,12 +205,72 @@ std::optional<std::string> CanonicalJson(std::string_view body) {
   return j.dump();
 }
 
-Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body) {
+Result<std::vector<std::pair<std::string, std::string>>> ParseForm(std::string_view body) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  auto decode = [](std::string_view part) {
+    std::string plus(part);
+    std::replace(plus.begin(), plus.end(), '+', ' ');
+    return PercentDecode(plus);
+  };
+  while (!body.empty()) {
+    const size_t amp = body.find('&');
+    const std::string_view pair = body.substr(0, amp);
+    body = amp == std::string_view::npos ? std::string_view() : body.substr(amp + 1);
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    auto name = decode(pair.substr(0, eq));
+    auto value = decode(eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1));
+    if (!name.ok() || !value.ok())
+      return Status::InvalidArgument("the form pair '" + Printable(pair, 64) +
+                                     "': " + (name.ok() ? value : name).status().message());
+    pairs.emplace_back(std::move(*name), std::move(*value));
+  }
+  return pairs;
+}
+
+std::optional<std::string> CanonicalForm(std::string_view body) {
+  auto pairs = ParseForm(body);
+  if (!pairs.ok()) return std::nullopt;
+  std::stable_sort(pairs->begin(), pairs->end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  auto encode = [](std::string& out, std::string_view s) {
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+        out += ch;
+      } else {
+        out += '%';
+        out += kHex[c >> 4];
+        out += kHex[c & 0xf];
+      }
+    }
+  };
+  std::string out;
+  for (const auto& [name, value] : *pairs) {
+    if (!out.empty()) out += '&';
+    encode(out, name);
+    out += '=';
+    encode(out, value);
+  }
+  return out;
+}
+
+Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body,
+                               std::string_view content_type) {
   std::string material(method);
   material += '\0';
   material += route;
   material += '\0';
-  if (auto canonical = CanonicalJson(body)) {
+  // The media type, without parameters (charset=...), any case.
+  std::string media(content_type.substr(0, content_type.find(';')));
+  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.pop_back();
+  std::transform(media.begin(), media.end(), media.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::optional<std::string> form;
+  if (media == "application/x-www-form-urlencoded") form = CanonicalForm(body);
+  if (form) {
+    material += "form:";
+    material += *form;
+  } else if (auto canonical = CanonicalJson(body)) {
     material += "json:";
     material += *canonical;
   } else {

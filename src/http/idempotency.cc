@@ -94,7 +94,8 @@ const ClaimToken* CurrentClaim() { return g_current_claim; }
 // A request that passed Admit: who, which key, and its claim.
 struct Idempotency::Admitted {
   const Request* req = nullptr;
-  std::string key;  // "-" until the key is read (for the log)
+  const RoutePolicy* policy = nullptr;  // the route's
+  std::string key;                      // "-" until the key is read (for the log)
   ClaimRequest claim;
 };
 
@@ -278,7 +279,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
           out = j;
           break;
         }
-        Execute(c.token, *j->ans, [&] { (*j->work)(*j->req, *j->ans, &tx); });
+        Execute(*j->policy, c.token, *j->ans, [&] { (*j->work)(*j->req, *j->ans, &tx); });
         if (!Kept(*j->policy, j->ans->status)) {
           out = j;
           break;
@@ -332,7 +333,7 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
 
   // A handler that throws is a 500 here too (nothing was claimed).
   void Unguarded(const Request& req, Answer& ans, const Work& work) const override {
-    (void)owner_.Threw("the handler", ans, [&] { work(req, ans, nullptr); });
+    (void)owner_.Threw(policy(), "the handler", ans, [&] { work(req, ans, nullptr); });
   }
 
   void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
@@ -347,7 +348,7 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
 
     // Execute, once.
     IDEM_KILL_POINT("http.after_claim");
-    o.Execute(claim->token, ans, [&] { work(*a.req, ans, nullptr); });
+    o.Execute(policy(), claim->token, ans, [&] { work(*a.req, ans, nullptr); });
     o.executed_.fetch_add(1, std::memory_order_relaxed);
     if (!Kept(policy(), ans.status)) {
       (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(ans.status));
@@ -364,7 +365,7 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
     if (now_claim.ok() && now_claim->has_value() && (*now_claim)->state == ClaimRecord::State::kCompleted &&
         (*now_claim)->fingerprint == a.claim.fingerprint)
       return o.Replay(a, (*now_claim)->result, ans);
-    o.Problem(ans, 409, "lease-lost", "Request superseded",
+    o.Problem(policy(), ans, 409, "lease-lost", "Request superseded",
               "this request ran past its lease and another request with the key took over (" + done.message() +
                   "); retry with the same key for the stored response",
               "same-key", "1");
@@ -383,12 +384,13 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
   void Unguarded(const Request& req, Answer& ans, const Work& work) const override {
     auto t = store_.BeginDeferred();
     if (!t.ok())
-      return owner_.Problem(ans, 503, "store-unavailable", "Store unavailable", t.status().ToString(), "same-key");
+      return owner_.Problem(policy(), ans, 503, "store-unavailable", "Store unavailable", t.status().ToString(),
+                            "same-key");
     // A handler that throws is a 500, its transaction rolled back.
-    if (owner_.Threw("the handler", ans, [&] { work(req, ans, t->get()); })) return;
+    if (owner_.Threw(policy(), "the handler", ans, [&] { work(req, ans, t->get()); })) return;
     if (ans.status < 400) {
       if (Status c = (*t)->Commit(); !c.ok())
-        owner_.Problem(ans, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
+        owner_.Problem(policy(), ans, 503, "store-unavailable", "Commit failed", c.ToString(), "same-key");
     }
   }
 
@@ -438,7 +440,7 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
 
     // Execute, once.
     IDEM_KILL_POINT("http.after_claim");
-    o.Execute(claim->token, ans, [&] { work(*a.req, ans, tx.get()); });
+    o.Execute(policy(), claim->token, ans, [&] { work(*a.req, ans, tx.get()); });
     o.executed_.fetch_add(1, std::memory_order_relaxed);
     if (!Kept(policy(), ans.status)) {
       tx->Rollback();  // the effect goes with the key
@@ -504,7 +506,8 @@ class Idempotency::GroupCommitRoute final : public Idempotency::TransactionalRou
   }
 };
 
-Idempotency::Idempotency(const Options& options) : options_(options), claims_(*options.claims) {
+Idempotency::Idempotency(const Options& options)
+    : options_(options), default_refusals_(ProblemJson(options.problem_base)), claims_(*options.claims) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
@@ -587,16 +590,17 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
                         const Validator& validate, Admitted& a) {
   const RoutePolicy& policy = route.policy();
   a.req = &req;
+  a.policy = &policy;
   a.key = "-";
   std::optional<std::string> principal = options_.authenticate(req);
   if (!principal) {
-    Problem(ans, 401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <API key>", "no");
+    Problem(policy, ans, 401, "unauthenticated", "Unauthenticated", "send Authorization: Bearer <API key>", "no");
     Reject(a, "unauthenticated", ans.status);
     return false;
   }
   if (req.body.size() > options_.max_body_bytes) {
     Problem(
-        ans, 413, "body-too-large", "Request body too large",
+        policy, ans, 413, "body-too-large", "Request body too large",
         "the body is " + std::to_string(req.body.size()) + " bytes; at most " + std::to_string(options_.max_body_bytes),
         "new-key");
     Reject(a, "too-large", ans.status);
@@ -609,7 +613,7 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
       return false;
     }
     Problem(
-        ans, 400, "idempotency-key-missing", "Idempotency-Key missing",
+        policy, ans, 400, "idempotency-key-missing", "Idempotency-Key missing",
         "this endpoint requires an Idempotency-Key header (1 to 255 characters: a quoted string, or a token such as "
         "a UUID)",
         "new-key");
@@ -617,25 +621,26 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
     return false;
   }
   if (keys > 1) {
-    Problem(ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed",
+    Problem(policy, ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed",
             "send exactly one Idempotency-Key header", "new-key");
     Reject(a, "malformed-key", ans.status);
     return false;
   }
   Result<std::string> key = ParseKey(req.headers.Get("Idempotency-Key"));
   if (!key.ok()) {
-    Problem(ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(), "new-key");
+    Problem(policy, ans, 400, "idempotency-key-malformed", "Idempotency-Key malformed", key.status().message(),
+            "new-key");
     Reject(a, "malformed-key", ans.status);
     return false;
   }
   a.key = *key;
   if (const Validator& check = validate ? validate : policy.validate; check) {
     bool valid = false;
-    (void)Threw("validate", ans, [&] { valid = check(req, ans); });
+    (void)Threw(policy, "validate", ans, [&] { valid = check(req, ans); });
     if (!valid) {
       if (ans.status < 400) {  // refused without saying why
         ans = Answer();
-        Problem(ans, 400, "invalid-request", "Invalid request",
+        Problem(policy, ans, 400, "invalid-request", "Invalid request",
                 "the request was refused before it ran; correct it and send it again, with the same key if you like",
                 "same-key");
       }
@@ -644,18 +649,19 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
       return false;
     }
   }
-  a.claim = ClaimRequest{.scope = ScopeOf(*principal, req.method, route.name()),
-                         .key = *key,
-                         .fingerprint = RequestFingerprint(req.method, route.name(), req.body),
-                         .lease_ms = policy.lease_ms,
-                         .wait_ms = policy.wait_ms};
+  a.claim = ClaimRequest{
+      .scope = ScopeOf(*principal, req.method, route.name()),
+      .key = *key,
+      .fingerprint = RequestFingerprint(req.method, route.name(), req.body, req.headers.Get("Content-Type")),
+      .lease_ms = policy.lease_ms,
+      .wait_ms = policy.wait_ms};
   return true;
 }
 
 void Idempotency::Replay(const Admitted& a, const std::string& stored, Answer& ans) {
   auto r = Decode(stored);
   if (!r.ok()) {
-    Problem(ans, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
+    Problem(*a.policy, ans, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
     return Reject(a, "corrupt", ans.status);
   }
   ans.status = r->status;
@@ -676,7 +682,7 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
     case ClaimOutcome::Kind::kStarted: return false;
     case ClaimOutcome::Kind::kCompleted: Replay(a, claim->result, ans); return true;
     case ClaimOutcome::Kind::kConflict:
-      Problem(ans, 422, "idempotency-key-reused", "Idempotency-Key reused",
+      Problem(*a.policy, ans, 422, "idempotency-key-reused", "Idempotency-Key reused",
               "this key was already used with a different request (method, route or body); use a new key "
               "for a new request",
               "new-key");
@@ -685,7 +691,7 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
       return true;
     case ClaimOutcome::Kind::kInProgress: {
       auto now = claims_.store().NowMs();
-      Problem(ans, 409, "request-in-progress", "Request in progress",
+      Problem(*a.policy, ans, 409, "request-in-progress", "Request in progress",
               "a request with this key is still being processed; retry with the same key after Retry-After", "same-key",
               RetryAfterSeconds(claim->retry_at_ms, now.ok() ? *now : 0));
       in_progress_.fetch_add(1, std::memory_order_relaxed);
@@ -697,7 +703,7 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
 }
 
 void Idempotency::StoreUnavailable(const Admitted& a, const Status& why, Answer& ans) {
-  Problem(ans, 503, "store-unavailable", "Idempotency store unavailable", why.ToString(), "same-key", "1");
+  Problem(*a.policy, ans, 503, "store-unavailable", "Idempotency store unavailable", why.ToString(), "same-key", "1");
   Reject(a, "store-error", ans.status);
 }
 
@@ -705,7 +711,7 @@ void Idempotency::StoreUnavailable(const Admitted& a, const Status& why, Answer&
 // either a fresh execution or the replay, never a second effect.
 void Idempotency::CommitFailed(const Admitted& a, const Status& why, Answer& ans) {
   ans = Answer();
-  Problem(ans, 503, "commit-failed", "Commit failed",
+  Problem(*a.policy, ans, 503, "commit-failed", "Commit failed",
           "the request's effect and stored response could not be committed (" + why.ToString() +
               "); retry with the same key",
           "same-key", "1");
@@ -719,7 +725,7 @@ bool Idempotency::AdmitNewKey(const Admitted& a, Answer& ans) {
     StoreUnavailable(a, under.status(), ans);
     return false;
   }
-  Problem(ans, 429, "too-many-keys", "Too many stored idempotency keys",
+  Problem(*a.policy, ans, 429, "too-many-keys", "Too many stored idempotency keys",
           "this principal holds " + std::to_string(options_.max_keys_per_principal) +
               " or more stored keys on this route; retry with the same key once older ones expire",
           "same-key", "60");
@@ -727,7 +733,8 @@ bool Idempotency::AdmitNewKey(const Admitted& a, Answer& ans) {
   return false;
 }
 
-bool Idempotency::Threw(std::string_view who, Answer& ans, const std::function<void()>& run) {
+bool Idempotency::Threw(const RoutePolicy& policy, std::string_view who, Answer& ans,
+                        const std::function<void()>& run) {
   std::string what;
   try {
     run();
@@ -738,7 +745,7 @@ bool Idempotency::Threw(std::string_view who, Answer& ans, const std::function<v
     what = std::string(who) + " threw";
   }
   ans = Answer();
-  Problem(ans, 500, "handler-failed", "Internal error", what, "same-key");
+  Problem(policy, ans, 500, "handler-failed", "Internal error", what, "same-key");
   return true;
 }
 
@@ -747,9 +754,10 @@ bool Idempotency::Kept(const RoutePolicy& policy, int status) {
          (status >= 400 && status < 500 && policy.stored_4xx.count(status));
 }
 
-void Idempotency::Execute(const ClaimToken& token, Answer& ans, const std::function<void()>& run) {
+void Idempotency::Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans,
+                          const std::function<void()>& run) {
   g_current_claim = &token;
-  (void)Threw("the handler", ans, run);
+  (void)Threw(policy, "the handler", ans, run);
   g_current_claim = nullptr;
   ans.headers.Set("Idempotency-Key-Retention", Retention());
 }
@@ -769,17 +777,17 @@ Idempotency::Counters Idempotency::counters() const {
   return c;
 }
 
-void Idempotency::Problem(Answer& ans, int status, std::string_view type, std::string_view title, std::string detail,
-                          std::string_view retry, const std::string& retry_after) const {
-  nlohmann::json j = {{"type", options_.problem_base + "/" + std::string(type)},
-                      {"title", title},
-                      {"status", status},
-                      {"detail", detail},
-                      {"retry", retry}};
+void Idempotency::Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type,
+                          std::string_view title, std::string detail, std::string_view retry,
+                          const std::string& retry_after) const {
   ans.status = status;
-  ans.SetBody(j.dump(), "application/problem+json");
   ans.headers.Set("Idempotency-Key-Retention", Retention());
   if (!retry_after.empty()) ans.headers.Set("Retry-After", retry_after);
+  const Refusal refusal{.status = status, .type = type, .title = title, .detail = std::move(detail), .retry = retry};
+  if (policy.refusals)
+    policy.refusals(refusal, ans);
+  else
+    default_refusals_(refusal, ans);
 }
 
 std::string Idempotency::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }

@@ -195,6 +195,9 @@ class ConnectionStream final : public ::httplib::Stream {
 
   // Sends what is held back (a head without a body, a 100 Continue).
   bool Flush() { return out_.empty() ? !failed_ : Send(nullptr, 0); }
+  // Forgets a held head whose body could not be written: the client gets
+  // nothing rather than a head without its body.
+  void Discard() { out_.clear(); }
 
   // Before each request: its response's head is the next thing written.
   void NextResponse() {
@@ -564,7 +567,12 @@ class Server::Impl final : public ::httplib::Server {
     bool connection_closed = false;
     strm.NextResponse();
     bool ok = process_request(strm, last, connection_closed, nullptr);
-    if (!strm.Flush()) ok = false;
+    // Not ok: nothing was written, or a body failed (a content provider
+    // that returned false, a send that failed) after its head was held.
+    if (!ok)
+      strm.Discard();
+    else if (!strm.Flush())
+      ok = false;
     if (strm.deadline_missed()) {
       CountDeadlineClose();
       return false;

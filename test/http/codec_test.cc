@@ -149,6 +149,48 @@ TEST(RequestFingerprint, JsonOrderAndWhitespaceDoNotMatterButValuesDo) {
   EXPECT_NE(RequestFingerprint("POST", "/ab", "c"), RequestFingerprint("POST", "/a", "bc"));
 }
 
+TEST(ParseForm, DecodesPairsInOrder) {
+  auto pairs = ParseForm("amount=4000&description=a+b%26c&&flag&expand[]=x&expand%5B%5D=y");
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"amount", "4000"}, {"description", "a b&c"}, {"flag", ""}, {"expand[]", "x"}, {"expand[]", "y"}};
+  EXPECT_EQ(*pairs, want);
+  EXPECT_TRUE(ParseForm("").ok());
+  auto bad = ParseForm("ok=1&amount=%4");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("amount=%4"), std::string::npos) << bad.status();
+  EXPECT_FALSE(ParseForm("a=%zz").ok());
+}
+
+TEST(CanonicalForm, SortsByNameKeepsRepeatsInOrderAndEncodesOneWay) {
+  EXPECT_EQ(CanonicalForm("currency=usd&amount=4000"), "amount=4000&currency=usd");
+  // One encoding: '+' and %20 are one space; %7e and ~ one tilde; hex upper case.
+  EXPECT_EQ(CanonicalForm("d=a+b~"), CanonicalForm("d=a%20b%7e"));
+  EXPECT_EQ(CanonicalForm("d=a+b%2f"), "d=a%20b%2F");
+  // Repeated names keep their order (a list), and the order matters.
+  EXPECT_EQ(CanonicalForm("b=1&a[]=2&a[]=1"), "a%5B%5D=2&a%5B%5D=1&b=1");
+  EXPECT_NE(CanonicalForm("a[]=1&a[]=2"), CanonicalForm("a[]=2&a[]=1"));
+  // Canonical text is its own canonical form.
+  auto once = CanonicalForm("z=%C3%A9&y=1+2&x");
+  ASSERT_TRUE(once.has_value());
+  EXPECT_EQ(CanonicalForm(*once), once);
+  EXPECT_EQ(CanonicalForm("a=%G1"), std::nullopt);
+}
+
+TEST(RequestFingerprint, FormBodiesAreCanonicalisedByContentType) {
+  constexpr const char* kForm = "application/x-www-form-urlencoded";
+  const auto a = RequestFingerprint("POST", "/v1/charges", "amount=4000&currency=usd", kForm);
+  EXPECT_EQ(a, RequestFingerprint("POST", "/v1/charges", "currency=usd&amount=4000", kForm));
+  EXPECT_EQ(a, RequestFingerprint("POST", "/v1/charges", "currency=%75sd&amount=4000",
+                                  "Application/X-WWW-Form-Urlencoded; charset=utf-8"));
+  EXPECT_NE(a, RequestFingerprint("POST", "/v1/charges", "amount=4001&currency=usd", kForm));
+  // Without the content type the bytes count as they are (or as JSON).
+  EXPECT_NE(RequestFingerprint("POST", "/f", "a=1&b=2"), RequestFingerprint("POST", "/f", "b=2&a=1"));
+  // A malformed form body is fingerprinted as bytes, not refused.
+  EXPECT_EQ(RequestFingerprint("POST", "/f", "a=%", kForm), RequestFingerprint("POST", "/f", "a=%", kForm));
+  EXPECT_NE(RequestFingerprint("POST", "/f", "a=%", kForm), RequestFingerprint("POST", "/f", "a=%25", kForm));
+}
+
 TEST(StoredResponse, EncodeDecodeRoundTrip) {
   StoredResponse r{201,
                    {{"Location", "/charges/ch_1"},

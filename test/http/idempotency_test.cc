@@ -361,6 +361,52 @@ TEST_F(IdempotencyTest, WhileTheFirstRunsASecondGets409WithRetryAfter) {
   EXPECT_EQ(idem_->counters().in_progress, 3u);
 }
 
+// RoutePolicy::refusals: the same decisions in the shape Stripe's clients
+// parse; other routes keep problem+json.
+TEST_F(IdempotencyTest, StripeErrorsShapeTheRefusalsOfTheirRoute) {
+  Gate gate;
+  auto charge = ChargeHandler();
+  Route("/v1/charges", {.refusals = http::StripeErrors()},
+        [&](const ::httplib::Request& req, ::httplib::Response& res) {
+          if (req.body == "busy=1") gate.Arrive();
+          charge(req, res);
+        });
+  Route("/charges", {}, ChargeHandler());
+  Start();
+  auto stripe_error = [](const Reply& r, int status, const std::string& type, const std::string& should_retry) {
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_EQ(r.header("Content-Type"), "application/json");
+    auto j = r.json();
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"].value("type", ""), type) << r.body;
+    EXPECT_FALSE(j["error"].value("message", "").empty()) << r.body;
+    EXPECT_EQ(r.header("Stripe-Should-Retry"), should_retry) << r.body;
+    EXPECT_EQ(r.header("Idempotency-Key-Retention"), "86400");
+  };
+  auto post = [&](const std::string& key, const std::string& body, const std::string& bearer = "sk_a") {
+    return Send(server_.port(), "POST", "/v1/charges", Headers(bearer, key), body);
+  };
+  ASSERT_EQ(post("s-1", "amount=1").status, 201);
+  // A reused key: 400 idempotency_error (Stripe's status and type), counted as a conflict.
+  for (int i = 0; i < 2; ++i) stripe_error(post("s-1", "amount=2"), 400, "idempotency_error", "false");
+  EXPECT_EQ(idem_->counters().conflicts, 2u);
+  stripe_error(post("s-2", "amount=1", "sk_wrong"), 401, "invalid_request_error", "false");
+  stripe_error(post("\"unterminated", "amount=1"), 400, "invalid_request_error", "false");
+  // In progress: 409 with the code Stripe uses, and a retry the clients make.
+  std::thread t([&] { (void)post("s-busy", "busy=1"); });
+  gate.WaitArrived();
+  Reply busy = post("s-busy", "busy=1");
+  stripe_error(busy, 409, "invalid_request_error", "true");
+  EXPECT_EQ(busy.json()["error"].value("code", ""), "idempotency_key_in_use");
+  EXPECT_EQ(busy.header("Retry-After"), "30");
+  gate.Open();
+  t.join();
+  // The other route keeps the problem+json shape.
+  ASSERT_EQ(PostKey("p-1").status, 201);
+  ExpectProblem(PostKey("p-1", R"({"amount":1})"), 422, "idempotency-key-reused", "new-key");
+}
+
 TEST_F(IdempotencyTest, BoundedWaitAnswersWithTheFirstResultInsteadOf409) {
   Gate gate;
   Latch waiting(1);

@@ -73,6 +73,78 @@ TEST_P(ProviderTest, AChargesTextComesBackExactlyInCanonicalJson) {
   EXPECT_EQ(list.body, list.json().dump());
 }
 
+// POST /v1/charges: Stripe's dialect (form bodies, 200 and a charge
+// object, a key optional, Stripe's errors), on the same charges.
+TEST_P(ProviderTest, TheStripeDialectChargesOncePerKeyWithStripesErrors) {
+  Start();
+  constexpr char kForm[] = "application/x-www-form-urlencoded";
+  auto post = [&](std::optional<std::string> key, const std::string& body) {
+    return Send(provider_->port(), "POST", "/v1/charges", Headers("sk_a", std::move(key)), body, kForm);
+  };
+  const std::string body = "amount=4000&currency=USD&customer=cus_1&description=order+42%21";
+  Reply first = post("st-1", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  auto charge = first.json();
+  EXPECT_EQ(charge.value("object", ""), "charge");
+  EXPECT_EQ(charge.value("amount", 0), 4000);
+  EXPECT_EQ(charge.value("currency", ""), "usd");  // lower-cased, as Stripe does
+  EXPECT_EQ(charge.value("description", ""), "order 42!");
+  EXPECT_EQ(charge.value("status", ""), "succeeded");
+  const std::string id = charge.value("id", "");
+  // A retry, and the same parameters in another order: the same charge.
+  for (const std::string& again :
+       {body, std::string("description=order%2042!&customer=cus_1&currency=USD&amount=4000")}) {
+    Reply r = post("st-1", again);
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_TRUE(r.replayed());
+    EXPECT_EQ(r.body, first.body);
+  }
+  // The key with other parameters: 400 idempotency_error, no charge.
+  Reply conflict = post("st-1", "amount=1&currency=usd");
+  EXPECT_EQ(conflict.status, 400);
+  EXPECT_EQ(conflict.json()["error"].value("type", ""), "idempotency_error") << conflict.body;
+  // Bad parameters: 400 naming the parameter, before anything is claimed.
+  for (const auto& [bad, param] :
+       std::vector<std::pair<std::string, std::string>>{{"currency=usd", "amount"},
+                                                        {"amount=-1&currency=usd", "amount"},
+                                                        {"amount=1&currency=dollars", "currency"},
+                                                        {"amount=1&currency=usd&amount=2", "amount"},
+                                                        {"amount=1&currency=usd&source=tok_visa", "source"}}) {
+    Reply r = post("st-bad", bad);
+    EXPECT_EQ(r.status, 400) << bad;
+    EXPECT_EQ(r.json()["error"].value("type", ""), "invalid_request_error") << r.body;
+    EXPECT_EQ(r.json()["error"].value("param", ""), param) << r.body;
+  }
+  // Without a key, as Stripe allows: each request a charge of its own.
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(post(std::nullopt, "amount=7&currency=eur").status, 200);
+  // Read back: newest first, paged as Stripe's clients page.
+  Reply page = Get("/v1/charges?limit=2");
+  ASSERT_EQ(page.status, 200) << page.body;
+  auto list = page.json();
+  ASSERT_EQ(list["data"].size(), 2u) << page.body;
+  EXPECT_TRUE(list.value("has_more", false));
+  Reply rest = Get("/v1/charges?limit=2&starting_after=" + list["data"][1].value("id", ""));
+  ASSERT_EQ(rest.status, 200) << rest.body;
+  ASSERT_EQ(rest.json()["data"].size(), 1u) << rest.body;
+  EXPECT_FALSE(rest.json().value("has_more", true));
+  std::set<std::string> paged, all;
+  for (const auto& c : list["data"]) paged.insert(c.value("id", ""));
+  paged.insert(rest.json()["data"][0].value("id", ""));
+  for (const auto& c : Charges()) all.insert(c.value("id", ""));
+  EXPECT_EQ(paged, all);
+  EXPECT_TRUE(all.count(id));
+  EXPECT_EQ(Get("/v1/charges/" + id).json().value("amount", 0), 4000);
+  Reply missing = Get("/v1/charges/ch_nope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.json()["error"].value("code", ""), "resource_missing");
+  EXPECT_EQ(Get("/v1/charges", "sk_wrong").status, 401);
+  EXPECT_EQ(Get("/v1/charges?limit=0").status, 400);
+  // The JSON API sees the same charges.
+  EXPECT_EQ(Charges().size(), 3u);
+  EXPECT_EQ(provider_->counters().executed, 1u);  // the keyless ones ran unguarded
+  EXPECT_EQ(provider_->counters().conflicts, 1u);
+}
+
 TEST_P(ProviderTest, MetricsCountExecutionsReplaysAndConflicts) {
   Start();
   ASSERT_EQ(Charge("m-1", kBody).status, 201);

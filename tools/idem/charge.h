@@ -25,6 +25,15 @@ struct ChargeFields {
 // whose message is the 400 problem's detail, for anything else.
 Result<ChargeFields> ParseCharge(std::string_view body);
 
+// The charge a form body asks for, as Stripe's client libraries send
+// POST /v1/charges (application/x-www-form-urlencoded): "amount" (a positive
+// integer, cents), "currency" (3 letters, lower-cased as Stripe does),
+// optional "customer" and "description"; no parameter given twice, no other
+// parameter. kInvalidArgument with Stripe's wording ("Missing required
+// param: amount.", "Received unknown parameter: x") and `*param` set to the
+// parameter it is about.
+Result<ChargeFields> ParseStripeCharge(std::string_view body, std::string* param);
+
 }  // namespace idem::cli
 
 #endif  // IDEM_TOOLS_IDEM_CHARGE_H_

@@ -22,7 +22,11 @@ const Command& ProviderCommand() {
       "of the key replays that answer (Idempotent-Replayed: true). GET /charges/{id} and\n"
       "GET /charges?customer=... read charges back. Clients authenticate with Authorization: Bearer KEY.\n"
       "A body that is not a valid charge gets 400 before its key is claimed (the key stays free for the\n"
-      "corrected request). GET /metrics serves Prometheus counters (no authentication). --web HOST:PORT\n"
+      "corrected request). Stripe's dialect, for Stripe's own client libraries: POST /v1/charges with a\n"
+      "form body (amount, currency, customer, description; Idempotency-Key optional) answers 200 with a\n"
+      "Stripe charge object and refuses in Stripe's error shape; GET /v1/charges/{id} and\n"
+      "GET /v1/charges (limit, starting_after, customer) read them back.\n"
+      "GET /metrics serves Prometheus counters (no authentication). --web HOST:PORT\n"
       "serves the live view: a page animating each key's first execution, replays and conflicts.\n"
       "Logs one line per request to stderr. Stops on SIGINT/SIGTERM.",
       "--api-key KEY:PRINCIPAL [--api-key ...] [--api-keys FILE] [--listen HOST:PORT] [--store URL]\n"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -90,6 +91,38 @@ std::string ChargeJson(const std::vector<Value>& r) {
   return out;
 }
 
+// A charge row (kColumns) as Stripe's API writes a charge object, for the
+// /v1 routes that Stripe's own client libraries call.
+nlohmann::json StripeCharge(const std::vector<Value>& r) {
+  auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
+  return {{"id", r[0].AsText()},
+          {"object", "charge"},
+          {"amount", r[2].AsInt()},
+          {"amount_captured", r[2].AsInt()},
+          {"amount_refunded", 0},
+          {"captured", true},
+          {"created", r[6].AsInt() / 1000},
+          {"currency", r[3].AsText()},
+          {"customer", or_null(r[4].AsText())},
+          {"description", or_null(r[5].AsText())},
+          {"livemode", false},
+          {"metadata", nlohmann::json::object()},
+          {"paid", true},
+          {"refunded", false},
+          {"status", "succeeded"}};
+}
+
+// An error in Stripe's shape ({"error":{...}}), for the /v1 routes.
+void StripeError(::httplib::Response& res, int status, const std::string& type, const std::string& message,
+                 const std::string& param = "", const std::string& code = "") {
+  nlohmann::json error = {{"type", type}, {"message", message}};
+  if (!param.empty()) error["param"] = param;
+  if (!code.empty()) error["code"] = code;
+  res.status = status;
+  res.set_header("Stripe-Should-Retry", status >= 500 ? "true" : "false");
+  res.set_content(nlohmann::json{{"error", std::move(error)}}.dump(), "application/json");
+}
+
 // The provider's own problems (outside the middleware), in the middleware's
 // shape: a title per type, and whether a retry can help.
 void Problem(::httplib::Response& res, int status, const std::string& type, const std::string& detail) {
@@ -120,6 +153,23 @@ std::optional<ChargeFields> ReadCharge(const ::httplib::Request& req, ::httplib:
   return std::move(*charge);
 }
 
+// The same for POST /v1/charges (a form body), with Stripe's error.
+std::optional<ChargeFields> ReadStripeCharge(const ::httplib::Request& req, ::httplib::Response& res) {
+  std::string param;
+  Result<ChargeFields> charge = ParseStripeCharge(req.body, &param);
+  if (!charge.ok()) {
+    StripeError(res, 400, "invalid_request_error", charge.status().message(), param, "parameter_invalid");
+    return std::nullopt;
+  }
+  return std::move(*charge);
+}
+
+// The two dialects of the charges API.
+enum class Dialect {
+  kJson,    // POST /charges: JSON in, 201 and the charge out, problem+json errors
+  kStripe,  // POST /v1/charges: form in, 200 and a Stripe charge object out, Stripe's errors
+};
+
 }  // namespace
 
 struct ProviderServer::Impl {
@@ -141,18 +191,21 @@ struct ProviderServer::Impl {
 
   // In its own transaction (two-phase routes) or in `outer`, the route's
   // transaction that also holds the key's record.
-  Status Charge(const ::httplib::Request& req, ::httplib::Response& res, Transaction* outer) {
+  Status Charge(Dialect dialect, const ::httplib::Request& req, ::httplib::Response& res, Transaction* outer) {
+    const bool stripe = dialect == Dialect::kStripe;
     const ClaimToken* claim = http::CurrentClaim();
     auto principal = authenticate(idem::httplib::ToRequest(req));
-    if (claim == nullptr || !principal) {
+    // POST /v1/charges takes requests without a key, as Stripe does (each
+    // one a new charge); POST /charges never lets one through.
+    if ((claim == nullptr && !stripe) || !principal) {
       Problem(res, 500, "internal", "POST /charges ran outside the idempotency middleware");
       return Status::OK();
     }
     // Checked before the claim too (RoutePolicy::validate); read again here
     // for the fields.
-    std::optional<ChargeFields> charge = ReadCharge(req, res);
+    std::optional<ChargeFields> charge = stripe ? ReadStripeCharge(req, res) : ReadCharge(req, res);
     if (!charge) return Status::OK();
-    if (options.before_charge) options.before_charge(claim->key);
+    if (options.before_charge && claim != nullptr) options.before_charge(claim->key);
     if (options.charge_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options.charge_delay_ms));
     // Time first, then 48 random bits: ids are unique and sort by creation,
     // so each new charge lands at the end of the id index instead of on a
@@ -165,43 +218,56 @@ struct ProviderServer::Impl {
       IDEM_ASSIGN_OR_RETURN(own, store->BeginDeferred());  // BEGIN goes with the insert where the store can
     }
     Transaction* tx = outer != nullptr ? outer : own.get();
-    Value ins[] = {std::string(id),  *principal,       claim->key,          charge->amount,
-                   charge->currency, charge->customer, charge->description, Env::Default()->NowMs()};
+    // Unique per (principal, key); a charge made without a key is keyed by
+    // its own id.
+    const std::string key = claim != nullptr ? claim->key : "none:" + std::string(id);
+    Value ins[] = {std::string(id),
+                   *principal,
+                   key,
+                   charge->amount,
+                   charge->currency,
+                   charge->customer,
+                   charge->description,
+                   Env::Default()->NowMs()};
     IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kInsertCharge, ins));
     if (rows.rows.empty()) {  // made by an earlier holder of the key (a takeover): that one counts
-      Value key[] = {*principal, claim->key};
+      Value p[] = {*principal, key};
       IDEM_ASSIGN_OR_RETURN(
-          rows,
-          tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", key));
+          rows, tx->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND idem_key = $2", p));
     }
     if (own != nullptr) IDEM_RETURN_IF_ERROR(own->Commit());
     if (rows.rows.empty()) return Status::Internal("the charge just written is not there");
-    res.status = 201;
-    res.set_header("Location", "/charges/" + rows.rows[0][0].AsText());
-    res.set_content(ChargeJson(rows.rows[0]), "application/json");
-    if (options.lose_response && options.lose_response(claim->key)) {
+    if (stripe) {
+      res.status = 200;  // Stripe answers a created object 200
+      res.set_content(StripeCharge(rows.rows[0]).dump(), "application/json");
+    } else {
+      res.status = 201;
+      res.set_header("Location", "/charges/" + rows.rows[0][0].AsText());
+      res.set_content(ChargeJson(rows.rows[0]), "application/json");
+    }
+    if (claim != nullptr && options.lose_response && options.lose_response(claim->key)) {
       std::lock_guard lock(drop_mu);
       drop.emplace(*principal, claim->key);
     }
     return Status::OK();
   }
 
+  // The charges (kColumns) that `where` selects, in a transaction of their own.
+  Result<Rows> Select(const std::string& where, const std::vector<Value>& params) {
+    IDEM_ASSIGN_OR_RETURN(auto tx, store->BeginDeferred());
+    return tx->Query(std::string(kColumns) + " FROM provider_charges WHERE " + where, params);
+  }
+  // GET /charges/{id} (one), or the principal's charges.
+  Result<Rows> SelectOneOrList(const std::string& principal, const ::httplib::Request& req, bool one) {
+    if (one) return Select("principal = $1 AND id = $2", {principal, req.matches[1].str()});
+    return Select("principal = $1 AND ($2 = '' OR customer = $2) ORDER BY created_ms, id LIMIT 1000",
+                  {principal, req.get_param_value("customer")});
+  }
+
   void Read(const ::httplib::Request& req, ::httplib::Response& res, bool one) {
     auto principal = authenticate(idem::httplib::ToRequest(req));
     if (!principal) return Problem(res, 401, "unauthenticated", "send Authorization: Bearer <API key>");
-    auto tx = store->BeginDeferred();
-    if (!tx.ok()) return Problem(res, 503, "store-unavailable", tx.status().ToString());
-    Result<Rows> rows = Status::Internal("unset");
-    if (one) {
-      Value p[] = {*principal, req.matches[1].str()};
-      rows = (*tx)->Query(std::string(kColumns) + " FROM provider_charges WHERE principal = $1 AND id = $2", p);
-    } else {
-      Value p[] = {*principal, req.get_param_value("customer")};
-      rows = (*tx)->Query(std::string(kColumns) +
-                              " FROM provider_charges WHERE principal = $1 AND ($2 = '' OR customer = $2)"
-                              " ORDER BY created_ms, id LIMIT 1000",
-                          p);
-    }
+    Result<Rows> rows = SelectOneOrList(*principal, req, one);
     if (!rows.ok()) return Problem(res, 503, "store-unavailable", rows.status().ToString());
     if (one) {
       if (rows->rows.empty()) return Problem(res, 404, "not-found", "no charge " + req.matches[1].str());
@@ -215,6 +281,46 @@ struct ProviderServer::Impl {
     }
     list += "],\"object\":\"list\"}";
     res.set_content(list, "application/json");
+  }
+
+  // GET /v1/charges/{id} and GET /v1/charges (newest first; limit 1..100,
+  // default 10; starting_after; customer), as Stripe answers them.
+  void ReadStripe(const ::httplib::Request& req, ::httplib::Response& res, bool one) {
+    auto principal = authenticate(idem::httplib::ToRequest(req));
+    if (!principal)
+      return StripeError(res, 401, "invalid_request_error",
+                         "Invalid API Key provided: send Authorization: Bearer <API key>");
+    int64_t limit = 10;
+    if (!one && req.has_param("limit")) {
+      const std::string v = req.get_param_value("limit");
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), limit);
+      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || limit < 1 || limit > 100)
+        return StripeError(res, 400, "invalid_request_error", "Invalid integer: limit must be from 1 to 100", "limit");
+    }
+    // Ids begin with their creation time (fixed width): newest first is id
+    // order, and starting_after an id is "id < it".
+    Result<Rows> rows =
+        one ? SelectOneOrList(*principal, req, true)
+            : Select(
+                  "principal = $1 AND ($2 = '' OR customer = $2) AND ($3 = '' OR id < $3)"
+                  " ORDER BY id DESC LIMIT $4",
+                  {*principal, req.get_param_value("customer"), req.get_param_value("starting_after"), limit + 1});
+    if (!rows.ok()) return StripeError(res, 503, "api_error", rows.status().ToString());
+    if (one) {
+      if (rows->rows.empty())
+        return StripeError(res, 404, "invalid_request_error", "No such charge: '" + req.matches[1].str() + "'", "id",
+                           "resource_missing");
+      res.set_content(StripeCharge(rows->rows[0]).dump(), "application/json");
+      return;
+    }
+    const bool more = static_cast<int64_t>(rows->rows.size()) > limit;
+    nlohmann::json data = nlohmann::json::array();
+    for (size_t i = 0; i < rows->rows.size() && static_cast<int64_t>(i) < limit; ++i)
+      data.push_back(StripeCharge(rows->rows[i]));
+    res.set_content(
+        nlohmann::json{{"object", "list"}, {"data", std::move(data)}, {"has_more", more}, {"url", "/v1/charges"}}
+            .dump(),
+        "application/json");
   }
 };
 
@@ -277,28 +383,46 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // A body that is not a valid charge is refused before its key is claimed
   // (nothing stored; under group commit it never joins a group).
   const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
-  const idem::httplib::Validator validate = [](const ::httplib::Request& req, ::httplib::Response& res) {
-    return ReadCharge(req, res).has_value();
-  };
-  auto charge = [p](const ::httplib::Request& req, ::httplib::Response& res, Transaction* tx) {
-    if (Status s = p->Charge(req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
-      res = ::httplib::Response();
-      Problem(res, 503, "store-unavailable", s.ToString());
+  // POST /charges (JSON) and POST /v1/charges (Stripe's dialect: form
+  // bodies, a key optional, Stripe's error shape), each its own route.
+  for (const Dialect dialect : {Dialect::kJson, Dialect::kStripe}) {
+    const bool stripe = dialect == Dialect::kStripe;
+    http::RoutePolicy route_policy = policy;
+    if (stripe) {
+      route_policy.require_key = false;
+      route_policy.refusals = http::StripeErrors();
     }
-  };
-  Result<idem::httplib::Handler> post_charges = Status::Internal("no route");
-  if (p->options.one_transaction) {
-    post_charges = idem::httplib::WrapInTransaction(
-        *p->idempotency, "/charges", policy, *p->store,
-        [charge](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) { charge(req, res, &tx); },
-        validate);
-  } else {
-    post_charges = idem::httplib::Wrap(
-        *p->idempotency, "/charges", policy,
-        [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
+    const idem::httplib::Validator validate = [stripe](const ::httplib::Request& req, ::httplib::Response& res) {
+      return (stripe ? ReadStripeCharge(req, res) : ReadCharge(req, res)).has_value();
+    };
+    auto charge = [p, dialect, stripe](const ::httplib::Request& req, ::httplib::Response& res, Transaction* tx) {
+      if (Status s = p->Charge(dialect, req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
+        res = ::httplib::Response();
+        if (stripe)
+          StripeError(res, 503, "api_error", s.ToString());
+        else
+          Problem(res, 503, "store-unavailable", s.ToString());
+      }
+    };
+    const std::string path = stripe ? "/v1/charges" : "/charges";
+    Result<idem::httplib::Handler> post_charges = Status::Internal("no route");
+    if (p->options.one_transaction) {
+      post_charges = idem::httplib::WrapInTransaction(
+          *p->idempotency, path, route_policy, *p->store,
+          [charge](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) { charge(req, res, &tx); },
+          validate);
+    } else {
+      post_charges = idem::httplib::Wrap(
+          *p->idempotency, path, route_policy,
+          [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
+    }
+    if (!post_charges.ok()) return post_charges.status();
+    p->server().Post(path, std::move(*post_charges));
   }
-  if (!post_charges.ok()) return post_charges.status();
-  p->server().Post("/charges", std::move(*post_charges));
+  p->server().Get(R"(/v1/charges/([A-Za-z0-9_]+))",
+                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, true); });
+  p->server().Get("/v1/charges",
+                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, false); });
   p->server().Get(R"(/charges/([A-Za-z0-9_]+))",
                   [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
   p->server().Get("/charges",
@@ -343,7 +467,7 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   // A lost response: the charge and its stored response are kept; the
   // client sees the connection end before a complete answer.
   p->server().set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
-    if (!p->options.lose_response || res.status != 201 || res.has_header("Idempotent-Replayed") ||
+    if (!p->options.lose_response || res.status / 100 != 2 || res.has_header("Idempotent-Replayed") ||
         !req.has_header("Idempotency-Key"))
       return;
     auto principal = p->authenticate(idem::httplib::ToRequest(req));

@@ -18,7 +18,8 @@
 //   // per request: (*charge)(request, answer);
 //
 // Per request, in order: admit (each refusal an application/problem+json
-// body, RFC 9457, saying whether to retry with the same key or a new one)
+// body, RFC 9457, saying whether to retry with the same key or a new one;
+// another shape with RoutePolicy::refusals)
 //   401  no principal (the authenticator said no)
 //   413  body larger than max_body_bytes
 //   400  Idempotency-Key missing (where required), empty, longer than 255, or
@@ -79,6 +80,38 @@ using TxHandler = std::function<void(const Request&, Answer&, Transaction& tx)>;
 // Checks a request before anything is claimed (RoutePolicy::validate).
 using Validator = std::function<bool(const Request&, Answer&)>;
 
+// One of the middleware's own refusals (401, 400, 409, 422, 429, 5xx: the
+// list above), for a RefusalWriter to put in the shape its clients parse.
+struct Refusal {
+  int status = 0;
+  // The problem's name: "unauthenticated", "body-too-large",
+  // "idempotency-key-missing", "idempotency-key-malformed",
+  // "invalid-request", "idempotency-key-reused", "request-in-progress",
+  // "lease-lost", "too-many-keys", "store-unavailable", "commit-failed",
+  // "handler-failed", "stored-response-corrupt".
+  std::string_view type;
+  std::string_view title;  // a short human title ("Idempotency-Key reused")
+  std::string detail;      // what happened and what to do
+  // Whether a retry can help: "same-key", "new-key" or "no".
+  std::string_view retry;
+};
+// Writes a refusal's body (and may change its status). The middleware has
+// set the status, Retry-After where there is one, and
+// Idempotency-Key-Retention already.
+using RefusalWriter = std::function<void(const Refusal&, Answer&)>;
+// The default: an application/problem+json body (RFC 9457) with type
+// "<problem_base>/<type>", title, status, detail and retry.
+RefusalWriter ProblemJson(std::string problem_base);
+// Stripe's error shape, for routes that Stripe's own client libraries call:
+// {"error":{"type":...,"code":...,"message":...}} as application/json, a
+// reused key 400 "idempotency_error" (the client raises
+// StripeIdempotencyError), 401 "invalid_request_error" (raised as
+// StripeAuthenticationError), 429 "rate_limit_error", 5xx "api_error",
+// 409 and the rest "invalid_request_error"; `Stripe-Should-Retry: true`
+// where a retry with the same key can help (409, 503: the clients retry
+// them), false elsewhere.
+RefusalWriter StripeErrors();
+
 // How a route decides, once a request is admitted. Chosen when the route is
 // made, never per request.
 enum class RouteKind {
@@ -124,6 +157,9 @@ struct RoutePolicy {
   // handler's own 4xx comes after the claim, and under group commit it
   // rolls its group back to run again without it (Counters::group_reruns).
   Validator validate;
+  // Optional: the shape of the middleware's refusals on this route (see
+  // StripeErrors). Default (empty): Options::problem_base's problem+json.
+  RefusalWriter refusals;
 };
 
 // During a route's handler: the claim it runs under (for handlers that fence
@@ -250,10 +286,10 @@ class Idempotency {
   // unguarded).
   bool Admit(const Route& route, const Request& req, Answer& ans, const Work& work, const Validator& validate,
              Admitted& admitted);
-  // Answers `status` with a problem+json body; Retry-After when retry_after
-  // is not empty.
-  void Problem(Answer& ans, int status, std::string_view type, std::string_view title, std::string detail,
-               std::string_view retry, const std::string& retry_after = "") const;
+  // Answers `status` with the route's refusal (RoutePolicy::refusals, else
+  // problem+json); Retry-After when retry_after is not empty.
+  void Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type, std::string_view title,
+               std::string detail, std::string_view retry, const std::string& retry_after = "") const;
   // The answers shared by every route kind.
   void Replay(const Admitted& a, const std::string& stored, Answer& ans);
   // A claim that did not start (or failed): the answer for it. False for a
@@ -266,10 +302,10 @@ class Idempotency {
   bool AdmitNewKey(const Admitted& a, Answer& ans);
   // Runs the route's handler for a started claim (as CurrentClaim), turning
   // an exception into a 500, and adds the retention header.
-  void Execute(const ClaimToken& token, Answer& ans, const std::function<void()>& run);
+  void Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans, const std::function<void()>& run);
   // Runs the application's `run` (a handler, a validate); if it throws,
   // `ans` becomes a 500 problem ("<who> threw: ...") and the answer is true.
-  bool Threw(std::string_view who, Answer& ans, const std::function<void()>& run);
+  bool Threw(const RoutePolicy& policy, std::string_view who, Answer& ans, const std::function<void()>& run);
   // Whether the route stores a response with this status.
   static bool Kept(const RoutePolicy& policy, int status);
   // The Idempotency-Key-Retention header's value (seconds).
@@ -287,6 +323,7 @@ class Idempotency {
   std::unique_ptr<Committer> committer_;
 
   Options options_;
+  RefusalWriter default_refusals_;  // ProblemJson(options_.problem_base)
   Claims& claims_;
   std::vector<std::unique_ptr<Route>> routes_;
   std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
@@ -317,14 +354,27 @@ Result<StoredResponse> Decode(std::string_view bytes);
 // escape, control or non-ASCII bytes, a bare value with a space, a list).
 Result<std::string> ParseKey(std::string_view header_value);
 
-// The request fingerprint: SHA-256 over method, route and body; a JSON body
-// (that parses as JSON) is canonicalised first: object keys sorted, no
-// insignificant whitespace.
-Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body);
+// The request fingerprint: SHA-256 over method, route and body. A body is
+// canonicalised first, so that a retry that encodes the same request
+// differently is the same request: a form body (content type
+// application/x-www-form-urlencoded, as Stripe's clients send) by
+// CanonicalForm; any other body that parses as JSON by CanonicalJson.
+Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body,
+                               std::string_view content_type = {});
 // The canonical JSON text, or std::nullopt when `body` is not JSON or nests
 // arrays and objects more than 128 deep (fingerprinted as bytes then: a
 // client must not crash the server with a deep body).
 std::optional<std::string> CanonicalJson(std::string_view body);
+// The canonical form body: its name=value pairs percent-decoded ('+' is a
+// space), sorted by name (pairs of one name keep their order: a[]=1&a[]=2),
+// and encoded again one way (unreserved bytes as they are, every other
+// byte %XX). std::nullopt for a malformed escape (fingerprinted as bytes).
+std::optional<std::string> CanonicalForm(std::string_view body);
+// The name=value pairs of a form body (application/x-www-form-urlencoded),
+// in order, decoded ('+' is a space); a pair without '=' has an empty
+// value, empty pairs (&&) are skipped. kInvalidArgument naming the pair for
+// a malformed % escape.
+Result<std::vector<std::pair<std::string, std::string>>> ParseForm(std::string_view body);
 
 }  // namespace idem::http
 

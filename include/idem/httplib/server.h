@@ -17,7 +17,10 @@
 // in 10 ms polls with 1 ms naps between them, without watching for stop().
 // This server keeps one stream for the life of the connection and per request
 // makes one poll (while the connection waits for it), one recv and one send:
-// a response's head goes out with the first piece of its body in one writev;
+// a response's head goes out with the first piece of its body in one writev
+// (a response whose body cannot be written at all -- a content provider that
+// returns false at once -- is not sent: the connection closes without an
+// answer, as a response lost on the way);
 // the later pieces of a streamed body go out as they are written; a reply the
 // client waits for before it sends more (`100 Continue`) goes out before the
 // next read. It follows each request through the bytes cpp-httplib reads and
