@@ -11,6 +11,7 @@
 # every commit is on disk before it answers.
 #   bench/peers/http-vs-express.sh                 # RUNS=3, N=20000
 #   RUNS=1 N=2000 bench/peers/http-vs-express.sh   # smoke
+#   MODES="group-commit group-commit-fibers" bench/peers/http-vs-express.sh   # some of idem's modes
 # Needs node/npm, redis-server and wrk (the peers' README).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -74,15 +75,16 @@ for i in $(seq "${RUNS:-3}"); do
   # database each: two-phase (the default: claim committed, charge, response
   # committed), --one-transaction (claim, charge and response in one commit),
   # and --group-commit (requests arriving during a commit share the next
-  # one); then the same group commit on SQLite (WAL, synchronous=FULL), with
-  # a thread per connection and with the connections as fibers on one thread
-  # (--fibers 1).
-  for mode in two-phase one-transaction group-commit sqlite-group-commit sqlite-group-commit-fibers; do
+  # one), with a thread per connection and with the connections as fibers on
+  # one thread (--fibers 1); then the same group commit on SQLite (WAL,
+  # synchronous=FULL), both ways.
+  for mode in ${MODES:-two-phase one-transaction group-commit group-commit-fibers sqlite-group-commit sqlite-group-commit-fibers}; do
     db=idem_http_${i}_${mode//-/_}
     flags=(--quiet)
     case $mode in
       one-transaction) flags+=(--one-transaction) ;;
       group-commit) flags+=(--one-transaction --group-commit 64) ;;
+      group-commit-fibers) flags+=(--one-transaction --group-commit 64 --fibers 1) ;;
       sqlite-group-commit) flags+=(--one-transaction --group-commit 64) ;;
       sqlite-group-commit-fibers) flags+=(--one-transaction --group-commit 64 --fibers 1) ;;
     esac

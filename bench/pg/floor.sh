@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# PostgreSQL's floor for idem's statements: pgbench sends the statements idem
+# sends, at the same concurrency, on the same server, in the same run as idem
+# itself, rounds alternating so that both see the same machine noise.
+#
+#   inbox   per message, C consumers (C pgbench clients):
+#             pgbench bare     BEGIN; INSERT INTO bench_payments ...; COMMIT
+#             pgbench guarded  BEGIN and the marker INSERT ... ON CONFLICT DO NOTHING in one
+#                              pipelined flight; the same business INSERT; COMMIT
+#             idem             `idem bench marker --batch 1 --consumers C` (its bare side is
+#                              the first script through idem's Store, its guarded side
+#                              Inbox::Handle, which sends the second)
+#   http    first executions of POST /charges (every request a new key):
+#             idem             `idem provider --one-transaction [--group-commit G --committers C]`
+#                              on its own database, driven by wrk (16 keep-alive connections,
+#                              bench/http/charges.lua), its mean group size read from /metrics
+#             pgbench          what the provider sends for a group of that size, on C clients:
+#                              BEGIN and the group's claim INSERTs in one pipelined flight, a
+#                              charge INSERT ... RETURNING per request, the group's completions
+#                              (UPDATE ... RETURNING, the stored response) in one flight, COMMIT;
+#                              requests/s = transactions/s x group size. Without --group-commit
+#                              a group is one request and C the connections (16).
+#
+#   bench/pg/floor.sh inbox URL [CONSUMERS] [ROUNDS] [SECONDS]
+#   bench/pg/floor.sh http  URL [COMMITTERS] [ROUNDS] [N] [GROUP_COMMIT]   (GROUP_COMMIT 0: one transaction per request;
+#                                                                           FIBERS=F in the environment: --fibers F)
+# URL: postgres://USER@HOST:PORT/DB of a server with fsync on (scripts/test-postgres.sh
+# starts one). `inbox` needs idem's markers retained in DB (`idem bench marker` writes them
+# on its first run). Prints one line per side per round and the ratios; raw lines to stdout.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+IDEM=${IDEM:-$ROOT/build/tools/idem/idem}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+part=${1:?inbox or http}; url=${2:?postgres://USER@HOST:PORT/DB}
+# postgres://user@host:port/db
+rest=${url#postgres://}; user=${rest%%@*}; rest=${rest#*@}; hostport=${rest%%/*}; db=${rest#*/}; db=${db%%\?*}
+host=${hostport%%:*}; port=${hostport##*:}
+work=$(mktemp -d "${TMPDIR:-/tmp}/idem-floor.XXXXXX")
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+PSQL=("$PG_BIN/psql" -h "$host" -p "$port" -U "$user" -qAt)
+now_ms="(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# pgbench_tps SCRIPT CLIENTS SECONDS DB: transactions per second.
+pgbench_tps() {
+  "$PG_BIN/pgbench" -n -M prepared -c "$2" -j "$2" -T "$3" -f "$1" -h "$host" -p "$port" -U "$user" "$4" 2>&1 |
+    awk '/^tps =/ {printf "%.1f", $3}'
+}
+
+inbox() {
+  local consumers=${1:-4} rounds=${2:-3} seconds=${3:-6}
+  local marker="'bench-ordered', convert_to(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 16, '0') || substr(md5(random()::text), 1, 20), 'UTF8'), sha256(random()::text::bytea), $now_ms"
+  local business="INSERT INTO bench_payments(message_id, cents) VALUES (md5(random()::text), :c);"
+  printf '%s\n' '\set c random(1, 1000000)' 'BEGIN;' "$business" 'COMMIT;' >"$work/bare.sql"
+  printf '%s\n' '\set c random(1, 1000000)' '\startpipeline' 'BEGIN;' \
+    "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ($marker) ON CONFLICT DO NOTHING;" \
+    '\endpipeline' "$business" 'COMMIT;' >"$work/guarded.sql"
+  # idem's first run on the database writes its retained markers and the business table.
+  "$IDEM" bench marker --store "$url" --ids ordered --batch 1 --consumers "$consumers" --json >/dev/null
+  for r in $(seq "$rounds"); do
+    local pb pg j
+    pb=$(pgbench_tps "$work/bare.sql" "$consumers" "$seconds" "$db")
+    pg=$(pgbench_tps "$work/guarded.sql" "$consumers" "$seconds" "$db")
+    j=$("$IDEM" bench marker --store "$url" --ids ordered --batch 1 --consumers "$consumers" --json | tail -1)
+    python3 - "$r" "$pb" "$pg" "$j" <<'EOF'
+import json, sys
+r, pb, pg, j = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
+ib, ig = j["bare_per_s"], j["guarded_per_s"]
+print(f"round={r} pgbench_bare_per_s={pb:.0f} pgbench_guarded_per_s={pg:.0f} idem_bare_per_s={ib:.0f} "
+      f"idem_guarded_per_s={ig:.0f} idem_bare_over_guarded={ib / ig:.3f} pgbench_guarded_over_idem_guarded={pg / ig:.3f} "
+      f"pgbench_bare_over_guarded={pb / pg:.3f}")
+EOF
+  done
+}
+
+# http_script FILE G: the provider's statements for a group of G first executions.
+http_script() {
+  local file=$1 g=$2 i
+  {
+    for i in $(seq "$g"); do echo "\\set k$i random(1, 9000000000000000)"; done
+    echo '\startpipeline'
+    echo 'BEGIN;'
+    for i in $(seq "$g"); do
+      echo "INSERT INTO idem_claims VALUES ('acct_bench|POST /charges', convert_to('k' || :k$i, 'UTF8'), 0, sha256(convert_to('f' || :k$i, 'UTF8')), nextval('idem_claim_fence'), $now_ms + 30000, 0, NULL, 0, $now_ms) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms;"
+    done
+    echo '\endpipeline'
+    for i in $(seq "$g"); do
+      echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES ('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms) ON CONFLICT (principal, idem_key) DO NOTHING RETURNING id, idem_key, amount, currency, customer, description, created_ms;"
+    done
+    [ "$g" -gt 1 ] && echo '\startpipeline'
+    for i in $(seq "$g"); do
+      # The stored response: status, headers and the charge's JSON (about 300 bytes).
+      echo "WITH u AS (UPDATE idem_claims SET state = 1, result = convert_to(repeat('r', 300), 'UTF8'), result_is_error = 0, expires_at_ms = $now_ms + 86400000, updated_at_ms = $now_ms WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k$i, 'UTF8') AND fence >= 0 AND state = 0 RETURNING waiters) SELECT CASE WHEN waiters > 0 THEN pg_notify('idem_claims', 'x') END FROM u;"
+    done
+    [ "$g" -gt 1 ] && echo '\endpipeline'
+    echo 'COMMIT;'
+  } >"$file"
+}
+
+http() {
+  local committers=${1:-4} rounds=${2:-3} n=${3:-20000} group=${4:-64}
+  command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; exit 2; }
+  local flags=(--quiet --one-transaction) clients=16
+  if [ "$group" -gt 0 ]; then flags+=(--group-commit "$group" --committers "$committers"); clients=$committers; fi
+  # FIBERS=F: the connections as fibers on F threads (with group commit).
+  if [ "${FIBERS:-0}" -gt 0 ]; then flags+=(--fibers "$FIBERS"); fi
+  local port_http=$((21000 + RANDOM % 1000))
+  for r in $(seq "$rounds"); do
+    local rdb="idem_floor_http_$r"
+    "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $rdb" -c "CREATE DATABASE $rdb"
+    "$IDEM" provider --listen "127.0.0.1:$port_http" --store "postgres://$user@$host:$port/$rdb" \
+      --api-key sk_bench:acct_bench "${flags[@]}" &
+    server_pid=$!
+    for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port_http/health" >/dev/null 2>&1 && break; sleep 0.1; done
+    sync
+    local out s
+    out=$(K=$n TOTAL=$n API_KEY=sk_bench wrk -t1 -c16 -d600s --timeout 30s -s "$ROOT/bench/http/charges.lua" \
+      "http://127.0.0.1:$port_http" 2>&1)
+    s=$(grep -o 'elapsed_s=[0-9.]*' <<<"$out" | cut -d= -f2)
+    local m commits grouped g
+    m=$(curl -sf "http://127.0.0.1:$port_http/metrics")
+    commits=$(awk '/^idem_http_group_commits_total/ {print $2}' <<<"$m")
+    grouped=$(awk '/^idem_http_grouped_requests_total/ {print $2}' <<<"$m")
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
+    g=1
+    if [ "$group" -gt 0 ] && [ "${commits:-0}" -gt 0 ]; then g=$(( (grouped + commits / 2) / commits )); fi
+    [ "$g" -ge 1 ] || g=1
+    http_script "$work/http.sql" "$g"
+    # pgbench on the same tables, in the same round's database.
+    local tps
+    tps=$(pgbench_tps "$work/http.sql" "$clients" 8 "$rdb")
+    python3 - "$r" "$n" "$s" "$g" "$tps" "$clients" <<'EOF'
+import sys
+r, n, s, g, tps, c = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+idem = n / s
+floor = tps * g
+print(f"round={r} idem_first_per_s={idem:.0f} mean_group={g} pgbench_clients={c} pgbench_tps={tps:.0f} "
+      f"pgbench_requests_per_s={floor:.0f} pgbench_over_idem={floor / idem:.3f}")
+EOF
+    "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $rdb"
+  done
+}
+
+case $part in
+  inbox) inbox "${@:3}" ;;
+  http) http "${@:3}" ;;
+  *) echo "usage: bench/pg/floor.sh inbox|http URL ..." >&2; exit 2 ;;
+esac
