@@ -15,8 +15,8 @@
 #                              on its own database, driven by wrk (16 keep-alive connections,
 #                              bench/http/charges.lua), its mean group size read from /metrics
 #             pgbench          what the provider sends for a group of that size, on C clients:
-#                              BEGIN and the group's claim INSERTs in one pipelined flight, a
-#                              charge INSERT ... RETURNING per request, the group's completions
+#                              BEGIN and the group's claim INSERTs in one pipelined flight, the
+#                              group's charges in one multi-row INSERT, the group's completions
 #                              (UPDATE ... RETURNING, the stored response) in one flight, COMMIT;
 #                              requests/s = transactions/s x group size. Without --group-commit
 #                              a group is one request and C the connections (16).
@@ -87,9 +87,13 @@ http_script() {
       echo "INSERT INTO idem_claims VALUES ('acct_bench|POST /charges', convert_to('k' || :k$i, 'UTF8'), 0, sha256(convert_to('f' || :k$i, 'UTF8')), nextval('idem_claim_fence'), $now_ms + 30000, 0, NULL, 0, $now_ms) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms;"
     done
     echo '\endpipeline'
+    # The group's charges in one multi-row INSERT (the provider's InsertLater).
+    local rows=()
     for i in $(seq "$g"); do
-      echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES ('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms) ON CONFLICT (principal, idem_key) DO NOTHING RETURNING id, idem_key, amount, currency, customer, description, created_ms;"
+      rows+=("('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms)")
     done
+    local joined; joined=$(printf ', %s' "${rows[@]}"); joined=${joined:2}
+    echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES $joined;"
     [ "$g" -gt 1 ] && echo '\startpipeline'
     for i in $(seq "$g"); do
       # The stored response: status, headers and the charge's JSON (about 300 bytes).

@@ -131,6 +131,11 @@ class StoreTransaction : public Transaction, public TransactionalClaims {
     return Status::InvalidArgument("this store has no outbox");
   }
 
+  // Sends the rows Transaction::InsertLater queued, now: the Inbox does
+  // after each handler of a batch, so that an insert's error is its own
+  // message's. OK when nothing is queued (and by default).
+  virtual Status FlushLater() { return Status::OK(); }
+
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.
   virtual bool Healthy() const { return true; }

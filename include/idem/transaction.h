@@ -80,12 +80,26 @@ class Transaction {
   // The store's own handle (sqlite3* on SQLite), for what Exec/Query cannot
   // do. Do not commit, roll back or close through it.
   virtual void* NativeHandle() = 0;
+  // Queues one row for `insert`: an INSERT with one VALUES tuple of
+  // parameters ("INSERT INTO t(a, b) VALUES ($1, $2)", optionally followed
+  // by ON CONFLICT ...; no RETURNING: nobody reads its answer). The rows
+  // queued for one statement text go to the database together, as one
+  // multi-row INSERT, before the transaction's next statement or at its
+  // commit: where each statement is a round trip (PostgreSQL), the requests
+  // or messages of a group that each queue a row pay one round trip for all
+  // of them. The insert's error is the error of the statement or commit it
+  // went with. Every row of one text must have the same number of values.
+  // The default runs it at once.
+  virtual Status InsertLater(std::string_view insert, std::span<const Value> row) { return Exec(insert, row).status(); }
 
   Result<int64_t> Exec(std::string_view sql, std::initializer_list<Value> params = {}) {
     return Exec(sql, std::span<const Value>(params.begin(), params.size()));
   }
   Result<Rows> Query(std::string_view sql, std::initializer_list<Value> params = {}) {
     return Query(sql, std::span<const Value>(params.begin(), params.size()));
+  }
+  Status InsertLater(std::string_view insert, std::initializer_list<Value> row) {
+    return InsertLater(insert, std::span<const Value>(row.begin(), row.size()));
   }
 
  protected:

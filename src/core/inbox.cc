@@ -295,6 +295,9 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
       const TraceScope trace(TraceContext::Of(m));  // what the handler calls and adds continues the trace
       const int64_t t0 = options_.observer != nullptr ? MonotonicUs() : 0;
       hs = RunHandler(handler, tx, m);
+      // In a batch, this handler's later inserts go now: their error is
+      // this message's, not the next one's.
+      if (hs.ok() && markers.size() > 1) hs = tx.FlushLater();
       if (options_.observer != nullptr) out[i].handler_us = MonotonicUs() - t0;
     }
     if (!hs.ok() && !tx.Healthy()) {

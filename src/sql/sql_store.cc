@@ -105,8 +105,105 @@ Status NotInsideIdemsTransaction(std::string_view sql) {
 }
 }  // namespace
 
-Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
+Result<std::string> MultiRowInsert(std::string_view insert, size_t width, size_t rows) {
+  auto refuse = [&](std::string_view why) {
+    return Status::InvalidArgument("InsertLater: " + std::string(why) + ": '" + std::string(insert.substr(0, 80)) +
+                                   "'");
+  };
+  std::string lower(insert);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  const LeadingWords words(insert);
+  std::string first(words.count > 0 ? words.word[0] : std::string_view());
+  std::transform(first.begin(), first.end(), first.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (first != "insert") return refuse("not an INSERT");
+  if (lower.find("returning") != std::string::npos) return refuse("RETURNING: nobody reads a later insert's answer");
+  const size_t values = lower.find("values");
+  const size_t open = values == std::string::npos ? values : insert.find('(', values);
+  if (open == std::string_view::npos) return refuse("no VALUES tuple");
+  // The tuple: to its matching ')', outside quoted text.
+  size_t close = std::string_view::npos;
+  int depth = 0;
+  bool quoted = false;
+  for (size_t i = open; i < insert.size() && close == std::string_view::npos; ++i) {
+    const char c = insert[i];
+    if (c == '\'') quoted = !quoted;
+    if (quoted) continue;
+    if (c == '(') ++depth;
+    if (c == ')' && --depth == 0) close = i;
+  }
+  if (close == std::string_view::npos) return refuse("the VALUES tuple is not closed");
+  const std::string_view tuple = insert.substr(open, close - open + 1);
+  // The tuple as pieces of text between its $N parameters.
+  std::vector<std::string_view> text;
+  std::vector<size_t> param;
+  size_t from = 0;
+  quoted = false;
+  for (size_t i = 0; i < tuple.size(); ++i) {
+    if (tuple[i] == '\'') quoted = !quoted;
+    if (quoted || tuple[i] != '$' || i + 1 >= tuple.size() || !std::isdigit(static_cast<unsigned char>(tuple[i + 1])))
+      continue;
+    size_t j = i + 1, n = 0;
+    while (j < tuple.size() && std::isdigit(static_cast<unsigned char>(tuple[j]))) n = n * 10 + (tuple[j++] - '0');
+    if (n < 1 || n > width) return refuse("a parameter of the tuple is not $1..$" + std::to_string(width));
+    text.push_back(tuple.substr(from, i - from));
+    param.push_back(n);
+    from = j;
+    i = j - 1;
+  }
+  text.push_back(tuple.substr(from));
+  std::string out(insert.substr(0, open));
+  for (size_t r = 0; r < rows; ++r) {
+    if (r > 0) out += ", ";
+    for (size_t k = 0; k < param.size(); ++k) {
+      out += text[k];
+      out += '$';
+      out += std::to_string(r * width + param[k]);
+    }
+    out += text.back();
+  }
+  out += insert.substr(close + 1);
+  return out;
+}
+
+Status SqlTransaction::InsertLater(std::string_view insert, std::span<const Value> row) {
   IDEM_RETURN_IF_ERROR(Usable());
+  if (row.empty()) return Status::InvalidArgument("InsertLater: a row without values");
+  auto it = std::find_if(later_.begin(), later_.end(), [&](const Later& l) { return l.insert == insert; });
+  if (it == later_.end()) {
+    IDEM_RETURN_IF_ERROR(MultiRowInsert(insert, row.size(), 1).status());  // refused now, not at the flush
+    later_.push_back(Later{std::string(insert), row.size(), {}});
+    it = later_.end() - 1;
+  } else if (it->width != row.size()) {
+    return Status::InvalidArgument("InsertLater: a row of " + std::to_string(row.size()) +
+                                   " values for a statement of " + std::to_string(it->width));
+  }
+  it->values.insert(it->values.end(), row.begin(), row.end());
+  return Status::OK();
+}
+
+Status SqlTransaction::Ready() {
+  IDEM_RETURN_IF_ERROR(Usable());
+  if (later_.empty()) return Status::OK();
+  std::vector<Later> later = std::move(later_);
+  later_.clear();
+  // A statement takes at most 32,766 parameters (SQLite's bound; PostgreSQL's
+  // is 65,535): larger queues go in several.
+  constexpr size_t kMaxParams = 32'766;
+  for (const Later& l : later) {
+    const size_t per = std::max<size_t>(1, kMaxParams / l.width);
+    const size_t rows = l.values.size() / l.width;
+    for (size_t first = 0; first < rows; first += per) {
+      const size_t n = std::min(per, rows - first);
+      IDEM_ASSIGN_OR_RETURN(std::string sql, MultiRowInsert(l.insert, l.width, n));
+      IDEM_RETURN_IF_ERROR(
+          conn_->Exec(sql, std::span<const Value>(l.values).subspan(first * l.width, n * l.width)).status());
+    }
+  }
+  return Status::OK();
+}
+
+Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
+  IDEM_RETURN_IF_ERROR(Ready());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
   if (!outbox_rows_.empty() && NeedsOutboxWritten(sql)) IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Exec(sql, params);
@@ -123,7 +220,7 @@ Result<std::vector<Rows>> Connection::QueryMany(std::string_view sql, std::span<
 }
 
 Result<Rows> SqlTransaction::Query(std::string_view sql, std::span<const Value> params) {
-  IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(Ready());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));
   if (!outbox_rows_.empty() && NeedsOutboxWritten(sql)) IDEM_RETURN_IF_ERROR(FlushOutbox());
   return conn_->Query(sql, params);
@@ -135,35 +232,35 @@ Result<std::optional<Fingerprint>> SqlTransaction::InsertMarker(const Marker& m)
 }
 
 Result<std::vector<std::optional<Fingerprint>>> SqlTransaction::InsertMarkers(std::span<const Marker> markers) {
-  IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(Ready());
   return store_.InsertMarkers(*conn_, markers);
 }
 
 Status SqlTransaction::PutDeadLetter(const DeadLetter& d) {
-  IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(Ready());
   Value p[] = {d.consumer, IdBlob(d.id), d.reason, d.error, d.attempts, Blob{d.payload}, d.at_ms};
   return conn_->Exec(kPutDeadLetter, p).status();
 }
 
 Result<ClaimOutcome> SqlTransaction::ClaimInTransaction(const ClaimRequest& request) {
-  IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(Ready());
   return store_.ClaimOn(&*conn_, request);
 }
 
 Status SqlTransaction::CompleteInTransaction(const ClaimToken& token, std::string_view result, bool is_error,
                                              int64_t retention_ms) {
-  IDEM_RETURN_IF_ERROR(Usable());
+  IDEM_RETURN_IF_ERROR(Ready());
   return store_.CompleteOn(&*conn_, token, result, is_error, retention_ms);
 }
 
 std::vector<Result<ClaimOutcome>> SqlTransaction::ClaimManyInTransaction(std::span<const ClaimRequest> requests) {
-  if (Status s = Usable(); !s.ok()) return std::vector<Result<ClaimOutcome>>(requests.size(), s);
+  if (Status s = Ready(); !s.ok()) return std::vector<Result<ClaimOutcome>>(requests.size(), s);
   return store_.ClaimManyOn(*conn_, requests);
 }
 
 std::vector<Status> SqlTransaction::CompleteManyInTransaction(std::span<const Completion> completions,
                                                               int64_t retention_ms) {
-  if (Status s = Usable(); !s.ok()) return std::vector<Status>(completions.size(), s);
+  if (Status s = Ready(); !s.ok()) return std::vector<Status>(completions.size(), s);
   return store_.CompleteManyOn(*conn_, completions, retention_ms);
 }
 
@@ -187,6 +284,10 @@ Status SqlTransaction::FlushOutbox() {
 
 Status SqlTransaction::Commit() {
   IDEM_RETURN_IF_ERROR(Usable());
+  if (Status f = Ready(); !f.ok()) {  // a later insert failed: nothing commits
+    Rollback();
+    return f;
+  }
   if (Status f = FlushOutbox(); !f.ok()) {
     Rollback();
     return f;
@@ -203,6 +304,7 @@ Status SqlTransaction::Commit() {
 }
 
 void SqlTransaction::Rollback() noexcept {
+  later_.clear();
   if (done_) return;
   done_ = true;
   if (conn_->Healthy() && conn_->InTransaction()) (void)conn_->Script("ROLLBACK");

@@ -201,6 +201,12 @@ Status CheckListLimit(int limit);
 // savepoint): refused inside the transaction idem runs a handler's work in.
 bool EndsOrStartsATransaction(std::string_view sql);
 
+// `insert` (an INSERT whose VALUES has one tuple of `width` parameters) with
+// `rows` tuples, each numbered on: "... VALUES ($1, $2), ($3, $4) ON ...".
+// kInvalidArgument for an insert without a VALUES tuple, with RETURNING, or
+// whose tuple's parameters are not $1..$width.
+Result<std::string> MultiRowInsert(std::string_view insert, size_t width, size_t rows);
+
 class SqlTransaction : public StoreTransaction {
  public:
   SqlTransaction(SqlStore& store, Lease conn) : store_(store), conn_(std::move(conn)) {}
@@ -209,6 +215,8 @@ class SqlTransaction : public StoreTransaction {
   Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) override;
   Result<Rows> Query(std::string_view sql, std::span<const Value> params) override;
   void* NativeHandle() override { return conn_->Native(); }
+  Status InsertLater(std::string_view insert, std::span<const Value> row) override;
+  Status FlushLater() override { return Ready(); }
   Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
   Status PutDeadLetter(const DeadLetter& d) override;
@@ -227,8 +235,17 @@ class SqlTransaction : public StoreTransaction {
 
  private:
   Status Usable() const;
+  // Usable, and the rows InsertLater queued written (before any statement).
+  Status Ready();
   // Writes the rows AddToOutbox queued (at COMMIT, or before a savepoint).
   Status FlushOutbox();
+  // The rows InsertLater queued, per statement text.
+  struct Later {
+    std::string insert;
+    size_t width = 0;  // values per row
+    std::vector<Value> values;
+  };
+  std::vector<Later> later_;
 
   SqlStore& store_;
   Lease conn_;

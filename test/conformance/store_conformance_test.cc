@@ -120,6 +120,68 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
   EXPECT_EQ((*k1)->state, ClaimRecord::State::kCompleted);
 }
 
+// Transaction::InsertLater: rows queued for one statement go in together
+// before the next statement (which sees them) or at the commit; a rollback
+// takes them; their error is the error of the statement they went with.
+TEST_P(StoreConformance, InsertLaterRowsGoInBeforeTheNextStatementOrTheCommit) {
+  constexpr const char* kLater = "INSERT INTO payments(message_id, cents) VALUES ($1, $2)";
+  auto count_in = [](Transaction& tx) {
+    auto rows = tx.Query("SELECT count(*) FROM payments");
+    EXPECT_OK(rows);
+    return rows.ok() ? rows->rows[0][0].AsInt() : -1;
+  };
+  for (int round = 0; round < 2; ++round) {  // every row delivered twice: the second round adds as many again
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    for (int i = 0; i < 5; ++i) ASSERT_OK((*tx)->InsertLater(kLater, {"later-" + std::to_string(i), 100 + i}));
+    EXPECT_EQ(count_in(**tx), 6 * round + 5) << "the next statement sees the queued rows";
+    ASSERT_OK((*tx)->InsertLater(kLater, {"at-commit", 7}));
+    ASSERT_OK((*tx)->Commit());
+  }
+  EXPECT_EQ(Charges(*store_), 12);
+  EXPECT_EQ(Charges(*store_, "later-3"), 2);
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK((*tx)->InsertLater(kLater, {"rolled-back", 1}));
+    (*tx)->Rollback();
+  }
+  EXPECT_EQ(Charges(*store_, "rolled-back"), 0);
+  // Refused at once: no VALUES tuple, RETURNING, a row of another width.
+  auto tx = store_->Begin();
+  ASSERT_OK(tx);
+  EXPECT_EQ((*tx)->InsertLater("INSERT INTO payments SELECT 'x', 1", {1}).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*tx)->InsertLater(std::string(kLater) + " RETURNING cents", {"r", 1}).code(), Code::kInvalidArgument);
+  ASSERT_OK((*tx)->InsertLater(kLater, {"w", 1}));
+  EXPECT_EQ((*tx)->InsertLater(kLater, {"w"}).code(), Code::kInvalidArgument);
+  // An insert that fails (a NULL in a NOT NULL column) fails the commit: nothing of the transaction stays.
+  ASSERT_OK((*tx)->InsertLater(kLater, {"bad", Value()}));
+  EXPECT_FALSE((*tx)->Commit().ok());
+  EXPECT_EQ(Charges(*store_, "w"), 0);
+  EXPECT_EQ(Charges(*store_), 12);
+}
+
+// In a batch, a handler's later insert that fails is its own message's
+// failure, not the next message's.
+TEST_P(StoreConformance, InsertLaterErrorsInABatchAreTheirOwnMessages) {
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
+  const Handler h = [](Transaction& tx, const Message& m) -> Status {
+    const Value cents = m.payload == "null" ? Value() : Value(int64_t{4000});
+    return tx.InsertLater("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {m.id, cents});
+  };
+  std::vector<Message> batch = {Msg("a"), Msg("bad", "null"), Msg("c"), Msg("d")};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Outcome> out = inbox.HandleBatch(batch, h);
+    ASSERT_EQ(out.size(), 4u);
+    for (size_t i : {0u, 2u, 3u})
+      EXPECT_EQ(out[i].kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << out[i].ToString();
+    EXPECT_EQ(out[1].kind, Outcome::Kind::kFailed) << out[1].ToString();
+  }
+  EXPECT_EQ(Charges(*store_), 3);
+  EXPECT_EQ(Charges(*store_, "bad"), 0);
+}
+
 TEST_P(StoreConformance, EveryMessageDeliveredTwiceHasOneEffect) {
   auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   Inbox& inbox = *inbox_owned;

@@ -15,6 +15,7 @@
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
+#include "sql/sql_store.h"
 #include "sqlite/db.h"
 #include "util/claims_conformance.h"
 #include "util/outbox_conformance.h"
@@ -23,6 +24,24 @@
 
 namespace idem::testing {
 namespace {
+
+// The multi-row form of an InsertLater statement: tuples numbered on, the
+// text around the tuple kept, parameters in quoted text left alone.
+TEST(MultiRowInsert, NumbersEachTupleOnAndKeepsTheRest) {
+  using sql_internal::MultiRowInsert;
+  auto two = MultiRowInsert("INSERT INTO t(a, b) VALUES ($1, lower($2)) ON CONFLICT DO NOTHING", 2, 3);
+  ASSERT_OK(two);
+  EXPECT_EQ(*two,
+            "INSERT INTO t(a, b) VALUES ($1, lower($2)), ($3, lower($4)), ($5, lower($6)) ON CONFLICT DO NOTHING");
+  auto quoted = MultiRowInsert("insert into t values ($2, '($1)', $1)", 2, 2);
+  ASSERT_OK(quoted);
+  EXPECT_EQ(*quoted, "insert into t values ($2, '($1)', $1), ($4, '($1)', $3)");
+  EXPECT_FALSE(MultiRowInsert("UPDATE t SET a = $1", 1, 2).ok());
+  EXPECT_FALSE(MultiRowInsert("INSERT INTO t SELECT $1", 1, 2).ok());
+  EXPECT_FALSE(MultiRowInsert("INSERT INTO t VALUES ($1, $3)", 2, 2).ok());
+  EXPECT_FALSE(MultiRowInsert("INSERT INTO t VALUES ($1) RETURNING a", 1, 2).ok());
+  EXPECT_FALSE(MultiRowInsert("INSERT INTO t VALUES ($1", 1, 2).ok());
+}
 
 TEST(SqliteErrors, TranslationTable) {
   using sqlite_internal::CodeFor;

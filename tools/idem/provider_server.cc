@@ -39,6 +39,15 @@ constexpr const char* kInsertCharge =
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (principal, idem_key) DO NOTHING"
     " RETURNING id, idem_key, amount, currency, customer, description, created_ms";
 constexpr const char* kColumns = "SELECT id, idem_key, amount, currency, customer, description, created_ms";
+// In the route's own transaction (--one-transaction) the key's claim and its
+// charge commit together, so a new claim has no charge yet: the row goes in
+// later (Transaction::InsertLater), with the other charges of its group in
+// one statement. A charge already there for the key (a database a
+// two-phase provider left mid-request) fails the insert, and the request
+// answers 503, rather than name a charge that was not made.
+constexpr const char* kInsertChargeLater =
+    "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 // `s` as a JSON string, escaped as nlohmann::json::dump escapes it (the
 // text came through nlohmann's parser, so it is valid UTF-8).
@@ -229,7 +238,13 @@ struct ProviderServer::Impl {
                    charge->customer,
                    charge->description,
                    Env::Default()->NowMs()};
-    IDEM_ASSIGN_OR_RETURN(Rows rows, tx->Query(kInsertCharge, ins));
+    Rows rows;
+    if (outer != nullptr && claim != nullptr) {
+      IDEM_RETURN_IF_ERROR(outer->InsertLater(kInsertChargeLater, ins));
+      rows.rows.push_back({ins[0], ins[2], ins[3], ins[4], ins[5], ins[6], ins[7]});  // kColumns' order
+    } else {
+      IDEM_ASSIGN_OR_RETURN(rows, tx->Query(kInsertCharge, ins));
+    }
     if (rows.rows.empty()) {  // made by an earlier holder of the key (a takeover): that one counts
       Value p[] = {*principal, key};
       IDEM_ASSIGN_OR_RETURN(
