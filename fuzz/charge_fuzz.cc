@@ -15,24 +15,9 @@
 
 #include "charge.h"
 #include "idem/http/idempotency.h"
+#include "idem/url.h"
 
 namespace {
-
-std::string FormEncode(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c)) {
-      out += ch;
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 0xf];
-    }
-  }
-  return out;
-}
 
 void CheckStripeForm(std::string_view body) {
   std::string param;
@@ -46,9 +31,9 @@ void CheckStripeForm(std::string_view body) {
     if (c < 'a' || c > 'z') __builtin_trap();
   std::string again_body = "amount=" + std::to_string(charge->amount) + "&currency=" + charge->currency;
   if (!charge->customer.empty() || body.find("customer") != std::string_view::npos)
-    again_body += "&customer=" + FormEncode(charge->customer);
+    again_body += "&customer=" + idem::PercentEncode(charge->customer);
   if (!charge->description.empty() || body.find("description") != std::string_view::npos)
-    again_body += "&description=" + FormEncode(charge->description);
+    again_body += "&description=" + idem::PercentEncode(charge->description);
   auto again = idem::cli::ParseStripeCharge(again_body, &param);
   if (!again.ok() || again->amount != charge->amount || again->currency != charge->currency ||
       again->customer != charge->customer || again->description != charge->description)

@@ -37,6 +37,9 @@ std::string RedactUrl(std::string_view url);
 // Decodes %XX escapes. kInvalidArgument for a '%' not followed by two hex
 // digits.
 Result<std::string> PercentDecode(std::string_view text);
+// %XX (upper-case hex) for every byte but the unreserved ones (letters,
+// digits, - . _ ~), and '/' when `keep_slash`.
+std::string PercentEncode(std::string_view text, bool keep_slash = false);
 
 // A URL split into its parts, %XX escapes decoded.
 struct ParsedUrl {

@@ -90,7 +90,8 @@ Status ParseHost(std::string_view hp, std::string_view what, std::string_view ur
   return Status::OK();
 }
 
-// %XX for every byte but the unreserved ones (and '/' when `keep_slash`).
+}  // namespace
+
 std::string PercentEncode(std::string_view s, bool keep_slash) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
@@ -106,8 +107,6 @@ std::string PercentEncode(std::string_view s, bool keep_slash) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string FormatUrl(const ParsedUrl& u) {
   std::string out = u.scheme + ":";

@@ -232,25 +232,12 @@ std::optional<std::string> CanonicalForm(std::string_view body) {
   auto pairs = ParseForm(body);
   if (!pairs.ok()) return std::nullopt;
   std::stable_sort(pairs->begin(), pairs->end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  auto encode = [](std::string& out, std::string_view s) {
-    for (const char ch : s) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
-        out += ch;
-      } else {
-        out += '%';
-        out += kHex[c >> 4];
-        out += kHex[c & 0xf];
-      }
-    }
-  };
   std::string out;
   for (const auto& [name, value] : *pairs) {
     if (!out.empty()) out += '&';
-    encode(out, name);
+    out += PercentEncode(name);
     out += '=';
-    encode(out, value);
+    out += PercentEncode(value);
   }
   return out;
 }
@@ -262,11 +249,10 @@ Fingerprint RequestFingerprint(std::string_view method, std::string_view route, 
   material += route;
   material += '\0';
   // The media type, without parameters (charset=...), any case.
-  std::string media(content_type.substr(0, content_type.find(';')));
-  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.pop_back();
-  std::transform(media.begin(), media.end(), media.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string_view media = content_type.substr(0, content_type.find(';'));
+  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.remove_suffix(1);
   std::optional<std::string> form;
-  if (media == "application/x-www-form-urlencoded") form = CanonicalForm(body);
+  if (EqualsIgnoringCase(media, "application/x-www-form-urlencoded")) form = CanonicalForm(body);
   if (form) {
     material += "form:";
     material += *form;

@@ -112,10 +112,7 @@ Result<std::string> MultiRowInsert(std::string_view insert, size_t width, size_t
   };
   std::string lower(insert);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  const LeadingWords words(insert);
-  std::string first(words.count > 0 ? words.word[0] : std::string_view());
-  std::transform(first.begin(), first.end(), first.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (first != "insert") return refuse("not an INSERT");
+  if (!LeadingWords(insert).Is(0, "INSERT")) return refuse("not an INSERT");
   if (lower.find("returning") != std::string::npos) return refuse("RETURNING: nobody reads a later insert's answer");
   const size_t values = lower.find("values");
   const size_t open = values == std::string::npos ? values : insert.find('(', values);
