@@ -20,8 +20,23 @@
 #                              (UPDATE ... RETURNING, the stored response) in one flight, COMMIT;
 #                              requests/s = transactions/s x group size. Without --group-commit
 #                              a group is one request and C the connections (16).
+#   relay   the outbox relay's store side (one relay holding all 64 lanes, batches of 500):
+#             idem             `idem bench relay --to embedded:...`: rows through the store per
+#                              second of the relay's store time (fetch, handed hint, settle;
+#                              OutboxRelayStats::store_us), and end to end
+#             pgbench          one client, synchronous_commit off like the relay, per
+#                              transaction what a relay round sends: the fetch of the 500
+#                              oldest rows, the lanes' handed-over hint (which returns the
+#                              round's seqs), the move of those rows to idem_outbox_sent in one
+#                              statement; over the same number of preloaded rows
+#   claims  first calls of Claims::Claim + Complete outside a transaction (`idem bench claims`,
+#             its first pass: claims_per_s, C threads) beside pgbench on C clients sending
+#             what each first call sends: the insert that reads an existing row in the
+#             same statement (its own commit), the completion (its own commit)
 #
 #   bench/pg/floor.sh inbox URL [CONSUMERS] [ROUNDS] [SECONDS]
+#   bench/pg/floor.sh relay URL [ROUNDS] [MESSAGES]
+#   bench/pg/floor.sh claims URL [CONCURRENCY] [ROUNDS] [N]
 #   bench/pg/floor.sh http  URL [COMMITTERS] [ROUNDS] [N] [GROUP_COMMIT]   (GROUP_COMMIT 0: one transaction per request;
 #                                                                           FIBERS=F in the environment: --fibers F)
 # URL: postgres://USER@HOST:PORT/DB of a server with fsync on (scripts/test-postgres.sh
@@ -148,8 +163,77 @@ EOF
   done
 }
 
+# claims_script FILE: what a first call of Claims::Claim + Complete sends
+# outside a transaction: the insert that reads the row when the key is
+# there already (its own commit), then the completion (its own commit).
+claims_script() {
+  local key="convert_to('00000000-0000-4000-8000-' || lpad(to_hex(:k::bigint), 12, '0'), 'UTF8')" scope="'bench-floor'"
+  printf '%s\n' '\set k random(1, 200000000000000)' \
+    "WITH ins AS (INSERT INTO idem_claims SELECT $scope, $key, 0, sha256($key), nextval('idem_claim_fence'), $now_ms + 60000, 0, NULL, 0, $now_ms WHERE NOT EXISTS (SELECT 1 FROM idem_claims WHERE scope = $scope AND key = $key) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms) SELECT NULL::integer, NULL::bytea, fence, lease_until_ms, NULL::bigint, NULL::bytea, NULL::integer, NULL::bigint, NULL::bigint, 1 FROM ins UNION ALL SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error, updated_at_ms, $now_ms, 0 FROM idem_claims WHERE scope = $scope AND key = $key AND NOT EXISTS (SELECT 1 FROM ins);" \
+    "WITH u AS (UPDATE idem_claims SET state = 1, result = convert_to('{\"n\":1}', 'UTF8'), result_is_error = 0, expires_at_ms = $now_ms + 3600000, updated_at_ms = $now_ms WHERE scope = $scope AND key = $key AND fence >= 0 AND state = 0 RETURNING waiters) SELECT CASE WHEN waiters > 0 THEN pg_notify('idem_claims', 'x') END FROM u;" \
+    >"$1"
+}
+
+claims() {
+  local concurrency=${1:-16} rounds=${2:-3} n=${3:-20000}
+  claims_script "$work/claims.sql"
+  for r in $(seq "$rounds"); do
+    local out idem tps
+    out=$("$IDEM" bench claims --store "$url" --n "$n" --dup 2 --concurrency "$concurrency" 2>&1)
+    idem=$(grep -o 'claims_per_s=[0-9.]*' <<<"$out" | cut -d= -f2)
+    [ -n "$idem" ] || { echo "$out" >&2; exit 1; }
+    tps=$(pgbench_tps "$work/claims.sql" "$concurrency" 6 "$db")
+    python3 - "$r" "$idem" "$tps" "$concurrency" <<'EOF'
+import sys
+r, idem, tps, c = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+print(f"round={r} concurrency={c} idem_claims_per_s={idem:.0f} pgbench_claims_per_s={tps:.0f} "
+      f"pgbench_over_idem={tps / idem:.3f}")
+EOF
+  done
+}
+
+relay() {
+  local rounds=${1:-3} n=${2:-50000} batch=500
+  local lanes; lanes="'{$(seq -s, 0 63)}'::int[]"
+  local oldest="SELECT lane, seq FROM idem_outbox WHERE lane = ANY($lanes) ORDER BY seq LIMIT $batch"
+  local cols="seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms"
+  printf '%s\n' \
+    "SELECT $cols, attempts, lane FROM idem_outbox WHERE lane = ANY($lanes) ORDER BY seq LIMIT $batch;" \
+    "WITH f AS ($oldest), h AS (INSERT INTO idem_outbox_handed(lane, upto) SELECT lane, max(seq) FROM f GROUP BY lane ON CONFLICT (lane) DO UPDATE SET upto = GREATEST(idem_outbox_handed.upto, excluded.upto)) SELECT array_agg(seq)::text AS seqs FROM f \\gset" \
+    "WITH moved AS (DELETE FROM idem_outbox WHERE seq = ANY(:seqs::bigint[]) RETURNING $cols) INSERT INTO idem_outbox_sent($cols, sent_at_ms) SELECT $cols, $now_ms FROM moved;" \
+    >"$work/relay.sql"
+  # Rows like idem's bench adds: 100 ordering keys, 100-byte payloads, a small header.
+  local preload="INSERT INTO idem_outbox(seq, lane, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms) SELECT nextval('idem_outbox_seq'), i % 64, convert_to('m' || i, 'UTF8'), '', convert_to('k' || (i % 100), 'UTF8'), convert_to(repeat('p', 100), 'UTF8'), convert_to(repeat('h', 70), 'UTF8'), $now_ms, $now_ms FROM generate_series(1, $n) i"
+  for r in $(seq "$rounds"); do
+    local j
+    j=$("$IDEM" bench relay --store "$url" --to "embedded:$work/q$r.db" --messages "$n" --keys 100 \
+      --payload-bytes 100 --batch "$batch" --json 2>/dev/null | tail -1)
+    rm -f "$work/q$r.db"*
+    "${PSQL[@]}" -d "$db" -c "$preload" -c "VACUUM ANALYZE idem_outbox"
+    PGOPTIONS="-c synchronous_commit=off" "$PG_BIN/pgbench" -n -M prepared -c 1 -t $((n / batch)) \
+      -f "$work/relay.sql" -h "$host" -p "$port" -U "$user" "$db" >"$work/pgbench.out" 2>&1 ||
+      { cat "$work/pgbench.out" >&2; exit 1; }
+    local left tps
+    left=$("${PSQL[@]}" -d "$db" -c "SELECT count(*) FROM idem_outbox")
+    tps=$(awk '/^tps =/ {printf "%.2f", $3}' "$work/pgbench.out")
+    "${PSQL[@]}" -d "$db" -c "TRUNCATE idem_outbox_sent"
+    python3 - "$r" "$j" "$tps" "$batch" "$left" <<'EOF'
+import json, sys
+r, j, tps, batch, left = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+idem = j["store_rows_per_s"]
+floor = tps * batch
+print(f"round={r} idem_store_rows_per_s={idem:.0f} idem_publish_rows_per_s={j['publish_rows_per_s']:.0f} "
+      f"idem_end_to_end_per_s={j['messages_per_s']:.0f} pgbench_rows_per_s={floor:.0f} "
+      f"pgbench_over_idem_store={floor / idem:.3f} pgbench_rows_left={left}")
+EOF
+  done
+}
+
 case $part in
   inbox) inbox "${@:3}" ;;
   http) http "${@:3}" ;;
-  *) echo "usage: bench/pg/floor.sh inbox|http URL ..." >&2; exit 2 ;;
+  relay) relay "${@:3}" ;;
+  claims) claims "${@:3}" ;;
+  *) echo "usage: bench/pg/floor.sh inbox|http|relay|claims URL ..." >&2; exit 2 ;;
+
 esac

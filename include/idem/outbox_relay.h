@@ -52,6 +52,11 @@ struct OutboxRelayStats {
   int lanes = 0;                     // lanes held now (0: standby)
   int64_t backlog = 0;               // unsent rows seen by the last fetch (at most batch)
   int64_t oldest_unsent_age_ms = 0;  // at the last fetch; 0 when empty
+  // Where the rounds' time went (steady clock, summed): waiting on the
+  // outbox's store (fetch and settle) and on the publisher (PublishBatch,
+  // its confirms included).
+  uint64_t store_us = 0;
+  uint64_t publish_us = 0;
 };
 
 class OutboxRelay {

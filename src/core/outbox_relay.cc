@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,6 +26,13 @@ struct OutboxRelay::State {
 };
 
 namespace {
+
+// Microseconds since `since` on the steady clock (the relay's own
+// accounting, not a decision: no Env).
+uint64_t MicrosSince(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count());
+}
 
 bool Permanent(const Status& s) { return s.IsInvalidArgument() || s.IsRejected(); }
 
@@ -159,6 +167,7 @@ Status OutboxRelay::Run() {
       continue;
     }
     int64_t republished = 0;
+    const auto fetch_start = std::chrono::steady_clock::now();
     auto fetched = session->Fetch(options_.batch, &republished);
     if (!fetched.ok()) {
       IDEM_RETURN_IF_ERROR(store_failed(fetched.status()));
@@ -202,6 +211,7 @@ Status OutboxRelay::Run() {
       IDEM_RETURN_IF_ERROR(store_failed(s));
       continue;
     }
+    uint64_t store_us = MicrosSince(fetch_start), publish_us = 0;
     for (;;) {
       // One round: with an ordered publisher every unblocked row, else the
       // next row of each unblocked key; at most max_batch.
@@ -220,7 +230,9 @@ Status OutboxRelay::Run() {
       out.reserve(round.size());
       for (size_t i : round) out.push_back(Outgoing{rows[i].destination, rows[i].key, &messages[i]});
       IDEM_KILL_POINT("relay.before_publish");
+      const auto publish_start = std::chrono::steady_clock::now();
       std::vector<Status> answers = publisher_.PublishBatch(out);
+      publish_us += MicrosSince(publish_start);
       if (answers.size() != out.size())
         answers.assign(out.size(), Status::Internal("PublishBatch answered the wrong count"));
       IDEM_KILL_POINT("relay.after_publish");
@@ -256,7 +268,14 @@ Status OutboxRelay::Run() {
     }
     IDEM_KILL_POINT("relay.before_settle");
     settle.now_ms = env.NowMs();
-    if (Status s = session->Settle(settle); !s.ok()) {
+    const auto settle_start = std::chrono::steady_clock::now();
+    Status settled = session->Settle(settle);
+    store_us += MicrosSince(settle_start);
+    update([&](OutboxRelayStats& st) {
+      st.store_us += store_us;
+      st.publish_us += publish_us;
+    });
+    if (Status s = settled; !s.ok()) {
       // Nothing settled: every row is published again (same id), later.
       IDEM_RETURN_IF_ERROR(store_failed(s));
       continue;

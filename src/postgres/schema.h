@@ -136,6 +136,21 @@ inline constexpr sql_internal::ClaimsSql kClaims{
              " WHERE ($1 = '' OR scope = $1) AND ((state = 1 AND expires_at_ms <= " IDEM_PG_NOW(4) ")"
              " OR (state = 0 AND lease_until_ms + $2 <= " IDEM_PG_NOW(4) ")) LIMIT $3 FOR UPDATE SKIP LOCKED)",
     .now = "SELECT " IDEM_PG_NOW(1),
+    .reserve_fences = nullptr,
+    .insert_fenced = nullptr,
+    // The insert, and when the key is there already its row as `select`
+    // reads it, in one round trip (both parts see one snapshot: a row
+    // committed by another claimer in between answers neither, and the
+    // claimer looks again). A key seen there draws no fence and writes
+    // nothing: a replay stays a read.
+    .insert_or_read =
+        "WITH ins AS (INSERT INTO idem_claims SELECT $1::text, $2::bytea, 0, $3::bytea, nextval('idem_claim_fence'), "
+        IDEM_PG_NOW(5) " + $4::bigint, 0, NULL, 0, " IDEM_PG_NOW(5) " WHERE NOT EXISTS (SELECT 1 FROM idem_claims"
+        " WHERE scope = $1 AND key = $2) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms)"
+        " SELECT NULL::integer, NULL::bytea, fence, lease_until_ms, NULL::bigint, NULL::bytea, NULL::integer,"
+        " NULL::bigint, NULL::bigint, 1 FROM ins UNION ALL SELECT state, fingerprint, fence, lease_until_ms,"
+        " expires_at_ms, result, result_is_error, updated_at_ms, " IDEM_PG_NOW(5) ", 0 FROM idem_claims"
+        " WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)",
 };
 #undef IDEM_PG_NOW
 #undef IDEM_PG_NOTIFY
@@ -219,6 +234,11 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         " producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id, destination, ordering_key, payload,"
         " headers, producer_time_ms, added_at_ms, $2 FROM idem_outbox WHERE seq = ANY($1::bigint[])",
     .delete_rows = "DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[])",
+    .move_sent_one =
+        "WITH moved AS (DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[]) RETURNING seq, id, destination,"
+        " ordering_key, payload, headers, producer_time_ms, added_at_ms) INSERT INTO idem_outbox_sent(seq, id,"
+        " destination, ordering_key, payload, headers, producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id,"
+        " destination, ordering_key, payload, headers, producer_time_ms, added_at_ms, $2::bigint FROM moved",
     .put_dead =
         "INSERT INTO idem_outbox_dead(seq, id, destination, ordering_key, payload, headers,"
         " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"

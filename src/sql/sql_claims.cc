@@ -138,7 +138,13 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
       if (w.has_value()) return started(*w, false);
     }
     Rows rows;
-    {
+    if (in_tx == nullptr && round == 0 && q.insert_or_read != nullptr) {
+      // Most keys are new: insert first, and read in the same round trip.
+      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+      IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.insert_or_read, InsertParams(r, now)));
+      if (rows.rows.empty()) continue;  // another claimer inserted it just now: look again
+      if (rows.rows[0][9].AsInt() != 0) return started({rows.rows[0][2].AsInt(), rows.rows[0][3].AsInt()}, false);
+    } else {
       Value p[] = {r.scope, IdBlob(r.key), now};
       if (in_tx != nullptr) {
         IDEM_ASSIGN_OR_RETURN(rows, in_tx->Query(q.select, p));

@@ -160,6 +160,13 @@ class SqlOutboxSession final : public OutboxSession {
 
   Status Settle(const OutboxSettlement& s) override {
     if (s.sent.empty() && s.dead.empty() && s.failed.empty()) return Status::OK();
+    if (s.dead.empty() && s.failed.empty() && sql_.move_sent_one != nullptr) {
+      // Only sent rows: one statement, atomic on its own.
+      Value p[] = {List(sql_.list_open, s.sent), s.now_ms};
+      IDEM_KILL_POINT("relay.before_settle_commit");
+      return s.keep_sent ? conn_->Exec(sql_.move_sent_one, p).status()
+                         : conn_->Exec(sql_.delete_rows, std::span<const Value>(p, 1)).status();
+    }
     IDEM_RETURN_IF_ERROR(conn_->Script(store_.dialect().begin));
     Status st = SettleIn(s);
     IDEM_KILL_POINT("relay.before_settle_commit");

@@ -113,6 +113,11 @@ struct ClaimsSql {
   // after), then insert with a given one (insert's parameters, $6 fence).
   const char* reserve_fences = nullptr;
   const char* insert_fenced = nullptr;
+  // When set, a claim outside a transaction tries this first: insert's
+  // parameters -> one row, select's columns and then whether it inserted
+  // (the new fence and lease in columns 2 and 3), or the existing row (not
+  // inserted), or none (look again).
+  const char* insert_or_read = nullptr;
 };
 
 // A backend's SQL for its markers (the layout it tunes). Parameters are $1..$n.
@@ -156,11 +161,15 @@ struct OutboxSql {
   const char* insert_one = nullptr;
   const char* read_seq = nullptr;
   const char* advance_seq = nullptr;
-  const char* fetch;          // ($1 lanes, $2 limit) -> seq, id, destination, ordering_key, payload, headers,
-                              //   producer_time_ms, added_at_ms, attempts, lane
-  const char* any_pending;    // ($1 lanes) -> a row if there is one
-  const char* move_sent;      // ($1 seqs, $2 now) copies to idem_outbox_sent
-  const char* delete_rows;    // ($1 seqs)
+  const char* fetch;        // ($1 lanes, $2 limit) -> seq, id, destination, ordering_key, payload, headers,
+                            //   producer_time_ms, added_at_ms, attempts, lane
+  const char* any_pending;  // ($1 lanes) -> a row if there is one
+  const char* move_sent;    // ($1 seqs, $2 now) copies to idem_outbox_sent
+  const char* delete_rows;  // ($1 seqs)
+  // When set, ($1 seqs, $2 now) moves the rows to idem_outbox_sent in one
+  // statement (one round trip, no explicit transaction): a round that only
+  // sent settles with it (PostgreSQL).
+  const char* move_sent_one = nullptr;
   const char* put_dead;       // ($1 seq, $2 reason, $3 error, $4 at) copies to idem_outbox_dead
   const char* heartbeat;      // ($1 name, $2 lanes held, $3 now)
   const char* live_relays;    // ($1 now, $2 live_ms) -> count

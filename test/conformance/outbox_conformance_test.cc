@@ -107,6 +107,7 @@ TEST_P(OutboxConformance, AddCommitsWithTheWorkAndRollsBackWithIt) {
   EXPECT_EQ(st->backlog, 0);
   EXPECT_EQ(st->sent_kept, 1);
   EXPECT_EQ(relay->stats().published, 1u);
+  EXPECT_GT(relay->stats().store_us, 0u) << "the rounds' store time is counted";
 }
 
 TEST_P(OutboxConformance, BadFieldsAreRefusedAndWriteNothing) {

@@ -18,6 +18,8 @@
 #include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/open.h"
+#include "idem/outbox.h"
+#include "idem/outbox_store.h"
 #include "idem/postgres/store.h"
 #include "idem/testing/fake_env.h"
 #include "idem/testing/kill_points.h"
@@ -440,6 +442,66 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
     EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << r.key;
     EXPECT_EQ(again->result, "charged " + r.key);  // each key its own result
   }
+}
+
+// A claim of a new key is one round trip (the insert reads the row instead
+// when the key is there), and so is the claim of a key already completed.
+TEST_F(Postgres, AClaimIsOneRoundTripWhetherTheKeyIsNewOrDone) {
+  Claims claims(*store_->claim_store());
+  auto request = [](int i) {
+    return ClaimRequest{
+        .scope = "rt", .key = "k" + std::to_string(i), .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
+  };
+  ASSERT_OK(claims.Claim(request(-1)));  // warm: a pooled connection, the prepared statement
+  int next = 0;
+  std::vector<ClaimToken> tokens;
+  EXPECT_EQ(RoundTrips([&] {
+              auto c = claims.Claim(request(next++));
+              ASSERT_OK(c);
+              ASSERT_EQ(c->kind, ClaimOutcome::Kind::kStarted);
+              tokens.push_back(c->token);
+            }),
+            1);
+  for (const ClaimToken& t : tokens) ASSERT_OK(claims.Complete(t, "done " + t.key));
+  EXPECT_EQ(RoundTrips([&] {
+              auto c = claims.Claim(request(0));
+              ASSERT_OK(c);
+              EXPECT_EQ(c->kind, ClaimOutcome::Kind::kCompleted);
+              EXPECT_EQ(c->result, "done k0");
+            }),
+            1);
+}
+
+// A relay round whose rows were all confirmed settles in one statement: the
+// rows leave the outbox and are kept as sent, together.
+TEST_F(Postgres, ARelayRoundOfSentRowsSettlesInOneRoundTrip) {
+  auto outbox = MustOpen<Outbox>(*store_, Outbox::Options{});
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    for (int i = 0; i < 20; ++i)
+      ASSERT_OK(outbox->Add(
+          **tx,
+          OutgoingMessage{.destination = "d", .key = "k" + std::to_string(i % 3), .payload = "p" + std::to_string(i)}));
+    ASSERT_OK((*tx)->Commit());
+  }
+  OutboxStore& os = *store_->outbox_store();
+  auto session = os.OpenSession("rt");
+  ASSERT_OK(session);
+  ASSERT_OK((*session)->Rebalance());
+  for (int round = 0; round < 2; ++round) {
+    auto rows = (*session)->Fetch(10, nullptr);
+    ASSERT_OK(rows);
+    ASSERT_EQ(rows->size(), 10u);
+    OutboxSettlement settled{.now_ms = 1};
+    for (const OutboxRow& r : *rows) settled.sent.push_back(r.seq);
+    EXPECT_EQ(RoundTrips([&] { ASSERT_OK((*session)->Settle(settled)); }), 1);
+    // (RoundTrips runs Settle again: the second time it moves nothing.)
+  }
+  auto st = os.Stats();
+  ASSERT_OK(st);
+  EXPECT_EQ(st->backlog, 0);
+  EXPECT_EQ(st->sent_kept, 20);
 }
 
 // A statement whose PREPARE succeeded in the flight that carried BEGIN, and

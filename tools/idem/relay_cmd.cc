@@ -29,6 +29,8 @@ std::string StatsJson(const std::string& to, const OutboxRelayStats& s) {
       .Add("lanes", s.lanes)
       .Add("backlog", s.backlog)
       .Add("oldest_unsent_age_ms", s.oldest_unsent_age_ms)
+      .Add("store_seconds", static_cast<double>(s.store_us) / 1e6)
+      .Add("publish_seconds", static_cast<double>(s.publish_us) / 1e6)
       .str();
 }
 
