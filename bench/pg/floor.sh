@@ -223,7 +223,8 @@ r, j, tps, batch, left = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]
 idem = j["store_rows_per_s"]
 floor = tps * batch
 print(f"round={r} idem_store_rows_per_s={idem:.0f} idem_publish_rows_per_s={j['publish_rows_per_s']:.0f} "
-      f"idem_end_to_end_per_s={j['messages_per_s']:.0f} pgbench_rows_per_s={floor:.0f} "
+      f"idem_relayed_per_s={j['relayed_per_s']:.0f} idem_end_to_end_per_s={j['messages_per_s']:.0f} "
+      f"pgbench_rows_per_s={floor:.0f} "
       f"pgbench_over_idem_store={floor / idem:.3f} pgbench_rows_left={left}")
 EOF
   done

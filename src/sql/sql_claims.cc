@@ -4,6 +4,7 @@
 // INSERT for a new key, or a compare-and-set UPDATE that names the fence and
 // state it saw, so a decision made on a read that went stale changes nothing
 // and is made again.
+#include <algorithm>
 #include <string>
 
 #include "sql/sql_store.h"
@@ -122,6 +123,12 @@ Result<std::optional<ClaimOutcome>> SqlStore::Peek(const ClaimRequest& r) {
   return Decide(rows.rows[0], r);
 }
 
+void SqlStore::NoteClaimFound(bool found) {
+  // A lost update between racing claimers only delays a switch.
+  const int v = claims_found_.load(std::memory_order_relaxed);
+  claims_found_.store(std::clamp(v + (found ? 1 : -1), -16, 16), std::memory_order_relaxed);
+}
+
 Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r, bool inserted) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
@@ -138,12 +145,16 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
       if (w.has_value()) return started(*w, false);
     }
     Rows rows;
-    if (in_tx == nullptr && round == 0 && q.insert_or_read != nullptr) {
-      // Most keys are new: insert first, and read in the same round trip.
+    // Outside a transaction, where most keys have been new lately: insert
+    // first, and read in the same round trip.
+    const bool alone = in_tx == nullptr && round == 0;
+    if (alone && q.insert_or_read != nullptr && claims_found_.load(std::memory_order_relaxed) <= 0) {
       IDEM_ASSIGN_OR_RETURN(Lease c, Take());
       IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.insert_or_read, InsertParams(r, now)));
       if (rows.rows.empty()) continue;  // another claimer inserted it just now: look again
-      if (rows.rows[0][9].AsInt() != 0) return started({rows.rows[0][2].AsInt(), rows.rows[0][3].AsInt()}, false);
+      const bool inserted = rows.rows[0][9].AsInt() != 0;
+      NoteClaimFound(!inserted);
+      if (inserted) return started({rows.rows[0][2].AsInt(), rows.rows[0][3].AsInt()}, false);
     } else {
       Value p[] = {r.scope, IdBlob(r.key), now};
       if (in_tx != nullptr) {
@@ -151,6 +162,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
       } else {
         IDEM_ASSIGN_OR_RETURN(Lease c, Take());
         IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.select, p));
+        if (alone) NoteClaimFound(!rows.rows.empty());
       }
     }
     if (rows.rows.empty()) {

@@ -8,6 +8,7 @@
 #ifndef IDEM_SRC_CORE_SQL_STORE_H_
 #define IDEM_SRC_CORE_SQL_STORE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -113,10 +114,10 @@ struct ClaimsSql {
   // after), then insert with a given one (insert's parameters, $6 fence).
   const char* reserve_fences = nullptr;
   const char* insert_fenced = nullptr;
-  // When set, a claim outside a transaction tries this first: insert's
-  // parameters -> one row, select's columns and then whether it inserted
-  // (the new fence and lease in columns 2 and 3), or the existing row (not
-  // inserted), or none (look again).
+  // When set, a claim outside a transaction may try this first (while most
+  // keys claimed are new): insert's parameters -> one row, select's columns
+  // and then whether it inserted (the new fence and lease in columns 2 and
+  // 3), or the existing row (not inserted), or none (look again).
   const char* insert_or_read = nullptr;
 };
 
@@ -302,6 +303,7 @@ class SqlStore : public Store, public ClaimStore {
   // `inserted`: the caller already tried the insert in this transaction
   // (it answered no row), so the first round only reads.
   Result<ClaimOutcome> ClaimOn(Connection* in_tx, const ClaimRequest& request, bool inserted = false);
+  void NoteClaimFound(bool found);  // see claims_found_
   // Many claims and completions inside `tx`, each answered as ClaimOn and
   // CompleteOn would; the inserts (and the completions) go in one QueryMany
   // where the dialect needs no fence bump before them.
@@ -395,6 +397,12 @@ class SqlStore : public Store, public ClaimStore {
   // (kept out of pool_ for the next writer), and which one that was.
   std::unique_ptr<Connection> warm_;
   const Connection* last_committed_ = nullptr;
+  // Whether this store's recent claims outside a transaction found their
+  // key there (up) or new (down), -16..16: at or below 0 a claim inserts
+  // first (ClaimsSql::insert_or_read: one round trip for a new key), above
+  // it reads first (a plain read, cheaper for the server, answers a run of
+  // replays).
+  std::atomic<int> claims_found_{0};
 };
 
 }  // namespace idem::sql_internal
