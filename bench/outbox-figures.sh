@@ -3,7 +3,7 @@
 #   1. idem bench outbox-add: the work of a handler vs the same work plus one
 #      Outbox::Add per message, per message and in batches of 100, on SQLite
 #      (synchronous FULL) and PostgreSQL (fsync on)       -> outbox-add.log
-#   2. idem bench relay: relay throughput SQLite -> embedded queue,
+#   2. idem bench relay: relay throughput SQLite -> embedded queue, PostgreSQL -> embedded queue,
 #      PostgreSQL -> RabbitMQ (durable queue), PostgreSQL -> Kafka's mock
 #      cluster                                               -> outbox-relay.log
 #      then each path's latency commit -> receipt at half its measured rate,
@@ -55,7 +55,7 @@ done
 echo "== relay" >&2
 : >"$OUT/outbox-relay.log"
 : >"$OUT/outbox-latency.log"
-paths=("sqlite:$work/relay.db|embedded:$work/q.db" "$pg|$amqp" "$pg|kafka-mock:")
+paths=("sqlite:$work/relay.db|embedded:$work/q.db" "$pg|embedded:$work/pgq.db" "$pg|$amqp" "$pg|kafka-mock:")
 for path in "${paths[@]}"; do
   store=${path%%|*} to=${path#*|}
   args=(--store "$store" --to "$to" --keys "$KEYS" --payload-bytes "$PAYLOAD")
@@ -80,23 +80,27 @@ if [ -x "$PUBLISH_BATCH" ]; then
   done
 fi
 
-if command -v gnuplot >/dev/null; then
+plot_relay() {
   grep '^peer=idem-relay' "$OUT/outbox-relay.log" |
-    sed -n 's/.*store=\([^ ]*\) to=\([^ ]*\) .* messages_per_s=\([0-9.]*\).*/"\1 -> \2" \3/p' >"$work/relay.dat"
+    sed -n 's/.*store=\([^ ]*\) to=\([^ ]*\) .* messages_per_s=\([0-9.]*\).* relayed_per_s=\([0-9.]*\).*/"\1 -> \2" \3 \4/p' >"$work/relay.dat"
   gnuplot <<GP
-set terminal png size 800,480 font ",10"
+set terminal png size 860,480 font ",10"
 set output "$OUT/outbox-relay.png"
 set title "idem bench relay: messages/s, $MESSAGES messages over $KEYS keys, $PAYLOAD-byte payloads"
 set style data histograms
+set style histogram clustered gap 1
 set style fill solid 0.8 border -1
-set boxwidth 0.6
 set ylabel "messages/s"
 set yrange [0:*]
 set grid ytics
-unset key
-plot "$work/relay.dat" using 2:xtic(1) lc rgb "#3a6ea5", "" using 0:2:(sprintf("%.0f", \$2)) with labels offset 0,1 notitle
+set key top right
+plot "$work/relay.dat" using 2:xtic(1) title "end to end (the consumer saw every id)" lc rgb "#3a6ea5", \
+     "" using 3 title "the relay's own (the broker confirmed every id)" lc rgb "#88bb55"
 GP
   echo "wrote $OUT/outbox-relay.png" >&2
+}
+if command -v gnuplot >/dev/null; then
+  plot_relay
 else
   echo "gnuplot is not installed: no plot (apt-get install gnuplot-nox)" >&2
 fi

@@ -50,7 +50,8 @@ with open(dat, "w") as f:
         f.write(f'{i} "{label}" {statistics.median(v):.3f} {min(v):.3f} {max(v):.3f}\n')
 png = os.path.join(results, "pg-floor.png")
 script = f"""
-set terminal png size 1000,520 font ",10"
+set terminal png size 1000,540 font ",10"
+set bmargin 5
 set output "{png}"
 set title "PostgreSQL 15, fsync on, 2 cores: pgbench with idem's statements / idem (1 = at the floor)"
 set style fill solid 0.6
