@@ -16,10 +16,11 @@
 #                              bench/http/charges.lua), its mean group size read from /metrics
 #             pgbench          what the provider sends for a group of that size, on C clients:
 #                              BEGIN and the group's claim INSERTs in one pipelined flight, the
-#                              group's charges in one multi-row INSERT, the group's completions
+#                              group's charges in one multi-row INSERT and its completions
 #                              (UPDATE ... RETURNING, the stored response) in one flight, COMMIT;
 #                              requests/s = transactions/s x group size. Without --group-commit
-#                              a group is one request and C the connections (16).
+#                              a group is one request, the read of its key comes first, and C is
+#                              the connections (16).
 #   relay   the outbox relay's store side (one relay holding all 64 lanes, batches of 500):
 #             idem             `idem bench relay --to embedded:...`: rows through the store per
 #                              second of the relay's store time (fetch, handed hint, settle;
@@ -91,11 +92,15 @@ EOF
   done
 }
 
-# http_script FILE G: the provider's statements for a group of G first executions.
+# http_script FILE G [PEEK]: the provider's statements for a group of G first
+# executions (PEEK=1: with the read of the key in front, as one transaction
+# per request sends it; a group's reads go on the requests' own connections).
 http_script() {
-  local file=$1 g=$2 i
+  local file=$1 g=$2 peek=${3:-0} i
   {
     for i in $(seq "$g"); do echo "\\set k$i random(1, 9000000000000000)"; done
+    # One transaction per request: the read that answers a replay comes first, on the same connection.
+    [ "$peek" = 1 ] && echo "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error, updated_at_ms, $now_ms FROM idem_claims WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k1, 'UTF8');"
     echo '\startpipeline'
     echo 'BEGIN;'
     for i in $(seq "$g"); do
@@ -108,13 +113,14 @@ http_script() {
       rows+=("('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms)")
     done
     local joined; joined=$(printf ', %s' "${rows[@]}"); joined=${joined:2}
+    # They ride with the completions (InsertLater's rows are held back until the next statement).
+    echo '\startpipeline'
     echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES $joined;"
-    [ "$g" -gt 1 ] && echo '\startpipeline'
     for i in $(seq "$g"); do
       # The stored response: status, headers and the charge's JSON (about 300 bytes).
       echo "WITH u AS (UPDATE idem_claims SET state = 1, result = convert_to(repeat('r', 300), 'UTF8'), result_is_error = 0, expires_at_ms = $now_ms + 86400000, updated_at_ms = $now_ms WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k$i, 'UTF8') AND fence >= 0 AND state = 0 RETURNING waiters) SELECT CASE WHEN waiters > 0 THEN pg_notify('idem_claims', 'x') END FROM u;"
     done
-    [ "$g" -gt 1 ] && echo '\endpipeline'
+    echo '\endpipeline'
     echo 'COMMIT;'
   } >"$file"
 }
@@ -147,7 +153,7 @@ http() {
     g=1
     if [ "$group" -gt 0 ] && [ "${commits:-0}" -gt 0 ]; then g=$(( (grouped + commits / 2) / commits )); fi
     [ "$g" -ge 1 ] || g=1
-    http_script "$work/http.sql" "$g"
+    http_script "$work/http.sql" "$g" "$([ "$group" -gt 0 ] && echo 0 || echo 1)"
     # pgbench on the same tables, in the same round's database.
     local tps
     tps=$(pgbench_tps "$work/http.sql" "$clients" 8 "$rdb")

@@ -87,8 +87,8 @@ class Transaction {
   // multi-row INSERT, before the transaction's next statement or at its
   // commit: where each statement is a round trip (PostgreSQL), the requests
   // or messages of a group that each queue a row pay one round trip for all
-  // of them. The insert's error is the error of the statement or commit it
-  // went with. Every row of one text must have the same number of values.
+  // of them, and that round trip is the next statement's own (pipelined).
+  // The insert's error is the error of the statement or commit it went with. Every row of one text must have the same number of values.
   // The default runs it at once.
   virtual Status InsertLater(std::string_view insert, std::span<const Value> row) { return Exec(insert, row).status(); }
 

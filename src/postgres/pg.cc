@@ -188,9 +188,9 @@ std::string What(std::string_view sql) { return std::string(sql.substr(0, 120));
 
 }  // namespace
 
-Conn::Statement Conn::StatementFor(std::string_view sql, const Encoded& e) const {
+Conn::Prepared Conn::StatementFor(std::string_view sql, const Encoded& e) const {
   // Prepared once per (SQL, parameter kinds); NULLs match any kind.
-  Statement st;
+  Prepared st;
   st.key = std::string(sql) + '\x1f' + e.sig;
   auto it = prepared_.find(st.key);
   st.prepare = it == prepared_.end();
@@ -200,7 +200,7 @@ Conn::Statement Conn::StatementFor(std::string_view sql, const Encoded& e) const
 
 Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-  const Statement st = StatementFor(sql, e);
+  const Prepared st = StatementFor(sql, e);
   if (st.prepare) {
     IDEM_KILL_POINT("postgres.round_trip");
     ResultPtr r(PQprepare(conn_, st.name.c_str(), std::string(sql).c_str(), e.n, e.types.data()));
@@ -213,30 +213,50 @@ Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params
   return r;
 }
 
-Result<std::vector<ResultPtr>> Conn::Pipelined(std::string_view first, std::string_view sql,
-                                               std::span<const Encoded> each) {
-  // Statements are prepared per parameter kinds (NULL counts as a kind of its
-  // own here): a flight prepares at most one, so all must have the same.
-  const Statement st = StatementFor(sql, each.front());
-  for (const Encoded& e : each)
-    if (e.sig != each.front().sig)
-      return Status::Internal("a pipeline's executions must have the same parameter kinds: " + What(sql));
+Result<std::vector<ResultPtr>> Conn::Flight(std::string_view first, std::span<const Step> steps) {
   if (PQenterPipelineMode(conn_) != 1)
     return Status::Unavailable("cannot enter pipeline mode: " + Trim(PQerrorMessage(conn_)));
-  const std::string first_sql(first), text_sql(sql);
-  // One flight: [`first`,] [the statement's PREPARE,] each execution, a sync.
+  // Each step's prepared statement (per SQL and parameter kinds), with a
+  // PREPARE in front of the first step that needs one not yet prepared.
+  struct Planned {
+    std::string key, name, text;
+    bool prepare = false;
+  };
+  std::vector<Planned> plan(steps.size());
+  std::unordered_map<std::string, std::string> fresh;  // prepared in this flight: key -> name
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Prepared st = StatementFor(steps[i].sql, *steps[i].params);
+    if (st.prepare) {
+      auto [it, added] = fresh.try_emplace(st.key, "idem_" + std::to_string(prepared_.size() + fresh.size() + 1));
+      st.name = it->second;
+      st.prepare = added;
+    }
+    plan[i] = Planned{std::move(st.key), std::move(st.name), std::string(steps[i].sql), st.prepare};
+  }
+  const std::string first_sql(first);
+  // One flight: [`first`,] each step's [PREPARE and] execution, a sync.
+  std::vector<std::string> what;  // per query, what it was (for errors)
+  std::vector<size_t> exec_at;    // per step, the index of its execution's result
   IDEM_KILL_POINT("postgres.round_trip");
-  bool sent =
-      first.empty() || PQsendQueryParams(conn_, first_sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) == 1;
-  sent = sent && (!st.prepare || PQsendPrepare(conn_, st.name.c_str(), text_sql.c_str(), each.front().n,
-                                               each.front().types.data()) == 1);
-  for (const Encoded& e : each)
-    sent = sent && PQsendQueryPrepared(conn_, st.name.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(),
-                                       0) == 1;
+  bool sent = true;
+  if (!first.empty()) {
+    sent = PQsendQueryParams(conn_, first_sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) == 1;
+    what.push_back(first_sql);
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Encoded& e = *steps[i].params;
+    if (plan[i].prepare) {
+      sent = sent && PQsendPrepare(conn_, plan[i].name.c_str(), plan[i].text.c_str(), e.n, e.types.data()) == 1;
+      what.push_back("prepare: " + What(plan[i].text));
+    }
+    sent = sent && PQsendQueryPrepared(conn_, plan[i].name.c_str(), e.n, e.values.data(), e.lengths.data(),
+                                       e.formats.data(), 0) == 1;
+    exec_at.push_back(what.size());
+    what.push_back(What(plan[i].text));
+  }
   sent = sent && PQpipelineSync(conn_) == 1;
   // Each query's result is followed by a NULL; the sync's result comes last.
-  const size_t lead = (first.empty() ? 0 : 1) + (st.prepare ? 1 : 0);
-  const size_t queries = lead + each.size();
+  const size_t queries = what.size();
   std::vector<ResultPtr> got;
   bool synced = false;
   for (size_t nulls = 0; sent && PQstatus(conn_) == CONNECTION_OK;) {
@@ -257,24 +277,25 @@ Result<std::vector<ResultPtr>> Conn::Pipelined(std::string_view first, std::stri
   if (synced) PQexitPipelineMode(conn_);
   // A PREPARE that succeeded stays on the server whatever came after it
   // (a failing execution, a rollback): the cache must know its name.
-  if (st.prepare && got.size() >= lead && PQresultStatus(got[lead - 1].get()) == PGRES_COMMAND_OK)
-    prepared_.emplace(st.key, st.name);
-  for (size_t i = 0; i < queries; ++i) {
-    const std::string what = (!first.empty() && i == 0)      ? first_sql
-                             : (st.prepare && i + 1 == lead) ? "prepare: " + What(sql)
-                                                             : What(sql);
-    // The first failure is the one to report: later queries only say the pipeline was aborted.
-    if (i >= got.size()) return Translate(nullptr, conn_, what);
-    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, what));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t at = exec_at[i] - 1;
+    if (plan[i].prepare && got.size() > at && PQresultStatus(got[at].get()) == PGRES_COMMAND_OK)
+      prepared_.emplace(plan[i].key, plan[i].name);
   }
-  if (!synced) return Translate(nullptr, conn_, What(sql));
-  got.erase(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(lead));
-  return got;
+  for (size_t i = 0; i < queries; ++i) {
+    // The first failure is the one to report: later queries only say the pipeline was aborted.
+    if (i >= got.size()) return Translate(nullptr, conn_, what[i]);
+    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, what[i]));
+  }
+  if (!synced) return Translate(nullptr, conn_, what.back());
+  std::vector<ResultPtr> out;
+  out.reserve(steps.size());
+  for (size_t at : exec_at) out.push_back(std::move(got[at]));
+  return out;
 }
 
-Result<std::vector<ResultPtr>> Conn::PipelinedOrAgain(std::string_view first, std::string_view sql,
-                                                      std::span<const Encoded> each) {
-  Result<std::vector<ResultPtr>> r = Pipelined(first, sql, each);
+Result<std::vector<ResultPtr>> Conn::FlightOrAgain(std::string_view first, std::span<const Step> steps) {
+  Result<std::vector<ResultPtr>> r = Flight(first, steps);
   if (r.ok() || first.empty() || healthy()) return r;
   // A pooled connection found dead (a server restart since its last use)
   // by the flight that begins the transaction: nothing of it can have
@@ -282,7 +303,7 @@ Result<std::vector<ResultPtr>> Conn::PipelinedOrAgain(std::string_view first, st
   PQreset(conn_);
   prepared_.clear();
   if (!healthy()) return r;
-  return Pipelined(first, sql, each);
+  return Flight(first, steps);
 }
 
 Result<std::vector<ResultPtr>> Conn::ExecMany(std::string_view first, std::string_view sql,
@@ -294,12 +315,30 @@ Result<std::vector<ResultPtr>> Conn::ExecMany(std::string_view first, std::strin
     IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
     encoded.push_back(std::move(e));
   }
-  return PipelinedOrAgain(first, sql, encoded);
+  std::vector<Step> steps;
+  steps.reserve(encoded.size());
+  for (const Encoded& e : encoded) steps.push_back(Step{sql, &e});
+  return FlightOrAgain(first, steps);
+}
+
+Result<std::vector<ResultPtr>> Conn::ExecFlight(std::string_view first, std::span<const Statement> statements) {
+  if (statements.empty()) return std::vector<ResultPtr>();
+  std::vector<Encoded> encoded;
+  encoded.reserve(statements.size());
+  for (const Statement& st : statements) {
+    IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(st.params));
+    encoded.push_back(std::move(e));
+  }
+  std::vector<Step> steps;
+  steps.reserve(encoded.size());
+  for (size_t i = 0; i < encoded.size(); ++i) steps.push_back(Step{statements[i].sql, &encoded[i]});
+  return FlightOrAgain(first, steps);
 }
 
 Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-  IDEM_ASSIGN_OR_RETURN(auto results, PipelinedOrAgain(first, sql, std::span<const Encoded>(&e, 1)));
+  const Step step{sql, &e};
+  IDEM_ASSIGN_OR_RETURN(auto results, FlightOrAgain(first, std::span<const Step>(&step, 1)));
   return std::move(results.front());
 }
 

@@ -62,21 +62,34 @@ class Conn {
   // Reconnects and tries again once only when `first` begins the transaction.
   Result<std::vector<ResultPtr>> ExecMany(std::string_view first, std::string_view sql,
                                           std::span<const std::vector<Value>> each);
+  // Statements that differ, in one round trip after `first` (as ExecMany):
+  // their results in order, or the first failure.
+  struct Statement {
+    std::string_view sql;
+    std::span<const Value> params;
+  };
+  Result<std::vector<ResultPtr>> ExecFlight(std::string_view first, std::span<const Statement> statements);
 
  private:
   explicit Conn(PGconn* c) : conn_(c) {}
   // The prepared statement for (sql, parameter kinds): its name, and whether
   // it must be prepared first.
-  struct Statement {
+  struct Prepared {
     std::string key, name;
     bool prepare = false;
   };
-  Statement StatementFor(std::string_view sql, const Encoded& e) const;
-  Result<std::vector<ResultPtr>> Pipelined(std::string_view first, std::string_view sql, std::span<const Encoded> each);
-  // Pipelined, and once more on a reset connection when the flight that
+  Prepared StatementFor(std::string_view sql, const Encoded& e) const;
+  // One execution in a flight.
+  struct Step {
+    std::string_view sql;
+    const Encoded* params;
+  };
+  // [`first`,] each step (a PREPARE in front where needed), a sync: one
+  // round trip in libpq's pipeline mode.
+  Result<std::vector<ResultPtr>> Flight(std::string_view first, std::span<const Step> steps);
+  // Flight, and once more on a reset connection when the flight that
   // begins the transaction (`first` not empty) found the connection dead.
-  Result<std::vector<ResultPtr>> PipelinedOrAgain(std::string_view first, std::string_view sql,
-                                                  std::span<const Encoded> each);
+  Result<std::vector<ResultPtr>> FlightOrAgain(std::string_view first, std::span<const Step> steps);
   PGconn* conn_;
   std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
 };

@@ -40,21 +40,26 @@ class PgConnection final : public sql_internal::Connection {
     IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
     return pg_internal::ToRows(r.get());
   }
-  // All in one round trip (with a held-back BEGIN in front).
+  // All in one round trip (with a held-back BEGIN and held statements in front).
   Result<std::vector<Rows>> QueryMany(std::string_view sql, std::span<const std::vector<Value>> each) override {
     if (!begin_failed_.ok()) return begin_failed_;
     if (each.empty()) return std::vector<Rows>();  // nothing to send: a held-back BEGIN stays held
-    const bool begin = begin_;
-    begin_ = false;
-    auto results = c_->ExecMany(begin ? "BEGIN" : "", sql, each);
-    if (begin) BeganOrNot(results.status());
-    IDEM_RETURN_IF_ERROR(results.status());
+    std::vector<Statement> statements;
+    for (const auto& params : each) statements.push_back(Statement{sql, params});
+    IDEM_ASSIGN_OR_RETURN(auto results, Send(statements));
     std::vector<Rows> out;
-    out.reserve(results->size());
-    for (const auto& r : *results) out.push_back(pg_internal::ToRows(r.get()));
+    out.reserve(results.size());
+    for (const auto& r : results) out.push_back(pg_internal::ToRows(r.get()));
     return out;
   }
+  bool Defer(std::string_view sql, std::span<const Value> params) override {
+    if (!begin_ && !c_->in_transaction()) return false;  // only inside a transaction
+    held_.push_back(Held{std::string(sql), std::vector<Value>(params.begin(), params.end())});
+    return true;
+  }
   Status Script(std::string_view sql) override {
+    if (sql == "ROLLBACK") held_.clear();  // they go with the transaction, unsent
+    IDEM_RETURN_IF_ERROR(SendHeld());
     if (sql == "ROLLBACK" || sql == "BEGIN") {
       // The transaction ends (or a new one starts): a failed held-back BEGIN
       // is forgotten, and with nothing open on the server nothing is sent.
@@ -79,6 +84,12 @@ class PgConnection final : public sql_internal::Connection {
     return begin_;
   }
   Status Commit() override {
+    if (Status held = SendHeld(); !held.ok()) {
+      // The transaction is aborted on the server: it ends here.
+      if (c_->healthy() && c_->in_transaction()) (void)c_->Script("ROLLBACK");
+      begin_failed_ = Status::OK();
+      return held;
+    }
     // Whatever happens below, the transaction ends here.
     const Status began = std::exchange(begin_failed_, Status::OK());
     if (!began.ok()) return began.WithContext("the transaction never began");
@@ -108,7 +119,9 @@ class PgConnection final : public sql_internal::Connection {
   }
   // A transaction whose held-back BEGIN failed is still one until it ends
   // (ROLLBACK, Commit): until then the connection must not be pooled.
-  bool InTransaction() const override { return begin_ || !begin_failed_.ok() || c_->in_transaction(); }
+  bool InTransaction() const override {
+    return begin_ || !begin_failed_.ok() || !held_.empty() || c_->in_transaction();
+  }
   bool Healthy() const override { return c_->healthy(); }
   void* Native() override {
     // Whoever takes the handle expects the transaction to have begun. If
@@ -118,18 +131,57 @@ class PgConnection final : public sql_internal::Connection {
       begin_ = false;
       begin_failed_ = c_->Script("BEGIN");
     }
+    // Held statements go now; one that fails leaves the transaction only
+    // able to fail, as a failed BEGIN does.
+    if (Status held = SendHeld(); !held.ok() && begin_failed_.ok()) begin_failed_ = held;
     return c_->raw();
   }
 
  private:
-  // A held-back BEGIN goes with the first statement, in one round trip.
+  using Statement = pg_internal::Conn::Statement;
+  struct Held {
+    std::string sql;
+    std::vector<Value> params;
+  };
+
+  // A held-back BEGIN and held statements go with the first statement, in
+  // one round trip.
   Result<pg_internal::ResultPtr> Run(std::string_view sql, std::span<const Value> params) {
     if (!begin_failed_.ok()) return begin_failed_;
-    if (!begin_) return c_->Exec(sql, params);
+    if (!begin_ && held_.empty()) return c_->Exec(sql, params);
+    if (held_.empty()) {
+      begin_ = false;
+      auto r = c_->ExecAfter("BEGIN", sql, params);
+      BeganOrNot(r.status());
+      return r;
+    }
+    const Statement last{sql, params};
+    IDEM_ASSIGN_OR_RETURN(auto results, Send(std::span<const Statement>(&last, 1)));
+    return std::move(results.back());
+  }
+  // `statements` after the held-back BEGIN and the held ones, in one flight:
+  // their own results (the held ones' only say they succeeded).
+  Result<std::vector<pg_internal::ResultPtr>> Send(std::span<const Statement> statements) {
+    if (!begin_failed_.ok()) return begin_failed_;
+    if (held_.empty() && statements.empty()) return std::vector<pg_internal::ResultPtr>();
+    std::vector<Held> held = std::move(held_);
+    held_.clear();
+    std::vector<Statement> all;
+    all.reserve(held.size() + statements.size());
+    for (const Held& h : held) all.push_back(Statement{h.sql, h.params});
+    all.insert(all.end(), statements.begin(), statements.end());
+    const bool begin = begin_;
     begin_ = false;
-    auto r = c_->ExecAfter("BEGIN", sql, params);
-    BeganOrNot(r.status());
-    return r;
+    auto results = c_->ExecFlight(begin ? "BEGIN" : "", all);
+    if (begin) BeganOrNot(results.status());
+    IDEM_RETURN_IF_ERROR(results.status());
+    results->erase(results->begin(), results->begin() + static_cast<std::ptrdiff_t>(held.size()));
+    return results;
+  }
+  // The held statements on their own (before a script or COMMIT).
+  Status SendHeld() {
+    if (held_.empty()) return Status::OK();
+    return Send({}).status();
   }
   // After a flight that carried the held-back BEGIN failed: if the
   // connection is up but outside a transaction, BEGIN itself failed, and
@@ -139,8 +191,9 @@ class PgConnection final : public sql_internal::Connection {
   }
 
   std::unique_ptr<Conn> c_;
-  bool begin_ = false;   // BEGIN held back until the first statement
-  Status begin_failed_;  // the held-back BEGIN failed: this transaction can only fail
+  std::vector<Held> held_;  // statements held back until the next one (Defer)
+  bool begin_ = false;      // BEGIN held back until the first statement
+  Status begin_failed_;     // the held-back BEGIN failed: this transaction can only fail
 };
 
 constexpr sql_internal::Dialect kDialect{

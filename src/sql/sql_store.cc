@@ -178,7 +178,7 @@ Status SqlTransaction::InsertLater(std::string_view insert, std::span<const Valu
   return Status::OK();
 }
 
-Status SqlTransaction::Ready() {
+Status SqlTransaction::Ready(bool now) {
   IDEM_RETURN_IF_ERROR(Usable());
   if (later_.empty()) return Status::OK();
   std::vector<Later> later = std::move(later_);
@@ -192,8 +192,10 @@ Status SqlTransaction::Ready() {
     for (size_t first = 0; first < rows; first += per) {
       const size_t n = std::min(per, rows - first);
       IDEM_ASSIGN_OR_RETURN(std::string sql, MultiRowInsert(l.insert, l.width, n));
-      IDEM_RETURN_IF_ERROR(
-          conn_->Exec(sql, std::span<const Value>(l.values).subspan(first * l.width, n * l.width)).status());
+      const auto rows_of = std::span<const Value>(l.values).subspan(first * l.width, n * l.width);
+      // Unless asked to send them now, the rows ride with the next statement.
+      if (!now && conn_->Defer(sql, rows_of)) continue;
+      IDEM_RETURN_IF_ERROR(conn_->Exec(sql, rows_of).status());
     }
   }
   return Status::OK();

@@ -44,6 +44,15 @@ class Connection {
     (void)begin;
     return false;
   }
+  // Inside a transaction: holds the statement back and sends it in front of
+  // the next one (or of COMMIT), in one round trip, if the connection can
+  // (true: its failure is that next call's answer); otherwise does nothing
+  // (false).
+  virtual bool Defer(std::string_view sql, std::span<const Value> params) {
+    (void)sql;
+    (void)params;
+    return false;
+  }
   // False once the connection is known to be broken (never reuse it).
   virtual bool Healthy() const = 0;
   virtual void* Native() = 0;
@@ -226,7 +235,7 @@ class SqlTransaction : public StoreTransaction {
   Result<Rows> Query(std::string_view sql, std::span<const Value> params) override;
   void* NativeHandle() override { return conn_->Native(); }
   Status InsertLater(std::string_view insert, std::span<const Value> row) override;
-  Status FlushLater() override { return Ready(); }
+  Status FlushLater() override { return Ready(/*now=*/true); }
   Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
   Status PutDeadLetter(const DeadLetter& d) override;
@@ -246,7 +255,7 @@ class SqlTransaction : public StoreTransaction {
  private:
   Status Usable() const;
   // Usable, and the rows InsertLater queued written (before any statement).
-  Status Ready();
+  Status Ready(bool now = false);
   // Writes the rows AddToOutbox queued (at COMMIT, or before a savepoint).
   Status FlushOutbox();
   // The rows InsertLater queued, per statement text.

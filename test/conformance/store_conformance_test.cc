@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <stdexcept>
@@ -158,6 +159,17 @@ TEST_P(StoreConformance, InsertLaterRowsGoInBeforeTheNextStatementOrTheCommit) {
   ASSERT_OK((*tx)->InsertLater(kLater, {"bad", Value()}));
   EXPECT_FALSE((*tx)->Commit().ok());
   EXPECT_EQ(Charges(*store_, "w"), 0);
+  EXPECT_EQ(Charges(*store_), 12);
+  // ... and the statement it went with, which says why.
+  auto tx2 = store_->Begin();
+  ASSERT_OK(tx2);
+  ASSERT_OK((*tx2)->InsertLater(kLater, {"bad", Value()}));
+  auto after = (*tx2)->Query("SELECT count(*) FROM payments");
+  ASSERT_FALSE(after.ok());
+  std::string why(after.status().message());
+  std::transform(why.begin(), why.end(), why.begin(), [](unsigned char c) { return std::tolower(c); });
+  EXPECT_NE(why.find("null"), std::string::npos) << after.status();
+  (*tx2)->Rollback();
   EXPECT_EQ(Charges(*store_), 12);
 }
 

@@ -479,6 +479,24 @@ TEST_F(Postgres, AClaimIsOneRoundTripWhileMostKeysAreNewAndAReplayIsOne) {
   EXPECT_EQ(RoundTrips(claim_new), 2) << "insert first again";
 }
 
+// Rows queued with InsertLater ride with the next statement: BEGIN, the
+// multi-row insert and the read go in one round trip, COMMIT in another.
+TEST_F(Postgres, InsertLaterRowsGoWithTheNextStatementInOneRoundTrip) {
+  constexpr const char* kLater = "INSERT INTO payments(message_id, cents) VALUES ($1, $2)";
+  int next = 0;
+  auto work = [&] {
+    auto tx = store_->BeginDeferred();
+    ASSERT_OK(tx);
+    for (int i = 0; i < 3; ++i) ASSERT_OK((*tx)->InsertLater(kLater, {"rt-" + std::to_string(next++), 100}));
+    auto n = (*tx)->Query("SELECT count(*) FROM payments");
+    ASSERT_OK(n);
+    EXPECT_EQ(n->rows[0][0].AsInt(), next);
+    ASSERT_OK((*tx)->Commit());
+  };
+  work();  // warm: the statements prepared
+  EXPECT_EQ(RoundTrips(work), 2);
+}
+
 // A relay round whose rows were all confirmed settles in one statement: the
 // rows leave the outbox and are kept as sent, together.
 TEST_F(Postgres, ARelayRoundOfSentRowsSettlesInOneRoundTrip) {
