@@ -35,9 +35,12 @@ def rounds(name):
 bars = []  # (label, [pgbench / idem per round])
 for _, rs in rounds("inbox"):
     bars.append(("inbox, 4 consumers", [r["pgbench_guarded_per_s"] / r["idem_guarded_per_s"] for r in rs]))
-http_labels = ["HTTP, group commit,\\n1 committer", "HTTP, group commit,\\n2 committers",
-               "HTTP, a transaction\\nper request"]
-for label, (_, rs) in zip(http_labels, rounds("http-insertlater")):
+for header, rs in rounds("http-pipelined"):
+    # "# [FIBERS=F] bench/pg/floor.sh http $PG COMMITTERS ROUNDS N GROUP"
+    args = header.split("http", 1)[1].split()
+    committers, group = int(args[1]), int(args[4])
+    label = (f"HTTP, group commit,\\n{committers} committer{'s' if committers > 1 else ''}" if group > 0
+             else "HTTP, a transaction\\nper request")
     bars.append((label, [r["pgbench_over_idem"] for r in rs]))
 for _, rs in rounds("relay"):
     bars.append(("outbox relay,\\nstore side", [r["pgbench_over_idem_store"] for r in rs]))
