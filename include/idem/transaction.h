@@ -88,8 +88,8 @@ class Transaction {
   // commit: where each statement is a round trip (PostgreSQL), the requests
   // or messages of a group that each queue a row pay one round trip for all
   // of them, and that round trip is the next statement's own (pipelined).
-  // The insert's error is the error of the statement or commit it went with. Every row of one text must have the same number of values.
-  // The default runs it at once.
+  // The insert's error is the error of the statement or commit it went with. Every row of one text must have the same
+  // number of values. The default runs it at once.
   virtual Status InsertLater(std::string_view insert, std::span<const Value> row) { return Exec(insert, row).status(); }
 
   Result<int64_t> Exec(std::string_view sql, std::initializer_list<Value> params = {}) {
