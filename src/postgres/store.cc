@@ -57,8 +57,12 @@ class PgConnection final : public sql_internal::Connection {
     held_.push_back(Held{std::string(sql), std::vector<Value>(params.begin(), params.end())});
     return true;
   }
+  Status SendDeferred() override { return SendHeld(); }
   Status Script(std::string_view sql) override {
-    if (sql == "ROLLBACK") held_.clear();  // they go with the transaction, unsent
+    if (sql == "ROLLBACK") {  // they go with the transaction, unsent
+      held_.clear();
+      held_failed_ = Status::OK();
+    }
     IDEM_RETURN_IF_ERROR(SendHeld());
     if (sql == "ROLLBACK" || sql == "BEGIN") {
       // The transaction ends (or a new one starts): a failed held-back BEGIN
@@ -85,9 +89,11 @@ class PgConnection final : public sql_internal::Connection {
   }
   Status Commit() override {
     if (Status held = SendHeld(); !held.ok()) {
-      // The transaction is aborted on the server: it ends here.
+      // Rows of this transaction were not written: it ends here, rolled back.
       if (c_->healthy() && c_->in_transaction()) (void)c_->Script("ROLLBACK");
       begin_failed_ = Status::OK();
+      held_failed_ = Status::OK();
+      held_.clear();
       return held;
     }
     // Whatever happens below, the transaction ends here.
@@ -120,7 +126,7 @@ class PgConnection final : public sql_internal::Connection {
   // A transaction whose held-back BEGIN failed is still one until it ends
   // (ROLLBACK, Commit): until then the connection must not be pooled.
   bool InTransaction() const override {
-    return begin_ || !begin_failed_.ok() || !held_.empty() || c_->in_transaction();
+    return begin_ || !begin_failed_.ok() || !held_.empty() || !held_failed_.ok() || c_->in_transaction();
   }
   bool Healthy() const override { return c_->healthy(); }
   void* Native() override {
@@ -148,6 +154,7 @@ class PgConnection final : public sql_internal::Connection {
   // one round trip.
   Result<pg_internal::ResultPtr> Run(std::string_view sql, std::span<const Value> params) {
     if (!begin_failed_.ok()) return begin_failed_;
+    if (!held_failed_.ok()) return held_failed_;
     if (!begin_ && held_.empty()) return c_->Exec(sql, params);
     if (held_.empty()) {
       begin_ = false;
@@ -161,8 +168,12 @@ class PgConnection final : public sql_internal::Connection {
   }
   // `statements` after the held-back BEGIN and the held ones, in one flight:
   // their own results (the held ones' only say they succeeded).
+  // A flight that carried held statements and failed, whether or not it
+  // went out, leaves the transaction only able to fail: they are not sent
+  // again, and must not be lost at a COMMIT that succeeds without them.
   Result<std::vector<pg_internal::ResultPtr>> Send(std::span<const Statement> statements) {
     if (!begin_failed_.ok()) return begin_failed_;
+    if (!held_failed_.ok()) return held_failed_;
     if (held_.empty() && statements.empty()) return std::vector<pg_internal::ResultPtr>();
     std::vector<Held> held = std::move(held_);
     held_.clear();
@@ -174,12 +185,14 @@ class PgConnection final : public sql_internal::Connection {
     begin_ = false;
     auto results = c_->ExecFlight(begin ? "BEGIN" : "", all);
     if (begin) BeganOrNot(results.status());
+    if (!results.ok() && !held.empty() && begin_failed_.ok()) held_failed_ = results.status();
     IDEM_RETURN_IF_ERROR(results.status());
     results->erase(results->begin(), results->begin() + static_cast<std::ptrdiff_t>(held.size()));
     return results;
   }
   // The held statements on their own (before a script or COMMIT).
   Status SendHeld() {
+    if (!held_failed_.ok()) return held_failed_;
     if (held_.empty()) return Status::OK();
     return Send({}).status();
   }
@@ -194,6 +207,7 @@ class PgConnection final : public sql_internal::Connection {
   std::vector<Held> held_;  // statements held back until the next one (Defer)
   bool begin_ = false;      // BEGIN held back until the first statement
   Status begin_failed_;     // the held-back BEGIN failed: this transaction can only fail
+  Status held_failed_;      // a flight with held statements failed: the same
 };
 
 constexpr sql_internal::Dialect kDialect{

@@ -180,7 +180,7 @@ Status SqlTransaction::InsertLater(std::string_view insert, std::span<const Valu
 
 Status SqlTransaction::Ready(bool now) {
   IDEM_RETURN_IF_ERROR(Usable());
-  if (later_.empty()) return Status::OK();
+  if (later_.empty()) return now ? conn_->SendDeferred() : Status::OK();
   std::vector<Later> later = std::move(later_);
   later_.clear();
   // A statement takes at most 32,766 parameters (SQLite's bound; PostgreSQL's
@@ -198,7 +198,9 @@ Status SqlTransaction::Ready(bool now) {
       IDEM_RETURN_IF_ERROR(conn_->Exec(sql, rows_of).status());
     }
   }
-  return Status::OK();
+  // Now means now: rows held back for a statement that never went (refused,
+  // or an empty batch) go too.
+  return now ? conn_->SendDeferred() : Status::OK();
 }
 
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {

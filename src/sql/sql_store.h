@@ -53,6 +53,8 @@ class Connection {
     (void)params;
     return false;
   }
+  // Sends the statements Defer held back, now.
+  virtual Status SendDeferred() { return Status::OK(); }
   // False once the connection is known to be broken (never reuse it).
   virtual bool Healthy() const = 0;
   virtual void* Native() = 0;

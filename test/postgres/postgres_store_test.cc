@@ -497,6 +497,40 @@ TEST_F(Postgres, InsertLaterRowsGoWithTheNextStatementInOneRoundTrip) {
   EXPECT_EQ(RoundTrips(work), 2);
 }
 
+// A held row is never lost: when the statement it was to ride with cannot
+// be sent (a text parameter with a NUL byte), the transaction can only fail.
+// And FlushLater sends held rows at once even when their statement was
+// refused, so their error is the caller's at that point.
+TEST_F(Postgres, HeldRowsAreNeverLostAndFlushLaterSendsThemNow) {
+  constexpr const char* kLater = "INSERT INTO payments(message_id, cents) VALUES ($1, $2)";
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK((*tx)->Exec("SELECT 1"));
+    ASSERT_OK((*tx)->InsertLater(kLater, {"held", 1}));
+    auto q = (*tx)->Query("SELECT $1::text", {std::string("a\0b", 3)});
+    EXPECT_EQ(q.status().code(), Code::kInvalidArgument) << q.status();
+    EXPECT_FALSE((*tx)->Commit().ok()) << "the held row was never written";
+  }
+  EXPECT_EQ(Charges(*store_, "held"), 0);
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK((*tx)->InsertLater(kLater, {"bad", Value()}));
+    EXPECT_FALSE((*tx)->Exec("BEGIN").ok());  // refused: idem's transaction
+    Status flushed = (*tx)->FlushLater();
+    EXPECT_FALSE(flushed.ok()) << "the held insert's error, now";
+    (*tx)->Rollback();
+  }
+  for (int round = 0; round < 2; ++round) {  // the pooled connections are clean
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK((*tx)->InsertLater(kLater, {"after-" + std::to_string(round), 1}));
+    ASSERT_OK((*tx)->Commit());
+  }
+  EXPECT_EQ(Charges(*store_, "after-1"), 1);
+}
+
 // A relay round whose rows were all confirmed settles in one statement: the
 // rows leave the outbox and are kept as sent, together.
 TEST_F(Postgres, ARelayRoundOfSentRowsSettlesInOneRoundTrip) {
