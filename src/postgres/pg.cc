@@ -306,21 +306,6 @@ Result<std::vector<ResultPtr>> Conn::FlightOrAgain(std::string_view first, std::
   return Flight(first, steps);
 }
 
-Result<std::vector<ResultPtr>> Conn::ExecMany(std::string_view first, std::string_view sql,
-                                              std::span<const std::vector<Value>> each) {
-  if (each.empty()) return std::vector<ResultPtr>();
-  std::vector<Encoded> encoded;
-  encoded.reserve(each.size());
-  for (const auto& params : each) {
-    IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-    encoded.push_back(std::move(e));
-  }
-  std::vector<Step> steps;
-  steps.reserve(encoded.size());
-  for (const Encoded& e : encoded) steps.push_back(Step{sql, &e});
-  return FlightOrAgain(first, steps);
-}
-
 Result<std::vector<ResultPtr>> Conn::ExecFlight(std::string_view first, std::span<const Statement> statements) {
   if (statements.empty()) return std::vector<ResultPtr>();
   std::vector<Encoded> encoded;
@@ -333,13 +318,6 @@ Result<std::vector<ResultPtr>> Conn::ExecFlight(std::string_view first, std::spa
   steps.reserve(encoded.size());
   for (size_t i = 0; i < encoded.size(); ++i) steps.push_back(Step{statements[i].sql, &encoded[i]});
   return FlightOrAgain(first, steps);
-}
-
-Result<ResultPtr> Conn::ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params) {
-  IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
-  const Step step{sql, &e};
-  IDEM_ASSIGN_OR_RETURN(auto results, FlightOrAgain(first, std::span<const Step>(&step, 1)));
-  return std::move(results.front());
 }
 
 int64_t AffectedRows(const PGresult* res) {

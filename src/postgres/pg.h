@@ -52,18 +52,10 @@ class Conn {
   // A statement with $1..$n parameters, prepared once per connection. The
   // result is kept; read it with ToRows / AffectedRows.
   Result<ResultPtr> Exec(std::string_view sql, std::span<const Value> params);
-  // Sends `first` (no parameters, e.g. BEGIN) and the statement in one round
-  // trip (libpq's pipeline mode) and returns the statement's result. If the
-  // connection turns out to be dead, reconnects once and tries again.
-  Result<ResultPtr> ExecAfter(std::string_view first, std::string_view sql, std::span<const Value> params);
-  // One statement run once per parameter list, all in one round trip after
-  // `first` (when not empty), in pipeline mode; the results in order. Inside
-  // a transaction a failing execution aborts it (the later ones are not run).
-  // Reconnects and tries again once only when `first` begins the transaction.
-  Result<std::vector<ResultPtr>> ExecMany(std::string_view first, std::string_view sql,
-                                          std::span<const std::vector<Value>> each);
-  // Statements that differ, in one round trip after `first` (as ExecMany):
-  // their results in order, or the first failure.
+  // Statements (they may differ) in one round trip after `first` (when not
+  // empty), in libpq's pipeline mode: their results in order, or the first
+  // failure (inside a transaction a failing one aborts it). Reconnects and
+  // tries again once only when `first` begins the transaction.
   struct Statement {
     std::string_view sql;
     std::span<const Value> params;

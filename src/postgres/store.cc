@@ -138,8 +138,8 @@ class PgConnection final : public sql_internal::Connection {
       begin_failed_ = c_->Script("BEGIN");
     }
     // Held statements go now; one that fails leaves the transaction only
-    // able to fail, as a failed BEGIN does.
-    if (Status held = SendHeld(); !held.ok() && begin_failed_.ok()) begin_failed_ = held;
+    // able to fail (held_failed_).
+    (void)SendHeld();
     return c_->raw();
   }
 
@@ -156,12 +156,6 @@ class PgConnection final : public sql_internal::Connection {
     if (!begin_failed_.ok()) return begin_failed_;
     if (!held_failed_.ok()) return held_failed_;
     if (!begin_ && held_.empty()) return c_->Exec(sql, params);
-    if (held_.empty()) {
-      begin_ = false;
-      auto r = c_->ExecAfter("BEGIN", sql, params);
-      BeganOrNot(r.status());
-      return r;
-    }
     const Statement last{sql, params};
     IDEM_ASSIGN_OR_RETURN(auto results, Send(std::span<const Statement>(&last, 1)));
     return std::move(results.back());
