@@ -136,6 +136,18 @@ class StoreTransaction : public Transaction, public TransactionalClaims {
   // message's. OK when nothing is queued (and by default).
   virtual Status FlushLater() { return Status::OK(); }
 
+  // Bounds, for the rest of this transaction, how long a statement waits
+  // for a lock another transaction holds (a row a paused or late process
+  // still has locked): past `ms` (> 0) the statement fails with Code::kBusy
+  // and the transaction can only roll back. Default: OK, nothing to do (a
+  // store whose waits are bounded otherwise: SQLite takes its write lock at
+  // Begin, within its busy timeout). PostgreSQL: lock_timeout, local to the
+  // transaction, sent with its next statement.
+  virtual Status BoundLockWaits(int64_t ms) {
+    (void)ms;
+    return Status::OK();
+  }
+
   // False once the connection under the transaction is known to be broken:
   // a handler error then is the store's failure, not the handler's.
   virtual bool Healthy() const { return true; }

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "idem/kafka/source.h"
+#include "idem/testing/kill_points.h"
 #include "idem/trace.h"
 
 namespace idem::kafka {
@@ -16,9 +17,16 @@ constexpr char kCreate[] =
     "last_offset BIGINT NOT NULL, PRIMARY KEY (consumer, topic, topic_partition))";
 constexpr char kSelect[] =
     "SELECT last_offset FROM idem_kafka_offsets WHERE consumer = $1 AND topic = $2 AND topic_partition = $3";
-constexpr char kUpsert[] =
+// The claim: moves last_offset up to this record's offset, never down. It
+// runs first, before the handler, so that exactly one transaction per
+// (consumer, topic, partition, offset) can commit an effect: another one
+// waits on the row and then finds it at the offset (0 rows: a duplicate); a
+// late member that lost the partition and comes back with an older offset
+// finds it above (0 rows) and can no longer move it back.
+constexpr char kClaim[] =
     "INSERT INTO idem_kafka_offsets(consumer, topic, topic_partition, last_offset) VALUES ($1, $2, $3, $4) "
-    "ON CONFLICT (consumer, topic, topic_partition) DO UPDATE SET last_offset = excluded.last_offset";
+    "ON CONFLICT (consumer, topic, topic_partition) DO UPDATE SET last_offset = excluded.last_offset "
+    "WHERE idem_kafka_offsets.last_offset < excluded.last_offset";
 
 Outcome Failed(Status s) {
   Outcome o;
@@ -34,6 +42,9 @@ Result<std::unique_ptr<OffsetInbox>> OffsetInbox::Open(Store& store, const Optio
   if (options.consumer.empty() || options.consumer.size() > 255)
     return Status::InvalidArgument("kafka: OffsetInbox::Options::consumer must be 1..255 bytes, got " +
                                    std::to_string(options.consumer.size()));
+  if (options.lock_wait_ms < 1)
+    return Status::InvalidArgument("kafka: OffsetInbox::Options::lock_wait_ms must be > 0, got " +
+                                   std::to_string(options.lock_wait_ms));
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreate).status());
   IDEM_RETURN_IF_ERROR(tx->Commit());
@@ -43,16 +54,31 @@ Result<std::unique_ptr<OffsetInbox>> OffsetInbox::Open(Store& store, const Optio
 Outcome OffsetInbox::Handle(const Delivery& delivery, const Handler& handler) {
   auto r = DecodeReceipt(delivery.receipt);
   if (!r.ok()) return Failed(r.status());
-  auto tx = store_.Begin();
+  // BEGIN, the bound and the claim go in one round trip where the store can.
+  auto tx = store_.BeginDeferred();
   if (!tx.ok()) return Failed(tx.status());
-  auto rows = (*tx)->Query(kSelect, {options_.consumer, r->topic, r->partition});
-  if (!rows.ok()) return Failed(rows.status());
-  if (!rows->rows.empty() && r->offset <= rows->rows[0][0].AsInt()) {
+  if (Status b = (*tx)->BoundLockWaits(options_.lock_wait_ms); !b.ok()) return Failed(b);
+  auto claimed = (*tx)->Exec(kClaim, {options_.consumer, r->topic, r->partition, r->offset});
+  if (!claimed.ok()) {
+    (*tx)->Rollback();
+    if (claimed.status().code() != Code::kBusy) return Failed(claimed.status());
+    // Another transaction holds the partition's row past the bound: most
+    // likely a member that lost the partition and is still in its handler.
+    // Give the record back (nack it) rather than wait past
+    // max.poll.interval.ms; when it comes again that transaction has ended.
+    return Failed(Status::Busy(
+        "kafka: offset " + std::to_string(r->offset) + " of " + r->topic + "/" + std::to_string(r->partition) +
+        ": the partition's offset row stayed locked by another " + "transaction for " +
+        std::to_string(options_.lock_wait_ms) +
+        " ms (a member still handling a record of it?); nack the record and retry: " + claimed.status().message()));
+  }
+  if (*claimed == 0) {
     (*tx)->Rollback();
     Outcome o;
     o.kind = Outcome::Kind::kDuplicate;
     return o;
   }
+  IDEM_KILL_POINT("offset_inbox.after_claim");
   // As in the Inbox: an exception is the handler's failure, after a rollback.
   Status hs;
   const TraceScope trace(TraceContext::Of(delivery.message));  // as in the Inbox
@@ -69,10 +95,10 @@ Outcome OffsetInbox::Handle(const Delivery& delivery, const Handler& handler) {
     (*tx)->Rollback();
     return Failed(std::move(why));
   }
-  auto up = (*tx)->Exec(kUpsert, {options_.consumer, r->topic, r->partition, r->offset});
-  if (!up.ok()) return Failed(up.status());
+  IDEM_KILL_POINT("offset_inbox.after_work");
   // kInDoubt included: the redelivery reads the stored offset and knows.
   if (Status c = (*tx)->Commit(); !c.ok()) return Failed(c);
+  IDEM_KILL_POINT("offset_inbox.after_commit");
   Outcome o;
   o.kind = Outcome::Kind::kApplied;
   return o;

@@ -9,8 +9,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "core/publish_batch.h"
 #include "idem/url.h"
@@ -135,9 +137,27 @@ struct Source::Impl {
     int64_t seek_due_ms = 0;
   };
 
+  // A record the keeper polled while its partition was being paused: handed
+  // out by the next Receive, unless the partition's assignment changed.
+  struct Stashed {
+    MessagePtr m;
+    uint64_t assignment;
+  };
+
   Options o;
   RkPtr rk;
-  std::mutex poll_mu;  // one Receive (poll) at a time
+  std::mutex poll_mu;  // one poll at a time (Receive's or the keeper's)
+  // Under poll_mu: what the keeper polled and paused, for the next Receive.
+  std::deque<Stashed> stash;
+  std::vector<int32_t> paused;
+  // The keeper (Options::keep_alive): polls with the partitions paused while
+  // deliveries are being handled and no Receive polls.
+  std::thread keeper;
+  std::mutex keeper_mu;
+  std::condition_variable keeper_cv;
+  bool keeper_stop = false;              // under keeper_mu
+  std::atomic<int64_t> last_poll_ms{0};  // steady clock
+  std::atomic<uint64_t> keep_alive_polls{0};
   mutable std::mutex mu;
   std::condition_variable cv;  // an in-flight delivery was settled
   std::map<int32_t, Part> parts;
@@ -220,11 +240,28 @@ struct Source::Impl {
       parts.erase(it);
     }
     l.unlock();
+    // A member that already left the group (max.poll.interval.ms ran out
+    // under a long handler) has no member id: the group would refuse its
+    // commit, and librdkafka 2.0 never answers a synchronous commit made
+    // while such a member closes. Its successor starts from the last
+    // commit made while it was a member.
+    if (!lost && commit->cnt > 0 && !InGroup()) {
+      lost = true;
+      commit_errors.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!lost && commit->cnt > 0) {
       commits.fetch_add(1, std::memory_order_relaxed);
       if (rd_kafka_commit(rk.get(), commit.get(), 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
         commit_errors.fetch_add(1, std::memory_order_relaxed);
     }
+  }
+
+  // Whether this member belongs to the group now (has a member id).
+  bool InGroup() const {
+    char* id = rd_kafka_memberid(rk.get());
+    const bool in = id != nullptr && *id != '\0';
+    if (id != nullptr) rd_kafka_mem_free(rk.get(), id);
+    return in;
   }
 
   static void RebalanceCb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list,
@@ -295,7 +332,9 @@ struct Source::Impl {
   }
 
   // Turns a record into a delivery, or nullopt when it is held back.
-  std::optional<Delivery> Take(const rd_kafka_message_t* m) {
+  // `fetched_in`: the assignment it was polled in (a stashed record), which
+  // must still be the partition's.
+  std::optional<Delivery> Take(const rd_kafka_message_t* m, std::optional<uint64_t> fetched_in = std::nullopt) {
     const char* topic = rd_kafka_topic_name(m->rkt);
     if (o.topic != topic) return std::nullopt;
     uint64_t assignment = 0;
@@ -304,6 +343,8 @@ struct Source::Impl {
       auto it = parts.find(m->partition);
       if (it == parts.end()) return std::nullopt;  // fetched before a revocation
       Part& p = it->second;
+      if (fetched_in && *fetched_in != p.assignment) return std::nullopt;  // the same
+
       if (p.seek_offset && m->offset >= *p.seek_offset) {
         // A nack asked to go back to an earlier offset: this record comes
         // again after the seek.
@@ -326,6 +367,99 @@ struct Source::Impl {
     return d;
   }
 
+  // One poll, counted as the member's sign of life.
+  MessagePtr Poll(int timeout_ms) {
+    MessagePtr m(rd_kafka_consumer_poll(rk.get(), timeout_ms));
+    last_poll_ms.store(SteadyMs(), std::memory_order_relaxed);
+    return m;
+  }
+
+  // Whether a delivery is being worked on (handed out, not yet settled).
+  bool Working() const {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& [partition, p] : parts)
+      for (const auto& [offset, state] : p.inflight)
+        if (state == State::kWorking) return true;
+    return false;
+  }
+
+  // Under poll_mu: pauses the assigned partitions not paused yet.
+  void PauseAssigned() {
+    ListPtr list = NewList(4);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& [partition, p] : parts) {
+        if (std::find(paused.begin(), paused.end(), partition) != paused.end()) continue;
+        rd_kafka_topic_partition_list_add(list.get(), o.topic.c_str(), partition);
+        paused.push_back(partition);
+      }
+    }
+    if (list->cnt > 0) (void)rd_kafka_pause_partitions(rk.get(), list.get());
+  }
+
+  // Under poll_mu (Receive): resumes what the keeper paused. A partition
+  // revoked meanwhile is left alone (its next assignment starts unpaused).
+  void ResumePaused() {
+    if (paused.empty()) return;
+    ListPtr list = NewList(static_cast<int>(paused.size()));
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (int32_t partition : paused)
+        if (parts.count(partition) > 0) rd_kafka_topic_partition_list_add(list.get(), o.topic.c_str(), partition);
+    }
+    paused.clear();
+    if (list->cnt > 0) (void)rd_kafka_resume_partitions(rk.get(), list.get());
+  }
+
+  // Under poll_mu: the keeper's turn. The partitions are paused first, so
+  // that polling fetches nothing new; a record that was fetched already is
+  // stashed for the next Receive; a rebalance runs here as it would in
+  // Receive (its callbacks), and a newly assigned partition is paused too.
+  void PollPaused() {
+    PauseAssigned();
+    for (int i = 0; i < 10'000; ++i) {
+      MessagePtr m = Poll(0);
+      if (!m) break;
+      PauseAssigned();
+      if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR || m->rkt == nullptr || o.topic != rd_kafka_topic_name(m->rkt))
+        continue;  // errors are retried inside librdkafka; Receive reports lasting ones
+      std::optional<uint64_t> assignment;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (auto it = parts.find(m->partition); it != parts.end()) assignment = it->second.assignment;
+      }
+      if (assignment) stash.push_back(Stashed{std::move(m), *assignment});
+    }
+    keep_alive_polls.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // The keeper's thread: wakes every `every` ms; when deliveries are being
+  // worked on and nothing polled for that long, polls (PollPaused), so that
+  // max.poll.interval.ms never runs out under a long handler.
+  void KeepAlive(int64_t every) {
+    std::unique_lock<std::mutex> l(keeper_mu);
+    while (!keeper_stop) {
+      keeper_cv.wait_for(l, std::chrono::milliseconds(every));
+      if (keeper_stop) break;
+      if (SteadyMs() - last_poll_ms.load(std::memory_order_relaxed) < every || !Working()) continue;
+      std::unique_lock<std::mutex> poll(poll_mu, std::try_to_lock);
+      if (!poll.owns_lock()) continue;  // a Receive is polling
+      l.unlock();
+      PollPaused();
+      poll.unlock();
+      l.lock();
+    }
+  }
+
+  void StopKeeper() {
+    {
+      std::lock_guard<std::mutex> l(keeper_mu);
+      keeper_stop = true;
+    }
+    keeper_cv.notify_all();
+    if (keeper.joinable()) keeper.join();
+  }
+
   // Finds the delivery's partition under mu; kLeaseLost when it was revoked.
   Result<Part*> Find(const Receipt& r) {
     if (r.topic != o.topic)
@@ -344,6 +478,7 @@ Source::Source(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Source::~Source() {
   if (!impl_ || !impl_->rk) return;
+  impl_->StopKeeper();
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->closing = true;
@@ -352,6 +487,7 @@ Source::~Source() {
     std::lock_guard<std::mutex> l(impl_->poll_mu);
     // Runs the revocation: acknowledged prefixes are committed.
     rd_kafka_consumer_close(impl_->rk.get());
+    impl_->stash.clear();  // its records belong to rk
   }
   impl_->rk.reset();
 }
@@ -411,6 +547,14 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
     rd_kafka_consumer_close(rk);
     return s;
   }
+  if (o.keep_alive) {
+    // Wakes a few times per max.poll.interval.ms: acts only after a quarter
+    // of it without a poll.
+    const int64_t every = std::max<int64_t>(10, o.max_poll_interval_ms / 4);
+    impl->last_poll_ms = SteadyMs();
+    Impl* self = impl.get();
+    impl->keeper = std::thread([self, every] { self->KeepAlive(every); });
+  }
   return std::unique_ptr<Source>(new Source(std::move(impl)));
 }
 
@@ -419,13 +563,21 @@ Result<std::vector<Delivery>> Source::Receive(int max, int64_t wait_ms) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> poll_lock(s.poll_mu);
   std::vector<Delivery> out;
+  // What the keeper paused goes on; what it polled comes first, in order.
+  s.ResumePaused();
+  while (!s.stash.empty() && static_cast<int>(out.size()) < max) {
+    Impl::Stashed st = std::move(s.stash.front());
+    s.stash.pop_front();
+    if (std::optional<Delivery> d = s.Take(st.m.get(), st.assignment)) out.push_back(std::move(*d));
+  }
+  if (!s.stash.empty()) return out;
   const int64_t deadline = SteadyMs() + std::max<int64_t>(0, wait_ms);
   while (static_cast<int>(out.size()) < max) {
     s.SeekDue();
     const int64_t left = deadline - SteadyMs();
     // Poll in slices, so that a seek falling due during the wait is made.
     const int timeout = out.empty() ? static_cast<int>(std::clamp<int64_t>(left, 0, 100)) : 0;
-    MessagePtr m(rd_kafka_consumer_poll(s.rk.get(), timeout));
+    MessagePtr m = s.Poll(timeout);
     if (!m) {
       if (!out.empty() || SteadyMs() >= deadline) break;
       continue;
@@ -521,8 +673,9 @@ std::string Source::MemberId() const {
 
 SourceStats Source::stats() const {
   const Impl& s = *impl_;
-  return {s.delivered.load(),     s.held_back.load(),   s.seeks.load(),       s.commits.load(),
-          s.commit_errors.load(), s.assignments.load(), s.revocations.load(), s.abandoned.load()};
+  return {s.delivered.load(),   s.held_back.load(),     s.seeks.load(),
+          s.commits.load(),     s.commit_errors.load(), s.assignments.load(),
+          s.revocations.load(), s.abandoned.load(),     s.keep_alive_polls.load()};
 }
 
 // ---------------------------------------------------------------------------
@@ -716,7 +869,7 @@ Result<Source::Options> ParseKafkaUrl(std::string_view url, bool need_topic) {
                                    "' (expected kafka://HOST:PORT[,...]?topic=T)");
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"topic", "group", "id_header", "id_from_key", "client_id", "session_timeout_ms",
                                     "heartbeat_interval_ms", "max_poll_interval_ms", "auto_offset_reset",
-                                    "revoke_wait_ms", "connect_timeout_ms"}));
+                                    "revoke_wait_ms", "connect_timeout_ms", "keep_alive"}));
   if (u.has_user) return Status::InvalidArgument("a Kafka URL takes no user or password: '" + RedactUrl(url) + "'");
   if (u.path.size() > 1) return Status::InvalidArgument("a Kafka URL has no path: '" + RedactUrl(url) + "'");
   Options o;
@@ -743,6 +896,7 @@ Result<Source::Options> ParseKafkaUrl(std::string_view url, bool need_topic) {
                                    "' in '" + RedactUrl(url) + "'");
   IDEM_ASSIGN_OR_RETURN(o.revoke_wait_ms, u.GetInt("revoke_wait_ms", o.revoke_wait_ms, 0, 3'600'000));
   IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("connect_timeout_ms", 5'000, 100, 600'000));
+  IDEM_ASSIGN_OR_RETURN(o.keep_alive, u.GetBool("keep_alive", o.keep_alive));
   return o;
 }
 

@@ -13,6 +13,9 @@ namespace idem::pg_internal {
 
 // Serialises migrations between processes opening the same database.
 inline constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7317283)";
+// StoreTransaction::BoundLockWaits: lock_timeout for this transaction only
+// (set_config's is_local, as SET LOCAL), a parameter so it can be prepared.
+inline constexpr const char* kBoundLockWaits = "SELECT set_config('lock_timeout', $1, true)";
 
 inline constexpr const char* kCreateMigrations =
     "CREATE TABLE IF NOT EXISTS idem_migrations("

@@ -220,6 +220,7 @@ constexpr sql_internal::Dialect kDialect{
     .list_markers = pg_internal::kListMarkers,
     .claims = &pg_internal::kClaims,
     .outbox = &pg_internal::kOutbox,
+    .bound_lock_waits = pg_internal::kBoundLockWaits,
 };
 
 constexpr sql_internal::Dialect kDailyDialect{
@@ -235,6 +236,7 @@ constexpr sql_internal::Dialect kDailyDialect{
     .list_markers = pg_internal::kDailyListMarkers,
     .claims = &pg_internal::kClaims,
     .outbox = &pg_internal::kOutbox,
+    .bound_lock_waits = pg_internal::kBoundLockWaits,
 };
 
 // A lane's lock key: the outbox table's OID (one per schema: relays of two

@@ -203,6 +203,17 @@ Status SqlTransaction::Ready(bool now) {
   return now ? conn_->SendDeferred() : Status::OK();
 }
 
+Status SqlTransaction::BoundLockWaits(int64_t ms) {
+  IDEM_RETURN_IF_ERROR(Usable());
+  if (ms <= 0) return Status::InvalidArgument("BoundLockWaits: the bound must be > 0 ms, got " + std::to_string(ms));
+  const char* sql = store_.dialect().bound_lock_waits;
+  if (sql == nullptr) return Status::OK();
+  const Value bound[] = {std::to_string(ms) + "ms"};
+  // Rides with the next statement where the connection can hold it back.
+  if (conn_->Defer(sql, bound)) return Status::OK();
+  return conn_->Exec(sql, bound).status();
+}
+
 Result<int64_t> SqlTransaction::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_RETURN_IF_ERROR(Ready());
   IDEM_RETURN_IF_ERROR(NotInsideIdemsTransaction(sql));

@@ -152,6 +152,9 @@ struct Dialect {
   const char* list_markers;   // ($1 consumer or '', $2 limit)
   const ClaimsSql* claims = nullptr;
   const struct OutboxSql* outbox = nullptr;
+  // ($1 the bound as text, "250ms") bounds the transaction's lock waits;
+  // nullptr: the backend's waits are bounded otherwise.
+  const char* bound_lock_waits = nullptr;
 };
 
 // A backend's SQL for the outbox (sql_outbox.cc). Lists of seqs and lanes
@@ -238,6 +241,7 @@ class SqlTransaction : public StoreTransaction {
   void* NativeHandle() override { return conn_->Native(); }
   Status InsertLater(std::string_view insert, std::span<const Value> row) override;
   Status FlushLater() override { return Ready(/*now=*/true); }
+  Status BoundLockWaits(int64_t ms) override;
   Result<std::optional<Fingerprint>> InsertMarker(const Marker& m) override;
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(std::span<const Marker> markers) override;
   Status PutDeadLetter(const DeadLetter& d) override;

@@ -19,6 +19,20 @@
 //     }
 //   }
 //
+// Late members. A member that lost a partition (it stopped polling past
+// max.poll.interval.ms, or was cut off from the brokers but not from the
+// database) may still be inside Handle for one of its records while the new
+// owner handles the same and later ones. Handle therefore claims the offset
+// before it runs the handler, with one conditional statement that moves the
+// stored offset up and never down, in the handler's transaction: exactly
+// one transaction per (consumer, topic, partition, offset) commits an
+// effect, whichever member it runs in; the other finds the offset taken
+// (kDuplicate), and a late member's older offset can no longer overwrite a
+// newer one. The new owner's claim waits for the late member's open
+// transaction at most Options::lock_wait_ms, then hands the record back
+// (kFailed, Code::kBusy: nack it), so that it does not itself overrun
+// max.poll.interval.ms behind a stalled holder.
+//
 // What it needs, and what it does not do:
 //   - Records of one partition must be handled one at a time and in order:
 //     one thread per source, one record per Receive, and a failed record
@@ -58,10 +72,15 @@ class OffsetInbox {
     // The consumer's name: part of the key, so several consumers can share
     // one database. 1..255 bytes. Default: "default".
     std::string consumer = "default";
+    // How long Handle waits for the partition's offset row while another
+    // transaction holds it (a member that lost the partition, still in its
+    // handler) before giving the record back: kFailed with Code::kBusy.
+    // > 0. Default: 10000.
+    int64_t lock_wait_ms = 10'000;
   };
 
   // Creates idem_kafka_offsets if missing. `store` must outlive the result.
-  // kInvalidArgument for a consumer name out of range.
+  // kInvalidArgument for a consumer name or lock_wait_ms out of range.
   static Result<std::unique_ptr<OffsetInbox>> Open(Store& store, const Options& options);
   static Result<std::unique_ptr<OffsetInbox>> Open(Store& store);
   OffsetInbox(const OffsetInbox&) = delete;
@@ -70,9 +89,12 @@ class OffsetInbox {
   // Handles one delivery of a kafka::Source: kApplied (handler ran, offset
   // stored, committed together), kDuplicate (offset at or below the stored
   // one: nothing ran), or kFailed (nothing committed; kHandlerFailed for
-  // the handler's error, kInvalidArgument for a receipt that is not a Kafka
-  // one, a store code otherwise). A handler that throws is kHandlerFailed,
-  // after the rollback, as in the Inbox.
+  // the handler's error, kBusy when another transaction held the
+  // partition's offset past lock_wait_ms, kInvalidArgument for a receipt
+  // that is not a Kafka one, a store code otherwise). A handler that throws
+  // is kHandlerFailed, after the rollback, as in the Inbox. Kill points
+  // (doc/reliability.md): offset_inbox.after_claim, offset_inbox.after_work,
+  // offset_inbox.after_commit.
   Outcome Handle(const Delivery& delivery, const Handler& handler);
 
   // The last applied offset of a partition, nullopt when none is stored.

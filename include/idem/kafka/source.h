@@ -54,27 +54,31 @@
 //
 // Long handlers (lease_ms() is 0: a record has no lease of its own, it stays
 // this member's while its partition is assigned, and ExtendLease has nothing
-// to renew). Only Receive polls the consumer (rd_kafka_consumer_poll); no
-// background thread polls for it. librdkafka counts
-// Options::max_poll_interval_ms (max.poll.interval.ms, default 300 s) from
-// the last poll: when no Receive runs for that long (every worker of the
-// Consumer inside a handler: with one worker, any handler longer than it),
-// the member leaves the group, and its partitions go to another member,
-// which starts again from the committed offset. The records in flight are
-// then delivered twice (the Inbox absorbs it: their markers settle the race),
-// the late Acks commit nothing (a failed commit, counted in
-// stats().commit_errors, or kLeaseLost once the revocation ran in the next
-// Receive), and the member rejoins at its next Receive. The heartbeat
-// (session_timeout_ms) is sent by librdkafka's own thread and does not keep
-// a member that stopped polling. So keep the longest handler below
-// max_poll_interval_ms, or run more workers than handlers that can be slow
-// at once (an idle worker's Receive polls for the whole member), or raise
-// max_poll_interval_ms (a crashed member's partitions then still move after
-// session_timeout_ms: the heartbeat thread dies with it).
+// to renew). librdkafka counts Options::max_poll_interval_ms
+// (max.poll.interval.ms, default 300 s) from the last poll: a member that
+// does not poll for that long leaves the group, its partitions go to
+// another member, and it becomes a zombie whose records in flight are
+// handled twice. So the source keeps its membership itself
+// (Options::keep_alive, on by default): while deliveries are being handled
+// and no Receive has polled for a quarter of max_poll_interval_ms (every
+// worker of the Consumer inside a handler: with one worker, any handler
+// that long), a thread of the source pauses the assigned partitions and
+// polls; the records it polled anyway are kept and handed out first by the
+// next Receive, which resumes the partitions. Rebalances then run on that
+// thread too (the revocation waits for the handlers, as below). The
+// heartbeat (session_timeout_ms) is sent by librdkafka's own thread; a
+// member that is stopped altogether (SIGSTOP, a crash) stops both and loses
+// its partitions after session_timeout_ms. A member that lost a partition
+// while a handler of it still ran (paused, or cut off from the brokers but
+// not from the database): its late Acks commit nothing (a failed commit,
+// counted in stats().commit_errors, or kLeaseLost once the revocation ran),
+// and its late effect is settled by the store: the Inbox's marker, or the
+// OffsetInbox's claim of the offset (idem/kafka/offset_inbox.h).
 //
 // Thread safety: Receive, Ack and Nack may be called from many threads at
 // once. Receive calls are serialised (one poll at a time); the rebalance
-// callbacks run inside Receive (and inside the destructor).
+// callbacks, Options::start_offset included, run inside a poll: Receive's,
+// the keeper's (keep_alive), or the destructor's.
 #ifndef IDEM_KAFKA_SOURCE_H_
 #define IDEM_KAFKA_SOURCE_H_
 
@@ -99,14 +103,15 @@ namespace idem::kafka {
 
 // A point-in-time copy of a Source's counters.
 struct SourceStats {
-  uint64_t delivered = 0;      // deliveries handed out by Receive
-  uint64_t held_back = 0;      // records dropped because a seek back was pending
-  uint64_t seeks = 0;          // seeks performed for nacks
-  uint64_t commits = 0;        // commit requests issued
-  uint64_t commit_errors = 0;  // commits that failed (reported by librdkafka)
-  uint64_t assignments = 0;    // assignment callbacks (each rebalance adds one)
-  uint64_t revocations = 0;    // revocation callbacks
-  uint64_t abandoned = 0;      // in-flight deliveries dropped at revocation
+  uint64_t delivered = 0;         // deliveries handed out by Receive
+  uint64_t held_back = 0;         // records dropped because a seek back was pending
+  uint64_t seeks = 0;             // seeks performed for nacks
+  uint64_t commits = 0;           // commit requests issued
+  uint64_t commit_errors = 0;     // commits that failed (reported by librdkafka)
+  uint64_t assignments = 0;       // assignment callbacks (each rebalance adds one)
+  uint64_t revocations = 0;       // revocation callbacks
+  uint64_t abandoned = 0;         // in-flight deliveries dropped at revocation
+  uint64_t keep_alive_polls = 0;  // polls made by the keeper (Options::keep_alive) while handlers ran
 };
 
 // The receipt, decoded. Exposed for tests and tools.
@@ -141,11 +146,18 @@ class Source final : public ::idem::Source {
     int64_t session_timeout_ms = 10'000;
     // heartbeat.interval.ms. Default: 1000.
     int64_t heartbeat_interval_ms = 1'000;
-    // max.poll.interval.ms: the longest gap between two Receive calls (of any
-    // thread) before the member is considered stuck and leaves the group;
-    // bounds how long a handler may run when no other thread is in Receive
-    // (see "Long handlers" above). Default: 300000.
+    // max.poll.interval.ms: the longest gap between two polls before the
+    // member is considered stuck and leaves the group (see "Long handlers"
+    // above: with keep_alive a long handler does not make such a gap).
+    // Default: 300000.
     int64_t max_poll_interval_ms = 300'000;
+    // Keep the membership while handlers run longer than
+    // max_poll_interval_ms: a thread of the source polls, with the assigned
+    // partitions paused, when deliveries are being handled and nothing
+    // polled for a quarter of it (see "Long handlers"). Off: a handler
+    // longer than max_poll_interval_ms while no other thread is in Receive
+    // makes this member leave the group. Default: true. URL: keep_alive.
+    bool keep_alive = true;
     // auto.offset.reset, where a partition with no committed offset starts:
     // "earliest" or "latest". Default: "earliest".
     std::string auto_offset_reset = "earliest";
@@ -155,8 +167,8 @@ class Source final : public ::idem::Source {
     // Default: 5000.
     int64_t revoke_wait_ms = 5'000;
     // Called on assignment for each newly assigned partition: the offset to
-    // start from, or nullopt for Kafka's committed offset. Runs on the thread
-    // in Receive. Default: none (committed offsets).
+    // start from, or nullopt for Kafka's committed offset. Runs inside a poll
+    // (Receive's, or the keeper's). Default: none (committed offsets).
     std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset;
     // Extra librdkafka configuration properties, applied last (so they may
     // override the above; enable.auto.commit and enable.auto.offset.store are
@@ -181,7 +193,7 @@ class Source final : public ::idem::Source {
   // [&id_from_key=B][&client_id=C][&session_timeout_ms=N]
   // [&heartbeat_interval_ms=N][&max_poll_interval_ms=N]
   // [&auto_offset_reset=earliest|latest][&revoke_wait_ms=N]
-  // [&connect_timeout_ms=N]". Options::brokers is the host list. Where the
+  // [&connect_timeout_ms=N][&keep_alive=B]". Options::brokers is the host list. Where the
   // URL says nothing: group "idem"; connect_timeout_ms 5000 (a URL fails
   // fast on an unreachable cluster, where Options' default 0 waits
   // lazily); heartbeat_interval_ms a quarter of session_timeout_ms, within
