@@ -70,7 +70,7 @@ Status CheckPurgeBefore(int64_t before_ms, const NamedHorizon& horizon) {
       return Status::InvalidArgument(
           "purge refused: " + horizon.from +
           " cannot tell its redelivery horizon (the oldest message it may still deliver), so nothing says which "
-          "markers are safe to delete: declare a horizon, or force the purge");
+          "markers are safe to delete; declare a horizon, or force the purge");
     case RedeliveryHorizon::Kind::kAt: break;
   }
   const int64_t at = horizon.horizon.at_ms;
@@ -78,8 +78,8 @@ Status CheckPurgeBefore(int64_t before_ms, const NamedHorizon& horizon) {
   return Status::InvalidArgument(
       "purge refused: the cut (markers processed before " + UtcTime(before_ms) + ") lies " + Span(before_ms - at) +
       " after the redelivery horizon " + UtcTime(at) + " of " + horizon.from +
-      ": a marker processed since then may guard a message it can still deliver, which would apply again. "
-      "Purge only markers processed before the horizon, or force the purge");
+      ": a marker processed since then may guard a message that can still be delivered, and would apply again; "
+      "cut at or before the horizon, or force the purge");
 }
 
 Result<int64_t> PurgeMarkers(Store& store, const PurgeRequest& request, const NamedHorizon& horizon) {
