@@ -46,7 +46,11 @@ class Metrics final : public Observer {
   std::string Render() const;
   // A gauge read at each Render (a backlog, an age): `name` in the
   // Prometheus grammar, `labels` already formatted (`relay="r1"`) or empty.
+  // `read` returns NaN for a value not known (rendered NaN).
   void AddGauge(std::string name, std::string help, std::string labels, std::function<double()> read);
+  // One label for AddGauge, its value escaped: Label("consumer", "a\"b") is
+  // consumer="a\"b".
+  static std::string Label(std::string_view name, std::string_view value);
 
   // How many events of `kind` came for `name` (a consumer's or a relay's).
   uint64_t Count(EventKind kind, std::string_view name) const;

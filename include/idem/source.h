@@ -21,6 +21,38 @@
 
 namespace idem {
 
+// How far back the messages a source may still deliver go (Source::Horizon).
+// A marker must outlive the message it guards: once it is purged, a copy of
+// the message that still comes (a delivery never acknowledged, a lost ack,
+// a replay) applies again. idem/retention.h refuses a purge that would
+// delete the markers of messages younger than the horizon.
+struct RedeliveryHorizon {
+  enum class Kind {
+    // The source cannot tell (RabbitMQ): only a horizon the user declares
+    // can guard a purge.
+    kUnknown,
+    // Nothing is left to deliver or redeliver: every message the source
+    // took has been acknowledged.
+    kNone,
+    // at_ms is the time of the oldest message the source may still deliver
+    // or redeliver (not acknowledged: pending, leased, nacked or not yet
+    // delivered).
+    kAt,
+  };
+  Kind kind = Kind::kUnknown;
+  // kAt: milliseconds since the Unix epoch, when the source took the message
+  // (its enqueue time), on the clock the source keeps: the Env's for the
+  // embedded queue, the Redis server's for Redis Streams. Markers'
+  // processed_at_ms are on the Inbox's Env, so the two must agree (in
+  // production both are the system clock).
+  int64_t at_ms = 0;
+
+  static RedeliveryHorizon Unknown() { return {}; }
+  static RedeliveryHorizon None() { return {.kind = Kind::kNone}; }
+  static RedeliveryHorizon At(int64_t at_ms) { return {.kind = Kind::kAt, .at_ms = at_ms}; }
+  bool known() const { return kind != Kind::kUnknown; }
+};
+
 struct Delivery {
   Message message;  // message.attempt is the source's delivery count
   // Opaque: identifies this delivery (and its lease) to Ack and Nack.
@@ -57,6 +89,14 @@ class Source {
     (void)delivery;
     return Status::OK();
   }
+
+  // The redelivery horizon: the time of the oldest message this source may
+  // still deliver or redeliver to this consumer (its group, its queue), or
+  // None when there is none, or Unknown when the source cannot tell. Asked
+  // before a purge (idem/retention.h) and by the horizon gauge, from any
+  // thread; it reads the broker (one query), so not per message. Errors are
+  // the broker's (kUnavailable, ...). Default: Unknown.
+  virtual Result<RedeliveryHorizon> Horizon() { return RedeliveryHorizon::Unknown(); }
 };
 
 }  // namespace idem

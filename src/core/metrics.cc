@@ -98,6 +98,7 @@ std::string LabelValue(std::string_view v) {
 }
 
 std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";  // the text format's spelling (printf's is "nan")
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);
@@ -213,12 +214,15 @@ void Metrics::AddGauge(std::string name, std::string help, std::string labels, s
   gauges_.push_back({std::move(name), std::move(help), std::move(labels), std::move(read)});
 }
 
+std::string Metrics::Label(std::string_view name, std::string_view value) {
+  return std::string(name) + "=\"" + LabelValue(value) + "\"";
+}
+
 std::string Metrics::Render() const {
   std::string out;
   std::lock_guard<std::mutex> l(mu_);
   auto labels_of = [](Family family, const std::string& name) {
-    return name.empty() ? std::string()
-                        : std::string(kFamilyLabel[static_cast<size_t>(family)]) + "=\"" + LabelValue(name) + "\"";
+    return name.empty() ? std::string() : Label(kFamilyLabel[static_cast<size_t>(family)], name);
   };
   // Each series' counts, added up over its shards once.
   std::map<std::string_view, std::array<uint64_t, kKinds>> counts;

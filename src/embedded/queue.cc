@@ -150,6 +150,22 @@ class SqliteQueue final : public Queue {
     });
   }
 
+  // The first message enqueued of those still in the queue: an Ack deletes,
+  // so every one left may still be delivered. Messages are stamped in their
+  // write transaction, so seq order is publish order (on a clock that does
+  // not step back), and the oldest is one row: the table in seq order, not
+  // min(published_at_ms) over the backlog, which reads every row of it (the
+  // horizon gauge asks while the consumer runs).
+  Result<RedeliveryHorizon> Horizon() override {
+    std::lock_guard<std::mutex> l(mu_);
+    Value q[] = {o_.queue};
+    IDEM_ASSIGN_OR_RETURN(Rows rows, db_->Query("SELECT published_at_ms FROM idem_queue_messages NOT INDEXED"
+                                                " WHERE queue = $1 ORDER BY seq LIMIT 1",
+                                                q));
+    if (rows.rows.empty()) return RedeliveryHorizon::None();
+    return RedeliveryHorizon::At(rows.rows[0][0].AsInt());
+  }
+
   Result<QueueStats> Stats() override {
     std::lock_guard<std::mutex> l(mu_);
     QueueStats s;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -191,6 +192,32 @@ redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 return 1
 )lua"};
 
+// The oldest entry the group may still deliver: the smallest id pending
+// (XPENDING's summary: delivered, not acknowledged) and the first entry after
+// the group's last-delivered-id (not delivered yet). One script, so no entry
+// moves from the one to the other between the two reads.
+// Returns {smallest pending id or false, first undelivered id or false}.
+// KEYS: stream. ARGV: group.
+constexpr Script kHorizon{"idem_streams_horizon", R"lua(
+local stream, group = KEYS[1], ARGV[1]
+local p = redis.call('XPENDING', stream, group)
+local pending = false
+if p[1] > 0 then pending = p[2] end
+local last = nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  local name, delivered
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then delivered = g[i + 1] end
+  end
+  if name == group then last = delivered end
+end
+if not last then return redis.error_reply('NOGROUP no consumer group ' .. group) end
+local next = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1)
+local undelivered = false
+if next[1] then undelivered = next[1][1] end
+return {pending, undelivered}
+)lua"};
+
 bool ParseInt64(std::string_view s, int64_t& out) {
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -309,6 +336,28 @@ class StreamSourceImpl final : public StreamSource {
   }
 
   int64_t lease_ms() const override { return o_.lease_ms; }
+
+  // The time part of the oldest entry id the group may still deliver (see
+  // kHorizon): Redis makes an id from its clock at XADD.
+  Result<RedeliveryHorizon> Horizon() override {
+    IDEM_ASSIGN_OR_RETURN(auto conn, pool_.Take());
+    auto r = Run(*conn, kHorizon, {o_.group}, nullptr);
+    if (!r.ok()) return r.status().WithContext("redelivery horizon of " + Where());
+    const redisReply* rep = r->get();
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+      return Status::Internal("redelivery horizon: unexpected reply from " + Where());
+    std::optional<int64_t> oldest;
+    for (size_t i = 0; i < 2; ++i) {
+      const redisReply* e = rep->element[i];
+      if (e->type != REDIS_REPLY_STRING) continue;  // false: none of that kind
+      const std::string_view id = ReplyString(e);
+      int64_t ms = 0;
+      if (!IsEntryId(id) || !ParseInt64(id.substr(0, id.find('-')), ms))
+        return Status::Internal("redelivery horizon: entry id '" + std::string(id) + "' from " + Where());
+      oldest = oldest ? std::min(*oldest, ms) : ms;
+    }
+    return oldest ? RedeliveryHorizon::At(*oldest) : RedeliveryHorizon::None();
+  }
 
   // The same move of the lease end as a nack whose delay is the lease: the
   // entry stays pending under this consumer, with its delivery count, and

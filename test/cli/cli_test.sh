@@ -193,6 +193,43 @@ has huge-duration-named "$T/err" "longer than a century"
 check purge-huge-batch 2 "$IDEM" purge --store "$STORE" --older-than 1h --batch 4294967296
 has purge-huge-batch-named "$T/err" "--batch must be 1..1000000"
 check inspect-zero-limit 2 "$IDEM" inspect --store "$STORE" --limit 0
+
+# Retention bound to the redelivery horizon: 6 payments applied and acknowledged, then 3 more
+# published and not yet consumed. The queue may still deliver them, so a cut after their
+# enqueue time is refused (exit 1, nothing deleted, the horizon and its source named).
+HQ="embedded:$T/horizon-q.db?queue=payments"
+HS="sqlite:$T/horizon.db"
+"$IDEM" publish --source "$HQ" --messages 6 >/dev/null
+check horizon-run 0 "$IDEM" run --source "$HQ" --store "$HS" --drain --json
+has horizon-run-applied "$T/out" '"applied":6,'
+"$IDEM" publish --source "$HQ" --messages 3 >/dev/null
+sleep 0.01  # the cut (now) after the 3 messages' enqueue time, to the millisecond
+check horizon-refused 1 "$IDEM" purge --store "$HS" --older-than 0s --source "$HQ"
+has horizon-refused-named "$T/err" "purge refused: the cut .* after the redelivery horizon 20[0-9-]+T[0-9:.]+Z of embedded:$T/horizon-q.db\?queue=payments"
+has horizon-refused-hint "$T/err" "here: --older-than 1m or longer, or --force"
+check horizon-refused-json 1 "$IDEM" purge --store "$HS" --older-than 0s --source "$HQ" --json
+has horizon-refused-json-fields "$T/out" '^\{"refused":true,"before_ms":[0-9]+,"horizon":"at","horizon_ms":[0-9]+,"horizon_from":"embedded:'
+check horizon-refused-kept 0 "$IDEM" inspect --store "$HS" --json
+has horizon-refused-kept-6 "$T/out" '^\{"markers":6,'
+check horizon-before 0 "$IDEM" purge --store "$HS" --older-than 1h --source "$HQ" --json
+has horizon-before-json "$T/out" '"purged":0,"before_ms":[0-9]+,"horizon":"at","horizon_ms":[0-9]+,"horizon_from":"embedded:.*","forced":false'
+# A declared horizon (for a source that cannot tell); with --source too, the older holds.
+check horizon-declared-refused 1 "$IDEM" purge --store "$HS" --older-than 30m --horizon 1h
+has horizon-declared-refused-named "$T/err" "after the redelivery horizon .* of the declared --horizon 1h"
+check horizon-declared-older 1 "$IDEM" purge --store "$HS" --older-than 90m --horizon 2h --source "$HQ"
+has horizon-declared-older-named "$T/err" "of the declared --horizon 2h"
+check horizon-declared-ok 0 "$IDEM" purge --store "$HS" --older-than 2h --horizon 1h --json
+has horizon-declared-ok-json "$T/out" '"horizon_from":"the declared --horizon 1h","forced":false'
+# Asking must not create a queue; a bad duration is bad usage; a claims-only store has no markers.
+check horizon-no-queue 3 "$IDEM" purge --store "$HS" --older-than 0s --source "embedded:$T/no-horizon-q.db"
+has horizon-no-queue-named "$T/err" "no queue file at $T/no-horizon-q.db"
+[ ! -e "$T/no-horizon-q.db" ] && pass=$((pass + 1)) || { echo "FAIL purge --source created a queue"; fails=$((fails + 1)); }
+check horizon-bad-duration 2 "$IDEM" purge --store "$HS" --older-than 1h --horizon soon
+check horizon-claims-only 2 "$IDEM" purge --store "redis://127.0.0.1:1" --older-than 1h --horizon 1h
+has horizon-claims-only-named "$T/err" "--source and --horizon guard markers"
+# --force purges past the horizon.
+check horizon-forced 0 "$IDEM" purge --store "$HS" --older-than 0s --source "$HQ" --force --json
+has horizon-forced-json "$T/out" '"purged":6,.*"forced":true'
 # Arguments: a flag twice, a stray argument, a one-dash flag, a flag where a value belongs.
 check flag-twice 2 "$IDEM" schema --store "$STORE" --store "$STORE"
 has flag-twice-named "$T/err" "flag --store given twice"
@@ -282,6 +319,8 @@ wait_metrics 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-acked "$T/metrics" 'idem_acked_total{consumer="payments"} 10$'
 has run-metrics-applied "$T/metrics" 'idem_applied_total{consumer="payments"} 10$'
 has run-metrics-type "$T/metrics" '# TYPE idem_duplicates_total counter'
+has run-metrics-horizon "$T/metrics" '^idem_redelivery_horizon_seconds\{consumer="payments"\} [0-9]'
+has run-metrics-horizon-type "$T/metrics" '# TYPE idem_redelivery_horizon_seconds gauge'
 stop_by_sigterm run
 
 # idem run --relay-to: the consumer's store's outbox relayed in the same process.

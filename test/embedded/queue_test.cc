@@ -305,6 +305,77 @@ TEST(EmbeddedQueue, StatsCountReadyLeasedDelayedPublishedAcked) {
   EXPECT_EQ(s->delayed, 1);
 }
 
+// The horizon is the enqueue time of the oldest message still in the queue:
+// leased, redelivered after its lease ran out, nacked, or never received.
+// Only an ack moves it.
+TEST(EmbeddedQueue, HorizonIsTheEnqueueTimeOfTheOldestMessageNotAcknowledged) {
+  TempDir dir;
+  FakeEnv env;
+  auto q = Queue::Open({.path = dir.File("q.db"), .lease_ms = 1000, .durable = false, .env = &env});
+  ASSERT_OK(q);
+  auto horizon = [&] {
+    auto h = (*q)->Horizon();
+    EXPECT_OK(h);
+    return h.ok() ? *h : RedeliveryHorizon::Unknown();
+  };
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kNone) << "nothing published";
+  const int64_t t0 = env.NowMs();
+  ASSERT_OK((*q)->Publish(Msg("m-1")));
+  env.Advance(500);
+  ASSERT_OK((*q)->Publish(Msg("m-1")));  // a producer retry
+  env.Advance(500);
+  const int64_t t1 = env.NowMs();
+  ASSERT_OK((*q)->Publish(Msg("m-2")));
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kAt);
+  EXPECT_EQ(horizon().at_ms, t0) << "not yet delivered";
+  auto got = (*q)->Receive(3, 0);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ(horizon().at_ms, t0) << "leased";
+  ASSERT_OK((*q)->Ack((*got)[0]));
+  EXPECT_EQ(horizon().at_ms, t0 + 500) << "the retry's copy is still leased";
+  env.Advance(1001);  // its lease runs out unacknowledged: it comes again
+  EXPECT_EQ(horizon().at_ms, t0 + 500);
+  auto again = (*q)->Receive(1, 0);
+  ASSERT_OK(again);
+  ASSERT_EQ(again->size(), 1u);
+  EXPECT_EQ(again->front().message.attempt, 2);
+  ASSERT_OK((*q)->Ack(again->front()));
+  EXPECT_EQ(horizon().at_ms, t1);
+  auto m2 = (*q)->Receive(1, 0);  // m-2's lease ran out too
+  ASSERT_OK(m2);
+  ASSERT_EQ(m2->size(), 1u);
+  ASSERT_OK((*q)->Nack(m2->front(), 60'000));
+  EXPECT_EQ(horizon().at_ms, t1) << "nacked: delayed, still to come";
+  env.Advance(60'001);
+  auto last = (*q)->Receive(1, 0);
+  ASSERT_OK(last);
+  ASSERT_EQ(last->size(), 1u);
+  ASSERT_OK((*q)->Ack(last->front()));
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kNone) << "everything acknowledged";
+}
+
+TEST(EmbeddedQueue, TheHorizonIsThatOfItsOwnQueueInASharedFileAndSurvivesAReopen) {
+  TempDir dir;
+  FakeEnv env;
+  auto a = Queue::Open({.path = dir.File("q.db"), .queue = "a", .durable = false, .env = &env});
+  ASSERT_OK(a);
+  for (int i = 0; i < 2; ++i) ASSERT_OK((*a)->Publish(Msg("old")));
+  env.Advance(3'600'000);
+  const int64_t t1 = env.NowMs();
+  {
+    auto b = Queue::Open({.path = dir.File("q.db"), .queue = "b", .durable = false, .env = &env});
+    ASSERT_OK(b);
+    for (int i = 0; i < 2; ++i) ASSERT_OK((*b)->Publish(Msg("new")));
+  }
+  auto b = Queue::Open({.path = dir.File("q.db"), .queue = "b", .durable = false, .env = &env});
+  ASSERT_OK(b);
+  auto h = (*b)->Horizon();
+  ASSERT_OK(h);
+  EXPECT_EQ(h->kind, RedeliveryHorizon::Kind::kAt);
+  EXPECT_EQ(h->at_ms, t1) << "queue a's older messages are not b's";
+}
+
 TEST(EmbeddedQueue, QueuesSharingAFileAreSeparate) {
   TempDir dir;
   FakeEnv env;

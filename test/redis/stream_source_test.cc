@@ -228,6 +228,51 @@ TEST_F(StreamsTest, UnackedEntryIsTakenOverByAnotherConsumerAfterTheLeaseWithAtt
   EXPECT_EQ(b->Ack(taken[0]).code(), Code::kLeaseLost);
 }
 
+// The horizon is the time part of the oldest entry id the group may still
+// deliver: not yet delivered (after the group's last-delivered-id), pending
+// (leased, its lease run out, nacked), and only an ack moves it. The
+// entries get ids of chosen times, so the horizon is known exactly.
+TEST_F(StreamsTest, HorizonIsTheOldestEntryPendingOrNotYetDelivered) {
+  auto s = Open(&env_, kLease, "consumer-a");
+  ASSERT_TRUE(s);
+  auto horizon = [&] {
+    auto h = s->Horizon();
+    EXPECT_OK(h);
+    return h.ok() ? *h : RedeliveryHorizon::Unknown();
+  };
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kNone) << "an empty stream";
+  const int64_t t0 = 1'700'000'000'000;
+  const std::pair<int64_t, std::string> entries[] = {{t0, "m-1"}, {t0 + 5'000, "m-1"}, {t0 + 9'000, "m-2"}};
+  for (const auto& [ms, id] : entries) {
+    std::string entry = RedisRaw({"XADD", Opts().stream, std::to_string(ms) + "-0", "id", id, "payload", "4000"});
+    ASSERT_EQ(entry, std::to_string(ms) + "-0");
+  }
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kAt);
+  EXPECT_EQ(horizon().at_ms, t0) << "none delivered yet";
+  auto first = s->Receive(2, 0);
+  ASSERT_OK(first);
+  ASSERT_EQ(first->size(), 2u);
+  EXPECT_EQ(horizon().at_ms, t0) << "both copies pending";
+  ASSERT_OK(s->Ack((*first)[0]));
+  EXPECT_EQ(horizon().at_ms, t0 + 5'000) << "the retry's copy is still pending";
+  env_.Advance(kLease + 1);  // its lease runs out unacknowledged
+  EXPECT_EQ(horizon().at_ms, t0 + 5'000);
+  ASSERT_OK(s->Ack((*first)[1]));  // late, but nobody took it over
+  EXPECT_EQ(horizon().at_ms, t0 + 9'000) << "m-2, not delivered yet";
+  auto m2 = s->Receive(1, 0);
+  ASSERT_OK(m2);
+  ASSERT_EQ(m2->size(), 1u);
+  ASSERT_OK(s->Nack(m2->front(), 60'000));
+  EXPECT_EQ(horizon().at_ms, t0 + 9'000) << "nacked: pending, to come again";
+  env_.Advance(60'001);
+  auto again = s->Receive(1, 0);
+  ASSERT_OK(again);
+  ASSERT_EQ(again->size(), 1u);
+  EXPECT_EQ(again->front().message.attempt, 2);
+  ASSERT_OK(s->Ack(again->front()));
+  EXPECT_EQ(horizon().kind, RedeliveryHorizon::Kind::kNone) << "everything acknowledged";
+}
+
 // ExtendLease renews the lease for the consumer that holds the entry (the
 // same stored lease end a Receive of ANY consumer compares with), keeps its
 // delivery count, and never takes an entry back from a consumer that took

@@ -16,6 +16,9 @@
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
 #include "idem/outbox.h"
+#include "idem/retention.h"
+#include "idem/url.h"
+#include "sources.h"
 
 namespace idem::cli {
 namespace {
@@ -192,12 +195,18 @@ int InspectClaimsOnly(const Args& args, int limit) {
   return kExitOk;
 }
 
-// The counts of the embedded queue at `url`. Looking must not create one:
-// kNotFound when no file is there.
-Result<embedded::QueueStats> QueueStatsAt(const std::string& url) {
+// The options of the embedded queue at `url`, whose file must be there:
+// looking must not create one (kNotFound when none is).
+Result<embedded::Queue::Options> ExistingQueue(const std::string& url) {
   IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options qo, embedded::Queue::ParseUrl(url));
   std::error_code ec;
   if (!std::filesystem::exists(qo.path, ec)) return Status::NotFound("no queue file at " + qo.path);
+  return qo;
+}
+
+// The counts of the embedded queue at `url`.
+Result<embedded::QueueStats> QueueStatsAt(const std::string& url) {
+  IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options qo, ExistingQueue(url));
   IDEM_ASSIGN_OR_RETURN(auto q, embedded::Queue::Open(qo));
   return q->Stats();
 }
@@ -385,18 +394,75 @@ const Command& PurgeCommand() {
       "messages sent before the cutoff (with --outbox-dead, the outbox's dead letters too).\n"
       "A purged id is forgotten: a late duplicate of it would be applied again, so the retention must\n"
       "cover the longest redelivery or replay your source can make (the embedded queue redelivers until\n"
-      "acked; Kafka can replay its whole retention).",
+      "acked; Kafka can replay its whole retention). With --source (the consumer's source, which reports\n"
+      "the oldest message it may still deliver) and/or --horizon (declared), a purge whose cut lies after\n"
+      "that redelivery horizon is refused, nothing deleted, with exit 1, unless --force.",
       "--older-than DURATION [--store URL] [--consumer NAME] [--scope SCOPE] [--batch N] [--outbox-dead]\n"
-      "       [--json]",
+      "       [--source URL] [--horizon DURATION] [--force] [--json]",
       {{"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
        {"older-than", "DURATION", "7d", "retention: markers processed before now minus this go (90s, 15m, 24h, 7d)"},
        {"consumer", "NAME", "", "only this consumer's markers; claim records are left alone unless --scope"},
        {"scope", "SCOPE", "", "only this scope's claim records; markers are left alone unless --consumer"},
        {"batch", "N", "10000", "markers (and outbox messages) deleted per transaction"},
        {"outbox-dead", "", "", "also delete the outbox's dead letters from before the cutoff"},
+       {"source", "URL", "",
+        "the markers' source (as idem run --source): refuse to purge markers processed after the\n"
+        "          oldest message it may still deliver (its redelivery horizon); an embedded queue file\n"
+        "          must exist"},
+       {"horizon", "DURATION", "",
+        "declared horizon: messages up to this old may still be delivered or replayed (sources\n"
+        "          that cannot tell, e.g. RabbitMQ; a replay window); with --source, the older one holds"},
+       {"force", "", "", "purge even markers processed after the horizon"},
        {"json", "", "", "print one JSON object"}}};
   return c;
 }
+
+namespace {
+
+// The horizon of the source at `url`, opened as idem run opens it and named
+// by its URL (password hidden).
+Result<NamedHorizon> SourceHorizon(const std::string& url) {
+  // An embedded queue made here would be empty, and say nothing is left.
+  if (UrlScheme(url) == "embedded") IDEM_RETURN_IF_ERROR(ExistingQueue(url).status());
+  IDEM_ASSIGN_OR_RETURN(OpenedSource opened, OpenSource(url, {}));
+  auto h = HorizonOf(*opened.source, RedactUrl(url));
+  if (opened.close) (void)opened.close();
+  return h;
+}
+
+// The horizon that guards a purge: --source's, --horizon's, or the older of
+// the two; nullopt when neither flag is given (an unguarded purge).
+Result<std::optional<NamedHorizon>> PurgeHorizon(const Args& args, int64_t now_ms) {
+  if (!args.Has("source") && !args.Has("horizon")) return std::optional<NamedHorizon>();
+  NamedHorizon h{RedeliveryHorizon::Unknown(), ""};
+  if (args.Has("horizon")) {
+    IDEM_ASSIGN_OR_RETURN(int64_t declared, ParseDurationMs(args.Get("horizon")));
+    h = DeclaredHorizon(now_ms - declared, "the declared --horizon " + args.Get("horizon"));
+  }
+  if (args.Has("source")) {
+    IDEM_ASSIGN_OR_RETURN(NamedHorizon reported, SourceHorizon(args.Get("source")));
+    h = EarlierHorizon(reported, h);
+  }
+  return std::optional<NamedHorizon>(std::move(h));
+}
+
+// The shortest --older-than (in whole minutes, hours or days, rounded up)
+// whose cut is at or before a horizon `age_ms` old.
+std::string OlderThanCovering(int64_t age_ms) {
+  const std::pair<int64_t, const char*> units[] = {{60'000, "m"}, {3'600'000, "h"}, {86'400'000, "d"}};
+  size_t u = age_ms < 2 * 3'600'000 ? 0 : age_ms < 3 * 86'400'000 ? 1 : 2;
+  const int64_t len = units[u].first;
+  return std::to_string(std::max<int64_t>(1, (age_ms + len - 1) / len)) + units[u].second;
+}
+
+void AddHorizonJson(Json& j, const NamedHorizon& h) {
+  using Kind = RedeliveryHorizon::Kind;
+  j.Add("horizon", h.horizon.kind == Kind::kAt ? "at" : h.horizon.kind == Kind::kNone ? "none" : "unknown");
+  if (h.horizon.kind == Kind::kAt) j.Add("horizon_ms", h.horizon.at_ms);
+  j.Add("horizon_from", h.from);
+}
+
+}  // namespace
 
 int RunPurge(const Args& args) {
   auto older = ParseDurationMs(args.Get("older-than"));
@@ -409,6 +475,9 @@ int RunPurge(const Args& args) {
   const bool markers = !consumer.empty() || scope.empty();
   const bool claim_records = !scope.empty() || consumer.empty();
   if (IsClaimsOnlyUrl(args.Get("store"))) {
+    if (args.Has("source") || args.Has("horizon"))
+      return Fail("purge", Status::InvalidArgument("--source and --horizon guard markers, and " + args.Get("store") +
+                                                   " keeps only claim records"));
     if (!consumer.empty())
       return Fail("purge", Status::InvalidArgument("--consumer names markers, and " + args.Get("store") +
                                                    " keeps only claim records (use --scope)"));
@@ -424,10 +493,43 @@ int RunPurge(const Args& args) {
   }
   auto store = OpenStore(args.Get("store"), false);
   if (!store.ok()) return Fail("purge", store.status());
-  const int64_t before = Env::Default()->NowMs() - *older;
+  const int64_t now = Env::Default()->NowMs();
+  const int64_t before = now - *older;
+  // The horizon guards the markers; refused, the command deletes nothing.
+  std::optional<NamedHorizon> horizon;
+  bool forced = false;
+  if (markers) {
+    auto h = PurgeHorizon(args, now);
+    if (!h.ok()) return Fail("purge", h.status());
+    horizon = std::move(*h);
+  }
+  if (horizon) {
+    if (Status guard = CheckPurgeBefore(before, *horizon); !guard.ok()) {
+      if (!args.Bool("force")) {
+        if (args.Bool("json")) {
+          Json j;
+          j.Add("refused", true).Add("before_ms", before);
+          AddHorizonJson(j, *horizon);
+          std::cout << j.str() << "\n";
+        }
+        const std::string hint = horizon->horizon.known()
+                                     ? "--older-than " + OlderThanCovering(now - horizon->horizon.at_ms) + " or longer"
+                                     : "--horizon DURATION";
+        std::cerr << "idem purge: " << guard.message() << " (here: " << hint << ", or --force)\n";
+        return kExitCheckFailed;
+      }
+      forced = true;
+    }
+  }
   std::optional<int64_t> purged, claims;
   if (markers) {
-    auto n = (*store)->Purge(consumer, before, static_cast<int>(*batch));
+    auto n =
+        horizon
+            ? PurgeMarkers(
+                  **store,
+                  {.consumer = consumer, .before_ms = before, .batch_size = static_cast<int>(*batch), .force = forced},
+                  *horizon)
+            : (*store)->Purge(consumer, before, static_cast<int>(*batch));
     if (!n.ok()) return Fail("purge", n.status());
     purged = *n;
   }
@@ -449,12 +551,19 @@ int RunPurge(const Args& args) {
   if (args.Bool("json")) {  // a kind left alone has no count
     Json j;
     if (purged) j.Add("purged", *purged).Add("before_ms", before);
+    if (horizon) {
+      AddHorizonJson(j, *horizon);
+      j.Add("forced", forced);
+    }
     if (claims) j.Add("claims_purged", *claims);
     if (outbox_purged) j.Add("outbox_purged", *outbox_purged);
     std::cout << j.str() << "\n";
   } else {
     std::string what;
     if (purged) what = std::to_string(*purged) + " marker(s) processed before " + std::to_string(before) + " ms";
+    if (horizon && horizon->horizon.kind == RedeliveryHorizon::Kind::kAt)
+      what += std::string(forced ? " (forced past" : " (at or before") + " the redelivery horizon " +
+              std::to_string(horizon->horizon.at_ms) + " ms of " + horizon->from + ")";
     if (claims) what += (what.empty() ? "" : " and ") + std::to_string(*claims) + " claim record(s)";
     if (outbox_purged)
       what += (what.empty() ? "" : " and ") + std::to_string(*outbox_purged) +

@@ -100,6 +100,8 @@ class FaultySource final : public Source {
   // The lease is the inner source's: the consumer renews it through here.
   int64_t lease_ms() const override { return inner_.lease_ms(); }
   Status ExtendLease(const Delivery& d) override;
+  // A lost ack leaves the message in the inner source: its horizon holds.
+  Result<RedeliveryHorizon> Horizon() override { return inner_.Horizon(); }
 
   std::atomic<uint64_t> received{0}, lost_acks{0}, stalls{0}, stale_acks{0};
   // Called (when set, before Run) for each delivery received ('R'), each

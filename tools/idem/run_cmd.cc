@@ -22,6 +22,7 @@
 #include "idem/inbox.h"
 #include "idem/metrics.h"
 #include "idem/outbox_relay.h"
+#include "idem/retention.h"
 #include "long_running.h"
 #include "sources.h"
 
@@ -170,6 +171,9 @@ int RunRun(const Args& args) {
     if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
   }
   Metrics registry;
+  // The age of the oldest message the source may still deliver: the
+  // shortest marker retention a purge would accept now.
+  AddHorizonGauge(registry, *source->source, consumer);
   // Declared before what it observes: it outlives them. Its /metrics adds
   // the runner's counters once there is one.
   std::atomic<Consumer*> served{nullptr};

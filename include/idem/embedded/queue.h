@@ -13,6 +13,9 @@
 // now + lease_ms (on the Env's clock) while its receipt still holds the
 // lease (also when the lease ran out but nobody received the message since),
 // and is kLeaseLost once it was received again or acked, as Ack and Nack are.
+// Horizon() is the enqueue time (the Env's, at Publish) of the queue's
+// oldest message still in it: every message not acknowledged (leased,
+// nacked, ready), since an Ack deletes it.
 //
 // Thread safety: a Queue may be used from many threads; many processes may
 // open the same file.

@@ -65,6 +65,13 @@
 // with the receipt's delivery count; otherwise kLeaseLost, and the entry is
 // left with whoever holds it.
 //
+// Horizon() is the time part of the oldest entry id the group may still
+// deliver: the smallest one pending (delivered, not acknowledged) or the
+// first after the group's last-delivered-id (not delivered yet), whichever
+// is older. Entry ids made by Redis (XADD *, as StreamPublisher does) carry
+// the server's clock; a producer that chooses its own ids chooses the
+// horizon too.
+//
 // Consumer names: a Redis consumer group keeps every consumer name it has
 // seen until XGROUP DELCONSUMER. A service should give each process slot a
 // stable name (Options::consumer, e.g. "billing-0" .. "billing-3"
