@@ -656,6 +656,70 @@ Status Source::CommitSync() {
   return Status::OK();
 }
 
+Result<RedeliveryHorizon> Source::Horizon() {
+  Impl& s = *impl_;
+  const int timeout = 5'000;
+  // The topic's partitions, the group's committed offsets and the ends of
+  // the log: what lies between a committed offset and the end may still be
+  // delivered, to this member or another.
+  ListPtr parts = NewList(8);
+  {
+    const rd_kafka_metadata_t* md = nullptr;
+    std::unique_ptr<rd_kafka_topic_t, void (*)(rd_kafka_topic_t*)> topic(
+        rd_kafka_topic_new(s.rk.get(), s.o.topic.c_str(), nullptr), rd_kafka_topic_destroy);
+    IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_metadata(s.rk.get(), 0, topic.get(), &md, timeout),
+                                   "reading the partitions of " + s.o.topic));
+    for (int t = 0; t < md->topic_cnt; ++t)
+      for (int p = 0; p < md->topics[t].partition_cnt; ++p)
+        rd_kafka_topic_partition_list_add(parts.get(), s.o.topic.c_str(), md->topics[t].partitions[p].id);
+    rd_kafka_metadata_destroy(md);
+  }
+  IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_committed(s.rk.get(), parts.get(), timeout),
+                                 "reading the committed offsets of group " + s.o.group));
+  // The first record not committed of each partition that has one.
+  ListPtr start = NewList(parts->cnt);
+  for (int i = 0; i < parts->cnt; ++i) {
+    const rd_kafka_topic_partition_t& tp = parts->elems[i];
+    int64_t low = 0, high = 0;
+    IDEM_RETURN_IF_ERROR(
+        FromKafka(rd_kafka_query_watermark_offsets(s.rk.get(), s.o.topic.c_str(), tp.partition, &low, &high, timeout),
+                  "reading the log ends of " + s.o.topic + "/" + std::to_string(tp.partition)));
+    // No commit yet: the group starts where auto.offset.reset says.
+    int64_t from = tp.offset >= 0 ? tp.offset : s.o.auto_offset_reset == "earliest" ? low : high;
+    from = std::max(from, low);  // below the log's start: deleted by retention, never delivered again
+    if (from < high) rd_kafka_topic_partition_list_add(start.get(), s.o.topic.c_str(), tp.partition)->offset = from;
+  }
+  if (start->cnt == 0) return RedeliveryHorizon::None();
+  // Their timestamps, read by a consumer of its own that joins no group.
+  ConfPtr conf(rd_kafka_conf_new());
+  for (const auto& [k, v] : s.o.config) (void)Set(conf.get(), k, v);
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "bootstrap.servers", s.o.brokers));
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "group.id", s.o.group + ".idem-horizon"));
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "enable.auto.commit", "false"));
+  IDEM_RETURN_IF_ERROR(Set(conf.get(), "enable.partition.eof", "false"));
+  char errstr[512];
+  RkPtr probe(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr));
+  if (!probe) return Status::Internal(std::string("kafka: creating the horizon's reader: ") + errstr);
+  (void)conf.release();
+  IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_assign(probe.get(), start.get()), "reading the first records left"));
+  std::map<int32_t, int64_t> first;  // partition -> timestamp of its first record left
+  const int64_t deadline = SteadyMs() + timeout;
+  while (static_cast<int>(first.size()) < start->cnt && SteadyMs() < deadline) {
+    MessagePtr m(rd_kafka_consumer_poll(probe.get(), 100));
+    if (!m || m->err != RD_KAFKA_RESP_ERR_NO_ERROR) continue;
+    rd_kafka_timestamp_type_t type;
+    const int64_t ts = rd_kafka_message_timestamp(m.get(), &type);
+    first.try_emplace(m->partition, ts >= 0 ? ts : 0);
+  }
+  (void)rd_kafka_consumer_close(probe.get());
+  if (static_cast<int>(first.size()) < start->cnt)
+    return Status::Unavailable("kafka: could not read the first uncommitted record of every partition of " + s.o.topic +
+                               " within " + std::to_string(timeout) + " ms");
+  int64_t oldest = INT64_MAX;
+  for (const auto& [partition, ts] : first) oldest = std::min(oldest, ts);
+  return RedeliveryHorizon::At(oldest);
+}
+
 std::vector<int32_t> Source::Assignment() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   std::vector<int32_t> out;

@@ -10,6 +10,8 @@
 //     effect before the hold or after it.
 //   - kafka::Source::Options::keep_alive: a handler held past
 //     max.poll.interval.ms does not cost the member its partitions.
+//   - kafka::Source::Horizon: the oldest record the group may still be
+//     handed, from its committed offsets (the purge's guard, retention.h).
 // Each test has its own topic and group. Every record is delivered at least
 // twice: to the zombie and its successor, and again to a member of another
 // group that replays the log from its start.
@@ -25,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "idem/env.h"
 #include "idem/kafka/offset_inbox.h"
 #include "idem/kafka/source.h"
 #include "idem/postgres/store.h"
@@ -341,6 +344,68 @@ TEST(KafkaKeepAlive, AHandlerLongerThanMaxPollIntervalKeepsThePartition) {
   EXPECT_EQ((*src)->stats().revocations, 0u);
   EXPECT_EQ((*src)->stats().assignments, assignments);
   EXPECT_OK((*src)->CommitSync());
+}
+
+// The horizon follows the group's commits: before any, the first record of
+// the log; after the first batch is acknowledged and committed, a record of
+// the second batch; once everything is committed, none.
+TEST(KafkaHorizon, IsTheOldestRecordAfterTheGroupsCommittedOffsets) {
+  const std::string topic = "horizon-" + std::to_string(::getpid());
+  MockKafka kafka(topic, 2, topic + "-group");
+  ASSERT_TRUE(kafka.ok()) << kafka.error();
+  auto pub = kafka::Publisher::Open({.brokers = kafka.brokers(), .topic = topic});
+  ASSERT_OK(pub);
+  auto publish = [&](const std::string& prefix) {
+    for (int i = 0; i < 4; ++i) ASSERT_OK((*pub)->Produce(Msg(prefix + std::to_string(i))));
+    ASSERT_OK((*pub)->Flush());
+  };
+  const int64_t before_first = Env::Default()->NowMs();
+  publish("first-");
+  const int64_t after_first = Env::Default()->NowMs();
+  // The second batch a clock tick later than everything in the first.
+  ASSERT_TRUE(WaitFor([&] { return Env::Default()->NowMs() > after_first + 5; }));
+  const int64_t before_second = Env::Default()->NowMs();
+  publish("second-");
+
+  auto src = kafka::Source::Open({.brokers = kafka.brokers(),
+                                  .topic = topic,
+                                  .group = topic + "-group",
+                                  .session_timeout_ms = 6'000,
+                                  .heartbeat_interval_ms = 200,
+                                  .config = {{"fetch.wait.max.ms", "20"}}});
+  ASSERT_OK(src);
+  auto h = (*src)->Horizon();
+  ASSERT_OK(h);
+  ASSERT_EQ(h->kind, RedeliveryHorizon::Kind::kAt);
+  EXPECT_GE(h->at_ms, before_first);
+  EXPECT_LE(h->at_ms, after_first);
+
+  // The first batch handled and committed: what is left is the second.
+  std::vector<Delivery> second;
+  int first_acked = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    auto got = (*src)->Receive(8, 100);
+    for (const Delivery& d : got.ok() ? *got : std::vector<Delivery>{}) {
+      if (d.message.id.rfind("first-", 0) == 0) {
+        EXPECT_OK((*src)->Ack(d));
+        ++first_acked;
+      } else {
+        second.push_back(d);
+      }
+    }
+    return first_acked == 4 && second.size() == 4;
+  }));
+  ASSERT_OK((*src)->CommitSync());
+  h = (*src)->Horizon();
+  ASSERT_OK(h);
+  ASSERT_EQ(h->kind, RedeliveryHorizon::Kind::kAt);
+  EXPECT_GE(h->at_ms, before_second);
+
+  for (const Delivery& d : second) EXPECT_OK((*src)->Ack(d));
+  ASSERT_OK((*src)->CommitSync());
+  h = (*src)->Horizon();
+  ASSERT_OK(h);
+  EXPECT_EQ(h->kind, RedeliveryHorizon::Kind::kNone);
 }
 
 }  // namespace

@@ -215,6 +215,14 @@ class Source final : public ::idem::Source {
   // OK when the seek back is recorded; kLeaseLost as for Ack.
   Status Nack(const Delivery& delivery, int64_t delay_ms) override;
   std::string_view Kind() const override { return "kafka"; }
+  // The timestamp of the oldest record the group may still be handed: for
+  // each partition, the first record at or after the group's committed
+  // offset (where there is no commit yet, where auto_offset_reset starts),
+  // read by a short-lived consumer of its own that joins no group; None when
+  // every partition is committed to its end. The record's timestamp is the
+  // producer's CreateTime unless the topic keeps LogAppendTime. Up to 5 s
+  // per broker call; kUnavailable when a record could not be read.
+  Result<RedeliveryHorizon> Horizon() override;
 
   // Commits every acknowledged prefix now and waits for the answer.
   Status CommitSync();
