@@ -24,6 +24,7 @@
 #include "chaos/worker.h"
 #include "commands.h"
 #include "components.h"
+#include "idem/url.h"
 
 namespace idem::cli {
 
@@ -97,6 +98,11 @@ const Command& ChaosCommand() {
         "run a deliberately broken consumer to see the check fail: no-guard (the\n"
         "          effect without its marker), ack-before-commit, or unfenced (the guard\n"
         "          read apart from the effect's transaction: only pauses catch it)"},
+       {"inbox", "MODE", "markers",
+        "how consumers guard: markers (the Inbox, one marker per message id) or\n"
+        "          offset (Kafka only: kafka::OffsetInbox, the last applied offset per\n"
+        "          partition, one record at a time; it deduplicates redeliveries of a\n"
+        "          record, not a producer's second record, so --dup-rate is 0 there)"},
        {"provider-mode", "MODE", "two-phase",
         "how the provider commits a charge: two-phase (killed after a claim and\n"
         "          before a completion) or group-commit (one transaction for many\n"
@@ -210,6 +216,23 @@ int RunChaos(const Args& args) {
   if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")
     return Fail(cmd, Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" +
                                              cfg.provider_mode + "'"));
+  cfg.inbox = args.Get("inbox");
+  if (cfg.inbox != "markers" && cfg.inbox != "offset")
+    return Fail(cmd, Status::InvalidArgument("--inbox must be markers or offset, got '" + cfg.inbox + "'"));
+  if (chaos::OffsetMode(cfg)) {
+    if (!cfg.source.starts_with("kafka")) {
+      return Fail(cmd, Status::InvalidArgument("--inbox offset is Kafka's ordered-log mode: it needs a kafka:// or "
+                                               "kafka-mock: --source, not '" +
+                                               RedactUrl(cfg.source) + "'"));
+    }
+    if (chaos::TwoStage(cfg) || !cfg.broken.empty())
+      return Fail(cmd, Status::InvalidArgument("--inbox offset runs without --pipeline and --broken"));
+    if (!args.Has("dup-rate")) cfg.dup_rate = 0;
+    if (cfg.dup_rate > 0)
+      return Fail(cmd, Status::InvalidArgument(
+                           "--inbox offset deduplicates redeliveries of a record, not a producer's second record "
+                           "of a message (another offset): --dup-rate must be 0"));
+  }
   if (cfg.slot >= 0) return chaos::RunWorker(cfg);
 
   if (cfg.dir.empty()) {

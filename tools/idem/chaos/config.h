@@ -89,6 +89,9 @@ struct Config {
   std::string provider_store;
   // "" (one stage) or "two-stage".
   std::string pipeline;
+  // How the consumers guard: "markers" (Inbox and Consumer) or "offset"
+  // (Kafka's ordered-log mode: kafka::OffsetInbox, one record at a time).
+  std::string inbox = "markers";
   int64_t keys = 20;         // ordering keys (aggregates) the payments are spread over
   int relays = 2;            // relay processes
   int stage2_consumers = 1;  // stage-2 consumer processes (one: its deliveries' order is checked)
@@ -127,6 +130,10 @@ inline constexpr int64_t kProviderPauseEvery = 16;
 // Whether the --broken consumer writes effects without Inbox markers (the
 // run's progress is then its effect rows).
 inline bool BrokenWritesNoMarkers(const Config& cfg) { return cfg.broken == "no-guard" || cfg.broken == "unfenced"; }
+// Kafka's offset mode: the last applied offset per partition, no markers.
+inline bool OffsetMode(const Config& cfg) { return cfg.inbox == "offset"; }
+// Whether the run's progress is its effect rows rather than its markers.
+inline bool WritesNoMarkers(const Config& cfg) { return BrokenWritesNoMarkers(cfg) || OffsetMode(cfg); }
 
 // The consumers' retries, in one place: what the workers run with and what
 // the parent computes their budget from.

@@ -13,6 +13,10 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
   points_ = {"inbox.before_marker", "inbox.after_marker", "inbox.after_work", "commit",
              "inbox.after_commit",  "consumer.after_ack", "inbox.batch_mid",  "consumer.after_receive",
              "consumer.lease_lost"};
+  // Kafka's offset mode runs kafka::OffsetInbox in a loop of its own: its
+  // points instead of the Inbox's and the Consumer's.
+  if (OffsetMode(cfg))
+    points_ = {"offset_inbox.after_claim", "offset_inbox.after_work", "commit", "offset_inbox.after_commit"};
   // SQLite's COMMIT ran, its outcome not yet read (PostgreSQL's counterpart,
   // postgres.commit_sent, is the "commit" point there).
   if (!postgres) points_.push_back("sqlite.commit_done");
@@ -67,8 +71,11 @@ bool Schedule::NextHold(int slot, Plan& p) {
     static const char* const kPoints[] = {"consumer.after_receive", "inbox.after_marker", "inbox.after_work",
                                           "inbox.after_commit"};
     static const char* const kSqlitePoints[] = {"consumer.after_receive", "inbox.after_work", "inbox.after_commit"};
+    static const char* const kOffsetPoints[] = {"offset_inbox.after_claim", "offset_inbox.after_work",
+                                                "offset_inbox.after_commit"};
     const size_t k = next_pause_point_[slot]++;
     const std::string point = cfg_.broken == "unfenced" ? "chaos.unfenced_after_check"
+                              : OffsetMode(cfg_)        ? kOffsetPoints[k % std::size(kOffsetPoints)]
                               : postgres_               ? kPoints[k % std::size(kPoints)]
                                                         : kSqlitePoints[k % std::size(kSqlitePoints)];
     p.kill_point = point + ":" + std::to_string(1 + rng() % static_cast<uint64_t>(cfg_.hits)) + ":stop";
@@ -77,8 +84,10 @@ bool Schedule::NextHold(int slot, Plan& p) {
     // (a backlog published before comes first): wait for that, up to
     // kTakeoverWaitMs, except where the pause stops everyone (SQLite's write
     // lock held).
-    const bool holds_sqlite_lock = !postgres_ && point.starts_with("inbox.");
-    p.takeover_wait_ms = holds_sqlite_lock && point != "inbox.after_commit" ? 0 : kTakeoverWaitMs;
+    const bool holds_sqlite_lock = !postgres_ && (point.starts_with("inbox.") || point.starts_with("offset_inbox."));
+    p.takeover_wait_ms = holds_sqlite_lock && point != "inbox.after_commit" && point != "offset_inbox.after_commit"
+                             ? 0
+                             : kTakeoverWaitMs;
     p.label = "pause:" + point;
     // (Its timer waits while it is stopped: this is running time.)
     p.kill_after_ms = 800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200);

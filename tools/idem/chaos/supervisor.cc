@@ -19,6 +19,9 @@
 #include "cli.h"
 #include "components.h"
 #include "payments.h"
+#if IDEM_HAVE_KAFKA
+#include "idem/kafka/offset_inbox.h"
+#endif
 
 namespace idem::cli::chaos {
 namespace {
@@ -54,6 +57,16 @@ Status Supervisor::Prepare() {
     IDEM_RETURN_IF_ERROR(tx->Commit());
   }
   IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
+#if IDEM_HAVE_KAFKA
+  if (OffsetMode(cfg_)) {
+    // Offset mode's record of what was applied starts empty too: the mock
+    // cluster's topic starts at offset 0 again.
+    IDEM_ASSIGN_OR_RETURN(auto offsets, kafka::OffsetInbox::Open(*store_, {.consumer = kConsumer}));
+    IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
+    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_kafka_offsets WHERE consumer = $1", {kConsumer}).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
+#endif
   if (TwoStage(cfg_)) {
     // The outbox starts empty (the store under test is the run's), and so
     // do stage 2's effects and markers.
@@ -204,6 +217,7 @@ Status Supervisor::StartConsumer(int slot, bool chaos) {
                                    "--stall-rate",
                                    std::to_string(cfg_.stall_rate)};
   if (!cfg_.broken.empty()) argv.insert(argv.end(), {"--broken", cfg_.broken});
+  if (OffsetMode(cfg_)) argv.insert(argv.end(), {"--inbox", cfg_.inbox});
   if (TwoStage(cfg_)) argv.insert(argv.end(), {"--pipeline", cfg_.pipeline, "--keys", std::to_string(cfg_.keys)});
   if (!l.plan.clock_jumps.empty()) {
     l.clock_file = cfg_.dir + "/clock/" + std::to_string(slot) + "-" + std::to_string(l.life);
@@ -445,10 +459,10 @@ void Supervisor::Produce() {
 }
 
 // Progress: the markers (a plain read, which never waits for the consumers'
-// write lock on SQLite), or, for a broken consumer that writes none, the
-// effect rows.
+// write lock on SQLite), or, for a consumer that writes none (a broken one,
+// Kafka's offset mode), the effect rows.
 Result<int64_t> Supervisor::Applied() {
-  if (!BrokenWritesNoMarkers(cfg_)) return store_->CountMarkers(kConsumer);
+  if (!WritesNoMarkers(cfg_)) return store_->CountMarkers(kConsumer);
   IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
   return r.rows[0][0].AsInt();

@@ -17,6 +17,9 @@
 #include "cli.h"
 #include "idem/consumer.h"
 #include "idem/inbox.h"
+#if IDEM_HAVE_KAFKA
+#include "idem/kafka/offset_inbox.h"
+#endif
 #include "idem/outbox.h"
 #include "idem/testing/fault_vfs.h"
 #include "idem/testing/kill_points.h"
@@ -28,6 +31,14 @@ namespace {
 
 // A broken worker's stop: SIGTERM or SIGINT.
 std::atomic<bool> g_stop{false};
+
+// SIGTERM or SIGINT stop a worker that runs its own loop.
+void StopOnSigterm() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = true; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 // The effect rows of message `id`, read in a transaction of their own.
 Result<int64_t> EffectRows(Store& store, const std::string& id) {
@@ -41,10 +52,7 @@ Result<int64_t> EffectRows(Store& store, const std::string& id) {
 // The mistakes the pattern exists to prevent, made on purpose (--broken):
 // the run must then report lost or duplicated effects.
 int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, const Handler& handler) {
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop = true; };
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  StopOnSigterm();
   while (!g_stop) {
     auto got = source.Receive(1, 100);
     if (!got.ok()) continue;
@@ -89,6 +97,32 @@ int BrokenWorker(const Config& cfg, Source& source, Store& store, Inbox& inbox, 
   }
   return kExitOk;
 }
+
+#if IDEM_HAVE_KAFKA
+// Kafka's offset mode: kafka::OffsetInbox on one record at a time, in order
+// per partition (a failed record nacked: the source seeks back to it).
+int OffsetWorker(Source& source, Store& store, const Handler& handler, const std::string& name) {
+  auto oi = kafka::OffsetInbox::Open(store, {.consumer = kConsumer});
+  if (!oi.ok()) {
+    std::cerr << "chaos consumer " << name << ": " << oi.status() << "\n";
+    return kExitError;
+  }
+  StopOnSigterm();
+  while (!g_stop) {
+    auto got = source.Receive(1, 100);
+    if (!got.ok()) continue;
+    for (const Delivery& d : *got) {
+      Outcome o = (*oi)->Handle(d, handler);
+      if (o.ShouldAck()) {
+        (void)source.Ack(d);
+      } else {
+        (void)source.Nack(d, 20);
+      }
+    }
+  }
+  return kExitOk;
+}
+#endif
 
 // Stage 2's effect: one row per message applied, in the order applied (n),
 // with the outbox's id, ordering key and seq and the stage-1 message it was
@@ -212,6 +246,9 @@ int RunWorker(const Config& cfg) {
     OutgoingMessage out{.key = OrderKey(cfg, payment.first), .payload = "shipping:" + m.id};
     return outbox->Add(tx, out.CausedBy(m)).status();
   };
+#if IDEM_HAVE_KAFKA
+  if (OffsetMode(cfg)) return OffsetWorker(source, **store, handler, name);
+#endif
   if (!cfg.broken.empty() && cfg.broken != kBrokenRelay && !stage2)
     return BrokenWorker(cfg, source, **store, inbox, handler);
   Consumer::Options options = ChaosConsumerOptions(cfg);
