@@ -353,6 +353,28 @@ void ExpectRefused(ClaimStore& store, const ClaimToken& t) {
   EXPECT_EQ(refused([&] { return store.Extend(t, 60'000).status().code(); }), Code::kLeaseLost) << t.key;
 }
 
+// Claims every request, each expected to start, and returns the tokens in
+// order: the first `singles` one at a time on `one`, the rest in one batch
+// on `many` (the two paths that draw fences differently).
+std::vector<ClaimToken> StartAll(ClaimStore& one, ClaimStore& many, std::span<const ClaimRequest> reqs,
+                                 size_t singles) {
+  std::vector<ClaimToken> out;
+  auto take = [&](Result<ClaimOutcome>& h, const ClaimRequest& r) {
+    if (h.ok() && h->kind == Kind::kStarted) {
+      out.push_back(h->token);
+    } else {
+      ADD_FAILURE() << r.key << " did not start: " << h.status();
+    }
+  };
+  for (size_t i = 0; i < singles; ++i) {
+    auto h = one.TryClaim(reqs[i]);
+    take(h, reqs[i]);
+  }
+  auto rest = many.TryClaimMany(reqs.subspan(singles));
+  for (size_t i = 0; i < rest.size(); ++i) take(rest[i], reqs[singles + i]);
+  return out;
+}
+
 // The fencing counter and the records lost together (what a restart without
 // persistence or a FLUSHDB does) while holder A, paused, keeps its token: a
 // new holder B of the same key must get a higher token, A's late Complete,
@@ -363,28 +385,17 @@ TEST(RedisClaimStore, ALostCounterStillOutranksAPausedHolder) {
   const std::string prefix = UniquePrefix();
   auto a = OpenReal({.prefix = prefix});
   ASSERT_NE(a, nullptr);
-  auto single = a->TryClaim(Req("k"));
-  ASSERT_TRUE(single.ok() && single->kind == Kind::kStarted) << single.status();
-  auto batch = a->TryClaimMany(std::vector<ClaimRequest>{Req("m1"), Req("m2")});
-  std::vector<ClaimToken> old{single->token};
-  for (auto& h : batch) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    old.push_back(h->token);
-  }
+  const std::vector<ClaimRequest> reqs{Req("k"), Req("m1"), Req("m2")};
+  const std::vector<ClaimToken> old = StartAll(*a, *a, reqs, 1);
+  ASSERT_EQ(old.size(), reqs.size());
   // Lost behind A's back: the counter and the records.
   ASSERT_EQ(RedisRaw({"DEL", prefix + "fence", prefix + "claim:7:charges:k", prefix + "claim:7:charges:m1",
                       prefix + "claim:7:charges:m2"}),
             "4");
   auto b = OpenReal({.prefix = prefix});
   ASSERT_NE(b, nullptr);
-  std::vector<ClaimToken> now;
-  auto again = b->TryClaim(Req("k"));
-  ASSERT_TRUE(again.ok() && again->kind == Kind::kStarted) << again.status();
-  now.push_back(again->token);
-  for (auto& h : b->TryClaimMany(std::vector<ClaimRequest>{Req("m1"), Req("m2")})) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    now.push_back(h->token);
-  }
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 1);
+  ASSERT_EQ(now.size(), reqs.size());
   for (size_t i = 0; i < old.size(); ++i) EXPECT_GT(now[i].fence, old[i].fence) << old[i].key;
   for (const ClaimToken& t : old) ExpectRefused(*a, t);
   for (const ClaimToken& t : now) {
@@ -409,34 +420,22 @@ TEST(RedisClaimStore, ACounterThatWentBackStillOutranksTheRecordItReplaces) {
   auto a = OpenReal({.prefix = prefix, .clock = &clock});
   ASSERT_NE(a, nullptr);
   ASSERT_EQ(RedisRaw({"SET", prefix + "fence", "8000000000000000"}), "OK");  // ~2^53, past any clock
-  std::vector<ClaimToken> old;
-  for (auto& h : a->TryClaimMany(std::vector<ClaimRequest>{Req("t1", "b", 1'000), Req("t2", "b", 1'000),
-                                                           Req("r1", "b", 1'000), Req("r2", "b", 1'000)})) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    old.push_back(h->token);
-  }
-  ASSERT_TRUE(a->Release(old[2]).ok());
+  // To take over (t) and released (r), each once singly and once in a batch.
+  const std::vector<ClaimRequest> reqs{Req("t1", "b", 1'000), Req("r1", "b", 1'000), Req("t2", "b", 1'000),
+                                       Req("r2", "b", 1'000)};
+  const std::vector<ClaimToken> old = StartAll(*a, *a, reqs, 0);
+  ASSERT_EQ(old.size(), reqs.size());
+  ASSERT_TRUE(a->Release(old[1]).ok());
   ASSERT_TRUE(a->Release(old[3]).ok());
   ASSERT_EQ(RedisRaw({"SET", prefix + "fence", "5"}), "OK");  // went back
   clock.Advance(2'000);                                       // t1 and t2 are to take over
   auto b = OpenReal({.prefix = prefix, .clock = &clock});
   ASSERT_NE(b, nullptr);
-  std::vector<ClaimToken> now;
-  auto t1 = b->TryClaim(Req("t1", "b", 1'000));
-  ASSERT_TRUE(t1.ok() && t1->kind == Kind::kStarted && t1->took_over) << t1.status();
-  now.push_back(t1->token);
-  auto r1 = b->TryClaim(Req("r1", "b", 1'000));
-  ASSERT_TRUE(r1.ok() && r1->kind == Kind::kStarted) << r1.status();
-  now.push_back(r1->token);
-  for (auto& h : b->TryClaimMany(std::vector<ClaimRequest>{Req("t2", "b", 1'000), Req("r2", "b", 1'000)})) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    now.push_back(h->token);
-  }
-  const ClaimToken* before[] = {&old[0], &old[2], &old[1], &old[3]};
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 2);
+  ASSERT_EQ(now.size(), reqs.size());
   for (size_t i = 0; i < now.size(); ++i) {
-    EXPECT_EQ(now[i].key, before[i]->key);
-    EXPECT_GT(now[i].fence, before[i]->fence) << now[i].key;
-    ExpectRefused(*a, *before[i]);
+    EXPECT_GT(now[i].fence, old[i].fence) << now[i].key;
+    ExpectRefused(*a, old[i]);
     ASSERT_TRUE(b->Complete(now[i], "b", false, 60'000).ok()) << now[i].key;
   }
 }
@@ -460,16 +459,9 @@ TEST(RedisClaimStore, ARestartWithoutPersistenceHandsOutNoTokenAgain) {
   ASSERT_NE(a2, nullptr);
   std::vector<ClaimRequest> reqs;
   for (int i = 0; i < 6; ++i) reqs.push_back(Req("k" + std::to_string(i)));
-  std::vector<ClaimToken> old;
-  for (size_t i = 0; i < 2; ++i) {  // single claims from one instance, a batch from the other
-    auto h = a->TryClaim(reqs[i]);
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    old.push_back(h->token);
-  }
-  for (auto& h : a2->TryClaimMany(std::span<const ClaimRequest>(reqs).subspan(2))) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    old.push_back(h->token);
-  }
+  // Single claims from one instance, a batch from the other.
+  const std::vector<ClaimToken> old = StartAll(*a, *a2, reqs, 2);
+  ASSERT_EQ(old.size(), reqs.size());
   int64_t highest_old = 0;
   for (const ClaimToken& t : old) highest_old = std::max(highest_old, t.fence);
 
@@ -479,16 +471,8 @@ TEST(RedisClaimStore, ARestartWithoutPersistenceHandsOutNoTokenAgain) {
 
   auto b = OpenReal({.url = server.url(), .prefix = prefix});
   ASSERT_NE(b, nullptr);
-  std::vector<ClaimToken> now;
-  for (size_t i = 0; i < 3; ++i) {
-    auto h = b->TryClaim(reqs[i]);
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    now.push_back(h->token);
-  }
-  for (auto& h : b->TryClaimMany(std::span<const ClaimRequest>(reqs).subspan(3))) {
-    ASSERT_TRUE(h.ok() && h->kind == Kind::kStarted) << h.status();
-    now.push_back(h->token);
-  }
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 3);
+  ASSERT_EQ(now.size(), reqs.size());
   for (const ClaimToken& t : now) EXPECT_GT(t.fence, highest_old) << t.key;
   for (size_t i = 0; i < old.size(); ++i) ExpectRefused(i < 2 ? *a : *a2, old[i]);
   std::vector<Completion> done;

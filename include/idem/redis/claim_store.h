@@ -24,8 +24,8 @@
 // replica that lagged) resumes above every token handed out before, and a
 // paused holder's old token cannot equal a new holder's. That assumes the
 // counter never ran ahead of the clock (on average fewer than one token per
-// microsecond, a block counting 1,000) and a server clock that does not step
-// back.
+// microsecond; a busy instance takes a block of 1,000 each second, or each
+// lease when leases are shorter) and a server clock that does not step back.
 //
 //   auto store = idem::redis::ClaimStore::Open({.url = "redis://127.0.0.1:6379/0"});
 //   if (!store.ok()) return store.status();
