@@ -23,10 +23,14 @@
 //
 // Fencing: every claim that starts the work gets a fencing token from a
 // counter that only grows, store-wide (on Redis, per key: each new holder's
-// token is above every earlier holder's; see redis/claim_store.h). When a holder's lease expires, the next
-// claimer takes the key over with a higher token, and from then on the old
-// holder's Complete, Fail and Extend are refused with Code::kLeaseLost. A
-// holder whose lease expired but was not taken over may still complete.
+// token is above every earlier holder's, also after a restart that lost the
+// counter, given a sane server clock; see redis/claim_store.h). A store that
+// forgets its claims (Redis without persistence) can still let the work run
+// again: the downstream's idempotency key covers that. When a holder's lease
+// expires, the next claimer takes the key over with a higher token, and from
+// then on the old holder's Complete, Fail and Extend are refused with
+// Code::kLeaseLost. A holder whose lease expired but was not taken over may
+// still complete.
 //
 // Time: leases and expiry are judged by the store's clock (the server's on
 // PostgreSQL and Redis; the machine's on SQLite, which is local), never by a

@@ -152,7 +152,7 @@ class RedisClaimStore final : public ClaimStore {
                   .command_timeout_ms = o.command_timeout_ms,
                   .client_name = o.client_name},
                  {&redis_internal::kTryClaim, &redis_internal::kComplete, &redis_internal::kRelease,
-                  &redis_internal::kExtend, &redis_internal::kAddWaiter},
+                  &redis_internal::kExtend, &redis_internal::kAddWaiter, &redis_internal::kReserveFences},
                  kPipelinedConnections) {}
 
   // Connects once and loads every script, so that a wrong URL, password or
@@ -448,23 +448,23 @@ class RedisClaimStore final : public ClaimStore {
     return now;
   }
 
-  // A fencing token for a claim of an absent key, without a script: tokens
-  // come from a block of kFenceBlock reserved with INCRBY on the same counter
-  // the scripts INCR. A block serves for at most kFenceBlockMaxAgeMs and
+  // A fencing token for a claim of an absent key, without a claim script:
+  // tokens come from a block of kFenceBlock reserved (kReserveFences) on the
+  // same counter the claim script draws from. A block serves for at most kFenceBlockMaxAgeMs and
   // less than the lease asked for. A key absent now was never claimed, or
   // its last holder released it (a tombstone outlives a block), or its
   // record expired or was purged, which happens no sooner than one lease
   // after that holder's claim: either way before this block was reserved,
   // so the token is above every earlier holder's of the key. A takeover
-  // (the script) INCRs past every reserved block.
+  // (the script) draws past every reserved block.
   Result<int64_t> NextFence(int64_t lease_ms) {
     std::lock_guard lock(fence_mu_);
     const int64_t now = SteadyMs();
     if (fence_next_ > fence_end_ || now - fence_reserved_ms_ >= std::min(kFenceBlockMaxAgeMs, lease_ms)) {
-      std::vector<std::string_view> cmd[1] = {{"INCRBY", fence_key_, kFenceBlockText}};
-      IDEM_ASSIGN_OR_RETURN(std::vector<ReplyPtr> r, scripts_.Commands(cmd));
-      if (r.size() != 1) return Status::Internal("unexpected reply to INCRBY of the fence counter");
-      IDEM_ASSIGN_OR_RETURN(int64_t end, ReplyInt(r[0].get(), "INCRBY of the fence counter"));
+      const std::string keys[] = {fence_key_};
+      const std::string args[] = {kFenceBlockText};
+      IDEM_ASSIGN_OR_RETURN(ReplyPtr r, scripts_.Eval(redis_internal::kReserveFences, keys, args));
+      IDEM_ASSIGN_OR_RETURN(int64_t end, ReplyInt(r.get(), "reserve_fences"));
       fence_end_ = end;
       fence_next_ = end - kFenceBlock + 1;
       fence_reserved_ms_ = now;

@@ -10,7 +10,7 @@
 // TTL; every redis.call costs ~1 us of Lua glue):
 //   byte 1      st: 'p' (in progress), 'c' (completed) or 'r' (released: a
 //               tombstone kept kReleasedTtlMs so that a claim right after a
-//               release goes through kTryClaim and its INCR, see
+//               release goes through kTryClaim and its draw, see
 //               NextFence in claim_store.cc)
 //   byte 2      err: '1' when the result is a stored error, else '0'
 //   byte 3      w: '1' once a bounded wait watches the key (Complete and
@@ -42,6 +42,30 @@ inline constexpr int64_t kReleasedTtlMs = 2'000;
   "  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
   "end\n"
 
+// Draws from a fencing counter: draw(counter, n, above) moves it to
+// max(counter, the server's TIME in microseconds, above) + n and returns the
+// new value, so the caller owns the n tokens up to it. Seeded from the clock,
+// a counter that was lost (a restart without persistence, FLUSHALL) or that
+// went back (a replica promoted before it had the latest value) starts above
+// every token drawn before, as long as the counter never ran ahead of the
+// clock: fewer than one token per microsecond on average (a block counts as
+// its size), and a server clock that does not step back. `above` is the fence
+// of the record the caller replaces, so even then the key's new holder
+// outranks the record's. Microseconds since the epoch stay exact in Lua's
+// doubles (below 2^53) until the year 2255; written with %.0f, as a plain
+// integer INCR would still read.
+#define IDEM_REDIS_LUA_DRAW                                    \
+  "local function draw(counter, n, above)\n"                   \
+  "  local t = redis.call('TIME')\n"                           \
+  "  local top = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"  \
+  "  local c = tonumber(redis.call('GET', counter) or '')\n"   \
+  "  if c and c > top then top = c end\n"                      \
+  "  if above and above > top then top = above end\n"          \
+  "  top = top + n\n"                                          \
+  "  redis.call('SET', counter, string.format('%.0f', top))\n" \
+  "  return top\n"                                             \
+  "end\n"
+
 // Splits the record `v` (a string) into st, fence, lease, exp, upd (strings)
 // and the position of the result; fence is nil when `v` is not idem's.
 #define IDEM_REDIS_LUA_SPLIT                                                      \
@@ -70,17 +94,20 @@ inline constexpr int64_t kReleasedTtlMs = 2'000;
   "if tonumber(fence) ~= tonumber(ARGV[2]) then return {'lost', tonumber(fence), st} end\n"
 
 // KEYS: record, fence counter. ARGV: now, fingerprint, lease_ms,
-// abandon_margin_ms. Returns {'started', fence, lease_until, took_over 0|1},
+// abandon_margin_ms. The new fence is drawn above the counter, the clock
+// and the fence of the record it replaces (see draw). Returns {'started', fence, lease_until, took_over 0|1},
 // {'conflict', stored fp}, {'completed', result, is_error 0|1},
 // {'in_progress', lease_until} or {'corrupt', state}.
 inline constexpr Script kTryClaim{
-    "try_claim", IDEM_REDIS_LUA_NOW
+    "try_claim", IDEM_REDIS_LUA_NOW IDEM_REDIS_LUA_DRAW
     "local v = redis.call('GET', KEYS[1])\n"
     "local took_over = 0\n"
     "local w = '0'\n"
+    "local above = 0\n"
     "if v then\n" IDEM_REDIS_LUA_SPLIT_V
     "  if not fence then return {'corrupt', st} end\n"
     "  w = string.sub(v, 3, 3)\n"
+    "  above = tonumber(fence)\n"
     // Present, unless released, or completed and past its retention (TTL
     // may lag a caller's clock).
     "  if st ~= 'r' and not (st == 'c' and tonumber(exp) <= now) then\n"
@@ -92,7 +119,7 @@ inline constexpr Script kTryClaim{
     "    took_over = 1\n"
     "  end\n"
     "end\n"
-    "local fence = redis.call('INCR', KEYS[2])\n"
+    "local fence = draw(KEYS[2], 1, above)\n"
     "local span = tonumber(ARGV[3])\n"
     "local lease = now + span\n"
     // A record being replaced leaves no stale result behind; a watcher's
@@ -101,6 +128,11 @@ inline constexpr Script kTryClaim{
     "redis.call('SET', KEYS[1], 'p0' .. w .. ARGV[2] .. string.format('%.0f:%.0f:0:%.0f:', fence, lease, now),\n"
     "           'PX', span + tonumber(ARGV[4]))\n"
     "return {'started', fence, lease, took_over}\n"};
+
+// KEYS: the fence counter. ARGV: how many tokens.
+// Reserves a block of them (see draw) and returns its last one.
+inline constexpr Script kReserveFences{"reserve_fences",
+                                       IDEM_REDIS_LUA_DRAW "return draw(KEYS[1], tonumber(ARGV[1]), 0)\n"};
 
 // KEYS: records. ARGV: now, retention_ms, min_ttl_ms, then for each record
 // (four each): fence, result, is_error '0'|'1', channel. Completes each
@@ -184,6 +216,7 @@ inline constexpr Script kPurge{"purge", IDEM_REDIS_LUA_NOW IDEM_REDIS_LUA_SPLIT
                                "return n\n"};
 
 #undef IDEM_REDIS_LUA_NOW
+#undef IDEM_REDIS_LUA_DRAW
 #undef IDEM_REDIS_LUA_SPLIT
 #undef IDEM_REDIS_LUA_SPLIT_V
 #undef IDEM_REDIS_LUA_CHECK_TOKEN

@@ -10,13 +10,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "idem/claims.h"
 #include "idem/open.h"
 #include "idem/redis/claim_store.h"
+#include "idem/testing/fake_env.h"
 #include "idem/url.h"
 #include "redis/redis_test_util.h"
 #include "util/claims_conformance.h"
@@ -333,6 +336,157 @@ TEST(RedisClaimStore, AClaimAfterAReleaseOutranksTheReleasedHolderAcrossInstance
     EXPECT_EQ(replay->result, "done");
     ASSERT_EQ(RedisRaw({"DEL", prefix + "claim:7:charges:k"}), "1");
   }
+}
+
+// What a paused holder would still send: Complete, Release and Extend of
+// its old token, each expected refused with kLeaseLost. A call the server
+// did not get (kUnavailable: `store`'s connection died with a restarted
+// server) is retried; it reconnects.
+void ExpectRefused(ClaimStore& store, const ClaimToken& t) {
+  auto refused = [&](auto call) {
+    Code code = Code::kUnavailable;
+    for (int attempt = 0; attempt < 5 && code == Code::kUnavailable; ++attempt) code = call();
+    return code;
+  };
+  EXPECT_EQ(refused([&] { return store.Complete(t, "stale", false, 60'000).code(); }), Code::kLeaseLost) << t.key;
+  EXPECT_EQ(refused([&] { return store.Release(t).code(); }), Code::kLeaseLost) << t.key;
+  EXPECT_EQ(refused([&] { return store.Extend(t, 60'000).status().code(); }), Code::kLeaseLost) << t.key;
+}
+
+// Claims every request, each expected to start, and returns the tokens in
+// order: the first `singles` one at a time on `one`, the rest in one batch
+// on `many` (the two paths that draw fences differently).
+std::vector<ClaimToken> StartAll(ClaimStore& one, ClaimStore& many, std::span<const ClaimRequest> reqs,
+                                 size_t singles) {
+  std::vector<ClaimToken> out;
+  auto take = [&](Result<ClaimOutcome>& h, const ClaimRequest& r) {
+    if (h.ok() && h->kind == Kind::kStarted) {
+      out.push_back(h->token);
+    } else {
+      ADD_FAILURE() << r.key << " did not start: " << h.status();
+    }
+  };
+  for (size_t i = 0; i < singles; ++i) {
+    auto h = one.TryClaim(reqs[i]);
+    take(h, reqs[i]);
+  }
+  auto rest = many.TryClaimMany(reqs.subspan(singles));
+  for (size_t i = 0; i < rest.size(); ++i) take(rest[i], reqs[singles + i]);
+  return out;
+}
+
+// The fencing counter and the records lost together (what a restart without
+// persistence or a FLUSHDB does) while holder A, paused, keeps its token: a
+// new holder B of the same key must get a higher token, A's late Complete,
+// Release and Extend must be refused, and B's must go through. Before the
+// counter was drawn above the server's clock, B's new instance reserved the
+// block 1..1000 again and got A's very token, so A's Complete was accepted.
+TEST(RedisClaimStore, ALostCounterStillOutranksAPausedHolder) {
+  const std::string prefix = UniquePrefix();
+  auto a = OpenReal({.prefix = prefix});
+  ASSERT_NE(a, nullptr);
+  const std::vector<ClaimRequest> reqs{Req("k"), Req("m1"), Req("m2")};
+  const std::vector<ClaimToken> old = StartAll(*a, *a, reqs, 1);
+  ASSERT_EQ(old.size(), reqs.size());
+  // Lost behind A's back: the counter and the records.
+  ASSERT_EQ(RedisRaw({"DEL", prefix + "fence", prefix + "claim:7:charges:k", prefix + "claim:7:charges:m1",
+                      prefix + "claim:7:charges:m2"}),
+            "4");
+  auto b = OpenReal({.prefix = prefix});
+  ASSERT_NE(b, nullptr);
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 1);
+  ASSERT_EQ(now.size(), reqs.size());
+  for (size_t i = 0; i < old.size(); ++i) EXPECT_GT(now[i].fence, old[i].fence) << old[i].key;
+  for (const ClaimToken& t : old) ExpectRefused(*a, t);
+  for (const ClaimToken& t : now) {
+    ASSERT_OK(b->Extend(t, 60'000));
+    ASSERT_TRUE(b->Complete(t, "b:" + t.key, false, 60'000).ok()) << t.key;
+  }
+  for (const ClaimToken& t : now) {
+    auto replay = a->TryClaim(Req(t.key));
+    ASSERT_TRUE(replay.ok() && replay->kind == Kind::kCompleted) << t.key;
+    EXPECT_EQ(replay->result, "b:" + t.key);
+  }
+}
+
+// A counter that went back while the records stayed (a replica promoted
+// with the records but an older counter): a takeover, or a claim after a
+// release, draws above the fence of the record it replaces, single or
+// batched. The counter is pushed far ahead of the clock first, so that only
+// the record's fence (not the clock) can put the new token above the old.
+TEST(RedisClaimStore, ACounterThatWentBackStillOutranksTheRecordItReplaces) {
+  const std::string prefix = UniquePrefix();
+  FakeEnv clock;
+  auto a = OpenReal({.prefix = prefix, .clock = &clock});
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(RedisRaw({"SET", prefix + "fence", "8000000000000000"}), "OK");  // ~2^53, past any clock
+  // To take over (t) and released (r), each once singly and once in a batch.
+  const std::vector<ClaimRequest> reqs{Req("t1", "b", 1'000), Req("r1", "b", 1'000), Req("t2", "b", 1'000),
+                                       Req("r2", "b", 1'000)};
+  const std::vector<ClaimToken> old = StartAll(*a, *a, reqs, 0);
+  ASSERT_EQ(old.size(), reqs.size());
+  ASSERT_TRUE(a->Release(old[1]).ok());
+  ASSERT_TRUE(a->Release(old[3]).ok());
+  ASSERT_EQ(RedisRaw({"SET", prefix + "fence", "5"}), "OK");  // went back
+  clock.Advance(2'000);                                       // t1 and t2 are to take over
+  auto b = OpenReal({.prefix = prefix, .clock = &clock});
+  ASSERT_NE(b, nullptr);
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 2);
+  ASSERT_EQ(now.size(), reqs.size());
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_GT(now[i].fence, old[i].fence) << now[i].key;
+    ExpectRefused(*a, old[i]);
+    ASSERT_TRUE(b->Complete(now[i], "b", false, 60'000).ok()) << now[i].key;
+  }
+}
+
+// A real restart without persistence mid-run: a redis-server of the test's
+// own (no AOF, no snapshots) loses every claim and the counter to a SIGKILL.
+// Claimed again after it comes back (by a new store instance, single and
+// batched), every key gets a token above every token handed out before the
+// restart, and the old holders (still running, their store reconnecting)
+// are refused while the new ones complete.
+TEST(RedisClaimStore, ARestartWithoutPersistenceHandsOutNoTokenAgain) {
+  TempDir dir;
+  const int port = FreeLocalPort();
+  ASSERT_NE(port, 0) << "no free port on 127.0.0.1";
+  OwnRedis server(port);
+  ASSERT_TRUE(server.Start(dir.path(), /*persistent=*/false)) << "redis-server on 127.0.0.1:" << port;
+  const std::string prefix = UniquePrefix();
+  auto a = OpenReal({.url = server.url(), .prefix = prefix});
+  auto a2 = OpenReal({.url = server.url(), .prefix = prefix});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(a2, nullptr);
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(Req("k" + std::to_string(i)));
+  // Single claims from one instance, a batch from the other.
+  const std::vector<ClaimToken> old = StartAll(*a, *a2, reqs, 2);
+  ASSERT_EQ(old.size(), reqs.size());
+  int64_t highest_old = 0;
+  for (const ClaimToken& t : old) highest_old = std::max(highest_old, t.fence);
+
+  server.Kill();
+  ASSERT_TRUE(server.Start(dir.path(), /*persistent=*/false));
+  ASSERT_EQ(RedisRaw({"DBSIZE"}, server.url()), "0") << "the restart kept data";
+
+  auto b = OpenReal({.url = server.url(), .prefix = prefix});
+  ASSERT_NE(b, nullptr);
+  const std::vector<ClaimToken> now = StartAll(*b, *b, reqs, 3);
+  ASSERT_EQ(now.size(), reqs.size());
+  for (const ClaimToken& t : now) EXPECT_GT(t.fence, highest_old) << t.key;
+  for (size_t i = 0; i < old.size(); ++i) ExpectRefused(i < 2 ? *a : *a2, old[i]);
+  std::vector<Completion> done;
+  for (const ClaimToken& t : now) done.push_back({.token = &t, .result = "new"});
+  for (const Status& s : b->CompleteMany(done, 60'000)) EXPECT_TRUE(s.ok()) << s;
+  for (const ClaimRequest& r : reqs) {
+    auto replay = a->TryClaim(r);
+    ASSERT_TRUE(replay.ok() && replay->kind == Kind::kCompleted) << r.key;
+    EXPECT_EQ(replay->result, "new");
+  }
+  a.reset();
+  a2.reset();
+  b.reset();
+  server.Stop();
 }
 
 TEST(RedisClaimStore, RecordsCarryTheirTtl) {

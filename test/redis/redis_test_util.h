@@ -1,20 +1,28 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // The Redis test server (started by the CTest fixture "redis", see
-// scripts/test-redis.sh), key prefixes that keep tests apart, and a raw
-// command helper for what the tests do behind idem's back.
+// scripts/test-redis.sh), key prefixes that keep tests apart, a raw
+// command helper for what the tests do behind idem's back, and servers of a
+// test's own (OwnRedis) for restarts.
 #ifndef IDEM_TEST_REDIS_REDIS_TEST_UTIL_H_
 #define IDEM_TEST_REDIS_REDIS_TEST_UTIL_H_
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "redis/client.h"
@@ -99,6 +107,77 @@ inline int KillClientsNamed(const std::string& name) {
   }
   return killed;
 }
+
+// A port on 127.0.0.1 that nothing listens on now: one the kernel picked
+// for a socket bound to port 0, and that answers no PING. 0 if none.
+inline int FreeLocalPort() {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    ::close(fd);
+    if (port != 0 && RedisRaw({"PING"}, "redis://127.0.0.1:" + std::to_string(port)).starts_with("ERROR")) return port;
+  }
+  return 0;
+}
+
+// A redis-server of a test's own on 127.0.0.1:port (Debian's redis-server on
+// the PATH), in a session of its own, stopped by its PID.
+class OwnRedis {
+ public:
+  explicit OwnRedis(int port) : port_(port) {}
+  ~OwnRedis() { Stop(); }
+  OwnRedis(const OwnRedis&) = delete;
+  OwnRedis& operator=(const OwnRedis&) = delete;
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return pid_; }
+
+  // Starts the server with its data in dir and waits until it answers.
+  // persistent: AOF with fsync always (a restart keeps every write); else
+  // no AOF and no snapshots (a restart starts empty).
+  bool Start(const std::string& dir, bool persistent = true) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setsid();
+      const std::string port = std::to_string(port_), log = dir + "/redis.log";
+      const char* aof = persistent ? "yes" : "no";
+      ::execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port.c_str(), "--save", "",
+               "--appendonly", aof, "--appendfsync", "always", "--daemonize", "no", "--dir", dir.c_str(), "--logfile",
+               log.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    if (pid_ < 0) return false;
+    for (int i = 0; i < 100; ++i) {
+      if (RedisRaw({"PING"}, url()) == "PONG") return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // SIGTERM (the server writes its AOF, if any, and exits), by PID.
+  void Stop() { Signal(SIGTERM); }
+  // SIGKILL, by PID: the server writes nothing more.
+  void Kill() { Signal(SIGKILL); }
+
+ private:
+  void Signal(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+
+  int port_;
+  pid_t pid_ = -1;
+};
 
 }  // namespace idem::testing
 

@@ -685,43 +685,7 @@ TEST_F(StreamsTest, RealClockReceiveBlocksUntilAnEntryArrives) {
 // A redis-server of this test's own, restarted mid-run.
 // ---------------------------------------------------------------------------
 
-class OwnRedis {
- public:
-  explicit OwnRedis(int port) : port_(port) {}
-  ~OwnRedis() { Stop(); }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
-
-  // Starts redis-server on 127.0.0.1:port with its data (AOF, fsync always)
-  // in dir; waits until it answers.
-  bool Start(const std::string& dir) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setsid();
-      const std::string port = std::to_string(port_), log = dir + "/redis.log";
-      ::execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port.c_str(), "--save", "",
-               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--dir", dir.c_str(), "--logfile",
-               log.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 100; ++i) {
-      if (RedisRaw({"PING"}, url()) == "PONG") return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  }
-  // SIGTERM (the server writes its AOF and exits), by PID.
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    pid_ = -1;
-  }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-};
+// OwnRedis: see redis/redis_test_util.h.
 
 TEST_F(StreamsTest, ServerRestartMidRunLosesNothingAndAppliesEachMessageOnce) {
   OwnRedis server(IDEM_TEST_STREAMS_RESTART_PORT);  // IDEM_TEST_REDIS_PORT + 3

@@ -12,12 +12,20 @@
 // clock; every claim refreshes it), off by at most a round trip.
 //
 // Fencing tokens: a new key takes its token from a block of 1,000 that the
-// store instance reserved (INCRBY) on the shared counter at most 1 s before;
-// a takeover's script INCRs past every reserved block. A released claim
-// leaves a tombstone for 2 s, so a claim right after a release goes through
-// the script too. So for every key, each new holder's token is higher than
-// every earlier holder's; across keys and processes tokens are unique but
-// not handed out in one global order.
+// store instance reserved on the shared counter at most 1 s before; a
+// takeover's script draws past every reserved block and past the fence of
+// the record it replaces. A released claim leaves a tombstone for 2 s, so a
+// claim right after a release goes through the script too. So for every
+// key, each new holder's token is higher than every earlier holder's;
+// across keys and processes tokens are unique but not handed out in one
+// global order. Every draw moves the counter to at least the server's clock
+// in microseconds since the epoch (TIME), so a counter that was lost (a
+// restart without persistence, FLUSHALL) or went back (a failover to a
+// replica that lagged) resumes above every token handed out before, and a
+// paused holder's old token cannot equal a new holder's. That assumes the
+// counter never ran ahead of the clock (on average fewer than one token per
+// microsecond; a busy instance takes a block of 1,000 each second, or each
+// lease when leases are shorter) and a server clock that does not step back.
 //
 //   auto store = idem::redis::ClaimStore::Open({.url = "redis://127.0.0.1:6379/0"});
 //   if (!store.ok()) return store.status();
@@ -48,8 +56,9 @@
 //                                                "fence:lease:exp:upd:" and
 //                                                the result bytes), written
 //                                                with one SET ... PX
-//   <prefix>fence                                the fencing counter (INCR,
-//                                                INCRBY for blocks)
+//   <prefix>fence                                the fencing counter (an
+//                                                integer; the scripts move
+//                                                it, never below TIME in us)
 //   <prefix>changed:<scope length>:<scope>:<key> the channel a Complete or
 //                                                Release publishes on, when
 //                                                a waiter flagged the record
