@@ -15,8 +15,14 @@
 //    same bytes (the next consumer's Inbox drops the copy).
 //  - Order per ordering key, across crashes and relays: a message is handed
 //    over only after every earlier message of its key was confirmed (or, on
-//    a publisher whose batches keep order, in the same batch), and a key is
-//    published by one relay at a time.
+//    a publisher whose batches keep order, in the same batch), and a key's
+//    lane is held by one relay at a time. The lane is held by the relay's
+//    database session, not by a lease: a relay paused while the server ended
+//    that session (PostgreSQL) may, when it resumes, hand the rows it had
+//    fetched to the broker once more after another relay took the lane. Those
+//    are late duplicates (same id, seq), and the first copy of each message
+//    still comes in key order; the paused relay's settle fails, so nothing it
+//    records goes backwards (doc/outbox.md, doc/reliability.md).
 //  - A message the broker refuses for good (PublishBatch's kInvalidArgument
 //    or kRejected) goes to the outbox's dead letters with the reason, and
 //    its key goes on; transient errors back off and try again.

@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include "idem/testing/kill_points.h"
+
 namespace idem::sql_internal {
 
 Blob IdBlob(std::string_view id) { return Blob{std::string(id)}; }
@@ -590,6 +592,9 @@ Result<int64_t> SqlStore::Purge(std::string_view consumer, int64_t before_ms, in
     IDEM_RETURN_IF_ERROR(tx->Commit());
     total += n;
     if (n < batch_size) return total;
+    // A purge paused here resumes with its cut, not a newer one: each batch
+    // checks the cut again on the rows it deletes.
+    IDEM_KILL_POINT("store.purge_batch");
   }
 }
 

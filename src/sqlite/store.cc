@@ -400,6 +400,7 @@ class SqliteStore final : public sql_internal::SqlStore {
       }
       IDEM_RETURN_IF_ERROR(tx->Commit());
       if (rows.rows.size() < static_cast<size_t>(batch_size)) break;
+      IDEM_KILL_POINT("store.purge_batch");
       // Let waiting writers (consumers) in between two windows.
       env()->SleepMs(2);
       at_consumer = rows.rows.back()[0].AsText();
@@ -413,6 +414,7 @@ class SqliteStore final : public sql_internal::SqlStore {
       IDEM_RETURN_IF_ERROR(tx->Commit());
       total += n;
       if (n < batch_size) return total;
+      IDEM_KILL_POINT("store.purge_batch");
       env()->SleepMs(2);
     }
   }

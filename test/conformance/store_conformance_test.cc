@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/kill_points.h"
 #include "idem/versioned.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
@@ -580,6 +583,59 @@ TEST_P(StoreConformance, PurgeDeletesOnlyOldMarkersInBatches) {
   EXPECT_EQ(inbox.Handle(Msg("old-0"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   EXPECT_EQ(inbox.Handle(Msg("new-0"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   EXPECT_FALSE(store_->Purge("payments", cut, 0).ok());
+}
+
+// A purge paused between two batches (a stall, SIGSTOP) while consumers go
+// on: when it resumes, it deletes only what its cut names. The markers
+// committed during the pause are newer than the cut, and their ids sort
+// after the old ones, so they lie in the windows the resumed purge still
+// walks (SQLite walks by key): it skips them, and their redeliveries stay
+// duplicates.
+TEST_P(StoreConformance, APurgePausedBetweenBatchesDeletesOnlyWhatItsCutNames) {
+  auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+  Inbox& inbox = *inbox_owned;
+  for (int i = 0; i < 25; ++i) ASSERT_TRUE(inbox.Handle(Msg("old-" + std::to_string(i)), ChargeHandler()).applied());
+  env_.Advance(3'600'000);
+  const int64_t cut = env_.NowMs();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool paused = false, resume = false, done = false;
+  ArmKillPoint("store.purge_batch", 1, [&] {
+    std::unique_lock lock(mu);
+    paused = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return resume; });
+  });
+  Result<int64_t> purged = Status::Internal("not run");
+  std::thread purger([&] {
+    purged = store_->Purge("payments", cut, 7);
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  bool was_paused;
+  {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return paused || done; });
+    was_paused = paused;
+  }
+  // Another consumer commits while the purge is paused.
+  for (int i = 0; i < 5; ++i)
+    EXPECT_TRUE(inbox.Handle(Msg("paused-" + std::to_string(i)), ChargeHandler()).applied()) << i;
+  {
+    std::lock_guard lock(mu);
+    resume = true;
+  }
+  cv.notify_all();
+  purger.join();
+  DisarmKillPoints();
+  EXPECT_TRUE(was_paused) << "the purge never reached store.purge_batch";
+  ASSERT_OK(purged);
+  EXPECT_EQ(*purged, 25);
+  EXPECT_EQ(*store_->CountMarkers("payments"), 5);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(inbox.Handle(Msg("paused-" + std::to_string(i)), ChargeHandler()).kind, Outcome::Kind::kDuplicate) << i;
+  EXPECT_EQ(Charges(*store_), 30);
 }
 
 TEST_P(StoreConformance, HandlerSeesItsOwnWritesAndParameters) {

@@ -2,9 +2,18 @@
 //
 // The provider's cases (provider_cases.cc) on PostgreSQL: a fresh schema of
 // the throwaway server (CTest fixture "postgres") per test.
+#include <libpq-fe.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "http/provider_cases.h"
 #include "idem/env.h"
 #include "idem/testing/fake_env.h"
+#include "idem/testing/kill_points.h"
 #include "postgres/pg_test_util.h"
 
 namespace idem::testing {
@@ -61,6 +70,91 @@ TEST(ProviderOnPostgres, ATwoPhaseFirstExecutionMakesFourRoundTripsAndAReplayOne
 // (Transaction::InsertLater: held back) with the stored response, COMMIT.
 TEST(ProviderOnPostgres, AOneTransactionFirstExecutionMakesFourRoundTripsAndAReplayOne) {
   ExpectRoundTrips(true, 4, 1);
+}
+
+// A group held before its COMMIT (a stall, SIGSTOP) past the claims' 1 ms
+// lease while the client retries. Nothing is committed, so there is no
+// lease to take over: the retry waits for the next group (groups commit one
+// at a time), whose claim would meet the held group's uncommitted row on the
+// key and wait for it (or be answered 503, and retried). Once the group commits, the first answers 201 and the retry
+// replays it: one charge.
+TEST(ProviderOnPostgres, AGroupHeldBeforeItsCommitPastTheLeaseMakesOneChargeAndTheRetryReplaysIt) {
+  cli::ProviderServerOptions o;
+  o.store_url = FreshSchemaUrl();
+  o.api_keys = {{"sk_a", "acct_a"}};
+  o.threads = 16;
+  o.one_transaction = true;
+  o.idempotency.group_commit_max = 64;
+  o.lease_ms = 1;
+  auto started = cli::ProviderServer::Start(std::move(o));
+  ASSERT_TRUE(started.ok()) << started.status();
+  cli::ProviderServer& provider = **started;
+  const std::string body = R"({"amount":4000,"currency":"usd","customer":"cus_1"})";
+  auto post = [&] { return Send(provider.port(), "POST", "/charges", Headers("sk_a", Quoted("held-1")), body); };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, go = false;
+  ArmKillPoint("http.group_before_commit", 1, [&] {
+    std::unique_lock lock(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return go; });
+  });
+  Reply first;
+  std::thread t1([&] { first = post(); });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
+  }
+  // Let the 1 ms lease run out on any clock (a precondition, not a timing
+  // assertion).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::atomic<bool> first_done{false}, retry_answered{false};
+  Reply retry;
+  std::thread t2([&] {
+    for (int i = 0; i < 1000; ++i) {
+      retry = post();
+      retry_answered = true;
+      if (retry.status != 503 || first_done) break;
+    }
+  });
+  // Until the retry waits: parked for the next group (one group commits at
+  // a time, so it queues behind the held one), on the group's row for the
+  // key, or answered while it did.
+  bool waited = false;
+  for (int i = 0; i < 1000 && !waited && !retry_answered; ++i) {
+    waited = provider.counters().group_queue > 0;
+    if (!waited) {
+      PGconn* c = PQconnectdb(PgUrl().c_str());
+      PGresult* r = PQexec(c, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'");
+      waited = PQntuples(r) > 0;
+      PQclear(r);
+      PQfinish(c);
+    }
+    if (!waited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(waited || retry_answered);
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  t1.join();
+  first_done = true;
+  t2.join();
+  DisarmKillPoints();
+  ASSERT_TRUE(first.ok && retry.ok) << first.error << retry.error;
+  EXPECT_EQ(first.status, 201) << first.body;
+  EXPECT_FALSE(first.replayed());
+  if (retry.status == 503) retry = post();  // its last try may have come before the commit
+  EXPECT_EQ(retry.status, 201) << retry.body;
+  EXPECT_TRUE(retry.replayed());
+  ExpectSameResponse(first, retry);
+  Reply list = Send(provider.port(), "GET", "/charges", Headers("sk_a", std::nullopt));
+  ASSERT_EQ(list.status, 200) << list.body;
+  EXPECT_EQ(list.json()["data"].size(), 1u);
+  EXPECT_EQ(provider.counters().executed, 1u);
+  provider.Stop();
 }
 
 }  // namespace

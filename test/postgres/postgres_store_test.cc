@@ -12,13 +12,17 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/open.h"
 #include "idem/outbox.h"
+#include "idem/outbox_relay.h"
 #include "idem/outbox_store.h"
 #include "idem/postgres/store.h"
 #include "idem/testing/fake_env.h"
@@ -126,6 +130,7 @@ class Postgres : public ::testing::Test {
     ADD_FAILURE() << "backend " << pid << " still alive";
   }
   void RaceBothOrders();
+  void PauseARelayWhileItsBackendEnds(const char* point);
   // Waits (bounded) until some backend of this test waits on a lock.
   static bool SomeoneWaitsOnALock() {
     for (int i = 0; i < 1000; ++i) {
@@ -561,6 +566,130 @@ TEST_F(Postgres, ARelayRoundOfSentRowsSettlesInOneRoundTrip) {
   ASSERT_OK(st);
   EXPECT_EQ(st->backlog, 0);
   EXPECT_EQ(st->sent_kept, 20);
+}
+
+// Relay A is paused with a round's rows fetched (at `point`), and the server
+// ends its session meanwhile, as a keepalive after a cut or an operator
+// would: A's lane locks go with the session, and relay B takes the lanes and
+// drains the outbox. Then A resumes. It still believes it holds the lanes
+// (libpq learns that the session is gone only at the next statement), so
+// paused before its publish it hands its rows to the broker once more: late
+// copies after B's, which the next Inbox drops. What it cannot do is record
+// anything: its settle travels over the ended session and fails, so every
+// row is kept as sent once, nothing is dead, nothing moves back into the
+// outbox, and A counts nothing as published.
+void Postgres::PauseARelayWhileItsBackendEnds(const char* point) {
+  Store& store = *store_;
+  auto outbox = MustOpen<Outbox>(store, Outbox::Options{});
+  std::vector<OutgoingMessage> batch;
+  for (int i = 0; i < 12; ++i)
+    batch.push_back(
+        OutgoingMessage{.destination = "d", .key = "k" + std::to_string(i % 3), .payload = "p" + std::to_string(i)});
+  std::map<std::string, std::vector<std::string>> added;
+  {
+    auto tx = store.Begin();
+    ASSERT_OK(tx);
+    auto ids = outbox->AddMany(**tx, batch);
+    ASSERT_OK(ids);
+    ASSERT_OK((*tx)->Commit());
+    for (size_t i = 0; i < batch.size(); ++i) added[batch[i].key].push_back((*ids)[i]);
+  }
+  RecordingPublisher wire;  // both relays publish to it, as to one broker
+  std::mutex mu;
+  std::condition_variable cv;
+  bool paused = false, resume = false;
+  ArmKillPoint(point, 1, [&] {
+    std::unique_lock lock(mu);
+    paused = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return resume; });
+  });
+  OutboxRelay::Options oa{.name = "a", .poll_ms = 20, .rebalance_ms = 20};
+  auto a = MustOpen<OutboxRelay>(store, wire, oa);
+  std::thread ta([&] { EXPECT_OK(a->Run()); });
+  // Lets A go and waits for it, whatever the assertions below say.
+  bool a_gone = false;
+  auto let_a_go = [&] {
+    if (a_gone) return;
+    a_gone = true;
+    {
+      std::lock_guard lock(mu);
+      resume = true;
+    }
+    cv.notify_all();
+    a->Stop();  // after the round in flight: A publishes and settles it first
+    ta.join();
+    DisarmKillPoints();
+  };
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{let_a_go};
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return paused; })) << "A never reached " << point;
+  }
+  const size_t before_takeover = wire.copies().size();
+  {
+    auto tx = store.Begin();
+    ASSERT_OK(tx);
+    auto pid = (*tx)->Query("SELECT backend_pid FROM idem_outbox_relays WHERE name LIKE 'a:%'");
+    ASSERT_OK(pid);
+    ASSERT_EQ(pid->rows.size(), 1u);
+    ASSERT_OK((*tx)->Commit());
+    Terminate(static_cast<int>(pid->rows[0][0].AsInt()));
+  }
+  OutboxRelay::Options ob{.name = "b", .poll_ms = 20, .rebalance_ms = 20, .stop_when_idle = true};
+  auto b = MustOpen<OutboxRelay>(store, wire, ob);
+  ASSERT_OK(b->Run());
+  EXPECT_EQ(b->stats().published, batch.size());
+  const size_t after_b = wire.copies().size();
+  let_a_go();
+
+  EXPECT_EQ(a->stats().published, 0u) << "A's settle went over an ended session";
+  EXPECT_EQ(a->stats().rounds, 0u);
+  auto st = outbox->Stats();
+  ASSERT_OK(st);
+  EXPECT_EQ(st->backlog, 0);
+  EXPECT_EQ(st->dead_letters, 0);
+  EXPECT_EQ(st->sent_kept, static_cast<int64_t>(batch.size()));
+  {
+    auto tx = store.Begin();
+    ASSERT_OK(tx);
+    auto sent = (*tx)->Query("SELECT count(*), count(DISTINCT id) FROM idem_outbox_sent");
+    ASSERT_OK(sent);
+    EXPECT_EQ(sent->rows[0][0].AsInt(), static_cast<int64_t>(batch.size()));
+    EXPECT_EQ(sent->rows[0][1].AsInt(), static_cast<int64_t>(batch.size()));
+    ASSERT_OK((*tx)->Commit());
+  }
+  // The first copy of each message, per key, in commit order; a late copy
+  // only repeats a message B already published.
+  const auto copies = wire.copies();
+  EXPECT_EQ(FirstCopiesByKey(copies), added);
+  std::set<std::string> by_b;
+  for (size_t i = before_takeover; i < after_b; ++i) by_b.insert(copies[i].id);
+  EXPECT_EQ(by_b.size(), batch.size()) << "B published every message";
+  for (size_t i = after_b; i < copies.size(); ++i) EXPECT_TRUE(by_b.count(copies[i].id)) << copies[i].id;
+  // Paused before its publish, A does publish late: nothing on the broker's
+  // side fences it (doc/outbox.md).
+  if (std::string_view(point) == "relay.before_publish") {
+    EXPECT_GT(copies.size(), after_b);
+  }
+  std::map<std::string, int> per_id;
+  for (const auto& c : copies) ++per_id[c.id];
+  for (const auto& [id, n] : per_id) EXPECT_LE(n, 2) << id << ": at most once by each relay";
+}
+
+// Paused before its first publish: A's late copies reach the wire after B's
+// (the documented duplicate of outbox.md), and its settle fails.
+TEST_F(Postgres, ARelayWhoseBackendEndedWhilePausedBeforePublishCannotSettleAndKeepsFirstCopiesInOrder) {
+  PauseARelayWhileItsBackendEnds("relay.before_publish");
+}
+
+// Paused after its publish, before its settle: B publishes the same messages
+// again (same ids), and A's settle fails: each is kept as sent once.
+TEST_F(Postgres, ARelayWhoseBackendEndedWhilePausedBeforeSettleCannotSettleAndEveryRowIsSentOnce) {
+  PauseARelayWhileItsBackendEnds("relay.before_settle");
 }
 
 // A statement whose PREPARE succeeded in the flight that carried BEGIN, and

@@ -59,6 +59,7 @@ namespace idem {
 //   relay.before_settle    a round published, its record not yet begun
 //   relay.before_settle_commit  the round's record written, not committed
 //   relay.after_settle     the round's record committed
+//   store.purge_batch      a marker purge committed a batch, the next not yet begun
 //   http.after_claim       an HTTP request's key claimed, the handler not yet run
 //   http.before_complete   the handler's effect done, the response not yet stored
 //   http.group_before_commit  a group of transactional requests run, COMMIT not yet issued
