@@ -89,8 +89,11 @@ bool Schedule::NextHold(int slot, Plan& p) {
                              ? 0
                              : kTakeoverWaitMs;
     p.label = "pause:" + point;
-    // (Its timer waits while it is stopped: this is running time.)
-    p.kill_after_ms = 800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200);
+    // (Its timer waits while it is stopped: this is running time.) A Kafka
+    // member takes seconds to join its group (the rebalance waits for the
+    // others) before it holds a record: its life is that much longer.
+    p.kill_after_ms =
+        800 + 100 * cfg_.hits + static_cast<int64_t>(rng() % 1'200) + (cfg_.source.starts_with("kafka") ? 10'000 : 0);
     return true;
   }
   if (kind == 1) {
