@@ -182,6 +182,7 @@ check purge-scope-keeps-markers 0 "$IDEM" purge --store "$STORE" --older-than 0s
 check purge-all 0 "$IDEM" purge --store "$STORE" --older-than 0s --batch 64 --json
 # The demo's markers: 300 payments and 300 shipments; its 300 sent outbox messages.
 has purge-600 "$T/out" '"purged":600,'
+has purge-by-age-says-so "$T/err" 'markers purged by age alone, no redelivery horizon checked'
 has purge-demo-outbox "$T/out" '"outbox_purged":300'
 check bad-duration 2 "$IDEM" purge --store "$STORE" --older-than soon
 for d in inf nan 1e300d -5s; do

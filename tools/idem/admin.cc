@@ -532,6 +532,10 @@ int RunPurge(const Args& args) {
             : (*store)->Purge(consumer, before, static_cast<int>(*batch));
     if (!n.ok()) return Fail("purge", n.status());
     purged = *n;
+    // By age alone: say what was not checked (scripts read stdout).
+    if (!horizon && *n > 0)
+      std::cerr << "idem purge: markers purged by age alone, no redelivery horizon checked: a message still in its "
+                   "source applies again if it comes (--source URL or --horizon DURATION guard the purge)\n";
   }
   ClaimStore* cs = (*store)->claim_store();
   if (claim_records && cs != nullptr) {
