@@ -239,29 +239,20 @@ struct Source::Impl {
         if (state != State::kAcked) abandoned.fetch_add(1, std::memory_order_relaxed);
       parts.erase(it);
     }
+    const bool closing_now = closing;
     l.unlock();
-    // A member that already left the group (max.poll.interval.ms ran out
-    // under a long handler) has no member id: the group would refuse its
-    // commit, and librdkafka 2.0 never answers a synchronous commit made
-    // while such a member closes. Its successor starts from the last
-    // commit made while it was a member.
-    if (!lost && commit->cnt > 0 && !InGroup()) {
-      lost = true;
-      commit_errors.fetch_add(1, std::memory_order_relaxed);
-    }
     if (!lost && commit->cnt > 0) {
       commits.fetch_add(1, std::memory_order_relaxed);
-      if (rd_kafka_commit(rk.get(), commit.get(), 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
+      // Closing: asynchronously (librdkafka's close still waits for the
+      // answer). A member that already left the group (max.poll.interval.ms
+      // ran out under a handler) never gets one to a synchronous commit made
+      // while it closes, and nothing else may be asked of it then either
+      // (rd_kafka_memberid blocks too): the async commit fails on its own,
+      // and its successor starts from the last commit made while it was a
+      // member.
+      if (rd_kafka_commit(rk.get(), commit.get(), closing_now ? 1 : 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
         commit_errors.fetch_add(1, std::memory_order_relaxed);
     }
-  }
-
-  // Whether this member belongs to the group now (has a member id).
-  bool InGroup() const {
-    char* id = rd_kafka_memberid(rk.get());
-    const bool in = id != nullptr && *id != '\0';
-    if (id != nullptr) rd_kafka_mem_free(rk.get(), id);
-    return in;
   }
 
   static void RebalanceCb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list,
