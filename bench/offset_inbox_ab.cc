@@ -33,17 +33,14 @@ using idem::Status;
 
 constexpr int kPartitions = 4;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 Status Effect(idem::Transaction& tx, const idem::Message& m) {
   return tx.Exec("INSERT INTO offset_ab_effects(message_id) VALUES ($1)", {m.id}).status();
 }
 
 // The earlier Handle: read, handler, unconditional upsert, commit.
-Status Before(idem::Store& store, const std::string& topic, int32_t partition, int64_t offset,
-              const idem::Message& m) {
+Status Before(idem::Store& store, const std::string& topic, int32_t partition, int64_t offset, const idem::Message& m) {
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_ASSIGN_OR_RETURN(idem::Rows rows,
                         tx->Query("SELECT last_offset FROM idem_kafka_offsets WHERE consumer = $1 AND topic = $2 AND "
@@ -75,8 +72,7 @@ int main(int argc, char** argv) {
   }
   {
     auto tx = (*store)->Begin();
-    if (!tx.ok() ||
-        !(*tx)->Exec("CREATE TABLE IF NOT EXISTS offset_ab_effects(message_id TEXT NOT NULL)").ok() ||
+    if (!tx.ok() || !(*tx)->Exec("CREATE TABLE IF NOT EXISTS offset_ab_effects(message_id TEXT NOT NULL)").ok() ||
         !(*tx)->Commit().ok()) {
       std::cerr << "offset_inbox_ab: cannot create the effect table\n";
       return 1;
@@ -126,8 +122,9 @@ int main(int argc, char** argv) {
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted.size() % 2 == 1 ? sorted[sorted.size() / 2]
                                                : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
-  std::printf("{\"store\":\"%s\",\"records_per_round\":%d,\"rounds\":%d,\"median_after_over_before\":%.3f,"
-              "\"min\":%.3f,\"max\":%.3f}\n",
-              std::string((*store)->Kind()).c_str(), n, rounds, median, sorted.front(), sorted.back());
+  std::printf(
+      "{\"store\":\"%s\",\"records_per_round\":%d,\"rounds\":%d,\"median_after_over_before\":%.3f,"
+      "\"min\":%.3f,\"max\":%.3f}\n",
+      std::string((*store)->Kind()).c_str(), n, rounds, median, sorted.front(), sorted.back());
   return 0;
 }
