@@ -188,28 +188,72 @@ std::string What(std::string_view sql) { return std::string(sql.substr(0, 120));
 
 }  // namespace
 
+namespace {
+
+// A statement's name from its text and parameter kinds (FNV-1a, 64 bits):
+// the same statement has the same name in every session, so a session that
+// is not this connection's own (a pooler's, wrongly taken for a direct one)
+// can never run another statement under it: its PREPARE fails instead.
+std::string StatementName(std::string_view key) {
+  uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "idem_%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// A PREPARE that finds its name taken, or an execution that finds none: the
+// server session changed under the connection, as behind a transaction
+// pooler. Says so, where, and the fix (kUnavailable: the server as reached
+// cannot serve what this connection needs; exit 3 from the CLI).
+Status NameThePooler(Status s, PGconn* conn) {
+  if (s.ok()) return s;
+  const std::string& m = s.message();
+  if (m.find("SQLSTATE 42P05") == std::string::npos && m.find("SQLSTATE 26000") == std::string::npos) return s;
+  return Status::Unavailable("PostgreSQL at " + std::string(PQhost(conn)) + ":" + PQport(conn) + ": " + m +
+                             ": the server session changed between statements, as behind a transaction pooler "
+                             "(pgbouncer pool_mode=transaction): use ?idem_pooler=transaction (or auto) in the URL");
+}
+
+}  // namespace
+
+Result<bool> Conn::BehindAPooler() {
+  IDEM_KILL_POINT("postgres.round_trip");
+  ResultPtr r(PQexec(conn_, "SELECT pg_backend_pid()"));
+  IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "SELECT pg_backend_pid()"));
+  if (PQntuples(r.get()) != 1) return Status::Internal("SELECT pg_backend_pid() returned no row");
+  return std::atoll(PQgetvalue(r.get(), 0, 0)) != PQbackendPID(conn_);
+}
+
 Conn::Prepared Conn::StatementFor(std::string_view sql, const Encoded& e) const {
   // Prepared once per (SQL, parameter kinds); NULLs match any kind.
   Prepared st;
   st.key = std::string(sql) + '\x1f' + e.sig;
   auto it = prepared_.find(st.key);
   st.prepare = it == prepared_.end();
-  st.name = st.prepare ? "idem_" + std::to_string(prepared_.size() + 1) : it->second;
+  st.name = st.prepare ? StatementName(st.key) : it->second;
   return st;
 }
 
 Result<ResultPtr> Conn::Exec(std::string_view sql, std::span<const Value> params) {
   IDEM_ASSIGN_OR_RETURN(Encoded e, Encode(params));
+  if (pooled_) {
+    IDEM_KILL_POINT("postgres.round_trip");
+    ResultPtr r(PQexecParams(conn_, std::string(sql).c_str(), e.n, e.types.data(), e.values.data(), e.lengths.data(),
+                             e.formats.data(), 0));
+    IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, What(sql)));
+    return r;
+  }
   const Prepared st = StatementFor(sql, e);
   if (st.prepare) {
     IDEM_KILL_POINT("postgres.round_trip");
     ResultPtr r(PQprepare(conn_, st.name.c_str(), std::string(sql).c_str(), e.n, e.types.data()));
-    IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, "prepare: " + What(sql)));
+    IDEM_RETURN_IF_ERROR(NameThePooler(Translate(r.get(), conn_, "prepare: " + What(sql)), conn_));
     prepared_.emplace(st.key, st.name);
   }
   IDEM_KILL_POINT("postgres.round_trip");
   ResultPtr r(PQexecPrepared(conn_, st.name.c_str(), e.n, e.values.data(), e.lengths.data(), e.formats.data(), 0));
-  IDEM_RETURN_IF_ERROR(Translate(r.get(), conn_, What(sql)));
+  IDEM_RETURN_IF_ERROR(NameThePooler(Translate(r.get(), conn_, What(sql)), conn_));
   return r;
 }
 
@@ -225,10 +269,13 @@ Result<std::vector<ResultPtr>> Conn::Flight(std::string_view first, std::span<co
   std::vector<Planned> plan(steps.size());
   std::unordered_map<std::string, std::string> fresh;  // prepared in this flight: key -> name
   for (size_t i = 0; i < steps.size(); ++i) {
+    if (pooled_) {  // unnamed: nothing to prepare, nothing to remember
+      plan[i] = Planned{{}, {}, std::string(steps[i].sql), false};
+      continue;
+    }
     Prepared st = StatementFor(steps[i].sql, *steps[i].params);
     if (st.prepare) {
-      auto [it, added] = fresh.try_emplace(st.key, "idem_" + std::to_string(prepared_.size() + fresh.size() + 1));
-      st.name = it->second;
+      auto [it, added] = fresh.try_emplace(st.key, st.name);
       st.prepare = added;
     }
     plan[i] = Planned{std::move(st.key), std::move(st.name), std::string(steps[i].sql), st.prepare};
@@ -249,8 +296,13 @@ Result<std::vector<ResultPtr>> Conn::Flight(std::string_view first, std::span<co
       sent = sent && PQsendPrepare(conn_, plan[i].name.c_str(), plan[i].text.c_str(), e.n, e.types.data()) == 1;
       what.push_back("prepare: " + What(plan[i].text));
     }
-    sent = sent && PQsendQueryPrepared(conn_, plan[i].name.c_str(), e.n, e.values.data(), e.lengths.data(),
-                                       e.formats.data(), 0) == 1;
+    if (pooled_) {
+      sent = sent && PQsendQueryParams(conn_, plan[i].text.c_str(), e.n, e.types.data(), e.values.data(),
+                                       e.lengths.data(), e.formats.data(), 0) == 1;
+    } else {
+      sent = sent && PQsendQueryPrepared(conn_, plan[i].name.c_str(), e.n, e.values.data(), e.lengths.data(),
+                                         e.formats.data(), 0) == 1;
+    }
     exec_at.push_back(what.size());
     what.push_back(What(plan[i].text));
   }
@@ -285,7 +337,7 @@ Result<std::vector<ResultPtr>> Conn::Flight(std::string_view first, std::span<co
   for (size_t i = 0; i < queries; ++i) {
     // The first failure is the one to report: later queries only say the pipeline was aborted.
     if (i >= got.size()) return Translate(nullptr, conn_, what[i]);
-    IDEM_RETURN_IF_ERROR(Translate(got[i].get(), conn_, what[i]));
+    IDEM_RETURN_IF_ERROR(NameThePooler(Translate(got[i].get(), conn_, what[i]), conn_));
   }
   if (!synced) return Translate(nullptr, conn_, what.back());
   std::vector<ResultPtr> out;

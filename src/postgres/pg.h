@@ -45,6 +45,16 @@ class Conn {
 
   PGconn* raw() const { return conn_; }
   bool healthy() const { return PQstatus(conn_) == CONNECTION_OK; }
+  // Behind a transaction pooler (pgbouncer pool_mode=transaction) each
+  // transaction may run on another server session: statements are then
+  // sent unnamed (parsed at each execution), never prepared, so that no
+  // name lives on in a session another client gets. Pipelining stays.
+  void set_pooled(bool pooled) { pooled_ = pooled; }
+  bool pooled() const { return pooled_; }
+  // Whether a pooler stands between this connection and the server: the
+  // backend key libpq got at startup is not the server process's id (a
+  // multiplexing pooler makes its own). One query.
+  Result<bool> BehindAPooler();
   bool in_transaction() const;
 
   // Runs SQL without parameters (may hold several statements).
@@ -83,6 +93,7 @@ class Conn {
   // begins the transaction (`first` not empty) found the connection dead.
   Result<std::vector<ResultPtr>> FlightOrAgain(std::string_view first, std::span<const Step> steps);
   PGconn* conn_;
+  bool pooled_ = false;
   std::unordered_map<std::string, std::string> prepared_;  // sql -> statement name
 };
 

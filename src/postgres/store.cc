@@ -9,6 +9,7 @@
 #include <cctype>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -320,6 +321,9 @@ class PgStore final : public sql_internal::SqlStore {
       : SqlStore(o.partition_by_day ? kDailyDialect : kDialect, o.env, o.pool_size), options_(o) {}
 
   std::unique_ptr<Watch> WatchKey(std::string_view scope, std::string_view key) override {
+    // A LISTEN lives in the server session, which a transaction pooler hands
+    // to others: poll there.
+    if (pooled_.load() == 1) return ClaimStore::WatchKey(scope, key);
     auto conn = Take();
     if (conn.ok() && (*conn)->Script(std::string("LISTEN ") + pg_internal::kClaimsChannel).ok()) {
       Value p[] = {std::string(scope), sql_internal::IdBlob(key)};
@@ -425,7 +429,23 @@ class PgStore final : public sql_internal::SqlStore {
 
   Result<std::unique_ptr<sql_internal::Connection>> Connect() override {
     IDEM_ASSIGN_OR_RETURN(auto c, Conn::Connect(options_.url, options_.connect_timeout_ms));
+    IDEM_ASSIGN_OR_RETURN(const bool pooled, Pooled(*c));
+    c->set_pooled(pooled);
     return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c)));
+  }
+
+  // The relay holds its lanes (session advisory locks) and waits (LISTEN)
+  // for its whole session, and tunes its session: behind a transaction
+  // pooler none of that is its own.
+  Result<std::unique_ptr<sql_internal::Connection>> ConnectRelay() override {
+    IDEM_ASSIGN_OR_RETURN(auto c, Connect());
+    if (pooled_.load() == 1)
+      return Status::Unavailable(
+          "PostgreSQL at " + RedactUrl(options_.url) +
+          ": the outbox relay holds its lanes (session advisory locks) and waits (LISTEN) for its whole "
+          "session, which a transaction pooler does not keep: give the relay a URL that reaches the server directly "
+          "(or through a session-mode pooler), with ?idem_pooler=none");
+    return c;
   }
 
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
@@ -506,7 +526,19 @@ class PgStore final : public sql_internal::SqlStore {
     return out;
   }
 
+  // Whether this store's connections go through a transaction pooler: the
+  // option, or (kAuto) what the first connection found; -1 before that.
+  Result<bool> Pooled(Conn& c) {
+    if (options_.pooler != Options::Pooler::kAuto) return options_.pooler == Options::Pooler::kTransaction;
+    const int known = pooled_.load();
+    if (known >= 0) return known == 1;
+    IDEM_ASSIGN_OR_RETURN(const bool behind, c.BehindAPooler());
+    pooled_.store(behind ? 1 : 0);
+    return behind;
+  }
+
   Options options_;
+  std::atomic<int> pooled_{-1};
 };
 
 }  // namespace
@@ -527,7 +559,7 @@ Result<Options> TakeIdemKeys(Options o) {
   // for the Unix socket: postgres:///db?host=/run/postgresql).
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(o.url, "PostgreSQL URL", UrlForm::kFile));
   std::vector<std::string_view> known = {"idem_pool_size", "idem_connect_timeout_ms", "idem_partition_by_day",
-                                         "idem_create_if_missing"};
+                                         "idem_create_if_missing", "idem_pooler"};
   for (size_t i = 0; i < u.query.size(); ++i) {
     const std::string& k = u.query[i].first;
     if (!k.starts_with("idem_")) continue;
@@ -537,13 +569,26 @@ Result<Options> TakeIdemKeys(Options o) {
     if (std::find(known.begin(), known.end(), k) == known.end())
       return Status::InvalidArgument("unknown idem option '" + k + "' in the PostgreSQL URL '" + RedactUrl(o.url) +
                                      "' (known: idem_pool_size, idem_connect_timeout_ms, idem_partition_by_day, "
-                                     "idem_create_if_missing)");
+                                     "idem_create_if_missing, idem_pooler)");
   }
   IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("idem_pool_size", o.pool_size, 1, 9999));
   IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms,
                         u.GetInt("idem_connect_timeout_ms", o.connect_timeout_ms, 1, int64_t{24} * 3600 * 1000));
   IDEM_ASSIGN_OR_RETURN(o.partition_by_day, u.GetBool("idem_partition_by_day", o.partition_by_day));
   IDEM_ASSIGN_OR_RETURN(o.create_if_missing, u.GetBool("idem_create_if_missing", o.create_if_missing));
+  if (u.Has("idem_pooler")) {
+    const std::string p = u.Get("idem_pooler");
+    if (p == "auto") {
+      o.pooler = Options::Pooler::kAuto;
+    } else if (p == "transaction") {
+      o.pooler = Options::Pooler::kTransaction;
+    } else if (p == "none") {
+      o.pooler = Options::Pooler::kNone;
+    } else {
+      return Status::InvalidArgument("idem_pooler must be auto, transaction or none, not '" + p + "' in '" +
+                                     RedactUrl(o.url) + "'");
+    }
+  }
   o.pool_size = static_cast<int>(pool);
   // The URL as libpq takes it: every pair but idem's, as written.
   std::string kept;

@@ -69,6 +69,21 @@ class Store {
     // server's, so that every client agrees whatever its own clock says. Tests
     // pass a FakeEnv.
     Env* claim_clock = nullptr;
+    // Whether a connection pooler in transaction mode (pgbouncer
+    // pool_mode=transaction, or a managed pooler like it) stands between the
+    // store and the server. Behind one, each transaction may run on another
+    // server session, so nothing may outlive a transaction there: statements
+    // go unnamed (never prepared), claims' bounded waits poll instead of
+    // LISTENing, and the outbox relay, which holds its lanes for its whole
+    // session, is refused (give it a direct URL). kAuto finds out on the
+    // first connection (the backend key libpq got is not the server
+    // process's id: any multiplexing pooler); kTransaction says so without
+    // asking; kNone says there is none (a session pooler counts as none),
+    // and a statement that then finds the session changed under it fails
+    // naming ?idem_pooler=transaction, never running another's SQL.
+    // Default: kAuto. URL: ?idem_pooler=auto|transaction|none.
+    enum class Pooler { kAuto, kTransaction, kNone };
+    Pooler pooler = Pooler::kAuto;
   };
 
   // Checks the options, connects, then creates or migrates idem's tables
@@ -83,7 +98,7 @@ class Store {
   // Reads "postgres://..." or "postgresql://..." into options: `url` keeps
   // everything libpq reads (its own query keys included), and idem's keys
   // are taken out into the fields: idem_pool_size, idem_connect_timeout_ms,
-  // idem_partition_by_day, idem_create_if_missing. Another idem_ key, or one
+  // idem_partition_by_day, idem_create_if_missing, idem_pooler. Another idem_ key, or one
   // given twice: kInvalidArgument naming it. Any other scheme:
   // kInvalidArgument.
   static Result<Options> ParseUrl(std::string_view url);

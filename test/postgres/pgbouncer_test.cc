@@ -1,0 +1,202 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The PostgreSQL store behind a real transaction pooler: pgbouncer
+// (pool_mode=transaction) in front of the test server, started by the CTest
+// fixture "pgbouncer" (scripts/test-pgbouncer.sh). Each test has a database
+// of its own (pgbouncer drops a URL's options=-c search_path), reached
+// through the pooler, which idem finds out by itself (idem_pooler=auto).
+// Every message is handled at least twice, from racing threads.
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/inbox.h"
+#include "idem/kafka/offset_inbox.h"
+#include "idem/kafka/source.h"
+#include "idem/outbox.h"
+#include "idem/outbox_relay.h"
+#include "idem/postgres/store.h"
+#include "postgres/pg_test_util.h"
+#include "util/outbox_conformance.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+// A fresh database, and its URL through the pooler.
+std::string PooledDatabase() {
+  static std::atomic<int> n{0};
+  const std::string db = "pgb_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+  EXPECT_EQ(PgAdmin("DROP DATABASE IF EXISTS " + db), "");
+  EXPECT_EQ(PgAdmin("CREATE DATABASE " + db), "");
+  const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
+  if (port == nullptr || *port == '\0') {
+    ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
+    return "postgres://127.0.0.1:1/none";
+  }
+  return "postgres://postgres@127.0.0.1:" + std::string(port) + "/" + db;
+}
+
+// One value from a fresh libpq connection.
+std::string One(PGconn* c, const char* sql) {
+  PGresult* r = PQexec(c, sql);
+  std::string v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "error";
+  if (v == "error") v += ": " + std::string(PQerrorMessage(c));
+  PQclear(r);
+  return v;
+}
+
+std::unique_ptr<Store> OpenPooled(const std::string& url) {
+  auto s = postgres::Store::Open({.url = url, .pool_size = 4});
+  EXPECT_OK(s);
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// Every path that runs through the pooler, then fresh clients of it: none
+// of them sees anything idem set, prepared, listened to or locked.
+TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) {
+  const std::string url = PooledDatabase();
+  auto store = OpenPooled(url);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(CreatePayments(*store));
+
+  // The inbox: 40 messages, each handled twice at once by two threads and
+  // once more after.
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments"});
+  constexpr int kN = 40;
+  std::atomic<int> not_acked{0};
+  auto handle_all = [&] {
+    for (int i = 0; i < kN; ++i)
+      if (!inbox->Handle(Msg("p-" + std::to_string(i)), ChargeHandler()).ShouldAck()) not_acked++;
+  };
+  std::thread a(handle_all), b(handle_all);
+  a.join();
+  b.join();
+  handle_all();
+  EXPECT_EQ(not_acked, 0);
+  EXPECT_EQ(Charges(*store), kN);
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(Charges(*store, "p-" + std::to_string(i)), 1);
+
+  // Claims: a key claimed; a second claimer finds it in progress; completed;
+  // then a replay.
+  ClaimStore* claims = store->claim_store();
+  ASSERT_NE(claims, nullptr);
+  auto first = claims->TryClaim({.scope = "charges", .key = "k-1", .lease_ms = 30'000});
+  ASSERT_OK(first);
+  ASSERT_EQ(first->kind, ClaimOutcome::Kind::kStarted);
+  auto busy = claims->TryClaim({.scope = "charges", .key = "k-1", .lease_ms = 30'000});
+  ASSERT_OK(busy);
+  EXPECT_EQ(busy->kind, ClaimOutcome::Kind::kInProgress);
+  ASSERT_OK(claims->Complete(first->token, "charged", false, 60'000));
+  auto replay = claims->TryClaim({.scope = "charges", .key = "k-1", .lease_ms = 30'000});
+  ASSERT_OK(replay);
+  EXPECT_EQ(replay->kind, ClaimOutcome::Kind::kCompleted);
+  EXPECT_EQ(replay->result, "charged");
+  // A bounded wait polls (no LISTEN through the pooler) and ends on time.
+  auto watch = claims->WatchKey("charges", "k-2");
+  ASSERT_NE(watch, nullptr);
+
+  // Kafka's offset inbox: its lock bound is local to its transaction.
+  auto oi = kafka::OffsetInbox::Open(*store, {.consumer = "ledger", .lock_wait_ms = 1'234});
+  ASSERT_OK(oi);
+  for (int round = 0; round < 2; ++round)
+    for (int64_t offset = 0; offset < 5; ++offset) {
+      Delivery d{.message = Msg("o-" + std::to_string(offset)),
+                 .receipt = kafka::EncodeReceipt({"ledger", 0, offset, 1})};
+      Outcome o = (*oi)->Handle(d, ChargeHandler());
+      EXPECT_TRUE(o.ShouldAck()) << o.ToString();
+      EXPECT_EQ(o.applied(), round == 0);
+    }
+
+  // The outbox takes rows through the pooler; its relay, which holds lanes
+  // and listens for its whole session, is refused, naming the fix.
+  auto outbox = Outbox::Open(*store);
+  ASSERT_OK(outbox);
+  {
+    auto tx = store->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK((*outbox)->Add(**tx, {.destination = "shipping", .key = "o-1", .payload = "paid"}).status());
+    ASSERT_OK((*tx)->Commit());
+  }
+  RecordingPublisher sink;
+  auto relay = OutboxRelay::Open(*store, sink, {.stop_when_idle = true});
+  Status ran = relay.ok() ? (*relay)->Run() : relay.status();
+  EXPECT_EQ(ran.code(), Code::kUnavailable) << ran;
+  EXPECT_NE(ran.message().find("idem_pooler=none"), std::string::npos) << ran;
+
+  // Purge through the pooler.
+  EXPECT_OK(store->Purge("payments", 0, 100).status());
+
+  // Fresh clients, one after another, each keeping its transaction open so
+  // that the next one gets another of the pooler's server sessions for this
+  // database (default_pool_size = 8): each sees the server's defaults.
+  std::vector<PGconn*> clients;
+  for (int i = 0; i < 8; ++i) {
+    PGconn* c = PQconnectdb(url.c_str());
+    ASSERT_EQ(PQstatus(c), CONNECTION_OK) << PQerrorMessage(c);
+    clients.push_back(c);
+    PQclear(PQexec(c, "BEGIN"));
+    EXPECT_EQ(One(c, "SHOW synchronous_commit"), "on") << "client " << i;
+    EXPECT_EQ(One(c, "SHOW lock_timeout"), "0") << "client " << i;
+    EXPECT_EQ(One(c, "SHOW statement_timeout"), "0") << "client " << i;
+    EXPECT_EQ(One(c, "SELECT count(*) FROM pg_listening_channels()"), "0") << "client " << i;
+    EXPECT_EQ(One(c, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'idem%'"), "0") << "client " << i;
+    EXPECT_EQ(One(c, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"), "0")
+        << "client " << i;
+  }
+  for (PGconn* c : clients) {
+    PQclear(PQexec(c, "COMMIT"));
+    PQfinish(c);
+  }
+}
+
+// Named statements behind a transaction pooler are refused loudly when the
+// URL says there is none: never another client's statement run silently.
+TEST(Pgbouncer, ANamedStatementOnAForeignSessionFailsNamingTheFix) {
+  const std::string url = PooledDatabase();
+  auto pooled = OpenPooled(url);
+  ASSERT_NE(pooled, nullptr);
+  ASSERT_OK(CreatePayments(*pooled));
+  // Many stores that think they are direct, each preparing the same
+  // statements on whichever server session the pooler hands it, until one
+  // finds its statement's name taken (or missing) on a session.
+  Status found;
+  for (int round = 0; round < 20 && found.ok(); ++round) {
+    std::vector<std::unique_ptr<Store>> direct;
+    for (int i = 0; i < 6; ++i) {
+      auto s = postgres::Store::Open({.url = url + "?idem_pooler=none", .pool_size = 1});
+      if (!s.ok()) {
+        found = s.status();
+        break;
+      }
+      direct.push_back(std::move(*s));
+    }
+    for (auto& s : direct) {
+      auto tx = s->Begin();
+      if (!tx.ok()) {
+        found = tx.status();
+        break;
+      }
+      auto r = (*tx)->Query("SELECT count(*) FROM payments WHERE message_id = $1", {"x"});
+      if (!r.ok()) {
+        found = r.status();
+        break;
+      }
+      (*tx)->Rollback();
+    }
+  }
+  ASSERT_FALSE(found.ok()) << "no store ever met a session another had prepared on";
+  EXPECT_EQ(found.code(), Code::kUnavailable) << found;
+  EXPECT_NE(found.message().find("PostgreSQL at 127.0.0.1:"), std::string::npos) << found;
+  EXPECT_NE(found.message().find("idem_pooler=transaction"), std::string::npos) << found;
+}
+
+}  // namespace
+}  // namespace idem::testing
