@@ -2,10 +2,12 @@
 //
 // The PostgreSQL store behind a real transaction pooler: pgbouncer
 // (pool_mode=transaction) in front of the test server, started by the CTest
-// fixture "pgbouncer" (scripts/test-pgbouncer.sh). Each test has a database
-// of its own (pgbouncer drops a URL's options=-c search_path), reached
+// fixture "pgbouncer" (scripts/test-pgbouncer.sh). pgbouncer refuses a URL's
+// options=-c search_path, so each test has a database of its own, and each
+// conformance test a role whose search_path is its schema; always reached
 // through the pooler, which idem finds out by itself (idem_pooler=auto).
-// Every message is handled at least twice, from racing threads.
+// Every message is handled at least twice, from racing threads. The store
+// and claims conformance suites run here too (Stores/*/postgres_pgbouncer).
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <unistd.h>
@@ -24,25 +26,64 @@
 #include "idem/outbox_relay.h"
 #include "idem/postgres/store.h"
 #include "postgres/pg_test_util.h"
+#include "util/claims_conformance.h"
 #include "util/outbox_conformance.h"
+#include "util/store_conformance.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
 
-// A fresh database, and its URL through the pooler.
-std::string PooledDatabase() {
-  static std::atomic<int> n{0};
-  const std::string db = "pgb_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  EXPECT_EQ(PgAdmin("DROP DATABASE IF EXISTS " + db), "");
-  EXPECT_EQ(PgAdmin("CREATE DATABASE " + db), "");
+// The pooler's address, as USER to DB.
+std::string Pooler(const std::string& user, const std::string& db) {
   const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
   if (port == nullptr || *port == '\0') {
     ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
     return "postgres://127.0.0.1:1/none";
   }
-  return "postgres://postgres@127.0.0.1:" + std::string(port) + "/" + db;
+  return "postgres://" + user + "@127.0.0.1:" + std::string(port) + "/" + db;
 }
+
+// A fresh database, and its URL through the pooler.
+std::string PooledDatabase() {
+  static std::atomic<int> n{0};
+  const std::string db = "pgb_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+  const std::string admin = Pooler("postgres", "idem_test");
+  EXPECT_EQ(PgAdmin("DROP DATABASE IF EXISTS " + db, admin), "");
+  EXPECT_EQ(PgAdmin("CREATE DATABASE " + db, admin), "");
+  return Pooler("postgres", db);
+}
+
+// A role and schema of its own for `key`, whose search_path is that schema,
+// and its URL through the pooler (pools are per database and user).
+std::string PooledSchemaUrl(const std::string& key) {
+  const std::string name = "pgb_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL);
+  const std::string admin = Pooler("postgres", "idem_test");
+  PgAdmin("CREATE ROLE " + name + " LOGIN SUPERUSER", admin);  // (already there: the same key again)
+  EXPECT_EQ(PgAdmin("CREATE SCHEMA IF NOT EXISTS " + name + " AUTHORIZATION " + name, admin), "");
+  EXPECT_EQ(PgAdmin("ALTER ROLE " + name + " SET search_path = " + name, admin), "");
+  return Pooler(name, "idem_test");
+}
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"postgres_pgbouncer",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Store::Open(
+                                                            {.url = PooledSchemaUrl(d.path()), .env = env});
+                                                      }}),
+                         StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
+                         ::testing::Values(ClaimsParam{"postgres_pgbouncer",
+                                                       [](const TempDir& d, Env* env) {
+                                                         return ClaimsOf(postgres::Store::Open(
+                                                             {.url = PooledSchemaUrl(d.path()), .claim_clock = env}));
+                                                       }}),
+                         ClaimsParamName);
+
+namespace {
 
 // One value from a fresh libpq connection.
 std::string One(PGconn* c, const char* sql) {
