@@ -198,6 +198,44 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
   }
 }
 
+// A server session that ends under a COMMIT sent through the pooler (an
+// administrator's pg_terminate_backend, as a failover or a crash would end
+// it; pgbouncer then drops the client's connection too): the outcome is in
+// doubt, never a failure, and the store goes on with a new connection.
+TEST(Pgbouncer, ASessionEndedUnderACommitIsInDoubtAndTheStoreGoesOn) {
+  const std::string url = PooledDatabase();
+  auto store = OpenPooled(url);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(CreatePayments(*store));
+  const std::string admin = Pooler("postgres", "idem_test");
+  int in_doubt = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto tx = store->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK(
+        (*tx)->Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 1)", {"d-" + std::to_string(round)}).status());
+    auto pid = (*tx)->Query("SELECT pg_backend_pid()");
+    ASSERT_OK(pid);
+    // Ended from outside while the transaction is open: its COMMIT finds
+    // the session gone.
+    EXPECT_EQ(PgAdmin("SELECT pg_terminate_backend(" + std::to_string(pid->rows[0][0].AsInt()) + ")", admin), "");
+    Status committed = (*tx)->Commit();
+    EXPECT_FALSE(committed.ok());
+    EXPECT_NE(committed.code(), Code::kHandlerFailed) << committed;
+    if (committed.code() == Code::kInDoubt) ++in_doubt;
+    EXPECT_TRUE(committed.code() == Code::kInDoubt) << committed;
+    // The store goes on.
+    auto next = store->Begin();
+    ASSERT_OK(next);
+    ASSERT_OK((*next)
+                  ->Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 1)", {"n-" + std::to_string(round)})
+                  .status());
+    ASSERT_OK((*next)->Commit());
+  }
+  EXPECT_EQ(in_doubt, 3);
+  EXPECT_EQ(Charges(*store), 3);  // the n-* rows; no d-* row committed
+}
+
 // Named statements behind a transaction pooler are refused loudly when the
 // URL says there is none: never another client's statement run silently.
 TEST(Pgbouncer, ANamedStatementOnAForeignSessionFailsNamingTheFix) {

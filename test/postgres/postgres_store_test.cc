@@ -949,6 +949,28 @@ TEST(PostgresBadInput, MissingDatabaseIsNamed) {
   EXPECT_NE(s.status().message().find("no_such_db"), std::string::npos) << s.status();
 }
 
+// A multi-host URL that asks for the primary (target_session_attrs=read-write)
+// and reaches only servers that cannot write (standbys; here a database
+// whose sessions are read-only, which libpq judges the same way): refused
+// at once, kUnavailable (exit 3 from the CLI), naming every host tried and
+// why, nothing written.
+TEST(PostgresBadInput, AUrlWhoseHostsAreAllReadOnlyIsRefusedNamingEachHost) {
+  const std::string db = "ro_" + std::to_string(::getpid());
+  PgAdmin("DROP DATABASE IF EXISTS " + db);
+  ASSERT_EQ(PgAdmin("CREATE DATABASE " + db), "");
+  ASSERT_EQ(PgAdmin("ALTER DATABASE " + db + " SET default_transaction_read_only = on"), "");
+  std::string url = PgUrl();  // postgres://postgres@127.0.0.1:PORT/idem_test
+  const size_t at = url.find('@') + 1, slash = url.rfind('/');
+  const std::string hostport = url.substr(at, slash - at);
+  url = url.substr(0, at) + hostport + "," + hostport + "/" + db + "?target_session_attrs=read-write";
+  auto s = postgres::Store::Open({.url = url});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("read-only"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find(hostport.substr(0, hostport.find(':'))), std::string::npos) << s.status();
+  PgAdmin("DROP DATABASE IF EXISTS " + db);
+}
+
 TEST(PostgresBadInput, DatabaseWithoutTheSchemaAndNewerSchema) {
   std::string url = FreshSchemaUrl();
   auto none = postgres::Store::Open({.url = url, .create_if_missing = false});
