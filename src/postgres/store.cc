@@ -529,7 +529,11 @@ class PgStore final : public sql_internal::SqlStore {
   // Whether this store's connections go through a transaction pooler: the
   // option, or (kAuto) what the first connection found; -1 before that.
   Result<bool> Pooled(Conn& c) {
-    if (options_.pooler != Options::Pooler::kAuto) return options_.pooler == Options::Pooler::kTransaction;
+    if (options_.pooler != Options::Pooler::kAuto) {
+      const bool said = options_.pooler == Options::Pooler::kTransaction;
+      pooled_.store(said ? 1 : 0);
+      return said;
+    }
     const int known = pooled_.load();
     if (known >= 0) return known == 1;
     IDEM_ASSIGN_OR_RETURN(const bool behind, c.BehindAPooler());

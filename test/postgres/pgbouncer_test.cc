@@ -172,6 +172,16 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
   EXPECT_EQ(ran.code(), Code::kUnavailable) << ran;
   EXPECT_NE(ran.message().find("idem_pooler=none"), std::string::npos) << ran;
 
+  // Told rather than found out (?idem_pooler=transaction): the same.
+  {
+    auto told = postgres::Store::Open({.url = url + "?idem_pooler=transaction", .pool_size = 2});
+    ASSERT_OK(told);
+    auto told_relay = OutboxRelay::Open(**told, sink, {.stop_when_idle = true});
+    Status told_ran = told_relay.ok() ? (*told_relay)->Run() : told_relay.status();
+    EXPECT_EQ(told_ran.code(), Code::kUnavailable) << told_ran;
+    EXPECT_NE((*told)->claim_store()->WatchKey("charges", "k-3"), nullptr);
+  }
+
   // Purge through the pooler.
   EXPECT_OK(store->Purge("payments", 0, 100).status());
 
