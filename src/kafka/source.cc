@@ -239,18 +239,20 @@ struct Source::Impl {
         if (state != State::kAcked) abandoned.fetch_add(1, std::memory_order_relaxed);
       parts.erase(it);
     }
-    const bool closing_now = closing;
     l.unlock();
+    // A member that has not polled for max.poll.interval.ms (a handler that
+    // long with keep_alive off) has left the group: it can commit nothing,
+    // and librdkafka 2.0 never answers a synchronous commit made while such
+    // a member closes (an asynchronous one trips its assertion that no
+    // commit is in flight at the end). Its successor starts from the last
+    // commit made while it was a member.
+    if (!lost && SteadyMs() - last_poll_ms.load(std::memory_order_relaxed) >= o.max_poll_interval_ms) {
+      lost = true;
+      commit_errors.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!lost && commit->cnt > 0) {
       commits.fetch_add(1, std::memory_order_relaxed);
-      // Closing: asynchronously (librdkafka's close still waits for the
-      // answer). A member that already left the group (max.poll.interval.ms
-      // ran out under a handler) never gets one to a synchronous commit made
-      // while it closes, and nothing else may be asked of it then either
-      // (rd_kafka_memberid blocks too): the async commit fails on its own,
-      // and its successor starts from the last commit made while it was a
-      // member.
-      if (rd_kafka_commit(rk.get(), commit.get(), closing_now ? 1 : 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
+      if (rd_kafka_commit(rk.get(), commit.get(), 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
         commit_errors.fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -538,11 +540,11 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
     rd_kafka_consumer_close(rk);
     return s;
   }
+  impl->last_poll_ms = SteadyMs();
   if (o.keep_alive) {
     // Wakes a few times per max.poll.interval.ms: acts only after a quarter
     // of it without a poll.
     const int64_t every = std::max<int64_t>(10, o.max_poll_interval_ms / 4);
-    impl->last_poll_ms = SteadyMs();
     Impl* self = impl.get();
     impl->keeper = std::thread([self, every] { self->KeepAlive(every); });
   }
