@@ -122,6 +122,8 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const P
       }
       j.Add("faults_requested", cfg.faults)
           .Add("fault_runs", static_cast<int64_t>(run.fault_runs.size()))
+          .Add("fault_runs_failed", static_cast<int64_t>(std::count_if(run.fault_runs.begin(), run.fault_runs.end(),
+                                                                       [](const FaultRun& r) { return r.failed; })))
           .Add("fault_recovery_p50_ms", Percentile(recovered, 0.5))
           .Add("fault_recovery_p99_ms", Percentile(recovered, 0.99))
           .Add("fault_recovery_max_ms", recovered.empty() ? -1 : recovered.back())

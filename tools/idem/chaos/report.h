@@ -42,6 +42,7 @@ struct RunCounts {
 struct FaultRun {
   std::string kind;
   int64_t recovery_ms = -1;
+  bool failed = false;  // it exited with an error (the faults stopped there)
 };
 
 // The run as the supervisor saw it (everything but the effects).

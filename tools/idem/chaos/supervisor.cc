@@ -151,22 +151,12 @@ Status Supervisor::StartProvider(bool chaos) {
   // Drawn for every life, chaos or not, so a seed gives the same leases.
   const int64_t lease_ms = schedule_.NextProviderLeaseMs();
   provider_leases_ms_.push_back(lease_ms);
-  std::vector<std::string> argv = {exe_,
-                                   "provider",
-                                   "--listen",
-                                   "127.0.0.1:" + std::to_string(provider_port_),
-                                   "--store",
-                                   ProviderStore(cfg_),
-                                   "--api-key",
-                                   std::string(kApiKey) + ":" + kPrincipal,
-                                   "--lease",
-                                   std::to_string(lease_ms) + "ms",
-                                   "--lose-responses",
-                                   std::to_string(cfg_.lost_response_rate),
-                                   "--seed",
-                                   std::to_string(cfg_.seed),
-                                   "--max-keys",
-                                   std::to_string(std::max<int64_t>(100'000, 2 * cfg_.messages))};
+  std::vector<std::string> argv = {
+      exe_, "provider", "--listen", "127.0.0.1:" + std::to_string(provider_port_), "--store", ProviderStore(cfg_),
+      "--api-key", std::string(kApiKey) + ":" + kPrincipal, "--lease", std::to_string(lease_ms) + "ms",
+      "--lose-responses", std::to_string(cfg_.lost_response_rate), "--seed", std::to_string(cfg_.seed), "--max-keys",
+      // (Every key of the run: with --fault-cmd the run may go past --messages.)
+      std::to_string(cfg_.fault_cmd.empty() ? std::max<int64_t>(100'000, 2 * cfg_.messages) : int64_t{1'000'000'000})};
   if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
   Life l;
   l.life = provider_lives_++;
@@ -456,9 +446,10 @@ void Supervisor::FaultEnded(int st) {
   const std::string n = std::to_string(fault_runs_.size());
   fault_pid_ = 0;
   FaultRun run = ReadFaultRun(FaultLog(cfg_.dir, n));
+  run.failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   ++counts_.faults[run.kind.empty() ? "fault-cmd" : run.kind];
-  fault_runs_.push_back(std::move(run));
-  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && fault_failure_.ok()) {
+  fault_runs_.push_back(run);
+  if (run.failed && fault_failure_.ok()) {
     // No more: the run drains and reports, the faults short.
     fault_failure_ = Status::Unavailable("--fault-cmd run " + n + " failed (wait status " + std::to_string(st) +
                                          "); see " + FaultLog(cfg_.dir, n));
