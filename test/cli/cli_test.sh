@@ -521,6 +521,16 @@ has chaos-resets-queue-ok "$T/out" '"unique":5,.*"unexpected":0,.*"ok":true'
 check chaos-new-queue 0 "$IDEM" chaos --dir "$T/chaos-n" --messages 5 --kills 0 --json
 has chaos-new-queue-ok "$T/out" '"unique":5,.*"ok":true'
 check chaos-reuses-its-dir 0 "$IDEM" chaos --dir "$T/chaos-n" --messages 5 --kills 0 --json
+# --fault-cmd runs --faults times while the run goes on, each told its number, and what it says
+# on its idem-fault line is reported; a run that fails ends the faults and fails the check; too
+# few messages for the faults is refused.
+check chaos-fault-cmd 0 "$IDEM" chaos --dir "$T/chaos-f" --messages 40 --kills 0 --json --faults 3 \
+  --fault-cmd 'echo "idem-fault kind=k$IDEM_CHAOS_FAULT recovery_ms=$((IDEM_CHAOS_FAULT * 10 + 5))"'
+has chaos-fault-cmd-runs "$T/out" '"fault_runs":3,"fault_runs_failed":0,"fault_recovery_p50_ms":15,"fault_recovery_p99_ms":25,.*"k1":\{"runs":1,.*"fault_recovery_ms":\[5,15,25\].*"ok":true'
+check chaos-fault-cmd-fails 1 "$IDEM" chaos --dir "$T/chaos-f" --messages 40 --kills 0 --json --faults 2 --fault-cmd 'exit 4'
+has chaos-fault-cmd-fails-said "$T/out" '"fault_runs":1,"fault_runs_failed":1,.*"ok":false'
+check chaos-fault-cmd-too-few 2 "$IDEM" chaos --messages 5 --faults 3 --fault-cmd true
+has chaos-fault-cmd-too-few-named "$T/err" "--messages must be at least 2 x \(--faults \+ 1\)"
 # A directory whose provider.db chaos did not make is refused, and the file kept.
 mkdir -p "$T/users-dir" && echo precious >"$T/users-dir/provider.db"
 check chaos-keeps-users-files 2 "$IDEM" chaos --dir "$T/users-dir" --messages 5 --kills 0
