@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -240,25 +241,33 @@ constexpr sql_internal::Dialect kDailyDialect{
     .bound_lock_waits = pg_internal::kBoundLockWaits,
 };
 
-// A lane's lock key: the outbox table's OID (one per schema: relays of two
-// schemas never share lanes) and the lane, under a prefix of their own.
-#define IDEM_PG_LANE_KEY "(20290::bigint << 48) | (('idem_outbox'::regclass)::oid::bigint << 8) | $1::bigint"
-// A relay's lane: a session advisory lock on the relay's own connection,
-// freed by the server when that connection ends (the relay's process died,
-// or its connection was cut).
-class AdvisoryLane final : public sql_internal::SqlStore::LaneLock {
+// A relay's lane: a lease in idem_outbox_lanes, held until the time this
+// process last learned it runs out (less a margin for the round trip and
+// the clocks' drift); freed when the session ends.
+constexpr int64_t kLaneLeaseMs = 10'000;
+constexpr int64_t kLaneMarginMs = 2'000;
+
+class LeaseLane final : public sql_internal::SqlStore::LaneLock {
  public:
-  AdvisoryLane(sql_internal::Connection& c, int lane) : c_(c), lane_(lane) {}
-  ~AdvisoryLane() override {
-    if (!c_.Healthy()) return;
-    Value p[] = {lane_};
-    (void)c_.Query("SELECT pg_advisory_unlock(" IDEM_PG_LANE_KEY ")", p);
+  LeaseLane(sql_internal::Connection& c, Env& env, int lane, std::string holder, int64_t asked_at_ms)
+      : c_(c), env_(env), lane_(lane), holder_(std::move(holder)) {
+    Renewed(asked_at_ms);
   }
-  bool Held() override { return c_.Healthy(); }
+  ~LeaseLane() override {
+    if (!c_.Healthy()) return;
+    Value p[] = {lane_, holder_};
+    (void)c_.Exec(pg_internal::kFreeLane, p);
+  }
+  bool Held() override { return c_.Healthy() && env_.NowMs() < held_until_ms_; }
+  // The lease was renewed by a statement sent at `asked_at_ms`.
+  void Renewed(int64_t asked_at_ms) { held_until_ms_ = asked_at_ms + kLaneLeaseMs - kLaneMarginMs; }
 
  private:
   sql_internal::Connection& c_;
+  Env& env_;
   int lane_;
+  std::string holder_;
+  int64_t held_until_ms_ = 0;
 };
 
 // The advisory-lock key of (consumer, id): 64 bits of SHA-256. A collision
@@ -336,19 +345,49 @@ class PgStore final : public sql_internal::SqlStore {
     return ClaimStore::WatchKey(scope, key);  // polling still finds the result
   }
 
-  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection& c, int lane) override {
-    Value p[] = {lane};
-    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query("SELECT pg_try_advisory_lock(" IDEM_PG_LANE_KEY ")", p));
-    if (r.rows.empty() || r.rows[0][0].AsInt() == 0) return std::unique_ptr<LaneLock>();
-    return std::unique_ptr<LaneLock>(new AdvisoryLane(c, lane));
+  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection& c, int lane, std::string_view holder) override {
+    const int64_t asked = env()->NowMs();
+    Value p[] = {lane, std::string(holder), kLaneLeaseMs};
+    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query(pg_internal::kTakeLane, p));
+    if (r.rows.empty()) return std::unique_ptr<LaneLock>();
+    return std::unique_ptr<LaneLock>(new LeaseLane(c, *env(), lane, std::string(holder), asked));
+  }
+
+  Status RenewLanes(sql_internal::Connection& c, std::string_view holder,
+                    std::map<int, std::unique_ptr<LaneLock>>& locks) override {
+    if (locks.empty()) return Status::OK();
+    std::string lanes = "{";
+    for (const auto& [lane, lock] : locks) lanes += (lanes.size() > 1 ? "," : "") + std::to_string(lane);
+    lanes += "}";
+    const int64_t asked = env()->NowMs();
+    Value p[] = {std::string(holder), lanes, kLaneLeaseMs};
+    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query(pg_internal::kRenewLanes, p));
+    std::set<int> held;
+    for (const auto& row : r.rows) held.insert(static_cast<int>(row[0].AsInt()));
+    for (auto it = locks.begin(); it != locks.end();) {
+      if (!held.count(it->first)) {
+        it = locks.erase(it);  // taken over: its row is another's now
+        continue;
+      }
+      static_cast<LeaseLane*>(it->second.get())->Renewed(asked);
+      ++it;
+    }
+    return Status::OK();
+  }
+
+  const sql_internal::OutboxSql& outbox_sql() override {
+    return pooled_.load() == 1 ? pg_internal::kOutboxPooled : pg_internal::kOutbox;
   }
 
   // Asleep: flag the relay's row, so commits that add rows NOTIFY (only
   // those: a NOTIFY serialises commits); wait for the transactions that
   // were running when the flag committed (each may have read it before), so
   // that the look that follows sees their rows; then listen.
+  // Behind a transaction pooler LISTEN is not the relay's: it polls (every
+  // 50 ms, SqlStore's wait).
   Status WaitForOutbox(sql_internal::Connection& c, std::string_view name, int64_t timeout_ms,
                        const std::function<Result<bool>()>& pending) override {
+    if (pooled_.load() == 1) return SqlStore::WaitForOutbox(c, name, timeout_ms, pending);
     auto* pg = static_cast<PGconn*>(c.Native());
     Value flag[] = {std::string(name), timeout_ms + 1000};
     IDEM_RETURN_IF_ERROR(c.Exec("UPDATE idem_outbox_relays SET asleep_until_ms ="
@@ -432,20 +471,6 @@ class PgStore final : public sql_internal::SqlStore {
     IDEM_ASSIGN_OR_RETURN(const bool pooled, Pooled(*c));
     c->set_pooled(pooled);
     return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c)));
-  }
-
-  // The relay holds its lanes (session advisory locks) and waits (LISTEN)
-  // for its whole session, and tunes its session: behind a transaction
-  // pooler none of that is its own.
-  Result<std::unique_ptr<sql_internal::Connection>> ConnectRelay() override {
-    IDEM_ASSIGN_OR_RETURN(auto c, Connect());
-    if (pooled_.load() == 1)
-      return Status::Unavailable(
-          "PostgreSQL at " + RedactUrl(options_.url) +
-          ": the outbox relay holds its lanes (session advisory locks) and waits (LISTEN) for its whole "
-          "session, which a transaction pooler does not keep: give the relay a URL that reaches the server directly "
-          "(or through a session-mode pooler), with ?idem_pooler=none");
-    return c;
   }
 
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
