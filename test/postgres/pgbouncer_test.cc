@@ -36,16 +36,6 @@
 namespace idem::testing {
 namespace {
 
-// The pooler's address, as USER to DB.
-std::string Pooler(const std::string& user, const std::string& db) {
-  const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
-  if (port == nullptr || *port == '\0') {
-    ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
-    return "postgres://127.0.0.1:1/none";
-  }
-  return "postgres://" + user + "@127.0.0.1:" + std::string(port) + "/" + db;
-}
-
 // A fresh database, and its URL through the pooler.
 std::string PooledDatabase() {
   static std::atomic<int> n{0};
@@ -54,17 +44,6 @@ std::string PooledDatabase() {
   EXPECT_EQ(PgAdmin("DROP DATABASE IF EXISTS " + db, admin), "");
   EXPECT_EQ(PgAdmin("CREATE DATABASE " + db, admin), "");
   return Pooler("postgres", db);
-}
-
-// A role and schema of its own for `key`, whose search_path is that schema,
-// and its URL through the pooler (pools are per database and user).
-std::string PooledSchemaUrl(const std::string& key) {
-  const std::string name = "pgb_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL);
-  const std::string admin = Pooler("postgres", "idem_test");
-  PgAdmin("CREATE ROLE " + name + " LOGIN SUPERUSER", admin);  // (already there: the same key again)
-  EXPECT_EQ(PgAdmin("CREATE SCHEMA IF NOT EXISTS " + name + " AUTHORIZATION " + name, admin), "");
-  EXPECT_EQ(PgAdmin("ALTER ROLE " + name + " SET search_path = " + name, admin), "");
-  return Pooler(name, "idem_test");
 }
 
 }  // namespace
