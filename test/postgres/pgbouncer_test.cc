@@ -292,6 +292,18 @@ TEST(Pgbouncer, ASessionEndedUnderACommitIsInDoubtAndTheStoreGoesOn) {
   EXPECT_EQ(Charges(*store), 3);  // the n-* rows; no d-* row committed
 }
 
+// A startup setting the pooler refuses (a URL's options=-c ..., which
+// pgbouncer does not pass on): kUnavailable naming the pooler's address, its
+// reason and the fix.
+TEST(Pgbouncer, AStartupSettingThePoolerRefusesIsNamedWithTheFix) {
+  auto s = postgres::Store::Open({.url = Pooler("postgres", "idem_test") + "?options=-csearch_path%3Dx"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("unsupported startup parameter"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("ALTER ROLE"), std::string::npos) << s.status();
+}
+
 // Named statements behind a transaction pooler are refused loudly when the
 // URL says there is none: never another client's statement run silently.
 TEST(Pgbouncer, ANamedStatementOnAForeignSessionFailsNamingTheFix) {
