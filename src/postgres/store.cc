@@ -544,10 +544,14 @@ class PgStore final : public sql_internal::SqlStore {
                                            std::optional<int64_t> produced_at_ms) override {
     IDEM_ASSIGN_OR_RETURN(std::optional<Marker> found, SqlStore::FindMarker(consumer, id, produced_at_ms));
     if (!found.has_value() || options_.ack_after != Options::AckAfter::kStandbyFlush) return found;
-    IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
-    auto* pg = static_cast<PgConnection*>(conn.operator->());
-    IDEM_RETURN_IF_ERROR(pg->AwaitStandby("the marker was found"));
+    IDEM_RETURN_IF_ERROR(Durable("the marker was found"));
     return found;
+  }
+
+  Status Durable(std::string_view what) override {
+    if (options_.ack_after != Options::AckAfter::kStandbyFlush) return Status::OK();
+    IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
+    return static_cast<PgConnection*>(conn.operator->())->AwaitStandby(what);
   }
 
   AckGate Gate() const {

@@ -365,6 +365,13 @@ class SqlStore : public Store, public ClaimStore {
     (void)c, (void)holder, (void)locks;
     return Status::OK();
   }
+  // After a claim write committed on its own (`what`: "claimed",
+  // "completed"): whether the store counts it durable yet (PostgreSQL with
+  // ack_after = standby_flush waits for a standby; kInDoubt if none has it).
+  virtual Status Durable(std::string_view what) {
+    (void)what;
+    return Status::OK();
+  }
   // The outbox SQL for relay sessions opened now. Default: the dialect's.
   virtual const OutboxSql& outbox_sql() { return *dialect_.outbox; }
   virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,

@@ -101,6 +101,10 @@ TEST_F(PostgresStandby, AMessageIsAcknowledgedOnlyOnceAStandbyHasItsCommit) {
       EXPECT_NE(second.status.message().find("standby"), std::string::npos) << second.ToString();
     }
     EXPECT_EQ(Charges(**store, "m-2"), 1);  // committed on the primary alone
+    // A claim committed on its own is not started either until a standby has it.
+    auto claim = (*store)->claim_store()->TryClaim({.scope = "charges", .key = "k-1", .lease_ms = 30'000});
+    EXPECT_EQ(claim.status().code(), Code::kInDoubt) << claim.status();
+    EXPECT_NE(claim.status().message().find("claimed"), std::string::npos) << claim.status();
   }
   // The primary dies; the standby (its receiver going again) is promoted.
   const std::string primary_pid = Value1(primary_url_, "SELECT pg_postmaster_start_time() IS NOT NULL");
