@@ -77,6 +77,9 @@ inline std::string FreshSchemaUrl() {
 // The pooler's address, as USER to DB.
 inline std::string Pooler(const std::string& user, const std::string& db) {
   const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
+#ifdef IDEM_TEST_PGBOUNCER_PORT_BUILT  // the fixture's port, as configured
+  if (port == nullptr || *port == '\0') port = IDEM_TEST_PGBOUNCER_PORT_BUILT;
+#endif
   if (port == nullptr || *port == '\0') {
     ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
     return "postgres://127.0.0.1:1/none";
