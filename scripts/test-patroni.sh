@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A throwaway 2-node Patroni cluster (+ one etcd) on 127.0.0.1, run as postgres,
-# stopped by PID. For the high-availability tests of issue 34 (not yet run by
-# any test: the chaos run across failovers is still to come).
+# stopped by PID. For the high-availability tests of issue 34: the chaos runs
+# across failovers (test/chaos/chaos_failover.sh) start it. SYNC_MODE=false
+# in the environment of `start`: asynchronous replication (their control).
 #   test-patroni.sh start DIR BASEPORT   -> prints a multi-host URL; DIR/{etcd,n1,n2}
 #   test-patroni.sh primary DIR          -> the primary's node name (n1|n2), via Patroni's REST API
 #   test-patroni.sh kill-postmaster DIR NODE | kill-patroni DIR NODE | restart-patroni DIR NODE
@@ -12,8 +13,10 @@ RUN_USER=${PG_RUN_USER:-postgres}
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u "$RUN_USER" -- "$@"; else "$@"; fi; }
 # Starts "$@" in its own session as postgres, its PID (not runuser's) in $pidfile.
+# Nothing holds the caller's stdout (url=$(test-patroni.sh start ...) returns).
 spawn() { local pidfile=$1 log=$2; shift 2
-  as_pg setsid sh -c 'echo $$ >"$0"; log=$1; shift; exec "$@" >>"$log" 2>&1' "$pidfile" "$log" "$@" </dev/null &
+  : >>"$log"; [ "$(id -u)" = 0 ] && chown "$RUN_USER" "$log"
+  as_pg setsid sh -c 'echo $$ >"$0"; log=$1; shift; exec "$@" >>"$log" 2>&1' "$pidfile" "$log" "$@" </dev/null >>"$log" 2>&1 &
   for _ in $(seq 50); do [ -s "$pidfile" ] && return 0; sleep 0.1; done; echo "ha: $pidfile not written" >&2; exit 3; }
 node_conf() { local dir=$1 base=$2 i=$3
   cat >"$dir/n$i/patroni.yml" <<YML
@@ -73,7 +76,7 @@ start() { local dir=$1 base=$2
     --initial-cluster "e1=http://127.0.0.1:$((base + 1))" --initial-cluster-state new
   for i in 1 2; do node_conf "$dir" "$base" $i; [ "$(id -u)" = 0 ] && chown -R "$RUN_USER" "$dir/n$i"; done
   spawn "$dir/n1/patroni.pid" "$dir/n1/patroni.log" patroni "$dir/n1/patroni.yml"
-  wait_primary "$dir" 60
+  wait_primary "$dir" 60 >/dev/null
   spawn "$dir/n2/patroni.pid" "$dir/n2/patroni.log" patroni "$dir/n2/patroni.yml"
   # Healthy: a primary and a synchronous standby (GET /sync answers 200 on it).
   for _ in $(seq 600); do

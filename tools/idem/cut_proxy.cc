@@ -10,8 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace idem::cli {
@@ -174,21 +177,59 @@ void CutProxy::Loop() {
   }
 }
 
-Result<std::string> RouteThrough(const std::string& url, int port, std::string& host, int& target) {
+namespace {
+
+// Where a postgres:// URL names its hosts: [begin, end) holds
+// "host:port[,host:port...]" (after any user info, before the path).
+struct HostList {
+  size_t begin = 0, end = 0;
+  std::vector<std::pair<std::string, int>> hosts;  // (host, port: 5432 when not named)
+};
+
+Result<HostList> ParseHosts(const std::string& url) {
   const size_t scheme = url.find("://");
   if (scheme == std::string::npos) return Status::InvalidArgument("not a URL: cannot route it through the cut proxy");
+  HostList l;
   const size_t start = scheme + 3;
-  const size_t end = std::min(url.find_first_of("/?", start), url.size());
-  const size_t at = url.rfind('@', end);
-  const size_t hp = at != std::string::npos && at >= start ? at + 1 : start;
-  std::string hostport = url.substr(hp, end - hp);
-  if (hostport.empty() || hostport.find(',') != std::string::npos || hostport.front() == '[')
+  l.end = std::min(url.find_first_of("/?", start), url.size());
+  const size_t at = url.rfind('@', l.end);
+  l.begin = at != std::string::npos && at >= start ? at + 1 : start;
+  const std::string all = url.substr(l.begin, l.end - l.begin);
+  for (size_t from = 0; from <= all.size();) {
+    const size_t comma = std::min(all.find(',', from), all.size());
+    const std::string hostport = all.substr(from, comma - from);
+    if (hostport.empty() || hostport.front() == '[')
+      return Status::InvalidArgument("the store URL must name host:port pairs to cut the network to them");
+    const size_t colon = hostport.rfind(':');
+    std::string host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
+    const int port = colon == std::string::npos ? 5432 : std::atoi(hostport.c_str() + colon + 1);
+    if (host.empty() || port <= 0) return Status::InvalidArgument("bad host:port '" + hostport + "' in the store URL");
+    l.hosts.emplace_back(std::move(host), port);
+    from = comma + 1;
+  }
+  return l;
+}
+
+}  // namespace
+
+Result<std::string> RouteThrough(const std::string& url, int port, std::string& host, int& target) {
+  IDEM_ASSIGN_OR_RETURN(HostList l, ParseHosts(url));
+  if (l.hosts.size() != 1)
     return Status::InvalidArgument("the store URL must name one host:port to cut the network to it");
-  const size_t colon = hostport.rfind(':');
-  host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
-  target = colon == std::string::npos ? 5432 : std::atoi(hostport.c_str() + colon + 1);
-  if (host.empty() || target <= 0) return Status::InvalidArgument("bad host:port '" + hostport + "' in the store URL");
-  return url.substr(0, hp) + "127.0.0.1:" + std::to_string(port) + url.substr(end);
+  host = l.hosts[0].first;
+  target = l.hosts[0].second;
+  return url.substr(0, l.begin) + "127.0.0.1:" + std::to_string(port) + url.substr(l.end);
+}
+
+Result<std::string> RouteEachThrough(const std::string& url,
+                                     const std::function<Result<int>(const std::string&, int)>& route) {
+  IDEM_ASSIGN_OR_RETURN(HostList l, ParseHosts(url));
+  std::string hosts;
+  for (const auto& [host, target] : l.hosts) {
+    IDEM_ASSIGN_OR_RETURN(int port, route(host, target));
+    hosts += (hosts.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(port);
+  }
+  return url.substr(0, l.begin) + hosts + url.substr(l.end);
 }
 
 }  // namespace idem::cli

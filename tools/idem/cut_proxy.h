@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +54,12 @@ class CutProxy {
 // `url` (postgres://user@host:port/db?...) with host:port replaced by
 // 127.0.0.1:port; `host` and `target` get what it named (default port 5432).
 Result<std::string> RouteThrough(const std::string& url, int port, std::string& host, int& target);
+// Every host:port `url` names (a multi-host URL names several, comma-
+// separated) routed through a proxy of its own: `route(host, port)` starts
+// one and gives its port; the URL returned names those ports in the same
+// order (libpq tries them in turn, as it would the servers).
+Result<std::string> RouteEachThrough(const std::string& url,
+                                     const std::function<Result<int>(const std::string& host, int port)>& route);
 
 }  // namespace idem::cli
 

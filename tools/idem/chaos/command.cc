@@ -88,6 +88,15 @@ const Command& ChaosCommand() {
         "a shell command that restarts the broker (or database) under test, e.g.\n"
         "          'scripts/test-redis.sh pause S && scripts/test-redis.sh resume S'"},
        {"restarts", "N", "2", "how many times --restart-cmd runs, spread over the kills"},
+       {"fault-cmd", "CMD", "",
+        "a shell command that breaks what the run depends on (a database failover,\n"
+        "          say) and returns once it is whole again; the run goes on meanwhile. Run\n"
+        "          --faults times, one after another, with IDEM_CHAOS_FAULT=<0,1,...>, each\n"
+        "          starting in the middle of one of --faults + 1 parts of the messages; more\n"
+        "          than --messages are published when the faults take longer, until the\n"
+        "          last one is over. Its output is DIR/fault/<n>.log; a line 'idem-fault kind=K\n"
+        "          recovery_ms=N' there is counted (faults_by_kind, fault_recovery_*)"},
+       {"faults", "N", "2", "how many times --fault-cmd runs"},
        {"lease-ms", "MS", "400", "the source's lease (visibility timeout) where it has one"},
        {"batch", "N", "8", "batch size of the odd-numbered consumers (the even ones take one at a time)"},
        {"drain-timeout", "DURATION", "60s",
@@ -160,11 +169,17 @@ int RunChaos(const Args& args) {
   if (s.ok()) s = integer("lease-ms", cfg.lease_ms, 50, 3'600'000);
   if (s.ok()) s = integer("hits", cfg.hits, 1, 1'000'000);
   if (s.ok()) s = integer("restarts", cfg.restarts, 0);
+  if (s.ok()) s = integer("faults", cfg.faults, 0, 1'000'000);
   if (s.ok()) s = integer("backlog", cfg.backlog, 0);
   if (s.ok()) s = integer("keys", cfg.keys, 1);
   if (s.ok()) s = integer("relays", relays, 1, 16);
   if (s.ok()) s = integer("stage2-consumers", stage2_consumers, 1, 64);
   cfg.restart_cmd = args.Has("restart-cmd") ? args.Get("restart-cmd") : "";
+  cfg.fault_cmd = args.Has("fault-cmd") ? args.Get("fault-cmd") : "";
+  if (s.ok() && !cfg.fault_cmd.empty() && cfg.messages < 2 * (cfg.faults + 1))
+    s = Status::InvalidArgument(
+        "--messages must be at least 2 x (--faults + 1): each fault starts in the middle "
+        "of a part of the messages");
   if (s.ok()) s = integer("worker", slot, 0);
   if (s.ok()) s = integer("life", cfg.life, 0);
   for (auto [name, out] : {std::pair<const char*, double*>{"dup-rate", &cfg.dup_rate},

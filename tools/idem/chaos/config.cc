@@ -62,6 +62,12 @@ std::string OrderKey(const Config& cfg, const std::string& order) {
   return "k" + std::to_string(n % std::max<int64_t>(1, cfg.keys));
 }
 
+namespace {
+int64_t FaultPart(const Config& cfg) { return std::max<int64_t>(1, cfg.messages / (cfg.faults + 1)); }
+}  // namespace
+
+int64_t FaultStartAt(const Config& cfg, int64_t i) { return i * FaultPart(cfg) + FaultPart(cfg) / 2; }
+
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

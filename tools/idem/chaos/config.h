@@ -72,6 +72,17 @@ struct Config {
   // run `restarts` times, evenly spread over the kills.
   std::string restart_cmd;
   int64_t restarts = 2;
+  // A shell command that breaks something the run depends on (a database
+  // failover, say) and returns once it is whole again, run `faults` times
+  // one after another while the run goes on (nothing waits for it, unlike
+  // restart_cmd); each run gets IDEM_CHAOS_FAULT=<its number, from 0> and may
+  // report what it measured on a line "idem-fault kind=K recovery_ms=N".
+  // Fault i starts in the middle of the i-th of faults + 1 parts of the
+  // messages (FaultStartAt), and the producer goes on past `messages` until
+  // the last fault is over: every fault meets traffic, however long the
+  // faults before it took.
+  std::string fault_cmd;
+  int64_t faults = 2;
   bool json = false;
   // A deliberately broken consumer, to show the check catches what it
   // claims to: "" (the real one), "no-guard" (effect without the marker) or
@@ -174,6 +185,11 @@ int64_t ProviderLeaseMaxMs();
 // The provider's store URL: --provider-store, or sqlite:DIR/provider.db
 // (synchronous=normal).
 std::string ProviderStore(const Config& cfg);
+
+// --fault-cmd: fault `i` (from 0) starts once this many messages are
+// applied (and fault i - 1 is over): half of the i-th part of
+// faults + 1 equal parts of --messages.
+int64_t FaultStartAt(const Config& cfg, int64_t i);
 
 // The steady clock in milliseconds.
 int64_t SteadyMs();

@@ -2,6 +2,7 @@
 #include "chaos/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -14,6 +15,25 @@ std::string JsonCounts(const std::map<std::string, int64_t>& m) {
   Json j;
   for (const auto& [k, v] : m) j.Add(k, v);
   return j.str();
+}
+
+// The nearest-rank percentile `p` (0..1] of `v` (sorted); -1 when empty.
+int64_t Percentile(const std::vector<int64_t>& v, double p) {
+  if (v.empty()) return -1;
+  const auto rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+// --fault-cmd's recoveries: all of them, and per kind, each sorted.
+std::map<std::string, std::vector<int64_t>> Recoveries(const std::vector<FaultRun>& runs) {
+  std::map<std::string, std::vector<int64_t>> by;
+  for (const FaultRun& r : runs) {
+    if (r.recovery_ms < 0) continue;
+    by[""].push_back(r.recovery_ms);
+    if (!r.kind.empty()) by[r.kind].push_back(r.recovery_ms);
+  }
+  for (auto& [k, v] : by) std::sort(v.begin(), v.end());
+  return by;
 }
 
 }  // namespace
@@ -31,7 +51,11 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const P
   const bool effects_ok = c.EffectsOk();
   const bool interrupted = run.interrupted;
   const bool pipeline_ok = pipeline == nullptr || pipeline->Ok();
-  const bool ok = effects_ok && pipeline_ok && run.kills_reached && !interrupted;
+  const bool ok = effects_ok && pipeline_ok && run.kills_reached && run.faults_reached && !interrupted;
+  const auto recoveries = Recoveries(run.fault_runs);
+  const std::vector<int64_t> no_recoveries;
+  const std::vector<int64_t>& recovered =
+      recoveries.count("") ? recoveries.at("") : no_recoveries;  // every kind's, sorted
   // Kills by role (the two-stage pipeline's relays and stage 2).
   int64_t relay_kills = 0, stage2_kills = 0;
   for (const auto& [k, v] : counts.kills) {
@@ -83,6 +107,30 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const P
              static_cast<int64_t>(std::count_if(leases_ms.begin(), leases_ms.end(),
                                                 [](int64_t l) { return l > ConsumerRetryBudgetMs(); })))
         .Add("publish_retries", run.publish_retries);
+    if (!cfg.fault_cmd.empty()) {
+      std::vector<std::string> each;
+      for (const FaultRun& r : run.fault_runs) each.push_back(std::to_string(r.recovery_ms));
+      Json by_kind;
+      for (const auto& [kind, v] : recoveries) {
+        if (kind.empty()) continue;
+        Json k;
+        k.Add("runs", static_cast<int64_t>(v.size()))
+            .Add("p50_ms", Percentile(v, 0.5))
+            .Add("p99_ms", Percentile(v, 0.99))
+            .Add("max_ms", v.back());
+        by_kind.AddRaw(kind, k.str());
+      }
+      j.Add("faults_requested", cfg.faults)
+          .Add("fault_runs", static_cast<int64_t>(run.fault_runs.size()))
+          .Add("fault_runs_failed", static_cast<int64_t>(std::count_if(run.fault_runs.begin(), run.fault_runs.end(),
+                                                                       [](const FaultRun& r) { return r.failed; })))
+          .Add("fault_recovery_p50_ms", Percentile(recovered, 0.5))
+          .Add("fault_recovery_p99_ms", Percentile(recovered, 0.99))
+          .Add("fault_recovery_max_ms", recovered.empty() ? -1 : recovered.back())
+          .AddRaw("fault_recovery_by_kind", by_kind.str())
+          .AddRaw("fault_recovery_ms", JsonArray(each))
+          .Add("provider_start_failures", counts.provider_start_failures);
+    }
     if (pipeline != nullptr) {
       const PipelineCheck& p = *pipeline;
       j.Add("pipeline", cfg.pipeline)
@@ -188,6 +236,15 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const P
       row("  above the consumers' retry budget (" + std::to_string(ConsumerRetryBudgetMs()) + " ms)",
           std::to_string(over) + " of " + std::to_string(leases_ms.size()));
     }
+    if (!cfg.fault_cmd.empty()) {
+      row("--fault-cmd runs", std::to_string(run.fault_runs.size()) + " of " + std::to_string(cfg.faults) +
+                                  " requested" + mark(run.faults_reached));
+      for (const auto& [kind, v] : recoveries)
+        row("  recovery " + (kind.empty() ? std::string("(all)") : kind) + ": p50 / p99 / max (ms)",
+            std::to_string(Percentile(v, 0.5)) + " / " + std::to_string(Percentile(v, 0.99)) + " / " +
+                std::to_string(v.back()) + " (" + std::to_string(v.size()) + " runs)");
+      row("  provider starts refused by its store", std::to_string(counts.provider_start_failures));
+    }
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f s", run.seconds);
     row("time", secs);
@@ -195,6 +252,7 @@ int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const P
     if (interrupted) std::cout << "  interrupted: the counts are of an unfinished run\n";
     if (!run.kills_reached)
       std::cout << "  the messages ran out before the kills did: raise --messages or lower --kills\n";
+    if (!run.faults_reached) std::cout << "  --fault-cmd did not run --faults times, each exiting 0\n";
     if (pipeline != nullptr)
       for (const auto& e : pipeline->examples) std::cout << "  e.g. " << e << "\n";
     std::cout << (ok ? pipeline != nullptr

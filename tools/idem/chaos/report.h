@@ -25,6 +25,9 @@ struct RunCounts {
   int64_t total_kills = 0;
   int64_t consumer_errors = 0;  // consumer lives that exited with an error
   int64_t provider_restarts = 0;
+  // Provider lives that exited at start with an error (its store unreachable
+  // during a --fault-cmd): each is started again.
+  int64_t provider_start_failures = 0;
   int64_t paused_ms = 0;  // the pauses' time, in all
   // What the paused consumers continued after a takeover (zombies) did with
   // each delivery they held: "fenced" (ack or renewal refused), "absorbed"
@@ -32,6 +35,14 @@ struct RunCounts {
   // there), "committed-first" (its own effect went in; the takeover's
   // attempt is the duplicate), "unfinished" (killed or given back first).
   std::map<std::string, int64_t> zombies;
+};
+
+// One run of --fault-cmd: what its "idem-fault" line said (kind, and the
+// recovery it measured; -1: none said).
+struct FaultRun {
+  std::string kind;
+  int64_t recovery_ms = -1;
+  bool failed = false;  // it exited with an error (the faults stopped there)
 };
 
 // The run as the supervisor saw it (everything but the effects).
@@ -43,7 +54,9 @@ struct RunFacts {
   std::string source_kind;  // the source's Kind()
   bool postgres = false;    // the store under test is PostgreSQL (else SQLite)
   bool kills_reached = false;
-  bool interrupted = false;  // SIGINT or SIGTERM stopped the run
+  std::vector<FaultRun> fault_runs;  // --fault-cmd's runs, in order
+  bool faults_reached = true;        // every --faults run made (and each exited 0)
+  bool interrupted = false;          // SIGINT or SIGTERM stopped the run
 };
 
 // Prints the report (cfg.json: the JSON object) to stdout; returns the exit

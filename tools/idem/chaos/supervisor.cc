@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "chaos/clock.h"
@@ -31,6 +33,25 @@ std::atomic<bool> g_interrupted{false};
 
 std::string WithParam(const std::string& url, const std::string& kv) {
   return url + (url.find('?') == std::string::npos ? "?" : "&") + kv;
+}
+
+// --fault-cmd's output, run `n`.
+std::string FaultLog(const std::string& dir, const std::string& n) { return dir + "/fault/" + n + ".log"; }
+
+// What a --fault-cmd run said on its last "idem-fault k=v ..." line.
+FaultRun ReadFaultRun(const std::string& log) {
+  FaultRun run;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("idem-fault ")) continue;
+    run = FaultRun{};
+    std::istringstream words(line.substr(11));
+    for (std::string w; words >> w;) {
+      if (w.starts_with("kind=")) run.kind = w.substr(5);
+      if (w.starts_with("recovery_ms=")) run.recovery_ms = std::strtoll(w.c_str() + 12, nullptr, 10);
+    }
+  }
+  return run;
 }
 
 }  // namespace
@@ -99,16 +120,21 @@ Status Supervisor::Prepare() {
   consumer_store_ = cfg_.store;
   stage2_store_ = cfg_.stage2_store;
   if (postgres_) {
+    // Each host of the URL (a multi-host URL names several: a failover's
+    // candidates) through a proxy of its own.
+    IDEM_ASSIGN_OR_RETURN(consumer_store_,
+                          RouteEachThrough(cfg_.store, [this](const std::string& host, int target) -> Result<int> {
+                            IDEM_ASSIGN_OR_RETURN(auto proxy, CutProxy::Start(host, target));
+                            proxies_.push_back(std::move(proxy));
+                            return proxies_.back()->port();
+                          }));
     std::string host;
     int target = 0;
-    IDEM_RETURN_IF_ERROR(RouteThrough(cfg_.store, 1, host, target).status());
-    IDEM_ASSIGN_OR_RETURN(proxy_, CutProxy::Start(host, target));
-    IDEM_ASSIGN_OR_RETURN(consumer_store_, RouteThrough(cfg_.store, proxy_->port(), host, target));
-    if (TwoStage(cfg_) && IsPostgresScheme(cfg_.stage2_store)) {
+    if (TwoStage(cfg_) && IsPostgresScheme(cfg_.stage2_store) && RouteThrough(cfg_.store, 1, host, target).ok()) {
       // Stage 2 on the same server: through the proxy too.
       std::string host2;
       int target2 = 0;
-      auto routed = RouteThrough(cfg_.stage2_store, proxy_->port(), host2, target2);
+      auto routed = RouteThrough(cfg_.stage2_store, proxies_[0]->port(), host2, target2);
       if (routed.ok() && host2 == host && target2 == target) stage2_store_ = *routed;
     }
     net_rng_.seed(cfg_.seed * 1'000'003ULL + 424'242ULL);
@@ -117,6 +143,7 @@ Status Supervisor::Prepare() {
   provider_url_ = "http://127.0.0.1:" + std::to_string(provider_port_);
   next_life_.assign(static_cast<size_t>(AllSlots(cfg_)), 0);
   slot_busy_.assign(static_cast<size_t>(AllSlots(cfg_)), false);
+  slot_ready_ms_.assign(static_cast<size_t>(AllSlots(cfg_)), 0);
   return Status::OK();
 }
 
@@ -124,22 +151,12 @@ Status Supervisor::StartProvider(bool chaos) {
   // Drawn for every life, chaos or not, so a seed gives the same leases.
   const int64_t lease_ms = schedule_.NextProviderLeaseMs();
   provider_leases_ms_.push_back(lease_ms);
-  std::vector<std::string> argv = {exe_,
-                                   "provider",
-                                   "--listen",
-                                   "127.0.0.1:" + std::to_string(provider_port_),
-                                   "--store",
-                                   ProviderStore(cfg_),
-                                   "--api-key",
-                                   std::string(kApiKey) + ":" + kPrincipal,
-                                   "--lease",
-                                   std::to_string(lease_ms) + "ms",
-                                   "--lose-responses",
-                                   std::to_string(cfg_.lost_response_rate),
-                                   "--seed",
-                                   std::to_string(cfg_.seed),
-                                   "--max-keys",
-                                   std::to_string(std::max<int64_t>(100'000, 2 * cfg_.messages))};
+  std::vector<std::string> argv = {
+      exe_, "provider", "--listen", "127.0.0.1:" + std::to_string(provider_port_), "--store", ProviderStore(cfg_),
+      "--api-key", std::string(kApiKey) + ":" + kPrincipal, "--lease", std::to_string(lease_ms) + "ms",
+      "--lose-responses", std::to_string(cfg_.lost_response_rate), "--seed", std::to_string(cfg_.seed), "--max-keys",
+      // (Every key of the run: with --fault-cmd the run may go past --messages.)
+      std::to_string(cfg_.fault_cmd.empty() ? std::max<int64_t>(100'000, 2 * cfg_.messages) : int64_t{1'000'000'000})};
   if (cfg_.provider_mode == "group-commit") argv.insert(argv.end(), {"--one-transaction", "--group-commit", "64"});
   Life l;
   l.life = provider_lives_++;
@@ -152,7 +169,8 @@ Status Supervisor::StartProvider(bool chaos) {
   // retried, which is part of the test.
   lives_[l.pid] = l;
   provider_up_ = true;
-  for (int i = 0; i < 100 && !ProviderHealthy(provider_port_); ++i) {
+  bool healthy = false;
+  for (int i = 0; i < 100 && !(healthy = ProviderHealthy(provider_port_)); ++i) {
     int st = 0;
     if (::waitpid(l.pid, &st, WNOHANG | WUNTRACED) == l.pid) {
       if (WIFSTOPPED(st)) {
@@ -168,10 +186,22 @@ Status Supervisor::StartProvider(bool chaos) {
       }
       lives_.erase(l.pid);
       provider_up_ = false;
+      if (!cfg_.fault_cmd.empty()) {
+        // A fault may leave its store unreachable for a while (no primary
+        // yet): started again in a moment, for up to --drain-timeout.
+        const int64_t now = SteadyMs();
+        if (provider_failing_since_ms_ == 0) provider_failing_since_ms_ = now;
+        if (now - provider_failing_since_ms_ < cfg_.drain_timeout_ms) {
+          ++counts_.provider_start_failures;
+          provider_ready_ms_ = now + 200;
+          return Status::OK();
+        }
+      }
       return Status::Unavailable("the provider exited at start; see " + cfg_.dir + "/provider.log");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (healthy) provider_failing_since_ms_ = 0;
   return Status::OK();
 }
 
@@ -241,7 +271,9 @@ void Supervisor::Reap() {
   int st = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &st, WNOHANG | WUNTRACED)) > 0) {
-    if (WIFSTOPPED(st)) {
+    if (pid == fault_pid_) {
+      if (!WIFSTOPPED(st)) FaultEnded(st);
+    } else if (WIFSTOPPED(st)) {
       Stopped(pid);
     } else {
       Ended(pid, st);
@@ -395,7 +427,54 @@ void Supervisor::Ended(pid_t pid, int st) {
     ++counts_.kills[what.empty() ? "kill:unplanned" : what];
   } else if (l.slot >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
     ++counts_.consumer_errors;
+    // Failed at once (its store refused it: no primary during a failover):
+    // the slot starts again in a moment, not in a tight loop.
+    const int64_t now = SteadyMs();
+    if (now - l.started_ms < 1'000) slot_ready_ms_[static_cast<size_t>(l.slot)] = now + 200;
   }
+}
+
+Status Supervisor::StartFault() {
+  const std::string n = std::to_string(faults_started_);
+  IDEM_ASSIGN_OR_RETURN(fault_pid_,
+                        Spawn({"/bin/sh", "-c", cfg_.fault_cmd}, {"IDEM_CHAOS_FAULT=" + n}, FaultLog(cfg_.dir, n)));
+  ++faults_started_;
+  return Status::OK();
+}
+
+void Supervisor::FaultEnded(int st) {
+  const std::string n = std::to_string(fault_runs_.size());
+  fault_pid_ = 0;
+  FaultRun run = ReadFaultRun(FaultLog(cfg_.dir, n));
+  run.failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ++counts_.faults[run.kind.empty() ? "fault-cmd" : run.kind];
+  fault_runs_.push_back(run);
+  if (run.failed && fault_failure_.ok()) {
+    // No more: the run drains and reports, the faults short.
+    fault_failure_ = Status::Unavailable("--fault-cmd run " + n + " failed (wait status " + std::to_string(st) +
+                                         "); see " + FaultLog(cfg_.dir, n));
+    std::cerr << "idem chaos: " << fault_failure_.message() << "\n";
+    faults_off_ = true;
+  }
+  ++faults_done_;
+}
+
+void Supervisor::WaitForFault() {
+  if (fault_pid_ == 0) return;
+  // It puts back what it broke (the check reads the store); interrupted,
+  // it is asked to stop.
+  if (g_interrupted) ::kill(fault_pid_, SIGTERM);
+  const int64_t deadline = SteadyMs() + 180'000;
+  int st = 0;
+  while (::waitpid(fault_pid_, &st, WNOHANG) == 0) {
+    if (SteadyMs() > deadline) {
+      ::kill(fault_pid_, SIGKILL);
+      ::waitpid(fault_pid_, &st, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  FaultEnded(st);
 }
 
 void Supervisor::Produce() {
@@ -435,7 +514,13 @@ void Supervisor::Produce() {
     return true;
   };
   std::vector<Message> again;
-  for (int64_t i = 0; i < cfg_.messages && produce_status_.ok(); ++i) {
+  // With --fault-cmd, past --messages until the last fault is over: each
+  // fault measures its recovery on the traffic after it.
+  auto more = [this](int64_t i) {
+    return i < cfg_.messages || (!cfg_.fault_cmd.empty() && !faults_off_ && faults_done_ < cfg_.faults);
+  };
+  int64_t made = 0;
+  for (int64_t i = 0; more(i) && produce_status_.ok(); ++i, made = i) {
     if (!window_open(i)) {
       if (!g_interrupted)
         produce_status_ =
@@ -455,6 +540,7 @@ void Supervisor::Produce() {
     if (!produce_status_.ok()) break;
     produce_status_ = publish(m);
   }
+  produced_unique_ = made;
   produced_ = true;
 }
 
@@ -556,7 +642,7 @@ Status Supervisor::Go() {
   while (!g_interrupted) {
     Reap();
     const int64_t now = SteadyMs();
-    if (!provider_up_) {
+    if (!provider_up_ && now >= provider_ready_ms_) {
       ++counts_.provider_restarts;
       if (Status s = StartProvider(chaos); !s.ok()) {
         failure = s;
@@ -564,7 +650,7 @@ Status Supervisor::Go() {
       }
     }
     for (int slot = 0; slot < AllSlots(cfg_); ++slot) {
-      if (slot_busy_[static_cast<size_t>(slot)]) continue;
+      if (slot_busy_[static_cast<size_t>(slot)] || now < slot_ready_ms_[static_cast<size_t>(slot)]) continue;
       if (Status s = StartConsumer(slot, chaos); !s.ok()) {
         failure = s;
         break;
@@ -595,10 +681,21 @@ Status Supervisor::Go() {
       }
       ++counts_.faults["restart"];
     }
-    if (proxy_ != nullptr && chaos && now >= next_cut_ms_) {
+    if (chaos && !faults_off_ && fault_pid_ == 0 && !cfg_.fault_cmd.empty() && faults_started_ < cfg_.faults &&
+        last_applied_ >= FaultStartAt(cfg_, faults_started_)) {
+      // A fault of the caller's (a failover, say); the run goes on meanwhile.
+      if (Status s = StartFault(); !s.ok()) {
+        failure = s;
+        break;
+      }
+    }
+    if (!proxies_.empty() && chaos && now >= next_cut_ms_) {
       // A network cut between the consumers and PostgreSQL: every
       // connection reset, new ones refused for a moment.
-      if (next_cut_ms_ > 0) proxy_->Cut(50 + static_cast<int64_t>(net_rng_() % 350));
+      if (next_cut_ms_ > 0) {
+        const int64_t outage_ms = 50 + static_cast<int64_t>(net_rng_() % 350);
+        for (auto& proxy : proxies_) proxy->Cut(outage_ms);
+      }
       next_cut_ms_ = now + 300 + static_cast<int64_t>(net_rng_() % 1'200);
     }
     if (now - last_poll >= 200) {
@@ -612,8 +709,10 @@ Status Supervisor::Go() {
         if (applied2 != last_applied2_) last_progress_ms = now;
         last_applied2_ = applied2;
       }
-      const bool stage2_drained = !TwoStage(cfg_) || (outbox_empty && last_applied2_ >= cfg_.messages);
-      if (produced_ && last_applied_ >= cfg_.messages && stage2_drained) {
+      const bool stage2_drained = !TwoStage(cfg_) || (outbox_empty && last_applied2_ >= produced_unique_);
+      // (A fault in progress is waited for: it ends with the store whole.)
+      if (fault_pid_ != 0) last_progress_ms = now;
+      if (produced_ && last_applied_ >= produced_unique_ && stage2_drained && fault_pid_ == 0) {
         drained_ = true;
         break;  // every effect is in; a shortfall of kills is reported
       }
@@ -622,6 +721,7 @@ Status Supervisor::Go() {
         // No progress under fire: stop breaking things and drain calmly
         // (lives already armed still end as planned).
         chaos = false;
+        faults_off_ = true;
         last_progress_ms = now;
       }
     }
@@ -631,6 +731,8 @@ Status Supervisor::Go() {
   stop_counting = true;
   counter.join();
   kills_reached_ = counts_.total_kills >= cfg_.kills;
+  faults_off_ = true;
+  WaitForFault();
   StopAll();
   stop_producing_ = true;
   producer.join();
@@ -642,10 +744,14 @@ Status Supervisor::Go() {
 RunFacts Supervisor::Facts() const {
   RunFacts f;
   f.counts = counts_;
-  if (proxy_ != nullptr) {
-    f.counts.faults["network-cut"] = proxy_->cuts();
-    f.counts.faults["network-cut-connections-reset"] = proxy_->connections_reset();
+  if (!proxies_.empty()) {
+    f.counts.faults["network-cut"] = proxies_[0]->cuts();  // (every proxy is cut at once)
+    int64_t reset = 0;
+    for (const auto& proxy : proxies_) reset += proxy->connections_reset();
+    f.counts.faults["network-cut-connections-reset"] = reset;
   }
+  f.fault_runs = fault_runs_;
+  f.faults_reached = cfg_.fault_cmd.empty() || (faults_done_ >= cfg_.faults && fault_failure_.ok());
   f.provider_leases_ms = provider_leases_ms_;
   f.publish_retries = publish_retries_.load();
   f.seconds = seconds_;

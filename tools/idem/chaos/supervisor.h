@@ -113,6 +113,11 @@ class Supervisor {
   Result<int64_t> Applied2();
   Result<bool> OutboxEmpty();
   void TerminateBackends(const Life& l);
+  // --fault-cmd: starts the next run when it is due; FaultEnded counts one.
+  Status StartFault();
+  void FaultEnded(int status);
+  // Waits for a run still in progress at the end (it puts back what it broke).
+  void WaitForFault();
   void StopAll();
 
   const Config& cfg_;
@@ -127,13 +132,26 @@ class Supervisor {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Store> store2_;  // stage 2's (the two-stage pipeline)
   std::string stage2_store_;       // what the stage-2 consumers open
-  // PostgreSQL: the consumers reach the server through this proxy, which
-  // cuts the network to it now and then.
-  std::unique_ptr<CutProxy> proxy_;
+  // PostgreSQL: the consumers reach the server through a proxy (one per
+  // host of a multi-host URL), which cuts the network to it now and then.
+  std::vector<std::unique_ptr<CutProxy>> proxies_;
   std::string consumer_store_;
   std::mt19937_64 net_rng_;
   int64_t next_cut_ms_ = 0;
   int64_t restarts_done_ = 0;
+  // --fault-cmd: the run in progress (0: none), how many started and ended,
+  // what each said; once the chaos stops, no more start and the producer
+  // stops at --messages.
+  pid_t fault_pid_ = 0;
+  int64_t faults_started_ = 0;
+  std::atomic<int64_t> faults_done_{0};
+  std::atomic<bool> faults_off_{false};
+  std::vector<FaultRun> fault_runs_;
+  Status fault_failure_;
+  // A slot whose life exited with an error at once (its store unreachable:
+  // a failover) starts again only after a moment; the provider likewise.
+  std::vector<int64_t> slot_ready_ms_;
+  int64_t provider_ready_ms_ = 0, provider_failing_since_ms_ = 0;
   std::map<pid_t, Life> lives_;
   std::vector<int64_t> next_life_;
   std::vector<bool> slot_busy_;
@@ -142,6 +160,7 @@ class Supervisor {
   std::vector<int64_t> provider_leases_ms_;  // each provider life's --lease, in order
   RunCounts counts_;
   std::atomic<bool> produced_{false};
+  std::atomic<int64_t> produced_unique_{0};  // the messages made (--messages, or more with --fault-cmd)
   std::atomic<int64_t> published_{0};
   std::atomic<int64_t> publish_retries_{0};
   Status produce_status_;

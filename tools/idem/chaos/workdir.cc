@@ -40,7 +40,7 @@ Status PrepareWorkDir(const std::string& dir) {
         return Status::InvalidArgument("--dir " + dir + " holds " + name +
                                        ", which idem chaos did not make: give a new or empty directory");
   }
-  for (const char* sub : {"/journal", "/journal2", "/relay", "/clock"}) {
+  for (const char* sub : {"/journal", "/journal2", "/relay", "/clock", "/fault"}) {
     std::filesystem::create_directories(dir + sub, ec);
     if (ec) return Status::Unavailable("cannot create " + dir + sub + ": " + ec.message());
   }
@@ -50,7 +50,7 @@ Status PrepareWorkDir(const std::string& dir) {
   } else {
     return Status::Unavailable("cannot write " + mark + ": " + std::strerror(errno));
   }
-  for (const char* sub : {"/journal", "/journal2", "/relay", "/clock"}) {
+  for (const char* sub : {"/journal", "/journal2", "/relay", "/clock", "/fault"}) {
     IDEM_ASSIGN_OR_RETURN(auto files, ListDir(dir + sub));
     for (const auto& p : files) IDEM_RETURN_IF_ERROR(RemoveFile(p.string()));
   }

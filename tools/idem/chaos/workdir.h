@@ -22,8 +22,8 @@ Status RemoveFile(const std::string& path);
 
 // Makes `dir` ready for a run: refuses (kInvalidArgument) a directory that
 // holds files of a run's names without the mark (a user's provider.db is
-// never deleted), creates DIR/journal and DIR/clock, writes the mark, and deletes what an
-// earlier run left (journals, clock files, oracle.log, provider.db and its -wal/-shm,
+// never deleted), creates DIR/journal, DIR/clock and DIR/fault, writes the mark, and deletes
+// what an earlier run left (journals, clock files, --fault-cmd's logs, oracle.log, provider.db and its -wal/-shm,
 // provider.log).
 Status PrepareWorkDir(const std::string& dir);
 
