@@ -43,10 +43,13 @@
 #             three ways in turn: named (-M prepared, direct: prepared once per connection, as
 #             idem sends direct), unnamed (-M extended, direct: parsed and planned at every
 #             execution, as idem sends through a pooler) and pooled (-M extended through
-#             POOLED_URL). The tables must exist (`idem bench pooler` makes them).
+#             POOLED_URL); then the same three ways the whole committed transactions at the
+#             workload's concurrency: the inbox's guarded message on CONSUMERS clients, the
+#             provider's group of GROUP first executions on 1 (its one committer). The tables
+#             must exist (`idem bench pooler` makes them).
 #
 #   bench/pg/floor.sh inbox URL [CONSUMERS] [ROUNDS] [SECONDS]
-#   bench/pg/floor.sh pooler URL POOLED_URL [ROUNDS] [SECONDS] [GROUP]
+#   bench/pg/floor.sh pooler URL POOLED_URL [ROUNDS] [SECONDS] [GROUP] [CONSUMERS]
 #   bench/pg/floor.sh relay URL [ROUNDS] [MESSAGES]
 #   bench/pg/floor.sh claims URL [CONCURRENCY] [ROUNDS] [N]
 #   bench/pg/floor.sh http  URL [COMMITTERS] [ROUNDS] [N] [GROUP_COMMIT]   (GROUP_COMMIT 0: one transaction per request;
@@ -103,11 +106,16 @@ pgbench_tps() {
     awk '/^tps =/ {printf "%.1f", $3}'
 }
 
-inbox() {
-  local consumers=${1:-4} rounds=${2:-3} seconds=${3:-6}
+# The inbox's message, bare ($work/bare.sql) and guarded ($work/guarded.sql), as idem sends it.
+inbox_scripts() {
   printf '%s\n' '\set c random(1, 1000000)' 'BEGIN;' "$(business_sql)" 'COMMIT;' >"$work/bare.sql"
   printf '%s\n' '\set c random(1, 1000000)' '\startpipeline' 'BEGIN;' "$(marker_sql)" \
     '\endpipeline' "$(business_sql)" 'COMMIT;' >"$work/guarded.sql"
+}
+
+inbox() {
+  local consumers=${1:-4} rounds=${2:-3} seconds=${3:-6}
+  inbox_scripts
   # idem's first run on the database writes its retained markers and the business table.
   "$IDEM" bench marker --store "$url" --ids ordered --batch 1 --consumers "$consumers" --json >/dev/null
   for r in $(seq "$rounds"); do
@@ -260,15 +268,16 @@ EOF
   done
 }
 
-# pgbench_ms SCRIPT MODE PORT SECONDS: mean latency of a transaction, in ms.
-pgbench_ms() {
-  "$PG_BIN/pgbench" -n -M "$2" -c 1 -j 1 -T "$4" -f "$1" -h "$host" -p "$3" -U "$user" "$db" 2>&1 |
-    awk '/^latency average/ {print $4}'
+# pgbench_run SCRIPT MODE PORT SECONDS CLIENTS: "TPS LATENCY_MS" of the script.
+pgbench_run() {
+  "$PG_BIN/pgbench" -n -M "$2" -c "$5" -j "$5" -T "$4" -f "$1" -h "$host" -p "$3" -U "$user" "$db" 2>&1 |
+    awk '/^latency average/ {ms = $4} /^tps =/ {tps = $3} END {if (tps != "" && ms != "") print tps, ms}'
 }
 
 pooler() {
-  local pooled=${1:?POOLED_URL} rounds=${2:-3} seconds=${3:-3} group=${4:-7} i st
+  local pooled=${1:?POOLED_URL} rounds=${2:-3} seconds=${3:-3} group=${4:-7} consumers=${5:-4} i st
   local pooled_port=${pooled#*@}; pooled_port=${pooled_port%%/*}; pooled_port=${pooled_port##*:}
+  # Each statement alone: BEGIN, the statement, ROLLBACK in one flight, 1 client.
   local statements=(marker business peek claim charges completion)
   for st in "${statements[@]}"; do
     {
@@ -285,29 +294,46 @@ pooler() {
       echo '\endpipeline'
     } >"$work/$st.sql"
   done
+  # Whole transactions, committed, at the workload's concurrency: the inbox's guarded
+  # message on CONSUMERS clients, the provider's group of GROUP on 1 (one committer).
+  inbox_scripts
+  http_script "$work/group.sql" "$group" 0
+  local named unnamed pooled_r
+  measure() {  # SCRIPT CLIENTS LABEL
+    named=$(pgbench_run "$1" prepared "$port" "$seconds" "$2")
+    unnamed=$(pgbench_run "$1" extended "$port" "$seconds" "$2")
+    pooled_r=$(pgbench_run "$1" extended "$pooled_port" "$seconds" "$2")
+    [ -n "$named" ] && [ -n "$unnamed" ] && [ -n "$pooled_r" ] || { echo "pgbench failed on $3" >&2; exit 1; }
+  }
   for r in $(seq "$rounds"); do
     for st in "${statements[@]}"; do
-      local named unnamed pooled_ms
-      named=$(pgbench_ms "$work/$st.sql" prepared "$port" "$seconds")
-      unnamed=$(pgbench_ms "$work/$st.sql" extended "$port" "$seconds")
-      pooled_ms=$(pgbench_ms "$work/$st.sql" extended "$pooled_port" "$seconds")
-      [ -n "$named" ] && [ -n "$unnamed" ] && [ -n "$pooled_ms" ] || { echo "pgbench failed on $st" >&2; exit 1; }
-      echo "round=$r statement=$st named_ms=$named unnamed_ms=$unnamed pooled_ms=$pooled_ms" | tee -a "$work/pooler.out"
+      measure "$work/$st.sql" 1 "$st"
+      echo "round=$r statement=$st named_ms=${named#* } unnamed_ms=${unnamed#* } pooled_ms=${pooled_r#* }"
     done
-  done
-  # Per statement, the medians over the rounds.
+    measure "$work/guarded.sql" "$consumers" inbox
+    echo "round=$r transaction=inbox clients=$consumers named_per_s=${named% *} unnamed_per_s=${unnamed% *} pooled_per_s=${pooled_r% *}"
+    measure "$work/group.sql" 1 group
+    echo "round=$r transaction=group$group clients=1 named_per_s=${named% *} unnamed_per_s=${unnamed% *} pooled_per_s=${pooled_r% *}"
+  done | tee "$work/pooler.out"
+  # The medians over the rounds.
   python3 - "$work/pooler.out" "$group" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     f = dict(kv.split("=") for kv in line.split())
-    rows.setdefault(f["statement"], []).append(f)
-for st, fs in rows.items():
-    med = {k: statistics.median(float(f[k + "_ms"]) for f in fs) for k in ("named", "unnamed", "pooled")}
-    name = f"charges({sys.argv[2]}_rows)" if st == "charges" else st
-    print(f"median statement={name} named_ms={med['named']:.3f} unnamed_ms={med['unnamed']:.3f} "
-          f"pooled_ms={med['pooled']:.3f} unnamed_extra_us={(med['unnamed'] - med['named']) * 1000:.0f} "
-          f"pooler_hop_us={(med['pooled'] - med['unnamed']) * 1000:.0f}")
+    rows.setdefault(("statement", f["statement"]) if "statement" in f else ("transaction", f["transaction"]), []).append(f)
+for (kind, name), fs in rows.items():
+    unit = "ms" if kind == "statement" else "per_s"
+    med = {k: statistics.median(float(f[f"{k}_{unit}"]) for f in fs) for k in ("named", "unnamed", "pooled")}
+    if kind == "statement":
+        name = f"charges({sys.argv[2]}_rows)" if name == "charges" else name
+        print(f"median statement={name} named_ms={med['named']:.3f} unnamed_ms={med['unnamed']:.3f} "
+              f"pooled_ms={med['pooled']:.3f} unnamed_extra_us={(med['unnamed'] - med['named']) * 1000:.0f} "
+              f"pooler_hop_us={(med['pooled'] - med['unnamed']) * 1000:.0f}")
+    else:
+        print(f"median transaction={name} clients={fs[0]['clients']} named_per_s={med['named']:.0f} "
+              f"unnamed_per_s={med['unnamed']:.0f} pooled_per_s={med['pooled']:.0f} "
+              f"unnamed_over_named={med['unnamed'] / med['named']:.3f} pooled_over_named={med['pooled'] / med['named']:.3f}")
 EOF
 }
 
