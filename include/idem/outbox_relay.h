@@ -84,8 +84,7 @@ class OutboxRelay {
     // Backoff after a round with transient failures.
     int64_t backoff_base_ms = 100;
     int64_t backoff_max_ms = 10'000;
-    // How often lanes are rebalanced among relays (1..5000; on PostgreSQL
-    // each lane is a 10 s lease, renewed then).
+    // How often lanes are rebalanced among relays.
     int64_t rebalance_ms = 1'000;
     // Return from Run once the outbox is empty (tests, drains, the demo).
     bool stop_when_idle = false;

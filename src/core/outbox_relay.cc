@@ -62,9 +62,7 @@ Result<std::unique_ptr<OutboxRelay>> OutboxRelay::Open(Store& store, Publisher& 
   if (options.max_attempts < 0) return bad("max_attempts must not be negative");
   if (options.backoff_base_ms < 0 || options.backoff_max_ms < options.backoff_base_ms)
     return bad("backoff_base_ms must be 0..backoff_max_ms");
-  if (options.rebalance_ms < 1 || options.rebalance_ms > 5'000)
-    return bad(
-        "rebalance_ms must be 1..5000 (a PostgreSQL relay's lanes are leases of 10 s, renewed at each rebalance)");
+  if (options.rebalance_ms < 1) return bad("rebalance_ms must be at least 1");
   if (options.name.empty() || options.name.size() > 200) return bad("name must be 1..200 bytes");
   Options o = options;
   if (o.env == nullptr) o.env = Env::Default();

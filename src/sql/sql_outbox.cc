@@ -85,7 +85,7 @@ class SqlOutboxSession final : public OutboxSession {
 
   Result<int> Rebalance() override {
     const int64_t now = store_.env()->NowMs();
-    IDEM_RETURN_IF_ERROR(store_.RenewLanes(*conn_, name_, locks_));
+    IDEM_RETURN_IF_ERROR(Renew(now));
     for (auto it = locks_.begin(); it != locks_.end();) it = it->second->Held() ? std::next(it) : locks_.erase(it);
     Value hb[] = {name_, static_cast<int64_t>(locks_.size()), now};
     IDEM_RETURN_IF_ERROR(conn_->Exec(sql_.heartbeat, hb).status());
@@ -122,6 +122,7 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
   Result<std::vector<OutboxRow>> Fetch(int limit, int64_t* republished) override {
+    IDEM_RETURN_IF_ERROR(RenewIfDue());
     if (locks_.empty()) return std::vector<OutboxRow>{};
     Value p[] = {lanes_text_, limit};
     IDEM_ASSIGN_OR_RETURN(Rows rows, conn_->Query(sql_.fetch, p));
@@ -185,6 +186,7 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
   Status Wait(int64_t timeout_ms) override {
+    IDEM_RETURN_IF_ERROR(RenewIfDue());
     return store_.WaitForOutbox(*conn_, name_, timeout_ms, [this]() -> Result<bool> {
       Value p[] = {lanes_text_};
       IDEM_ASSIGN_OR_RETURN(Rows r, conn_->Query(sql_.any_pending, p));
@@ -200,6 +202,18 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
  private:
+  // Leased lanes (PostgreSQL) are renewed at each rebalance and, whatever
+  // rebalance_ms is, at least every kRenewMs of fetching or waiting.
+  static constexpr int64_t kRenewMs = 3'000;
+  Status Renew(int64_t now) {
+    renewed_at_ = now;
+    return store_.RenewLanes(*conn_, name_, locks_);
+  }
+  Status RenewIfDue() {
+    const int64_t now = store_.env()->NowMs();
+    return now - renewed_at_ >= kRenewMs ? Renew(now) : Status::OK();
+  }
+
   std::vector<int> Lanes() const {
     std::vector<int> v;
     for (const auto& [lane, lock] : locks_) v.push_back(lane);
@@ -233,6 +247,7 @@ class SqlOutboxSession final : public OutboxSession {
   std::map<int, int64_t> handed_;
   std::string lanes_text_;
   int offset_ = 0;
+  int64_t renewed_at_ = 0;
 };
 
 }  // namespace
