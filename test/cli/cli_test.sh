@@ -9,23 +9,8 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fails=0
 pass=0
-check() {  # check NAME WANT_RC CMD... ; output in $T/out
-  local name=$1 want=$2; shift 2
-  "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "FAIL $name: exit $rc, want $want"; sed 's/^/  stdout: /' "$T/out" | head -5; sed 's/^/  stderr: /' "$T/err" | head -5
-    fails=$((fails + 1)); return 1
-  fi
-  pass=$((pass + 1))
-}
-ok() {  # ok NAME CMD... : passes when CMD succeeds
-  local name=$1; shift
-  if "$@"; then pass=$((pass + 1)); else echo "FAIL $name: $*"; fails=$((fails + 1)); fi
-}
-has() {  # has NAME FILE PATTERN
-  if grep -qE -- "$3" "$2"; then pass=$((pass + 1)); else echo "FAIL $1: '$3' not in $2:"; head -5 "$2"; fails=$((fails + 1)); fi
-}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
