@@ -17,10 +17,13 @@ inline constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7317
 // (set_config's is_local, as SET LOCAL), a parameter so it can be prepared.
 inline constexpr const char* kBoundLockWaits = "SELECT set_config('lock_timeout', $1, true)";
 
-// Store::Options::ack_after = standby_flush: the WAL written so far, and
-// ($1 that position) how many standbys flushed up to it, and how many whose
-// positions this role cannot see (NULL without pg_monitor).
-inline constexpr const char* kWalInsertLsn = "SELECT pg_current_wal_insert_lsn()::text";
+// Store::Options::ack_after = standby_flush: the WAL written so far (past a
+// commit just made: with synchronous_commit on, its record was flushed before
+// COMMIT answered; not the insert position, which at a page boundary points
+// past the next page's header, where no standby gets until more WAL comes),
+// and ($1 that position) how many standbys flushed up to it, and how many
+// whose positions this role cannot see (NULL without pg_monitor).
+inline constexpr const char* kWalWrittenLsn = "SELECT pg_current_wal_lsn()::text";
 inline constexpr const char* kStandbysFlushed =
     "SELECT count(*) FILTER (WHERE flush_lsn >= $1::pg_lsn), count(*) FILTER (WHERE flush_lsn IS NULL AND"
     " state IS NULL) FROM pg_stat_replication";

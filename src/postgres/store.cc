@@ -43,7 +43,7 @@ struct AckGate {
 // kInDoubt when none has within the gate's time, or when the role cannot
 // read the standbys' positions.
 Status AwaitStandby(Conn& c, const AckGate& gate, std::string_view what) {
-  IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr at, c.Exec(pg_internal::kWalInsertLsn, {}));
+  IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr at, c.Exec(pg_internal::kWalWrittenLsn, {}));
   const Rows lsn = pg_internal::ToRows(at.get());
   if (lsn.rows.empty()) return Status::InDoubt(std::string(what) + ": the primary's WAL position could not be read");
   const std::string wal = lsn.rows[0][0].AsText();
