@@ -505,9 +505,10 @@ void Supervisor::Produce() {
     }
     return s.WithContext("publishing " + m.id + " failed for 2 minutes");
   };
-  // The window (--backlog): at most that many published and not applied.
+  // The window (--backlog): at most that many published and not applied
+  // (with --fault-cmd: nor acknowledged).
   auto window_open = [this](int64_t i) {
-    while (cfg_.backlog > 0 && i - last_applied_ >= cfg_.backlog) {
+    while (cfg_.backlog > 0 && i - std::max<int64_t>(last_applied_, last_acked_) >= cfg_.backlog) {
       if (stop_producing_ || g_interrupted) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -552,6 +553,24 @@ Result<int64_t> Supervisor::Applied() {
   IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
   IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
   return r.rows[0][0].AsInt();
+}
+
+int64_t Supervisor::CountAcked() {
+  auto journals = ListDir(cfg_.dir + "/journal");
+  if (!journals.ok()) return static_cast<int64_t>(acked_.size());
+  for (const auto& path : *journals) {
+    int64_t& from = ack_read_from_[path.string()];
+    std::error_code ec;
+    if (static_cast<int64_t>(std::filesystem::file_size(path, ec)) <= from || ec) continue;
+    std::ifstream in(path);
+    in.seekg(from);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written: read it next time
+      from += static_cast<int64_t>(line.size()) + 1;
+      if (line.size() >= 3 && line[0] == 'A') acked_.insert(line.substr(2));
+    }
+  }
+  return static_cast<int64_t>(acked_.size());
 }
 
 Result<int64_t> Supervisor::Applied2() { return store2_->CountMarkers(kStage2Consumer); }
@@ -611,6 +630,7 @@ Status Supervisor::Go() {
     while (!stop_counting) {
       const int64_t t = SteadyMs();
       if (auto applied = Applied(); applied.ok()) counted = *applied;
+      if (!cfg_.fault_cmd.empty()) last_acked_ = CountAcked();
       if (TwoStage(cfg_)) {
         // (The outbox first: empty, then every stage-2 effect counted, is
         // drained.)

@@ -29,6 +29,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "chaos/config.h"
@@ -108,6 +109,13 @@ class Supervisor {
   void CountZombie(const Life& l);
   void Produce();
   Result<int64_t> Applied();
+  // --fault-cmd: the distinct messages the stage-1 consumers acknowledged
+  // (their journals' A lines, each journal read on from where the last call
+  // left off; the counting thread's own). The producer's window goes by it
+  // too when it is ahead of the effects, as a bounded queue would: an effect
+  // a fault took after its ack (a failover with asynchronous replication)
+  // never applies, yet the queue has let its message go.
+  int64_t CountAcked();
   // The two-stage pipeline's progress: stage 2's markers, and whether the
   // outbox is empty.
   Result<int64_t> Applied2();
@@ -166,6 +174,9 @@ class Supervisor {
   Status produce_status_;
   double seconds_ = 0;
   std::atomic<int64_t> last_applied_{0};
+  std::atomic<int64_t> last_acked_{0};
+  std::map<std::string, int64_t> ack_read_from_;
+  std::unordered_set<std::string> acked_;
   int64_t last_applied2_ = 0;  // the loop's last count, read by the producer's window
   std::atomic<bool> stop_producing_{false};
   bool kills_reached_ = false;
