@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "idem/inbox.h"
@@ -245,6 +246,37 @@ Status Round(IdGenerator& ids, std::vector<Message>& msgs, int64_t batch, double
     n += batch;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } while (elapsed < seconds);
+  if (side != nullptr) {
+    side->messages += n;
+    side->seconds += elapsed;
+    side->rounds.push_back(static_cast<double>(n) / elapsed);
+  }
+  return Status::OK();
+}
+
+// The same with `consumers` threads at once, each with its own ids and
+// messages; the side's rate is all their messages over the round's time.
+template <typename Run>
+Status ParallelRound(IdKind kind, int consumers, int64_t batch, double seconds, Side* side, Run&& run) {
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(consumers));
+  std::vector<int64_t> counts(consumers, 0);
+  std::vector<Status> errors(consumers);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int c = 0; c < consumers; ++c) {
+    threads.emplace_back([&, c] {
+      IdGenerator ids(kind, FreshSeed());
+      std::vector<Message> msgs;
+      Side mine;
+      errors[c] = Round(ids, msgs, batch, seconds, &mine, run);
+      counts[c] = mine.messages;
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const Status& e : errors) IDEM_RETURN_IF_ERROR(e);
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
   if (side != nullptr) {
     side->messages += n;
     side->seconds += elapsed;

@@ -8,9 +8,12 @@
 #   lib/cmake/idem/idem-<c>-component.cmake    what it needs: idem components,
 #                                              CMake packages, pkg-config modules
 #   lib/pkgconfig/idem-<c>.pc                  the same for pkg-config
-#   include/idem/...                           its own headers only
+#   include/idem/...                           its own headers only (core: also the
+#                                              generated idem/version.h)
 # and once lib/cmake/idem/idemConfig.cmake, which loads only the requested
-# components, their idem dependencies and their third-party dependencies.
+# components, their idem dependencies and their third-party dependencies, and
+# lib/cmake/idem/idemConfigVersion.cmake, which says which requested versions
+# this install satisfies.
 #
 # The dependencies are read from each target's INTERFACE_LINK_LIBRARIES (for
 # a static library its PRIVATE ones appear there as $<LINK_ONLY:...>), so a
@@ -209,6 +212,10 @@ foreach(_idem_t IN LISTS _idem_all)
     get_filename_component(_dir ${_h} DIRECTORY)
     install(FILES include/${_h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${_dir} COMPONENT ${_c})
   endforeach()
+  if(_c STREQUAL "core")
+    # Generated from project(idem VERSION ...) by the root CMakeLists.txt.
+    install(FILES ${PROJECT_BINARY_DIR}/include/idem/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idem COMPONENT core)
+  endif()
 
   # What idemConfig.cmake needs to load this component.
   set(_file ${PROJECT_BINARY_DIR}/cmake/idem-${_c}-component.cmake)
@@ -265,6 +272,10 @@ foreach(_c IN LISTS IDEM_INSTALLED_COMPONENTS)
 endforeach()
 configure_package_config_file(cmake/idemConfig.cmake.in ${PROJECT_BINARY_DIR}/idemConfig.cmake
   INSTALL_DESTINATION ${IDEM_CMAKE_DIR})
+# Which requested versions this install satisfies. 0.x: every incompatible
+# change moves the minor number, so only the same MAJOR.MINOR is compatible
+# (find_package(idem 0.1) refuses 0.2.x; find_package(idem 0.2) takes any
+# 0.2.x; CHANGELOG.md, doc/migration.md).
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/idemConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/idemConfig.cmake ${PROJECT_BINARY_DIR}/idemConfigVersion.cmake
   DESTINATION ${IDEM_CMAKE_DIR} COMPONENT core)

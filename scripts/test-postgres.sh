@@ -5,6 +5,8 @@
 #   test-postgres.sh start STATE_DIR PORT   -> prints the URL; writes STATE_DIR/url, STATE_DIR/pid
 #   test-postgres.sh stop STATE_DIR
 #   test-postgres.sh pause|resume STATE_DIR   (stop and start again, data kept)
+#   test-postgres.sh standby STATE_DIR PRIMARY_STATE_DIR PORT
+#                                 -> a streaming standby of that server (pg_basebackup -R), its URL
 # Roles: "postgres" (trust) and "idem_pw" (password "secret", scram), for the
 # wrong-password test. Databases: idem_test.
 set -euo pipefail
@@ -43,6 +45,7 @@ CONF
 local all all trust
 host all idem_pw 127.0.0.1/32 scram-sha-256
 host all all 127.0.0.1/32 trust
+host replication postgres 127.0.0.1/32 trust
 HBA
   as_pg "$PG_BIN/pg_ctl" -D "$base/data" -l "$base/sock/server.log" -w -t 60 start >/dev/null \
     || { cat "$base/sock/server.log" >&2; exit 3; }
@@ -51,6 +54,31 @@ HBA
     -c "CREATE DATABASE idem_test" -c "CREATE ROLE idem_pw LOGIN PASSWORD 'secret' SUPERUSER" >/dev/null
   echo "postgres://postgres@127.0.0.1:$port/idem_test" >"$state/url"
   echo "test-postgres: pid $(cat "$state/pid") on 127.0.0.1:$port, data in $base" >&2
+  cat "$state/url"
+}
+
+standby() {
+  local state=$1 primary=$2 port=$3
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "test-postgres: port $port on 127.0.0.1 is already in use" >&2; exit 3
+  fi
+  local primary_port; primary_port=$(sed -E 's|.*:([0-9]+)/.*|\1|' "$primary/url")
+  rm -rf "$state"; mkdir -p "$state"
+  local base; base=$(mktemp -d "${TMPDIR:-/tmp}/idem-pg.XXXXXX")
+  chmod 755 "$base"; mkdir -p "$base/sock"
+  [ "$(id -u)" = 0 ] && chown "$RUN_USER" "$base" "$base/sock"
+  echo "$base" >"$state/base"
+  as_pg "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres -D "$base/data" -R -X stream --checkpoint=fast \
+    >"$state/basebackup.log" 2>&1 || { cat "$state/basebackup.log" >&2; exit 3; }
+  cat >>"$base/data/postgresql.conf" <<CONF
+port = $port
+unix_socket_directories = '$base/sock'
+CONF
+  as_pg "$PG_BIN/pg_ctl" -D "$base/data" -l "$base/sock/server.log" -w -t 60 start >/dev/null \
+    || { cat "$base/sock/server.log" >&2; exit 3; }
+  head -1 "$base/data/postmaster.pid" >"$state/pid"
+  echo "postgres://postgres@127.0.0.1:$port/idem_test" >"$state/url"
+  echo "test-postgres: standby pid $(cat "$state/pid") on 127.0.0.1:$port, data in $base" >&2
   cat "$state/url"
 }
 
@@ -85,5 +113,7 @@ case "${1:-}" in
   stop) stop "$2" ;;
   pause) pause "$2" ;;
   resume) resume "$2" ;;
-  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR | pause STATE_DIR | resume STATE_DIR" >&2; exit 2 ;;
+  standby) standby "$2" "$3" "$4" ;;
+  *) echo "usage: $0 start STATE_DIR PORT | stop STATE_DIR | pause STATE_DIR | resume STATE_DIR |" \
+       "standby STATE_DIR PRIMARY_STATE_DIR PORT" >&2; exit 2 ;;
 esac

@@ -35,7 +35,21 @@
 #             what each first call sends: the insert that reads an existing row in the
 #             same statement (its own commit), the completion (its own commit)
 #
+#   pooler  what a transaction pooler costs per statement idem sends (issue 34; `idem bench
+#             pooler` measures idem itself): each statement of the inbox (the marker, the
+#             business row) and of the provider (the read that answers a replay, a claim, a
+#             group's charges, a completion) alone in a transaction rolled back, one pipelined
+#             flight (BEGIN, the statement, ROLLBACK: no commit, one round trip), on 1 client,
+#             three ways in turn: named (-M prepared, direct: prepared once per connection, as
+#             idem sends direct), unnamed (-M extended, direct: parsed and planned at every
+#             execution, as idem sends through a pooler) and pooled (-M extended through
+#             POOLED_URL); then the same three ways the whole committed transactions at the
+#             workload's concurrency: the inbox's guarded message on CONSUMERS clients, the
+#             provider's group of GROUP first executions on 1 (its one committer). The tables
+#             must exist (`idem bench pooler` makes them).
+#
 #   bench/pg/floor.sh inbox URL [CONSUMERS] [ROUNDS] [SECONDS]
+#   bench/pg/floor.sh pooler URL POOLED_URL [ROUNDS] [SECONDS] [GROUP] [CONSUMERS]
 #   bench/pg/floor.sh relay URL [ROUNDS] [MESSAGES]
 #   bench/pg/floor.sh claims URL [CONCURRENCY] [ROUNDS] [N]
 #   bench/pg/floor.sh http  URL [COMMITTERS] [ROUNDS] [N] [GROUP_COMMIT]   (GROUP_COMMIT 0: one transaction per request;
@@ -60,20 +74,48 @@ cleanup() {
 trap cleanup EXIT
 PSQL=("$PG_BIN/psql" -h "$host" -p "$port" -U "$user" -qAt)
 now_ms="(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# idem's statements, as pgbench sends them (:c, :kI are the script's variables).
+# The inbox: its marker (time-ordered ids, as `--ids ordered`) and the business row.
+marker_sql() {
+  echo "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ('bench-ordered', convert_to(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 16, '0') || substr(md5(random()::text), 1, 20), 'UTF8'), sha256(random()::text::bytea), $now_ms) ON CONFLICT DO NOTHING;"
+}
+business_sql() { echo "INSERT INTO bench_payments(message_id, cents) VALUES (md5(random()::text), :c);"; }
+# The provider's: the read that answers a replay (key kI), a claim, the group's
+# charges (keys k1..kG) in one multi-row INSERT, a completion (the stored
+# response: status, headers and the charge's JSON, about 300 bytes).
+peek_sql() {
+  echo "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error, updated_at_ms, $now_ms FROM idem_claims WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k$1, 'UTF8');"
+}
+claim_sql() {
+  echo "INSERT INTO idem_claims VALUES ('acct_bench|POST /charges', convert_to('k' || :k$1, 'UTF8'), 0, sha256(convert_to('f' || :k$1, 'UTF8')), nextval('idem_claim_fence'), $now_ms + 30000, 0, NULL, 0, $now_ms) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms;"
+}
+charges_sql() {
+  local rows=() i joined
+  for i in $(seq "$1"); do
+    rows+=("('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms)")
+  done
+  joined=$(printf ', %s' "${rows[@]}")
+  echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES ${joined:2};"
+}
+completion_sql() {
+  echo "WITH u AS (UPDATE idem_claims SET state = 1, result = convert_to(repeat('r', 300), 'UTF8'), result_is_error = 0, expires_at_ms = $now_ms + 86400000, updated_at_ms = $now_ms WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k$1, 'UTF8') AND fence >= 0 AND state = 0 RETURNING waiters) SELECT CASE WHEN waiters > 0 THEN pg_notify('idem_claims', 'x') END FROM u;"
+}
 # pgbench_tps SCRIPT CLIENTS SECONDS DB: transactions per second.
 pgbench_tps() {
   "$PG_BIN/pgbench" -n -M prepared -c "$2" -j "$2" -T "$3" -f "$1" -h "$host" -p "$port" -U "$user" "$4" 2>&1 |
     awk '/^tps =/ {printf "%.1f", $3}'
 }
 
+# The inbox's message, bare ($work/bare.sql) and guarded ($work/guarded.sql), as idem sends it.
+inbox_scripts() {
+  printf '%s\n' '\set c random(1, 1000000)' 'BEGIN;' "$(business_sql)" 'COMMIT;' >"$work/bare.sql"
+  printf '%s\n' '\set c random(1, 1000000)' '\startpipeline' 'BEGIN;' "$(marker_sql)" \
+    '\endpipeline' "$(business_sql)" 'COMMIT;' >"$work/guarded.sql"
+}
+
 inbox() {
   local consumers=${1:-4} rounds=${2:-3} seconds=${3:-6}
-  local marker="'bench-ordered', convert_to(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 16, '0') || substr(md5(random()::text), 1, 20), 'UTF8'), sha256(random()::text::bytea), $now_ms"
-  local business="INSERT INTO bench_payments(message_id, cents) VALUES (md5(random()::text), :c);"
-  printf '%s\n' '\set c random(1, 1000000)' 'BEGIN;' "$business" 'COMMIT;' >"$work/bare.sql"
-  printf '%s\n' '\set c random(1, 1000000)' '\startpipeline' 'BEGIN;' \
-    "INSERT INTO idem_markers(consumer, id, fingerprint, processed_at_ms) VALUES ($marker) ON CONFLICT DO NOTHING;" \
-    '\endpipeline' "$business" 'COMMIT;' >"$work/guarded.sql"
+  inbox_scripts
   # idem's first run on the database writes its retained markers and the business table.
   "$IDEM" bench marker --store "$url" --ids ordered --batch 1 --consumers "$consumers" --json >/dev/null
   for r in $(seq "$rounds"); do
@@ -100,26 +142,16 @@ http_script() {
   {
     for i in $(seq "$g"); do echo "\\set k$i random(1, 9000000000000000)"; done
     # One transaction per request: the read that answers a replay comes first, on the same connection.
-    [ "$peek" = 1 ] && echo "SELECT state, fingerprint, fence, lease_until_ms, expires_at_ms, result, result_is_error, updated_at_ms, $now_ms FROM idem_claims WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k1, 'UTF8');"
+    [ "$peek" = 1 ] && peek_sql 1
     echo '\startpipeline'
     echo 'BEGIN;'
-    for i in $(seq "$g"); do
-      echo "INSERT INTO idem_claims VALUES ('acct_bench|POST /charges', convert_to('k' || :k$i, 'UTF8'), 0, sha256(convert_to('f' || :k$i, 'UTF8')), nextval('idem_claim_fence'), $now_ms + 30000, 0, NULL, 0, $now_ms) ON CONFLICT DO NOTHING RETURNING fence, lease_until_ms;"
-    done
+    for i in $(seq "$g"); do claim_sql "$i"; done
     echo '\endpipeline'
-    # The group's charges in one multi-row INSERT (the provider's InsertLater).
-    local rows=()
-    for i in $(seq "$g"); do
-      rows+=("('ch_' || lpad(to_hex($now_ms), 12, '0') || substr(md5(random()::text), 1, 12), 'acct_bench', 'k' || :k$i, 1000, 'usd', '', '', $now_ms)")
-    done
-    local joined; joined=$(printf ', %s' "${rows[@]}"); joined=${joined:2}
-    # They ride with the completions (InsertLater's rows are held back until the next statement).
+    # The group's charges in one multi-row INSERT (the provider's InsertLater) ride with the
+    # completions (InsertLater's rows are held back until the next statement).
     echo '\startpipeline'
-    echo "INSERT INTO provider_charges(id, principal, idem_key, amount, currency, customer, description, created_ms) VALUES $joined;"
-    for i in $(seq "$g"); do
-      # The stored response: status, headers and the charge's JSON (about 300 bytes).
-      echo "WITH u AS (UPDATE idem_claims SET state = 1, result = convert_to(repeat('r', 300), 'UTF8'), result_is_error = 0, expires_at_ms = $now_ms + 86400000, updated_at_ms = $now_ms WHERE scope = 'acct_bench|POST /charges' AND key = convert_to('k' || :k$i, 'UTF8') AND fence >= 0 AND state = 0 RETURNING waiters) SELECT CASE WHEN waiters > 0 THEN pg_notify('idem_claims', 'x') END FROM u;"
-    done
+    charges_sql "$g"
+    for i in $(seq "$g"); do completion_sql "$i"; done
     echo '\endpipeline'
     echo 'COMMIT;'
   } >"$file"
@@ -236,11 +268,81 @@ EOF
   done
 }
 
+# pgbench_run SCRIPT MODE PORT SECONDS CLIENTS: "TPS LATENCY_MS" of the script.
+pgbench_run() {
+  "$PG_BIN/pgbench" -n -M "$2" -c "$5" -j "$5" -T "$4" -f "$1" -h "$host" -p "$3" -U "$user" "$db" 2>&1 |
+    awk '/^latency average/ {ms = $4} /^tps =/ {tps = $3} END {if (tps != "" && ms != "") print tps, ms}'
+}
+
+pooler() {
+  local pooled=${1:?POOLED_URL} rounds=${2:-3} seconds=${3:-3} group=${4:-7} consumers=${5:-4} i st
+  local pooled_port=${pooled#*@}; pooled_port=${pooled_port%%/*}; pooled_port=${pooled_port##*:}
+  # Each statement alone: BEGIN, the statement, ROLLBACK in one flight, 1 client.
+  local statements=(marker business peek claim charges completion)
+  for st in "${statements[@]}"; do
+    {
+      echo '\set c random(1, 1000000)'
+      for i in $(seq "$group"); do echo "\\set k$i random(1, 9000000000000000)"; done
+      echo '\startpipeline'
+      echo 'BEGIN;'
+      case $st in
+        peek | claim | completion) "${st}_sql" 1 ;;
+        charges) charges_sql "$group" ;;
+        *) "${st}_sql" ;;
+      esac
+      echo 'ROLLBACK;'
+      echo '\endpipeline'
+    } >"$work/$st.sql"
+  done
+  # Whole transactions, committed, at the workload's concurrency: the inbox's guarded
+  # message on CONSUMERS clients, the provider's group of GROUP on 1 (one committer).
+  inbox_scripts
+  http_script "$work/group.sql" "$group" 0
+  local named unnamed pooled_r
+  measure() {  # SCRIPT CLIENTS LABEL
+    named=$(pgbench_run "$1" prepared "$port" "$seconds" "$2")
+    unnamed=$(pgbench_run "$1" extended "$port" "$seconds" "$2")
+    pooled_r=$(pgbench_run "$1" extended "$pooled_port" "$seconds" "$2")
+    [ -n "$named" ] && [ -n "$unnamed" ] && [ -n "$pooled_r" ] || { echo "pgbench failed on $3" >&2; exit 1; }
+  }
+  for r in $(seq "$rounds"); do
+    for st in "${statements[@]}"; do
+      measure "$work/$st.sql" 1 "$st"
+      echo "round=$r statement=$st named_ms=${named#* } unnamed_ms=${unnamed#* } pooled_ms=${pooled_r#* }"
+    done
+    measure "$work/guarded.sql" "$consumers" inbox
+    echo "round=$r transaction=inbox clients=$consumers named_per_s=${named% *} unnamed_per_s=${unnamed% *} pooled_per_s=${pooled_r% *}"
+    measure "$work/group.sql" 1 group
+    echo "round=$r transaction=group$group clients=1 named_per_s=${named% *} unnamed_per_s=${unnamed% *} pooled_per_s=${pooled_r% *}"
+  done | tee "$work/pooler.out"
+  # The medians over the rounds.
+  python3 - "$work/pooler.out" "$group" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = dict(kv.split("=") for kv in line.split())
+    rows.setdefault(("statement", f["statement"]) if "statement" in f else ("transaction", f["transaction"]), []).append(f)
+for (kind, name), fs in rows.items():
+    unit = "ms" if kind == "statement" else "per_s"
+    med = {k: statistics.median(float(f[f"{k}_{unit}"]) for f in fs) for k in ("named", "unnamed", "pooled")}
+    if kind == "statement":
+        name = f"charges({sys.argv[2]}_rows)" if name == "charges" else name
+        print(f"median statement={name} named_ms={med['named']:.3f} unnamed_ms={med['unnamed']:.3f} "
+              f"pooled_ms={med['pooled']:.3f} unnamed_extra_us={(med['unnamed'] - med['named']) * 1000:.0f} "
+              f"pooler_hop_us={(med['pooled'] - med['unnamed']) * 1000:.0f}")
+    else:
+        print(f"median transaction={name} clients={fs[0]['clients']} named_per_s={med['named']:.0f} "
+              f"unnamed_per_s={med['unnamed']:.0f} pooled_per_s={med['pooled']:.0f} "
+              f"unnamed_over_named={med['unnamed'] / med['named']:.3f} pooled_over_named={med['pooled'] / med['named']:.3f}")
+EOF
+}
+
 case $part in
   inbox) inbox "${@:3}" ;;
+  pooler) pooler "${@:3}" ;;
   http) http "${@:3}" ;;
   relay) relay "${@:3}" ;;
   claims) claims "${@:3}" ;;
-  *) echo "usage: bench/pg/floor.sh inbox|http|relay|claims URL ..." >&2; exit 2 ;;
+  *) echo "usage: bench/pg/floor.sh inbox|http|relay|claims|pooler URL ..." >&2; exit 2 ;;
 
 esac

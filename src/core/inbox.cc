@@ -330,11 +330,22 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
     // went in with the batch: acknowledging them is safe only if the batch
     // committed. Without pending markers to prove it, the duplicates were
     // judged against earlier commits, but a conflict's dead letter is in doubt.
+    // A duplicate is acknowledged only once its marker is read back as well:
+    // a store that counts a commit only when a standby has it (PostgreSQL's
+    // ack_after = standby_flush) is in doubt about the marker found too.
     for (size_t i : index) {
       if (pending[i]) continue;
       const bool conflict = out[i].kind == Outcome::Kind::kConflict;
-      if (!committed && (conflict || std::any_of(pending.begin(), pending.end(), [](bool p) { return p; })))
+      if (!committed && (conflict || std::any_of(pending.begin(), pending.end(), [](bool p) { return p; }))) {
         out[i] = Failed(cs.WithContext("the batch's commit did not happen, so this copy is not acknowledged either"));
+      } else if (!conflict) {
+        auto found = store_.FindMarker(options_.consumer, messages[i].id,
+                                       options_.key_by_producer_time ? messages[i].producer_time_ms : std::nullopt);
+        if (!found.ok() || !found->has_value())
+          out[i] = Failed(cs.WithContext("a duplicate whose marker could not be read back (" +
+                                         (found.ok() ? std::string("not found") : found.status().ToString()) +
+                                         ") is not acknowledged"));
+      }
     }
   } else if (!cs.ok()) {
     // Nothing of the transaction is saved. Duplicates and conflicts found in

@@ -107,7 +107,13 @@ Result<std::unique_ptr<Conn>> Conn::Connect(const std::string& conninfo, int64_t
   if (PQstatus(c) != CONNECTION_OK) {
     // Never echo a password back.
     std::string where = conninfo.empty() ? "(PG* environment)" : RedactUrl(conninfo);
-    return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + redacted(PQerrorMessage(c)));
+    std::string why = redacted(PQerrorMessage(c));
+    // A transaction pooler (pgbouncer) refuses startup settings.
+    if (why.find("unsupported startup parameter") != std::string::npos)
+      why +=
+          " (a connection pooler refused a startup setting such as the URL's options=-c...: behind a pooler, "
+          "set it per role instead, ALTER ROLE ... SET ...)";
+    return Status::Unavailable("cannot connect to PostgreSQL at " + where + ": " + why);
   }
   // Notices (e.g. "relation already exists, skipping") are not for stderr.
   PQsetNoticeProcessor(

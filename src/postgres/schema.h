@@ -17,6 +17,17 @@ inline constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7317
 // (set_config's is_local, as SET LOCAL), a parameter so it can be prepared.
 inline constexpr const char* kBoundLockWaits = "SELECT set_config('lock_timeout', $1, true)";
 
+// Store::Options::ack_after = standby_flush: the WAL written so far (past a
+// commit just made: with synchronous_commit on, its record was flushed before
+// COMMIT answered; not the insert position, which at a page boundary points
+// past the next page's header, where no standby gets until more WAL comes),
+// and ($1 that position) how many standbys flushed up to it, and how many
+// whose positions this role cannot see (NULL without pg_monitor).
+inline constexpr const char* kWalWrittenLsn = "SELECT pg_current_wal_lsn()::text";
+inline constexpr const char* kStandbysFlushed =
+    "SELECT count(*) FILTER (WHERE flush_lsn >= $1::pg_lsn), count(*) FILTER (WHERE flush_lsn IS NULL AND"
+    " state IS NULL) FROM pg_stat_replication";
+
 inline constexpr const char* kCreateMigrations =
     "CREATE TABLE IF NOT EXISTS idem_migrations("
     " version integer PRIMARY KEY, description text NOT NULL, applied_at_ms bigint NOT NULL)";
@@ -100,6 +111,10 @@ inline constexpr sql_internal::Migration kMigrations[] = {
      " asleep_until_ms bigint NOT NULL DEFAULT 0, backend_pid integer NOT NULL);"
      // Only a hint for the republished count: not worth a WAL record.
      "CREATE UNLOGGED TABLE idem_outbox_handed(lane integer PRIMARY KEY, upto bigint NOT NULL)"},
+    {8, "the outbox's lanes as leases (a relay behind a transaction pooler has no session to lock in)",
+     // Lost with a crash like the locks they replace: relays take them again.
+     "CREATE UNLOGGED TABLE idem_outbox_lanes(lane integer PRIMARY KEY, holder text NOT NULL,"
+     " until_ms bigint NOT NULL)"},
 };
 
 // A bounded wait's watch registers itself on the record (after LISTEN,
@@ -209,10 +224,43 @@ inline constexpr const char* kListMarkers =
     "SELECT consumer, id, fingerprint, processed_at_ms FROM idem_markers WHERE ($1 = '' OR consumer = $1)"
     " ORDER BY processed_at_ms DESC LIMIT $2";
 
-// ---- the outbox: 64 lanes held by relays' session advisory locks; a
+// ---- the outbox: 64 lanes, each leased by one relay at a time (a row of
+// idem_outbox_lanes: renewed at each rebalance, free once it runs out, or at
+// once when its holder's own connection to the server is gone); a
 // transaction that adds rows locks their keys (advisory, until commit) so
 // rows of one key take seq in commit order, and NOTIFYs only when a relay
 // sleeps (a NOTIFY serialises commits).
+#define IDEM_PG_CLOCK_MS "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+// A relay counts as alive while seen lately and, when it has a connection of
+// its own (backend_pid 0: behind a transaction pooler, it has none), while
+// that connection is open.
+#define IDEM_PG_RELAY_ALIVE(r)                                                      \
+  "(" r ".seen_at_ms >= " IDEM_PG_CLOCK_MS " - $2 AND (" r ".backend_pid = 0 OR " r \
+  ".backend_pid IN (SELECT pid"                                                     \
+  " FROM pg_stat_activity)))"
+// ($1 lane, $2 holder, $3 lease ms) -> a row when taken (or renewed): free,
+// run out, or its holder's connection gone.
+inline constexpr const char* kTakeLane =
+    "INSERT INTO idem_outbox_lanes AS l(lane, holder, until_ms) VALUES ($1, $2, " IDEM_PG_CLOCK_MS
+    " + $3)"
+    " ON CONFLICT (lane) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms"
+    " WHERE l.holder = excluded.holder OR l.until_ms < " IDEM_PG_CLOCK_MS
+    " OR NOT EXISTS (SELECT 1 FROM"
+    " idem_outbox_relays r WHERE r.name = l.holder AND (r.backend_pid = 0 OR r.backend_pid IN (SELECT pid FROM"
+    " pg_stat_activity))) RETURNING lane";
+// ($1 holder, $2 lanes, $3 lease ms) -> the lanes still held.
+inline constexpr const char* kRenewLanes = "UPDATE idem_outbox_lanes SET until_ms = " IDEM_PG_CLOCK_MS
+                                           " + $3 WHERE holder = $1 AND lane = ANY($2::int[])"
+                                           " RETURNING lane";
+// ($1 lane, $2 holder)
+inline constexpr const char* kFreeLane = "DELETE FROM idem_outbox_lanes WHERE lane = $1 AND holder = $2";
+
+#define IDEM_PG_NO_SYNC "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+// ($1 name, $2 lanes held, $3 now) with the relay's connection's backend.
+#define IDEM_PG_HEARTBEAT(pid)                                                                                      \
+  "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes, backend_pid) VALUES ($1, " IDEM_PG_CLOCK_MS ", $2, " pid \
+  ") ON CONFLICT (name) DO UPDATE SET seen_at_ms = excluded.seen_at_ms, lanes = excluded.lanes,"                    \
+  " backend_pid = excluded.backend_pid"
 inline constexpr const char* kOutboxChannel = "idem_outbox";
 inline constexpr sql_internal::OutboxSql kOutbox{
     .lanes = 64,
@@ -237,27 +285,27 @@ inline constexpr sql_internal::OutboxSql kOutbox{
         " producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id, destination, ordering_key, payload,"
         " headers, producer_time_ms, added_at_ms, $2 FROM idem_outbox WHERE seq = ANY($1::bigint[])",
     .delete_rows = "DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[])",
+    // A round that only sent: one statement each (no transaction around it),
+    // with synchronous_commit off for that statement's own transaction (the
+    // setting is made by an uncorrelated subquery, run once before the rows
+    // are read, and ends with the statement).
     .move_sent_one =
-        "WITH moved AS (DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[]) RETURNING seq, id, destination,"
-        " ordering_key, payload, headers, producer_time_ms, added_at_ms) INSERT INTO idem_outbox_sent(seq, id,"
-        " destination, ordering_key, payload, headers, producer_time_ms, added_at_ms, sent_at_ms) SELECT seq, id,"
-        " destination, ordering_key, payload, headers, producer_time_ms, added_at_ms, $2::bigint FROM moved",
+        "WITH moved AS (DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[]) AND " IDEM_PG_NO_SYNC
+        " RETURNING seq,"
+        " id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms) INSERT INTO"
+        " idem_outbox_sent(seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " sent_at_ms) SELECT seq, id, destination, ordering_key, payload, headers, producer_time_ms, added_at_ms,"
+        " $2::bigint FROM moved",
+    .delete_sent_one = "DELETE FROM idem_outbox WHERE seq = ANY($1::bigint[]) AND " IDEM_PG_NO_SYNC,
     .put_dead =
         "INSERT INTO idem_outbox_dead(seq, id, destination, ordering_key, payload, headers,"
         " producer_time_ms, added_at_ms, attempts, reason, error, at_ms) SELECT seq, id, destination,"
         " ordering_key, payload, headers, producer_time_ms, added_at_ms, attempts + 1, $2, $3, $4 FROM"
         " idem_outbox WHERE seq = $1 ON CONFLICT DO NOTHING",
-    .heartbeat =
-        "INSERT INTO idem_outbox_relays(name, seen_at_ms, lanes, backend_pid) VALUES ($1, (extract(epoch FROM "
-        "clock_timestamp()) * 1000)::bigint, $2,"
-        " pg_backend_pid()) ON CONFLICT (name) DO UPDATE SET seen_at_ms = excluded.seen_at_ms, lanes = excluded.lanes,"
-        " backend_pid = excluded.backend_pid",
+    .heartbeat = IDEM_PG_HEARTBEAT("pg_backend_pid()"),
     // Judged by the server's clock, and only relays whose connection is still
     // open count: a killed relay stops counting once the server sees it gone.
-    .live_relays =
-        "SELECT count(*) FROM idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * "
-        "1000)::bigint - $2"
-        " AND backend_pid IN (SELECT pid FROM pg_stat_activity)",
+    .live_relays = "SELECT count(*) FROM idem_outbox_relays r WHERE " IDEM_PG_RELAY_ALIVE("r"),
     .handed_read = "SELECT lane, upto FROM idem_outbox_handed WHERE lane = ANY($1::int[])",
     .handed_write =
         "INSERT INTO idem_outbox_handed(lane, upto) SELECT * FROM unnest($1::int[], $2::bigint[]) ON CONFLICT"
@@ -265,10 +313,24 @@ inline constexpr sql_internal::OutboxSql kOutbox{
     .stats =
         "SELECT (SELECT count(*) FROM idem_outbox), (SELECT added_at_ms FROM idem_outbox ORDER BY seq LIMIT 1),"
         " (SELECT count(*) FROM idem_outbox_dead), (SELECT count(*) FROM idem_outbox_sent), (SELECT count(*) FROM"
-        " idem_outbox_relays WHERE seen_at_ms >= (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $2 AND "
-        "backend_pid IN (SELECT pid FROM pg_stat_activity))",
-    .session_setup = "SET synchronous_commit = off; LISTEN idem_outbox",
+        " idem_outbox_relays r WHERE " IDEM_PG_RELAY_ALIVE("r") ")",
+    // A relay's own connection, direct to the server: it waits with LISTEN.
+    .session_setup = "LISTEN idem_outbox",
+    // What a relay settles needs no sync (lost, it is only published again):
+    // for its own transaction only, so nothing outlives it on a pooled
+    // server session.
+    .settle_prologue = "SELECT set_config('synchronous_commit', 'off', true)",
 };
+
+// Behind a transaction pooler: each statement may run on another server
+// session, so the relay has no connection of its own to name (backend_pid
+// 0: its lanes last as long as their leases), sets nothing up and polls.
+constexpr sql_internal::OutboxSql Pooled(sql_internal::OutboxSql o) {
+  o.heartbeat = IDEM_PG_HEARTBEAT("0");
+  o.session_setup = "";
+  return o;
+}
+inline constexpr sql_internal::OutboxSql kOutboxPooled = Pooled(kOutbox);
 
 }  // namespace idem::pg_internal
 

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,9 +31,55 @@ using sql_internal::FingerprintBlob;
 using sql_internal::IdBlob;
 using sql_internal::ToFingerprint;
 
+// Store::Options::ack_after: what a COMMIT must also have before it counts.
+struct AckGate {
+  bool standby_flush = false;
+  int64_t wait_ms = 0;
+  Env* env = nullptr;
+};
+
+// Waits until a standby has flushed the WAL written so far on `c`'s server
+// (so the commit just made, or a marker just read, is on a standby too):
+// kInDoubt when none has within the gate's time, or when the role cannot
+// read the standbys' positions.
+Status AwaitStandby(Conn& c, const AckGate& gate, std::string_view what) {
+  IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr at, c.Exec(pg_internal::kWalWrittenLsn, {}));
+  const Rows lsn = pg_internal::ToRows(at.get());
+  if (lsn.rows.empty()) return Status::InDoubt(std::string(what) + ": the primary's WAL position could not be read");
+  const std::string wal = lsn.rows[0][0].AsText();
+  const int64_t deadline = gate.env->NowMs() + gate.wait_ms;
+  for (int round = 0;; ++round) {
+    Value p[] = {wal};
+    IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, c.Exec(pg_internal::kStandbysFlushed, p));
+    const Rows n = pg_internal::ToRows(r.get());
+    const int64_t flushed = n.rows.empty() ? 0 : n.rows[0][0].AsInt();
+    const int64_t hidden = n.rows.empty() ? 0 : n.rows[0][1].AsInt();
+    if (flushed > 0) return Status::OK();
+    if (hidden > 0)
+      return Status::InDoubt(std::string(what) + " at WAL " + wal +
+                             ": this role cannot read pg_stat_replication's positions (idem_ack_after=standby_flush "
+                             "needs GRANT pg_monitor), so it is not counted as on a standby");
+    if (gate.env->NowMs() >= deadline)
+      return Status::InDoubt(std::string(what) + " on the primary at WAL " + wal +
+                             ", but no standby flushed it within " + std::to_string(gate.wait_ms) +
+                             " ms (idem_ack_after=standby_flush): not acknowledged until one has");
+    gate.env->SleepMs(round < 10 ? 1 : 10);
+  }
+}
+
+// A notice during COMMIT that the wait for the synchronous standby was
+// cancelled (statement_timeout, a cancel, a terminated backend): the
+// transaction committed on the primary alone.
+void NoteCommitNotice(void* arg, const PGresult* res) {
+  const char* m = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+  if (m != nullptr && (std::strstr(m, "canceling wait for synchronous replication") != nullptr ||
+                       std::strstr(m, "canceling the wait for synchronous replication") != nullptr))
+    *static_cast<bool*>(arg) = true;
+}
+
 class PgConnection final : public sql_internal::Connection {
  public:
-  explicit PgConnection(std::unique_ptr<Conn> c) : c_(std::move(c)) {}
+  PgConnection(std::unique_ptr<Conn> c, AckGate gate) : c_(std::move(c)), gate_(gate) {}
   Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) override {
     IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
     return pg_internal::AffectedRows(r.get());
@@ -88,7 +135,14 @@ class PgConnection final : public sql_internal::Connection {
     begin_ = sql == "BEGIN";
     return begin_;
   }
+  // With ack_after = standby_flush, a transaction counts as committed only
+  // once a standby has the WAL up to its end: also one that wrote nothing
+  // (its duplicates were judged against markers a standby may not have yet).
   Status Commit() override {
+    IDEM_RETURN_IF_ERROR(CommitOnPrimary());
+    return gate_.standby_flush ? AwaitStandby("committed") : Status::OK();
+  }
+  Status CommitOnPrimary() {
     if (Status held = SendHeld(); !held.ok()) {
       // Rows of this transaction were not written: it ends here, rolled back.
       if (c_->healthy() && c_->in_transaction()) (void)c_->Script("ROLLBACK");
@@ -106,6 +160,12 @@ class PgConnection final : public sql_internal::Connection {
     }
     PGconn* c = c_->raw();
     IDEM_KILL_POINT("postgres.round_trip");
+    bool sync_wait_cancelled = false;
+    struct Restore {  // libpq's receiver (which hands notices to the ignoring processor) again
+      PGconn* c;
+      PQnoticeReceiver was;
+      ~Restore() { PQsetNoticeReceiver(c, was, nullptr); }
+    } restore{c, PQsetNoticeReceiver(c, NoteCommitNotice, &sync_wait_cancelled)};
     if (PQsendQuery(c, "COMMIT") != 1)
       return Status::Unavailable("cannot send COMMIT: " + std::string(PQerrorMessage(c)));
     // The window where the server may commit while the client never learns
@@ -122,6 +182,10 @@ class PgConnection final : public sql_internal::Connection {
     // COMMIT of a transaction that an earlier error aborted answers ROLLBACK.
     if (std::string_view(PQcmdStatus(last.get())) != "COMMIT")
       return Status::Aborted("COMMIT rolled back: an earlier statement in the transaction failed");
+    if (sync_wait_cancelled)
+      return Status::InDoubt(
+          "COMMIT: the wait for the synchronous standby was cancelled, so the transaction is committed on the "
+          "primary alone, where a failover can lose it");
     return Status::OK();
   }
   // A transaction whose held-back BEGIN failed is still one until it ends
@@ -130,6 +194,7 @@ class PgConnection final : public sql_internal::Connection {
     return begin_ || !begin_failed_.ok() || !held_.empty() || !held_failed_.ok() || c_->in_transaction();
   }
   bool Healthy() const override { return c_->healthy(); }
+  Status AwaitStandby(std::string_view what) { return postgres::AwaitStandby(*c_, gate_, what); }
   void* Native() override {
     // Whoever takes the handle expects the transaction to have begun. If
     // BEGIN fails here, the transaction can only fail: whatever was run on
@@ -199,6 +264,7 @@ class PgConnection final : public sql_internal::Connection {
   }
 
   std::unique_ptr<Conn> c_;
+  AckGate gate_;
   std::vector<Held> held_;  // statements held back until the next one (Defer)
   bool begin_ = false;      // BEGIN held back until the first statement
   Status begin_failed_;     // the held-back BEGIN failed: this transaction can only fail
@@ -240,25 +306,33 @@ constexpr sql_internal::Dialect kDailyDialect{
     .bound_lock_waits = pg_internal::kBoundLockWaits,
 };
 
-// A lane's lock key: the outbox table's OID (one per schema: relays of two
-// schemas never share lanes) and the lane, under a prefix of their own.
-#define IDEM_PG_LANE_KEY "(20290::bigint << 48) | (('idem_outbox'::regclass)::oid::bigint << 8) | $1::bigint"
-// A relay's lane: a session advisory lock on the relay's own connection,
-// freed by the server when that connection ends (the relay's process died,
-// or its connection was cut).
-class AdvisoryLane final : public sql_internal::SqlStore::LaneLock {
+// A relay's lane: a lease in idem_outbox_lanes, held until the time this
+// process last learned it runs out (less a margin for the round trip and
+// the clocks' drift); freed when the session ends.
+constexpr int64_t kLaneLeaseMs = 10'000;
+constexpr int64_t kLaneMarginMs = 2'000;
+
+class LeaseLane final : public sql_internal::SqlStore::LaneLock {
  public:
-  AdvisoryLane(sql_internal::Connection& c, int lane) : c_(c), lane_(lane) {}
-  ~AdvisoryLane() override {
-    if (!c_.Healthy()) return;
-    Value p[] = {lane_};
-    (void)c_.Query("SELECT pg_advisory_unlock(" IDEM_PG_LANE_KEY ")", p);
+  LeaseLane(sql_internal::Connection& c, Env& env, int lane, std::string holder, int64_t asked_at_ms)
+      : c_(c), env_(env), lane_(lane), holder_(std::move(holder)) {
+    Renewed(asked_at_ms);
   }
-  bool Held() override { return c_.Healthy(); }
+  ~LeaseLane() override {
+    if (!c_.Healthy()) return;
+    Value p[] = {lane_, holder_};
+    (void)c_.Exec(pg_internal::kFreeLane, p);
+  }
+  bool Held() override { return c_.Healthy() && env_.NowMs() < held_until_ms_; }
+  // The lease was renewed by a statement sent at `asked_at_ms`.
+  void Renewed(int64_t asked_at_ms) { held_until_ms_ = asked_at_ms + kLaneLeaseMs - kLaneMarginMs; }
 
  private:
   sql_internal::Connection& c_;
+  Env& env_;
   int lane_;
+  std::string holder_;
+  int64_t held_until_ms_ = 0;
 };
 
 // The advisory-lock key of (consumer, id): 64 bits of SHA-256. A collision
@@ -336,19 +410,49 @@ class PgStore final : public sql_internal::SqlStore {
     return ClaimStore::WatchKey(scope, key);  // polling still finds the result
   }
 
-  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection& c, int lane) override {
-    Value p[] = {lane};
-    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query("SELECT pg_try_advisory_lock(" IDEM_PG_LANE_KEY ")", p));
-    if (r.rows.empty() || r.rows[0][0].AsInt() == 0) return std::unique_ptr<LaneLock>();
-    return std::unique_ptr<LaneLock>(new AdvisoryLane(c, lane));
+  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection& c, int lane, std::string_view holder) override {
+    const int64_t asked = env()->NowMs();
+    Value p[] = {lane, std::string(holder), kLaneLeaseMs};
+    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query(pg_internal::kTakeLane, p));
+    if (r.rows.empty()) return std::unique_ptr<LaneLock>();
+    return std::unique_ptr<LaneLock>(new LeaseLane(c, *env(), lane, std::string(holder), asked));
+  }
+
+  Status RenewLanes(sql_internal::Connection& c, std::string_view holder,
+                    std::map<int, std::unique_ptr<LaneLock>>& locks) override {
+    if (locks.empty()) return Status::OK();
+    std::string lanes = "{";
+    for (const auto& [lane, lock] : locks) lanes += (lanes.size() > 1 ? "," : "") + std::to_string(lane);
+    lanes += "}";
+    const int64_t asked = env()->NowMs();
+    Value p[] = {std::string(holder), lanes, kLaneLeaseMs};
+    IDEM_ASSIGN_OR_RETURN(Rows r, c.Query(pg_internal::kRenewLanes, p));
+    std::set<int> held;
+    for (const auto& row : r.rows) held.insert(static_cast<int>(row[0].AsInt()));
+    for (auto it = locks.begin(); it != locks.end();) {
+      if (!held.count(it->first)) {
+        it = locks.erase(it);  // taken over: its row is another's now
+        continue;
+      }
+      static_cast<LeaseLane*>(it->second.get())->Renewed(asked);
+      ++it;
+    }
+    return Status::OK();
+  }
+
+  const sql_internal::OutboxSql& outbox_sql() override {
+    return pooled_.load() == 1 ? pg_internal::kOutboxPooled : pg_internal::kOutbox;
   }
 
   // Asleep: flag the relay's row, so commits that add rows NOTIFY (only
   // those: a NOTIFY serialises commits); wait for the transactions that
   // were running when the flag committed (each may have read it before), so
   // that the look that follows sees their rows; then listen.
+  // Behind a transaction pooler LISTEN is not the relay's: it polls (every
+  // 50 ms, SqlStore's wait).
   Status WaitForOutbox(sql_internal::Connection& c, std::string_view name, int64_t timeout_ms,
                        const std::function<Result<bool>()>& pending) override {
+    if (pooled_.load() == 1) return SqlStore::WaitForOutbox(c, name, timeout_ms, pending);
     auto* pg = static_cast<PGconn*>(c.Native());
     Value flag[] = {std::string(name), timeout_ms + 1000};
     IDEM_RETURN_IF_ERROR(c.Exec("UPDATE idem_outbox_relays SET asleep_until_ms ="
@@ -431,21 +535,27 @@ class PgStore final : public sql_internal::SqlStore {
     IDEM_ASSIGN_OR_RETURN(auto c, Conn::Connect(options_.url, options_.connect_timeout_ms));
     IDEM_ASSIGN_OR_RETURN(const bool pooled, Pooled(*c));
     c->set_pooled(pooled);
-    return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c)));
+    return std::unique_ptr<sql_internal::Connection>(new PgConnection(std::move(c), Gate()));
   }
 
-  // The relay holds its lanes (session advisory locks) and waits (LISTEN)
-  // for its whole session, and tunes its session: behind a transaction
-  // pooler none of that is its own.
-  Result<std::unique_ptr<sql_internal::Connection>> ConnectRelay() override {
-    IDEM_ASSIGN_OR_RETURN(auto c, Connect());
-    if (pooled_.load() == 1)
-      return Status::Unavailable(
-          "PostgreSQL at " + RedactUrl(options_.url) +
-          ": the outbox relay holds its lanes (session advisory locks) and waits (LISTEN) for its whole "
-          "session, which a transaction pooler does not keep: give the relay a URL that reaches the server directly "
-          "(or through a session-mode pooler), with ?idem_pooler=none");
-    return c;
+  // With ack_after = standby_flush, a marker read counts as there only once
+  // a standby has it too (an in-doubt commit is settled by this read).
+  Result<std::optional<Marker>> FindMarker(std::string_view consumer, std::string_view id,
+                                           std::optional<int64_t> produced_at_ms) override {
+    IDEM_ASSIGN_OR_RETURN(std::optional<Marker> found, SqlStore::FindMarker(consumer, id, produced_at_ms));
+    if (!found.has_value() || options_.ack_after != Options::AckAfter::kStandbyFlush) return found;
+    IDEM_RETURN_IF_ERROR(Durable("the marker was found"));
+    return found;
+  }
+
+  Status Durable(std::string_view what) override {
+    if (options_.ack_after != Options::AckAfter::kStandbyFlush) return Status::OK();
+    IDEM_ASSIGN_OR_RETURN(sql_internal::Lease conn, Take());
+    return static_cast<PgConnection*>(conn.operator->())->AwaitStandby(what);
+  }
+
+  AckGate Gate() const {
+    return AckGate{options_.ack_after == Options::AckAfter::kStandbyFlush, options_.standby_wait_ms, env()};
   }
 
   Result<std::vector<std::optional<Fingerprint>>> InsertMarkers(sql_internal::Connection& c,
@@ -562,8 +672,9 @@ Result<Options> TakeIdemKeys(Options o) {
   // The file form: libpq allows what the network form does not (no host,
   // for the Unix socket: postgres:///db?host=/run/postgresql).
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(o.url, "PostgreSQL URL", UrlForm::kFile));
-  std::vector<std::string_view> known = {"idem_pool_size", "idem_connect_timeout_ms", "idem_partition_by_day",
-                                         "idem_create_if_missing", "idem_pooler"};
+  std::vector<std::string_view> known = {
+      "idem_pool_size", "idem_connect_timeout_ms", "idem_partition_by_day", "idem_create_if_missing",
+      "idem_pooler",    "idem_ack_after",          "idem_standby_wait_ms"};
   for (size_t i = 0; i < u.query.size(); ++i) {
     const std::string& k = u.query[i].first;
     if (!k.starts_with("idem_")) continue;
@@ -573,26 +684,32 @@ Result<Options> TakeIdemKeys(Options o) {
     if (std::find(known.begin(), known.end(), k) == known.end())
       return Status::InvalidArgument("unknown idem option '" + k + "' in the PostgreSQL URL '" + RedactUrl(o.url) +
                                      "' (known: idem_pool_size, idem_connect_timeout_ms, idem_partition_by_day, "
-                                     "idem_create_if_missing, idem_pooler)");
+                                     "idem_create_if_missing, idem_pooler, idem_ack_after, idem_standby_wait_ms)");
   }
   IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("idem_pool_size", o.pool_size, 1, 9999));
   IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms,
                         u.GetInt("idem_connect_timeout_ms", o.connect_timeout_ms, 1, int64_t{24} * 3600 * 1000));
   IDEM_ASSIGN_OR_RETURN(o.partition_by_day, u.GetBool("idem_partition_by_day", o.partition_by_day));
   IDEM_ASSIGN_OR_RETURN(o.create_if_missing, u.GetBool("idem_create_if_missing", o.create_if_missing));
-  if (u.Has("idem_pooler")) {
-    const std::string p = u.Get("idem_pooler");
-    if (p == "auto") {
-      o.pooler = Options::Pooler::kAuto;
-    } else if (p == "transaction") {
-      o.pooler = Options::Pooler::kTransaction;
-    } else if (p == "none") {
-      o.pooler = Options::Pooler::kNone;
-    } else {
-      return Status::InvalidArgument("idem_pooler must be auto, transaction or none, not '" + p + "' in '" +
-                                     RedactUrl(o.url) + "'");
+  IDEM_ASSIGN_OR_RETURN(o.standby_wait_ms, u.GetInt("idem_standby_wait_ms", o.standby_wait_ms, 1, 600'000));
+  // A key whose value is one of `names`: its index, or `was` when absent.
+  auto choice = [&](const char* key, std::initializer_list<const char*> names, int was) -> Result<int> {
+    if (!u.Has(key)) return was;
+    const std::string v = u.Get(key);
+    std::string list;
+    int i = 0;
+    for (const char* n : names) {
+      if (v == n) return i;
+      list += std::string(i == 0 ? "" : i + 1 == static_cast<int>(names.size()) ? " or " : ", ") + n;
+      ++i;
     }
-  }
+    return Status::InvalidArgument(std::string(key) + " must be " + list + ", not '" + v + "' in '" + RedactUrl(o.url) +
+                                   "'");
+  };
+  IDEM_ASSIGN_OR_RETURN(int pooler, choice("idem_pooler", {"auto", "transaction", "none"}, static_cast<int>(o.pooler)));
+  o.pooler = static_cast<Options::Pooler>(pooler);
+  IDEM_ASSIGN_OR_RETURN(int ack, choice("idem_ack_after", {"commit", "standby_flush"}, static_cast<int>(o.ack_after)));
+  o.ack_after = static_cast<Options::AckAfter>(ack);
   o.pool_size = static_cast<int>(pool);
   // The URL as libpq takes it: every pair but idem's, as written.
   std::string kept;
@@ -615,6 +732,9 @@ Status Validate(const Options& o) {
   if (o.connect_timeout_ms < 1)
     return Status::InvalidArgument("PostgreSQL store: connect_timeout_ms must be > 0, not " +
                                    std::to_string(o.connect_timeout_ms));
+  if (o.standby_wait_ms < 1 || o.standby_wait_ms > 600'000)
+    return Status::InvalidArgument("PostgreSQL store: standby_wait_ms must be from 1 to 600000, not " +
+                                   std::to_string(o.standby_wait_ms));
   if (o.partition_days_ahead < 0 || o.partition_days_ahead > 366)
     return Status::InvalidArgument("PostgreSQL store: partition_days_ahead must be from 0 to 366, not " +
                                    std::to_string(o.partition_days_ahead));

@@ -132,7 +132,10 @@ void SqlStore::NoteClaimFound(bool found) {
 Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r, bool inserted) {
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   const ClaimsSql& q = *dialect_.claims;
-  auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) {
+  auto started = [&](std::pair<int64_t, int64_t> fence_lease, bool took_over) -> Result<ClaimOutcome> {
+    // Committed on its own: counted once the store counts it durable (in a
+    // caller's transaction, that transaction's commit decides).
+    if (in_tx == nullptr) IDEM_RETURN_IF_ERROR(Durable("claimed"));
     return Started(r, fence_lease.first, fence_lease.second, took_over);
   };
   for (int round = 0; round < kMaxRounds; ++round) {
@@ -297,6 +300,7 @@ Status SqlStore::CompleteOn(Connection* in_tx, const ClaimToken& t, std::string_
     }
   }
   if (rows.rows.empty()) return LeaseLost(t, /*completed_ok=*/true);
+  if (in_tx == nullptr) IDEM_RETURN_IF_ERROR(Durable("completed"));
   NotifyChanged(t.scope, t.key);
   return Status::OK();
 }

@@ -74,7 +74,7 @@ Result<OutboxRow> RowFrom(const std::vector<Value>& v) {
 class SqlOutboxSession final : public OutboxSession {
  public:
   SqlOutboxSession(SqlStore& store, std::unique_ptr<Connection> conn, std::string name)
-      : store_(store), sql_(*store.dialect().outbox), conn_(std::move(conn)), name_(std::move(name)) {}
+      : store_(store), sql_(store.outbox_sql()), conn_(std::move(conn)), name_(std::move(name)) {}
   ~SqlOutboxSession() override {
     locks_.clear();  // before the connection they were taken on
     if (conn_->Healthy()) {
@@ -85,6 +85,7 @@ class SqlOutboxSession final : public OutboxSession {
 
   Result<int> Rebalance() override {
     const int64_t now = store_.env()->NowMs();
+    IDEM_RETURN_IF_ERROR(Renew(now));
     for (auto it = locks_.begin(); it != locks_.end();) it = it->second->Held() ? std::next(it) : locks_.erase(it);
     Value hb[] = {name_, static_cast<int64_t>(locks_.size()), now};
     IDEM_RETURN_IF_ERROR(conn_->Exec(sql_.heartbeat, hb).status());
@@ -97,7 +98,7 @@ class SqlOutboxSession final : public OutboxSession {
     for (int k = 0; k < sql_.lanes && locks_.size() < share; ++k) {
       const int lane = (k + offset_) % sql_.lanes;
       if (locks_.count(lane)) continue;
-      IDEM_ASSIGN_OR_RETURN(auto lock, store_.LockLane(*conn_, lane));
+      IDEM_ASSIGN_OR_RETURN(auto lock, store_.LockLane(*conn_, lane, name_));
       if (lock == nullptr) continue;
       locks_.emplace(lane, std::move(lock));
       taken.push_back(lane);
@@ -121,6 +122,7 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
   Result<std::vector<OutboxRow>> Fetch(int limit, int64_t* republished) override {
+    IDEM_RETURN_IF_ERROR(RenewIfDue());
     if (locks_.empty()) return std::vector<OutboxRow>{};
     Value p[] = {lanes_text_, limit};
     IDEM_ASSIGN_OR_RETURN(Rows rows, conn_->Query(sql_.fetch, p));
@@ -165,10 +167,18 @@ class SqlOutboxSession final : public OutboxSession {
       Value p[] = {List(sql_.list_open, s.sent), s.now_ms};
       IDEM_KILL_POINT("relay.before_settle_commit");
       return s.keep_sent ? conn_->Exec(sql_.move_sent_one, p).status()
-                         : conn_->Exec(sql_.delete_rows, std::span<const Value>(p, 1)).status();
+                         : conn_
+                               ->Exec(sql_.delete_sent_one != nullptr ? sql_.delete_sent_one : sql_.delete_rows,
+                                      std::span<const Value>(p, 1))
+                               .status();
     }
+    // BEGIN on its own: a relay's connection is never replaced under it (a
+    // held-back BEGIN would reconnect a connection found dead).
     IDEM_RETURN_IF_ERROR(conn_->Script(store_.dialect().begin));
-    Status st = SettleIn(s);
+    Status st;
+    if (sql_.settle_prologue != nullptr && !conn_->Defer(sql_.settle_prologue, {}))
+      st = conn_->Exec(sql_.settle_prologue, {}).status();
+    if (st.ok()) st = SettleIn(s);
     IDEM_KILL_POINT("relay.before_settle_commit");
     if (st.ok()) st = conn_->Commit();
     if (!st.ok() && conn_->Healthy() && conn_->InTransaction()) (void)conn_->Script("ROLLBACK");
@@ -176,6 +186,7 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
   Status Wait(int64_t timeout_ms) override {
+    IDEM_RETURN_IF_ERROR(RenewIfDue());
     return store_.WaitForOutbox(*conn_, name_, timeout_ms, [this]() -> Result<bool> {
       Value p[] = {lanes_text_};
       IDEM_ASSIGN_OR_RETURN(Rows r, conn_->Query(sql_.any_pending, p));
@@ -191,6 +202,18 @@ class SqlOutboxSession final : public OutboxSession {
   }
 
  private:
+  // Leased lanes (PostgreSQL) are renewed at each rebalance and, whatever
+  // rebalance_ms is, at least every kRenewMs of fetching or waiting.
+  static constexpr int64_t kRenewMs = 3'000;
+  Status Renew(int64_t now) {
+    renewed_at_ = now;
+    return store_.RenewLanes(*conn_, name_, locks_);
+  }
+  Status RenewIfDue() {
+    const int64_t now = store_.env()->NowMs();
+    return now - renewed_at_ >= kRenewMs ? Renew(now) : Status::OK();
+  }
+
   std::vector<int> Lanes() const {
     std::vector<int> v;
     for (const auto& [lane, lock] : locks_) v.push_back(lane);
@@ -224,6 +247,7 @@ class SqlOutboxSession final : public OutboxSession {
   std::map<int, int64_t> handed_;
   std::string lanes_text_;
   int offset_ = 0;
+  int64_t renewed_at_ = 0;
 };
 
 }  // namespace
@@ -283,7 +307,7 @@ Status SqlStore::WriteOutbox(Connection& tx, std::vector<OutboxRow>& rows) {
   return Status::OK();
 }
 
-Result<std::unique_ptr<SqlStore::LaneLock>> SqlStore::LockLane(Connection&, int) {
+Result<std::unique_ptr<SqlStore::LaneLock>> SqlStore::LockLane(Connection&, int, std::string_view) {
   return Status::InvalidArgument("this store has no outbox lanes");
 }
 
@@ -302,14 +326,14 @@ OutboxStore* SqlStore::outbox_store() { return outbox_.get(); }
 
 Result<std::unique_ptr<OutboxSession>> SqlOutbox::OpenSession(std::string_view name) {
   IDEM_ASSIGN_OR_RETURN(auto conn, store_.ConnectRelay());
-  const OutboxSql& sql = *store_.dialect().outbox;
+  const OutboxSql& sql = store_.outbox_sql();
   if (sql.session_setup != nullptr && *sql.session_setup) IDEM_RETURN_IF_ERROR(conn->Script(sql.session_setup));
   return std::unique_ptr<OutboxSession>(new SqlOutboxSession(store_, std::move(conn), std::string(name)));
 }
 
 Result<OutboxStats> SqlOutbox::Stats() {
   Value p[] = {store_.env()->NowMs(), kLiveMs};
-  IDEM_ASSIGN_OR_RETURN(Rows r, store_.Read(store_.dialect().outbox->stats, p));
+  IDEM_ASSIGN_OR_RETURN(Rows r, store_.Read(store_.outbox_sql().stats, p));
   OutboxStats s;
   if (r.rows.empty()) return s;
   const auto& v = r.rows[0];

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -185,6 +186,9 @@ struct OutboxSql {
   // statement (one round trip, no explicit transaction): a round that only
   // sent settles with it (PostgreSQL).
   const char* move_sent_one = nullptr;
+  // With move_sent_one: ($1 seqs) deletes the rows in one statement (sent,
+  // not kept). nullptr: delete_rows.
+  const char* delete_sent_one = nullptr;
   const char* put_dead;       // ($1 seq, $2 reason, $3 error, $4 at) copies to idem_outbox_dead
   const char* heartbeat;      // ($1 name, $2 lanes held, $3 now)
   const char* live_relays;    // ($1 now, $2 live_ms) -> count
@@ -192,6 +196,10 @@ struct OutboxSql {
   const char* handed_write;   // ($1 lanes, $2 their uptos: lists of one length)
   const char* stats;          // ($1 now, $2 live_ms) -> backlog, oldest added_at_ms, dead, sent, relays
   const char* session_setup;  // run once on a relay's connection
+  // Sent first in each settle's transaction (settings for that transaction
+  // only); nullptr: none, and a round that only sent settles in one
+  // statement.
+  const char* settle_prologue = nullptr;
 };
 
 Blob IdBlob(std::string_view id);
@@ -349,7 +357,23 @@ class SqlStore : public Store, public ClaimStore {
     }
     virtual std::optional<int64_t> ReadHint() { return std::nullopt; }
   };
-  virtual Result<std::unique_ptr<LaneLock>> LockLane(Connection& c, int lane);
+  // `holder`: the relay session's name (unique to it).
+  virtual Result<std::unique_ptr<LaneLock>> LockLane(Connection& c, int lane, std::string_view holder);
+  // Lanes that last only as long as their leases: renewed here (those lost
+  // are erased from `locks`). Default: locks that need no renewal.
+  virtual Status RenewLanes(Connection& c, std::string_view holder, std::map<int, std::unique_ptr<LaneLock>>& locks) {
+    (void)c, (void)holder, (void)locks;
+    return Status::OK();
+  }
+  // After a claim write committed on its own (`what`: "claimed",
+  // "completed"): whether the store counts it durable yet (PostgreSQL with
+  // ack_after = standby_flush waits for a standby; kInDoubt if none has it).
+  virtual Status Durable(std::string_view what) {
+    (void)what;
+    return Status::OK();
+  }
+  // The outbox SQL for relay sessions opened now. Default: the dialect's.
+  virtual const OutboxSql& outbox_sql() { return *dialect_.outbox; }
   virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,
                                const std::function<Result<bool>()>& pending);
   virtual void OutboxCommitted() {}

@@ -289,7 +289,7 @@ class SqliteStore final : public sql_internal::SqlStore {
   }
   void set_create_file(bool v) { create_file_.store(v, std::memory_order_release); }
 
-  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection&, int) override {
+  Result<std::unique_ptr<LaneLock>> LockLane(sql_internal::Connection&, int, std::string_view) override {
     const std::string path = options_.path + "-idem-relay.lock";
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return Status::IoError("cannot open the relay lock file " + path + ": " + std::strerror(errno));

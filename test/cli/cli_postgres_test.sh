@@ -27,7 +27,7 @@ has demo-relay-killed "$T/out" '"relay_killed":true'
 check inspect 0 "$IDEM" inspect --store "$URL" --consumer idem-demo --json
 has inspect-count "$T/out" '"markers":400'
 check schema 0 "$IDEM" schema --store "$URL" --json
-has schema-kind "$T/out" '"store":"postgres","version":7'
+has schema-kind "$T/out" '"store":"postgres","version":8'
 check purge 0 "$IDEM" purge --store "$URL" --consumer idem-demo --older-than 0s --batch 100 --json
 has purged "$T/out" '"purged":400'
 check wrong-db 3 "$IDEM" inspect --store "${URL%/*}/no_such_database"

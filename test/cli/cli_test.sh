@@ -9,23 +9,8 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fails=0
 pass=0
-check() {  # check NAME WANT_RC CMD... ; output in $T/out
-  local name=$1 want=$2; shift 2
-  "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "FAIL $name: exit $rc, want $want"; sed 's/^/  stdout: /' "$T/out" | head -5; sed 's/^/  stderr: /' "$T/err" | head -5
-    fails=$((fails + 1)); return 1
-  fi
-  pass=$((pass + 1))
-}
-ok() {  # ok NAME CMD... : passes when CMD succeeds
-  local name=$1; shift
-  if "$@"; then pass=$((pass + 1)); else echo "FAIL $name: $*"; fails=$((fails + 1)); fi
-}
-has() {  # has NAME FILE PATTERN
-  if grep -qE -- "$3" "$2"; then pass=$((pass + 1)); else echo "FAIL $1: '$3' not in $2:"; head -5 "$2"; fails=$((fails + 1)); fi
-}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
@@ -241,7 +226,7 @@ has one-dash-flag-named "$T/err" "unknown flag -j"
 check flag-as-value 2 "$IDEM" schema --store --json
 has flag-as-value-named "$T/err" "flag --store needs a value \\(URL\\), not the flag --json"
 check bench-no-subcommand 2 "$IDEM" bench
-has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay, observer or webhooks"
+has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay, observer, webhooks or pooler"
 check bench-source-bad-rate 2 "$IDEM" bench source --source "embedded:$T/bs.db?queue=q" --store "sqlite:$T/bs-store.db" --dup-rate banana
 has bench-source-bad-rate-named "$T/err" "--dup-rate must be a number in 0..1, not 'banana'"
 [ ! -e "$T/bs-store.db" ] && pass=$((pass + 1)) || { echo "FAIL bench source created a store before refusing"; fails=$((fails + 1)); }

@@ -74,7 +74,7 @@ libs=$(cd "$LIB" && ls libidem_*.a | tr '\n' ' ')
 [ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a libidem_testing.a " ] || fail "installed libraries: $libs"
 pcs=$(cd "$LIB/pkgconfig" && ls | tr '\n' ' ')
 [ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc idem-testing.pc " ] || fail "installed .pc files: $pcs"
-for h in inbox.h consumer.h store.h status.h open.h sqlite/store.h embedded/queue.h testing/harness.h testing/fake_env.h; do
+for h in inbox.h consumer.h store.h status.h open.h version.h sqlite/store.h embedded/queue.h testing/harness.h testing/fake_env.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
 for d in postgres redis http httplib amqp kafka; do

@@ -70,6 +70,41 @@ inline std::string FreshSchemaUrl() {
   return SchemaUrl(key);
 }
 
+// ---- the same server behind pgbouncer in transaction mode (the fixture
+// "pgbouncer", scripts/test-pgbouncer.sh). pgbouncer refuses a URL's
+// options=-c search_path: a schema per test comes with a role of its own
+// whose search_path it is.
+// The pooler's address, as USER to DB.
+inline std::string Pooler(const std::string& user, const std::string& db) {
+  const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
+#ifdef IDEM_TEST_PGBOUNCER_PORT_BUILT  // the fixture's port, as configured
+  if (port == nullptr || *port == '\0') port = IDEM_TEST_PGBOUNCER_PORT_BUILT;
+#endif
+  if (port == nullptr || *port == '\0') {
+    ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
+    return "postgres://127.0.0.1:1/none";
+  }
+  return "postgres://" + user + "@127.0.0.1:" + std::string(port) + "/" + db;
+}
+
+// A role and schema of its own for `key`, whose search_path is that schema,
+// and its URL through the pooler (pools are per database and user).
+inline std::string PooledSchemaUrl(const std::string& key) {
+  const std::string name = "pgb_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL);
+  const std::string admin = Pooler("postgres", "idem_test");
+  PgAdmin("CREATE ROLE " + name + " LOGIN SUPERUSER", admin);  // (already there: the same key again)
+  EXPECT_EQ(PgAdmin("CREATE SCHEMA IF NOT EXISTS " + name + " AUTHORIZATION " + name, admin), "");
+  EXPECT_EQ(PgAdmin("ALTER ROLE " + name + " SET search_path = " + name, admin), "");
+  return Pooler(name, "idem_test");
+}
+
+// A fresh schema (and its role), through the pooler.
+inline std::string FreshPooledSchemaUrl() {
+  static std::atomic<int> counter{0};
+  return PooledSchemaUrl(std::to_string(::getpid()) + "/" + std::to_string(counter++) + "/" +
+                         std::to_string(::time(nullptr)));
+}
+
 // How many requests `run` makes that PostgreSQL must answer before the client
 // goes on: the n-th hit of postgres.round_trip (on any thread) is armed for
 // n = 1, 2, ... until a run no longer reaches it. `run` must do the same work

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,16 +36,6 @@
 namespace idem::testing {
 namespace {
 
-// The pooler's address, as USER to DB.
-std::string Pooler(const std::string& user, const std::string& db) {
-  const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
-  if (port == nullptr || *port == '\0') {
-    ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
-    return "postgres://127.0.0.1:1/none";
-  }
-  return "postgres://" + user + "@127.0.0.1:" + std::string(port) + "/" + db;
-}
-
 // A fresh database, and its URL through the pooler.
 std::string PooledDatabase() {
   static std::atomic<int> n{0};
@@ -54,20 +46,17 @@ std::string PooledDatabase() {
   return Pooler("postgres", db);
 }
 
-// A role and schema of its own for `key`, whose search_path is that schema,
-// and its URL through the pooler (pools are per database and user).
-std::string PooledSchemaUrl(const std::string& key) {
-  const std::string name = "pgb_" + std::to_string(std::hash<std::string>{}(key) % 1'000'000'000'000ULL);
-  const std::string admin = Pooler("postgres", "idem_test");
-  PgAdmin("CREATE ROLE " + name + " LOGIN SUPERUSER", admin);  // (already there: the same key again)
-  EXPECT_EQ(PgAdmin("CREATE SCHEMA IF NOT EXISTS " + name + " AUTHORIZATION " + name, admin), "");
-  EXPECT_EQ(PgAdmin("ALTER ROLE " + name + " SET search_path = " + name, admin), "");
-  return Pooler(name, "idem_test");
-}
-
 }  // namespace
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"postgres_pgbouncer",
+                                                      [](const TempDir& d, Env* env) {
+                                                        return postgres::Store::Open(
+                                                            {.url = PooledSchemaUrl(d.path()), .env = env});
+                                                      }}),
+                         StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
                          ::testing::Values(StoreParam{"postgres_pgbouncer",
                                                       [](const TempDir& d, Env* env) {
                                                         return postgres::Store::Open(
@@ -156,8 +145,8 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
       EXPECT_EQ(o.applied(), round == 0);
     }
 
-  // The outbox takes rows through the pooler; its relay, which holds lanes
-  // and listens for its whole session, is refused, naming the fix.
+  // The outbox and its relay through the pooler: lanes leased in a table,
+  // each settle's synchronous_commit local to its transaction, waits polled.
   auto outbox = Outbox::Open(*store);
   ASSERT_OK(outbox);
   {
@@ -167,18 +156,31 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
     ASSERT_OK((*tx)->Commit());
   }
   RecordingPublisher sink;
-  auto relay = OutboxRelay::Open(*store, sink, {.stop_when_idle = true});
-  Status ran = relay.ok() ? (*relay)->Run() : relay.status();
-  EXPECT_EQ(ran.code(), Code::kUnavailable) << ran;
-  EXPECT_NE(ran.message().find("idem_pooler=none"), std::string::npos) << ran;
-
-  // Told rather than found out (?idem_pooler=transaction): the same.
+  {
+    auto relay = OutboxRelay::Open(*store, sink, {.stop_when_idle = true});
+    ASSERT_OK(relay);
+    ASSERT_OK((*relay)->Run());
+  }
+  ASSERT_EQ(sink.copies().size(), 1u);
+  EXPECT_EQ(sink.copies()[0].payload, "paid");
+  // Told rather than found out (?idem_pooler=transaction): the same, with a
+  // relay kept waiting (it polls) while a row is added.
   {
     auto told = postgres::Store::Open({.url = url + "?idem_pooler=transaction", .pool_size = 2});
     ASSERT_OK(told);
-    auto told_relay = OutboxRelay::Open(**told, sink, {.stop_when_idle = true});
-    Status told_ran = told_relay.ok() ? (*told_relay)->Run() : told_relay.status();
-    EXPECT_EQ(told_ran.code(), Code::kUnavailable) << told_ran;
+    auto told_relay = OutboxRelay::Open(**told, sink, {.poll_ms = 100});
+    ASSERT_OK(told_relay);
+    std::thread run([&] { EXPECT_OK((*told_relay)->Run()); });
+    auto tx = (*told)->Begin();
+    ASSERT_OK(tx);
+    auto told_outbox = Outbox::Open(**told);
+    ASSERT_OK(told_outbox);
+    ASSERT_OK((*told_outbox)->Add(**tx, {.destination = "shipping", .key = "o-2", .payload = "shipped"}).status());
+    ASSERT_OK((*tx)->Commit());
+    while (sink.copies().size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    (*told_relay)->Stop();
+    run.join();
+    EXPECT_EQ(sink.copies()[1].payload, "shipped");
     EXPECT_NE((*told)->claim_store()->WatchKey("charges", "k-3"), nullptr);
   }
 
@@ -206,6 +208,50 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
     PQclear(PQexec(c, "COMMIT"));
     PQfinish(c);
   }
+}
+
+// Relays of one database, one through the pooler and one direct to the
+// server, share its lanes (leases in one table: neither kind can hold a lane
+// the other holds), and every row goes out once, each key in order.
+TEST(Pgbouncer, APooledRelayAndADirectOneShareTheLanes) {
+  const std::string url = PooledDatabase();
+  const char* direct_port = std::getenv("IDEM_TEST_PG_PORT");
+  ASSERT_NE(direct_port, nullptr) << "IDEM_TEST_PG_PORT is not set: run the tests with ctest";
+  const std::string direct_url =
+      "postgres://postgres@127.0.0.1:" + std::string(direct_port) + url.substr(url.rfind('/'));
+  auto pooled = OpenPooled(url);
+  ASSERT_NE(pooled, nullptr);
+  auto direct = postgres::Store::Open({.url = direct_url, .pool_size = 2});
+  ASSERT_OK(direct);
+  auto outbox = Outbox::Open(*pooled);
+  ASSERT_OK(outbox);
+  std::map<std::string, std::vector<std::string>> added;
+  for (int t = 0; t < 20; ++t) {
+    std::vector<OutgoingMessage> batch;
+    for (int i = 0; i < 10; ++i)
+      batch.push_back({.destination = "d", .key = "key-" + std::to_string((t * 7 + i) % 30), .payload = "p"});
+    auto tx = pooled->Begin();
+    ASSERT_OK(tx);
+    auto ids = (*outbox)->AddMany(**tx, batch);
+    ASSERT_OK(ids);
+    ASSERT_OK((*tx)->Commit());
+    for (size_t i = 0; i < batch.size(); ++i) added[batch[i].key].push_back((*ids)[i]);
+  }
+  RecordingPublisher wire;
+  const OutboxRelay::Options o{.batch = 16, .poll_ms = 20, .rebalance_ms = 20, .stop_when_idle = true};
+  auto a = OutboxRelay::Open(*pooled, wire, o);
+  auto b = OutboxRelay::Open(**direct, wire, o);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  std::thread ta([&] { EXPECT_OK((*a)->Run()); });
+  std::thread tb([&] { EXPECT_OK((*b)->Run()); });
+  ta.join();
+  tb.join();
+  std::map<std::string, std::vector<std::string>> sent;
+  for (const auto& c : wire.copies()) sent[c.key].push_back(c.id);
+  for (const auto& [key, ids] : added) EXPECT_EQ(sent[key], ids) << "key " << key;
+  EXPECT_FALSE(wire.twice_at_once());
+  EXPECT_EQ((*a)->stats().published + (*b)->stats().published, 200u);
 }
 
 // A server session that ends under a COMMIT sent through the pooler (an
@@ -244,6 +290,18 @@ TEST(Pgbouncer, ASessionEndedUnderACommitIsInDoubtAndTheStoreGoesOn) {
   }
   EXPECT_EQ(in_doubt, 3);
   EXPECT_EQ(Charges(*store), 3);  // the n-* rows; no d-* row committed
+}
+
+// A startup setting the pooler refuses (a URL's options=-c ..., which
+// pgbouncer does not pass on): kUnavailable naming the pooler's address, its
+// reason and the fix.
+TEST(Pgbouncer, AStartupSettingThePoolerRefusesIsNamedWithTheFix) {
+  auto s = postgres::Store::Open({.url = Pooler("postgres", "idem_test") + "?options=-csearch_path%3Dx"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("unsupported startup parameter"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("ALTER ROLE"), std::string::npos) << s.status();
 }
 
 // Named statements behind a transaction pooler are refused loudly when the

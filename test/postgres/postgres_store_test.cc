@@ -1024,8 +1024,12 @@ TEST(PostgresBadInput, UrlParsing) {
   // idem's keys go to the fields; libpq's stay in the URL as written.
   auto o = postgres::Store::ParseUrl(
       "postgres://u:pw@h:5432/db?sslmode=disable&idem_pool_size=3&idem_partition_by_day=true"
-      "&idem_connect_timeout_ms=1500&application_name=a%20b&idem_create_if_missing=false");
+      "&idem_connect_timeout_ms=1500&application_name=a%20b&idem_create_if_missing=false"
+      "&idem_ack_after=standby_flush&idem_standby_wait_ms=2500&idem_pooler=transaction");
   ASSERT_OK(o);
+  EXPECT_EQ(o->ack_after, postgres::Store::Options::AckAfter::kStandbyFlush);
+  EXPECT_EQ(o->standby_wait_ms, 2500);
+  EXPECT_EQ(o->pooler, postgres::Store::Options::Pooler::kTransaction);
   EXPECT_EQ(o->url, "postgres://u:pw@h:5432/db?sslmode=disable&application_name=a%20b");
   EXPECT_EQ(o->pool_size, 3);
   EXPECT_TRUE(o->partition_by_day);
@@ -1035,9 +1039,11 @@ TEST(PostgresBadInput, UrlParsing) {
   EXPECT_EQ(plain->url, "postgres://h/db");
   EXPECT_EQ(plain->pool_size, postgres::Store::Options{}.pool_size);
   // Unknown idem keys, keys given twice, numbers out of range: named, password hidden.
-  for (const char* bad : {"postgres://u:s3cret@h/db?idem_colour=blue", "postgres://u:s3cret@h/db?idem_pool_size=0",
-                          "postgres://u:s3cret@h/db?idem_pool_size=2&idem_pool_size=3",
-                          "postgres://u:s3cret@h/db?idem_partition_by_day=maybe"}) {
+  for (const char* bad :
+       {"postgres://u:s3cret@h/db?idem_colour=blue", "postgres://u:s3cret@h/db?idem_pool_size=0",
+        "postgres://u:s3cret@h/db?idem_pool_size=2&idem_pool_size=3",
+        "postgres://u:s3cret@h/db?idem_partition_by_day=maybe", "postgres://u:s3cret@h/db?idem_ack_after=replica",
+        "postgres://u:s3cret@h/db?idem_pooler=x", "postgres://u:s3cret@h/db?idem_standby_wait_ms=0"}) {
     auto r = postgres::Store::ParseUrl(bad);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("idem_"), std::string::npos) << r.status();

@@ -95,38 +95,7 @@ namespace {
 
 using bench::Side;
 
-using bench::Round;
-
-// The same with `consumers` threads at once, each with its own ids and
-// messages; the side's rate is all their messages over the round's time.
-template <typename Run>
-Status ParallelRound(bench::IdKind kind, int consumers, int64_t batch, double seconds, Side* side, Run&& run) {
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(consumers));
-  std::vector<int64_t> counts(consumers, 0);
-  std::vector<Status> errors(consumers);
-  auto t0 = Clock::now();
-  for (int c = 0; c < consumers; ++c) {
-    threads.emplace_back([&, c] {
-      bench::IdGenerator ids(kind, bench::FreshSeed());
-      std::vector<Message> msgs;
-      Side mine;
-      errors[c] = Round(ids, msgs, batch, seconds, &mine, run);
-      counts[c] = mine.messages;
-    });
-  }
-  for (auto& t : threads) t.join();
-  double elapsed = SecondsSince(t0);
-  for (const Status& e : errors) IDEM_RETURN_IF_ERROR(e);
-  int64_t n = 0;
-  for (int64_t c : counts) n += c;
-  if (side != nullptr) {
-    side->messages += n;
-    side->seconds += elapsed;
-    side->rounds.push_back(static_cast<double>(n) / elapsed);
-  }
-  return Status::OK();
-}
+using bench::ParallelRound;
 
 std::string Grouped(double v) {
   std::string digits = std::to_string(static_cast<int64_t>(std::llround(v)));
@@ -451,7 +420,17 @@ const Command& BenchCommand() {
       "           check, Redis SET NX EX on --redis, the event's row in its own transaction on --store).\n"
       "           --concurrency senders, --messages fresh events per round and side (default 2000), then\n"
       "           the same deliveries again; rounds alternate which side goes first. Prints both rates and\n"
-      "           the ratios idem/redis; checks every answer 200 and one row per event (exit 1 if not).",
+      "           the ratios idem/redis; checks every answer 200 and one row per event (exit 1 if not).\n\n"
+      "  pooler   PostgreSQL through a transaction pooler (--pooled, e.g. pgbouncer pool_mode=transaction)\n"
+      "           beside the same server reached directly (--direct), rounds alternating the sides: the\n"
+      "           inbox per message (Inbox::Handle, --consumers threads, default 4, --seconds per side and\n"
+      "           round) and HTTP first executions of `idem provider`'s POST /charges in one transaction\n"
+      "           with group commit (--group-commit, default 64; --committers 1, --fibers 1; --requests\n"
+      "           fresh keys, default 20000, from --connections keep-alive connections, default 16), after\n"
+      "           a warm-up round. Prints each round's rates and the median ratio pooled/direct per workload\n"
+      "           (issue 34's target: >= 0.8). --unnamed adds the direct URL with ?idem_pooler=transaction\n"
+      "           (unnamed statements, no pooler). Checks every request answered 201 and one charge per key\n"
+      "           (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
@@ -466,7 +445,10 @@ const Command& BenchCommand() {
       "            [--rate R] [--batch B] [--json]\n"
       "       idem bench observer --store URL [--batch B] [--seconds S] [--rounds R] [--json]\n"
       "       idem bench webhooks --store URL --redis redis://HOST:PORT [--messages N] [--concurrency C]\n"
-      "            [--group-commit G] [--rounds R] [--json]",
+      "            [--group-commit G] [--rounds R] [--json]\n"
+      "       idem bench pooler --direct URL --pooled URL [--workloads inbox,http|inbox|http] [--consumers C]\n"
+      "            [--seconds S] [--requests N] [--connections C] [--group-commit G] [--committers C] [--fibers F]\n"
+      "            [--ids random|ordered] [--rounds R] [--unnamed] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -502,7 +484,17 @@ const Command& BenchCommand() {
        {"relays", "R", "1", "relay: relays at once, each its own OutboxRelay, store and publisher"},
        {"rate", "R", "", "relay: add R messages/s while one relay runs and measure commit -> receipt latency"},
        {"redis", "URL", "", "webhooks: the hand-rolled receiver's Redis (redis://HOST:PORT)"},
-       {"group-commit", "G", "16", "webhooks: idem's receiver's group commit (0: a transaction per event)"}},
+       {"group-commit", "G", "16",
+        "webhooks: idem's receiver's group commit (0: a transaction per event);\n"
+        "          pooler: the provider's (default 64)"},
+       {"direct", "URL", "", "pooler: the PostgreSQL server, reached directly"},
+       {"pooled", "URL", "", "pooler: the same server through the transaction pooler"},
+       {"workloads", "W", "inbox,http", "pooler: inbox, http or both"},
+       {"requests", "N", "20000", "pooler: fresh keys per side and round (http)"},
+       {"connections", "C", "16", "pooler: keep-alive connections sending them"},
+       {"committers", "C", "1", "pooler: the provider's group committers"},
+       {"fibers", "F", "1", "pooler: the provider's fiber threads (0: a thread per request)"},
+       {"unnamed", "", "", "pooler: a third side, --direct with ?idem_pooler=transaction"}},
       /*max_positional=*/1};
   return c;
 }
@@ -513,13 +505,14 @@ int RunBench(const Args& args) {
     return Fail("bench",
                 Status::InvalidArgument(
                     "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add, relay, "
-                    "observer or webhooks (see idem bench --help)"));
+                    "observer, webhooks or pooler (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
       pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay" && pos[0] != "observer" &&
-      pos[0] != "webhooks")
+      pos[0] != "webhooks" && pos[0] != "pooler")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
                                                  "': expected marker, peers, purge, claims, source, call-first, "
-                                                 "outbox-add, relay, observer or webhooks (see idem bench --help)"));
+                                                 "outbox-add, relay, observer, webhooks or pooler (see idem bench "
+                                                 "--help)"));
   if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
@@ -534,7 +527,10 @@ int RunBench(const Args& args) {
 #endif
 #if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
+  if (pos[0] == "pooler") return RunBenchPooler(args);
 #else
+  if (pos[0] == "pooler")  // its second workload is the provider, served over HTTP
+    return Fail("bench pooler", NotBuilt("idem bench pooler", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
   if (pos[0] == "call-first")  // its provider is served over HTTP
     return Fail("bench call-first", NotBuilt("idem bench call-first", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
 #endif

@@ -20,10 +20,7 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdio>
-#include <latch>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -32,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "http_load.h"
 #include "idem/http/webhook.h"
 #include "idem/httplib/middleware.h"
 #include "idem/url.h"
@@ -129,54 +127,6 @@ http::Answer HandRolled(const http::WebhookVerifier& verifier, RedisPool& redis,
   return a;
 }
 
-struct Delivery {
-  std::string body;
-  ::httplib::Headers headers;
-};
-
-// Posts every delivery to `path` from `senders` threads; the seconds it took
-// and how many answers were not 200.
-std::pair<double, int64_t> Post(int port, const std::string& path, const std::vector<Delivery>& deliveries,
-                                int senders) {
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> bad{0};
-  // Every sender connects first (a request the server answers 404), so the
-  // time is the deliveries' and not the connections' (the listen backlog
-  // is short).
-  std::latch connected(senders + 1);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < senders; ++t) {
-    threads.emplace_back([&] {
-      ::httplib::Client client("127.0.0.1", port);
-      client.set_keep_alive(true);
-      client.set_tcp_nodelay(true);
-      client.set_read_timeout(60, 0);
-      for (int attempt = 0; attempt < 3 && !client.Get("/connect"); ++attempt) {
-      }
-      connected.arrive_and_wait();
-      for (size_t i; (i = next++) < deliveries.size();) {
-        // A connection the server closed under it is retried, as a sender
-        // would (at most twice).
-        auto r = client.Post(path, deliveries[i].headers, deliveries[i].body, "application/json");
-        for (int retry = 0; !r && retry < 2; ++retry) {
-          r = client.Post(path, deliveries[i].headers, deliveries[i].body, "application/json");
-        }
-        if (!r || r->status != 200) {
-          if (bad++ == 0) {
-            std::fprintf(
-                stderr, "idem bench webhooks: %s answered %s\n", path.c_str(),
-                r ? (std::to_string(r->status) + " " + r->body).c_str() : ::httplib::to_string(r.error()).c_str());
-          }
-        }
-      }
-    });
-  }
-  connected.arrive_and_wait();
-  const auto start = std::chrono::steady_clock::now();
-  for (auto& t : threads) t.join();
-  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), bad.load()};
-}
-
 Result<int64_t> Rows(Store& store, const std::string& table, const std::string& prefix) {
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_ASSIGN_OR_RETURN(auto rows, tx->Query("SELECT count(*), count(DISTINCT id) FROM " + table +
@@ -268,19 +218,19 @@ int RunBenchWebhooks(const Args& args) {
     for (int k = 0; k < 2 && rc == kExitOk; ++k) {
       const std::string side = kSides[(round + k) % 2];
       const std::string prefix = "r" + run + "-" + std::to_string(round) + "-" + side + "-";
-      std::vector<Delivery> deliveries;
+      std::vector<HttpPost> deliveries;
       deliveries.reserve(static_cast<size_t>(*events));
       const int64_t now_s = Env::Default()->NowMs() / 1000;
       for (int64_t i = 0; i < *events; ++i) {
-        Delivery d;
+        HttpPost d;
         const std::string id = prefix + std::to_string(i);
         d.body = R"({"type":"invoice.paid","data":{"invoice":"in_)" + std::to_string(i) + R"(","amount_due":4000}})";
         auto h = http::SignWebhook(http::WebhookScheme::kStandard, kSecret, id, now_s, d.body);
         for (const auto& [name, value] : *h) d.headers.emplace(name, value);
         deliveries.push_back(std::move(d));
       }
-      const auto [first_s, first_bad] = Post(port, "/" + side, deliveries, static_cast<int>(*senders));
-      const auto [replay_s, replay_bad] = Post(port, "/" + side, deliveries, static_cast<int>(*senders));
+      const auto [first_s, first_bad] = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
+      const auto [replay_s, replay_bad] = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
       auto rows = Rows(**store, side == "idem" ? "bench_webhook_events" : "bench_webhook_events_redis", prefix);
       if (first_bad || replay_bad || !rows.ok() || *rows != *events) {
         std::fprintf(stderr,

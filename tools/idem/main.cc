@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "idem/env.h"
 #include "idem/testing/kill_points.h"
+#include "idem/version.h"
 
 namespace {
 
@@ -35,6 +36,25 @@ struct Entry {
   { name, nullptr, nullptr, "-DIDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB=ON -DIDEM_WITH_KILL_POINTS=ON" }
 #endif
 
+// idem version (and idem --version): the version of the idem library this
+// command is built with (idem/version.h), for bug reports and scripts.
+const idem::cli::Command& VersionCommand() {
+  static const idem::cli::Command c{"version",
+                                    "Print the version of idem this command is built with (also: idem --version).",
+                                    "[--json]",
+                                    {{"json", "", "", "print one JSON object: {\"version\":\"MAJOR.MINOR.PATCH\"}"}}};
+  return c;
+}
+
+int RunVersion(const idem::cli::Args& args) {
+  if (args.Bool("json")) {
+    std::cout << idem::cli::Json().Add("version", idem::Version()).str() << "\n";
+  } else {
+    std::cout << "idem " << idem::Version() << "\n";
+  }
+  return idem::cli::kExitOk;
+}
+
 const Entry kEntries[] = {
     IDEM_CRASH_COMMAND("demo", idem::cli::DemoCommand, idem::cli::RunDemo),
     {"bench", idem::cli::BenchCommand, idem::cli::RunBench, ""},
@@ -47,6 +67,7 @@ const Entry kEntries[] = {
     {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},
     {"publish", idem::cli::PublishCommand, idem::cli::RunPublish, ""},
     {"relay", idem::cli::RelayCommand, idem::cli::RunRelay, ""},
+    {"version", VersionCommand, RunVersion, ""},
 };
 
 int NotBuilt(const Entry& e) {
@@ -67,7 +88,7 @@ void PrintUsage(std::ostream& os) {
     os << "  " << name << std::string(name.size() < 10 ? 10 - name.size() : 1, ' ')
        << summary.substr(0, summary.find('\n')) << "\n";
   }
-  os << "\n`idem <command> --help` describes a command's flags.\n"
+  os << "\n`idem <command> --help` describes a command's flags; `idem --version` prints the version.\n"
         "exit status: 0 ok, 1 a check failed, 2 bad usage, 3 runtime error\n";
 }
 
@@ -86,6 +107,7 @@ int main(int argc, char** argv) {
     PrintUsage(std::cout);
     return idem::cli::kExitOk;
   }
+  if (name == "--version") name = "version";  // idem --version [--json]
   for (const Entry& e : kEntries) {
     if (e.name != name) continue;
     if (!e.command) return NotBuilt(e);

@@ -73,9 +73,8 @@ class Store {
     // pool_mode=transaction, or a managed pooler like it) stands between the
     // store and the server. Behind one, each transaction may run on another
     // server session, so nothing may outlive a transaction there: statements
-    // go unnamed (never prepared), claims' bounded waits poll instead of
-    // LISTENing, and the outbox relay, which holds its lanes for its whole
-    // session, is refused (give it a direct URL). kAuto finds out on the
+    // go unnamed (never prepared), and claims' bounded waits and the outbox
+    // relay's wait poll instead of LISTENing. kAuto finds out on the
     // first connection (the backend key libpq got is not the server
     // process's id: any multiplexing pooler); kTransaction says so without
     // asking; kNone says there is none (a session pooler counts as none),
@@ -84,6 +83,23 @@ class Store {
     // Default: kAuto. URL: ?idem_pooler=auto|transaction|none.
     enum class Pooler { kAuto, kTransaction, kNone };
     Pooler pooler = Pooler::kAuto;
+    // When a committed transaction counts as committed, so that the Inbox
+    // (and everything that commits through this store) acknowledges. kCommit:
+    // when the primary answers COMMIT (with synchronous replication the
+    // server waited for its standby, unless that wait was cancelled: then
+    // the commit is kInDoubt). kStandbyFlush: only once a standby has
+    // flushed the WAL up to the commit (pg_stat_replication.flush_lsn; the
+    // role needs pg_monitor), waited for up to standby_wait_ms; then the
+    // commit is kInDoubt, and so is a marker found before a standby has it,
+    // so the message is not acknowledged yet but redelivered. This keeps
+    // an acknowledged effect through a failover that asynchronous
+    // replication, or a synchronous setting dropped for a while, would lose.
+    // Default: kCommit. URL: ?idem_ack_after=commit|standby_flush.
+    enum class AckAfter { kCommit, kStandbyFlush };
+    AckAfter ack_after = AckAfter::kCommit;
+    // With kStandbyFlush: how long a commit waits for a standby, 1..600000.
+    // Default: 10000. URL: ?idem_standby_wait_ms=N.
+    int64_t standby_wait_ms = 10'000;
   };
 
   // Checks the options, connects, then creates or migrates idem's tables
@@ -98,7 +114,8 @@ class Store {
   // Reads "postgres://..." or "postgresql://..." into options: `url` keeps
   // everything libpq reads (its own query keys included), and idem's keys
   // are taken out into the fields: idem_pool_size, idem_connect_timeout_ms,
-  // idem_partition_by_day, idem_create_if_missing, idem_pooler. Another idem_ key, or one
+  // idem_partition_by_day, idem_create_if_missing, idem_pooler, idem_ack_after,
+  // idem_standby_wait_ms. Another idem_ key, or one
   // given twice: kInvalidArgument naming it. Any other scheme:
   // kInvalidArgument.
   static Result<Options> ParseUrl(std::string_view url);

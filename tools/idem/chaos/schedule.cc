@@ -185,9 +185,10 @@ Plan Schedule::Next(int slot) {
     p.kill_point = point + ":" + std::to_string(hit);
   }
   // A life whose point is never reached (idle) still ends; a Kafka member
-  // first takes seconds to join its group.
+  // first waits for its group to rebalance, which waits out the session
+  // timeout (10 s by default) of a member killed before.
   p.kill_after_ms =
-      3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000) + (cfg_.source.starts_with("kafka") ? 5'000 : 0);
+      3'000 + 250 * cfg_.hits + static_cast<int64_t>(rng() % 2'000) + (cfg_.source.starts_with("kafka") ? 12'000 : 0);
   return p;
 }
 
