@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <random>
@@ -59,6 +61,93 @@ class DropAcks final : public Source {
 // A source URL with its password hidden.
 std::string RedactedSource(const std::string& url) { return RedactUrl(url); }
 
+// The payments table emptied and the consumer's markers purged: what an
+// earlier run left in a shared store.
+Status ResetPayments(Store& store) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  for (const std::string& sql : {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
+    IDEM_RETURN_IF_ERROR(tx->Exec(sql).status());
+  IDEM_RETURN_IF_ERROR(tx->Commit());
+  return store.Purge(kConsumer, INT64_MAX, 10000).status();
+}
+
+// The producer: every message once, some twice (a producer retry).
+struct Produced {
+  int64_t published = 0, expected_cents = 0;
+};
+
+Result<Produced> PublishPayments(const Config& cfg, const std::function<Status(const Message&)>& publish,
+                                 std::mt19937_64& rng) {
+  const std::string run = std::to_string(Env::Default()->NowMs());
+  Produced p;
+  for (int i = 0; i < cfg.messages; ++i) {
+    const int64_t cents = 100 + static_cast<int64_t>(rng() % 100'000);
+    Message m = PaymentMessage("pay-" + run + "-" + std::to_string(i), "o" + std::to_string(i), cents);
+    p.expected_cents += cents;
+    const int copies = static_cast<double>(rng() % 1'000'000) / 1e6 < cfg.dup_rate ? 2 : 1;
+    for (int k = 0; k < copies; ++k) {
+      IDEM_RETURN_IF_ERROR(publish(m).WithContext("publish"));
+      ++p.published;
+    }
+  }
+  return p;
+}
+
+// Runs a consumer of `source` until it is idle.
+Status ConsumeUntilIdle(Source& source, Inbox& inbox, const Handler& charge, int workers, int64_t wait_ms) {
+  IDEM_ASSIGN_OR_RETURN(
+      auto consumer,
+      Consumer::Open(source, inbox, charge,
+                     Consumer::Options{.workers = workers, .receive_wait_ms = wait_ms, .stop_when_idle = true}));
+  return consumer->Run();
+}
+
+// What the run found, read back from the provider's and the store's databases.
+struct OnSourceResult {
+  std::string kind;
+  Produced produced;
+  int64_t lost_acks = 0, calls = 0, retries = 0;
+  InboxCounters after;
+  ProviderTotals totals;
+  Totals rows;
+  double seconds = 0;
+  bool ok = false;
+};
+
+void PrintOnSource(const Config& cfg, const OnSourceResult& r, const Out& say) {
+  if (cfg.json) {
+    std::cout << Json()
+                     .Add("source", r.kind)
+                     .Add("messages", static_cast<int64_t>(cfg.messages))
+                     .Add("published", r.produced.published)
+                     .Add("lost_acks", r.lost_acks)
+                     .Add("applied", r.after.applied)
+                     .Add("duplicates", r.after.duplicates)
+                     .Add("provider_calls", r.calls)
+                     .Add("provider_retries", r.retries)
+                     .Add("charges", r.totals.charges)
+                     .Add("payment_rows", r.rows.rows)
+                     .Add("charged_cents", r.totals.cents)
+                     .Add("expected_cents", r.produced.expected_cents)
+                     .Add("ok", r.ok)
+                     .str()
+              << "\n";
+    return;
+  }
+  say("  provider calls " + std::to_string(r.calls) + " (" + std::to_string(r.retries) +
+      " retries with the same key after lost responses)");
+  say("  charges made (provider's database)  " + std::to_string(r.totals.charges) + "  " +
+      Mark(r.totals.charges == cfg.messages));
+  say("  payment rows                         " + std::to_string(r.rows.rows) + "  " +
+      Mark(r.rows.rows == cfg.messages));
+  say("  total charged " + Dollars(r.totals.cents) + ", expected " + Dollars(r.produced.expected_cents) + "  " +
+      Mark(r.totals.cents == r.produced.expected_cents));
+  char t[32];
+  std::snprintf(t, sizeof t, "%.1f s", r.seconds);
+  say(std::string("  time ") + t);
+  say(r.ok ? "OK: every message charged exactly once" : "MISMATCH: see above");
+}
+
 }  // namespace
 
 // `idem demo --source URL`: the larger run on a broker. Payment messages (a
@@ -87,35 +176,19 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   const std::string store_url = g_store_url.empty() ? "sqlite:" + dir + "/payments.db" : g_store_url;
   auto store = OpenStore(store_url, true, cfg.consumers + 2);
   if (!store.ok()) return Fail(cmd, store.status());
-  {
-    auto tx = (*store)->Begin();
-    if (!tx.ok()) return Fail(cmd, tx.status());
-    for (const std::string& sql :
-         {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
-      if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
-    if (Status st = (*tx)->Commit(); !st.ok()) return Fail(cmd, st);
-    if (auto p = (*store)->Purge(kConsumer, INT64_MAX, 10000); !p.ok()) return Fail(cmd, p.status());
-  }
+  if (Status s = ResetPayments(**store); !s.ok()) return Fail(cmd, s);
   SourceSettings settings{.lease_ms = cfg.lease_ms, .consumer = "idem-demo"};
   auto first = OpenSource(source_url, settings);
   if (!first.ok()) return Fail(cmd, first.status());
   say("idem demo on " + first->kind + " (" + RedactedSource(source_url) + "), store " + std::string((*store)->Kind()) +
       ", the provider over HTTP on " + (*provider)->url());
-
-  // The producer: every message once, some twice (a producer retry).
-  const std::string run = std::to_string(Env::Default()->NowMs());
-  int64_t published = 0, expected = 0;
-  for (int i = 0; i < cfg.messages; ++i) {
-    const int64_t cents = 100 + static_cast<int64_t>(rng() % 100'000);
-    Message m = PaymentMessage("pay-" + run + "-" + std::to_string(i), "o" + std::to_string(i), cents);
-    expected += cents;
-    const int copies = static_cast<double>(rng() % 1'000'000) / 1e6 < cfg.dup_rate ? 2 : 1;
-    for (int k = 0; k < copies; ++k) {
-      if (Status st = first->publish(m); !st.ok()) return Fail(cmd, st.WithContext("publish"));
-      ++published;
-    }
-  }
-  say("  published " + std::to_string(published) + " deliveries of " + std::to_string(cfg.messages) + " messages");
+  OnSourceResult r;
+  r.kind = first->kind;
+  auto produced = PublishPayments(cfg, first->publish, rng);
+  if (!produced.ok()) return Fail(cmd, produced.status());
+  r.produced = *produced;
+  say("  published " + std::to_string(r.produced.published) + " deliveries of " + std::to_string(cfg.messages) +
+      " messages");
 
   std::atomic<int64_t> calls{0}, retries{0};
   const std::string provider_url = (*provider)->url();
@@ -134,76 +207,38 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   auto inbox_owned = Inbox::Open(**store, Inbox::Options{.consumer = kConsumer});
   if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
   Inbox& inbox = **inbox_owned;
-  int64_t lost_acks = 0;
   {
     DropAcks lossy(*first->source, cfg.lost_ack_rate, static_cast<uint64_t>(cfg.seed) + 1);
-    auto consumer_owned =
-        Consumer::Open(lossy, inbox, charge,
-                       Consumer::Options{.workers = cfg.consumers, .receive_wait_ms = 1'000, .stop_when_idle = true});
-    if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
-    Consumer& consumer = **consumer_owned;
-    if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
-    lost_acks = lossy.dropped();
+    if (Status s = ConsumeUntilIdle(lossy, inbox, charge, cfg.consumers, 1'000); !s.ok()) return Fail(cmd, s);
+    r.lost_acks = lossy.dropped();
   }
   say("  consumer 1: " + std::to_string(inbox.counters().applied) + " applied, " +
-      std::to_string(inbox.counters().duplicates) + " duplicates skipped, " + std::to_string(lost_acks) +
+      std::to_string(inbox.counters().duplicates) + " duplicates skipped, " + std::to_string(r.lost_acks) +
       " acks lost; it leaves");
   first->source.reset();  // closes the connection / leaves the group: unacked messages go back
   auto second = OpenSource(source_url, settings);
   if (!second.ok()) return Fail(cmd, second.status());
   const InboxCounters before = inbox.counters();
-  {
-    // Long enough for leases to run out and a group to rebalance.
-    auto consumer_owned =
-        Consumer::Open(*second->source, inbox, charge,
-                       Consumer::Options{.workers = cfg.consumers,
-                                         .receive_wait_ms = std::max<int64_t>(4 * cfg.lease_ms, 6'000),
-                                         .stop_when_idle = true});
-    if (!consumer_owned.ok()) return Fail(cmd, consumer_owned.status());
-    Consumer& consumer = **consumer_owned;
-    if (Status st = consumer.Run(); !st.ok()) return Fail(cmd, st);
-  }
-  const InboxCounters after = inbox.counters();
-  say("  consumer 2 took over: " + std::to_string(after.applied - before.applied) + " applied, " +
-      std::to_string(after.duplicates - before.duplicates) + " redelivered duplicates skipped");
+  // Long enough for leases to run out and a group to rebalance.
+  if (Status s =
+          ConsumeUntilIdle(*second->source, inbox, charge, cfg.consumers, std::max<int64_t>(4 * cfg.lease_ms, 6'000));
+      !s.ok())
+    return Fail(cmd, s);
+  r.after = inbox.counters();
+  say("  consumer 2 took over: " + std::to_string(r.after.applied - before.applied) + " applied, " +
+      std::to_string(r.after.duplicates - before.duplicates) + " redelivered duplicates skipped");
   auto totals = ProviderCharges(dir + "/provider.db");
   if (!totals.ok()) return Fail(cmd, totals.status());
   Result<Totals> rows = PaymentsFor(**store, "");
   if (!rows.ok()) return Fail(cmd, rows.status());
-  const bool ok = totals->charges == cfg.messages && totals->cents == expected && rows->rows == cfg.messages;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (cfg.json) {
-    std::cout << Json()
-                     .Add("source", first->kind)
-                     .Add("messages", static_cast<int64_t>(cfg.messages))
-                     .Add("published", published)
-                     .Add("lost_acks", lost_acks)
-                     .Add("applied", after.applied)
-                     .Add("duplicates", after.duplicates)
-                     .Add("provider_calls", calls.load())
-                     .Add("provider_retries", retries.load())
-                     .Add("charges", totals->charges)
-                     .Add("payment_rows", rows->rows)
-                     .Add("charged_cents", totals->cents)
-                     .Add("expected_cents", expected)
-                     .Add("ok", ok)
-                     .str()
-              << "\n";
-  } else {
-    say("  provider calls " + std::to_string(calls.load()) + " (" + std::to_string(retries.load()) +
-        " retries with the same key after lost responses)");
-    say("  charges made (provider's database)  " + std::to_string(totals->charges) + "  " +
-        Mark(totals->charges == cfg.messages));
-    say("  payment rows                         " + std::to_string(rows->rows) + "  " +
-        Mark(rows->rows == cfg.messages));
-    say("  total charged " + Dollars(totals->cents) + ", expected " + Dollars(expected) + "  " +
-        Mark(totals->cents == expected));
-    char t[32];
-    std::snprintf(t, sizeof t, "%.1f s", secs);
-    say(std::string("  time ") + t);
-    say(ok ? "OK: every message charged exactly once" : "MISMATCH: see above");
-  }
-  return ok ? kExitOk : kExitCheckFailed;
+  r.totals = *totals;
+  r.rows = *rows;
+  r.calls = calls.load();
+  r.retries = retries.load();
+  r.ok = r.totals.charges == cfg.messages && r.totals.cents == r.produced.expected_cents && r.rows.rows == cfg.messages;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  PrintOnSource(cfg, r, say);
+  return r.ok ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace idem::cli::demo
