@@ -396,6 +396,41 @@ TEST_F(HarnessOnPostgres, ACallFirstReadingInItsCallsPartIsIdempotentAndAKeyless
   EXPECT_EQ(caught->ToString().find("never acknowledged"), std::string::npos) << *caught;
 }
 
+// Wrong: the calls part adds to the balance itself, in a transaction of
+// its own on ctx.store(), outside the apply. Those transactions reach no
+// crash point, but the Inbox's do: a crash once the calls are done, before
+// the apply commits (from inbox.before_marker on), makes the redelivery add
+// again.
+TEST(Harness, ACallFirstWritingThroughTheStoreInItsCallsPartIsStillCaught) {
+  Harness harness(PaymentsOptions());
+  Subject s{
+      .name = "calls-part-writes", .call_first = [](Context& c) {
+        Store* store = &c.store();
+        return idem::CallFirst(
+            c.claims(),
+            [store](Calls&, const Message& m) -> Status {
+              payments::Payment p = payments::Parse(m);
+              IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());  // WRONG: commits apart from the marker
+              IDEM_RETURN_IF_ERROR(
+                  tx->Exec("UPDATE balances SET cents = cents + $1 WHERE account = $2", {p.cents, p.account}).status());
+              return tx->Commit();
+            },
+            [](Transaction& tx, const Message& m, const Calls&) -> Status {
+              payments::Payment p = payments::Parse(m);
+              return tx
+                  .Exec("INSERT INTO payments(message_id, account, cents) VALUES ($1, $2, $3)",
+                        {m.id, p.account, p.cents})
+                  .status();
+            });
+      }};
+  auto report = harness.Run(s, payments::Messages(3));
+  ASSERT_OK(report);
+  const Failure* crash = FailureOf(*report, Scenario::kCrash);
+  ASSERT_NE(crash, nullptr) << *report;
+  EXPECT_NE(crash->what.find("killed at inbox.before_marker"), std::string::npos) << crash->what;
+  EXPECT_EQ(crash->message_id, "pay-0");
+}
+
 // The same on SQLite (it passed there before: the claims' leases run on the
 // kit's clock).
 TEST(Harness, ACallFirstReadingInItsCallsPartIsIdempotentOnSqlite) {
