@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/backoff.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 namespace idem {
 

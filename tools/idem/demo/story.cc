@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/kill_point.h"
 #include "demo/demo.h"
 #include "idem/http/client.h"
 #include "idem/inbox.h"
