@@ -20,7 +20,9 @@
 //    applies (the parked entry is then removed). Never dropped.
 //  - rejected (Status::Rejected from the handler: the message can never be
 //    handled): dead-lettered at once, reason "rejected", never retried.
-//  - aborted (the consumer is stopping): given back, not counted.
+//  - aborted (the consumer is stopping: a handler gave up, Status::Aborted,
+//    and the rest of its batch): given back at once, not counted, told as
+//    EventKind::kAborted.
 //
 // Leases: while a handler runs, the leases of its deliveries are renewed
 // (Source::ExtendLease) every third of the source's lease, so no other

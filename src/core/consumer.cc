@@ -342,7 +342,7 @@ void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
   }
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kDeadLettered, d);
+    Emit(EventKind::kDeadLettered, d, rec.error);
     rejected_.fetch_add(1, std::memory_order_relaxed);
     inbox_.NoteDeadLetter();
   }
@@ -365,7 +365,7 @@ void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
   }
   if (count.ok() && count->parked) {
     parked_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kParked, d);
+    Emit(EventKind::kParked, d, rec.error);
   }
   // In progress: try again after the backoff of its delivery count; once
   // parked (or when the count is unknown), at the slowest pace.
@@ -470,7 +470,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
         // could ever clear it later.
         if (bad_id) (void)inbox_.store().ClearFailures(inbox_.consumer(), keyed.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
-        Emit(EventKind::kDeadLettered, d);
+        Emit(EventKind::kDeadLettered, d, rec.error);
         inbox_.NoteDeadLetter();
         ack();
         return;
@@ -502,7 +502,7 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
   if (count->in_progress) return false;
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kDeadLettered, d);
+    Emit(EventKind::kDeadLettered, d, error);
     inbox_.NoteDeadLetter();
   }
   // Applied earlier (its acks were lost) or dead-lettered now: done either way.

@@ -214,6 +214,14 @@ void Inbox::Apply(std::span<const Message> messages, const Handler& handler, std
   for (;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
     if (!a.failed.has_value()) break;
+    if (a.status.code() == Code::kAborted) {
+      // The consumer is stopping: the rest of the batch is given back with
+      // it, unrun (nothing committed), rather than run again without it.
+      for (size_t i = 0; i < messages.size(); ++i)
+        if (!excluded[i])
+          out[i] = Failed(i == *a.failed ? a.status : a.status.WithContext("given back with its batch"));
+      break;
+    }
     const std::string& id = messages[*a.failed].id;
     for (size_t i = 0; i < messages.size(); ++i) {
       if (excluded[i] || messages[i].id != id) continue;
@@ -413,6 +421,7 @@ void Inbox::Notify(std::span<const Message> messages, const std::vector<Outcome>
       case Outcome::Kind::kFailed:
         e.kind = o.status.code() == Code::kInProgress ? EventKind::kInProgress
                  : o.status.code() == Code::kRejected ? EventKind::kRejected
+                 : o.status.code() == Code::kAborted  ? EventKind::kAborted
                                                       : EventKind::kFailed;
         break;
     }
@@ -438,7 +447,7 @@ void Inbox::Count(const Outcome& o) {
         in_progress_.fetch_add(1, std::memory_order_relaxed);
       } else if (o.status.code() == Code::kRejected) {
         rejected_.fetch_add(1, std::memory_order_relaxed);
-      } else {
+      } else if (o.status.code() != Code::kAborted) {  // a stopping consumer's: no failure
         failures_.fetch_add(1, std::memory_order_relaxed);
       }
       break;
