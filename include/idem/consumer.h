@@ -132,9 +132,13 @@ class Consumer {
 
   // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
   // deliveries finish (commit, then ack) or are given back unacknowledged.
-  // kInvalidArgument, before anything is received, for an empty handler.
-  // Returns OK on a clean stop; kUnavailable when the system will not start
-  // a worker thread (the workers already started stop first, as on Stop()).
+  // kInvalidArgument, before anything is received, for an empty handler;
+  // kInvalidArgument naming the fix, at the first delivery that meets it, for
+  // a set-up that can never work (CallOnce in a Handler with its claims in
+  // the inbox's own SQLite file: idem/claims.h): the workers stop as on
+  // Stop(), that delivery is given back, no failure is counted and nothing is
+  // dead-lettered. Returns OK on a clean stop; kUnavailable when the system
+  // will not start a worker thread (the workers already started stop first).
   Status Run();
   // Asks Run() to return. Async-signal-safe.
   void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }

@@ -3,6 +3,7 @@
 #include "idem/testing/kill_points.h"
 
 #include "core/backoff.h"
+#include "core/handler_scope.h"
 #include "core/saturating.h"
 
 #include <signal.h>
@@ -109,10 +110,24 @@ Status Consumer::Run() {
     keeper_cv_.notify_all();
     if (keeper.joinable()) keeper.join();
   };
+  // A set-up that can never work, met by a worker (internal::RefuseSetup):
+  // what Run() returns.
+  std::mutex refused_mu;
+  Status refused;
+  const auto work = [&](Held* h) {
+    Work(h);
+    if (const Status* r = internal::SetupRefusal()) {
+      std::lock_guard<std::mutex> l(refused_mu);
+      if (refused.ok())
+        refused = r->WithContext(
+            "Consumer stopped: a set-up that can never work (the delivery was given back, "
+            "no failure counted)");
+    }
+  };
   std::vector<std::thread> threads;
   for (int i = 1; i < options_.workers; ++i) {
     try {
-      threads.emplace_back([this, h = held[i].get()] { Work(h); });
+      threads.emplace_back([&work, h = held[i].get()] { work(h); });
     } catch (const std::system_error& e) {
       // The system has no thread for this worker: stop the ones started
       // (each finishes or gives back what it holds) and say why.
@@ -123,10 +138,10 @@ Status Consumer::Run() {
                                  std::to_string(options_.workers) + ": " + e.what());
     }
   }
-  Work(held[0].get());
+  work(held[0].get());
   for (auto& t : threads) t.join();
   stop_keeper();
-  return Status::OK();
+  return refused;
 }
 
 void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
@@ -202,6 +217,7 @@ bool Consumer::IdleDone(int64_t receive_started_ms) {
 }
 
 void Consumer::Work(Held* held) {
+  internal::ClearSetupRefusal();
   t_stop_flag = &stop_;
   struct ClearStopFlag {
     ~ClearStopFlag() { t_stop_flag = nullptr; }
@@ -227,16 +243,16 @@ void Consumer::Work(Held* held) {
     busy_.fetch_add(1);
     received_.fetch_add(got->size(), std::memory_order_relaxed);
     for (const Delivery& d : *got) Emit(EventKind::kReceived, d);
-    if (stopping()) {
-      // Received but not started: give back unacknowledged, at once.
+    // Gives every delivery back unacknowledged, at once, and ends this worker.
+    const auto give_back = [&] {
       for (const Delivery& d : *got) {
         (void)source_.Nack(d, 0);
         nacked_.fetch_add(1, std::memory_order_relaxed);
         Emit(EventKind::kNacked, d);
       }
       busy_.fetch_sub(1);
-      return;
-    }
+    };
+    if (stopping()) return give_back();  // received but not started
     if (options_.max_deliveries > 0) {
       // Past the broker's delivery limit: never handled again (see
       // Consumer::Options::max_deliveries), unless it is in progress.
@@ -280,6 +296,12 @@ void Consumer::Work(Held* held) {
       std::lock_guard<std::mutex> l(held->mu);
       held->deliveries = nullptr;
       renewed_at_ms = held->renewed_at_ms;
+    }
+    if (internal::SetupRefusal() != nullptr) {
+      // The set-up can never work (internal::RefuseSetup): no message's
+      // failure. Nothing committed; everything goes back and Run() returns it.
+      Stop();
+      return give_back();
     }
     // Handled past its lease, unrenewed: another consumer may have been
     // given the message meanwhile (the seed's cause of a rise in skipped
