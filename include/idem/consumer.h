@@ -50,6 +50,7 @@
 #include "idem/id_from.h"
 #include "idem/inbox.h"
 #include "idem/result.h"
+#include "idem/signals.h"
 #include "idem/source.h"
 #include "idem/status.h"
 
@@ -210,8 +211,10 @@ class Consumer {
   std::unordered_set<std::string> failed_ids_;
 };
 
-// Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach;
-// the Consumer's destructor detaches it too.
+// Makes SIGINT and SIGTERM call consumer->Stop() (idem/signals.h: other
+// objects attached stop too; the handlers before the first attach come back
+// when the last one is detached). Pass nullptr to detach every object; the
+// Consumer's destructor detaches it.
 void StopOnSignals(Consumer* consumer);
 
 // True when the calling thread runs a handler for a Consumer that is

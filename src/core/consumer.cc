@@ -5,8 +5,7 @@
 #include "core/backoff.h"
 #include "core/handler_scope.h"
 #include "core/saturating.h"
-
-#include <signal.h>
+#include "core/signal_stop.h"
 
 #include <algorithm>
 #include <chrono>
@@ -56,14 +55,6 @@ Status CheckOptions(const Consumer::Options& o) {
 }
 }  // namespace
 
-namespace {
-// The consumer SIGINT/SIGTERM stop (StopOnSignals), or null.
-std::atomic<Consumer*>& internal_signal_consumer() {
-  static std::atomic<Consumer*> consumer{nullptr};
-  return consumer;
-}
-}  // namespace
-
 Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, Handler handler,
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
@@ -80,8 +71,7 @@ Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, C
 
 Consumer::~Consumer() {
   // A signal after this must not reach a destroyed consumer (StopOnSignals).
-  Consumer* self = this;
-  internal_signal_consumer().compare_exchange_strong(self, nullptr);
+  internal::DetachFromSignals(this);
 }
 
 Status Consumer::Run() {
@@ -543,19 +533,6 @@ bool StopRequested() noexcept {
   return f != nullptr && f->load(std::memory_order_relaxed);
 }
 
-namespace {
-extern "C" void IdemStopHandler(int) {
-  if (Consumer* c = internal_signal_consumer().load()) c->Stop();
-}
-}  // namespace
-
-void StopOnSignals(Consumer* consumer) {
-  internal_signal_consumer().store(consumer);
-  struct sigaction sa {};
-  sa.sa_handler = consumer ? IdemStopHandler : SIG_DFL;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
+void StopOnSignals(Consumer* consumer) { internal::StopOnSignalsOf(consumer); }
 
 }  // namespace idem

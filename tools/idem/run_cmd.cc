@@ -246,10 +246,8 @@ int RunRun(const Args& args) {
     auto drain = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .stop_when_idle = true});
     if (!drain.ok()) relay_status = drain.status();
     if (drain.ok()) {
-      {
-        RelayStopOnSignals on_signal(**drain);
-        relay_status = (*drain)->Run();
-      }
+      StopOnSignals(drain->get());  // beside the consumer's; detached when the relay goes
+      relay_status = (*drain)->Run();
       relayed.published += (*drain)->stats().published;
       relayed.republished += (*drain)->stats().republished;
       relayed.dead_lettered += (*drain)->stats().dead_lettered;
