@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/http/webhook.h"
 
+#include "core/signal_stop.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -340,7 +342,8 @@ struct WebhookReceiver::State {
   std::optional<CallFirst> call_first;
   Publisher* publisher = nullptr;
   std::atomic<uint64_t> applied{0}, replayed{0}, conflicts{0}, malformed{0}, unverified{0}, in_progress{0}, rejected{0},
-      failed{0}, group_commits{0}, grouped{0};
+      failed{0}, group_commits{0}, grouped{0}, stopped{0};
+  std::atomic<bool> stopping{false};  // Stop()
 
   // Group commit (Options::group_commit_max > 1): the deliveries waiting
   // for a transaction, oldest first; one request thread at a time (the
@@ -397,7 +400,11 @@ Outcome WebhookReceiver::State::HandleGrouped(const Message& m) {
 
 WebhookReceiver::WebhookReceiver(std::unique_ptr<State> state, std::unique_ptr<WebhookVerifier> verifier)
     : state_(std::move(state)), verifier_(std::move(verifier)) {}
-WebhookReceiver::~WebhookReceiver() = default;
+// A signal after this must not reach a destroyed receiver (StopOnSignals).
+WebhookReceiver::~WebhookReceiver() { internal::DetachFromSignals(this); }
+
+void WebhookReceiver::Stop() noexcept { state_->stopping.store(true); }
+bool WebhookReceiver::stopping() const noexcept { return state_->stopping.load(); }
 
 namespace {
 
@@ -489,6 +496,12 @@ Answer WebhookReceiver::Handle(const Request& request) {
     s.malformed++;
     return Json(400, "malformed", id, ev.status().message());
   }
+  if (s.stopping.load()) {  // nothing stored: the sender delivers it again, here after a restart or elsewhere
+    s.stopped++;
+    Answer a = Json(503, "stopping", ev->id, "the receiver is stopping; deliver it again later");
+    a.headers.Set("Retry-After", "1");
+    return a;
+  }
   Message m;
   m.id = ev->id;
   m.payload = request.body;
@@ -560,7 +573,10 @@ WebhookCounters WebhookReceiver::counters() const {
           .rejected = s.rejected,
           .failed = s.failed,
           .group_commits = s.group_commits,
-          .grouped = s.grouped};
+          .grouped = s.grouped,
+          .stopped = s.stopped};
 }
 
 }  // namespace idem::http
+
+void idem::StopOnSignals(http::WebhookReceiver* receiver) { internal::StopOnSignalsOf(receiver); }

@@ -9,6 +9,7 @@
 // retries of one event run its handler once; the enqueue form puts an event
 // on the embedded queue once.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <fstream>
@@ -302,6 +303,35 @@ TEST(WebhookReceiver, EveryErrorBodyNamesTheEventIdInItsIdField) {
     EXPECT_EQ(bare.status, 400);
     EXPECT_FALSE(nlohmann::json::parse(bare.body).contains("id")) << bare.body;
   }
+}
+
+// StopOnSignals(receiver): after a SIGTERM raised in the process, a delivery
+// is answered 503 with Retry-After and its event id, nothing stored (the
+// sender delivers it again); one being handled when the signal came finishes.
+TEST(WebhookReceiver, AfterSigtermDeliveriesAreAnswered503AndNothingIsStored) {
+  Rig* self = nullptr;
+  Rig rig([&](Transaction& tx, const Message& m) -> Status {
+    self->runs++;
+    ::raise(SIGTERM);  // while this delivery is being handled
+    return tx.Exec("CREATE TABLE IF NOT EXISTS events(id TEXT)").status().ok()
+               ? tx.Exec("INSERT INTO events VALUES ($1)", {m.id}).status()
+               : Status::Internal("table");
+  });
+  self = &rig;
+  StopOnSignals(rig.receiver.get());
+  EXPECT_FALSE(rig.receiver->stopping());
+  Answer first = rig.receiver->Handle(rig.Signed("evt-1", "{}"));
+  EXPECT_EQ(first.status, 200) << first.body;
+  EXPECT_TRUE(rig.receiver->stopping());
+  Answer later = rig.receiver->Handle(rig.Signed("evt-2", "{}"));
+  EXPECT_EQ(later.status, 503) << later.body;
+  EXPECT_EQ(later.headers.Get("Retry-After"), "1");
+  EXPECT_NE(later.body.find("\"id\":\"evt-2\""), std::string::npos) << later.body;
+  EXPECT_EQ(rig.runs, 1);
+  EXPECT_EQ(rig.Markers(), 1);
+  EXPECT_EQ(rig.receiver->counters().stopped, 1u);
+  rig.receiver.reset();  // detaches
+  StopOnSignals(nullptr);
 }
 
 TEST(WebhookReceiver, AThousandConcurrentRetriesOfOneEventRunItsHandlerOnce) {

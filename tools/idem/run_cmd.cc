@@ -173,11 +173,8 @@ Status CreateRunPayments(Store& store) {
 Status DrainAtEnd(Store& store, Publisher& publisher, const std::string& consumer, OutboxRelayStats& relayed) {
   IDEM_ASSIGN_OR_RETURN(auto drain,
                         OutboxRelay::Open(store, publisher, {.name = "run-" + consumer, .stop_when_idle = true}));
-  Status s;
-  {
-    RelayStopOnSignals on_signal(*drain);
-    s = drain->Run();
-  }
+  StopOnSignals(drain.get());  // beside the consumer's; detached when the relay goes
+  Status s = drain->Run();
   relayed.published += drain->stats().published;
   relayed.republished += drain->stats().republished;
   relayed.dead_lettered += drain->stats().dead_lettered;
