@@ -62,7 +62,7 @@ struct Outcome {
   // Code::kRejected when the handler said the message can never be handled
   // (the Consumer dead-letters it at once); Code::kAborted when it gave up
   // because its Consumer is stopping.
-  Status status;
+  Status status{};
   // kConflict: the fingerprint stored with the marker, and this message's.
   Fingerprint stored_fingerprint{};
   Fingerprint incoming_fingerprint{};
@@ -169,8 +169,8 @@ class Inbox {
 
  private:
   struct Attempt {
-    std::optional<size_t> failed;  // the message whose handler failed
-    Status status;                 // its error
+    std::optional<size_t> failed{};  // the message whose handler failed
+    Status status{};                 // its error
   };
   // One transaction over the messages not excluded; stops at the first
   // handler failure (rolled back) and says which.
