@@ -12,9 +12,12 @@
 //               amqp://USER:PASS@HOST[:PORT]/VHOST?queue=Q
 //               kafka://HOST:PORT[,...]?topic=T&group=G
 //
-// Link idem::open (find_package(idem COMPONENTS open)): it brings every
-// component of this installation. A scheme whose component was not built
-// gives kInvalidArgument naming the component, as does an unknown scheme.
+// Link idem::open: find_package(idem COMPONENTS open) brings SQLite and the
+// embedded queue; name the other adapters whose URLs a program opens
+// (find_package(idem COMPONENTS open postgres kafka)), and idem::open links
+// them. A scheme whose component was not built, or is not linked into this
+// program, gives kInvalidArgument naming the component, as does an unknown
+// scheme. StoreSchemes() and SourceSchemes() list what this program opens.
 //
 // Thread safety: the functions may be called from any thread.
 #ifndef IDEM_OPEN_H_
@@ -42,9 +45,12 @@ struct SourceSettings {
   int64_t lease_ms = 30'000;
   // This process's name in a consumer group: the Redis consumer name, the
   // Kafka client.id. A URL's consumer= (Redis) or client_id= (Kafka) wins.
-  // Give each process its own (Redis keeps pending entries per name).
-  // Default: "idem".
-  std::string consumer = "idem";
+  // Empty: the adapter's own default, a new Redis consumer name per start
+  // ("idem-<hostname>-<pid>-<random>", StreamSource::consumer() reports it;
+  // never one name shared by every process) and Kafka's client_id "idem".
+  // A stable name per process slot lets a restart take back its pending
+  // entries (doc/sources.md). Default: empty.
+  std::string consumer;
   // The clock the source reads its leases, waits and delivery times from,
   // where it has one (embedded, Redis Streams); it must outlive the source.
   // Default: null (Env::Default()).

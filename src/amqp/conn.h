@@ -17,11 +17,28 @@
 #include <string_view>
 
 #include "idem/amqp/source.h"
+#include "idem/result.h"
 #include "idem/status.h"
 
 namespace idem::amqp_internal {
 
-using amqp::Endpoint;
+// A parsed "amqp://user:password@host:port/vhost" (percent-escapes decoded;
+// "/%2f" or no path is the vhost "/"). Defaults: guest:guest, port 5672.
+struct Endpoint {
+  std::string host;
+  int port = 5672;
+  std::string user;
+  std::string password;
+  std::string vhost = "/";
+  // "host:port" (what error messages name; never the password).
+  std::string Where() const;
+};
+// kInvalidArgument naming what is wrong (never echoing the password).
+Result<Endpoint> ParseEndpoint(std::string_view url);
+// The queue fields a Source and a Publisher share: a queue name of at most
+// 255 bytes, a queue_type of "classic", "quorum" or empty. `what` names the
+// class ("amqp source").
+Status CheckQueueFields(std::string_view what, std::string_view queue, std::string_view queue_type);
 
 inline constexpr amqp_channel_t kChannel = 1;
 
