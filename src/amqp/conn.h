@@ -49,8 +49,9 @@ std::string Str(amqp_bytes_t b);
 std::string ReplyText(const amqp_rpc_reply_t& r);
 // The AMQP reply code of a server exception (0 otherwise).
 int ReplyCode(const amqp_rpc_reply_t& r);
-// An RPC reply that is not normal as a Status naming `what`.
-Status FromReply(const amqp_rpc_reply_t& r, const std::string& what);
+// An RPC reply that is not normal as a Status naming `what`: the one place
+// rabbitmq-c replies become idem Status codes.
+Status Translate(const amqp_rpc_reply_t& r, const std::string& what);
 // Renders a header value as a string; nullopt for kinds with no plain text.
 std::optional<std::string> FieldString(const amqp_field_value_t& v);
 // A decimal integer, all of `s`.
@@ -100,14 +101,14 @@ class Conn {
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       // The reply's text lives in the connection's memory: read it before
       // the connection is freed. The password is never part of the message.
-      Status s = FromReply(r, "login as '" + ep.user + "' to " + ep.Where() + " vhost '" + ep.vhost + "'");
+      Status s = Translate(r, "login as '" + ep.user + "' to " + ep.Where() + " vhost '" + ep.vhost + "'");
       Reset(false);
       return s.code() == Code::kUnavailable ? s : Status::Unavailable(s.message());
     }
     amqp_channel_open(st, kChannel);
     r = amqp_get_rpc_reply(st);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-      Status s = FromReply(r, "channel.open on " + ep.Where());  // before the reply's memory is freed
+      Status s = Translate(r, "channel.open on " + ep.Where());  // before the reply's memory is freed
       Reset(false);
       return s;
     }
@@ -118,7 +119,7 @@ class Conn {
   Status Check(const std::string& what) {
     amqp_rpc_reply_t r = amqp_get_rpc_reply(st_);
     if (r.reply_type == AMQP_RESPONSE_NORMAL) return Status::OK();
-    Status s = FromReply(r, what);
+    Status s = Translate(r, what);
     Reset(false);
     return s;
   }
