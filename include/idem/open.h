@@ -37,8 +37,9 @@
 
 namespace idem {
 
-// Settings a URL does not carry, shared by every source.
-struct SourceSettings {
+// What a source URL does not carry, shared by every source: the options of
+// OpenSource (doc/adapters.md: every set of options is an Options struct).
+struct SourceOptions {
   // How long a delivery stays this consumer's before the source may hand it
   // to another, where the source has such a lease (embedded, Redis,
   // RabbitMQ's optional one). Default: 30 s. A URL's lease_ms= wins.
@@ -57,8 +58,9 @@ struct SourceSettings {
   Env* env = nullptr;
 };
 
-// Settings a store URL may not carry, shared by every store.
-struct StoreSettings {
+// What a store URL may not carry, shared by every store: the options of
+// OpenStore and OpenClaimStore.
+struct StoreOptions {
   // Create the database (the file, on SQLite) and idem's tables when
   // missing. false: a missing database or schema is an error (inspecting
   // must not create one). A URL's create_if_missing=false
@@ -73,16 +75,20 @@ struct StoreSettings {
   Env* env = nullptr;
 };
 
+// The names of 0.2, kept for one version (doc/migration.md).
+using SourceSettings [[deprecated("renamed idem::SourceOptions")]] = SourceOptions;
+using StoreSettings [[deprecated("renamed idem::StoreOptions")]] = StoreOptions;
+
 // A Store: sqlite:PATH (or a bare PATH), postgres:// or postgresql://.
 // redis:// is kInvalidArgument (it keeps claims only: OpenClaimStore).
 Result<std::unique_ptr<Store>> OpenStore(std::string_view url);
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings);
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& settings);
 // A ClaimStore: redis://, or a SQL store's URL, whose ClaimStore then owns
 // the Store it lives in.
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url);
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings);
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreOptions& settings);
 // A Source (embedded:, redis://, amqp://, kafka://).
-Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings = {});
+Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceOptions& settings = {});
 // A Publisher onto the same place a Source of that URL reads.
 Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url);
 

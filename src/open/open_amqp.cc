@@ -8,7 +8,7 @@ extern "C" void idem_open_link_amqp() {}
 
 namespace idem::open_internal {
 
-Result<std::unique_ptr<Source>> OpenAmqpSource(std::string_view url, const SourceSettings& settings) {
+Result<std::unique_ptr<Source>> OpenAmqpSource(std::string_view url, const SourceOptions& settings) {
   IDEM_ASSIGN_OR_RETURN(amqp::Source::Options o, amqp::Source::ParseUrl(url));
   if (!UrlSets(url, "lease_ms")) o.lease_ms = settings.lease_ms;
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<amqp::Source> s, amqp::Source::Open(o));

@@ -8,7 +8,7 @@ extern "C" void idem_open_link_kafka() {}
 
 namespace idem::open_internal {
 
-Result<std::unique_ptr<Source>> OpenKafkaSource(std::string_view url, const SourceSettings& settings) {
+Result<std::unique_ptr<Source>> OpenKafkaSource(std::string_view url, const SourceOptions& settings) {
   IDEM_ASSIGN_OR_RETURN(kafka::Source::Options o, kafka::Source::ParseUrl(url));
   if (!UrlSets(url, "client_id") && !settings.consumer.empty()) o.client_id = settings.consumer;
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Source> s, kafka::Source::Open(o));

@@ -7,7 +7,7 @@ extern "C" void idem_open_link_postgres() {}
 
 namespace idem::open_internal {
 
-Result<std::unique_ptr<Store>> OpenPostgresStore(std::string_view url, const StoreSettings& settings) {
+Result<std::unique_ptr<Store>> OpenPostgresStore(std::string_view url, const StoreOptions& settings) {
   IDEM_ASSIGN_OR_RETURN(postgres::Store::Options o, postgres::Store::ParseUrl(url));
   o.create_if_missing = o.create_if_missing && settings.create_if_missing;
   if (settings.pool_size > 0) o.pool_size = settings.pool_size;

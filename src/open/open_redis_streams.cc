@@ -8,7 +8,7 @@ extern "C" void idem_open_link_redis_streams() {}
 
 namespace idem::open_internal {
 
-Result<std::unique_ptr<Source>> OpenRedisStreamsSource(std::string_view url, const SourceSettings& settings) {
+Result<std::unique_ptr<Source>> OpenRedisStreamsSource(std::string_view url, const SourceOptions& settings) {
   IDEM_ASSIGN_OR_RETURN(redis::StreamSource::Options o, redis::StreamSource::ParseUrl(url));
   if (!UrlSets(url, "lease_ms")) o.lease_ms = settings.lease_ms;
   // Empty in both: StreamSource::Open names this start anew.

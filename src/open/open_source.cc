@@ -109,7 +109,7 @@ std::vector<std::string> SourceSchemes() {
   return out;
 }
 
-Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings) {
+Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceOptions& settings) {
   const std::string scheme = UrlScheme(url);
 #if IDEM_OPEN_HAVE_EMBEDDED
   if (scheme == "embedded") {

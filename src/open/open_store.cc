@@ -84,9 +84,9 @@ class OwningClaimStore final : public ClaimStore {
 
 }  // namespace
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url) { return OpenStore(url, StoreSettings{}); }
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url) { return OpenStore(url, StoreOptions{}); }
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings) {
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& settings) {
   switch (KindOf(url)) {
     case StoreKind::kSqlite: {
       auto parsed = sqlite::Store::ParseUrl(url);
@@ -114,11 +114,9 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
   return NotAStore(url);
 }
 
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url) {
-  return OpenClaimStore(url, StoreSettings{});
-}
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url) { return OpenClaimStore(url, StoreOptions{}); }
 
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings) {
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreOptions& settings) {
   if (KindOf(url) == StoreKind::kRedis) {
 #if IDEM_OPEN_HAVE_REDIS
     if (open_internal::OpenRedisClaimStore == nullptr) return open_internal::NotLinked("redis", url);

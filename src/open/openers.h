@@ -31,18 +31,18 @@ void idem_open_link_kafka();
 
 namespace idem::open_internal {
 
-[[gnu::weak]] Result<std::unique_ptr<Store>> OpenPostgresStore(std::string_view url, const StoreSettings& settings);
+[[gnu::weak]] Result<std::unique_ptr<Store>> OpenPostgresStore(std::string_view url, const StoreOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<ClaimStore>> OpenRedisClaimStore(std::string_view url,
-                                                                      const StoreSettings& settings);
+                                                                      const StoreOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Source>> OpenRedisStreamsSource(std::string_view url,
-                                                                     const SourceSettings& settings);
+                                                                     const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenRedisStreamsPublisher(std::string_view url);
-[[gnu::weak]] Result<std::unique_ptr<Source>> OpenAmqpSource(std::string_view url, const SourceSettings& settings);
+[[gnu::weak]] Result<std::unique_ptr<Source>> OpenAmqpSource(std::string_view url, const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenAmqpPublisher(std::string_view url);
-[[gnu::weak]] Result<std::unique_ptr<Source>> OpenKafkaSource(std::string_view url, const SourceSettings& settings);
+[[gnu::weak]] Result<std::unique_ptr<Source>> OpenKafkaSource(std::string_view url, const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenKafkaPublisher(std::string_view url);
 
-// Whether the URL's query sets `key` (then it wins over SourceSettings).
+// Whether the URL's query sets `key` (then it wins over SourceOptions).
 bool UrlSets(std::string_view url, std::string_view key);
 
 // kInvalidArgument: `component` was built into idem::open but this program

@@ -911,11 +911,11 @@ TEST_F(StreamsTest, OpenSourceAndOpenPublisherByUrl) {
 // source is a consumer of its own, named anew per start and reported by
 // consumer(), never a name every such process would share.
 TEST_F(StreamsTest, OpenSourceWithoutAConsumerNameGivesEachStartANameOfItsOwn) {
-  EXPECT_TRUE(SourceSettings{}.consumer.empty());
+  EXPECT_TRUE(SourceOptions{}.consumer.empty());
   const std::string url = RedisUrl() + "?stream=" + Opts().stream + "&group=unnamed";
   auto a = OpenSource(url);
   ASSERT_OK(a);
-  auto b = OpenSource(url, SourceSettings{});
+  auto b = OpenSource(url, SourceOptions{});
   ASSERT_OK(b);
   auto* sa = dynamic_cast<StreamSource*>(a->get());
   auto* sb = dynamic_cast<StreamSource*>(b->get());
