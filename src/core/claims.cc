@@ -2,8 +2,8 @@
 #include "idem/claims.h"
 
 #include "core/handler_scope.h"
+#include "core/kill_point.h"
 #include "idem/call_first.h"
-#include "idem/testing/kill_points.h"
 
 #include "core/saturating.h"
 

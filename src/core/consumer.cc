@@ -1,6 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/consumer.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 #include "core/backoff.h"
 #include "core/saturating.h"

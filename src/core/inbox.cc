@@ -2,8 +2,8 @@
 #include "idem/inbox.h"
 
 #include "core/handler_scope.h"
+#include "core/kill_point.h"
 #include "idem/call_first.h"
-#include "idem/testing/kill_points.h"
 #include "idem/trace.h"
 
 #include <algorithm>

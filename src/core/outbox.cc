@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/outbox.h"
 
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 #include "idem/trace.h"
 
 namespace idem {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/backoff.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 namespace idem {
 
@@ -121,7 +121,7 @@ class OutboxRelay::State::Loop {
 
   Status Run() {
     while (!r_.stop_.load()) {
-      for (auto phase : {&Loop::Session, &Loop::Fetch, &Loop::Publish, &Loop::Settle}) {
+      for (auto phase : {&Loop::Rebalance, &Loop::Fetch, &Loop::Publish, &Loop::Settle}) {
         IDEM_ASSIGN_OR_RETURN(Next next, (this->*phase)());
         if (next == Next::kDone) return Status::OK();
         if (next == Next::kAgain) break;
@@ -137,7 +137,7 @@ class OutboxRelay::State::Loop {
 
   // A live session (its own connection) and, when due, a fair share of the
   // lanes (Rebalance: heartbeat, take, renew). Standby (no lane): waits.
-  Result<Next> Session() {
+  Result<Next> Rebalance() {
     const Options& o = r_.options_;
     if (session_ == nullptr || !session_->Alive()) {
       session_.reset();

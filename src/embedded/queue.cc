@@ -16,14 +16,14 @@
 #include "core/saturating.h"
 #include "embedded/rows.h"
 #include "idem/url.h"
-#include "sqlite/db.h"
+#include "sqlite_driver/db.h"
 
 namespace idem::embedded {
 namespace {
 
 using embedded_internal::DecodeRow;
 using embedded_internal::EncodeHeaders;
-using sqlite_internal::Db;
+using sqlite_driver::Db;
 
 constexpr int kQueueSchemaVersion = 1;
 constexpr const char* kSchemaName = "idem-queue";
@@ -341,7 +341,7 @@ Result<std::unique_ptr<Queue>> Queue::Open(const Options& options) {
       options_internal::InRange(kWhat, "busy_timeout_ms", o.busy_timeout_ms, 0, std::numeric_limits<int>::max()));
   IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "poll_ms", o.poll_ms, 1));
   if (o.env == nullptr) o.env = Env::Default();
-  sqlite_internal::OpenOptions oo;
+  sqlite_driver::OpenOptions oo;
   oo.path = o.path;
   oo.busy_timeout_ms = static_cast<int>(o.busy_timeout_ms);
   oo.synchronous = o.durable ? "FULL" : "NORMAL";

@@ -5,7 +5,7 @@
 // TwoPhaseRoute, TransactionalRoute, GroupCommitRoute) -> the answers they
 // share (Replay, AnswerUnstarted, Problem, ...).
 #include "idem/http/idempotency.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 #include <pthread.h>
 

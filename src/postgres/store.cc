@@ -1,8 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/postgres/store.h"
 
+#include "core/kill_point.h"
 #include "idem/env.h"
-#include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
 #include <poll.h>

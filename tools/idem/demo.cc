@@ -34,6 +34,7 @@
 
 #include "commands.h"
 #include "components.h"
+#include "core/kill_point.h"
 #include "idem/consumer.h"
 #include "idem/embedded/queue.h"
 #include "idem/env.h"
