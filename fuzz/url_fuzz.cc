@@ -2,7 +2,7 @@
 //
 // Every URL parser on the same bytes: idem::ParseUrl in both forms, and the
 // ParseUrl of each adapter built (sqlite, postgres, redis claim store,
-// pre-filter, stream source and publisher, embedded queue, amqp endpoint,
+// pre-filter, stream source and publisher, embedded queue, amqp
 // source and publisher, kafka source and publisher) and http::Client's base
 // URL (Client::Open, which parses and connects to nothing). OpenStore and
 // OpenSource are not called: they parse by these same functions and then
@@ -122,7 +122,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckAdapters<idem::redis::StreamSource, idem::redis::StreamPublisher>(url, UrlForm::kNetwork);
 #endif
 #if IDEM_OPEN_HAVE_AMQP
-  CheckAdapter(url, UrlForm::kNetwork, [](std::string_view u) { return idem::amqp::ParseUrl(u); });
   CheckAdapters<idem::amqp::Source, idem::amqp::Publisher>(url, UrlForm::kNetwork);
 #endif
 #if IDEM_OPEN_HAVE_KAFKA

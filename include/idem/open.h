@@ -12,9 +12,12 @@
 //               amqp://USER:PASS@HOST[:PORT]/VHOST?queue=Q
 //               kafka://HOST:PORT[,...]?topic=T&group=G
 //
-// Link idem::open (find_package(idem COMPONENTS open)): it brings every
-// component of this installation. A scheme whose component was not built
-// gives kInvalidArgument naming the component, as does an unknown scheme.
+// Link idem::open: find_package(idem COMPONENTS open) brings SQLite and the
+// embedded queue; name the other adapters whose URLs a program opens
+// (find_package(idem COMPONENTS open postgres kafka)), and idem::open links
+// them. A scheme whose component was not built, or is not linked into this
+// program, gives kInvalidArgument naming the component, as does an unknown
+// scheme. StoreSchemes() and SourceSchemes() list what this program opens.
 //
 // Thread safety: the functions may be called from any thread.
 #ifndef IDEM_OPEN_H_
@@ -34,25 +37,30 @@
 
 namespace idem {
 
-// Settings a URL does not carry, shared by every source.
-struct SourceSettings {
+// What a source URL does not carry, shared by every source: the options of
+// OpenSource (doc/adapters.md: every set of options is an Options struct).
+struct SourceOptions {
   // How long a delivery stays this consumer's before the source may hand it
   // to another, where the source has such a lease (embedded, Redis,
   // RabbitMQ's optional one). Default: 30 s. A URL's lease_ms= wins.
   int64_t lease_ms = 30'000;
   // This process's name in a consumer group: the Redis consumer name, the
   // Kafka client.id. A URL's consumer= (Redis) or client_id= (Kafka) wins.
-  // Give each process its own (Redis keeps pending entries per name).
-  // Default: "idem".
-  std::string consumer = "idem";
+  // Empty: the adapter's own default, a new Redis consumer name per start
+  // ("idem-<hostname>-<pid>-<random>", StreamSource::consumer() reports it;
+  // never one name shared by every process) and Kafka's client_id "idem".
+  // A stable name per process slot lets a restart take back its pending
+  // entries (doc/sources.md). Default: empty.
+  std::string consumer{};
   // The clock the source reads its leases, waits and delivery times from,
   // where it has one (embedded, Redis Streams); it must outlive the source.
   // Default: null (Env::Default()).
   Env* env = nullptr;
 };
 
-// Settings a store URL may not carry, shared by every store.
-struct StoreSettings {
+// What a store URL may not carry, shared by every store: the options of
+// OpenStore and OpenClaimStore.
+struct StoreOptions {
   // Create the database (the file, on SQLite) and idem's tables when
   // missing. false: a missing database or schema is an error (inspecting
   // must not create one). A URL's create_if_missing=false
@@ -67,16 +75,20 @@ struct StoreSettings {
   Env* env = nullptr;
 };
 
+// The names of 0.2, kept for one version (doc/migration.md).
+using SourceSettings [[deprecated("renamed idem::SourceOptions")]] = SourceOptions;
+using StoreSettings [[deprecated("renamed idem::StoreOptions")]] = StoreOptions;
+
 // A Store: sqlite:PATH (or a bare PATH), postgres:// or postgresql://.
 // redis:// is kInvalidArgument (it keeps claims only: OpenClaimStore).
 Result<std::unique_ptr<Store>> OpenStore(std::string_view url);
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings);
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& settings);
 // A ClaimStore: redis://, or a SQL store's URL, whose ClaimStore then owns
 // the Store it lives in.
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url);
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings);
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreOptions& settings);
 // A Source (embedded:, redis://, amqp://, kafka://).
-Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings = {});
+Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceOptions& settings = {});
 // A Publisher onto the same place a Source of that URL reads.
 Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url);
 

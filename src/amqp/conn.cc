@@ -54,7 +54,7 @@ int ReplyCode(const amqp_rpc_reply_t& r) {
 }
 
 // 403 ACCESS_REFUSED, 404 NOT_FOUND, 406 PRECONDITION_FAILED, ...
-Status FromReply(const amqp_rpc_reply_t& r, const std::string& what) {
+Status Translate(const amqp_rpc_reply_t& r, const std::string& what) {
   const std::string m = "amqp: " + what + ": " + ReplyText(r);
   switch (ReplyCode(r)) {
     case AMQP_NOT_FOUND: return Status::NotFound(m);

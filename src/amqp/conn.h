@@ -17,11 +17,28 @@
 #include <string_view>
 
 #include "idem/amqp/source.h"
+#include "idem/result.h"
 #include "idem/status.h"
 
 namespace idem::amqp_internal {
 
-using amqp::Endpoint;
+// A parsed "amqp://user:password@host:port/vhost" (percent-escapes decoded;
+// "/%2f" or no path is the vhost "/"). Defaults: guest:guest, port 5672.
+struct Endpoint {
+  std::string host;
+  int port = 5672;
+  std::string user;
+  std::string password;
+  std::string vhost = "/";
+  // "host:port" (what error messages name; never the password).
+  std::string Where() const;
+};
+// kInvalidArgument naming what is wrong (never echoing the password).
+Result<Endpoint> ParseEndpoint(std::string_view url);
+// The queue fields a Source and a Publisher share: a queue name of at most
+// 255 bytes, a queue_type of "classic", "quorum" or empty. `what` names the
+// class ("amqp source").
+Status CheckQueueFields(std::string_view what, std::string_view queue, std::string_view queue_type);
 
 inline constexpr amqp_channel_t kChannel = 1;
 
@@ -32,8 +49,9 @@ std::string Str(amqp_bytes_t b);
 std::string ReplyText(const amqp_rpc_reply_t& r);
 // The AMQP reply code of a server exception (0 otherwise).
 int ReplyCode(const amqp_rpc_reply_t& r);
-// An RPC reply that is not normal as a Status naming `what`.
-Status FromReply(const amqp_rpc_reply_t& r, const std::string& what);
+// An RPC reply that is not normal as a Status naming `what`: the one place
+// rabbitmq-c replies become idem Status codes.
+Status Translate(const amqp_rpc_reply_t& r, const std::string& what);
 // Renders a header value as a string; nullopt for kinds with no plain text.
 std::optional<std::string> FieldString(const amqp_field_value_t& v);
 // A decimal integer, all of `s`.
@@ -83,14 +101,14 @@ class Conn {
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       // The reply's text lives in the connection's memory: read it before
       // the connection is freed. The password is never part of the message.
-      Status s = FromReply(r, "login as '" + ep.user + "' to " + ep.Where() + " vhost '" + ep.vhost + "'");
+      Status s = Translate(r, "login as '" + ep.user + "' to " + ep.Where() + " vhost '" + ep.vhost + "'");
       Reset(false);
       return s.code() == Code::kUnavailable ? s : Status::Unavailable(s.message());
     }
     amqp_channel_open(st, kChannel);
     r = amqp_get_rpc_reply(st);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-      Status s = FromReply(r, "channel.open on " + ep.Where());  // before the reply's memory is freed
+      Status s = Translate(r, "channel.open on " + ep.Where());  // before the reply's memory is freed
       Reset(false);
       return s;
     }
@@ -101,7 +119,7 @@ class Conn {
   Status Check(const std::string& what) {
     amqp_rpc_reply_t r = amqp_get_rpc_reply(st_);
     if (r.reply_type == AMQP_RESPONSE_NORMAL) return Status::OK();
-    Status s = FromReply(r, what);
+    Status s = Translate(r, what);
     Reset(false);
     return s;
   }

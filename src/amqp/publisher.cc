@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "amqp/conn.h"
+#include "core/options_check.h"
 #include "core/publish_batch.h"
 
 namespace idem::amqp {
@@ -31,7 +32,7 @@ class PublisherImpl final : public Publisher {
   Status ConnectLocked() {
     seq_ = 0;
     IDEM_RETURN_IF_ERROR(conn_.Open(ep_, 0, o_.connect_timeout_ms));
-    if (o_.declare_queue) IDEM_RETURN_IF_ERROR(conn_.DeclareQueue(o_.queue, ep_, o_.queue_type));
+    if (o_.declare_queue && !o_.queue.empty()) IDEM_RETURN_IF_ERROR(conn_.DeclareQueue(o_.queue, ep_, o_.queue_type));
     amqp_confirm_select(conn_.get(), kChannel);
     return conn_.Check("confirm.select on " + ep_.Where());
   }
@@ -46,8 +47,6 @@ class PublisherImpl final : public Publisher {
     Item item{routing_key, &message, {}};
     std::lock_guard<std::mutex> l(mu_);
     SendAndConfirmLocked(std::span<Item>(&item, 1));
-    // Publish(message)'s own contract: unroutable is kNotFound.
-    if (item.status.code() == Code::kRejected) return Status::NotFound(item.status.message());
     return item.status;
   }
 
@@ -277,17 +276,11 @@ class PublisherImpl final : public Publisher {
 }  // namespace
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
-  IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp::ParseUrl(options.url));
-  if (options.queue.size() > 255)
-    return Status::InvalidArgument("amqp publisher: the queue name is longer than 255 bytes");
-  if (options.declare_queue && options.queue.empty())
-    return Status::InvalidArgument("amqp publisher: declare_queue needs a queue");
-  if (options.queue_type != "classic" && options.queue_type != "quorum" && !options.queue_type.empty())
-    return Status::InvalidArgument("amqp publisher: queue_type must be classic or quorum, not '" + options.queue_type +
-                                   "'");
-  Options o = options;
-  if (o.connect_timeout_ms <= 0) o.connect_timeout_ms = 5'000;
-  auto pub = std::make_unique<PublisherImpl>(std::move(o), std::move(ep));
+  IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp_internal::ParseEndpoint(options.url));
+  IDEM_RETURN_IF_ERROR(amqp_internal::CheckQueueFields("amqp publisher", options.queue, options.queue_type));
+  IDEM_RETURN_IF_ERROR(
+      options_internal::AtLeast("amqp publisher", "connect_timeout_ms", options.connect_timeout_ms, 1));
+  auto pub = std::make_unique<PublisherImpl>(options, std::move(ep));
   {
     Status s = pub->ConnectLocked();  // not shared yet: no lock needed
     if (!s.ok()) return s;

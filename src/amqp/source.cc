@@ -19,6 +19,7 @@
 
 #include "amqp/conn.h"
 #include "amqp/decode.h"
+#include "core/options_check.h"
 
 namespace idem::amqp {
 namespace {
@@ -312,25 +313,19 @@ class SourceImpl final : public Source {
 }  // namespace
 
 Result<std::unique_ptr<Source>> Source::Open(const Options& options) {
-  IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp::ParseUrl(options.url));
-  if (options.queue.empty()) return Status::InvalidArgument("amqp source: the queue name is empty");
-  if (options.queue.size() > 255)
-    return Status::InvalidArgument("amqp source: the queue name is longer than 255 bytes");
-  if (options.prefetch < 1 || options.prefetch > 65535)
-    return Status::InvalidArgument("amqp source: prefetch must be 1..65535, not " + std::to_string(options.prefetch));
-  if (options.queue_type != "classic" && options.queue_type != "quorum" && !options.queue_type.empty())
-    return Status::InvalidArgument("amqp source: queue_type must be classic or quorum, not '" + options.queue_type +
-                                   "'");
-  if (options.lease_ms < 0) return Status::InvalidArgument("amqp source: lease_ms must be >= 0");
-  if (options.heartbeat_ms < 0 || options.heartbeat_ms > 65'535'000)
-    return Status::InvalidArgument("amqp source: heartbeat_ms must be 0..65535000, not " +
-                                   std::to_string(options.heartbeat_ms));
-  if (options.max_nack_delay_ms < 0)
-    return Status::InvalidArgument("amqp source: max_nack_delay_ms must be >= 0, not " +
-                                   std::to_string(options.max_nack_delay_ms));
+  IDEM_ASSIGN_OR_RETURN(Endpoint ep, amqp_internal::ParseEndpoint(options.url));
+  using options_internal::AtLeast;
+  using options_internal::InRange;
+  constexpr std::string_view kWhat = "amqp source";
+  IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "queue", options.queue));
+  IDEM_RETURN_IF_ERROR(CheckQueueFields(kWhat, options.queue, options.queue_type));
+  IDEM_RETURN_IF_ERROR(InRange(kWhat, "prefetch", options.prefetch, 1, 65535));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "lease_ms", options.lease_ms, 0));
+  IDEM_RETURN_IF_ERROR(InRange(kWhat, "heartbeat_ms", options.heartbeat_ms, 0, 65'535'000));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "connect_timeout_ms", options.connect_timeout_ms, 1));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "max_nack_delay_ms", options.max_nack_delay_ms, 0));
   Options o = options;
   if (o.env == nullptr) o.env = Env::Default();
-  if (o.connect_timeout_ms <= 0) o.connect_timeout_ms = 5'000;
   auto src = std::make_unique<SourceImpl>(std::move(o), std::move(ep));
   {
     Status s = src->Reconnect();

@@ -1,22 +1,24 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// amqp:// URLs: the endpoint (amqp::ParseUrl) and the Source's and the
+// amqp:// URLs: the endpoint (amqp_internal::ParseEndpoint) and the Source's and the
 // Publisher's query keys, on the one grammar of idem/url.h.
 #include <limits>
 #include <string>
 
+#include "amqp/conn.h"
+#include "core/options_check.h"
 #include "idem/amqp/publisher.h"
 #include "idem/amqp/source.h"
 #include "idem/url.h"
 
-namespace idem::amqp {
+namespace idem::amqp_internal {
 
 std::string Endpoint::Where() const {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-Result<Endpoint> ParseUrl(std::string_view url) {
+Result<Endpoint> ParseEndpoint(std::string_view url) {
   const std::string scheme = UrlScheme(url);
   if (scheme == "amqps") return Status::InvalidArgument("amqp url: amqps (TLS) is not supported");
   if (scheme != "amqp" || !url.substr(scheme.size()).starts_with("://"))
@@ -39,12 +41,24 @@ Result<Endpoint> ParseUrl(std::string_view url) {
   return ep;
 }
 
+Status CheckQueueFields(std::string_view what, std::string_view queue, std::string_view queue_type) {
+  if (queue.size() > 255)
+    return options_internal::Refuse(what, "queue", "at most 255 bytes", std::to_string(queue.size()) + " bytes");
+  if (queue_type != "classic" && queue_type != "quorum" && !queue_type.empty())
+    return options_internal::Refuse(what, "queue_type", "classic or quorum", "'" + std::string(queue_type) + "'");
+  return Status::OK();
+}
+
+}  // namespace idem::amqp_internal
+
+namespace idem::amqp {
+
 namespace {
 
 // The keys of an amqp:// source or publisher URL (a publisher's may name no
 // queue: it is then given a destination per message).
 Result<ParsedUrl> ParseQuery(std::string_view url, bool need_queue) {
-  IDEM_RETURN_IF_ERROR(amqp::ParseUrl(url).status());
+  IDEM_RETURN_IF_ERROR(amqp_internal::ParseEndpoint(url).status());
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "amqp url"));
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue", "id_header", "prefetch", "lease_ms", "queue_type", "declare_queue",
                                     "heartbeat_ms", "connect_timeout_ms", "max_nack_delay_ms"}));

@@ -24,6 +24,7 @@ namespace idem {
 struct OutboxRelay::State {
   mutable std::mutex mu;
   OutboxRelayStats stats;
+  class Loop;  // Run's phases (below)
 };
 
 namespace {
@@ -108,148 +109,149 @@ void OutboxRelay::Notify(const std::vector<OutboxRow>& rows, const OutboxSettlem
     tell(EventKind::kOutboxTransientError, by_seq.count(seq) ? by_seq[seq] : nullptr, error);
 }
 
-Status OutboxRelay::Run() {
-  Env& env = *options_.env;
-  const std::string name = options_.name + ":" + std::to_string(::getpid()) + ":" +
-                           std::to_string(reinterpret_cast<uintptr_t>(this) % 100000);
-  const PublisherTraits traits = publisher_.traits();
-  const size_t max_batch = static_cast<size_t>(std::max(1, traits.max_batch));
-  std::unique_ptr<OutboxSession> session;
-  int64_t next_rebalance = 0, down_since = -1;
-  int lanes = 0, backoff_round = 0;
-  auto update = [&](auto&& f) {
-    std::lock_guard lock(state_->mu);
-    f(state_->stats);
-  };
-  // A store error: drop the session (its lanes go with its connection) and
-  // try again after a backoff; give up once the store has been unreachable
-  // for 20 polls.
-  auto store_failed = [&](const Status& s) -> Status {
-    session.reset();
-    lanes = 0;
-    update([&](OutboxRelayStats& st) { st.lanes = 0; });
-    const int64_t now = env.NowMs();
-    if (down_since < 0) down_since = now;
-    if (now - down_since > options_.poll_ms * 20) return s;
-    env.SleepMs(internal::JitteredBackoffMs(options_.backoff_base_ms, options_.backoff_max_ms, ++backoff_round, env));
-    return Status::OK();
-  };
-  while (!stop_.load()) {
-    if (session == nullptr || !session->Alive()) {
-      session.reset();
-      auto opened = store_.OpenSession(name);
-      if (!opened.ok()) {
-        IDEM_RETURN_IF_ERROR(store_failed(opened.status()));
-        continue;
+// One Run: the phases of doc/architecture.md ("The outbox"), each a member,
+// sharing what a turn of the loop found.
+class OutboxRelay::State::Loop {
+ public:
+  explicit Loop(OutboxRelay& relay)
+      : r_(relay),
+        env_(*relay.options_.env),
+        name_(relay.options_.name + ":" + std::to_string(::getpid()) + ":" +
+              std::to_string(reinterpret_cast<uintptr_t>(&relay) % 100000)),
+        traits_(relay.publisher_.traits()),
+        max_batch_(static_cast<size_t>(std::max(1, traits_.max_batch))) {}
+
+  Status Run() {
+    while (!r_.stop_.load()) {
+      for (auto phase : {&Loop::Rebalance, &Loop::Fetch, &Loop::Publish, &Loop::Settle}) {
+        IDEM_ASSIGN_OR_RETURN(Next next, (this->*phase)());
+        if (next == Next::kDone) return Status::OK();
+        if (next == Next::kAgain) break;
       }
-      session = std::move(*opened);
-      next_rebalance = 0;
     }
-    if (env.NowMs() >= next_rebalance) {
-      auto held = session->Rebalance();
-      if (!held.ok()) {
-        IDEM_RETURN_IF_ERROR(store_failed(held.status()));
-        continue;
-      }
-      lanes = *held;
-      next_rebalance = env.NowMs() + options_.rebalance_ms;
-      update([&](OutboxRelayStats& st) { st.lanes = lanes; });
+    return Status::OK();
+  }
+
+ private:
+  // What a phase says of the turn: go on to the next phase, start the next
+  // turn, or return from Run (stop_when_idle, drained).
+  enum class Next { kProceed, kAgain, kDone };
+
+  // A live session (its own connection) and, when due, a fair share of the
+  // lanes (Rebalance: heartbeat, take, renew). Standby (no lane): waits.
+  Result<Next> Rebalance() {
+    const Options& o = r_.options_;
+    if (session_ == nullptr || !session_->Alive()) {
+      session_.reset();
+      auto opened = r_.store_.OpenSession(name_);
+      if (!opened.ok()) return StoreFailed(opened.status());
+      session_ = std::move(*opened);
+      next_rebalance_ = 0;
+    }
+    if (env_.NowMs() >= next_rebalance_) {
+      auto held = session_->Rebalance();
+      if (!held.ok()) return StoreFailed(held.status());
+      lanes_ = *held;
+      next_rebalance_ = env_.NowMs() + o.rebalance_ms;
+      Update([&](OutboxRelayStats& st) { st.lanes = lanes_; });
       IDEM_KILL_POINT("relay.after_lock");
     }
-    // Drained: nothing left in the whole outbox (lanes held elsewhere, or
-    // by a relay that just died, are waited for).
-    auto drained = [&]() {
-      auto unsent = store_.HasUnsent();
-      return unsent.ok() && !*unsent;
-    };
-    if (lanes == 0) {  // standby: another relay holds every lane
-      if (options_.stop_when_idle && drained()) return Status::OK();
-      (void)session->Wait(std::min(options_.poll_ms, options_.rebalance_ms));
-      if (options_.stop_when_idle) next_rebalance = 0;
-      continue;
-    }
-    int64_t republished = 0;
-    const auto fetch_start = std::chrono::steady_clock::now();
-    auto fetched = session->Fetch(options_.batch, &republished);
-    if (!fetched.ok()) {
-      IDEM_RETURN_IF_ERROR(store_failed(fetched.status()));
-      continue;
-    }
-    down_since = -1;
-    std::vector<OutboxRow>& rows = *fetched;
-    const int64_t now = env.NowMs();
-    update([&](OutboxRelayStats& st) {
-      st.backlog = static_cast<int64_t>(rows.size());
-      st.oldest_unsent_age_ms = rows.empty() ? 0 : std::max<int64_t>(0, now - rows.front().added_at_ms);
+    if (lanes_ > 0) return Next::kProceed;
+    // Standby: another relay holds every lane.
+    if (o.stop_when_idle && Drained()) return Next::kDone;
+    (void)session_->Wait(std::min(o.poll_ms, o.rebalance_ms));
+    if (o.stop_when_idle) next_rebalance_ = 0;
+    return Next::kAgain;
+  }
+
+  // The lowest seq of the lanes held (Fetch); none: waits (Wait).
+  Result<Next> Fetch() {
+    const Options& o = r_.options_;
+    republished_ = 0;
+    fetch_start_ = std::chrono::steady_clock::now();
+    auto fetched = session_->Fetch(o.batch, &republished_);
+    if (!fetched.ok()) return StoreFailed(fetched.status());
+    down_since_ = -1;
+    rows_ = std::move(*fetched);
+    now_ = env_.NowMs();
+    Update([&](OutboxRelayStats& st) {
+      st.backlog = static_cast<int64_t>(rows_.size());
+      st.oldest_unsent_age_ms = rows_.empty() ? 0 : std::max<int64_t>(0, now_ - rows_.front().added_at_ms);
     });
-    if (rows.empty()) {
-      backoff_round = 0;
-      if (options_.stop_when_idle) {
-        if (drained()) return Status::OK();
-        env.SleepMs(10);
-        next_rebalance = 0;
-        continue;
-      }
-      (void)session->Wait(options_.poll_ms);
-      continue;
+    if (!rows_.empty()) {
+      IDEM_KILL_POINT("relay.after_fetch");
+      return Next::kProceed;
     }
-    IDEM_KILL_POINT("relay.after_fetch");
+    backoff_round_ = 0;
+    if (o.stop_when_idle) {
+      if (Drained()) return Next::kDone;
+      env_.SleepMs(10);
+      next_rebalance_ = 0;
+      return Next::kAgain;
+    }
+    (void)session_->Wait(o.poll_ms);
+    return Next::kAgain;
+  }
+
+  // Rounds of PublishBatch: a key's next row only after its previous
+  // confirm (all of a key's rows in one round when traits().ordered_batch);
+  // collects what the broker answered into settle_.
+  Result<Next> Publish() {
+    const Options& o = r_.options_;
     // Each key's rows in seq order (the fetch gives them so); a key with an
     // unsettled failure sends nothing more this round.
     std::map<std::string, std::vector<size_t>> by_key;
-    for (size_t i = 0; i < rows.size(); ++i)
-      by_key[rows[i].key.empty() ? "\x01" + rows[i].id : rows[i].key].push_back(i);
+    for (size_t i = 0; i < rows_.size(); ++i)
+      by_key[rows_[i].key.empty() ? "\x01" + rows_[i].id : rows_[i].key].push_back(i);
     std::vector<Message> messages;
-    messages.reserve(rows.size());
-    for (const OutboxRow& r : rows) messages.push_back(ToMessage(r));
+    messages.reserve(rows_.size());
+    for (const OutboxRow& r : rows_) messages.push_back(ToMessage(r));
     std::vector<size_t> next(by_key.size(), 0);
     std::vector<std::vector<size_t>*> keys;
     for (auto& [k, v] : by_key) keys.push_back(&v);
     std::vector<bool> blocked(keys.size(), false);
-    OutboxSettlement settle;
-    settle.keep_sent = options_.keep_sent;
-    int transient = 0;
-    if (Status s = session->NoteHanded(rows); !s.ok()) {
-      IDEM_RETURN_IF_ERROR(store_failed(s));
-      continue;
-    }
-    uint64_t store_us = MicrosSince(fetch_start), publish_us = 0;
+    settle_ = OutboxSettlement{};
+    settle_.keep_sent = o.keep_sent;
+    transient_ = 0;
+    if (Status s = session_->NoteHanded(rows_); !s.ok()) return StoreFailed(s);
+    store_us_ = MicrosSince(fetch_start_);
+    publish_us_ = 0;
     for (;;) {
       // One round: with an ordered publisher every unblocked row, else the
       // next row of each unblocked key; at most max_batch.
       std::vector<size_t> round;
-      for (size_t k = 0; k < keys.size() && round.size() < max_batch; ++k) {
+      for (size_t k = 0; k < keys.size() && round.size() < max_batch_; ++k) {
         if (blocked[k]) continue;
         auto& v = *keys[k];
-        size_t take = traits.ordered_batch ? v.size() - next[k] : std::min<size_t>(1, v.size() - next[k]);
-        take = std::min(take, max_batch - round.size());
+        size_t take = traits_.ordered_batch ? v.size() - next[k] : std::min<size_t>(1, v.size() - next[k]);
+        take = std::min(take, max_batch_ - round.size());
         for (size_t j = 0; j < take; ++j) round.push_back(v[next[k] + j]);
       }
       if (round.empty()) break;
       std::sort(round.begin(), round.end());  // seq order: a key's rows stay in order
-      if (!session->Alive()) break;           // lanes lost: hand over nothing more
+      if (!session_->Alive()) break;          // lanes lost: hand over nothing more
       std::vector<Outgoing> out;
       out.reserve(round.size());
-      for (size_t i : round) out.push_back(Outgoing{rows[i].destination, rows[i].key, &messages[i]});
+      for (size_t i : round) out.push_back(Outgoing{rows_[i].destination, rows_[i].key, &messages[i]});
       IDEM_KILL_POINT("relay.before_publish");
       const auto publish_start = std::chrono::steady_clock::now();
-      std::vector<Status> answers = publisher_.PublishBatch(out);
-      publish_us += MicrosSince(publish_start);
+      std::vector<Status> answers = r_.publisher_.PublishBatch(out);
+      publish_us_ += MicrosSince(publish_start);
       if (answers.size() != out.size())
         answers.assign(out.size(), Status::Internal("PublishBatch answered the wrong count"));
       IDEM_KILL_POINT("relay.after_publish");
       std::map<std::string_view, bool> failed_key;
       for (size_t j = 0; j < round.size(); ++j) {
-        const OutboxRow& r = rows[round[j]];
+        const OutboxRow& r = rows_[round[j]];
         const Status& s = answers[j];
         if (s.ok()) {
-          settle.sent.push_back(r.seq);
-        } else if (Permanent(s) || (options_.max_attempts > 0 && r.attempts + 1 >= options_.max_attempts)) {
-          settle.dead.push_back(
-              OutboxDeadLetter{r, Permanent(s) ? "refused" : "failed", std::string(s.message()), now});
+          settle_.sent.push_back(r.seq);
+        } else if (Permanent(s) || (o.max_attempts > 0 && r.attempts + 1 >= o.max_attempts)) {
+          settle_.dead.push_back(
+              OutboxDeadLetter{r, Permanent(s) ? "refused" : "failed", std::string(s.message()), now_});
         } else {
-          settle.failed.emplace_back(r.seq, std::string(CodeName(s.code())) + ": " + std::string(s.message()));
-          ++transient;
+          settle_.failed.emplace_back(r.seq, std::string(CodeName(s.code())) + ": " + std::string(s.message()));
+          ++transient_;
           failed_key[r.key.empty() ? std::string_view(r.id) : std::string_view(r.key)] = true;
         }
       }
@@ -259,7 +261,7 @@ Status OutboxRelay::Run() {
         if (blocked[k]) continue;
         auto& v = *keys[k];
         if (next[k] >= v.size()) continue;
-        const OutboxRow& head = rows[v[next[k]]];
+        const OutboxRow& head = rows_[v[next[k]]];
         if (!std::binary_search(round.begin(), round.end(), v[next[k]])) continue;
         if (failed_key.count(head.key.empty() ? std::string_view(head.id) : std::string_view(head.key))) {
           blocked[k] = true;
@@ -268,37 +270,88 @@ Status OutboxRelay::Run() {
         while (next[k] < v.size() && std::binary_search(round.begin(), round.end(), v[next[k]])) ++next[k];
       }
     }
+    return Next::kProceed;
+  }
+
+  // Settle in one transaction: sent, refused (dead letters), transient
+  // (attempts + 1, then a backoff).
+  Result<Next> Settle() {
+    const Options& o = r_.options_;
     IDEM_KILL_POINT("relay.before_settle");
-    settle.now_ms = env.NowMs();
+    settle_.now_ms = env_.NowMs();
     const auto settle_start = std::chrono::steady_clock::now();
-    Status settled = session->Settle(settle);
-    store_us += MicrosSince(settle_start);
-    update([&](OutboxRelayStats& st) {
-      st.store_us += store_us;
-      st.publish_us += publish_us;
+    Status settled = session_->Settle(settle_);
+    store_us_ += MicrosSince(settle_start);
+    Update([&](OutboxRelayStats& st) {
+      st.store_us += store_us_;
+      st.publish_us += publish_us_;
     });
-    if (Status s = settled; !s.ok()) {
-      // Nothing settled: every row is published again (same id), later.
-      IDEM_RETURN_IF_ERROR(store_failed(s));
-      continue;
-    }
+    // Nothing settled: every row is published again (same id), later.
+    if (!settled.ok()) return StoreFailed(settled);
     IDEM_KILL_POINT("relay.after_settle");
-    if (options_.observer != nullptr) Notify(rows, settle, republished);
-    update([&](OutboxRelayStats& st) {
-      st.published += settle.sent.size();
-      st.republished += static_cast<uint64_t>(std::min<int64_t>(republished, static_cast<int64_t>(settle.sent.size())));
-      st.dead_lettered += settle.dead.size();
-      st.transient_errors += static_cast<uint64_t>(transient);
+    if (o.observer != nullptr) r_.Notify(rows_, settle_, republished_);
+    Update([&](OutboxRelayStats& st) {
+      st.published += settle_.sent.size();
+      st.republished +=
+          static_cast<uint64_t>(std::min<int64_t>(republished_, static_cast<int64_t>(settle_.sent.size())));
+      st.dead_lettered += settle_.dead.size();
+      st.transient_errors += static_cast<uint64_t>(transient_);
       ++st.rounds;
     });
-    if (transient > 0) {
-      env.SleepMs(internal::JitteredBackoffMs(options_.backoff_base_ms, options_.backoff_max_ms, ++backoff_round, env));
+    if (transient_ > 0) {
+      env_.SleepMs(internal::JitteredBackoffMs(o.backoff_base_ms, o.backoff_max_ms, ++backoff_round_, env_));
     } else {
-      backoff_round = 0;
+      backoff_round_ = 0;
     }
+    return Next::kAgain;
   }
-  return Status::OK();
-}
+
+  // A store error: drop the session (its lanes go with its connection) and
+  // try again after a backoff; give up (the error) once the store has been
+  // unreachable for 20 polls.
+  Result<Next> StoreFailed(const Status& s) {
+    const Options& o = r_.options_;
+    session_.reset();
+    lanes_ = 0;
+    Update([&](OutboxRelayStats& st) { st.lanes = 0; });
+    const int64_t now = env_.NowMs();
+    if (down_since_ < 0) down_since_ = now;
+    if (now - down_since_ > o.poll_ms * 20) return s;
+    env_.SleepMs(internal::JitteredBackoffMs(o.backoff_base_ms, o.backoff_max_ms, ++backoff_round_, env_));
+    return Next::kAgain;
+  }
+
+  // Drained: nothing left in the whole outbox (lanes held elsewhere, or by
+  // a relay that just died, are waited for).
+  bool Drained() {
+    auto unsent = r_.store_.HasUnsent();
+    return unsent.ok() && !*unsent;
+  }
+
+  template <typename F>
+  void Update(F&& f) {
+    std::lock_guard lock(r_.state_->mu);
+    f(r_.state_->stats);
+  }
+
+  OutboxRelay& r_;
+  Env& env_;
+  const std::string name_;
+  const PublisherTraits traits_;
+  const size_t max_batch_;
+  std::unique_ptr<OutboxSession> session_;
+  int64_t next_rebalance_ = 0, down_since_ = -1;
+  int lanes_ = 0, backoff_round_ = 0;
+  // This turn's: what Fetch found, what Publish collected.
+  std::vector<OutboxRow> rows_;
+  int64_t republished_ = 0, now_ = 0;
+  std::chrono::steady_clock::time_point fetch_start_;
+  OutboxSettlement settle_;
+  int transient_ = 0;
+  uint64_t store_us_ = 0, publish_us_ = 0;
+};
+
+Status OutboxRelay::Run() { return State::Loop(*this).Run(); }
 
 void StopOnSignals(OutboxRelay* relay) { internal::StopOnSignalsOf(relay); }
 

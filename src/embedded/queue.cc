@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/options_check.h"
 #include "core/publish_batch.h"
 #include "core/saturating.h"
 #include "embedded/rows.h"
@@ -332,16 +333,14 @@ class SqliteQueue final : public Queue {
 
 Result<std::unique_ptr<Queue>> Queue::Open(const Options& options) {
   Options o = options;
-  if (o.path.empty()) return Status::InvalidArgument("embedded queue: path is empty");
-  if (o.queue.empty()) return Status::InvalidArgument("embedded queue: queue name is empty");
-  if (o.lease_ms < 1)
-    return Status::InvalidArgument("embedded queue: lease_ms must be positive, got " + std::to_string(o.lease_ms));
-  if (o.busy_timeout_ms < 0 || o.busy_timeout_ms > std::numeric_limits<int>::max())
-    return Status::InvalidArgument("embedded queue: busy_timeout_ms must be 0.." +
-                                   std::to_string(std::numeric_limits<int>::max()) + ", got " +
-                                   std::to_string(o.busy_timeout_ms));
+  constexpr std::string_view kWhat = "embedded queue";
+  IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "path", o.path));
+  IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "queue", o.queue));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "lease_ms", o.lease_ms, 1));
+  IDEM_RETURN_IF_ERROR(
+      options_internal::InRange(kWhat, "busy_timeout_ms", o.busy_timeout_ms, 0, std::numeric_limits<int>::max()));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "poll_ms", o.poll_ms, 1));
   if (o.env == nullptr) o.env = Env::Default();
-  if (o.poll_ms < 1) o.poll_ms = 1;
   sqlite_driver::OpenOptions oo;
   oo.path = o.path;
   oo.busy_timeout_ms = static_cast<int>(o.busy_timeout_ms);

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "core/backoff.h"
+#include "core/options_check.h"
 #include "idem/consumer.h"
 #include "idem/http/request.h"
 #include "idem/trace.h"
@@ -355,15 +356,15 @@ Client::~Client() = default;
 Result<std::unique_ptr<Client>> Client::Open(const Options& options) {
   Result<BaseUrl> url = ParseBaseUrl(options.base_url);
   if (!url.ok()) return url.status();
-  if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be at least 1");
-  if (options.backoff_base_ms < 0 || options.backoff_max_ms < 0)
-    return Status::InvalidArgument("backoff_base_ms and backoff_max_ms must be >= 0, got " +
-                                   std::to_string(options.backoff_base_ms) + " and " +
-                                   std::to_string(options.backoff_max_ms));
-  if (options.connect_timeout_ms < 0 || options.read_timeout_ms < 0)
-    return Status::InvalidArgument("connect_timeout_ms and read_timeout_ms must be >= 0");
-  if (options.pool_size < 0)
-    return Status::InvalidArgument("Client::Options::pool_size must be >= 0, got " + std::to_string(options.pool_size));
+  using options_internal::AtLeast;
+  constexpr std::string_view kWhat = "http client";
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "max_attempts", options.max_attempts, 1));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "backoff_base_ms", options.backoff_base_ms, 0));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "backoff_max_ms", options.backoff_max_ms, 0));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "connect_timeout_ms", options.connect_timeout_ms, 0));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "read_timeout_ms", options.read_timeout_ms, 0));
+  // 0: no idle connection kept (each call connects anew).
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "pool_size", options.pool_size, 0));
   IDEM_RETURN_IF_ERROR(CheckHeaderValue("Authorization", options.bearer));
   IDEM_RETURN_IF_ERROR(CheckHeaders(options.headers, !options.bearer.empty()));
   if (!options.ca_file.empty() && !std::ifstream(options.ca_file).good())

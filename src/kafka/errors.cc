@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace idem::kafka::internal {
+namespace idem::kafka_internal {
 
 namespace {
 Code CodeOf(rd_kafka_resp_err_t err) {
@@ -52,7 +52,7 @@ Code CodeOf(rd_kafka_resp_err_t err) {
 }
 }  // namespace
 
-Status FromKafka(rd_kafka_resp_err_t err, std::string_view context) {
+Status Translate(rd_kafka_resp_err_t err, std::string_view context) {
   const Code code = CodeOf(err);
   if (code == Code::kOk) return Status::OK();
   std::string m = "kafka: ";
@@ -64,4 +64,4 @@ Status FromKafka(rd_kafka_resp_err_t err, std::string_view context) {
   return Status(code, std::move(m));
 }
 
-}  // namespace idem::kafka::internal
+}  // namespace idem::kafka_internal

@@ -10,7 +10,7 @@
 
 #include "idem/status.h"
 
-namespace idem::kafka::internal {
+namespace idem::kafka_internal {
 
 // OK for RD_KAFKA_RESP_ERR_NO_ERROR; otherwise a Status whose message is
 // "kafka: <context>: <error name>: <description>".
@@ -22,8 +22,8 @@ namespace idem::kafka::internal {
 //   kAborted          the handle is being destroyed
 //   kNotFound         no offset / nothing stored
 //   kInternal         a fatal error or anything else
-Status FromKafka(rd_kafka_resp_err_t err, std::string_view context);
+Status Translate(rd_kafka_resp_err_t err, std::string_view context);
 
-}  // namespace idem::kafka::internal
+}  // namespace idem::kafka_internal
 
 #endif  // IDEM_SRC_KAFKA_ERRORS_H_

@@ -1,4 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// kafka::Source: a consumer-group member that commits each partition's
+// acknowledged prefix (receipts, rebalances, seeks back on nacks, the keeper).
 #include "idem/kafka/source.h"
 
 #include <librdkafka/rdkafka.h>
@@ -14,80 +17,30 @@
 #include <mutex>
 #include <thread>
 
-#include "core/publish_batch.h"
-#include "idem/url.h"
+#include "core/options_check.h"
+#include "kafka/conn.h"
 #include "kafka/decode.h"
 #include "kafka/errors.h"
 
 namespace idem::kafka {
 
-using internal::FromKafka;
+using kafka_internal::CheckBrokers;
+using kafka_internal::ConfPtr;
+using kafka_internal::ErrorPtr;
+using kafka_internal::ListPtr;
+using kafka_internal::MessagePtr;
+using kafka_internal::NewList;
+using kafka_internal::RkPtr;
+using kafka_internal::Set;
+using kafka_internal::SteadyMs;
+using kafka_internal::Translate;
 
 namespace {
-
-struct RkDeleter {
-  void operator()(rd_kafka_t* rk) const noexcept { rd_kafka_destroy(rk); }
-};
-struct ConfDeleter {
-  void operator()(rd_kafka_conf_t* c) const noexcept { rd_kafka_conf_destroy(c); }
-};
-struct ListDeleter {
-  void operator()(rd_kafka_topic_partition_list_t* l) const noexcept { rd_kafka_topic_partition_list_destroy(l); }
-};
-struct MessageDeleter {
-  void operator()(rd_kafka_message_t* m) const noexcept { rd_kafka_message_destroy(m); }
-};
-struct ErrorDeleter {
-  void operator()(rd_kafka_error_t* e) const noexcept { rd_kafka_error_destroy(e); }
-};
-struct HeadersDeleter {
-  void operator()(rd_kafka_headers_t* h) const noexcept { rd_kafka_headers_destroy(h); }
-};
-using RkPtr = std::unique_ptr<rd_kafka_t, RkDeleter>;
-using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
-using ListPtr = std::unique_ptr<rd_kafka_topic_partition_list_t, ListDeleter>;
-using MessagePtr = std::unique_ptr<rd_kafka_message_t, MessageDeleter>;
-using ErrorPtr = std::unique_ptr<rd_kafka_error_t, ErrorDeleter>;
-using HeadersPtr = std::unique_ptr<rd_kafka_headers_t, HeadersDeleter>;
-
-ListPtr NewList(int size) { return ListPtr(rd_kafka_topic_partition_list_new(std::max(1, size))); }
-
-Status Set(rd_kafka_conf_t* conf, const std::string& name, const std::string& value) {
-  char errstr[512];
-  if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK)
-    return Status::InvalidArgument("kafka: config " + name + "=" + value + ": " + errstr);
-  return Status::OK();
-}
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 bool ParseInt(std::string_view s, int64_t* out) {
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
   return ec == std::errc() && p == s.data() + s.size();
-}
-
-// Asks the cluster behind `rk` for its metadata (the brokers; no topic) and
-// waits up to `timeout_ms` for an answer: kUnavailable naming `brokers` when
-// none came (librdkafka itself would only log and retry forever).
-Status CheckBrokers(rd_kafka_t* rk, const std::string& brokers, int64_t timeout_ms) {
-  const int timeout = static_cast<int>(std::clamp<int64_t>(timeout_ms, 1, INT32_MAX));
-  const rd_kafka_metadata_t* md = nullptr;
-  rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, nullptr, &md, timeout);
-  int answered = 0;
-  if (md != nullptr) {
-    answered = md->broker_cnt;
-    rd_kafka_metadata_destroy(md);
-  }
-  if (err == RD_KAFKA_RESP_ERR_NO_ERROR && answered > 0) return Status::OK();
-  return Status::Unavailable("kafka: cannot connect to Kafka at " + brokers + ": no broker answered within " +
-                             std::to_string(timeout) + " ms (" +
-                             (err == RD_KAFKA_RESP_ERR_NO_ERROR ? std::string("no brokers in the metadata")
-                                                                : std::string(rd_kafka_err2str(err))) +
-                             ")");
 }
 
 }  // namespace
@@ -487,19 +440,22 @@ Source::~Source() {
 
 Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
   Options options = opts;
+  using options_internal::AtLeast;
+  using options_internal::InRange;
+  using options_internal::NotEmpty;
+  constexpr std::string_view kWhat = "kafka source";
   for (auto [name, v] : {std::pair<const char*, int64_t>{"session_timeout_ms", options.session_timeout_ms},
                          {"heartbeat_interval_ms", options.heartbeat_interval_ms},
                          {"max_poll_interval_ms", options.max_poll_interval_ms}})
-    if (v < 1 || v > INT32_MAX)
-      return Status::InvalidArgument(std::string("kafka: Options::") + name + " must be 1..2147483647, got " +
-                                     std::to_string(v));
-  if (options.revoke_wait_ms < 0 || options.connect_timeout_ms < 0)
-    return Status::InvalidArgument("kafka: Options::revoke_wait_ms and connect_timeout_ms must be >= 0");
-  if (options.brokers.empty()) return Status::InvalidArgument("kafka: Options::brokers is required");
-  if (options.topic.empty()) return Status::InvalidArgument("kafka: Options::topic is required");
-  if (options.group.empty()) return Status::InvalidArgument("kafka: Options::group is required");
+    IDEM_RETURN_IF_ERROR(InRange(kWhat, name, v, 1, INT32_MAX));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "revoke_wait_ms", options.revoke_wait_ms, 0));
+  IDEM_RETURN_IF_ERROR(AtLeast(kWhat, "connect_timeout_ms", options.connect_timeout_ms, 0));
+  IDEM_RETURN_IF_ERROR(NotEmpty(kWhat, "brokers", options.brokers));
+  IDEM_RETURN_IF_ERROR(NotEmpty(kWhat, "topic", options.topic));
+  IDEM_RETURN_IF_ERROR(NotEmpty(kWhat, "group", options.group));
   if (options.id_header.empty() && !options.id_from_key)
-    return Status::InvalidArgument("kafka: Options::id_header is empty and id_from_key is off: no message id");
+    return options_internal::Refuse(kWhat, "id_header", "given when id_from_key is off (no message id otherwise)",
+                                    "an empty string");
   if (options.env == nullptr) options.env = Env::Default();
   auto impl = std::make_unique<Impl>();
   impl->o = std::move(options);
@@ -536,7 +492,7 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& opts) {
 
   ListPtr topics = NewList(1);
   rd_kafka_topic_partition_list_add(topics.get(), o.topic.c_str(), RD_KAFKA_PARTITION_UA);
-  if (Status s = FromKafka(rd_kafka_subscribe(rk, topics.get()), "subscribing to " + o.topic); !s.ok()) {
+  if (Status s = Translate(rd_kafka_subscribe(rk, topics.get()), "subscribing to " + o.topic); !s.ok()) {
     rd_kafka_consumer_close(rk);
     return s;
   }
@@ -583,7 +539,7 @@ Result<std::vector<Delivery>> Source::Receive(int max, int64_t wait_ms) {
         if (!out.empty()) break;
         return Status::Internal(std::string("kafka: fatal consumer error: ") + rd_kafka_err2name(ferr) + ": " + fatal);
       }
-      Status st = FromKafka(m->err, "consuming " + s.o.topic);
+      Status st = Translate(m->err, "consuming " + s.o.topic);
       // Transport and broker trouble is retried inside librdkafka; a
       // configuration problem (unknown topic, no authorisation) is the
       // caller's to see.
@@ -636,7 +592,7 @@ Status Source::CommitSync() {
   }
   if (list->cnt == 0) return Status::OK();
   s.commits.fetch_add(1, std::memory_order_relaxed);
-  Status st = FromKafka(rd_kafka_commit(s.rk.get(), list.get(), 0), "committing offsets of " + s.o.topic);
+  Status st = Translate(rd_kafka_commit(s.rk.get(), list.get(), 0), "committing offsets of " + s.o.topic);
   if (!st.ok()) {
     s.commit_errors.fetch_add(1, std::memory_order_relaxed);
     return st;
@@ -660,14 +616,14 @@ Result<RedeliveryHorizon> Source::Horizon() {
     const rd_kafka_metadata_t* md = nullptr;
     std::unique_ptr<rd_kafka_topic_t, void (*)(rd_kafka_topic_t*)> topic(
         rd_kafka_topic_new(s.rk.get(), s.o.topic.c_str(), nullptr), rd_kafka_topic_destroy);
-    IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_metadata(s.rk.get(), 0, topic.get(), &md, timeout),
+    IDEM_RETURN_IF_ERROR(Translate(rd_kafka_metadata(s.rk.get(), 0, topic.get(), &md, timeout),
                                    "reading the partitions of " + s.o.topic));
     for (int t = 0; t < md->topic_cnt; ++t)
       for (int p = 0; p < md->topics[t].partition_cnt; ++p)
         rd_kafka_topic_partition_list_add(parts.get(), s.o.topic.c_str(), md->topics[t].partitions[p].id);
     rd_kafka_metadata_destroy(md);
   }
-  IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_committed(s.rk.get(), parts.get(), timeout),
+  IDEM_RETURN_IF_ERROR(Translate(rd_kafka_committed(s.rk.get(), parts.get(), timeout),
                                  "reading the committed offsets of group " + s.o.group));
   // The first record not committed of each partition that has one.
   ListPtr start = NewList(parts->cnt);
@@ -675,7 +631,7 @@ Result<RedeliveryHorizon> Source::Horizon() {
     const rd_kafka_topic_partition_t& tp = parts->elems[i];
     int64_t low = 0, high = 0;
     IDEM_RETURN_IF_ERROR(
-        FromKafka(rd_kafka_query_watermark_offsets(s.rk.get(), s.o.topic.c_str(), tp.partition, &low, &high, timeout),
+        Translate(rd_kafka_query_watermark_offsets(s.rk.get(), s.o.topic.c_str(), tp.partition, &low, &high, timeout),
                   "reading the log ends of " + s.o.topic + "/" + std::to_string(tp.partition)));
     // No commit yet: the group starts where auto.offset.reset says.
     int64_t from = tp.offset >= 0 ? tp.offset : s.o.auto_offset_reset == "earliest" ? low : high;
@@ -694,7 +650,7 @@ Result<RedeliveryHorizon> Source::Horizon() {
   RkPtr probe(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr));
   if (!probe) return Status::Internal(std::string("kafka: creating the horizon's reader: ") + errstr);
   (void)conf.release();
-  IDEM_RETURN_IF_ERROR(FromKafka(rd_kafka_assign(probe.get(), start.get()), "reading the first records left"));
+  IDEM_RETURN_IF_ERROR(Translate(rd_kafka_assign(probe.get(), start.get()), "reading the first records left"));
   std::map<int32_t, int64_t> first;  // partition -> timestamp of its first record left
   const int64_t deadline = SteadyMs() + timeout;
   while (static_cast<int>(first.size()) < start->cnt && SteadyMs() < deadline) {
@@ -733,242 +689,6 @@ SourceStats Source::stats() const {
   return {s.delivered.load(),   s.held_back.load(),     s.seeks.load(),
           s.commits.load(),     s.commit_errors.load(), s.assignments.load(),
           s.revocations.load(), s.abandoned.load(),     s.keep_alive_polls.load()};
-}
-
-// ---------------------------------------------------------------------------
-// Publisher
-// ---------------------------------------------------------------------------
-
-struct Publisher::Impl {
-  Options o;
-  RkPtr rk;
-  bool idempotent = false;  // enable.idempotence as the producer was created with
-  std::mutex mu;
-  Status first_error;  // since the last Flush
-
-  // What one PublishBatch collects from its delivery reports. Shared with
-  // each record's opaque (a Slot), so that a report that comes after the
-  // batch gave up on it still has somewhere to go.
-  struct Reports {
-    std::mutex mu;
-    std::vector<Status> status;
-    std::vector<bool> done;
-  };
-  struct Slot {
-    std::shared_ptr<Reports> reports;
-    size_t index;
-  };
-
-  static void DeliveryCb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
-    auto* self = static_cast<Impl*>(opaque);
-    if (m->_private != nullptr) {  // a PublishBatch record
-      std::unique_ptr<Slot> slot(static_cast<Slot*>(m->_private));
-      const std::string topic = m->rkt != nullptr ? rd_kafka_topic_name(m->rkt) : std::string();
-      std::lock_guard<std::mutex> l(slot->reports->mu);
-      slot->reports->status[slot->index] = FromKafka(m->err, "delivering a record to " + topic);
-      slot->reports->done[slot->index] = true;
-      return;
-    }
-    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) return;
-    std::lock_guard<std::mutex> l(self->mu);
-    if (self->first_error.ok()) self->first_error = FromKafka(m->err, "delivering a record to " + self->o.topic);
-  }
-
-  // Queues one record of `message` on `topic` (the headers: the id's, the
-  // message's, the ordering key's when not empty, the producer time's).
-  Status Produce(const std::string& topic, const Message& message, int32_t partition, std::string_view key,
-                 std::string_view ordering_key, void* opaque) {
-    IDEM_RETURN_IF_ERROR(ValidateId(message.id));
-    HeadersPtr hdrs(rd_kafka_headers_new(message.headers.size() + 3));
-    auto add = [&](std::string_view name, std::string_view value) {
-      rd_kafka_header_add(hdrs.get(), name.data(), static_cast<ssize_t>(name.size()), value.data(),
-                          static_cast<ssize_t>(value.size()));
-    };
-    add(o.id_header, message.id);
-    for (const auto& [name, value] : message.headers) add(name, value);
-    if (!ordering_key.empty()) add(kOrderingKeyHeader, ordering_key);
-    if (message.producer_time_ms) add(kProducerTimeHeader, std::to_string(*message.producer_time_ms));
-    rd_kafka_resp_err_t err =
-        rd_kafka_producev(rk.get(), RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_PARTITION(partition),
-                          RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                          RD_KAFKA_V_VALUE(const_cast<char*>(message.payload.data()), message.payload.size()),
-                          RD_KAFKA_V_KEY(key.data(), key.size()), RD_KAFKA_V_HEADERS(hdrs.get()),
-                          RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) (void)hdrs.release();  // owned by the record now
-    rd_kafka_poll(rk.get(), 0);                                   // serve delivery reports
-    return FromKafka(err, "producing " + message.id + " to " + topic);
-  }
-};
-
-Publisher::Publisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-Publisher::~Publisher() {
-  if (impl_ && impl_->rk) (void)rd_kafka_flush(impl_->rk.get(), 10'000);
-}
-
-Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
-  if (options.brokers.empty()) return Status::InvalidArgument("kafka: Publisher::Options::brokers is required");
-  if (options.id_header.empty()) return Status::InvalidArgument("kafka: Publisher::Options::id_header is required");
-  if (options.connect_timeout_ms < 0 || options.publish_timeout_ms < 1)
-    return Status::InvalidArgument(
-        "kafka: Publisher::Options::connect_timeout_ms must be >= 0 and publish_timeout_ms > 0");
-  auto impl = std::make_unique<Impl>();
-  impl->o = options;
-  ConfPtr conf(rd_kafka_conf_new());
-  IDEM_RETURN_IF_ERROR(Set(conf.get(), "bootstrap.servers", impl->o.brokers));
-  IDEM_RETURN_IF_ERROR(Set(conf.get(), "acks", impl->o.acks));
-  // Idempotent (no duplicates, no reordering on the producer's retries)
-  // where acks=all allows it; one key always in one partition, as Java
-  // clients place it.
-  if (impl->o.acks == "all" || impl->o.acks == "-1")
-    IDEM_RETURN_IF_ERROR(Set(conf.get(), "enable.idempotence", "true"));
-  IDEM_RETURN_IF_ERROR(Set(conf.get(), "partitioner", "murmur2_random"));
-  for (const auto& [k, v] : impl->o.config) IDEM_RETURN_IF_ERROR(Set(conf.get(), k, v));
-  {
-    char value[16];
-    size_t n = sizeof value;
-    impl->idempotent = rd_kafka_conf_get(conf.get(), "enable.idempotence", value, &n) == RD_KAFKA_CONF_OK &&
-                       std::string_view(value) == "true";
-  }
-  rd_kafka_conf_set_dr_msg_cb(conf.get(), &Impl::DeliveryCb);
-  rd_kafka_conf_set_opaque(conf.get(), impl.get());
-  char errstr[512];
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
-  if (rk == nullptr) return Status::InvalidArgument(std::string("kafka: creating the producer: ") + errstr);
-  (void)conf.release();
-  impl->rk.reset(rk);
-  if (impl->o.connect_timeout_ms > 0)
-    IDEM_RETURN_IF_ERROR(CheckBrokers(rk, impl->o.brokers, impl->o.connect_timeout_ms));
-  return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
-}
-
-Status Publisher::Produce(const Message& message, const ProduceOptions& options) {
-  Impl& s = *impl_;
-  if (s.o.topic.empty()) return publish_internal::NoChannel("kafka", "topic");
-  const std::string& key = options.key ? *options.key : message.id;
-  return s.Produce(s.o.topic, message, options.partition, key, {}, nullptr);
-}
-
-std::vector<Status> Publisher::PublishBatch(std::span<const Outgoing> batch) {
-  Impl& s = *impl_;
-  auto reports = std::make_shared<Impl::Reports>();
-  reports->status.assign(batch.size(), Status::OK());
-  reports->done.assign(batch.size(), true);
-  size_t produced = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto d = publish_internal::Destination(batch[i], s.o.topic, "kafka", "topic");
-    if (!d.ok()) {
-      reports->status[i] = d.status();
-      continue;
-    }
-    const Message& m = *batch[i].message;
-    const std::string topic(*d);
-    const std::string_view key = batch[i].key.empty() ? std::string_view(m.id) : batch[i].key;
-    {
-      std::lock_guard<std::mutex> l(reports->mu);
-      reports->done[i] = false;
-    }
-    auto slot = std::make_unique<Impl::Slot>(Impl::Slot{reports, i});
-    Status p = s.Produce(topic, m, -1, key, batch[i].key, slot.get());
-    if (p.ok()) {
-      (void)slot.release();  // the delivery report frees it
-      ++produced;
-      continue;
-    }
-    std::lock_guard<std::mutex> l(reports->mu);
-    reports->status[i] = p;
-    reports->done[i] = true;
-  }
-  if (produced > 0) {
-    // Waits for every record of this producer, this batch's among them.
-    (void)rd_kafka_flush(s.rk.get(), static_cast<int>(std::clamp<int64_t>(s.o.publish_timeout_ms, 0, INT32_MAX)));
-  }
-  std::lock_guard<std::mutex> l(reports->mu);
-  for (size_t i = 0; i < batch.size(); ++i)
-    if (!reports->done[i])
-      reports->status[i] = Status::InDoubt("kafka: no delivery report within " +
-                                           std::to_string(s.o.publish_timeout_ms) + " ms: publish again");
-  return std::move(reports->status);
-}
-
-PublisherTraits Publisher::traits() const { return {.ordered_batch = impl_->idempotent, .max_batch = 1000}; }
-
-std::string_view Publisher::Channel() const { return impl_->o.topic; }
-
-Status Publisher::Flush(int64_t timeout_ms) {
-  Impl& s = *impl_;
-  rd_kafka_resp_err_t err = rd_kafka_flush(s.rk.get(), static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, INT32_MAX)));
-  std::lock_guard<std::mutex> l(s.mu);
-  Status first = std::move(s.first_error);
-  s.first_error = Status::OK();
-  if (!first.ok()) return first;
-  return FromKafka(err, "flushing the producer of " + s.o.topic);
-}
-
-Status Publisher::Publish(const Message& message) {
-  IDEM_RETURN_IF_ERROR(Produce(message));
-  return Flush(impl_->o.publish_timeout_ms);
-}
-
-// ---------------------------------------------------------------------------
-// URLs
-// ---------------------------------------------------------------------------
-
-namespace {
-
-// Source::ParseUrl; with need_topic false, a URL without ?topic= is read too
-// (a publisher given its destinations per message).
-Result<Source::Options> ParseKafkaUrl(std::string_view url, bool need_topic) {
-  using Options = Source::Options;
-  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "Kafka URL"));
-  if (u.scheme != "kafka")
-    return Status::InvalidArgument("not a Kafka URL: '" + RedactUrl(url) +
-                                   "' (expected kafka://HOST:PORT[,...]?topic=T)");
-  IDEM_RETURN_IF_ERROR(u.CheckKeys({"topic", "group", "id_header", "id_from_key", "client_id", "session_timeout_ms",
-                                    "heartbeat_interval_ms", "max_poll_interval_ms", "auto_offset_reset",
-                                    "revoke_wait_ms", "connect_timeout_ms", "keep_alive"}));
-  if (u.has_user) return Status::InvalidArgument("a Kafka URL takes no user or password: '" + RedactUrl(url) + "'");
-  if (u.path.size() > 1) return Status::InvalidArgument("a Kafka URL has no path: '" + RedactUrl(url) + "'");
-  Options o;
-  for (const ParsedUrl::Host& h : u.hosts) {
-    if (!o.brokers.empty()) o.brokers += ",";
-    o.brokers += h.host.find(':') != std::string::npos ? "[" + h.host + "]" : h.host;
-    if (h.port != 0) o.brokers += ":" + std::to_string(h.port);
-  }
-  o.topic = u.Get("topic");
-  if (o.topic.empty() && need_topic)
-    return Status::InvalidArgument("a Kafka URL needs ?topic=NAME: '" + RedactUrl(url) + "'");
-  o.group = u.Get("group", "idem");
-  o.id_header = u.Get("id_header", o.id_header);
-  IDEM_ASSIGN_OR_RETURN(o.id_from_key, u.GetBool("id_from_key", o.id_from_key));
-  o.client_id = u.Get("client_id", o.client_id);
-  IDEM_ASSIGN_OR_RETURN(o.session_timeout_ms, u.GetInt("session_timeout_ms", o.session_timeout_ms, 100, 3'600'000));
-  IDEM_ASSIGN_OR_RETURN(
-      o.heartbeat_interval_ms,
-      u.GetInt("heartbeat_interval_ms", std::clamp<int64_t>(o.session_timeout_ms / 4, 50, 1'000), 1, 3'600'000));
-  IDEM_ASSIGN_OR_RETURN(o.max_poll_interval_ms, u.GetInt("max_poll_interval_ms", o.max_poll_interval_ms, 1, INT32_MAX));
-  o.auto_offset_reset = u.Get("auto_offset_reset", o.auto_offset_reset);
-  if (o.auto_offset_reset != "earliest" && o.auto_offset_reset != "latest")
-    return Status::InvalidArgument("auto_offset_reset must be earliest or latest, got '" + o.auto_offset_reset +
-                                   "' in '" + RedactUrl(url) + "'");
-  IDEM_ASSIGN_OR_RETURN(o.revoke_wait_ms, u.GetInt("revoke_wait_ms", o.revoke_wait_ms, 0, 3'600'000));
-  IDEM_ASSIGN_OR_RETURN(o.connect_timeout_ms, u.GetInt("connect_timeout_ms", 5'000, 100, 600'000));
-  IDEM_ASSIGN_OR_RETURN(o.keep_alive, u.GetBool("keep_alive", o.keep_alive));
-  return o;
-}
-
-}  // namespace
-
-Result<Source::Options> Source::ParseUrl(std::string_view url) { return ParseKafkaUrl(url, /*need_topic=*/true); }
-
-Result<Publisher::Options> Publisher::ParseUrl(std::string_view url) {
-  IDEM_ASSIGN_OR_RETURN(Source::Options s, ParseKafkaUrl(url, /*need_topic=*/false));
-  Options o;
-  o.brokers = s.brokers;
-  o.topic = s.topic;
-  o.id_header = s.id_header;
-  o.connect_timeout_ms = s.connect_timeout_ms;
-  return o;
 }
 
 }  // namespace idem::kafka

@@ -1,28 +1,73 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// OpenSource / OpenPublisher: the source schemes compiled in
-// (IDEM_OPEN_HAVE_<COMPONENT>), each by its adapter's ParseUrl and Open.
+// OpenSource / OpenPublisher: the embedded queue, always; the other source
+// schemes through their openers (src/open/openers.h), when this program
+// links them (IDEM_OPEN_HAVE_<COMPONENT>: built into idem::open).
 #include <cctype>
 
 #include "idem/open.h"
 #include "idem/url.h"
+#include "open/openers.h"
 #if IDEM_OPEN_HAVE_EMBEDDED
 #include "idem/embedded/queue.h"
 #endif
-#if IDEM_OPEN_HAVE_REDIS_STREAMS
-#include "idem/redis/stream_publisher.h"
-#include "idem/redis/stream_source.h"
+
+#ifndef IDEM_OPEN_HAVE_REDIS_STREAMS
+#define IDEM_OPEN_HAVE_REDIS_STREAMS 0
 #endif
-#if IDEM_OPEN_HAVE_AMQP
-#include "idem/amqp/publisher.h"
-#include "idem/amqp/source.h"
+#ifndef IDEM_OPEN_HAVE_AMQP
+#define IDEM_OPEN_HAVE_AMQP 0
 #endif
-#if IDEM_OPEN_HAVE_KAFKA
-#include "idem/kafka/source.h"
+#ifndef IDEM_OPEN_HAVE_KAFKA
+#define IDEM_OPEN_HAVE_KAFKA 0
 #endif
 
 namespace idem {
+namespace open_internal {
+
+bool UrlSets(std::string_view url, std::string_view key) {
+  auto u = ParseUrl(url, "URL", UrlForm::kFile);
+  return u.ok() && u->Has(key);
+}
+
+Status NotLinked(std::string_view component, std::string_view url) {
+  std::string m = "'";
+  m += RedactUrl(url);
+  m += "': this program does not link idem::";
+  m += component;
+  m += " (find_package(idem COMPONENTS open ";
+  m += component;
+  m += ") and link idem::";
+  m += component;
+  m += ")";
+  return Status::InvalidArgument(m);
+}
+
+}  // namespace open_internal
+
 namespace {
+
+using open_internal::NotLinked;
+using open_internal::UrlSets;
+
+// The opener of a source scheme, in this program: null when not linked.
+struct SourceScheme {
+  std::string_view scheme;
+  std::string_view component;
+  bool built;
+  decltype(&open_internal::OpenAmqpSource) source;
+  decltype(&open_internal::OpenAmqpPublisher) publisher;
+};
+
+std::vector<SourceScheme> NetworkSchemes() {
+  return {
+      {"redis", "redis_streams", IDEM_OPEN_HAVE_REDIS_STREAMS != 0, &open_internal::OpenRedisStreamsSource,
+       &open_internal::OpenRedisStreamsPublisher},
+      {"amqp", "amqp", IDEM_OPEN_HAVE_AMQP != 0, &open_internal::OpenAmqpSource, &open_internal::OpenAmqpPublisher},
+      {"kafka", "kafka", IDEM_OPEN_HAVE_KAFKA != 0, &open_internal::OpenKafkaSource,
+       &open_internal::OpenKafkaPublisher},
+  };
+}
 
 // kInvalidArgument naming the scheme, or the component that was not built.
 Status UnknownScheme(std::string_view url) {
@@ -52,12 +97,6 @@ Status UnknownScheme(std::string_view url) {
   return Status::InvalidArgument(m);
 }
 
-// Whether the URL's query sets `key` (then it wins over SourceSettings).
-bool UrlSets(std::string_view url, std::string_view key) {
-  auto u = ParseUrl(url, "URL", UrlForm::kFile);
-  return u.ok() && u->Has(key);
-}
-
 }  // namespace
 
 std::vector<std::string> SourceSchemes() {
@@ -65,56 +104,27 @@ std::vector<std::string> SourceSchemes() {
 #if IDEM_OPEN_HAVE_EMBEDDED
   out.push_back("embedded");
 #endif
-#if IDEM_OPEN_HAVE_REDIS_STREAMS
-  out.push_back("redis");
-#endif
-#if IDEM_OPEN_HAVE_AMQP
-  out.push_back("amqp");
-#endif
-#if IDEM_OPEN_HAVE_KAFKA
-  out.push_back("kafka");
-#endif
+  for (const SourceScheme& s : NetworkSchemes())
+    if (s.source != nullptr) out.emplace_back(s.scheme);
   return out;
 }
 
-Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceSettings& settings) {
+Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceOptions& settings) {
   const std::string scheme = UrlScheme(url);
-  const bool lease_in_url = UrlSets(url, "lease_ms");
 #if IDEM_OPEN_HAVE_EMBEDDED
   if (scheme == "embedded") {
     IDEM_ASSIGN_OR_RETURN(embedded::Queue::Options o, embedded::Queue::ParseUrl(url));
-    if (!lease_in_url) o.lease_ms = settings.lease_ms;
+    if (!UrlSets(url, "lease_ms")) o.lease_ms = settings.lease_ms;
     if (settings.env != nullptr) o.env = settings.env;
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<embedded::Queue> q, embedded::Queue::Open(o));
     return std::unique_ptr<Source>(std::move(q));
   }
 #endif
-#if IDEM_OPEN_HAVE_REDIS_STREAMS
-  if (scheme == "redis") {
-    IDEM_ASSIGN_OR_RETURN(redis::StreamSource::Options o, redis::StreamSource::ParseUrl(url));
-    if (!lease_in_url) o.lease_ms = settings.lease_ms;
-    if (o.consumer.empty()) o.consumer = settings.consumer;
-    if (settings.env != nullptr) o.env = settings.env;
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::StreamSource> s, redis::StreamSource::Open(o));
-    return std::unique_ptr<Source>(std::move(s));
+  for (const SourceScheme& s : NetworkSchemes()) {
+    if (s.scheme != scheme || !s.built) continue;
+    if (s.source == nullptr) return NotLinked(s.component, url);
+    return s.source(url, settings);
   }
-#endif
-#if IDEM_OPEN_HAVE_AMQP
-  if (scheme == "amqp") {
-    IDEM_ASSIGN_OR_RETURN(amqp::Source::Options o, amqp::Source::ParseUrl(url));
-    if (!lease_in_url) o.lease_ms = settings.lease_ms;
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<amqp::Source> s, amqp::Source::Open(o));
-    return std::unique_ptr<Source>(std::move(s));
-  }
-#endif
-#if IDEM_OPEN_HAVE_KAFKA
-  if (scheme == "kafka") {
-    IDEM_ASSIGN_OR_RETURN(kafka::Source::Options o, kafka::Source::ParseUrl(url));
-    if (!UrlSets(url, "client_id") && !settings.consumer.empty()) o.client_id = settings.consumer;
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Source> s, kafka::Source::Open(o));
-    return std::unique_ptr<Source>(std::move(s));
-  }
-#endif
   return UnknownScheme(url);
 }
 
@@ -127,27 +137,11 @@ Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url) {
     return std::unique_ptr<Publisher>(std::move(q));
   }
 #endif
-#if IDEM_OPEN_HAVE_REDIS_STREAMS
-  if (scheme == "redis") {
-    IDEM_ASSIGN_OR_RETURN(redis::StreamPublisher::Options o, redis::StreamPublisher::ParseUrl(url));
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::StreamPublisher> p, redis::StreamPublisher::Open(o));
-    return std::unique_ptr<Publisher>(std::move(p));
+  for (const SourceScheme& s : NetworkSchemes()) {
+    if (s.scheme != scheme || !s.built) continue;
+    if (s.publisher == nullptr) return NotLinked(s.component, url);
+    return s.publisher(url);
   }
-#endif
-#if IDEM_OPEN_HAVE_AMQP
-  if (scheme == "amqp") {
-    IDEM_ASSIGN_OR_RETURN(amqp::Publisher::Options o, amqp::Publisher::ParseUrl(url));
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<amqp::Publisher> p, amqp::Publisher::Open(o));
-    return std::unique_ptr<Publisher>(std::move(p));
-  }
-#endif
-#if IDEM_OPEN_HAVE_KAFKA
-  if (scheme == "kafka") {
-    IDEM_ASSIGN_OR_RETURN(kafka::Publisher::Options o, kafka::Publisher::ParseUrl(url));
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<kafka::Publisher> p, kafka::Publisher::Open(o));
-    return std::unique_ptr<Publisher>(std::move(p));
-  }
-#endif
   return UnknownScheme(url);
 }
 

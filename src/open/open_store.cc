@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-// OpenStore / OpenClaimStore: the store schemes compiled in, by the URL's
-// scheme, each through its adapter's ParseUrl then Open.
+// OpenStore / OpenClaimStore: SQLite, always; postgres:// and redis://
+// through their openers (src/open/openers.h) when this program links them
+// (IDEM_OPEN_HAVE_<COMPONENT>: built into idem::open).
 #include <memory>
 #include <string>
 #include <utility>
@@ -8,12 +9,7 @@
 #include "idem/open.h"
 #include "idem/sqlite/store.h"
 #include "idem/url.h"
-#if IDEM_OPEN_HAVE_POSTGRES
-#include "idem/postgres/store.h"
-#endif
-#if IDEM_OPEN_HAVE_REDIS
-#include "idem/redis/claim_store.h"
-#endif
+#include "open/openers.h"
 
 namespace idem {
 namespace {
@@ -88,9 +84,9 @@ class OwningClaimStore final : public ClaimStore {
 
 }  // namespace
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url) { return OpenStore(url, StoreSettings{}); }
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url) { return OpenStore(url, StoreOptions{}); }
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettings& settings) {
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& settings) {
   switch (KindOf(url)) {
     case StoreKind::kSqlite: {
       auto parsed = sqlite::Store::ParseUrl(url);
@@ -104,11 +100,8 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
     }
     case StoreKind::kPostgres: {
 #if IDEM_OPEN_HAVE_POSTGRES
-      IDEM_ASSIGN_OR_RETURN(postgres::Store::Options o, postgres::Store::ParseUrl(url));
-      o.create_if_missing = o.create_if_missing && settings.create_if_missing;
-      if (settings.pool_size > 0) o.pool_size = settings.pool_size;
-      if (settings.env != nullptr) o.env = settings.env;
-      return postgres::Store::Open(o);
+      if (open_internal::OpenPostgresStore == nullptr) return open_internal::NotLinked("postgres", url);
+      return open_internal::OpenPostgresStore(url, settings);
 #else
       return NotBuilt("postgres", "POSTGRES", url);
 #endif
@@ -121,17 +114,13 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreSettin
   return NotAStore(url);
 }
 
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url) {
-  return OpenClaimStore(url, StoreSettings{});
-}
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url) { return OpenClaimStore(url, StoreOptions{}); }
 
-Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreSettings& settings) {
+Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreOptions& settings) {
   if (KindOf(url) == StoreKind::kRedis) {
 #if IDEM_OPEN_HAVE_REDIS
-    IDEM_ASSIGN_OR_RETURN(redis::ClaimStore::Options o, redis::ClaimStore::ParseUrl(url));
-    if (settings.pool_size > 0) o.pool_size = settings.pool_size;
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<redis::ClaimStore> store, redis::ClaimStore::Open(o));
-    return std::unique_ptr<ClaimStore>(std::move(store));
+    if (open_internal::OpenRedisClaimStore == nullptr) return open_internal::NotLinked("redis", url);
+    return open_internal::OpenRedisClaimStore(url, settings);
 #else
     return NotBuilt("redis", "REDIS", url);
 #endif
@@ -145,13 +134,11 @@ Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const S
 
 std::vector<std::string> StoreSchemes() {
   std::vector<std::string> out = {"sqlite"};
-#if IDEM_OPEN_HAVE_POSTGRES
-  out.push_back("postgres");
-  out.push_back("postgresql");
-#endif
-#if IDEM_OPEN_HAVE_REDIS
-  out.push_back("redis");
-#endif
+  if (open_internal::OpenPostgresStore != nullptr) {
+    out.push_back("postgres");
+    out.push_back("postgresql");
+  }
+  if (open_internal::OpenRedisClaimStore != nullptr) out.push_back("redis");
   return out;
 }
 

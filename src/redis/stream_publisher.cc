@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/options_check.h"
 #include "core/publish_batch.h"
 #include "core/wire_format.h"
 #include "idem/redis/stream_source.h"
@@ -136,10 +137,9 @@ Result<std::unique_ptr<StreamPublisher>> StreamPublisher::Open(const Options& op
   IDEM_RETURN_IF_ERROR(redis_internal::CheckStreamField("payload_field", o.payload_field));
   if (o.id_field == o.payload_field)
     return Status::InvalidArgument("Redis stream publisher: id_field and payload_field must differ");
-  if (o.connect_timeout_ms < 1 || o.connect_timeout_ms > 3'600'000)
-    return Status::InvalidArgument("Redis stream publisher: connect_timeout_ms must be 1..3600000, got " +
-                                   std::to_string(o.connect_timeout_ms));
-  if (o.pool_size < 1) o.pool_size = 1;
+  constexpr std::string_view kWhat = "Redis stream publisher";
+  IDEM_RETURN_IF_ERROR(options_internal::InRange(kWhat, "connect_timeout_ms", o.connect_timeout_ms, 1, 3'600'000));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "pool_size", o.pool_size, 1));
   IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint ep, redis_internal::ParseUrl(o.url));
   redis_internal::Pool::Options po;
   po.size = o.pool_size;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/options_check.h"
 #include "core/wire_format.h"
 #include "idem/url.h"
 #include "redis/client.h"
@@ -482,17 +483,17 @@ class StreamSourceImpl final : public StreamSource {
 Result<std::unique_ptr<StreamSource>> StreamSource::Open(const Options& options) {
   Options o = options;
   auto invalid = [](std::string m) { return Status::InvalidArgument("Redis stream source: " + std::move(m)); };
-  if (o.stream.empty()) return invalid("stream is empty");
-  if (o.group.empty()) return invalid("group is empty");
+  IDEM_RETURN_IF_ERROR(options_internal::NotEmpty("Redis stream source", "stream", o.stream));
+  IDEM_RETURN_IF_ERROR(options_internal::NotEmpty("Redis stream source", "group", o.group));
   IDEM_RETURN_IF_ERROR(redis_internal::CheckStreamField("id_field", o.id_field));
   IDEM_RETURN_IF_ERROR(redis_internal::CheckStreamField("payload_field", o.payload_field));
   if (o.id_field == o.payload_field) return invalid("id_field and payload_field must differ");
-  if (o.lease_ms < 1) return invalid("lease_ms must be positive, got " + std::to_string(o.lease_ms));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast("Redis stream source", "lease_ms", o.lease_ms, 1));
   if (o.lease_ms > kLeaseClockShiftMs / 2) return invalid("lease_ms is too long");
-  if (o.connect_timeout_ms < 1 || o.connect_timeout_ms > 3'600'000)
-    return invalid("connect_timeout_ms must be 1..3600000, got " + std::to_string(o.connect_timeout_ms));
-  if (o.poll_ms < 1) o.poll_ms = 1;
-  if (o.pool_size < 1) o.pool_size = 1;
+  constexpr std::string_view kWhat = "Redis stream source";
+  IDEM_RETURN_IF_ERROR(options_internal::InRange(kWhat, "connect_timeout_ms", o.connect_timeout_ms, 1, 3'600'000));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "poll_ms", o.poll_ms, 1));
+  IDEM_RETURN_IF_ERROR(options_internal::AtLeast(kWhat, "pool_size", o.pool_size, 1));
   if (o.env == nullptr) o.env = Env::Default();
   if (o.env->NowMs() < kLeaseClockShiftMs)
     return invalid("the Env's clock must read milliseconds since the Unix epoch (it reads " +

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/options_check.h"
 #include "idem/result.h"
 #include "idem/status.h"
 #include "idem/url.h"
@@ -50,13 +51,10 @@ inline Status GetIntInto(const ParsedUrl& u, std::string_view key, int64_t min, 
 // The connection fields every Redis adapter has, checked at Open.
 inline Status CheckConnectFields(std::string_view what, int pool_size, int64_t connect_timeout_ms,
                                  int64_t command_timeout_ms, std::string_view client_name) {
-  auto bad = [&](std::string_view field, int64_t v, std::string_view rule) {
-    return Status::InvalidArgument(std::string(what) + ": " + std::string(field) + " must be " + std::string(rule) +
-                                   ", not " + std::to_string(v));
-  };
-  if (pool_size < 1) return bad("pool_size", pool_size, ">= 1");
-  if (connect_timeout_ms < 1) return bad("connect_timeout_ms", connect_timeout_ms, "> 0");
-  if (command_timeout_ms < 1) return bad("command_timeout_ms", command_timeout_ms, "> 0");
+  using options_internal::AtLeast;
+  IDEM_RETURN_IF_ERROR(AtLeast(what, "pool_size", pool_size, 1));
+  IDEM_RETURN_IF_ERROR(AtLeast(what, "connect_timeout_ms", connect_timeout_ms, 1));
+  IDEM_RETURN_IF_ERROR(AtLeast(what, "command_timeout_ms", command_timeout_ms, 1));
   return ValidateClientName(client_name);
 }
 

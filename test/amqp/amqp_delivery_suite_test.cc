@@ -76,7 +76,7 @@ Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
   auto s = amqp::Source::Open(
       {.url = SuiteUrl(), .queue = q, .prefetch = 1000, .queue_type = "quorum", .lease_ms = c.lease_ms, .env = c.env});
   if (!s.ok()) return s.status();
-  auto p = amqp::Publisher::Open({.url = SuiteUrl(), .queue = q});
+  auto p = amqp::Publisher::Open({.url = SuiteUrl(), .queue = q, .declare_queue = false});
   if (!p.ok()) return p.status();
   std::shared_ptr<amqp::Publisher> pub = std::move(*p);
   SourceHandle h;

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "amqp/conn.h"
 #include "idem/amqp/source.h"
 #include "idem/consumer.h"
 #include "idem/env.h"
@@ -96,7 +97,7 @@ struct QueueInfo {
   uint32_t consumers = 0;
 };
 Result<QueueInfo> Inspect(const std::string& queue) {
-  auto ep = idem::amqp::ParseUrl(Url());
+  auto ep = idem::amqp_internal::ParseEndpoint(Url());
   if (!ep.ok()) return ep.status();
   amqp_connection_state_t c = amqp_new_connection();
   amqp_socket_t* s = amqp_tcp_socket_new(c);
@@ -298,12 +299,21 @@ TEST(AmqpSource, HeadersProducerTimeAndBinaryIdsAndPayloadsRoundTripByteExact) {
   EXPECT_EQ(rich_seen, 2);
 }
 
-TEST(AmqpSource, PublishToAMissingQueueIsNotFound) {
+// Unroutable is one answer whichever call publishes it: kRejected (refused
+// for good, as idem::Publisher says), from Publish and from PublishBatch.
+TEST(AmqpSource, AnUnroutableMessageIsRejectedByPublishAndByPublishBatch) {
   REQUIRE_BROKER();
   auto pub = Publisher::Open({.url = Url()});
   ASSERT_OK(pub);
-  Status s = (*pub)->Publish(UniqueQueue() + "-nobody", Msg("m"));
-  EXPECT_EQ(s.code(), Code::kNotFound) << s;
+  const std::string nobody = UniqueQueue() + "-nobody";
+  Status s = (*pub)->Publish(nobody, Msg("m"));
+  EXPECT_EQ(s.code(), Code::kRejected) << s;
+  EXPECT_NE(s.message().find(nobody), std::string::npos) << s;
+  const Message m = Msg("m2");
+  const Outgoing batch[] = {{.destination = nobody, .message = &m}};
+  std::vector<Status> b = (*pub)->PublishBatch(batch);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].code(), s.code()) << b[0];
   // The publisher goes on working.
   const std::string q = UniqueQueue();
   auto p2 = OpenPublisher(q);
@@ -311,9 +321,29 @@ TEST(AmqpSource, PublishToAMissingQueueIsNotFound) {
   EXPECT_TRUE((*pub)->Publish(q, Msg("m")).ok());
 }
 
+// declare_queue has one default, true, in Options and from a URL: a
+// publisher opened on a queue nobody declared yet declares it, so its first
+// message is not lost as unroutable.
+TEST(AmqpSource, APublisherDeclaresItsQueueByDefaultFromOptionsAndFromAUrl) {
+  REQUIRE_BROKER();
+  EXPECT_TRUE(Publisher::Options{}.declare_queue);
+  const std::string q1 = UniqueQueue(), q2 = UniqueQueue();
+  auto from_url = Publisher::ParseUrl(Url() + "?queue=" + q2);
+  ASSERT_OK(from_url);
+  EXPECT_EQ(from_url->declare_queue, Publisher::Options{}.declare_queue);
+  for (const Publisher::Options& o : {Publisher::Options{.url = Url(), .queue = q1}, *from_url}) {
+    auto pub = Publisher::Open(o);
+    ASSERT_OK(pub);
+    EXPECT_OK((*pub)->Publish(Msg("first"))) << o.queue;
+    auto info = Inspect(o.queue);
+    ASSERT_OK(info);
+    EXPECT_EQ(info->ready, 1u) << o.queue;
+  }
+}
+
 TEST(AmqpSource, WrongPasswordIsUnavailableWithoutThePassword) {
   REQUIRE_BROKER();
-  auto ep = idem::amqp::ParseUrl(Url());
+  auto ep = idem::amqp_internal::ParseEndpoint(Url());
   ASSERT_TRUE(ep.ok());
   const std::string url = "amqp://idem:topsecret-wrong@" + ep->Where() + "/%2f";
   auto src = AmqpSource::Open({.url = url, .queue = UniqueQueue()});

@@ -9,13 +9,17 @@
 
 #include <string>
 
+#include "amqp/conn.h"
+#include "idem/amqp/publisher.h"
 #include "idem/amqp/source.h"
 
 namespace idem::amqp {
 namespace {
 
-TEST(AmqpUrl, ParsesUserPasswordHostPortVhost) {
-  auto ep = ParseUrl("amqp://idem:s%40cret@127.0.0.1:56721/%2f");
+using amqp_internal::ParseEndpoint;
+
+TEST(AmqpEndpoint, ParsesUserPasswordHostPortVhost) {
+  auto ep = ParseEndpoint("amqp://idem:s%40cret@127.0.0.1:56721/%2f");
   ASSERT_TRUE(ep.ok()) << ep.status();
   EXPECT_EQ(ep->user, "idem");
   EXPECT_EQ(ep->password, "s@cret");
@@ -25,26 +29,26 @@ TEST(AmqpUrl, ParsesUserPasswordHostPortVhost) {
   EXPECT_EQ(ep->Where(), "127.0.0.1:56721");
 }
 
-TEST(AmqpUrl, DefaultsAndNamedVhost) {
-  auto ep = ParseUrl("amqp://broker.example/payments");
+TEST(AmqpEndpoint, DefaultsAndNamedVhost) {
+  auto ep = ParseEndpoint("amqp://broker.example/payments");
   ASSERT_TRUE(ep.ok()) << ep.status();
   EXPECT_EQ(ep->user, "guest");
   EXPECT_EQ(ep->password, "guest");
   EXPECT_EQ(ep->port, 5672);
   EXPECT_EQ(ep->vhost, "payments");
-  auto bare = ParseUrl("amqp://h");
+  auto bare = ParseEndpoint("amqp://h");
   ASSERT_TRUE(bare.ok()) << bare.status();
   EXPECT_EQ(bare->vhost, "/");
-  auto v6 = ParseUrl("amqp://u:p@[::1]:5673");
+  auto v6 = ParseEndpoint("amqp://u:p@[::1]:5673");
   ASSERT_TRUE(v6.ok()) << v6.status();
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->Where(), "[::1]:5673");
 }
 
-TEST(AmqpUrl, RejectsMalformedUrlsWithoutEchoingThePassword) {
+TEST(AmqpEndpoint, RejectsMalformedUrlsWithoutEchoingThePassword) {
   for (const char* url : {"http://h", "amqps://h", "amqp://", "amqp://u:topsecret@h:0/", "amqp://u:topsecret@h:99999",
                           "amqp://u:topsecret@h:x", "amqp://u:top%zzsecret@h", "amqp://u:topsecret@[::1"}) {
-    auto ep = ParseUrl(url);
+    auto ep = ParseEndpoint(url);
     ASSERT_FALSE(ep.ok()) << url;
     EXPECT_EQ(ep.status().code(), Code::kInvalidArgument) << url;
     EXPECT_EQ(ep.status().message().find("topsecret"), std::string::npos) << ep.status();
@@ -56,6 +60,19 @@ TEST(AmqpSource, RejectsBadOptions) {
   EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = "q", .prefetch = 0}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.url = "amqp://h", .queue = "q", .prefetch = 70000}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Source::Open({.url = "nope", .queue = "q"}).status().code(), Code::kInvalidArgument);
+}
+
+// declare_queue has one default, whether the options are written or read
+// from a URL, for the publisher as for the source: true.
+TEST(AmqpPublisher, DeclareQueueHasOneDefaultInOptionsAndFromAUrl) {
+  EXPECT_TRUE(Publisher::Options{}.declare_queue);
+  EXPECT_EQ(Publisher::Options{}.declare_queue, Source::Options{}.declare_queue);
+  auto from_url = Publisher::ParseUrl("amqp://h/%2f?queue=q");
+  ASSERT_TRUE(from_url.ok()) << from_url.status();
+  EXPECT_EQ(from_url->declare_queue, Publisher::Options{}.declare_queue);
+  auto source_url = Source::ParseUrl("amqp://h/%2f?queue=q");
+  ASSERT_TRUE(source_url.ok()) << source_url.status();
+  EXPECT_EQ(source_url->declare_queue, Publisher::Options{}.declare_queue);
 }
 
 // A port on 127.0.0.1 where nothing listens: bound, never listened on.

@@ -26,7 +26,7 @@ done
 ok "every component installed: ${components[*]}"
 for h in inbox.h open.h sqlite/store.h embedded/queue.h postgres/store.h redis/claim_store.h redis/stream_source.h \
          redis/stream_publisher.h http/client.h http/idempotency.h http/request.h httplib/middleware.h httplib/server.h \
-         amqp/source.h amqp/publisher.h kafka/source.h publisher.h url.h transaction.h claim_store.h version.h; do
+         amqp/source.h amqp/publisher.h kafka/source.h kafka/publisher.h publisher.h url.h transaction.h claim_store.h version.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
 ok "every component's headers installed"
@@ -54,4 +54,23 @@ flags=$(pkg-config --cflags --libs "${pcs[@]}") || fail "pkg-config ${pcs[*]}"
 c++ -std=c++20 -O1 -o "$T/app-pc" "$HERE/app/all.cc" $flags || fail "pkg-config's flags do not build the application"
 "$T/app-pc" >"$T/out" || { cat "$T/out" >&2; fail "the pkg-config application failed"; }
 ok "pkg-config ${pcs[*]}: built and ran"
+# idem::open brings only the adapters asked for: open alone needs no
+# PostgreSQL, Redis, RabbitMQ or Kafka and opens SQLite and the embedded
+# queue; open with kafka opens kafka:// too, linking idem::open only.
+open_app() {
+  local name=$1 with=$2
+  cmake -S "$HERE/open_app" -B "$T/$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$P" \
+    "-DIDEM_OPEN_WITH=$with" >"$T/$name.log" 2>&1 || { cat "$T/$name.log" >&2; fail "find_package(idem COMPONENTS open $with)"; }
+  cmake --build "$T/$name" >>"$T/$name.log" 2>&1 || { cat "$T/$name.log" >&2; fail "open_app ($with) does not build"; }
+  "$T/$name/open_app" >"$T/$name.out" || { cat "$T/$name.out" >&2; fail "open_app ($with) failed"; }
+}
+open_app open-alone ""
+grep -qx "stores: sqlite" "$T/open-alone.out" || { cat "$T/open-alone.out" >&2; fail "open alone: store schemes"; }
+grep -qx "sources: embedded" "$T/open-alone.out" || { cat "$T/open-alone.out" >&2; fail "open alone: source schemes"; }
+grep -q "does not link idem::kafka" "$T/open-alone.out" || { cat "$T/open-alone.out" >&2; fail "open alone: kafka:// not named as not linked"; }
+ok "find_package(idem COMPONENTS open): no other adapter loaded, SQLite and embedded open, kafka:// named as not linked"
+open_app open-kafka "kafka"
+grep -qx "sources: embedded kafka" "$T/open-kafka.out" || { cat "$T/open-kafka.out" >&2; fail "open kafka: source schemes"; }
+grep -q "nosuchkey" "$T/open-kafka.out" || { cat "$T/open-kafka.out" >&2; fail "open kafka: kafka:// not parsed by the adapter"; }
+ok "find_package(idem COMPONENTS open kafka): kafka:// opens through idem::open, no other adapter loaded"
 echo "install (all): $passed passed, 0 failed"

@@ -45,7 +45,7 @@ TEST(KafkaErrors, EachErrorMapsToTheCodeACallerBranchesOn) {
       {RD_KAFKA_RESP_ERR__FATAL, Code::kInternal},
   };
   for (const Case& c : cases) {
-    Status s = internal::FromKafka(c.err, "ctx");
+    Status s = kafka_internal::Translate(c.err, "ctx");
     EXPECT_EQ(s.code(), c.code) << rd_kafka_err2name(c.err) << " -> " << s;
     if (!s.ok()) {
       EXPECT_NE(s.message().find("kafka: ctx: "), std::string::npos) << s;

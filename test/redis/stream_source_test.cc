@@ -907,5 +907,27 @@ TEST_F(StreamsTest, OpenSourceAndOpenPublisherByUrl) {
   EXPECT_EQ(unreachable.status().message().find("topsecret"), std::string::npos) << unreachable.status();
 }
 
+// OpenSource without a consumer name (in the URL or the settings): each
+// source is a consumer of its own, named anew per start and reported by
+// consumer(), never a name every such process would share.
+TEST_F(StreamsTest, OpenSourceWithoutAConsumerNameGivesEachStartANameOfItsOwn) {
+  EXPECT_TRUE(SourceOptions{}.consumer.empty());
+  const std::string url = RedisUrl() + "?stream=" + Opts().stream + "&group=unnamed";
+  auto a = OpenSource(url);
+  ASSERT_OK(a);
+  auto b = OpenSource(url, SourceOptions{});
+  ASSERT_OK(b);
+  auto* sa = dynamic_cast<StreamSource*>(a->get());
+  auto* sb = dynamic_cast<StreamSource*>(b->get());
+  ASSERT_NE(sa, nullptr);
+  ASSERT_NE(sb, nullptr);
+  EXPECT_NE(sa->consumer(), "idem");
+  EXPECT_NE(sa->consumer(), sb->consumer());
+  EXPECT_EQ(sa->consumer().rfind("idem-", 0), 0u) << sa->consumer();
+  EXPECT_NE(sa->consumer().find("-" + std::to_string(::getpid()) + "-"), std::string::npos) << sa->consumer();
+  EXPECT_TRUE(sa->Close().ok());
+  EXPECT_TRUE(sb->Close().ok());
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -44,7 +44,7 @@ struct OpenedSource {
 // lease_ms: the visibility timeout where the source has one; consumer: this
 // process's name in a consumer group (the process id is appended, so that
 // two processes never share a Redis consumer name; empty: a new name each).
-using SourceSettings = ::idem::SourceSettings;
+using SourceSettings = ::idem::SourceOptions;
 
 // kInvalidArgument for an unknown scheme or a bad URL (naming it, password
 // hidden); the source's own errors otherwise.

@@ -43,10 +43,12 @@ class Publisher : public ::idem::Publisher {
     // Exchange to publish to. Empty: the default exchange (routing key =
     // queue name). Default: empty.
     std::string exchange{};
-    // Declare `queue` (durable, not exclusive, not auto-delete, of
-    // queue_type) on every connect, as Source::Options::declare_queue does.
-    // Default: false.
-    bool declare_queue = false;
+    // Declare `queue`, when there is one (durable, not exclusive, not
+    // auto-delete, of queue_type), on every connect, as
+    // Source::Options::declare_queue does; the same default from a URL.
+    // Off for a queue that someone else declares with other arguments.
+    // Default: true.
+    bool declare_queue = true;
     // With declare_queue: "classic" or "quorum", as the consumers declare it
     // (RabbitMQ refuses a declaration with other arguments). Default: classic.
     std::string queue_type = "classic";
@@ -57,9 +59,8 @@ class Publisher : public ::idem::Publisher {
 
   // Checks the options, connects and puts the channel in confirm mode
   // (confirm.select). kInvalidArgument for a bad URL (password hidden), a
-  // queue longer than 255 bytes, declare_queue without a queue, a bad
-  // queue_type; kUnavailable when the broker cannot be reached or refuses
-  // the login.
+  // queue longer than 255 bytes, a bad queue_type, connect_timeout_ms < 1; kUnavailable when the broker cannot be
+  // reached or refuses the login.
   static Result<std::unique_ptr<Publisher>> Open(const Options& options);
   // Reads the URL of Source::ParseUrl (the same URL opens both ends):
   // queue, queue_type, declare_queue (default true, as for the Source) and
@@ -78,7 +79,8 @@ class Publisher : public ::idem::Publisher {
   //   kInvalidArgument: a header with an empty name (rabbitmq-c 0.11 cannot
   //     decode such a table: a consumer's connection would fail on every
   //     delivery of it), a name or an id longer than 255 bytes.
-  //   kNotFound: unroutable (no queue bound to the routing key).
+  //   kRejected: unroutable (no queue bound to the routing key), naming
+  //     it; PublishBatch answers the same.
   //   kInDoubt: the connection dropped or the confirm did not come in time:
   //     the message may or may not be queued; publish it again (consumers
   //     are idempotent).

@@ -95,20 +95,6 @@ namespace idem::amqp {
 // integer): idem::kProducerTimeHeader, as on every broker.
 using ::idem::kProducerTimeHeader;
 
-// A parsed "amqp://user:password@host:port/vhost" (percent-escapes decoded;
-// "/%2f" or no path is the vhost "/"). Defaults: guest:guest, port 5672.
-struct Endpoint {
-  std::string host{};
-  int port = 5672;
-  std::string user{};
-  std::string password{};
-  std::string vhost = "/";
-  // "host:port" (what error messages name; never the password).
-  std::string Where() const;
-};
-// kInvalidArgument naming what is wrong (never echoing the password).
-Result<Endpoint> ParseUrl(std::string_view url);
-
 class Source : public idem::Source {
  public:
   struct Options {

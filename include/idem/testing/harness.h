@@ -69,7 +69,7 @@ Message Msg(std::string id, std::string payload);
 // every scenario are compared on. Lines are compared as a multiset (their
 // order does not matter).
 struct State {
-  std::vector<std::string> lines;
+  std::vector<std::string> lines{};
 };
 
 // What the functions under test get: one per run (a fresh store each) and
