@@ -157,7 +157,7 @@ class StoreHooks {
  public:
   virtual ~StoreHooks() = default;
 
-  // Store::Begin (idem/store.h).
+  // Store::Begin (idem/store.h), also here so BeginDeferred can default to it.
   virtual Result<std::unique_ptr<StoreTransaction>> Begin() = 0;
   // The same, except that the store may hold BEGIN back and send it with
   // the transaction's first statement, in one round trip (PostgreSQL, by

@@ -24,6 +24,7 @@
 
 #include "http/parker.h"
 #include "idem/message.h"
+#include "idem/store.h"
 
 namespace idem::http {
 namespace internal {

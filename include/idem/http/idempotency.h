@@ -58,9 +58,12 @@
 
 #include "idem/claims.h"
 #include "idem/http/request.h"
-#include "idem/message.h"
 #include "idem/result.h"
-#include "idem/store.h"
+#include "idem/transaction.h"
+
+namespace idem {
+class Store;
+}  // namespace idem
 
 namespace idem::http {
 
