@@ -9,7 +9,9 @@
 #                                              CMake packages, pkg-config modules
 #   lib/pkgconfig/idem-<c>.pc                  the same for pkg-config
 #   include/idem/...                           its own headers only (core: also the
-#                                              generated idem/version.h)
+#                                              generated idem/version.h), less
+#                                              those the target's IDEM_HEADERS_NOT_BUILT
+#                                              lists (their code is not in this build)
 # and once lib/cmake/idem/idemConfig.cmake, which loads only the requested
 # components, their idem dependencies and their third-party dependencies, and
 # lib/cmake/idem/idemConfigVersion.cmake, which says which requested versions
@@ -140,36 +142,26 @@ function(_idem_needs target out)
   set(${out}_FILES "${files}" PARENT_SCOPE)
 endfunction()
 
-# The headers of a component, relative to include/.
-function(_idem_headers comp out)
+# The headers of the component of target `t`, relative to include/.
+function(_idem_headers t comp out)
   set(base ${PROJECT_SOURCE_DIR}/include)
   set(files "")
   if(comp STREQUAL "core")
     file(GLOB files CONFIGURE_DEPENDS RELATIVE ${base} ${base}/idem/*.h)
     list(REMOVE_ITEM files idem/open.h)
-    if(IDEM_WITH_KILL_POINTS)
-      # The kill-point API: installed only by a build with kill points.
-      list(APPEND files idem/testing/kill_points.h)
-    endif()
   elseif(comp STREQUAL "open")
     set(files idem/open.h)
   elseif(comp STREQUAL "redis_streams")
     file(GLOB files CONFIGURE_DEPENDS RELATIVE ${base} ${base}/idem/redis/stream*.h ${base}/idem/redis_streams/*.h)
   else()
     file(GLOB_RECURSE files CONFIGURE_DEPENDS RELATIVE ${base} ${base}/idem/${comp}/*.h)
-    if(comp STREQUAL "testing")
-      list(REMOVE_ITEM files idem/testing/kill_points.h idem/testing/fault_vfs.h)
-    endif()
     if(comp STREQUAL "redis")
       list(FILTER files EXCLUDE REGEX "^idem/redis/stream")
     endif()
-    if(comp STREQUAL "sqlite")
-      list(FILTER files EXCLUDE REGEX "/fault_vfs\\.h$")
-      if(IDEM_WITH_KILL_POINTS)
-        file(GLOB vfs CONFIGURE_DEPENDS RELATIVE ${base} ${base}/idem/sqlite/fault_vfs.h ${base}/idem/testing/fault_vfs.h)
-        list(APPEND files ${vfs})
-      endif()
-    endif()
+  endif()
+  get_target_property(not_built ${t} IDEM_HEADERS_NOT_BUILT)
+  if(not_built)
+    list(REMOVE_ITEM files ${not_built})
   endif()
   set(${out} "${files}" PARENT_SCOPE)
 endfunction()
@@ -207,7 +199,7 @@ foreach(_idem_t IN LISTS _idem_all)
     LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(EXPORT idem-${_c} NAMESPACE idem:: FILE idemTargets-${_c}.cmake DESTINATION ${IDEM_CMAKE_DIR} COMPONENT ${_c})
 
-  _idem_headers(${_c} _headers)
+  _idem_headers(${_idem_t} ${_c} _headers)
   foreach(_h IN LISTS _headers)
     get_filename_component(_dir ${_h} DIRECTORY)
     install(FILES include/${_h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${_dir} COMPONENT ${_c})

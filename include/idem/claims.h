@@ -160,7 +160,10 @@ class Claims {
 // (the claim is released, or stored with FailPolicy::kStoreError); a stored
 // failure is replayed as kHandlerFailed.
 // On SQLite keep the claims in a file of their own: the handler's transaction
-// holds the inbox file's write lock while CallOnce commits its claim.
+// holds the inbox file's write lock while CallOnce commits its claim. Claims
+// in the inbox's own file are kInvalidArgument naming the fix, the set-up's
+// mistake and not the message's: the Inbox commits and counts nothing for
+// that batch, and a Consumer stops (Run() returns it), dead-lettering nothing.
 // ---------------------------------------------------------------------------
 struct CallOnceOptions {
   int64_t lease_ms = 30'000;  // how long the call may take before a takeover

@@ -20,7 +20,9 @@
 //    applies (the parked entry is then removed). Never dropped.
 //  - rejected (Status::Rejected from the handler: the message can never be
 //    handled): dead-lettered at once, reason "rejected", never retried.
-//  - aborted (the consumer is stopping): given back, not counted.
+//  - aborted (the consumer is stopping: a handler gave up, Status::Aborted,
+//    and the rest of its batch): given back at once, not counted, told as
+//    EventKind::kAborted.
 //
 // Leases: while a handler runs, the leases of its deliveries are renewed
 // (Source::ExtendLease) every third of the source's lease, so no other
@@ -39,6 +41,7 @@
 #include "idem/id_from.h"
 #include "idem/inbox.h"
 #include "idem/result.h"
+#include "idem/signals.h"
 #include "idem/source.h"
 #include "idem/status.h"
 
@@ -123,9 +126,13 @@ class Consumer {
 
   // Runs the workers until Stop() (or idle, with stop_when_idle). In-flight
   // deliveries finish (commit, then ack) or are given back unacknowledged.
-  // kInvalidArgument, before anything is received, for an empty handler.
-  // Returns OK on a clean stop; kUnavailable when the system will not start
-  // a worker thread (the workers already started stop first, as on Stop()).
+  // kInvalidArgument, before anything is received, for an empty handler;
+  // kInvalidArgument naming the fix, at the first delivery that meets it, for
+  // a set-up that can never work (CallOnce in a Handler with its claims in
+  // the inbox's own SQLite file: idem/claims.h): the workers stop as on
+  // Stop(), that delivery is given back, no failure is counted and nothing is
+  // dead-lettered. Returns OK on a clean stop; kUnavailable when the system
+  // will not start a worker thread (the workers already started stop first).
   Status Run();
   // Asks Run() to return. Async-signal-safe.
   void Stop() noexcept;
@@ -141,8 +148,10 @@ class Consumer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Makes SIGINT and SIGTERM call consumer->Stop(). Pass nullptr to detach;
-// the Consumer's destructor detaches it too.
+// Makes SIGINT and SIGTERM call consumer->Stop() (idem/signals.h: other
+// objects attached stop too; the handlers before the first attach come back
+// when the last one is detached). Pass nullptr to detach every object; the
+// Consumer's destructor detaches it.
 void StopOnSignals(Consumer* consumer);
 
 // True when the calling thread runs a handler for a Consumer that is

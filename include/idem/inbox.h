@@ -90,7 +90,7 @@ struct InboxCounters {
   uint64_t applied = 0;
   uint64_t duplicates = 0;
   uint64_t conflicts = 0;
-  uint64_t failures = 0;       // handler failures and store errors
+  uint64_t failures = 0;       // handler failures and store errors (not kAborted: a stopping consumer's)
   uint64_t dead_lettered = 0;  // dead-lettered by a Consumer running this Inbox
   uint64_t in_progress = 0;    // not applied because a step is in progress (not failures)
   uint64_t rejected = 0;       // the handler said Status::Rejected (not in failures)

@@ -27,15 +27,15 @@ enum class EventKind {
   kApplied,     // the effect committed; handler_us, commit_us set
   kDuplicate,   // the marker existed: work skipped (count these: see kLeaseOverrun)
   kConflict,    // the id came again with another payload: skipped, dead-lettered
-  kFailed,      // nothing committed; detail: the error
+  kFailed,      // nothing committed; detail: the error (a stopping consumer's: kAborted)
   kInProgress,  // a step no transaction covers is unfinished: redelivered, no failure counted
   kRejected,    // the handler said the message can never be handled
   // The Consumer, one per delivery.
   kReceived,
   kAcked,
   kAckFailed,      // the Ack failed after a commit (the redelivery is absorbed)
-  kNacked,         // given back for a retry after a failure or an unfinished step
-  kDeadLettered,   // detail: the reason
+  kNacked,         // given back for a retry after a failure or an unfinished step, or at a stop
+  kDeadLettered,   // detail: the reason (the error the dead-letter table keeps)
   kParked,         // in progress past park_after_ms: listed for an operator, still redelivered
   kLeaseExtended,  // the lease renewed while the handler ran
   kLeaseLost,      // a renewal failed: another consumer may have the message
@@ -61,10 +61,15 @@ enum class EventKind {
   kClaimCompleted,   // the result (or a stored error) was recorded
   kClaimReleased,    // given up without a result: the next claim runs the work
   kClaimFenced,      // the holder's lease had been taken over: its write was refused
+  // The Inbox: the handler (or a call-first message's calls) gave up because
+  // its Consumer is stopping (Status::Aborted, e.g. from idem::http::Client
+  // at SIGTERM): nothing committed, the delivery is given back. Not a
+  // failure: not counted, not an attempt toward dead-lettering.
+  kAborted,
 };
 
 // How many kinds there are (the last one's value + 1), for arrays indexed by kind.
-inline constexpr std::size_t kEventKinds = static_cast<std::size_t>(EventKind::kClaimFenced) + 1;
+inline constexpr std::size_t kEventKinds = static_cast<std::size_t>(EventKind::kAborted) + 1;
 
 // "applied", "duplicate", ..., "claim_fenced": the name in logs and in
 // metric names.

@@ -44,6 +44,7 @@
 #include "idem/outbox_store.h"
 #include "idem/publisher.h"
 #include "idem/result.h"
+#include "idem/signals.h"
 #include "idem/status.h"
 #include "idem/store.h"
 
@@ -97,6 +98,7 @@ class OutboxRelay {
   // kInvalidArgument when the store has no outbox or an option is out of
   // range.
   static Result<std::unique_ptr<OutboxRelay>> Open(Store& store, Publisher& publisher, const Options& options);
+  // Detaches StopOnSignals if it names this relay.
   ~OutboxRelay();
 
   // Publishes until Stop() (or, with stop_when_idle, until nothing is left).
@@ -118,6 +120,13 @@ class OutboxRelay {
   std::atomic<bool> stop_{false};
   std::unique_ptr<State> state_;
 };
+
+// Makes SIGINT and SIGTERM call relay->Stop(): Run returns after the round
+// in flight, what it published recorded (idem/signals.h: other objects
+// attached stop too; the handlers before the first attach come back when the
+// last one is detached). Pass nullptr to detach every object; the relay's
+// destructor detaches it.
+void StopOnSignals(OutboxRelay* relay);
 
 }  // namespace idem
 

@@ -2,8 +2,8 @@
 #include "idem/claims.h"
 
 #include "core/handler_scope.h"
+#include "core/kill_point.h"
 #include "idem/call_first.h"
-#include "idem/testing/kill_points.h"
 
 #include "core/saturating.h"
 
@@ -272,12 +272,20 @@ Result<std::string> CallOnce(Claims& claims, const Message& message, std::string
   const std::string key = DownstreamKey(message, step);
   const std::string what =
       "step '" + std::string(step) + "' of message " + Printable(message.id) + " (key " + Printable(key) + ")";
-  if (const std::string* held = internal::HeldWriteLock(); held != nullptr && *held == claims.store().WriteLockId())
-    return Status::InvalidArgument(
+  if (const std::string* held = internal::HeldWriteLock(); held != nullptr && *held == claims.store().WriteLockId()) {
+    // SQLite has one writer per file, and the inbox's transaction is it
+    // until it commits: the claim's commit would wait on it (the in-process
+    // write gate, then SQLite's lock) for busy_timeout_ms and fail busy, on
+    // every delivery. No message can ever apply so: refused as the set-up's
+    // mistake (the Inbox commits and counts nothing, a Consumer stops).
+    Status refused = Status::InvalidArgument(
         what + ": its claims are kept in " + *held +
         ", whose write lock the inbox's transaction holds while the handler runs, so committing the claim would wait "
         "for itself. Keep the claims in a file of their own, or make the call first with idem::CallFirst "
         "(idem/call_first.h)");
+    internal::RefuseSetup(refused);
+    return refused;
+  }
   IDEM_ASSIGN_OR_RETURN(ClaimOutcome c, claims.Claim(ClaimRequest{.scope = std::string(step),
                                                                   .key = key,
                                                                   .fingerprint = FingerprintOf(message.payload),

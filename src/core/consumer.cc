@@ -1,15 +1,15 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/consumer.h"
+#include "core/kill_point.h"
 
 #include "idem/env.h"
 #include "idem/observer.h"
-#include "idem/testing/kill_points.h"
 
 #include "core/backoff.h"
 #include "core/gate.h"
+#include "core/handler_scope.h"
 #include "core/saturating.h"
-
-#include <signal.h>
+#include "core/signal_stop.h"
 
 #include <algorithm>
 #include <atomic>
@@ -140,14 +140,6 @@ Status CheckOptions(const Consumer::Options& o) {
 }
 }  // namespace
 
-namespace {
-// The consumer SIGINT/SIGTERM stop (StopOnSignals), or null.
-std::atomic<Consumer*>& internal_signal_consumer() {
-  static std::atomic<Consumer*> consumer{nullptr};
-  return consumer;
-}
-}  // namespace
-
 Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, Handler handler,
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
@@ -164,8 +156,7 @@ Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, C
 
 Consumer::~Consumer() {
   // A signal after this must not reach a destroyed consumer (StopOnSignals).
-  Consumer* self = this;
-  internal_signal_consumer().compare_exchange_strong(self, nullptr);
+  internal::DetachFromSignals(this);
 }
 
 Status Consumer::Impl::Run() {
@@ -194,10 +185,24 @@ Status Consumer::Impl::Run() {
     keeper_cv_.notify_all();
     if (keeper.joinable()) keeper.join();
   };
+  // A set-up that can never work, met by a worker (internal::RefuseSetup):
+  // what Run() returns.
+  std::mutex refused_mu;
+  Status refused;
+  const auto work = [&](Held* h) {
+    Work(h);
+    if (const Status* r = internal::SetupRefusal()) {
+      std::lock_guard<std::mutex> l(refused_mu);
+      if (refused.ok())
+        refused = r->WithContext(
+            "Consumer stopped: a set-up that can never work (the delivery was given back, "
+            "no failure counted)");
+    }
+  };
   std::vector<std::thread> threads;
   for (int i = 1; i < options_.workers; ++i) {
     try {
-      threads.emplace_back([this, h = held[i].get()] { Work(h); });
+      threads.emplace_back([&work, h = held[i].get()] { work(h); });
     } catch (const std::system_error& e) {
       // The system has no thread for this worker: stop the ones started
       // (each finishes or gives back what it holds) and say why.
@@ -208,10 +213,10 @@ Status Consumer::Impl::Run() {
                                  std::to_string(options_.workers) + ": " + e.what());
     }
   }
-  Work(held[0].get());
+  work(held[0].get());
   for (auto& t : threads) t.join();
   stop_keeper();
-  return Status::OK();
+  return refused;
 }
 
 void Consumer::Impl::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
@@ -287,6 +292,7 @@ bool Consumer::Impl::IdleDone(int64_t receive_started_ms) {
 }
 
 void Consumer::Impl::Work(Held* held) {
+  internal::ClearSetupRefusal();
   t_stop_flag = &stop_;
   struct ClearStopFlag {
     ~ClearStopFlag() { t_stop_flag = nullptr; }
@@ -312,16 +318,16 @@ void Consumer::Impl::Work(Held* held) {
     busy_.fetch_add(1);
     received_.fetch_add(got->size(), std::memory_order_relaxed);
     for (const Delivery& d : *got) Emit(EventKind::kReceived, d);
-    if (stopping()) {
-      // Received but not started: give back unacknowledged, at once.
+    // Gives every delivery back unacknowledged, at once, and ends this worker.
+    const auto give_back = [&] {
       for (const Delivery& d : *got) {
         (void)source_.Nack(d, 0);
         nacked_.fetch_add(1, std::memory_order_relaxed);
         Emit(EventKind::kNacked, d);
       }
       busy_.fetch_sub(1);
-      return;
-    }
+    };
+    if (stopping()) return give_back();  // received but not started
     if (options_.max_deliveries > 0) {
       // Past the broker's delivery limit: never handled again (see
       // Consumer::Options::max_deliveries), unless it is in progress.
@@ -365,6 +371,12 @@ void Consumer::Impl::Work(Held* held) {
       std::lock_guard<std::mutex> l(held->mu);
       held->deliveries = nullptr;
       renewed_at_ms = held->renewed_at_ms;
+    }
+    if (internal::SetupRefusal() != nullptr) {
+      // The set-up can never work (internal::RefuseSetup): no message's
+      // failure. Nothing committed; everything goes back and Run() returns it.
+      Stop();
+      return give_back();
     }
     // Handled past its lease, unrenewed: another consumer may have been
     // given the message meanwhile (the seed's cause of a rise in skipped
@@ -427,7 +439,7 @@ void Consumer::Impl::SettleRejected(const Delivery& d, const Outcome& o) {
   }
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kDeadLettered, d);
+    Emit(EventKind::kDeadLettered, d, rec.error);
     rejected_.fetch_add(1, std::memory_order_relaxed);
     internal::InboxGate::NoteDeadLetter(inbox_);
   }
@@ -450,7 +462,7 @@ void Consumer::Impl::SettleInProgress(const Delivery& d, const Outcome& o) {
   }
   if (count.ok() && count->parked) {
     parked_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kParked, d);
+    Emit(EventKind::kParked, d, rec.error);
   }
   // In progress: try again after the backoff of its delivery count; once
   // parked (or when the count is unknown), at the slowest pace.
@@ -555,7 +567,7 @@ void Consumer::Impl::Settle(const Delivery& d, const Outcome& o, BatchFailures* 
         // could ever clear it later.
         if (bad_id) (void)inbox_.store().ClearFailures(inbox_.consumer(), keyed.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
-        Emit(EventKind::kDeadLettered, d);
+        Emit(EventKind::kDeadLettered, d, rec.error);
         internal::InboxGate::NoteDeadLetter(inbox_);
         ack();
         return;
@@ -587,7 +599,7 @@ bool Consumer::Impl::SettleCrashLoop(const Delivery& d) {
   if (count->in_progress) return false;
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventKind::kDeadLettered, d);
+    Emit(EventKind::kDeadLettered, d, error);
     internal::InboxGate::NoteDeadLetter(inbox_);
   }
   // Applied earlier (its acks were lost) or dead-lettered now: done either way.
@@ -606,19 +618,6 @@ bool StopRequested() noexcept {
   return f != nullptr && f->load(std::memory_order_relaxed);
 }
 
-namespace {
-extern "C" void IdemStopHandler(int) {
-  if (Consumer* c = internal_signal_consumer().load()) c->Stop();
-}
-}  // namespace
-
-void StopOnSignals(Consumer* consumer) {
-  internal_signal_consumer().store(consumer);
-  struct sigaction sa {};
-  sa.sa_handler = consumer ? IdemStopHandler : SIG_DFL;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
+void StopOnSignals(Consumer* consumer) { internal::StopOnSignalsOf(consumer); }
 
 }  // namespace idem

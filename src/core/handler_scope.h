@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "idem/status.h"
+
 namespace idem::internal {
 
 // While alive, the calling thread runs a handler inside a transaction whose
@@ -27,6 +29,17 @@ class HandlerScope {
 // The write lock held by the transaction of the handler running on this
 // thread; nullptr outside a handler (or when the store has none).
 const std::string* HeldWriteLock() noexcept;
+
+// A set-up that can never work, found by code a handler called (CallOnce
+// with its claims under the write lock the handler's transaction holds): not
+// the message's failure. Recorded for this thread until the Inbox handles
+// its next batch; the Inbox then commits nothing and counts nothing, and a
+// Consumer stops with it (Run() returns it) instead of counting a failure.
+void RefuseSetup(const Status& why);
+void ClearSetupRefusal() noexcept;
+// The refusal recorded on this thread since the Inbox's current (or last)
+// batch began; nullptr when none.
+const Status* SetupRefusal() noexcept;
 
 }  // namespace idem::internal
 

@@ -3,10 +3,10 @@
 
 #include "core/gate.h"
 #include "core/handler_scope.h"
+#include "core/kill_point.h"
 #include "idem/call_first.h"
 #include "idem/env.h"
 #include "idem/prefilter.h"
-#include "idem/testing/kill_points.h"
 #include "idem/trace.h"
 
 #include <algorithm>
@@ -22,12 +22,16 @@ namespace idem {
 namespace internal {
 namespace {
 thread_local const std::string* t_write_lock = nullptr;
+thread_local std::optional<Status> t_setup_refusal;
 }  // namespace
 HandlerScope::HandlerScope(const std::string& write_lock_id) : previous_(t_write_lock) {
   t_write_lock = write_lock_id.empty() ? nullptr : &write_lock_id;
 }
 HandlerScope::~HandlerScope() { t_write_lock = previous_; }
 const std::string* HeldWriteLock() noexcept { return t_write_lock; }
+void RefuseSetup(const Status& why) { t_setup_refusal = why; }
+void ClearSetupRefusal() noexcept { t_setup_refusal.reset(); }
+const Status* SetupRefusal() noexcept { return t_setup_refusal ? &*t_setup_refusal : nullptr; }
 }  // namespace internal
 
 std::string_view KindName(Outcome::Kind kind) {
@@ -208,8 +212,10 @@ bool Inbox::Impl::Admit(std::span<const Message> messages, bool has_handler, std
 std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages, const Handler& handler) {
   std::vector<Outcome> out(messages.size());
   std::vector<bool> excluded;
+  internal::ClearSetupRefusal();
   if (!Admit(messages, static_cast<bool>(handler), out, excluded)) return out;
   Apply(messages, handler, excluded, out);
+  if (internal::SetupRefusal() != nullptr) return out;  // the set-up's failure, not the messages'
   for (auto& o : out) Count(o);
   Notify(messages, out);
   return out;
@@ -218,6 +224,7 @@ std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages,
 std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages, const CallFirst& handler) {
   std::vector<Outcome> out(messages.size());
   std::vector<bool> excluded;
+  internal::ClearSetupRefusal();
   if (!Admit(messages, handler.complete(), out, excluded)) return out;
   // A message handled before makes no call (its claims may be purged by
   // now): read its marker first. A conflict is left to the transaction,
@@ -264,6 +271,7 @@ std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages,
     return handler.apply()(tx, m, *calls[i]);
   };
   Apply(messages, apply, excluded, out);
+  if (internal::SetupRefusal() != nullptr) return out;  // the set-up's failure, not the messages'
   for (auto& o : out) Count(o);
   Notify(messages, out);
   return out;
@@ -279,6 +287,14 @@ void Inbox::Impl::Apply(std::span<const Message> messages, const Handler& handle
   for (;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
     if (!a.failed.has_value()) break;
+    if (a.status.code() == Code::kAborted) {
+      // The consumer is stopping: the rest of the batch is given back with
+      // it, unrun (nothing committed), rather than run again without it.
+      for (size_t i = 0; i < messages.size(); ++i)
+        if (!excluded[i])
+          out[i] = Failed(i == *a.failed ? a.status : a.status.WithContext("given back with its batch"));
+      break;
+    }
     const std::string& id = messages[*a.failed].id;
     for (size_t i = 0; i < messages.size(); ++i) {
       if (excluded[i] || messages[i].id != id) continue;
@@ -360,6 +376,11 @@ Inbox::Impl::Attempt Inbox::Impl::TryBatch(std::span<const Message> messages, co
       const TraceScope trace(TraceContext::Of(m));  // what the handler calls and adds continues the trace
       const int64_t t0 = options_.observer != nullptr ? MonotonicUs() : 0;
       hs = RunHandler(handler, tx, m);
+      if (const Status* refused = internal::SetupRefusal()) {
+        // Whatever the handler made of it: no message can ever apply so.
+        tx.Rollback();
+        return fail_all(*refused);
+      }
       // In a batch, this handler's later inserts go now: their error is
       // this message's, not the next one's.
       if (hs.ok() && markers.size() > 1) hs = tx.FlushLater();
@@ -478,6 +499,7 @@ void Inbox::Impl::Notify(std::span<const Message> messages, const std::vector<Ou
       case Outcome::Kind::kFailed:
         e.kind = o.status.code() == Code::kInProgress ? EventKind::kInProgress
                  : o.status.code() == Code::kRejected ? EventKind::kRejected
+                 : o.status.code() == Code::kAborted  ? EventKind::kAborted
                                                       : EventKind::kFailed;
         break;
     }
@@ -503,7 +525,7 @@ void Inbox::Impl::Count(const Outcome& o) {
         in_progress_.fetch_add(1, std::memory_order_relaxed);
       } else if (o.status.code() == Code::kRejected) {
         rejected_.fetch_add(1, std::memory_order_relaxed);
-      } else {
+      } else if (o.status.code() != Code::kAborted) {  // a stopping consumer's: no failure
         failures_.fetch_add(1, std::memory_order_relaxed);
       }
       break;

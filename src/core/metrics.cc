@@ -74,6 +74,8 @@ constexpr std::array<KindInfo, kKinds> kInfo{{
     {"claim_released", "idem_claims_released_total", "Keys given up without a result.", Family::kScope},
     {"claim_fenced", "idem_claims_fenced_total", "Writes refused because the holder's lease had been taken over.",
      Family::kScope},
+    {"aborted", "idem_aborted_total",
+     "Deliveries given back unfinished because the consumer was stopping (not failures).", Family::kConsumer},
 }};
 
 const KindInfo& Info(EventKind k) { return kInfo[static_cast<size_t>(k)]; }

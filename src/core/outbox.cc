@@ -2,8 +2,7 @@
 #include "idem/outbox.h"
 
 #include "core/gate.h"
-
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 #include "idem/trace.h"
 
 namespace idem {

@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "core/backoff.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
+#include "core/signal_stop.h"
 
 namespace idem {
 
@@ -51,7 +52,8 @@ Message ToMessage(const OutboxRow& row) {
 
 OutboxRelay::OutboxRelay(OutboxStore& store, Publisher& publisher, const Options& options)
     : store_(store), publisher_(publisher), options_(options), state_(std::make_unique<State>()) {}
-OutboxRelay::~OutboxRelay() = default;
+// A signal after this must not reach a destroyed relay (StopOnSignals).
+OutboxRelay::~OutboxRelay() { internal::DetachFromSignals(this); }
 
 Result<std::unique_ptr<OutboxRelay>> OutboxRelay::Open(Store& store, Publisher& publisher, const Options& options) {
   OutboxStore* os = store.outbox_store();
@@ -297,5 +299,7 @@ Status OutboxRelay::Run() {
   }
   return Status::OK();
 }
+
+void StopOnSignals(OutboxRelay* relay) { internal::StopOnSignalsOf(relay); }
 
 }  // namespace idem

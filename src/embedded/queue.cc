@@ -15,14 +15,14 @@
 #include "core/saturating.h"
 #include "embedded/rows.h"
 #include "idem/url.h"
-#include "sqlite/db.h"
+#include "sqlite_driver/db.h"
 
 namespace idem::embedded {
 namespace {
 
 using embedded_internal::DecodeRow;
 using embedded_internal::EncodeHeaders;
-using sqlite_internal::Db;
+using sqlite_driver::Db;
 
 constexpr int kQueueSchemaVersion = 1;
 constexpr const char* kSchemaName = "idem-queue";
@@ -342,7 +342,7 @@ Result<std::unique_ptr<Queue>> Queue::Open(const Options& options) {
                                    std::to_string(o.busy_timeout_ms));
   if (o.env == nullptr) o.env = Env::Default();
   if (o.poll_ms < 1) o.poll_ms = 1;
-  sqlite_internal::OpenOptions oo;
+  sqlite_driver::OpenOptions oo;
   oo.path = o.path;
   oo.busy_timeout_ms = static_cast<int>(o.busy_timeout_ms);
   oo.synchronous = o.durable ? "FULL" : "NORMAL";

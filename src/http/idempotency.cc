@@ -6,7 +6,8 @@
 // share (Replay, AnswerUnstarted, Problem, ...).
 #include "idem/http/idempotency.h"
 #include "idem/http/stored_response.h"
-#include "idem/testing/kill_points.h"
+
+#include "core/kill_point.h"
 
 #include <pthread.h>
 

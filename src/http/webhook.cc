@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/http/webhook.h"
 
+#include "core/signal_stop.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -179,6 +181,12 @@ bool Ed25519Verify(std::string_view key, std::string_view sig, std::string_view 
   return ok;
 }
 
+// `j[key]` when `j` is an object and that is a string; "" otherwise.
+std::string JsonString(const nlohmann::json& j, const char* key) {
+  auto it = j.is_object() ? j.find(key) : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 const std::string& Required(const Headers& h, std::string_view name, Status& missing) {
   static const std::string kEmpty;
   const std::string* v = h.Find(name);
@@ -234,8 +242,7 @@ Result<WebhookEvent> WebhookVerifier::Verify(const Request& r) const {
       if (!ok) return Status::Rejected("webhook signature does not verify with any of the secrets (event " + id + ")");
       ev.id = id;
       ev.timestamp_s = *t;
-      auto j = nlohmann::json::parse(r.body, nullptr, false);
-      if (j.is_object() && j.contains("type") && j["type"].is_string()) ev.type = j["type"].get<std::string>();
+      ev.type = JsonString(nlohmann::json::parse(r.body, nullptr, false), "type");
       return ev;
     }
     case WebhookScheme::kGitHub: {
@@ -286,12 +293,10 @@ Result<WebhookEvent> WebhookVerifier::Verify(const Request& r) const {
       }
       if (!ok) return Status::Rejected("webhook signature does not verify with any of the secrets");
       auto j = nlohmann::json::parse(r.body, nullptr, false);
-      if (!j.is_object() || !j.contains("id") || !j["id"].is_string()) {
-        return Status::InvalidArgument("a Stripe event without an \"id\" string in its JSON body");
-      }
-      ev.id = j["id"].get<std::string>();
+      ev.id = JsonString(j, "id");
+      if (ev.id.empty()) return Status::InvalidArgument("a Stripe event without an \"id\" string in its JSON body");
       IDEM_RETURN_IF_ERROR(ValidateId(ev.id).WithContext("the event's id"));
-      if (j.contains("type") && j["type"].is_string()) ev.type = j["type"].get<std::string>();
+      ev.type = JsonString(j, "type");
       ev.timestamp_s = *t;
       return ev;
     }
@@ -337,7 +342,8 @@ struct WebhookReceiver::State {
   std::optional<CallFirst> call_first;
   Publisher* publisher = nullptr;
   std::atomic<uint64_t> applied{0}, replayed{0}, conflicts{0}, malformed{0}, unverified{0}, in_progress{0}, rejected{0},
-      failed{0}, group_commits{0}, grouped{0};
+      failed{0}, group_commits{0}, grouped{0}, stopped{0};
+  std::atomic<bool> stopping{false};  // Stop()
 
   // Group commit (Options::group_commit_max > 1): the deliveries waiting
   // for a transaction, oldest first; one request thread at a time (the
@@ -394,7 +400,11 @@ Outcome WebhookReceiver::State::HandleGrouped(const Message& m) {
 
 WebhookReceiver::WebhookReceiver(std::unique_ptr<State> state, std::unique_ptr<WebhookVerifier> verifier)
     : state_(std::move(state)), verifier_(std::move(verifier)) {}
-WebhookReceiver::~WebhookReceiver() = default;
+// A signal after this must not reach a destroyed receiver (StopOnSignals).
+WebhookReceiver::~WebhookReceiver() { internal::DetachFromSignals(this); }
+
+void WebhookReceiver::Stop() noexcept { state_->stopping.store(true); }
+bool WebhookReceiver::stopping() const noexcept { return state_->stopping.load(); }
 
 namespace {
 
@@ -415,8 +425,22 @@ Answer Json(int status, std::string_view outcome, std::string_view id, std::stri
   if (!error.empty()) j["error"] = std::string(error);
   Answer a;
   a.status = status;
-  a.SetBody(j.dump(), "application/json");
+  // A sender's bytes that are not UTF-8 are replaced, never thrown on.
+  a.SetBody(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
   return a;
+}
+
+// The event id a refused request carries (not verified), for its error
+// body: the scheme's id header, or a Stripe body's "id"; "" when it carries
+// none. An id too long to be one is shown cut and escaped.
+std::string ClaimedId(const Request& r, WebhookScheme scheme) {
+  std::string id;
+  switch (scheme) {
+    case WebhookScheme::kStandard: id = r.headers.Get("webhook-id"); break;
+    case WebhookScheme::kGitHub: id = r.headers.Get("X-GitHub-Delivery"); break;
+    case WebhookScheme::kStripe: id = JsonString(nlohmann::json::parse(r.body, nullptr, false), "id"); break;
+  }
+  return ValidateId(id).ok() || id.empty() ? id : Printable(id);
 }
 
 }  // namespace
@@ -464,12 +488,19 @@ Answer WebhookReceiver::Handle(const Request& request) {
   State& s = *state_;
   auto ev = verifier_->Verify(request);
   if (!ev.ok()) {
+    const std::string id = ClaimedId(request, s.options.verify.scheme);
     if (ev.status().IsRejected()) {
       s.unverified++;
-      return Json(401, "unverified", "", ev.status().message());
+      return Json(401, "unverified", id, ev.status().message());
     }
     s.malformed++;
-    return Json(400, "malformed", "", ev.status().message());
+    return Json(400, "malformed", id, ev.status().message());
+  }
+  if (s.stopping.load()) {  // nothing stored: the sender delivers it again, here after a restart or elsewhere
+    s.stopped++;
+    Answer a = Json(503, "stopping", ev->id, "the receiver is stopping; deliver it again later");
+    a.headers.Set("Retry-After", "1");
+    return a;
   }
   Message m;
   m.id = ev->id;
@@ -542,7 +573,10 @@ WebhookCounters WebhookReceiver::counters() const {
           .rejected = s.rejected,
           .failed = s.failed,
           .group_commits = s.group_commits,
-          .grouped = s.grouped};
+          .grouped = s.grouped,
+          .stopped = s.stopped};
 }
 
 }  // namespace idem::http
+
+void idem::StopOnSignals(http::WebhookReceiver* receiver) { internal::StopOnSignalsOf(receiver); }

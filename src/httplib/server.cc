@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/httplib/server.h"
 
+#include "core/signal_stop.h"
 #include "httplib/fiber.h"
 
 #include <netdb.h>
@@ -467,6 +468,17 @@ class Server::Impl final : public ::httplib::Server {
     return {.accepted = accepted_, .refused = refused_, .deadline_closes = deadline_closes_, .open = open_};
   }
 
+  // What ::httplib::Server::stop() does (the listening socket closed: the
+  // accept loop ends, and every connection at its next wait), without its
+  // assert, which a second call before listen() returns would fail: so a
+  // signal handler may call it, as often as signals come.
+  void StopListening() noexcept {
+    const socket_t s = svr_sock_.exchange(INVALID_SOCKET);
+    if (s == INVALID_SOCKET) return;
+    ::shutdown(s, SHUT_RDWR);
+    ::close(s);
+  }
+
  private:
   // The accept thread as cpp-httplib's task queue: enqueue runs the task (a
   // call of process_and_close_socket) at once.
@@ -628,7 +640,10 @@ Result<std::unique_ptr<Server>> Server::Open(const Options& options) {
 // that finds they cannot be is refused).
 Server::Server() : impl_(std::make_unique<Impl>(Options{})) {}
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Server::~Server() = default;
+// A signal after this must not reach a destroyed server (StopOnSignals).
+Server::~Server() { ::idem::internal::DetachFromSignals(this); }
+
+void Server::Stop() noexcept { impl_->StopListening(); }
 
 ::httplib::Server& Server::native() { return *impl_; }
 
@@ -637,3 +652,5 @@ Status Server::set_fibers(int threads) { return impl_->SetFibers(threads); }
 Server::Counters Server::counters() const { return impl_->counters(); }
 
 }  // namespace idem::httplib
+
+void idem::StopOnSignals(httplib::Server* server) { internal::StopOnSignalsOf(server); }

@@ -3,8 +3,8 @@
 
 #include <exception>
 
+#include "core/kill_point.h"
 #include "idem/kafka/source.h"
-#include "idem/testing/kill_points.h"
 #include "idem/trace.h"
 
 namespace idem::kafka {

@@ -3,8 +3,8 @@
 
 #include "idem/postgres/store.h"
 
+#include "core/kill_point.h"
 #include "idem/env.h"
-#include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
 #include <cstdlib>

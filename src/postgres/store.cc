@@ -2,8 +2,8 @@
 #include "idem/postgres/store.h"
 #include "idem/store_backend.h"
 
+#include "core/kill_point.h"
 #include "idem/env.h"
-#include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
 #include <poll.h>

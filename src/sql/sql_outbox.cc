@@ -6,7 +6,7 @@
 #include <set>
 
 #include "core/header_codec.h"
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 namespace idem::sql_internal {
 

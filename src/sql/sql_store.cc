@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "idem/testing/kill_points.h"
+#include "core/kill_point.h"
 
 namespace idem::sql_internal {
 

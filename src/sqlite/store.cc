@@ -21,20 +21,20 @@
 #include <system_error>
 #include <thread>
 
+#include "core/kill_point.h"
 #include "idem/env.h"
-#include "idem/testing/kill_points.h"
 #include "idem/url.h"
 
 #include "sql/sql_store.h"
-#include "sqlite/batched_wal.h"
-#include "sqlite/db.h"
 #include "sqlite/schema.h"
+#include "sqlite_driver/batched_wal.h"
+#include "sqlite_driver/db.h"
 
 namespace idem::sqlite {
 namespace {
 
 using Options = Store::Options;
-using sqlite_internal::Db;
+using sqlite_driver::Db;
 
 class SqliteConnection final : public sql_internal::Connection {
  public:
@@ -49,7 +49,7 @@ class SqliteConnection final : public sql_internal::Connection {
   }
   Status Commit() override {
     // With FULL, the commit's WAL frames go out in one write (batched_wal.h).
-    sqlite_internal::BatchedWalWrites batched(db_->batched_wal());
+    sqlite_driver::BatchedWalWrites batched(db_->batched_wal());
     auto r = db_->Exec("COMMIT", {});
     // A crash here leaves the caller without the outcome: committed or not,
     // only the database knows (the Inbox's marker says which).
@@ -165,7 +165,7 @@ class FlockLane final : public sql_internal::SqlStore::LaneLock {
 // I/O error) is left to the next wake-up.
 class Checkpointer {
  public:
-  Checkpointer(sqlite_internal::OpenOptions o, int threshold_pages)
+  Checkpointer(sqlite_driver::OpenOptions o, int threshold_pages)
       : options_(std::move(o)), threshold_(threshold_pages) {}
   ~Checkpointer() {
     {
@@ -229,7 +229,7 @@ class Checkpointer {
     }
   }
 
-  const sqlite_internal::OpenOptions options_;  // without after_commit: this connection never commits
+  const sqlite_driver::OpenOptions options_;  // without after_commit: this connection never commits
   const int threshold_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -237,8 +237,8 @@ class Checkpointer {
   std::thread thread_;
 };
 
-sqlite_internal::OpenOptions OpenOptionsFor(const Options& o, bool create) {
-  sqlite_internal::OpenOptions oo;
+sqlite_driver::OpenOptions OpenOptionsFor(const Options& o, bool create) {
+  sqlite_driver::OpenOptions oo;
   oo.path = o.path;
   oo.create = create;
   oo.busy_timeout_ms = o.busy_timeout_ms;
@@ -280,7 +280,7 @@ class SqliteStore final : public sql_internal::SqlStore {
   // batched-WAL shim, which needs each commit's sync, is left out.
   Result<std::unique_ptr<sql_internal::Connection>> ConnectRelay() override { return ConnectAs("NORMAL"); }
   Result<std::unique_ptr<sql_internal::Connection>> ConnectAs(const char* synchronous) {
-    sqlite_internal::OpenOptions oo = OpenOptionsFor(options_, create_file_.load(std::memory_order_acquire));
+    sqlite_driver::OpenOptions oo = OpenOptionsFor(options_, create_file_.load(std::memory_order_acquire));
     if (synchronous != nullptr) oo.synchronous = synchronous;
     if (checkpointer_ != nullptr)
       oo.after_commit = [c = checkpointer_.get()](int pages) { return c->AfterCommit(pages); };

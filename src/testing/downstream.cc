@@ -2,56 +2,50 @@
 #include "idem/testing/downstream.h"
 
 #include <signal.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <mutex>
 
 #include "idem/message.h"
+#include "sqlite_driver/db.h"
 
 namespace idem::testing {
 
+using sqlite_driver::Db;
+
 struct FakeDownstream::Impl {
   std::mutex mu;
-  sqlite3* db = nullptr;
+  std::unique_ptr<Db> db;
   pid_t pid = 0;  // the process that opened db (a child opens its own)
   Fault fault;
   int64_t calls_since_arm = 0;
   std::function<void()> hook;
 
-  Result<sqlite3*> Conn(const std::string& path);
-  ~Impl() {
-    if (db != nullptr && pid == ::getpid()) sqlite3_close(db);
+  Result<Db*> Conn(const std::string& path);
+  // A parent's connection, inherited by fork, is never touched (not closed).
+  void DropInherited() {
+    if (db != nullptr && pid != ::getpid()) (void)db.release();
   }
+  ~Impl() { DropInherited(); }
 };
 
 namespace {
 
-Status Err(sqlite3* db, const std::string& what) {
-  return Status::Unavailable("FakeDownstream: " + what + ": " + (db ? sqlite3_errmsg(db) : "out of memory"));
-}
-
-// One statement with text parameters; rows as text.
-Result<std::vector<std::vector<std::string>>> Run(sqlite3* db, const char* sql,
+// One statement with text parameters; rows as text. Errors as the driver
+// translates them, named as the test kit's downstream's.
+Result<std::vector<std::vector<std::string>>> Run(Db& db, std::string_view sql,
                                                   std::initializer_list<std::string_view> params) {
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) return Err(db, sql);
-  int i = 1;
-  for (std::string_view p : params) sqlite3_bind_text(st, i++, p.data(), static_cast<int>(p.size()), SQLITE_TRANSIENT);
-  std::vector<std::vector<std::string>> rows;
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  std::vector<Value> values(params.begin(), params.end());
+  auto rows = db.Query(sql, values);
+  if (!rows.ok()) return rows.status().WithContext("FakeDownstream");
+  std::vector<std::vector<std::string>> out;
+  for (const auto& r : rows->rows) {
     std::vector<std::string> row;
-    for (int c = 0; c < sqlite3_column_count(st); ++c) {
-      const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(st, c));
-      row.emplace_back(t ? std::string(t, sqlite3_column_bytes(st, c)) : "");
-    }
-    rows.push_back(std::move(row));
+    for (const Value& v : r) row.push_back(v.AsText());
+    out.push_back(std::move(row));
   }
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return Err(db, sql);
-  return rows;
+  return out;
 }
 
 }  // namespace
@@ -71,29 +65,19 @@ void FakeDownstream::OnNextEffect(std::function<void()> hook) {
 }
 
 // The connection of this process, opened (and the table made) on first use.
-Result<sqlite3*> FakeDownstream::Impl::Conn(const std::string& path) {
-  Impl& impl = *this;
-  if (impl.db != nullptr && impl.pid == ::getpid()) return impl.db;
-  impl.db = nullptr;  // a parent's connection, inherited by fork: never touched
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
-      SQLITE_OK) {
-    Status s = Err(db, "cannot open " + path);
-    sqlite3_close(db);
-    return s;
-  }
-  sqlite3_busy_timeout(db, 30'000);
-  auto made = Run(db,
-                  "CREATE TABLE IF NOT EXISTS calls(seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, "
-                  "request TEXT NOT NULL, response TEXT NOT NULL, effect INTEGER NOT NULL)",
-                  {});
-  if (!made.ok()) {
-    sqlite3_close(db);
-    return made.status();
-  }
-  impl.db = db;
-  impl.pid = ::getpid();
-  return db;
+Result<Db*> FakeDownstream::Impl::Conn(const std::string& path) {
+  if (db != nullptr && pid == ::getpid()) return db.get();
+  DropInherited();
+  auto opened = Db::Open({.path = path, .busy_timeout_ms = 30'000});
+  if (!opened.ok()) return opened.status().WithContext("FakeDownstream");
+  IDEM_RETURN_IF_ERROR(Run(**opened,
+                           "CREATE TABLE IF NOT EXISTS calls(seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, "
+                           "request TEXT NOT NULL, response TEXT NOT NULL, effect INTEGER NOT NULL)",
+                           {})
+                           .status());
+  db = std::move(*opened);
+  pid = ::getpid();
+  return db.get();
 }
 
 Result<std::string> FakeDownstream::Call(std::string_view key, std::string_view request) {
@@ -102,7 +86,8 @@ Result<std::string> FakeDownstream::Call(std::string_view key, std::string_view 
   std::string response;
   {
     std::lock_guard<std::mutex> l(impl_->mu);
-    IDEM_ASSIGN_OR_RETURN(sqlite3 * db, impl_->Conn(path_));
+    IDEM_ASSIGN_OR_RETURN(Db * conn, impl_->Conn(path_));
+    Db& db = *conn;
     const int64_t n = ++impl_->calls_since_arm;
     lose = impl_->fault.kind == Fault::Kind::kLoseResponse && n == impl_->fault.at;
     kill = impl_->fault.kind == Fault::Kind::kKillAfterWork && n == impl_->fault.at;
@@ -159,8 +144,8 @@ Result<std::string> FakeDownstream::Call(std::string_view key, std::string_view 
 
 Result<std::vector<FakeDownstream::Record>> FakeDownstream::Calls() {
   std::lock_guard<std::mutex> l(impl_->mu);
-  IDEM_ASSIGN_OR_RETURN(sqlite3 * db, impl_->Conn(path_));
-  IDEM_ASSIGN_OR_RETURN(auto rows, Run(db, "SELECT key, request, response, effect FROM calls ORDER BY seq", {}));
+  IDEM_ASSIGN_OR_RETURN(Db * db, impl_->Conn(path_));
+  IDEM_ASSIGN_OR_RETURN(auto rows, Run(*db, "SELECT key, request, response, effect FROM calls ORDER BY seq", {}));
   std::vector<Record> out;
   for (auto& r : rows) out.push_back({.key = r[0], .request = r[1], .response = r[2], .effect = r[3] == "1"});
   return out;

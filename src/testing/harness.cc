@@ -226,7 +226,7 @@ struct RunSpec {
 class RunCtx final : public Context {
  public:
   static Result<std::unique_ptr<RunCtx>> Open(const RunSpec& spec, Plan& plan, const Subject& subject) {
-    std::unique_ptr<RunCtx> c(new RunCtx(spec, plan));
+    std::unique_ptr<RunCtx> c(new RunCtx(spec, plan, static_cast<bool>(subject.consumer)));
     IDEM_ASSIGN_OR_RETURN(c->inner_, OpenStore(spec.url, {.env = spec.clock}));
     c->faulty_ = std::make_unique<FaultyStore>(*c->inner_, plan);
     // On SQLite the claims live in a file of their own, so that a CallOnce
@@ -262,7 +262,11 @@ class RunCtx final : public Context {
     return c;
   }
 
-  Store& store() override { return *faulty_; }
+  // A Handler's or a CallFirst's own transactions (a read in the calls part)
+  // are not the Inbox's: they reach no crash point, so a child is never
+  // stopped holding a claim where the Inbox could not be. A consumer of the
+  // user's own gets the faulty store: its transactions are the subject's.
+  Store& store() override { return subject_is_consumer_ ? static_cast<Store&>(*faulty_) : *inner_; }
   Claims& claims() override { return *claims_; }
   FakeDownstream& downstream() override { return *downstream_; }
   const std::string& dir() const override { return spec_.dir; }
@@ -293,9 +297,11 @@ class RunCtx final : public Context {
   }
 
  private:
-  RunCtx(const RunSpec& spec, Plan& plan) : spec_(spec), plan_(plan) {}
+  RunCtx(const RunSpec& spec, Plan& plan, bool subject_is_consumer)
+      : spec_(spec), plan_(plan), subject_is_consumer_(subject_is_consumer) {}
   RunSpec spec_;
   Plan& plan_;
+  const bool subject_is_consumer_;
   std::unique_ptr<Store> inner_;
   std::unique_ptr<FaultyStore> faulty_;
   std::unique_ptr<ClaimStore> own_claims_;
@@ -790,6 +796,32 @@ void LostResponse(Run& r, int max) {
   r.CheckEnd(Scenario::kLostResponse, "the first call's answer for every message lost");
 }
 
+// The production store to steer to, in words.
+constexpr const char* kOnPostgres =
+    "run the kit on your production store to see it (Options::store_url: PostgreSQL, "
+    "TempPostgres in idem/testing/throwaway.h starts one)";
+
+// A store whose writers run one at a time (SQLite) hides two classic
+// mistakes: say which, and where they show.
+void NoteWhatSerialisedWritersHide(Report& report) {
+  const bool locked = std::any_of(report.clean_errors.begin(), report.clean_errors.end(), [](const std::string& e) {
+    return e.find("database is locked") != std::string::npos;
+  });
+  if (locked) {
+    report.notes.push_back(
+        "\"database is locked\" in the clean run: the likely mistake is a write through a second connection "
+        "(a Store or a database handle of the handler's own instead of the Transaction the Inbox hands it): on " +
+        report.store_kind +
+        " it waits for the Inbox's write lock, on a store that lets it through it commits apart from the marker "
+        "and a crash doubles it; write through the Inbox's Transaction, and " +
+        kOnPostgres);
+  }
+  report.notes.push_back("on " + report.store_kind +
+                         " writers run one at a time, so a read-then-write without a lock (a lost update: "
+                         "SELECT then UPDATE without FOR UPDATE) cannot show here; " +
+                         kOnPostgres);
+}
+
 }  // namespace
 
 Harness::Harness(Options options) : options_(std::move(options)) {}
@@ -856,6 +888,7 @@ Result<Report> Harness::Run(const Subject& subject, const std::vector<Message>& 
     report.deliveries += r.deliveries();
     r.Finish(admin.get());
   }
+  if (setting.serialized) NoteWhatSerialisedWritersHide(report);
   if (!report.clean_errors.empty()) return report;
 
   for (Scenario sc : options_.scenarios) {
@@ -902,6 +935,7 @@ std::string Report::ToString() const {
     os << "idem::testing: " << Quoted(subject) << " on " << store_kind
        << " failed its clean run (each message delivered once), so nothing was compared:\n";
     for (const std::string& e : clean_errors) os << "  " << e << "\n";
+    for (const std::string& n : notes) os << "  note: " << n << "\n";
     return os.str();
   }
   if (broke == 0) {
@@ -923,6 +957,7 @@ std::string Report::ToString() const {
     os << (broke ? "" : "\n") << "  not run: ";
     for (size_t i = 0; i < skipped.size(); ++i) os << (i ? "; " : "") << skipped[i];
   }
+  for (const std::string& n : notes) os << "\n  note: " << n;
   return os.str();
 }
 

@@ -28,6 +28,7 @@
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
+#include "util/recording_observer.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -903,6 +904,43 @@ TEST_F(ConsumerTest, SigtermStopsARunWhenStopOnSignalsIsSet) {
   auto again_owned = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), Drain());
   Consumer& again = *again_owned;
   ASSERT_TRUE(again.Run().ok());
+  ExpectExactlyOnce(kN);
+  ExpectQueueEmpty();
+}
+
+// Deliveries abandoned at SIGTERM (a handler that gives up because its
+// consumer is stopping, as idem::http::Client does, and the rest of its
+// batch) are given back as aborted: no failed event, no failure counted,
+// no attempt recorded toward dead-lettering, and no handler run again.
+TEST_F(ConsumerTest, DeliveriesAbandonedAtSigtermAreGivenBackWithoutCountingAFailure) {
+  constexpr int kN = 4;
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(queue_->Publish(Msg(Id(i))).ok());
+  Recorder rec;
+  auto inbox = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_, .observer = &rec});
+  TestSource src(*queue_);
+  CallCounter calls;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    if (calls.Next("all") == 1) ::raise(SIGTERM);
+    if (StopRequested()) return Status::Aborted("the consumer is stopping");
+    return ChargeHandler()(tx, m);
+  };
+  // max_attempts 1: an abandoned delivery counted as a failure would be dead-lettered.
+  auto consumer = MustOpen<Consumer>(src, *inbox, h, Consumer::Options{.batch = kN, .max_attempts = 1, .env = &env_});
+  StopOnSignals(consumer.get());
+  ASSERT_TRUE(consumer->Run().ok());
+  StopOnSignals(nullptr);
+  EXPECT_EQ(calls.Total(), 1) << "the rest of the batch is given back unrun";
+  EXPECT_EQ(Charges(*store_), 0);
+  EXPECT_EQ(rec.Of(EventKind::kFailed).size(), 0u);
+  EXPECT_EQ(rec.Of(EventKind::kAborted).size(), static_cast<size_t>(kN));
+  EXPECT_EQ(inbox->counters().failures, 0u);
+  EXPECT_EQ(consumer->stats().dead_lettered, 0u);
+  EXPECT_EQ(consumer->stats().nacked, static_cast<uint64_t>(kN));
+  EXPECT_EQ(FailureRows(), 0) << "no attempt recorded";
+  EXPECT_TRUE(DeadLetters().empty());
+
+  auto again = MustOpen<Consumer>(src, *inbox, ChargeHandler(), Drain());
+  ASSERT_TRUE(again->Run().ok());
   ExpectExactlyOnce(kN);
   ExpectQueueEmpty();
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kill_point.h"
 #include "idem/env.h"
 #include "idem/message.h"
 #include "idem/result.h"

@@ -138,6 +138,42 @@ TEST(Observer, ConsumerEventsAreCountedAndRendered) {
   EXPECT_EQ(helps, 1u);
 }
 
+// A dead letter's event says why, as the dead-letter table does: the last
+// failure's error, the rejection's reason, the crash loop's count.
+TEST(Observer, DeadLetteredEventsCarryTheirReason) {
+  TempDir dir;
+  auto store = OpenStore(dir);
+  FakeEnv env;
+  auto queue = embedded::Queue::Open({.path = dir.File("queue.db"), .durable = false, .env = &env});
+  ASSERT_OK(queue);
+  for (const char* id : {"poison", "refused"}) ASSERT_TRUE((*queue)->Publish(Msg(id, "x")).ok());
+  Recorder rec;
+  auto inbox = MustOpen<Inbox>(*store, Inbox::Options{.consumer = "payments", .env = &env, .observer = &rec});
+  const Handler handler = [](Transaction&, const Message& m) -> Status {
+    if (m.id == "refused") return Status::Rejected("no such account");
+    return Status::HandlerFailed("cannot parse");
+  };
+  auto consumer = MustOpen<Consumer>(
+      **queue, *inbox, handler,
+      Consumer::Options{.max_attempts = 2, .receive_wait_ms = 20, .stop_when_idle = true, .env = &env});
+  ASSERT_TRUE(consumer->Run().ok());
+  auto dead = rec.Of(EventKind::kDeadLettered);
+  ASSERT_EQ(dead.size(), 2u);
+  for (const auto& e : dead) {
+    const std::string want = e.id == "refused" ? "no such account" : "cannot parse";
+    EXPECT_NE(e.detail.find(want), std::string::npos) << e.id << ": '" << e.detail << "'";
+  }
+  auto letters = store->ListDeadLetters("payments", 10);
+  ASSERT_OK(letters);
+  ASSERT_EQ(letters->size(), 2u);
+  for (const DeadLetter& l : *letters) {
+    for (const auto& e : dead) {
+      if (e.id != l.id) continue;
+      EXPECT_EQ(e.detail, l.error) << "the event tells what the table keeps";
+    }
+  }
+}
+
 // The seed's signal: a handler that outlives its lease (renewal off) is
 // told as a lease overrun with the message id and how long it took: the
 // cause of the duplicates that follow when another consumer got the copy.

@@ -208,5 +208,54 @@ TEST_F(TwoPhaseTest, ConsumerRedeliversAStepInProgressWithoutCountingAFailure) {
   EXPECT_EQ(Payments().size(), 1u);
 }
 
+// A set-up that can never work: CallOnce inside the handler with its claims
+// in the inbox's own SQLite file (the Store's own ClaimStore, or another
+// Store object on the same path). The inbox's transaction holds the file's
+// write lock while the handler runs, so the claim's commit would wait for
+// itself; CallOnce refuses it, and the Consumer stops at the first such
+// delivery with the fix named: the delivery is given back, no failure is
+// counted, nothing is dead-lettered and the service is never called.
+TEST_F(TwoPhaseTest, ClaimsInTheInboxFileStopTheConsumerAtTheFirstDeliveryWithoutADeadLetter) {
+  auto other = sqlite::Store::Open({.path = dir_.File("inbox.db"), .env = &env_});
+  ASSERT_OK(other);
+  for (ClaimStore* same_file : {store_->claim_store(), (*other)->claim_store()}) {
+    ASSERT_NE(same_file, nullptr);
+    TempDir qdir;
+    auto q = embedded::Queue::Open({.path = qdir.File("queue.db"), .durable = false, .env = &env_});
+    ASSERT_OK(q);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*q)->Publish(Msg("m-" + std::to_string(i), "40")).ok());
+    auto claims = MustOpen<Claims>(*same_file, Claims::Options{.env = &env_});
+    const Handler handler = [&](Transaction& tx, const Message& m) -> Status {
+      auto receipt = CallOnce(*claims, m, "charge", [&](const std::string& key) { return service_.Call(key); });
+      if (!receipt.ok()) return Status::HandlerFailed("the charge failed: " + receipt.status().message());
+      return tx.Exec("INSERT INTO payments VALUES ($1, $2)", {m.id, *receipt}).status();
+    };
+    auto consumer = MustOpen<Consumer>(
+        **q, *inbox_, handler,
+        Consumer::Options{.batch = 2, .max_attempts = 1, .receive_wait_ms = 20, .stop_when_idle = true, .env = &env_});
+    const Status s = consumer->Run();
+    EXPECT_TRUE(s.IsInvalidArgument()) << s;
+    EXPECT_NE(s.message().find("file of their own"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("CallFirst"), std::string::npos) << s;
+    EXPECT_EQ(service_.Total(), 0);
+    EXPECT_EQ(consumer->stats().dead_lettered, 0u);
+    EXPECT_EQ(consumer->stats().acked, 0u);
+    EXPECT_EQ(inbox_->counters().failures, 0u) << "not the message's failure";
+    auto dead = store_->ListDeadLetters("payments", 10);
+    ASSERT_OK(dead);
+    EXPECT_TRUE(dead->empty()) << (dead->empty() ? "" : dead->front().error);
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    auto failures = (*tx)->Query("SELECT count(*) FROM idem_failures");
+    ASSERT_OK(failures);
+    EXPECT_EQ(failures->rows[0][0].AsInt(), 0) << "no attempt recorded";
+    ASSERT_OK((*tx)->Commit());
+    auto st = (*q)->Stats();
+    ASSERT_OK(st);
+    EXPECT_EQ(st->ready, 3) << "given back at once";
+  }
+  EXPECT_TRUE(Payments().empty());
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -11,12 +11,14 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -462,6 +464,40 @@ TEST(ServerFibers, ALargeResponseToASlowReaderArrivesWholeWhileOthersAreServed) 
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->body.size(), big.size() + 5);
   EXPECT_EQ(r->body, "echo:" + big);
+}
+
+// StopOnSignals(server): a SIGTERM raised in the process stops serving as
+// Stop() does: a request in flight is answered, the idle keep-alive
+// connection is closed, listen() returns; a second signal is harmless.
+TEST_P(ServerTest, SigtermStopsAServerAttachedWithStopOnSignals) {
+  auto opened = idem::httplib::Server::Open({.fibers = GetParam()});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<idem::httplib::Server> server = std::move(*opened);
+  server->native().Post("/slow", [&](const ::httplib::Request&, ::httplib::Response& res) {
+    ::raise(SIGTERM);  // while this request is being handled
+    ::raise(SIGTERM);
+    res.set_content("answered", "text/plain");
+  });
+  AddEcho(server->native());
+  const int port = server->native().bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  auto listening = std::async(std::launch::async, [&] { return server->native().listen_after_bind(); });
+  RawConnection idle(port);
+  ASSERT_TRUE(idle.connected());
+  ASSERT_TRUE(idle.Send(Post("/echo", "x")));
+  ASSERT_TRUE(idle.Read().has_value());
+  StopOnSignals(server.get());
+  RawConnection c(port);
+  ASSERT_TRUE(c.Send(Post("/slow", "")));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value()) << "the request in flight is answered";
+  EXPECT_EQ(r->body, "answered");
+  // Bounded: a server that ignored the signal fails here instead of hanging.
+  ASSERT_EQ(listening.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "listen() did not return";
+  EXPECT_TRUE(idle.SeesClose());
+  EXPECT_TRUE(c.SeesClose());
+  server.reset();  // detaches
+  StopOnSignals(nullptr);
 }
 
 // The small endpoint a service without a server of its own serves its

@@ -9,6 +9,7 @@
 // retries of one event run its handler once; the enqueue form puts an event
 // on the embedded queue once.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <fstream>
@@ -253,6 +254,84 @@ TEST(WebhookReceiver, AForgedOrMalformedDeliveryIsRefusedWithNothingStored) {
   EXPECT_EQ(rig.Markers(), 0);
   EXPECT_EQ(rig.receiver->counters().unverified, 2u);
   EXPECT_EQ(rig.receiver->counters().malformed, 1u);
+}
+
+// Every error body names the event id in its "id" field, for each scheme:
+// a forged signature and a stale timestamp (401), a malformed signature
+// header (400); a request that carries no id has no "id".
+TEST(WebhookReceiver, EveryErrorBodyNamesTheEventIdInItsIdField) {
+  FakeEnv clock(kTs * 1000);
+  auto db = TempSqlite::Open(&clock);
+  ASSERT_OK(db);
+  const std::string body = R"({"id":"evt_7","type":"invoice.paid"})";
+  struct Case {
+    WebhookScheme scheme;
+    std::string secret, signature_header, malformed_signature;
+    bool signs_time;
+  };
+  for (const Case& c : {Case{WebhookScheme::kStandard, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "webhook-signature",
+                             "no-signature-here", true},
+                        Case{WebhookScheme::kGitHub, "gh secret", "X-Hub-Signature-256", "md5=00", false},
+                        Case{WebhookScheme::kStripe, "whsec_stripe", "Stripe-Signature", "t=1", true}}) {
+    SCOPED_TRACE(std::string(WebhookSchemeName(c.scheme)));
+    auto receiver = WebhookReceiver::Open((*db)->store(), [](Transaction&, const Message&) { return Status::OK(); },
+                                          {.verify = {.scheme = c.scheme, .secrets = {c.secret}, .env = &clock},
+                                           .consumer = "ids-" + std::string(WebhookSchemeName(c.scheme))});
+    ASSERT_OK(receiver);
+    auto signed_at = [&](int64_t ts_s, const std::string& b) {
+      Request r{.method = "POST", .path = "/webhooks", .body = b};
+      r.headers = SignWebhook(c.scheme, c.secret, "evt_7", ts_s, b).value();
+      return r;
+    };
+    auto expect_id = [&](const Request& r, int status, const char* what) {
+      Answer a = (*receiver)->Handle(r);
+      EXPECT_EQ(a.status, status) << what << ": " << a.body;
+      auto j = nlohmann::json::parse(a.body, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << a.body;
+      EXPECT_EQ(j.value("id", ""), "evt_7") << what << ": " << a.body;
+      EXPECT_TRUE(j.contains("error")) << what << ": " << a.body;
+    };
+    Request forged = signed_at(kTs, body);
+    forged.body = R"({"id":"evt_7","type":"invoice.paid","amount":1000000})";
+    expect_id(forged, 401, "forged");
+    if (c.signs_time) expect_id(signed_at(kTs - 3'600, body), 401, "stale");
+    Request malformed = signed_at(kTs, body);
+    malformed.headers.Set(c.signature_header, c.malformed_signature);
+    expect_id(malformed, 400, "malformed");
+    // Nothing names an event: no "id".
+    Answer bare = (*receiver)->Handle(Request{.method = "POST", .body = "{}"});
+    EXPECT_EQ(bare.status, 400);
+    EXPECT_FALSE(nlohmann::json::parse(bare.body).contains("id")) << bare.body;
+  }
+}
+
+// StopOnSignals(receiver): after a SIGTERM raised in the process, a delivery
+// is answered 503 with Retry-After and its event id, nothing stored (the
+// sender delivers it again); one being handled when the signal came finishes.
+TEST(WebhookReceiver, AfterSigtermDeliveriesAreAnswered503AndNothingIsStored) {
+  Rig* self = nullptr;
+  Rig rig([&](Transaction& tx, const Message& m) -> Status {
+    self->runs++;
+    ::raise(SIGTERM);  // while this delivery is being handled
+    return tx.Exec("CREATE TABLE IF NOT EXISTS events(id TEXT)").status().ok()
+               ? tx.Exec("INSERT INTO events VALUES ($1)", {m.id}).status()
+               : Status::Internal("table");
+  });
+  self = &rig;
+  StopOnSignals(rig.receiver.get());
+  EXPECT_FALSE(rig.receiver->stopping());
+  Answer first = rig.receiver->Handle(rig.Signed("evt-1", "{}"));
+  EXPECT_EQ(first.status, 200) << first.body;
+  EXPECT_TRUE(rig.receiver->stopping());
+  Answer later = rig.receiver->Handle(rig.Signed("evt-2", "{}"));
+  EXPECT_EQ(later.status, 503) << later.body;
+  EXPECT_EQ(later.headers.Get("Retry-After"), "1");
+  EXPECT_NE(later.body.find("\"id\":\"evt-2\""), std::string::npos) << later.body;
+  EXPECT_EQ(rig.runs, 1);
+  EXPECT_EQ(rig.Markers(), 1);
+  EXPECT_EQ(rig.receiver->counters().stopped, 1u);
+  rig.receiver.reset();  // detaches
+  StopOnSignals(nullptr);
 }
 
 TEST(WebhookReceiver, AThousandConcurrentRetriesOfOneEventRunItsHandlerOnce) {

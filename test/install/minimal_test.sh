@@ -69,11 +69,12 @@ P=$W/prefix
 cmake --install "$W/build" --prefix "$P" >/dev/null
 LIB=$(dirname "$(find "$P" -name idemConfig.cmake)")/../..
 LIB=$(cd "$LIB" && pwd)
-# (libidem_sql.a: the SQL stores' shared code, an internal library the static idem_sqlite links.)
+# (libidem_sql.a: the SQL stores' shared code; libidem_sqlite_driver.a: the SQLite driver under the
+# store, the queue and the test kit: internal libraries the static idem_sqlite, idem_embedded link.)
 libs=$(cd "$LIB" && ls libidem_*.a | tr '\n' ' ')
-[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a libidem_testing.a " ] || fail "installed libraries: $libs"
+[ "$libs" = "libidem_core.a libidem_embedded.a libidem_open.a libidem_sql.a libidem_sqlite.a libidem_sqlite_driver.a libidem_testing.a " ] || fail "installed libraries: $libs"
 pcs=$(cd "$LIB/pkgconfig" && ls | tr '\n' ' ')
-[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc idem-testing.pc " ] || fail "installed .pc files: $pcs"
+[ "$pcs" = "idem-core.pc idem-embedded.pc idem-open.pc idem-sql.pc idem-sqlite.pc idem-sqlite_driver.pc idem-testing.pc " ] || fail "installed .pc files: $pcs"
 for h in inbox.h consumer.h store.h status.h open.h version.h sqlite/store.h embedded/queue.h testing/harness.h testing/fake_env.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
@@ -90,8 +91,8 @@ fi
 if nm -A "$LIB"/libidem_*.a 2>/dev/null | grep -q " U .*HitKillPoint"; then
   fail "the production libraries call kill points"
 fi
-if nm -C "$LIB/libidem_sqlite.a" 2>/dev/null | grep -q "FaultVfs"; then
-  fail "the fault VFS is compiled into the production SQLite store"
+if nm -C "$LIB"/libidem_*.a 2>/dev/null | grep -q "FaultVfs\|ArmKillPoint"; then
+  fail "the fault VFS or the kill points' arming API is compiled into a library of a production build"
 fi
 ok "no build define in the installed files; no kill point, no fault VFS in the libraries"
 

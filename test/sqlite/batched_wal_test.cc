@@ -5,7 +5,7 @@
 // once by other connections; a gathered write that fails fails its commit
 // and loses nothing that was committed; NORMAL, and batch_wal=off, write as
 // SQLite does.
-#include "sqlite/batched_wal.h"
+#include "sqlite_driver/batched_wal.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 namespace idem::testing {
 namespace {
 
-using sqlite_internal::BatchedWalCounts;
+using sqlite_driver::BatchedWalCounts;
 
 std::unique_ptr<Store> OpenStore(const std::string& url) {
   auto o = sqlite::Store::ParseUrl(url);

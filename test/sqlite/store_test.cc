@@ -16,7 +16,7 @@
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
 #include "sql/sql_store.h"
-#include "sqlite/db.h"
+#include "sqlite_driver/db.h"
 #include "util/claims_conformance.h"
 #include "util/outbox_conformance.h"
 #include "util/store_conformance.h"
@@ -44,7 +44,7 @@ TEST(MultiRowInsert, NumbersEachTupleOnAndKeepsTheRest) {
 }
 
 TEST(SqliteErrors, TranslationTable) {
-  using sqlite_internal::CodeFor;
+  using sqlite_driver::CodeFor;
   struct Row {
     int rc;
     Code code;
@@ -68,23 +68,23 @@ TEST(SqliteErrors, TranslationTable) {
       {SQLITE_MISUSE, Code::kInternal},
   };
   for (const Row& r : rows) EXPECT_EQ(CodeFor(r.rc), r.code) << "rc " << r.rc;
-  Status s = sqlite_internal::Translate(SQLITE_BUSY, nullptr, "COMMIT");
+  Status s = sqlite_driver::Translate(SQLITE_BUSY, nullptr, "COMMIT");
   EXPECT_EQ(s.code(), Code::kBusy);
   EXPECT_NE(s.message().find("COMMIT"), std::string::npos);
-  EXPECT_TRUE(sqlite_internal::Translate(SQLITE_DONE, nullptr, "x").ok());
+  EXPECT_TRUE(sqlite_driver::Translate(SQLITE_DONE, nullptr, "x").ok());
 }
 
 TEST(SqliteErrors, ParametersAreRewrittenOutsideQuotes) {
-  using sqlite_internal::RewriteParams;
+  using sqlite_driver::RewriteParams;
   EXPECT_EQ(RewriteParams("SELECT $1, $2 FROM t WHERE a = '$3' AND \"$4\" = $10"),
             "SELECT ?1, ?2 FROM t WHERE a = '$3' AND \"$4\" = ?10");
   EXPECT_EQ(RewriteParams("SELECT $a"), "SELECT $a");
 }
 
 // The writers of one file in one process are served in the order they
-// came (sqlite_internal::WriteGate), and a waiter that gave up is skipped.
+// came (sqlite_driver::WriteGate), and a waiter that gave up is skipped.
 TEST(SqliteWriteGate, ServesWritersInTheOrderTheyCame) {
-  auto gate = sqlite_internal::WriteGate::For("/gate-test/order.db");
+  auto gate = sqlite_driver::WriteGate::For("/gate-test/order.db");
   ASSERT_TRUE(gate->Acquire(1'000));
   std::mutex mu;
   std::vector<int> order;
@@ -107,7 +107,7 @@ TEST(SqliteWriteGate, ServesWritersInTheOrderTheyCame) {
 }
 
 TEST(SqliteWriteGate, AWaiterThatGaveUpIsSkipped) {
-  auto gate = sqlite_internal::WriteGate::For("/gate-test/skip.db");
+  auto gate = sqlite_driver::WriteGate::For("/gate-test/skip.db");
   ASSERT_TRUE(gate->Acquire(1'000));
   EXPECT_FALSE(gate->Acquire(1));  // gives up: the holder holds on
   std::atomic<bool> got{false};
@@ -128,12 +128,12 @@ TEST(SqliteWriteGate, AWaiterThatGaveUpIsSkipped) {
 TEST(SqliteWriteGate, AWriterCommittingBackToBackLetsAWaitingOneIn) {
   TempDir dir;
   const std::string path = dir.File("gate.db");
-  auto a = sqlite_internal::Db::Open({.path = path});
+  auto a = sqlite_driver::Db::Open({.path = path});
   ASSERT_OK(a);
   ASSERT_TRUE((*a)->Script("CREATE TABLE t(x INTEGER)").ok());
-  auto b = sqlite_internal::Db::Open({.path = path});
+  auto b = sqlite_driver::Db::Open({.path = path});
   ASSERT_OK(b);
-  auto gate = sqlite_internal::WriteGate::For(std::filesystem::weakly_canonical(path).string());
+  auto gate = sqlite_driver::WriteGate::For(std::filesystem::weakly_canonical(path).string());
   std::atomic<int64_t> commits{0};
   std::atomic<bool> stop{false};
   std::thread busy([&] {

@@ -190,6 +190,32 @@ TEST(Harness, AMisconfiguredRunIsAnErrorNamingTheProblem) {
   EXPECT_NE(b.status().message().find("schema statement"), std::string::npos) << b.status();
 }
 
+// ---- What SQLite cannot show, said in the report.
+
+TEST(Harness, ASecondConnectionOnSqliteIsNamedAsTheLikelyMistake) {
+  Harness harness(PaymentsOptions());
+  auto report =
+      harness.Run(HandlerSubject("second-connection", payments::ChargeThroughSecondConnection), payments::Messages(1));
+  ASSERT_OK(report);
+  ASSERT_FALSE(report->clean_errors.empty()) << *report;
+  const std::string text = report->ToString();
+  EXPECT_NE(text.find("database is locked"), std::string::npos) << text;
+  EXPECT_NE(text.find("second connection"), std::string::npos) << text;
+  EXPECT_NE(text.find("PostgreSQL"), std::string::npos) << text;
+}
+
+TEST(Harness, AReadThenWriteOnSqliteIsSaidToBeOutOfReach) {
+  Harness harness(PaymentsOptions());
+  auto report = harness.Run(HandlerSubject("read-then-write", [](Context&) { return payments::ChargeReadThenWrite(); }),
+                            payments::Messages(4));
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->ok()) << *report;  // SQLite runs one writer at a time: no update is lost
+  ASSERT_FALSE(report->notes.empty()) << *report;
+  const std::string text = report->ToString();
+  EXPECT_NE(text.find("read-then-write"), std::string::npos) << text;
+  EXPECT_NE(text.find("PostgreSQL"), std::string::npos) << text;
+}
+
 // ---- The parts users take one by one.
 
 TEST(MemorySource, ALostAckBringsTheMessageAgainAndTheInboxAbsorbsIt) {
@@ -320,10 +346,100 @@ TEST_F(HarnessOnPostgres, TheCorrectHandlersAreIdempotent) {
   ASSERT_OK(report);
   EXPECT_TRUE(report->ok()) << *report;
   EXPECT_EQ(report->store_kind, "postgres");
+  EXPECT_TRUE(report->notes.empty()) << *report;  // what SQLite cannot show, PostgreSQL does
   Subject s{.name = "charge-card", .call_first = [](Context& c) { return payments::ChargeCard(c, true); }};
   auto card = harness.Run(s, payments::Messages(4));
   ASSERT_OK(card);
   EXPECT_TRUE(card->ok()) << *card;
+}
+
+// A CallFirst whose call reads the balance first, in a read-only
+// transaction of its own on ctx.store(), while its claim is held. That
+// transaction is the handler's, not the Inbox's: no crash point is on it (a
+// child stopped there would die holding a claim whose lease runs on the
+// server's clock). `send_key` false: the same with a keyless call (wrong).
+idem::CallFirst ChargeCardReadingTheBalance(Context& ctx, bool send_key) {
+  Store* store = &ctx.store();
+  FakeDownstream* provider = &ctx.downstream();
+  return idem::CallFirst(
+      ctx.claims(),
+      [store, provider, send_key](Calls& calls, const Message& m) -> Status {
+        payments::Payment p = payments::Parse(m);
+        return calls
+            .Once("charge",
+                  [&](const std::string& key) -> Result<std::string> {
+                    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+                    IDEM_ASSIGN_OR_RETURN(auto rows,
+                                          tx->Query("SELECT cents FROM balances WHERE account = $1", {p.account}));
+                    tx->Rollback();
+                    if (rows.rows.empty()) return Status::Rejected("no account " + p.account);
+                    return provider->Call(send_key ? key : "", "charge " + p.account + " " + std::to_string(p.cents));
+                  })
+            .status();
+      },
+      payments::ChargeCard(ctx, send_key).apply());  // the same apply
+}
+
+TEST_F(HarnessOnPostgres, ACallFirstReadingInItsCallsPartIsIdempotentAndAKeylessOneIsStillCaught) {
+  Harness harness(PaymentsOptions(pg_->url()));
+  Subject right{.name = "charge-reading",
+                .call_first = [](Context& c) { return ChargeCardReadingTheBalance(c, true); }};
+  auto report = harness.Run(right, payments::Messages(4));
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->ok()) << *report;
+  EXPECT_EQ(report->ToString().find("never acknowledged"), std::string::npos) << *report;
+  Subject wrong{.name = "keyless-reading",
+                .call_first = [](Context& c) { return ChargeCardReadingTheBalance(c, false); }};
+  auto caught = harness.Run(wrong, payments::Messages(4));
+  ASSERT_OK(caught);
+  EXPECT_TRUE(Broken(*caught).count(Scenario::kLostResponse)) << *caught;
+  EXPECT_EQ(caught->ToString().find("never acknowledged"), std::string::npos) << *caught;
+}
+
+// Wrong: the calls part adds to the balance itself, in a transaction of
+// its own on ctx.store(), outside the apply. Those transactions reach no
+// crash point, but the Inbox's do: a crash once the calls are done, before
+// the apply commits (from inbox.before_marker on), makes the redelivery add
+// again.
+TEST(Harness, ACallFirstWritingThroughTheStoreInItsCallsPartIsStillCaught) {
+  Harness harness(PaymentsOptions());
+  Subject s{
+      .name = "calls-part-writes", .call_first = [](Context& c) {
+        Store* store = &c.store();
+        return idem::CallFirst(
+            c.claims(),
+            [store](Calls&, const Message& m) -> Status {
+              payments::Payment p = payments::Parse(m);
+              IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());  // WRONG: commits apart from the marker
+              IDEM_RETURN_IF_ERROR(
+                  tx->Exec("UPDATE balances SET cents = cents + $1 WHERE account = $2", {p.cents, p.account}).status());
+              return tx->Commit();
+            },
+            [](Transaction& tx, const Message& m, const Calls&) -> Status {
+              payments::Payment p = payments::Parse(m);
+              return tx
+                  .Exec("INSERT INTO payments(message_id, account, cents) VALUES ($1, $2, $3)",
+                        {m.id, p.account, p.cents})
+                  .status();
+            });
+      }};
+  auto report = harness.Run(s, payments::Messages(3));
+  ASSERT_OK(report);
+  const Failure* crash = FailureOf(*report, Scenario::kCrash);
+  ASSERT_NE(crash, nullptr) << *report;
+  EXPECT_NE(crash->what.find("killed at inbox.before_marker"), std::string::npos) << crash->what;
+  EXPECT_EQ(crash->message_id, "pay-0");
+}
+
+// The same on SQLite (it passed there before: the claims' leases run on the
+// kit's clock).
+TEST(Harness, ACallFirstReadingInItsCallsPartIsIdempotentOnSqlite) {
+  Harness harness(PaymentsOptions());
+  Subject right{.name = "charge-reading",
+                .call_first = [](Context& c) { return ChargeCardReadingTheBalance(c, true); }};
+  auto report = harness.Run(right, payments::Messages(4));
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->ok()) << *report;
 }
 
 TEST_F(HarnessOnPostgres, ASecondConnectionIsCaughtByACrashAfterTheWork) {

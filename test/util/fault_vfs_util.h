@@ -28,6 +28,7 @@ inline sqlite::FaultVfs& Vfs() {
 // A store on `path` opened through the fault VFS (?vfs=idem-fault); null
 // (with a test failure) if it cannot be.
 inline std::unique_ptr<Store> OpenThroughFaultVfs(const std::string& path) {
+  (void)Vfs();  // registered with SQLite before the store names it
   auto o = sqlite::Store::ParseUrl("sqlite:" + path + "?vfs=" + sqlite::FaultVfs::kName);
   if (!o.ok()) {
     ADD_FAILURE() << o.status();

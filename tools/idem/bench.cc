@@ -134,211 +134,201 @@ std::string RatesJson(const std::vector<double>& v) {
   return JsonArray(items);
 }
 
-int RunMarker(const Args& args) {
-  const std::string cmd = "bench marker";
-  // --- flags
-  auto retained = args.GetInt("retained", 0, int64_t{1} << 40);
-  if (!retained.ok()) return Fail(cmd, retained.status());
-  auto batch = args.GetInt("batch", 1, kMaxBatch);
-  if (!batch.ok()) return Fail(cmd, batch.status());
-  auto rounds = args.GetInt("rounds", 1, 1000);
-  if (!rounds.ok()) return Fail(cmd, rounds.status());
-  auto seconds = args.GetDouble("seconds", 0.001, 3600);
-  if (!seconds.ok()) return Fail(cmd, seconds.status());
-  auto consumers = args.GetInt("consumers", 1, 64);
-  if (!consumers.ok()) return Fail(cmd, consumers.status());
-  bench::IdKind kind;
-  if (std::string ids = args.Get("ids"); ids == "random") {
-    kind = bench::IdKind::kRandom;
-  } else if (ids == "ordered") {
-    kind = bench::IdKind::kOrdered;
-  } else {
-    return Fail(cmd, Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'"));
-  }
-  const bool by_time = args.Bool("key-by-producer-time");
-  const std::string consumer = args.Has("consumer")
-                                   ? args.Get("consumer")
-                                   : "bench-" + std::string(bench::IdKindName(kind)) + (by_time ? "-ptime" : "");
-  if (Status s = ValidateId(consumer); !s.ok()) return Fail(cmd, s.WithContext("--consumer"));
-
-  // --- the store. SQLite: --synchronous, else the URL's ?synchronous=, else
-  // FULL per message and NORMAL for batches. PostgreSQL: the server's own
-  // synchronous_commit (on, as installed).
-  const std::string url = args.Get("store");
-  const bool pg = IsPostgresScheme(url);
-#if !IDEM_HAVE_POSTGRES
-  if (pg) return Fail(cmd, NotBuilt("the PostgreSQL store", "IDEM_WITH_POSTGRES"));
-#endif
+// The marker benchmark's flags, and the SQLite store's options. SQLite:
+// --synchronous, else the URL's ?synchronous=, else FULL per message and
+// NORMAL for batches. PostgreSQL: the server's own synchronous_commit (on,
+// as installed).
+struct MarkerSettings {
+  int64_t retained = 0, batch = 1, rounds = 1, consumers = 1;
+  double seconds = 0;
+  bench::IdKind kind = bench::IdKind::kRandom;
+  bool by_time = false, json = false, pg = false;
+  std::string consumer, url;
   sqlite::Store::Options opts;
-  if (!pg) {
-    auto parsed = sqlite::Store::ParseUrl(url);
-    if (!parsed.ok()) return Fail(cmd, parsed.status());
-    opts = *parsed;
+};
+
+Result<MarkerSettings> ParseMarkerSettings(const Args& args) {
+  MarkerSettings st;
+  IDEM_ASSIGN_OR_RETURN(st.retained, args.GetInt("retained", 0, int64_t{1} << 40));
+  IDEM_ASSIGN_OR_RETURN(st.batch, args.GetInt("batch", 1, kMaxBatch));
+  IDEM_ASSIGN_OR_RETURN(st.rounds, args.GetInt("rounds", 1, 1000));
+  IDEM_ASSIGN_OR_RETURN(st.seconds, args.GetDouble("seconds", 0.001, 3600));
+  IDEM_ASSIGN_OR_RETURN(st.consumers, args.GetInt("consumers", 1, 64));
+  if (std::string ids = args.Get("ids"); ids == "random") {
+    st.kind = bench::IdKind::kRandom;
+  } else if (ids == "ordered") {
+    st.kind = bench::IdKind::kOrdered;
+  } else {
+    return Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'");
+  }
+  st.by_time = args.Bool("key-by-producer-time");
+  st.consumer = args.Has("consumer")
+                    ? args.Get("consumer")
+                    : "bench-" + std::string(bench::IdKindName(st.kind)) + (st.by_time ? "-ptime" : "");
+  IDEM_RETURN_IF_ERROR(ValidateId(st.consumer).WithContext("--consumer"));
+  st.url = args.Get("store");
+  st.pg = IsPostgresScheme(st.url);
+#if !IDEM_HAVE_POSTGRES
+  if (st.pg) return NotBuilt("the PostgreSQL store", "IDEM_WITH_POSTGRES");
+#endif
+  if (!st.pg) {
+    IDEM_ASSIGN_OR_RETURN(st.opts, sqlite::Store::ParseUrl(st.url));
     if (args.Has("synchronous")) {
-      auto sync = ParseSync(args.Get("synchronous"));
-      if (!sync.ok()) return Fail(cmd, sync.status());
-      opts.synchronous = *sync;
-    } else if (url.find("synchronous=") == std::string::npos) {
-      opts.synchronous = *batch == 1 ? sqlite::Synchronous::kFull : sqlite::Synchronous::kNormal;
+      IDEM_ASSIGN_OR_RETURN(st.opts.synchronous, ParseSync(args.Get("synchronous")));
+    } else if (st.url.find("synchronous=") == std::string::npos) {
+      st.opts.synchronous = st.batch == 1 ? sqlite::Synchronous::kFull : sqlite::Synchronous::kNormal;
     }
   } else if (args.Has("synchronous")) {
-    return Fail(cmd, Status::InvalidArgument("--synchronous is for SQLite; PostgreSQL uses its synchronous_commit"));
+    return Status::InvalidArgument("--synchronous is for SQLite; PostgreSQL uses its synchronous_commit");
   }
-  auto open = [&](bool loading) -> Result<std::unique_ptr<Store>> {
+  st.json = args.Bool("json");
+  return st;
+}
+
+// The store measured; `loading`: on SQLite a connection tuned for loading
+// (no fsync, big cache).
+Result<std::unique_ptr<Store>> OpenMarkerStore(const MarkerSettings& st, bool loading) {
 #if IDEM_HAVE_POSTGRES
-    if (pg) return postgres::Store::Open({.url = url, .pool_size = static_cast<int>(*consumers) + 1});
+  if (st.pg) return postgres::Store::Open({.url = st.url, .pool_size = static_cast<int>(st.consumers) + 1});
 #endif
-    sqlite::Store::Options o = opts;
-    if (loading) {
-      o.synchronous = sqlite::Synchronous::kOff;
-      o.cache_kib = kRetainCacheKib;
-    }
-    return sqlite::Store::Open(o);
-  };
-  const bool json = args.Bool("json");
-
-  // --- pre-populate the retained markers (on SQLite on a connection tuned
-  // for loading: no fsync, big cache); the layout is the store's own.
-  int64_t added = 0;
-  double retain_s = 0;
-  {
-    auto store = open(true);
-    if (!store.ok()) return Fail(cmd, store.status());
-    if (Status s = bench::PrepareBusinessTable(**store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
-    auto t0 = Clock::now();
-    std::unique_ptr<Progress> bar;
-    auto n = bench::Retain(
-        **store, consumer, kind, *retained, kRetainChunk,
-        [&](int64_t done, int64_t total) {
-          if (!bar)
-            bar = std::make_unique<Progress>("retaining " + std::string(bench::IdKindName(kind)) + " markers", total);
-          bar->Update(done);
-        },
-        nullptr, by_time);
-    if (bar) bar->Done();
-    if (!n.ok()) return Fail(cmd, n.status());
-    added = *n;
-    retain_s = SecondsSince(t0);
+  sqlite::Store::Options o = st.opts;
+  if (loading) {
+    o.synchronous = sqlite::Synchronous::kOff;
+    o.cache_kib = kRetainCacheKib;
   }
+  return sqlite::Store::Open(o);
+}
 
-  // --- the measured store, with the durability under test
-  auto store_or = open(false);
-  if (!store_or.ok()) return Fail(cmd, store_or.status());
-  Store& store = **store_or;
-  auto have = store.CountMarkers(consumer);
-  if (!have.ok()) return Fail(cmd, have.status());
-  auto total_markers = store.CountMarkers("");
-  if (!total_markers.ok()) return Fail(cmd, total_markers.status());
-  std::string sync = pg ? "" : std::string(SyncName(opts.synchronous));
-  if (pg) {
-    auto tx = store.Begin();
-    if (!tx.ok()) return Fail(cmd, tx.status());
-    auto r = (*tx)->Query("SHOW synchronous_commit");
-    if (!r.ok()) return Fail(cmd, r.status());
-    sync = r->rows[0][0].AsText();
+// What the run found besides the two sides' rates.
+struct MarkerFacts {
+  int64_t added = 0, have = 0, total_markers = 0;
+  double retain_s = 0, fsync_per_s = 0, warmup = 0, rss_mib = 0;
+  std::string sync, checkpoint, sync_label, where;
+};
+
+// Pre-populates the retained markers (on SQLite on a connection tuned for
+// loading); the layout is the store's own.
+Status RetainMarkers(const MarkerSettings& st, MarkerFacts& f) {
+  IDEM_ASSIGN_OR_RETURN(auto store, OpenMarkerStore(st, true));
+  IDEM_RETURN_IF_ERROR(bench::PrepareBusinessTable(*store).WithContext("business table"));
+  auto t0 = Clock::now();
+  std::unique_ptr<Progress> bar;
+  auto n = bench::Retain(
+      *store, st.consumer, st.kind, st.retained, kRetainChunk,
+      [&](int64_t done, int64_t total) {
+        if (!bar)
+          bar = std::make_unique<Progress>("retaining " + std::string(bench::IdKindName(st.kind)) + " markers", total);
+        bar->Update(done);
+      },
+      nullptr, st.by_time);
+  if (bar) bar->Done();
+  IDEM_ASSIGN_OR_RETURN(f.added, std::move(n));
+  f.retain_s = SecondsSince(t0);
+  return Status::OK();
+}
+
+// The measured store's markers and durability, and the disk's fdatasync
+// rate (per message only).
+Status DescribeStore(const MarkerSettings& st, Store& store, MarkerFacts& f) {
+  IDEM_ASSIGN_OR_RETURN(f.have, store.CountMarkers(st.consumer));
+  IDEM_ASSIGN_OR_RETURN(f.total_markers, store.CountMarkers(""));
+  f.sync = st.pg ? "" : std::string(SyncName(st.opts.synchronous));
+  if (st.pg) {
+    IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+    IDEM_ASSIGN_OR_RETURN(auto r, tx->Query("SHOW synchronous_commit"));
+    f.sync = r.rows[0][0].AsText();
   }
   // SQLite: where checkpoints ran (Options::checkpoint, auto resolved).
-  const std::string checkpoint = pg ? "" : sqlite::Store::CheckpointsInBackground(opts) ? "background" : "inline";
-  const std::string sync_label =
-      (pg ? "synchronous_commit " : "synchronous ") + sync + (pg ? "" : ", checkpoints " + checkpoint);
-  const std::string where = pg ? RedactUrl(url) : opts.path;
-
-  double fsync_per_s = 0;
-  if (*batch == 1) {
+  f.checkpoint = st.pg ? "" : sqlite::Store::CheckpointsInBackground(st.opts) ? "background" : "inline";
+  f.sync_label =
+      (st.pg ? "synchronous_commit " : "synchronous ") + f.sync + (st.pg ? "" : ", checkpoints " + f.checkpoint);
+  f.where = st.pg ? RedactUrl(st.url) : st.opts.path;
+  if (st.batch == 1) {
     // SQLite: the store's own directory. PostgreSQL: the temporary
     // directory, on this machine's one disk (its data directory may not be ours).
     const char* tmp = std::getenv("TMPDIR");
-    auto f = MeasureFsync(pg ? std::string(tmp ? tmp : "/tmp") : Directory(opts.path), 1.0);
-    if (!f.ok()) return Fail(cmd, f.status());
-    fsync_per_s = *f;
+    IDEM_ASSIGN_OR_RETURN(f.fsync_per_s,
+                          MeasureFsync(st.pg ? std::string(tmp ? tmp : "/tmp") : Directory(st.opts.path), 1.0));
   }
+  return Status::OK();
+}
 
-  auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = consumer, .key_by_producer_time = by_time});
-  if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
-  Inbox& inbox = **inbox_owned;
-  const int nc = static_cast<int>(*consumers);
-  auto bare = [&](std::span<const Message> b) { return bench::BareBatch(store, b); };
-  auto guarded = [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); };
-
-  // A short unmeasured warm-up of each side: statements prepared, caches and
-  // the WAL in their steady state.
-  const double warmup = std::min(0.5, *seconds / 4);
-  if (Status s = ParallelRound(kind, nc, *batch, warmup, nullptr, bare); !s.ok())
-    return Fail(cmd, s.WithContext("bare"));
-  if (Status s = ParallelRound(kind, nc, *batch, warmup, nullptr, guarded); !s.ok())
-    return Fail(cmd, s.WithContext("guarded"));
-
-  Side b, g;
-  {
-    Progress progress("measuring bare and guarded", 2 * *rounds);
-    for (int64_t r = 0; r < *rounds; ++r) {
-      if (Status s = ParallelRound(kind, nc, *batch, *seconds, &b, bare); !s.ok())
-        return Fail(cmd, s.WithContext("bare"));
-      progress.Update(2 * r + 1);
-      if (Status s = ParallelRound(kind, nc, *batch, *seconds, &g, guarded); !s.ok())
-        return Fail(cmd, s.WithContext("guarded"));
-      progress.Update(2 * r + 2);
-    }
+// A short unmeasured warm-up of each side (statements prepared, caches and
+// the WAL in their steady state), then the rounds, alternating bare and
+// guarded.
+Status MeasureSides(const MarkerSettings& st, Store& store, Side& b, Side& g, MarkerFacts& f) {
+  IDEM_ASSIGN_OR_RETURN(
+      auto inbox, Inbox::Open(store, Inbox::Options{.consumer = st.consumer, .key_by_producer_time = st.by_time}));
+  const int nc = static_cast<int>(st.consumers);
+  auto bare = [&](std::span<const Message> m) { return bench::BareBatch(store, m); };
+  auto guarded = [&](std::span<const Message> m) { return bench::GuardedBatch(*inbox, m); };
+  f.warmup = std::min(0.5, st.seconds / 4);
+  IDEM_RETURN_IF_ERROR(ParallelRound(st.kind, nc, st.batch, f.warmup, nullptr, bare).WithContext("bare"));
+  IDEM_RETURN_IF_ERROR(ParallelRound(st.kind, nc, st.batch, f.warmup, nullptr, guarded).WithContext("guarded"));
+  Progress progress("measuring bare and guarded", 2 * st.rounds);
+  for (int64_t r = 0; r < st.rounds; ++r) {
+    IDEM_RETURN_IF_ERROR(ParallelRound(st.kind, nc, st.batch, st.seconds, &b, bare).WithContext("bare"));
+    progress.Update(2 * r + 1);
+    IDEM_RETURN_IF_ERROR(ParallelRound(st.kind, nc, st.batch, st.seconds, &g, guarded).WithContext("guarded"));
+    progress.Update(2 * r + 2);
   }
+  return Status::OK();
+}
 
-  // Resident memory of the measuring process with N markers retained (the
-  // loading connection, with its big cache, is closed by now).
-  const double rss_mib = ResidentMiB();
-
-  // Leave the business table empty: a later run starts from the same file.
-  if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
-
+void PrintMarkerJson(const MarkerSettings& st, const MarkerFacts& f, const Side& b, const Side& g) {
   const double bare_ps = b.PerSecond(), guarded_ps = g.PerSecond();
   const double ratio = guarded_ps > 0 ? bare_ps / guarded_ps : INFINITY;
-  if (json) {
-    Json j;
-    j.Add("bench", "marker")
-        .Add("store", pg ? "postgres" : "sqlite")
-        .Add("path", where)
-        .Add("consumers", nc)
-        .Add("consumer", consumer)
-        .Add("ids", std::string(bench::IdKindName(kind)))
-        .Add("key_by_producer_time", by_time)
-        .Add("retained", *have)
-        .Add("retained_requested", *retained)
-        .Add("retained_added", added)
-        .Add("retain_seconds", retain_s)
-        .Add("markers_in_store", *total_markers)
-        .Add("batch", *batch)
-        .Add("synchronous", sync);
-    if (!pg) j.Add("checkpoint", checkpoint);
-    j.Add("seconds", *seconds)
-        .Add("rounds", *rounds)
-        .Add("warmup_seconds", warmup)
-        .Add("bare_messages", b.messages)
-        .Add("bare_seconds", b.seconds)
-        .Add("bare_per_s", static_cast<int64_t>(std::llround(bare_ps)))
-        .AddRaw("bare_rounds_per_s", RatesJson(b.rounds))
-        .Add("guarded_messages", g.messages)
-        .Add("guarded_seconds", g.seconds)
-        .Add("guarded_per_s", static_cast<int64_t>(std::llround(guarded_ps)))
-        .AddRaw("guarded_rounds_per_s", RatesJson(g.rounds))
-        .Add("ratio", ratio)
-        .Add("rss_mib", rss_mib);
-    if (*batch == 1) {
-      j.Add("fsync_per_s", static_cast<int64_t>(std::llround(fsync_per_s)))
-          .Add("bare_per_fsync", bare_ps / fsync_per_s)
-          .Add("guarded_per_fsync", guarded_ps / fsync_per_s);
-    }
-    std::cout << j.str() << "\n";
-    return kExitOk;
+  Json j;
+  j.Add("bench", "marker")
+      .Add("store", st.pg ? "postgres" : "sqlite")
+      .Add("path", f.where)
+      .Add("consumers", static_cast<int>(st.consumers))
+      .Add("consumer", st.consumer)
+      .Add("ids", std::string(bench::IdKindName(st.kind)))
+      .Add("key_by_producer_time", st.by_time)
+      .Add("retained", f.have)
+      .Add("retained_requested", st.retained)
+      .Add("retained_added", f.added)
+      .Add("retain_seconds", f.retain_s)
+      .Add("markers_in_store", f.total_markers)
+      .Add("batch", st.batch)
+      .Add("synchronous", f.sync);
+  if (!st.pg) j.Add("checkpoint", f.checkpoint);
+  j.Add("seconds", st.seconds)
+      .Add("rounds", st.rounds)
+      .Add("warmup_seconds", f.warmup)
+      .Add("bare_messages", b.messages)
+      .Add("bare_seconds", b.seconds)
+      .Add("bare_per_s", static_cast<int64_t>(std::llround(bare_ps)))
+      .AddRaw("bare_rounds_per_s", RatesJson(b.rounds))
+      .Add("guarded_messages", g.messages)
+      .Add("guarded_seconds", g.seconds)
+      .Add("guarded_per_s", static_cast<int64_t>(std::llround(guarded_ps)))
+      .AddRaw("guarded_rounds_per_s", RatesJson(g.rounds))
+      .Add("ratio", ratio)
+      .Add("rss_mib", f.rss_mib);
+  if (st.batch == 1) {
+    j.Add("fsync_per_s", static_cast<int64_t>(std::llround(f.fsync_per_s)))
+        .Add("bare_per_fsync", bare_ps / f.fsync_per_s)
+        .Add("guarded_per_fsync", guarded_ps / f.fsync_per_s);
   }
+  std::cout << j.str() << "\n";
+}
 
-  std::cout << "idem bench marker: " << where << " (" << (pg ? "postgres" : "sqlite") << "), consumer " << consumer
-            << ", " << nc << " consumer thread(s)\n"
-            << "  " << Grouped(static_cast<double>(*have)) << " retained " << bench::IdKindName(kind) << " markers ("
-            << (added == 0 ? std::string("file reused")
-                           : "added " + Grouped(static_cast<double>(added)) + " in " + Fixed(retain_s, 1) + " s")
-            << "), batch " << *batch << (*batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)") << ", "
-            << sync_label << "\n"
-            << "  " << *rounds << " round(s) of " << Fixed(*seconds, 2) << " s per side, alternating\n";
-  if (*total_markers > *have)
-    std::cout << "  note: the store holds " << Grouped(static_cast<double>(*total_markers))
+void PrintMarkerText(const MarkerSettings& st, const MarkerFacts& f, const Side& b, const Side& g) {
+  const double bare_ps = b.PerSecond(), guarded_ps = g.PerSecond();
+  const double ratio = guarded_ps > 0 ? bare_ps / guarded_ps : INFINITY;
+  std::cout << "idem bench marker: " << f.where << " (" << (st.pg ? "postgres" : "sqlite") << "), consumer "
+            << st.consumer << ", " << st.consumers << " consumer thread(s)\n"
+            << "  " << Grouped(static_cast<double>(f.have)) << " retained " << bench::IdKindName(st.kind)
+            << " markers ("
+            << (f.added == 0 ? std::string("file reused")
+                             : "added " + Grouped(static_cast<double>(f.added)) + " in " + Fixed(f.retain_s, 1) + " s")
+            << "), batch " << st.batch << (st.batch == 1 ? " (Inbox::Handle)" : " (Inbox::HandleBatch)") << ", "
+            << f.sync_label << "\n"
+            << "  " << st.rounds << " round(s) of " << Fixed(st.seconds, 2) << " s per side, alternating\n";
+  if (f.total_markers > f.have)
+    std::cout << "  note: the store holds " << Grouped(static_cast<double>(f.total_markers))
               << " markers in all (other consumers share the table)\n";
   for (size_t r = 0; r < b.rounds.size(); ++r)
     std::cout << "  round " << r + 1 << ": bare " << Grouped(b.rounds[r]) << "/s, guarded " << Grouped(g.rounds[r])
@@ -348,11 +338,37 @@ int RunMarker(const Args& args) {
   std::printf("  guarded  %12s msg/s  (%s messages in %.2f s)\n", Grouped(guarded_ps).c_str(),
               Grouped(static_cast<double>(g.messages)).c_str(), g.seconds);
   std::printf("  ratio bare/guarded: %.1fx\n", ratio);
-  std::printf("  resident memory after measuring: %.1f MiB\n", rss_mib);
-  if (*batch == 1)
+  std::printf("  resident memory after measuring: %.1f MiB\n", f.rss_mib);
+  if (st.batch == 1)
     std::printf("  disk: %s fdatasync/s (4 KiB); bare %.2f, guarded %.2f messages per fdatasync\n",
-                Grouped(fsync_per_s).c_str(), bare_ps / fsync_per_s, guarded_ps / fsync_per_s);
+                Grouped(f.fsync_per_s).c_str(), bare_ps / f.fsync_per_s, guarded_ps / f.fsync_per_s);
   std::fflush(stdout);
+}
+
+int RunMarker(const Args& args) {
+  const std::string cmd = "bench marker";
+  auto settings = ParseMarkerSettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  const MarkerSettings& st = *settings;
+  MarkerFacts f;
+  if (Status s = RetainMarkers(st, f); !s.ok()) return Fail(cmd, s);
+  // The measured store, with the durability under test.
+  auto store_or = OpenMarkerStore(st, false);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  if (Status s = DescribeStore(st, store, f); !s.ok()) return Fail(cmd, s);
+  Side b, g;
+  if (Status s = MeasureSides(st, store, b, g, f); !s.ok()) return Fail(cmd, s);
+  // Resident memory of the measuring process with N markers retained (the
+  // loading connection, with its big cache, is closed by now).
+  f.rss_mib = ResidentMiB();
+  // Leave the business table empty: a later run starts from the same file.
+  if (Status s = bench::PrepareBusinessTable(store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
+  if (st.json) {
+    PrintMarkerJson(st, f, b, g);
+  } else {
+    PrintMarkerText(st, f, b, g);
+  }
   return kExitOk;
 }
 

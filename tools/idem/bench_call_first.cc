@@ -93,289 +93,350 @@ struct FormResult {
   std::map<int, std::vector<double>> rates;  // workers -> messages/s per round
 };
 
-}  // namespace
-
-int RunBenchCallFirst(const Args& args) {
-  const std::string cmd = "bench call-first";
-  const bool json = args.Bool("json");
-  auto n = args.Has("messages") ? args.GetInt("messages", 1, 10'000'000) : Result<int64_t>(400);
-  auto delay = args.GetInt("provider-delay-ms", 0, 60'000);
-  auto rounds = args.GetInt("rounds", 1, 1000);
-  for (const auto* r : {&n, &delay, &rounds})
-    if (!r->ok()) return Fail(cmd, r->status());
-  auto workers = ParseWorkersList(args.Get("workers-list"));
-  if (!workers.ok()) return Fail(cmd, workers.status());
+// The run's flags.
+struct Settings {
+  int64_t n = 0, delay = 0, rounds = 0;
+  std::vector<int> workers;
   std::vector<std::string> forms;
-  if (const std::string f = args.Get("forms"); f == "both") {
-    forms = {kForms[0], kForms[1]};
-  } else if (f == kForms[0] || f == kForms[1]) {
-    forms = {f};
-  } else {
-    return Fail(cmd, Status::InvalidArgument("--forms must be both, call-first or in-transaction, not '" + f + "'"));
-  }
-  const int max_workers = *std::max_element(workers->begin(), workers->end());
+  std::string url, store_path;  // store_path: SQLite's file
+  bool pg = false, json = false;
+  int max_workers() const { return *std::max_element(workers.begin(), workers.end()); }
+  int64_t total_messages() const { return n * rounds * static_cast<int64_t>(workers.size() * forms.size()); }
+};
 
-  // --- the store, and where the queue, the provider (and on SQLite the
-  // in-transaction form's claims) live: a work directory beside the store
-  // (PostgreSQL: under $TMPDIR), removed at the end.
-  const std::string url = args.Get("store");
-  const bool pg = IsPostgresScheme(url);
-  std::string store_path;
-  if (!pg) {
-    auto o = sqlite::Store::ParseUrl(url);
-    if (!o.ok()) return Fail(cmd, o.status());
-    store_path = o->path;
+Result<Settings> ParseSettings(const Args& args) {
+  Settings st;
+  st.json = args.Bool("json");
+  IDEM_ASSIGN_OR_RETURN(st.n, args.Has("messages") ? args.GetInt("messages", 1, 10'000'000) : Result<int64_t>(400));
+  IDEM_ASSIGN_OR_RETURN(st.delay, args.GetInt("provider-delay-ms", 0, 60'000));
+  IDEM_ASSIGN_OR_RETURN(st.rounds, args.GetInt("rounds", 1, 1000));
+  IDEM_ASSIGN_OR_RETURN(st.workers, ParseWorkersList(args.Get("workers-list")));
+  if (const std::string f = args.Get("forms"); f == "both") {
+    st.forms = {kForms[0], kForms[1]};
+  } else if (f == kForms[0] || f == kForms[1]) {
+    st.forms = {f};
+  } else {
+    return Status::InvalidArgument("--forms must be both, call-first or in-transaction, not '" + f + "'");
   }
+  st.url = args.Get("store");
+  st.pg = IsPostgresScheme(st.url);
+  if (!st.pg) {
+    IDEM_ASSIGN_OR_RETURN(auto o, sqlite::Store::ParseUrl(st.url));
+    st.store_path = o.path;
+  }
+  return st;
+}
+
+// Where the queue, the provider (and on SQLite the in-transaction form's
+// claims) live: a work directory beside the store (PostgreSQL: under
+// $TMPDIR), removed at the end.
+struct WorkDir {
+  std::string path;
+  WorkDir() = default;
+  WorkDir(const WorkDir&) = delete;
+  WorkDir& operator=(const WorkDir&) = delete;
+  ~WorkDir() {
+    if (path.empty()) return;
+    std::error_code e;
+    std::filesystem::remove_all(path, e);
+  }
+};
+
+Status MakeWorkDir(const Settings& st, WorkDir& work) {
   std::string base;
-  if (pg) {
+  if (st.pg) {
     const char* tmp = std::getenv("TMPDIR");
     base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
   } else {
-    base = std::filesystem::path(store_path).parent_path().string();
+    base = std::filesystem::path(st.store_path).parent_path().string();
     if (base.empty()) base = ".";
   }
-  const std::string work = base + "/idem-bench-call-first." + std::to_string(::getpid());
+  const std::string dir = base + "/idem-bench-call-first." + std::to_string(::getpid());
   std::error_code ec;
-  std::filesystem::create_directories(work, ec);
-  if (ec) return Fail(cmd, Status::Unavailable("cannot create " + work + ": " + ec.message()));
-  struct RemoveAtEnd {
-    std::string dir;
-    ~RemoveAtEnd() {
-      std::error_code e;
-      std::filesystem::remove_all(dir, e);
-    }
-  } remove_at_end{work};
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::Unavailable("cannot create " + dir + ": " + ec.message());
+  work.path = dir;
+  return Status::OK();
+}
 
-  auto store_or = OpenStore(url, true, 2 * max_workers + 2);
-  if (!store_or.ok()) return Fail(cmd, store_or.status());
-  Store& store = **store_or;
-  {
-    auto tx = store.Begin();
-    if (!tx.ok()) return Fail(cmd, tx.status());
-    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS ") + kTable, CreatePaymentsSql(kTable)})
-      if (auto r = (*tx)->Exec(sql); !r.ok()) return Fail(cmd, r.status());
-    if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
-  }
-  if (store.claim_store() == nullptr) return Fail(cmd, Status::InvalidArgument("the store keeps no claims"));
-  auto same_store_claims_owned = Claims::Open(*store.claim_store(), Claims::Options{.retention_ms = 3'600'000});
-  if (!same_store_claims_owned.ok()) return Fail(cmd, same_store_claims_owned.status());
-  Claims& same_store_claims = **same_store_claims_owned;
+// The store with its payments table, and each form's claims.
+struct Stores {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Claims> same_store_claims;
   // The in-transaction form's claims: on SQLite a file of their own (the
   // Inbox refuses CallOnce on its own file inside its transaction).
   std::unique_ptr<Store> claims_file;
-  Claims* tx_claims = &same_store_claims;
   std::unique_ptr<Claims> own_claims;
-  if (!pg && std::find(forms.begin(), forms.end(), kForms[1]) != forms.end()) {
-    auto c = OpenStore("sqlite:" + work + "/claims.db", true, max_workers + 1);
-    if (!c.ok()) return Fail(cmd, c.status());
-    claims_file = std::move(*c);
-    auto opened = Claims::Open(*claims_file->claim_store(), Claims::Options{.retention_ms = 3'600'000});
-    if (!opened.ok()) return Fail(cmd, opened.status());
-    own_claims = std::move(*opened);
-    tx_claims = own_claims.get();
-  }
+  Claims* tx_claims = nullptr;
+};
 
-  // --- the provider
-  const int64_t total_messages = *n * *rounds * static_cast<int64_t>(workers->size() * forms.size());
-  const std::string provider_db = work + "/provider.db";
+Status OpenStores(const Settings& st, const std::string& work, Stores& s) {
+  IDEM_ASSIGN_OR_RETURN(s.store, OpenStore(st.url, true, 2 * st.max_workers() + 2));
+  {
+    IDEM_ASSIGN_OR_RETURN(auto tx, s.store->Begin());
+    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS ") + kTable, CreatePaymentsSql(kTable)})
+      IDEM_RETURN_IF_ERROR(tx->Exec(sql).status());
+    IDEM_RETURN_IF_ERROR(tx->Commit());
+  }
+  if (s.store->claim_store() == nullptr) return Status::InvalidArgument("the store keeps no claims");
+  IDEM_ASSIGN_OR_RETURN(s.same_store_claims,
+                        Claims::Open(*s.store->claim_store(), Claims::Options{.retention_ms = 3'600'000}));
+  s.tx_claims = s.same_store_claims.get();
+  if (!st.pg && std::find(st.forms.begin(), st.forms.end(), kForms[1]) != st.forms.end()) {
+    IDEM_ASSIGN_OR_RETURN(s.claims_file, OpenStore("sqlite:" + work + "/claims.db", true, st.max_workers() + 1));
+    IDEM_ASSIGN_OR_RETURN(s.own_claims,
+                          Claims::Open(*s.claims_file->claim_store(), Claims::Options{.retention_ms = 3'600'000}));
+    s.tx_claims = s.own_claims.get();
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<ProviderServer>> StartBenchProvider(const Settings& st, const std::string& provider_db) {
   ProviderServerOptions po;
   po.store_url = "sqlite:" + provider_db + "?synchronous=normal";
   po.api_keys = {{kApiKey, kPrincipal}};
-  po.idempotency.max_keys_per_principal = std::max<int64_t>(100'000, 2 * total_messages);
-  po.charge_delay_ms = *delay;
-  po.threads = std::max(32, 4 * max_workers);
-  auto provider = ProviderServer::Start(std::move(po));
-  if (!provider.ok()) return Fail(cmd, provider.status().WithContext("provider"));
-  // One client per worker thread (a Client keeps one keep-alive connection
-  // and is not shared between threads).
-  ThreadClients clients((*provider)->url(), 8);
+  po.idempotency.max_keys_per_principal = std::max<int64_t>(100'000, 2 * st.total_messages());
+  po.charge_delay_ms = st.delay;
+  po.threads = std::max(32, 4 * st.max_workers());
+  return ProviderServer::Start(std::move(po));
+}
 
-  // The disk's durable-commit ceiling in this run: every message costs
-  // several commits on SQLite files (the queue's receive and ack, the
-  // claim, its completion, the marker with the row), which serialise per
-  // file whatever the worker count.
-  auto fsync_per_s = MeasureFsync(work, 1.0);
-  if (!fsync_per_s.ok()) return Fail(cmd, fsync_per_s.status());
-
-  const std::string run = std::to_string(Env::Default()->NowMs());
+// What the rounds found.
+struct Measured {
   std::map<std::string, FormResult> results;
   std::vector<std::string> check_errors;
   int64_t applied_total = 0;
-  Progress progress("rounds", *rounds * static_cast<int64_t>(workers->size() * forms.size()));
+};
+
+// One round of one form with `w` workers on a queue of its own (`tag`):
+// each message published twice before the clock starts, as a producer that
+// retries publishes it; then consumed, timed and checked.
+Status RunOne(const Settings& st, Stores& s, ThreadClients& clients, const std::string& work, const std::string& tag,
+              const std::string& form, int w, int64_t round, Measured& m) {
+  IDEM_ASSIGN_OR_RETURN(auto q, embedded::Queue::Open({.path = work + "/queue.db", .queue = tag, .poll_ms = 2}));
+  for (int copy = 0; copy < 2; ++copy)
+    for (int64_t i = 0; i < st.n; ++i) {
+      const std::string order = tag + "-" + std::to_string(i);
+      IDEM_RETURN_IF_ERROR(q->Publish(PaymentMessage("m-" + order, order, 100 + i % 9'900)));
+    }
+  IDEM_ASSIGN_OR_RETURN(auto inbox_owned, Inbox::Open(*s.store, Inbox::Options{.consumer = "bench-" + tag}));
+  Inbox& inbox = *inbox_owned;
+  auto call = [&](const Message& msg) {
+    return [&clients, &msg](const std::string& key) -> Result<std::string> {
+      IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
+      return PostCharge(*client, msg, key);
+    };
+  };
+  const Consumer::Options co{.workers = w, .receive_wait_ms = 20, .stop_when_idle = true};
+  Result<std::unique_ptr<Consumer>> consumer = Status::Internal("no consumer");
+  if (form == kForms[0]) {
+    consumer = Consumer::Open(
+        *q, inbox,
+        CallFirst(
+            *s.same_store_claims,
+            [&](Calls& calls, const Message& msg) -> Status { return calls.Once("charge", call(msg)).status(); },
+            [](Transaction& tx, const Message& msg, const Calls& calls) -> Status {
+              return InsertPayment(tx, msg, calls.at("charge"), kTable);
+            }),
+        co);
+  } else {
+    Claims* tx_claims = s.tx_claims;
+    consumer = Consumer::Open(
+        *q, inbox,
+        [&, tx_claims](Transaction& tx, const Message& msg) -> Status {
+          IDEM_ASSIGN_OR_RETURN(std::string charge, CallOnce(*tx_claims, msg, "charge", call(msg)));
+          return InsertPayment(tx, msg, charge, kTable);
+        },
+        co);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!consumer.ok()) return consumer.status().WithContext(tag);
+  IDEM_RETURN_IF_ERROR((*consumer)->Run().WithContext(tag));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.results[form].rates[w].push_back(static_cast<double>(st.n) / secs);
+  const InboxCounters c = inbox.counters();
+  const ConsumerStats cs = (*consumer)->stats();
+  IDEM_ASSIGN_OR_RETURN(
+      int64_t rows,
+      CountRows(*s.store, std::string("SELECT count(*) FROM ") + kTable + " WHERE substr(order_id, 1, length($1)) = $1",
+                {tag + "-"}));
+  if (static_cast<int64_t>(c.applied) != st.n || rows != st.n || cs.dead_lettered != 0)
+    m.check_errors.push_back(tag + ": applied " + std::to_string(c.applied) + ", " + std::to_string(rows) + " rows, " +
+                             std::to_string(cs.dead_lettered) + " dead-lettered, for " + std::to_string(st.n) +
+                             " messages");
+  m.applied_total += static_cast<int64_t>(c.applied);
+  if (!st.json)
+    std::fprintf(stderr,
+                 "  round %lld %-14s %2d worker(s): %8.1f messages/s (%.2f s; %llu duplicates, %llu in progress)\n",
+                 static_cast<long long>(round) + 1, form.c_str(), w, static_cast<double>(st.n) / secs, secs,
+                 static_cast<unsigned long long>(c.duplicates), static_cast<unsigned long long>(cs.in_progress));
+  return Status::OK();
+}
+
+// Every round of every form and worker count.
+Status RunRounds(const Settings& st, Stores& s, ThreadClients& clients, const std::string& work, Measured& m) {
+  const std::string run = std::to_string(Env::Default()->NowMs());
+  Progress progress("rounds", st.rounds * static_cast<int64_t>(st.workers.size() * st.forms.size()));
   int64_t done = 0;
-  for (int64_t round = 0; round < *rounds; ++round) {
-    for (const std::string& form : forms) {
-      for (int w : *workers) {
+  for (int64_t round = 0; round < st.rounds; ++round) {
+    for (const std::string& form : st.forms) {
+      for (int w : st.workers) {
         const std::string tag = form.substr(0, 2) + "-w" + std::to_string(w) + "-r" + std::to_string(round) + "-" + run;
-        // Published before the clock starts: each message twice, as a
-        // producer that retries publishes it.
-        auto q = embedded::Queue::Open({.path = work + "/queue.db", .queue = tag, .poll_ms = 2});
-        if (!q.ok()) return Fail(cmd, q.status());
-        for (int copy = 0; copy < 2; ++copy)
-          for (int64_t i = 0; i < *n; ++i) {
-            const std::string order = tag + "-" + std::to_string(i);
-            if (Status s = (*q)->Publish(PaymentMessage("m-" + order, order, 100 + i % 9'900)); !s.ok())
-              return Fail(cmd, s);
-          }
-        auto inbox_owned = Inbox::Open(store, Inbox::Options{.consumer = "bench-" + tag});
-        if (!inbox_owned.ok()) return Fail(cmd, inbox_owned.status());
-        Inbox& inbox = **inbox_owned;
-        auto call = [&](const Message& m) {
-          return [&clients, &m](const std::string& key) -> Result<std::string> {
-            IDEM_ASSIGN_OR_RETURN(http::Client * client, clients.Get());
-            return PostCharge(*client, m, key);
-          };
-        };
-        const Consumer::Options co{.workers = w, .receive_wait_ms = 20, .stop_when_idle = true};
-        Result<std::unique_ptr<Consumer>> consumer = Status::Internal("no consumer");
-        if (form == kForms[0]) {
-          consumer = Consumer::Open(
-              **q, inbox,
-              CallFirst(
-                  same_store_claims,
-                  [&](Calls& calls, const Message& m) -> Status { return calls.Once("charge", call(m)).status(); },
-                  [](Transaction& tx, const Message& m, const Calls& calls) -> Status {
-                    return InsertPayment(tx, m, calls.at("charge"), kTable);
-                  }),
-              co);
-        } else {
-          consumer = Consumer::Open(
-              **q, inbox,
-              [&](Transaction& tx, const Message& m) -> Status {
-                IDEM_ASSIGN_OR_RETURN(std::string charge, CallOnce(*tx_claims, m, "charge", call(m)));
-                return InsertPayment(tx, m, charge, kTable);
-              },
-              co);
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        if (!consumer.ok()) return Fail(cmd, consumer.status().WithContext(tag));
-        if (Status s = (*consumer)->Run(); !s.ok()) return Fail(cmd, s.WithContext(tag));
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        results[form].rates[w].push_back(static_cast<double>(*n) / secs);
-        const InboxCounters c = inbox.counters();
-        const ConsumerStats cs = (*consumer)->stats();
-        auto rows = CountRows(
-            store, std::string("SELECT count(*) FROM ") + kTable + " WHERE substr(order_id, 1, length($1)) = $1",
-            {tag + "-"});
-        if (!rows.ok()) return Fail(cmd, rows.status());
-        if (static_cast<int64_t>(c.applied) != *n || *rows != *n || cs.dead_lettered != 0)
-          check_errors.push_back(tag + ": applied " + std::to_string(c.applied) + ", " + std::to_string(*rows) +
-                                 " rows, " + std::to_string(cs.dead_lettered) + " dead-lettered, for " +
-                                 std::to_string(*n) + " messages");
-        applied_total += static_cast<int64_t>(c.applied);
-        if (!json)
-          std::fprintf(
-              stderr,
-              "  round %lld %-14s %2d worker(s): %8.1f messages/s (%.2f s; %llu duplicates, %llu in progress)\n",
-              static_cast<long long>(round) + 1, form.c_str(), w, static_cast<double>(*n) / secs, secs,
-              static_cast<unsigned long long>(c.duplicates), static_cast<unsigned long long>(cs.in_progress));
+        IDEM_RETURN_IF_ERROR(RunOne(st, s, clients, work, tag, form, w, round, m));
         progress.Update(++done);
       }
     }
   }
   progress.Done();
-  (*provider)->Stop();
+  return Status::OK();
+}
 
-  // --- the checks across the run: one row per message, one charge per order.
+// The run's totals, read back.
+struct Totals {
+  int64_t rows = 0;
+  ProviderTotals charges;
+};
+
+// The checks across the run: one row per message, one charge per order.
+Result<Totals> CheckRun(const Settings& st, Store& store, const std::string& provider_db, Measured& m) {
+  const int64_t total = st.total_messages();
+  Totals t;
   auto rows = CountRows(store, std::string("SELECT count(*) FROM ") + kTable);
   auto distinct = CountRows(store, std::string("SELECT count(DISTINCT message_id) FROM ") + kTable);
   auto charges = ProviderCharges(provider_db);
-  if (!rows.ok()) return Fail(cmd, rows.status());
-  if (!distinct.ok()) return Fail(cmd, distinct.status());
-  if (!charges.ok()) return Fail(cmd, charges.status());
-  if (*rows != total_messages || *distinct != total_messages || applied_total != total_messages)
-    check_errors.push_back(std::to_string(*rows) + " payment rows (" + std::to_string(*distinct) + " messages) for " +
-                           std::to_string(total_messages) + " messages");
-  if (charges->charges != total_messages || charges->keys != total_messages)
-    check_errors.push_back("the provider made " + std::to_string(charges->charges) + " charges under " +
-                           std::to_string(charges->keys) + " keys for " + std::to_string(total_messages) + " orders");
-  {
-    // Every charge under its own order (customer cus_<order>).
-    auto db = sqlite::Store::Open({.path = provider_db});
-    if (!db.ok()) return Fail(cmd, db.status());
-    auto orders = CountRows(**db, "SELECT count(DISTINCT customer) FROM provider_charges");
-    if (!orders.ok()) return Fail(cmd, orders.status());
-    if (*orders != total_messages)
-      check_errors.push_back("the provider charged " + std::to_string(*orders) + " distinct orders of " +
-                             std::to_string(total_messages));
-  }
-  const bool ok = check_errors.empty();
+  IDEM_ASSIGN_OR_RETURN(t.rows, std::move(rows));
+  IDEM_RETURN_IF_ERROR(distinct.status());
+  IDEM_ASSIGN_OR_RETURN(t.charges, std::move(charges));
+  if (t.rows != total || *distinct != total || m.applied_total != total)
+    m.check_errors.push_back(std::to_string(t.rows) + " payment rows (" + std::to_string(*distinct) +
+                             " messages) for " + std::to_string(total) + " messages");
+  if (t.charges.charges != total || t.charges.keys != total)
+    m.check_errors.push_back("the provider made " + std::to_string(t.charges.charges) + " charges under " +
+                             std::to_string(t.charges.keys) + " keys for " + std::to_string(total) + " orders");
+  // Every charge under its own order (customer cus_<order>).
+  IDEM_ASSIGN_OR_RETURN(auto db, sqlite::Store::Open({.path = provider_db}));
+  IDEM_ASSIGN_OR_RETURN(int64_t orders, CountRows(*db, "SELECT count(DISTINCT customer) FROM provider_charges"));
+  if (orders != total)
+    m.check_errors.push_back("the provider charged " + std::to_string(orders) + " distinct orders of " +
+                             std::to_string(total));
+  return t;
+}
 
-  // --- the report
-  const int w0 = workers->front();
-  auto ratios_of = [&](const FormResult& fr, int w) {
-    std::vector<double> out;
-    const auto& base_rates = fr.rates.at(w0);
-    const auto& rates = fr.rates.at(w);
-    for (size_t r = 0; r < rates.size(); ++r) out.push_back(rates[r] / base_rates[r]);
-    return out;
-  };
-  const std::string kind(store.Kind());
-  const std::string where = pg ? RedactUrl(url) : store_path;
-  if (json) {
-    Json j;
-    j.Add("bench", "call-first")
-        .Add("store", kind)
-        .Add("path", where)
-        .Add("messages", *n)
-        .Add("deliveries_per_round", 2 * *n)
-        .Add("provider_delay_ms", *delay)
-        .Add("provider", "idem provider (ProviderServer, two-phase) in-process on 127.0.0.1")
-        .Add("rounds", *rounds)
-        .Add("fsync_per_s", *fsync_per_s);
-    std::vector<std::string> ws;
-    for (int w : *workers) ws.push_back(std::to_string(w));
-    j.AddRaw("workers_list", JsonArray(ws));
-    for (const std::string& form : forms) {
-      const FormResult& fr = results[form];
-      Json f;
-      for (int w : *workers) {
-        Json one;
-        std::vector<std::string> rates, ratios;
-        for (double r : fr.rates.at(w)) rates.push_back(Number(r));
-        for (double r : ratios_of(fr, w)) ratios.push_back(Number(r));
-        one.AddRaw("per_s", JsonArray(rates))
-            .Add("median_per_s", Median(fr.rates.at(w)))
-            .AddRaw("ratio", JsonArray(ratios))
-            .Add("median_ratio", Median(ratios_of(fr, w)));
-        f.AddRaw(std::to_string(w), one.str());
-      }
-      j.AddRaw(form, f.str());
+// Each round's rate over the first worker count's in the same round.
+std::vector<double> RatiosOf(const Settings& st, const FormResult& fr, int w) {
+  std::vector<double> out;
+  const auto& base_rates = fr.rates.at(st.workers.front());
+  const auto& rates = fr.rates.at(w);
+  for (size_t r = 0; r < rates.size(); ++r) out.push_back(rates[r] / base_rates[r]);
+  return out;
+}
+
+void PrintJson(const Settings& st, std::string_view kind, const std::string& where, double fsync_per_s, Measured& m,
+               const Totals& t, bool ok) {
+  Json j;
+  j.Add("bench", "call-first")
+      .Add("store", std::string(kind))
+      .Add("path", where)
+      .Add("messages", st.n)
+      .Add("deliveries_per_round", 2 * st.n)
+      .Add("provider_delay_ms", st.delay)
+      .Add("provider", "idem provider (ProviderServer, two-phase) in-process on 127.0.0.1")
+      .Add("rounds", st.rounds)
+      .Add("fsync_per_s", fsync_per_s);
+  std::vector<std::string> ws;
+  for (int w : st.workers) ws.push_back(std::to_string(w));
+  j.AddRaw("workers_list", JsonArray(ws));
+  for (const std::string& form : st.forms) {
+    const FormResult& fr = m.results[form];
+    Json f;
+    for (int w : st.workers) {
+      Json one;
+      std::vector<std::string> rates, ratios;
+      for (double r : fr.rates.at(w)) rates.push_back(Number(r));
+      for (double r : RatiosOf(st, fr, w)) ratios.push_back(Number(r));
+      one.AddRaw("per_s", JsonArray(rates))
+          .Add("median_per_s", Median(fr.rates.at(w)))
+          .AddRaw("ratio", JsonArray(ratios))
+          .Add("median_ratio", Median(RatiosOf(st, fr, w)));
+      f.AddRaw(std::to_string(w), one.str());
     }
-    j.Add("payment_rows", *rows).Add("provider_charges", charges->charges).Add("ok", ok);
-    std::cout << j.str() << "\n";
+    j.AddRaw(form, f.str());
+  }
+  j.Add("payment_rows", t.rows).Add("provider_charges", t.charges.charges).Add("ok", ok);
+  std::cout << j.str() << "\n";
+}
+
+void PrintText(const Settings& st, std::string_view kind, const std::string& where, double fsync_per_s,
+               const std::string& work, Measured& m, const Totals& t, bool ok) {
+  const std::string k(kind);
+  std::printf(
+      "idem bench call-first: %s (%s), provider delay %lld ms per charge (idem provider in-process), "
+      "%lld messages per round (each published twice), %lld round(s)\n",
+      where.c_str(), k.c_str(), static_cast<long long>(st.delay), static_cast<long long>(st.n),
+      static_cast<long long>(st.rounds));
+  std::printf("  disk: %.0f fdatasync/s (4 KiB, in the work directory %s)\n", fsync_per_s, work.c_str());
+  const int w0 = st.workers.front();
+  for (const std::string& form : st.forms) {
+    const FormResult& fr = m.results[form];
+    std::printf("  %s%s\n", form.c_str(),
+                form == kForms[0] ? " (calls before the transaction; claims in the store)"
+                                  : (st.pg ? " (CallOnce inside the transaction; claims in the store)"
+                                           : " (CallOnce inside the transaction; claims in a file of their own)"));
+    for (int w : st.workers) {
+      std::printf("    %2d worker(s): messages/s", w);
+      for (double r : fr.rates.at(w)) std::printf(" %8.1f", r);
+      std::printf("   median %8.1f", Median(fr.rates.at(w)));
+      if (w != w0) {
+        std::printf("   ratio to %d:", w0);
+        for (double r : RatiosOf(st, fr, w)) std::printf(" %.2fx", r);
+        std::printf("   median %.2fx", Median(RatiosOf(st, fr, w)));
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("  checks: %lld payment rows for %lld messages, %lld charges at the provider: %s\n",
+              static_cast<long long>(t.rows), static_cast<long long>(st.total_messages()),
+              static_cast<long long>(t.charges.charges), ok ? "ok" : "FAILED");
+}
+
+}  // namespace
+
+int RunBenchCallFirst(const Args& args) {
+  const std::string cmd = "bench call-first";
+  auto settings = ParseSettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  const Settings& st = *settings;
+  WorkDir work;
+  if (Status s = MakeWorkDir(st, work); !s.ok()) return Fail(cmd, s);
+  Stores stores;
+  if (Status s = OpenStores(st, work.path, stores); !s.ok()) return Fail(cmd, s);
+  const std::string provider_db = work.path + "/provider.db";
+  auto provider = StartBenchProvider(st, provider_db);
+  if (!provider.ok()) return Fail(cmd, provider.status().WithContext("provider"));
+  // One client per worker thread (a Client keeps one keep-alive connection
+  // and is not shared between threads).
+  ThreadClients clients((*provider)->url(), 8);
+  // The disk's durable-commit ceiling in this run: every message costs
+  // several commits on SQLite files (the queue's receive and ack, the
+  // claim, its completion, the marker with the row), which serialise per
+  // file whatever the worker count.
+  auto fsync_per_s = MeasureFsync(work.path, 1.0);
+  if (!fsync_per_s.ok()) return Fail(cmd, fsync_per_s.status());
+  Measured m;
+  if (Status s = RunRounds(st, stores, clients, work.path, m); !s.ok()) return Fail(cmd, s);
+  (*provider)->Stop();
+  auto totals = CheckRun(st, *stores.store, provider_db, m);
+  if (!totals.ok()) return Fail(cmd, totals.status());
+  const bool ok = m.check_errors.empty();
+  const std::string where = st.pg ? RedactUrl(st.url) : st.store_path;
+  if (st.json) {
+    PrintJson(st, stores.store->Kind(), where, *fsync_per_s, m, *totals, ok);
   } else {
-    std::printf(
-        "idem bench call-first: %s (%s), provider delay %lld ms per charge (idem provider in-process), "
-        "%lld messages per round (each published twice), %lld round(s)\n",
-        where.c_str(), kind.c_str(), static_cast<long long>(*delay), static_cast<long long>(*n),
-        static_cast<long long>(*rounds));
-    std::printf("  disk: %.0f fdatasync/s (4 KiB, in the work directory %s)\n", *fsync_per_s, work.c_str());
-    for (const std::string& form : forms) {
-      const FormResult& fr = results[form];
-      std::printf("  %s%s\n", form.c_str(),
-                  form == kForms[0] ? " (calls before the transaction; claims in the store)"
-                                    : (pg ? " (CallOnce inside the transaction; claims in the store)"
-                                          : " (CallOnce inside the transaction; claims in a file of their own)"));
-      for (int w : *workers) {
-        std::printf("    %2d worker(s): messages/s", w);
-        for (double r : fr.rates.at(w)) std::printf(" %8.1f", r);
-        std::printf("   median %8.1f", Median(fr.rates.at(w)));
-        if (w != w0) {
-          std::printf("   ratio to %d:", w0);
-          for (double r : ratios_of(fr, w)) std::printf(" %.2fx", r);
-          std::printf("   median %.2fx", Median(ratios_of(fr, w)));
-        }
-        std::printf("\n");
-      }
-    }
-    std::printf("  checks: %lld payment rows for %lld messages, %lld charges at the provider: %s\n",
-                static_cast<long long>(*rows), static_cast<long long>(total_messages),
-                static_cast<long long>(charges->charges), ok ? "ok" : "FAILED");
+    PrintText(st, stores.store->Kind(), where, *fsync_per_s, work.path, m, *totals, ok);
   }
   std::fflush(stdout);
   if (!ok) {
-    for (const auto& e : check_errors) std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %s\n", e.c_str());
+    for (const auto& e : m.check_errors) std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %s\n", e.c_str());
     return kExitCheckFailed;
   }
   return kExitOk;

@@ -41,6 +41,140 @@ struct PassResult {
   Status error;
 };
 
+// The peers' workload on Claims: `n` keys, each called by one thread at a
+// time, `batch` calls in flight per thread; the work is a counter, whose
+// value is each key's result (kept in `first` to check the replays).
+class Passes {
+ public:
+  Passes(Claims& claims, std::string scope, int64_t n, int64_t batch, int64_t threads)
+      : claims_(claims),
+        scope_(std::move(scope)),
+        n_(n),
+        batch_(batch),
+        threads_(threads),
+        first_(static_cast<size_t>(n)) {}
+
+  // One pass over every key, from `threads` threads.
+  PassResult Run() {
+    PassResult pr;
+    next_ = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int64_t t = 0; t < threads_; ++t) threads.emplace_back([&] { Worker(pr); });
+    for (auto& t : threads) t.join();
+    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return pr;
+  }
+  int64_t calls() const { return counter_.load(); }
+
+ private:
+  ClaimRequest Request(int64_t i) const {
+    const std::string key = KeyOf(i);
+    const std::string body = "{\"messageId\":\"" + key + "\",\"amountCents\":" + std::to_string(i % 1000 + 1) + "}";
+    return ClaimRequest{.scope = scope_, .key = key, .fingerprint = FingerprintOf(body), .lease_ms = 60'000};
+  }
+  std::string Work() { return "p-" + std::to_string(counter_.fetch_add(1) + 1); }
+
+  // One call's answer (after its claim): the check.
+  void Settle(int64_t i, const ClaimOutcome& c, PassResult& mine) {
+    if (c.kind == ClaimOutcome::Kind::kCompleted) {
+      if (c.result != first_[static_cast<size_t>(i)]) ++mine.mismatches;
+      ++mine.replayed;
+    } else if (c.kind == ClaimOutcome::Kind::kConflict) {
+      mine.error = Status::Conflict("key " + KeyOf(i) + " answered conflict");
+    }
+  }
+
+  // One call at a time: Claim, the work, Complete.
+  void One(int64_t i, PassResult& mine) {
+    ClaimRequest req = Request(i);
+    for (;;) {
+      auto c = claims_.Claim(req);
+      if (!c.ok()) {
+        mine.error = c.status();
+        return;
+      }
+      if (c->kind == ClaimOutcome::Kind::kInProgress) {  // as the peer: back off 5 ms and call again
+        ++mine.in_progress_retries;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      if (c->kind == ClaimOutcome::Kind::kStarted) {
+        std::string result = Work();
+        if (Status s = claims_.Complete(c->token, result); !s.ok()) {
+          mine.error = s;
+          return;
+        }
+        first_[static_cast<size_t>(i)] = result;
+        ++mine.started;
+      }
+      return Settle(i, *c, mine);
+    }
+  }
+
+  // Calls [i0, end) in flight from this thread: claimed together, the work,
+  // completed together; a key in progress is called again on its own.
+  void Many(int64_t i0, int64_t end, PassResult& mine) {
+    std::vector<ClaimRequest> reqs;
+    for (int64_t i = i0; i < end; ++i) reqs.push_back(Request(i));
+    auto outcomes = claims_.ClaimMany(reqs);
+    std::vector<Completion> done;
+    std::vector<int64_t> done_i;
+    std::deque<std::string> results;
+    for (int64_t i = i0; i < end; ++i) {
+      auto& c = outcomes[static_cast<size_t>(i - i0)];
+      if (!c.ok()) {
+        mine.error = c.status();
+        break;
+      }
+      if (c->kind == ClaimOutcome::Kind::kInProgress) {
+        ++mine.in_progress_retries;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        One(i, mine);
+      } else if (c->kind == ClaimOutcome::Kind::kStarted) {
+        results.push_back(Work());
+        done.push_back({.token = &c->token, .result = results.back()});
+        done_i.push_back(i);
+      } else {
+        Settle(i, *c, mine);
+      }
+    }
+    auto statuses = claims_.CompleteMany(done);
+    for (size_t k = 0; k < done.size(); ++k) {
+      if (!statuses[k].ok()) {
+        mine.error = statuses[k];
+        break;
+      }
+      first_[static_cast<size_t>(done_i[k])] = std::string(done[k].result);
+      ++mine.started;
+    }
+  }
+
+  void Worker(PassResult& pr) {
+    PassResult mine;
+    for (int64_t i0; mine.error.ok() && (i0 = next_.fetch_add(batch_)) < n_;) {
+      if (batch_ == 1) {
+        One(i0, mine);
+      } else {
+        Many(i0, std::min<int64_t>(n_, i0 + batch_), mine);
+      }
+    }
+    std::lock_guard lock(mu_);
+    pr.started += mine.started;
+    pr.replayed += mine.replayed;
+    pr.in_progress_retries += mine.in_progress_retries;
+    pr.mismatches += mine.mismatches;
+    if (!mine.error.ok()) pr.error = mine.error;
+  }
+
+  Claims& claims_;
+  const std::string scope_;
+  const int64_t n_, batch_, threads_;
+  std::vector<std::string> first_;
+  std::atomic<int64_t> counter_{0}, next_{0};
+  std::mutex mu_;
+};
+
 }  // namespace
 
 int RunBenchClaims(const Args& args) {
@@ -58,128 +192,19 @@ int RunBenchClaims(const Args& args) {
   if (*batch < 1 || *conc % *batch != 0)
     return Fail(cmd, Status::InvalidArgument("--batch must be >= 1 and divide --concurrency (" + std::to_string(*conc) +
                                              "), got " + std::to_string(*batch)));
-  const int64_t threads_n = *conc / *batch;
-
   auto opened = OpenClaimStore(args.Get("store"));
   if (!opened.ok()) return Fail(cmd, opened.status());
   ClaimStore& store = *opened->claims;
-  // A scope of its own per run: earlier runs' records never answer for this one.
-  const std::string scope = "bench-" + std::to_string(Env::Default()->NowMs());
   auto claims_owned = Claims::Open(store, Claims::Options{.retention_ms = 3'600'000});
   if (!claims_owned.ok()) return Fail(cmd, claims_owned.status());
-  Claims& claims = **claims_owned;
+  // A scope of its own per run: earlier runs' records never answer for this one.
+  Passes passes(**claims_owned, "bench-" + std::to_string(Env::Default()->NowMs()), *n, *batch, *conc / *batch);
 
-  std::vector<std::string> first(static_cast<size_t>(*n));
-  std::atomic<int64_t> counter{0};
-  auto run_pass = [&](bool first_pass) {
-    PassResult pr;
-    std::mutex mu;
-    std::atomic<int64_t> next{0};
-    // One call's answer (after its claim): the work and the check.
-    auto settle = [&](int64_t i, const ClaimOutcome& c, PassResult& mine) {
-      if (c.kind == ClaimOutcome::Kind::kCompleted) {
-        if (c.result != first[static_cast<size_t>(i)]) ++mine.mismatches;
-        ++mine.replayed;
-      } else if (c.kind == ClaimOutcome::Kind::kConflict) {
-        mine.error = Status::Conflict("key " + KeyOf(i) + " answered conflict");
-      }
-    };
-    auto request = [&](int64_t i) {
-      const std::string key = KeyOf(i);
-      const std::string body = "{\"messageId\":\"" + key + "\",\"amountCents\":" + std::to_string(i % 1000 + 1) + "}";
-      return ClaimRequest{.scope = scope, .key = key, .fingerprint = FingerprintOf(body), .lease_ms = 60'000};
-    };
-    // One call at a time: Claim, the work, Complete.
-    auto one = [&](int64_t i, PassResult& mine) {
-      ClaimRequest req = request(i);
-      for (;;) {
-        auto c = claims.Claim(req);
-        if (!c.ok()) {
-          mine.error = c.status();
-          return;
-        }
-        if (c->kind == ClaimOutcome::Kind::kInProgress) {  // as the peer: back off 5 ms and call again
-          ++mine.in_progress_retries;
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          continue;
-        }
-        if (c->kind == ClaimOutcome::Kind::kStarted) {
-          std::string result = "p-" + std::to_string(counter.fetch_add(1) + 1);  // the work
-          if (Status s = claims.Complete(c->token, result); !s.ok()) {
-            mine.error = s;
-            return;
-          }
-          first[static_cast<size_t>(i)] = result;
-          ++mine.started;
-        }
-        return settle(i, *c, mine);
-      }
-    };
-    auto worker = [&] {
-      PassResult mine;
-      for (int64_t i0; mine.error.ok() && (i0 = next.fetch_add(*batch)) < *n;) {
-        const int64_t end = std::min<int64_t>(*n, i0 + *batch);
-        if (*batch == 1) {
-          one(i0, mine);
-          continue;
-        }
-        // B calls in flight from this thread: claimed together, the work,
-        // completed together; a key in progress is called again on its own.
-        std::vector<ClaimRequest> reqs;
-        for (int64_t i = i0; i < end; ++i) reqs.push_back(request(i));
-        auto outcomes = claims.ClaimMany(reqs);
-        std::vector<Completion> done;
-        std::vector<int64_t> done_i;
-        std::deque<std::string> results;
-        for (int64_t i = i0; i < end; ++i) {
-          auto& c = outcomes[static_cast<size_t>(i - i0)];
-          if (!c.ok()) {
-            mine.error = c.status();
-            break;
-          }
-          if (c->kind == ClaimOutcome::Kind::kInProgress) {
-            ++mine.in_progress_retries;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-            one(i, mine);
-          } else if (c->kind == ClaimOutcome::Kind::kStarted) {
-            results.push_back("p-" + std::to_string(counter.fetch_add(1) + 1));  // the work
-            done.push_back({.token = &c->token, .result = results.back()});
-            done_i.push_back(i);
-          } else {
-            settle(i, *c, mine);
-          }
-        }
-        auto statuses = claims.CompleteMany(done);
-        for (size_t k = 0; k < done.size(); ++k) {
-          if (!statuses[k].ok()) {
-            mine.error = statuses[k];
-            break;
-          }
-          first[static_cast<size_t>(done_i[k])] = std::string(done[k].result);
-          ++mine.started;
-        }
-      }
-      std::lock_guard lock(mu);
-      pr.started += mine.started;
-      pr.replayed += mine.replayed;
-      pr.in_progress_retries += mine.in_progress_retries;
-      pr.mismatches += mine.mismatches;
-      if (!mine.error.ok()) pr.error = mine.error;
-    };
-    (void)first_pass;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> threads;
-    for (int64_t t = 0; t < threads_n; ++t) threads.emplace_back(worker);
-    for (auto& t : threads) t.join();
-    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return pr;
-  };
-
-  PassResult claims_pass = run_pass(true);
+  PassResult claims_pass = passes.Run();
   if (!claims_pass.error.ok()) return Fail(cmd, claims_pass.error);
   PassResult replays;
   for (int64_t d = 1; d < *dup; ++d) {
-    PassResult p = run_pass(false);
+    PassResult p = passes.Run();
     if (!p.error.ok()) return Fail(cmd, p.error);
     replays.seconds += p.seconds;
     replays.replayed += p.replayed;
@@ -188,18 +213,18 @@ int RunBenchClaims(const Args& args) {
   }
   const int64_t deliveries = *n * *dup;
   const double seconds = claims_pass.seconds + replays.seconds;
-  const bool ok = counter.load() == *n && claims_pass.started == *n && replays.replayed == *n * (*dup - 1) &&
+  const bool ok = passes.calls() == *n && claims_pass.started == *n && replays.replayed == *n * (*dup - 1) &&
                   replays.mismatches == 0 && claims_pass.mismatches == 0;
   std::printf(
       "info: effect=counter concurrency=%lld batch=%lld function_calls=%lld replay_mismatches=%lld "
       "in_progress_retries=%lld claims_per_s=%.1f replays_per_s=%.1f durability=\"%s\" ok=%s\n",
-      static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<long long>(counter.load()),
+      static_cast<long long>(*conc), static_cast<long long>(*batch), static_cast<long long>(passes.calls()),
       static_cast<long long>(replays.mismatches) + static_cast<long long>(claims_pass.mismatches),
       static_cast<long long>(claims_pass.in_progress_retries + replays.in_progress_retries), *n / claims_pass.seconds,
       replays.seconds > 0 ? replays.replayed / replays.seconds : 0.0, opened->durability.c_str(),
       ok ? "true" : "false");
   return PeerResult("idem-claims-" + opened->kind + (*batch > 1 ? "-batch" + std::to_string(*batch) : ""), opened->kind,
-                    *n, deliveries, seconds, counter.load(), ok);
+                    *n, deliveries, seconds, passes.calls(), ok);
 }
 
 }  // namespace idem::cli

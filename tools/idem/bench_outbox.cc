@@ -340,154 +340,146 @@ Status AddRange(Store& store, Outbox& outbox, const std::string& run, int64_t ke
   return tx->Commit();
 }
 
-int RunBenchRelayCmd(const Args& args) {
-  const std::string cmd = "bench relay";
-  if (!args.Has("to")) return Fail(cmd, Status::InvalidArgument("--to URL is required (the relay's destination)"));
-  auto n = args.Has("messages") ? args.GetInt("messages", 1, int64_t{1} << 32) : Result<int64_t>(50'000);
-  auto keys = args.Has("keys") ? args.GetInt("keys", 1, int64_t{1} << 32) : Result<int64_t>(100);
-  auto bytes = args.Has("payload-bytes") ? args.GetInt("payload-bytes", 0, 1 << 20) : Result<int64_t>(100);
-  auto relays = args.Has("relays") ? args.GetInt("relays", 1, 64) : Result<int64_t>(1);
-  auto rate = args.Has("rate") ? args.GetInt("rate", 1, 10'000'000) : Result<int64_t>(0);
-  auto relay_batch = args.Has("batch") ? args.GetInt("batch", 1, 10'000) : Result<int64_t>(500);
-  for (const auto* r : {&n, &keys, &bytes, &relays, &rate, &relay_batch})
-    if (!r->ok()) return Fail(cmd, r->status());
-  if (*rate > 0 && *relays != 1)
-    return Fail(cmd, Status::InvalidArgument("--rate measures latency with one relay: drop --relays"));
-  const std::string store_url = args.Get("store");
-  const std::string to = args.Get("to");
-  const int nr = static_cast<int>(*relays);
+// The relay benchmark's flags.
+struct RelaySettings {
+  int64_t n = 50'000, keys = 100, bytes = 100, relays = 1, rate = 0, batch = 500;
+  std::string store_url, to;
+  bool json = false;
+};
 
-  auto store_or = OpenStore(store_url, true, 2);
-  if (!store_or.ok()) return Fail(cmd, store_or.status());
-  Store& store = **store_or;
-  auto outbox_owned = Outbox::Open(store);
-  if (!outbox_owned.ok()) return Fail(cmd, outbox_owned.status());
-  Outbox& outbox = **outbox_owned;
-  if (auto st = outbox.Stats(); !st.ok()) {
-    return Fail(cmd, st.status());
-  } else if (st->backlog > 0) {
-    std::fprintf(stderr, "bench relay: publishing %lld earlier unsent messages away first\n",
-                 static_cast<long long>(st->backlog));
-    if (Status d = DrainOutbox(store); !d.ok()) return Fail(cmd, d);
-  }
+Result<RelaySettings> ParseRelaySettings(const Args& args) {
+  RelaySettings st;
+  if (!args.Has("to")) return Status::InvalidArgument("--to URL is required (the relay's destination)");
+  auto n = args.Has("messages") ? args.GetInt("messages", 1, int64_t{1} << 32) : Result<int64_t>(st.n);
+  auto keys = args.Has("keys") ? args.GetInt("keys", 1, int64_t{1} << 32) : Result<int64_t>(st.keys);
+  auto bytes = args.Has("payload-bytes") ? args.GetInt("payload-bytes", 0, 1 << 20) : Result<int64_t>(st.bytes);
+  auto relays = args.Has("relays") ? args.GetInt("relays", 1, 64) : Result<int64_t>(st.relays);
+  auto rate = args.Has("rate") ? args.GetInt("rate", 1, 10'000'000) : Result<int64_t>(st.rate);
+  auto batch = args.Has("batch") ? args.GetInt("batch", 1, 10'000) : Result<int64_t>(st.batch);
+  for (const auto* r : {&n, &keys, &bytes, &relays, &rate, &batch}) IDEM_RETURN_IF_ERROR(r->status());
+  st.n = *n, st.keys = *keys, st.bytes = *bytes, st.relays = *relays, st.rate = *rate, st.batch = *batch;
+  if (st.rate > 0 && st.relays != 1)
+    return Status::InvalidArgument("--rate measures latency with one relay: drop --relays");
+  st.store_url = args.Get("store");
+  st.to = args.Get("to");
+  st.json = args.Bool("json");
+  return st;
+}
 
-  // The destination: the URL's channel, or one of this run's own. The
-  // consumer of an embedded queue acks without fsync (its durability is not
-  // what is measured).
-  const std::string run = "r" + std::to_string(Env::Default()->NowMs());
+// Publishes what an earlier run left unsent away first.
+Status EmptyOutbox(Store& store, Outbox& outbox) {
+  IDEM_ASSIGN_OR_RETURN(OutboxStats st, outbox.Stats());
+  if (st.backlog == 0) return Status::OK();
+  std::fprintf(stderr, "bench relay: publishing %lld earlier unsent messages away first\n",
+               static_cast<long long>(st.backlog));
+  return DrainOutbox(store);
+}
+
+// The destination: the URL's channel, or one of this run's own, and its
+// consumer, warmed up (untimed: connections, the queue declared, a group
+// joined). The consumer of an embedded queue acks without fsync (its
+// durability is not what is measured).
+Result<OpenedSource> OpenDestination(const std::string& to, const std::string& run, std::string& channel_url) {
   const bool embedded = UrlScheme(to) == "embedded";
-  const std::string channel_url = embedded ? to : WithKey(to, ChannelKey(to), "idem-bench-relay-" + run);
-  auto src = OpenSource(embedded ? WithKey(channel_url, "durable", "false") : channel_url,
-                        {.lease_ms = 60'000, .consumer = "bench-relay"});
-  if (!src.ok()) return Fail(cmd, src.status());
-  // Warm-up, untimed: connections, the queue declared, a group joined.
-  {
-    Message warm{.id = "warm-" + run, .payload = "warm"};
-    if (Status s = src->publish(warm); !s.ok()) return Fail(cmd, s.WithContext("warm-up"));
-    bool got = false;
-    const auto t0 = Clock::now();
-    while (!got && SecondsSince(t0) < 30) {
-      auto d = src->source->Receive(100, 100);
-      if (!d.ok()) return Fail(cmd, d.status().WithContext("warm-up"));
-      for (const Delivery& x : *d) {
-        (void)src->source->Ack(x);
-        got = got || x.message.id == warm.id;
-      }
-    }
-    if (!got) return Fail(cmd, Status::Unavailable("warm-up: the consumer did not receive its message in 30 s"));
-  }
-  // The relays' publishers: on the consumer's broker and channel
-  // (kafka-mock: the cluster's own address).
-  const std::string pub_url = UrlScheme(to) == "kafka-mock" ? src->shared_url : channel_url;
-  std::vector<std::unique_ptr<Store>> relay_stores;
-  std::vector<std::unique_ptr<Publisher>> publishers;
-  std::vector<std::unique_ptr<OutboxRelay>> relay_objs;
-  for (int r = 0; r < nr; ++r) {
-    auto rs = OpenStore(store_url, true, 2);
-    if (!rs.ok()) return Fail(cmd, rs.status());
-    auto p = OpenPublisher(pub_url);
-    if (!p.ok()) return Fail(cmd, p.status());
-    auto relay = OutboxRelay::Open(
-        **rs, **p,
-        {.name = "bench-relay-" + std::to_string(r), .batch = static_cast<int>(*relay_batch), .poll_ms = 100});
-    if (!relay.ok()) return Fail(cmd, relay.status());
-    relay_stores.push_back(std::move(*rs));
-    publishers.push_back(std::move(*p));
-    relay_objs.push_back(std::move(*relay));
-  }
-
-  const std::string payload(static_cast<size_t>(*bytes), 'p');
-  std::vector<OutgoingMessage> buf;
-  double preload_s = 0;
-  if (*rate == 0) {
-    const auto t0 = Clock::now();
-    Progress progress("preloading the outbox", *n);
-    for (int64_t i = 0; i < *n; i += 100) {
-      if (Status s = AddRange(store, outbox, run, *keys, payload, i, std::min(*n, i + 100), buf); !s.ok())
-        return Fail(cmd, s.WithContext("preload"));
-      progress.Update(std::min(*n, i + 100));
-    }
-    progress.Done();
-    preload_s = SecondsSince(t0);
-  }
-
-  std::atomic<bool> failed{false};
-  std::vector<Status> relay_status(static_cast<size_t>(nr));
-  std::vector<std::thread> threads;
-  Seen seen;
-  Clock::time_point last_new;
-  std::vector<int64_t> commit_ns(static_cast<size_t>(*rate > 0 ? *n : 0), 0);
-  Status producer_status;
+  channel_url = embedded ? to : WithKey(to, ChannelKey(to), "idem-bench-relay-" + run);
+  IDEM_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(embedded ? WithKey(channel_url, "durable", "false") : channel_url,
+                                                     {.lease_ms = 60'000, .consumer = "bench-relay"}));
+  Message warm{.id = "warm-" + run, .payload = "warm"};
+  IDEM_RETURN_IF_ERROR(src.publish(warm).WithContext("warm-up"));
+  bool got = false;
   const auto t0 = Clock::now();
-  std::thread consumer([&] { seen = Consume(*src->source, run, *n, *keys, failed, 30, &last_new); });
-  for (int r = 0; r < nr; ++r)
-    threads.emplace_back([&, r] {
-      relay_status[static_cast<size_t>(r)] = relay_objs[static_cast<size_t>(r)]->Run();
-      if (!relay_status[static_cast<size_t>(r)].ok()) failed = true;
-    });
-  if (*rate > 0) {
-    // The producer, here: at *rate messages/s, as a service's requests
-    // would come: every 5 ms, what is due since the last tick, in
-    // transactions of up to 1,000 (not a commit whenever one message is
-    // due, which would keep SQLite's one writer busy all the time; at tens
-    // of thousands a second one synced commit per 100 is more than one
-    // connection can make).
-    int64_t added = 0;
-    while (added < *n && !failed.load()) {
-      const int64_t due = std::min<int64_t>(*n, static_cast<int64_t>(SecondsSince(t0) * static_cast<double>(*rate)));
-      if (due <= added) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        continue;
-      }
-      const int64_t to_i = std::min(due, added + 1000);
-      if (Status s = AddRange(store, outbox, run, *keys, payload, added, to_i, buf); !s.ok()) {
-        producer_status = s.WithContext("producer");
-        failed = true;
-        break;
-      }
-      const int64_t at = NanosOf(Clock::now());
-      for (int64_t i = added; i < to_i; ++i) commit_ns[static_cast<size_t>(i)] = at;
-      added = to_i;
+  while (!got && SecondsSince(t0) < 30) {
+    auto d = src.source->Receive(100, 100);
+    if (!d.ok()) return d.status().WithContext("warm-up");
+    for (const Delivery& x : *d) {
+      (void)src.source->Ack(x);
+      got = got || x.message.id == warm.id;
     }
   }
-  // When the relays had every message confirmed by the broker (the relays'
-  // own rate; the consumer may still be behind).
-  double relayed_s = 0;
+  if (!got) return Status::Unavailable("warm-up: the consumer did not receive its message in 30 s");
+  return src;
+}
+
+// The relays, each with its own store and publisher.
+struct Relays {
+  std::vector<std::unique_ptr<Store>> stores;
+  std::vector<std::unique_ptr<Publisher>> publishers;
+  std::vector<std::unique_ptr<OutboxRelay>> relays;
+};
+
+Status OpenRelays(const RelaySettings& st, const std::string& pub_url, Relays& out) {
+  for (int r = 0; r < static_cast<int>(st.relays); ++r) {
+    IDEM_ASSIGN_OR_RETURN(auto rs, OpenStore(st.store_url, true, 2));
+    IDEM_ASSIGN_OR_RETURN(auto p, OpenPublisher(pub_url));
+    IDEM_ASSIGN_OR_RETURN(auto relay, OutboxRelay::Open(*rs, *p,
+                                                        {.name = "bench-relay-" + std::to_string(r),
+                                                         .batch = static_cast<int>(st.batch),
+                                                         .poll_ms = 100}));
+    out.stores.push_back(std::move(rs));
+    out.publishers.push_back(std::move(p));
+    out.relays.push_back(std::move(relay));
+  }
+  return Status::OK();
+}
+
+// Fills the outbox before the clock starts, in transactions of 100.
+Result<double> Preload(const RelaySettings& st, Store& store, Outbox& outbox, const std::string& run,
+                       const std::string& payload) {
+  std::vector<OutgoingMessage> buf;
+  const auto t0 = Clock::now();
+  Progress progress("preloading the outbox", st.n);
+  for (int64_t i = 0; i < st.n; i += 100) {
+    IDEM_RETURN_IF_ERROR(
+        AddRange(store, outbox, run, st.keys, payload, i, std::min(st.n, i + 100), buf).WithContext("preload"));
+    progress.Update(std::min(st.n, i + 100));
+  }
+  progress.Done();
+  return SecondsSince(t0);
+}
+
+// The producer, here: at st.rate messages/s, as a service's requests would
+// come: every 5 ms, what is due since the last tick, in transactions of up
+// to 1,000 (not a commit whenever one message is due, which would keep
+// SQLite's one writer busy all the time; at tens of thousands a second one
+// synced commit per 100 is more than one connection can make). Each
+// message's commit time goes to `commit_ns`.
+Status Produce(const RelaySettings& st, Store& store, Outbox& outbox, const std::string& run,
+               const std::string& payload, Clock::time_point t0, std::atomic<bool>& failed,
+               std::vector<int64_t>& commit_ns) {
+  std::vector<OutgoingMessage> buf;
+  int64_t added = 0;
+  while (added < st.n && !failed.load()) {
+    const int64_t due = std::min<int64_t>(st.n, static_cast<int64_t>(SecondsSince(t0) * static_cast<double>(st.rate)));
+    if (due <= added) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    const int64_t to_i = std::min(due, added + 1000);
+    if (Status s = AddRange(store, outbox, run, st.keys, payload, added, to_i, buf); !s.ok()) {
+      failed = true;
+      return s.WithContext("producer");
+    }
+    const int64_t at = NanosOf(Clock::now());
+    for (int64_t i = added; i < to_i; ++i) commit_ns[static_cast<size_t>(i)] = at;
+    added = to_i;
+  }
+  return Status::OK();
+}
+
+// When the relays had every message confirmed by the broker (the relays'
+// own rate; the consumer may still be behind), in seconds from t0.
+double WaitRelayed(const RelaySettings& st, Relays& relays, Clock::time_point t0, const std::atomic<bool>& failed) {
   for (;;) {
     uint64_t published = 0;
-    for (auto& relay : relay_objs) published += relay->stats().published;
-    if (published >= static_cast<uint64_t>(*n) || failed.load() || SecondsSince(t0) > 600) {
-      relayed_s = SecondsSince(t0);
-      break;
-    }
+    for (auto& relay : relays.relays) published += relay->stats().published;
+    if (published >= static_cast<uint64_t>(st.n) || failed.load() || SecondsSince(t0) > 600) return SecondsSince(t0);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  consumer.join();
-  const double seconds = std::chrono::duration<double>(last_new - t0).count();
-  for (auto& relay : relay_objs) relay->Stop();
-  for (auto& t : threads) t.join();
+}
+
+OutboxRelayStats SumStats(Relays& relays) {
   OutboxRelayStats total;
-  for (auto& relay : relay_objs) {
+  for (auto& relay : relays.relays) {
     const OutboxRelayStats st = relay->stats();
     total.published += st.published;
     total.republished += st.republished;
@@ -497,79 +489,154 @@ int RunBenchRelayCmd(const Args& args) {
     total.store_us += st.store_us;
     total.publish_us += st.publish_us;
   }
-  // The relays' own time: rows through the store (fetch + settle) per
-  // second of store time, and per second of publishing.
-  auto rate_of = [&](uint64_t us) { return us > 0 ? static_cast<double>(total.published) * 1e6 / us : 0.0; };
-  if (!producer_status.ok()) return Fail(cmd, producer_status);
-  for (const Status& s : relay_status)
-    if (!s.ok()) return Fail(cmd, s.WithContext("relay"));
-  if (!seen.error.ok()) return Fail(cmd, seen.error);
+  return total;
+}
 
-  const std::string store_kind(store.Kind());
-  const double per_s = seconds > 0 ? static_cast<double>(*n) / seconds : 0;
+// What the timed part measured.
+struct RelayRun {
+  Seen seen;
+  OutboxRelayStats total;
+  double seconds = 0, relayed_s = 0, preload_s = 0;
+  std::vector<double> lat_ms;  // commit -> receipt, sorted (--rate)
+};
+
+// The relays' own time: rows through the store (fetch + settle) per second
+// of store time, and per second of publishing.
+double RowsPerS(const RelayRun& r, uint64_t us) {
+  return us > 0 ? static_cast<double>(r.total.published) * 1e6 / us : 0.0;
+}
+
+// The result line, and the JSON object with --json.
+void PrintRelayResult(const RelaySettings& st, const std::string& store_kind, const std::string& to_kind, RelayRun& r) {
+  const double per_s = r.seconds > 0 ? static_cast<double>(st.n) / r.seconds : 0;
+  const double relayed_per_s = r.relayed_s > 0 ? static_cast<double>(st.n) / r.relayed_s : 0.0;
   std::printf(
       "peer=idem-relay store=%s to=%s messages=%lld seconds=%.3f messages_per_s=%.1f republished=%llu "
       "order_violations=%lld keys=%lld payload_bytes=%lld relays=%d duplicates=%lld rounds=%llu",
-      store_kind.c_str(), src->kind.c_str(), static_cast<long long>(*n), seconds, per_s,
-      static_cast<unsigned long long>(total.republished), static_cast<long long>(seen.order_violations),
-      static_cast<long long>(*keys), static_cast<long long>(*bytes), nr,
-      static_cast<long long>(seen.copies - seen.unique), static_cast<unsigned long long>(total.rounds));
-  std::printf(" relayed_per_s=%.0f store_rows_per_s=%.0f publish_rows_per_s=%.0f",
-              relayed_s > 0 ? static_cast<double>(*n) / relayed_s : 0.0, rate_of(total.store_us),
-              rate_of(total.publish_us));
-  std::vector<double> lat_ms;
-  if (*rate > 0) {
-    lat_ms.reserve(static_cast<size_t>(*n));
-    for (size_t i = 0; i < commit_ns.size(); ++i)
-      lat_ms.push_back(std::max<double>(0, static_cast<double>(seen.receipt_ns[i] - commit_ns[i]) / 1e6));
-    std::sort(lat_ms.begin(), lat_ms.end());
-    std::printf(" rate=%lld p50_ms=%.2f p99_ms=%.2f p999_ms=%.2f max_ms=%.2f", static_cast<long long>(*rate),
+      store_kind.c_str(), to_kind.c_str(), static_cast<long long>(st.n), r.seconds, per_s,
+      static_cast<unsigned long long>(r.total.republished), static_cast<long long>(r.seen.order_violations),
+      static_cast<long long>(st.keys), static_cast<long long>(st.bytes), static_cast<int>(st.relays),
+      static_cast<long long>(r.seen.copies - r.seen.unique), static_cast<unsigned long long>(r.total.rounds));
+  std::printf(" relayed_per_s=%.0f store_rows_per_s=%.0f publish_rows_per_s=%.0f", relayed_per_s,
+              RowsPerS(r, r.total.store_us), RowsPerS(r, r.total.publish_us));
+  std::vector<double>& lat_ms = r.lat_ms;
+  if (st.rate > 0) {
+    std::printf(" rate=%lld p50_ms=%.2f p99_ms=%.2f p999_ms=%.2f max_ms=%.2f", static_cast<long long>(st.rate),
                 Percentile(lat_ms, 0.5), Percentile(lat_ms, 0.99), Percentile(lat_ms, 0.999), lat_ms.back());
   } else {
-    std::printf(" preload_per_s=%.1f", static_cast<double>(*n) / preload_s);
+    std::printf(" preload_per_s=%.1f", static_cast<double>(st.n) / r.preload_s);
   }
   std::printf("\n");
-  if (args.Bool("json")) {
-    Json j;
-    j.Add("bench", "relay")
-        .Add("store", store_kind)
-        .Add("to", src->kind)
-        .Add("messages", *n)
-        .Add("keys", *keys)
-        .Add("payload_bytes", *bytes)
-        .Add("relays", nr)
-        .Add("batch", *relay_batch)
-        .Add("seconds", seconds)
-        .Add("messages_per_s", per_s)
-        .Add("published", total.published)
-        .Add("republished", total.republished)
-        .Add("transient_errors", total.transient_errors)
-        .Add("dead_lettered", total.dead_lettered)
-        .Add("rounds", total.rounds)
-        .Add("relayed_per_s", relayed_s > 0 ? static_cast<double>(*n) / relayed_s : 0.0)
-        .Add("store_seconds", static_cast<double>(total.store_us) / 1e6)
-        .Add("publish_seconds", static_cast<double>(total.publish_us) / 1e6)
-        .Add("store_rows_per_s", rate_of(total.store_us))
-        .Add("publish_rows_per_s", rate_of(total.publish_us))
-        .Add("duplicates", seen.copies - seen.unique)
-        .Add("order_violations", seen.order_violations)
-        .Add("missing_seq", seen.missing_seq);
-    if (*rate > 0) {
-      j.Add("rate", *rate)
-          .Add("p50_ms", Percentile(lat_ms, 0.5))
-          .Add("p99_ms", Percentile(lat_ms, 0.99))
-          .Add("p999_ms", Percentile(lat_ms, 0.999))
-          .Add("max_ms", lat_ms.back());
-    } else {
-      j.Add("preload_seconds", preload_s);
-    }
-    std::cout << j.str() << "\n";
+  if (!st.json) return;
+  Json j;
+  j.Add("bench", "relay")
+      .Add("store", store_kind)
+      .Add("to", to_kind)
+      .Add("messages", st.n)
+      .Add("keys", st.keys)
+      .Add("payload_bytes", st.bytes)
+      .Add("relays", static_cast<int>(st.relays))
+      .Add("batch", st.batch)
+      .Add("seconds", r.seconds)
+      .Add("messages_per_s", per_s)
+      .Add("published", r.total.published)
+      .Add("republished", r.total.republished)
+      .Add("transient_errors", r.total.transient_errors)
+      .Add("dead_lettered", r.total.dead_lettered)
+      .Add("rounds", r.total.rounds)
+      .Add("relayed_per_s", relayed_per_s)
+      .Add("store_seconds", static_cast<double>(r.total.store_us) / 1e6)
+      .Add("publish_seconds", static_cast<double>(r.total.publish_us) / 1e6)
+      .Add("store_rows_per_s", RowsPerS(r, r.total.store_us))
+      .Add("publish_rows_per_s", RowsPerS(r, r.total.publish_us))
+      .Add("duplicates", r.seen.copies - r.seen.unique)
+      .Add("order_violations", r.seen.order_violations)
+      .Add("missing_seq", r.seen.missing_seq);
+  if (st.rate > 0) {
+    j.Add("rate", st.rate)
+        .Add("p50_ms", Percentile(lat_ms, 0.5))
+        .Add("p99_ms", Percentile(lat_ms, 0.99))
+        .Add("p999_ms", Percentile(lat_ms, 0.999))
+        .Add("max_ms", lat_ms.back());
+  } else {
+    j.Add("preload_seconds", r.preload_s);
   }
+  std::cout << j.str() << "\n";
+}
+
+// The timed part: the consumer and the relays in threads (and the producer
+// here with --rate) until every id has come through.
+Status RunRelays(const RelaySettings& st, Store& store, Outbox& outbox, Source& source, Relays& relays,
+                 const std::string& run, const std::string& payload, RelayRun& r) {
+  const int nr = static_cast<int>(st.relays);
+  std::atomic<bool> failed{false};
+  std::vector<Status> relay_status(static_cast<size_t>(nr));
+  std::vector<std::thread> threads;
+  Clock::time_point last_new;
+  std::vector<int64_t> commit_ns(static_cast<size_t>(st.rate > 0 ? st.n : 0), 0);
+  Status producer_status;
+  const auto t0 = Clock::now();
+  std::thread consumer([&] { r.seen = Consume(source, run, st.n, st.keys, failed, 30, &last_new); });
+  for (int i = 0; i < nr; ++i)
+    threads.emplace_back([&, i] {
+      relay_status[static_cast<size_t>(i)] = relays.relays[static_cast<size_t>(i)]->Run();
+      if (!relay_status[static_cast<size_t>(i)].ok()) failed = true;
+    });
+  if (st.rate > 0) producer_status = Produce(st, store, outbox, run, payload, t0, failed, commit_ns);
+  r.relayed_s = WaitRelayed(st, relays, t0, failed);
+  consumer.join();
+  r.seconds = std::chrono::duration<double>(last_new - t0).count();
+  for (auto& relay : relays.relays) relay->Stop();
+  for (auto& t : threads) t.join();
+  r.total = SumStats(relays);
+  IDEM_RETURN_IF_ERROR(producer_status);
+  for (const Status& s : relay_status) IDEM_RETURN_IF_ERROR(s.WithContext("relay"));
+  IDEM_RETURN_IF_ERROR(r.seen.error);
+  if (st.rate > 0) {
+    r.lat_ms.reserve(static_cast<size_t>(st.n));
+    for (size_t i = 0; i < commit_ns.size(); ++i)
+      r.lat_ms.push_back(std::max<double>(0, static_cast<double>(r.seen.receipt_ns[i] - commit_ns[i]) / 1e6));
+    std::sort(r.lat_ms.begin(), r.lat_ms.end());
+  }
+  return Status::OK();
+}
+
+int RunBenchRelayCmd(const Args& args) {
+  const std::string cmd = "bench relay";
+  auto settings = ParseRelaySettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  const RelaySettings& st = *settings;
+  auto store_or = OpenStore(st.store_url, true, 2);
+  if (!store_or.ok()) return Fail(cmd, store_or.status());
+  Store& store = **store_or;
+  auto outbox_owned = Outbox::Open(store);
+  if (!outbox_owned.ok()) return Fail(cmd, outbox_owned.status());
+  Outbox& outbox = **outbox_owned;
+  if (Status s = EmptyOutbox(store, outbox); !s.ok()) return Fail(cmd, s);
+  const std::string run = "r" + std::to_string(Env::Default()->NowMs());
+  std::string channel_url;
+  auto src = OpenDestination(st.to, run, channel_url);
+  if (!src.ok()) return Fail(cmd, src.status());
+  // The relays' publishers: on the consumer's broker and channel
+  // (kafka-mock: the cluster's own address).
+  const std::string pub_url = UrlScheme(st.to) == "kafka-mock" ? src->shared_url : channel_url;
+  Relays relays;
+  if (Status s = OpenRelays(st, pub_url, relays); !s.ok()) return Fail(cmd, s);
+  const std::string payload(static_cast<size_t>(st.bytes), 'p');
+  RelayRun r;
+  if (st.rate == 0) {
+    auto preload_s = Preload(st, store, outbox, run, payload);
+    if (!preload_s.ok()) return Fail(cmd, preload_s.status());
+    r.preload_s = *preload_s;
+  }
+  if (Status s = RunRelays(st, store, outbox, *src->source, relays, run, payload, r); !s.ok()) return Fail(cmd, s);
+  PrintRelayResult(st, std::string(store.Kind()), src->kind, r);
   std::fflush(stdout);
   if (src->close) (void)src->close();
-  if (seen.order_violations > 0 || seen.missing_seq > 0 || seen.unique != *n) {
+  const Seen& seen = r.seen;
+  if (seen.order_violations > 0 || seen.missing_seq > 0 || seen.unique != st.n) {
     std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %lld of %lld ids, %lld order violations, %lld without seq\n",
-                 static_cast<long long>(seen.unique), static_cast<long long>(*n),
+                 static_cast<long long>(seen.unique), static_cast<long long>(st.n),
                  static_cast<long long>(seen.order_violations), static_cast<long long>(seen.missing_seq));
     return kExitCheckFailed;
   }

@@ -114,193 +114,231 @@ Result<std::pair<int64_t, bool>> ChargesFor(Store& store, const std::string& pre
   return std::make_pair(r.rows[0][0].AsInt(), r.rows[0][0].AsInt() != r.rows[0][1].AsInt());
 }
 
-}  // namespace
-
-int RunBenchPooler(const Args& args) {
-  const std::string cmd = "bench pooler";
-  if (!args.Has("direct") || !args.Has("pooled"))
-    return Fail(cmd, Status::InvalidArgument(
-                         "--direct URL (the server) and --pooled URL (the same server through the pooler) are both "
-                         "required"));
-  const std::string direct = args.Get("direct"), pooled = args.Get("pooled");
-  for (const std::string* u : {&direct, &pooled})
-    if (!IsPostgresScheme(*u))
-      return Fail(cmd, Status::InvalidArgument("--direct and --pooled must be postgres:// URLs, not " + RedactUrl(*u)));
-  auto consumers = args.Has("consumers") ? args.GetInt("consumers", 1, 64) : Result<int64_t>(4);
-  auto seconds = args.GetDouble("seconds", 0.01, 3600);
-  auto rounds = args.Has("rounds") ? args.GetInt("rounds", 1, 1000) : Result<int64_t>(5);
-  auto requests = args.Has("requests") ? args.GetInt("requests", 1, 10'000'000) : Result<int64_t>(20'000);
-  auto connections = args.Has("connections") ? args.GetInt("connections", 1, 256) : Result<int64_t>(16);
-  auto group = args.Has("group-commit") ? args.GetInt("group-commit", 0, 10'000) : Result<int64_t>(64);
-  auto committers = args.Has("committers") ? args.GetInt("committers", 1, 64) : Result<int64_t>(1);
-  auto fibers = args.Has("fibers") ? args.GetInt("fibers", 0, 64) : Result<int64_t>(1);
-  for (const auto* r : {&consumers, &rounds, &requests, &connections, &group, &committers, &fibers})
-    if (!r->ok()) return Fail(cmd, r->status());
-  if (!seconds.ok()) return Fail(cmd, seconds.status());
-  if (*fibers > 0 && *group <= 1)
-    return Fail(cmd, Status::InvalidArgument("--fibers needs --group-commit above 1 (give --fibers 0 without)"));
+// The run's flags. The pooler's own flags take their defaults from the
+// flag table (idem bench --help); those it shares with other benchmarks
+// have defaults of its own here.
+struct Settings {
+  std::string direct, pooled;
+  int64_t consumers = 4, rounds = 5, requests = 0, connections = 0, group = 64, committers = 0, fibers = 0;
+  double seconds = 0;
   bench::IdKind kind = bench::IdKind::kRandom;
-  if (const std::string ids = args.Get("ids"); ids == "ordered") {
-    kind = bench::IdKind::kOrdered;
-  } else if (ids != "random") {
-    return Fail(cmd, Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'"));
-  }
-  const std::string which = args.Has("workloads") ? args.Get("workloads") : "inbox,http";
-  const bool run_inbox = which == "inbox" || which == "inbox,http" || which == "http,inbox";
-  const bool run_http = which == "http" || which == "inbox,http" || which == "http,inbox";
-  if (!run_inbox && !run_http)
-    return Fail(cmd, Status::InvalidArgument("--workloads must be inbox, http or inbox,http, not '" + which + "'"));
-  std::vector<SideSpec> sides = {{"direct", direct}, {"pooled", pooled}};
-  if (args.Bool("unnamed")) {
-    auto u = Unnamed(direct);
-    if (!u.ok()) return Fail(cmd, u.status());
-    sides.push_back({"unnamed", *u});
-  }
-  const bool json = args.Bool("json");
+  bool run_inbox = false, run_http = false, json = false;
+  std::vector<SideSpec> sides;
+};
 
-  // --- each side's store, inbox and provider
-  std::map<std::string, Opened> opened;
-  for (const SideSpec& side : sides) {
+Result<Settings> ParseSettings(const Args& args) {
+  Settings st;
+  if (!args.Has("direct") || !args.Has("pooled"))
+    return Status::InvalidArgument(
+        "--direct URL (the server) and --pooled URL (the same server through the pooler) are both required");
+  st.direct = args.Get("direct");
+  st.pooled = args.Get("pooled");
+  for (const std::string* u : {&st.direct, &st.pooled})
+    if (!IsPostgresScheme(*u))
+      return Status::InvalidArgument("--direct and --pooled must be postgres:// URLs, not " + RedactUrl(*u));
+  auto consumers = args.Has("consumers") ? args.GetInt("consumers", 1, 64) : Result<int64_t>(st.consumers);
+  auto seconds = args.GetDouble("seconds", 0.01, 3600);
+  auto rounds = args.Has("rounds") ? args.GetInt("rounds", 1, 1000) : Result<int64_t>(st.rounds);
+  auto requests = args.GetInt("requests", 1, 10'000'000);
+  auto connections = args.GetInt("connections", 1, 256);
+  auto group = args.Has("group-commit") ? args.GetInt("group-commit", 0, 10'000) : Result<int64_t>(st.group);
+  auto committers = args.GetInt("committers", 1, 64);
+  auto fibers = args.GetInt("fibers", 0, 64);
+  for (const auto* r : {&consumers, &rounds, &requests, &connections, &group, &committers, &fibers})
+    IDEM_RETURN_IF_ERROR(r->status());
+  IDEM_ASSIGN_OR_RETURN(st.seconds, std::move(seconds));
+  st.consumers = *consumers, st.rounds = *rounds, st.requests = *requests, st.connections = *connections;
+  st.group = *group, st.committers = *committers, st.fibers = *fibers;
+  if (st.fibers > 0 && st.group <= 1)
+    return Status::InvalidArgument("--fibers needs --group-commit above 1 (give --fibers 0 without)");
+  if (const std::string ids = args.Get("ids"); ids == "ordered") {
+    st.kind = bench::IdKind::kOrdered;
+  } else if (ids != "random") {
+    return Status::InvalidArgument("--ids must be random or ordered, not '" + ids + "'");
+  }
+  const std::string which = args.Get("workloads");
+  st.run_inbox = which == "inbox" || which == "inbox,http" || which == "http,inbox";
+  st.run_http = which == "http" || which == "inbox,http" || which == "http,inbox";
+  if (!st.run_inbox && !st.run_http)
+    return Status::InvalidArgument("--workloads must be inbox, http or inbox,http, not '" + which + "'");
+  st.sides = {{"direct", st.direct}, {"pooled", st.pooled}};
+  if (args.Bool("unnamed")) {
+    IDEM_ASSIGN_OR_RETURN(std::string u, Unnamed(st.direct));
+    st.sides.push_back({"unnamed", u});
+  }
+  st.json = args.Bool("json");
+  return st;
+}
+
+// Each side's store, inbox and provider.
+Status OpenSides(const Settings& st, std::map<std::string, Opened>& opened) {
+  for (const SideSpec& side : st.sides) {
     Opened& o = opened[side.name];
-    auto store = OpenStore(side.url, true, static_cast<int>(*consumers) + 1);
-    if (!store.ok()) return Fail(cmd, store.status().WithContext(side.name));
+    auto store = OpenStore(side.url, true, static_cast<int>(st.consumers) + 1);
+    if (!store.ok()) return store.status().WithContext(side.name);
     o.store = std::move(*store);
-    if (side.name == "direct") {
-      if (Status s = bench::PrepareBusinessTable(*o.store); !s.ok()) return Fail(cmd, s.WithContext("business table"));
-    }
-    auto inbox = Inbox::Open(*o.store, {.consumer = "pooler-ab-" + side.name});
-    if (!inbox.ok()) return Fail(cmd, inbox.status());
-    o.inbox = std::move(*inbox);
-    if (!run_http) continue;
+    if (side.name == "direct")
+      IDEM_RETURN_IF_ERROR(bench::PrepareBusinessTable(*o.store).WithContext("business table"));
+    IDEM_ASSIGN_OR_RETURN(o.inbox, Inbox::Open(*o.store, {.consumer = "pooler-ab-" + side.name}));
+    if (!st.run_http) continue;
     ProviderServerOptions p;
     p.store_url = side.url;
     p.api_keys = {{kApiKey, kPrincipal}};
     p.one_transaction = true;
-    p.idempotency.group_commit_max = static_cast<int>(*group);
-    p.idempotency.group_committers = static_cast<int>(*committers);
+    p.idempotency.group_commit_max = static_cast<int>(st.group);
+    p.idempotency.group_committers = static_cast<int>(st.committers);
     p.idempotency.max_keys_per_principal = int64_t{1} << 40;  // every round's keys stay stored
-    p.fibers = static_cast<int>(*fibers);
+    p.fibers = static_cast<int>(st.fibers);
     auto provider = ProviderServer::Start(std::move(p));
-    if (!provider.ok()) return Fail(cmd, provider.status().WithContext(side.name + " provider"));
+    if (!provider.ok()) return provider.status().WithContext(side.name + " provider");
     o.provider = std::move(*provider);
   }
+  return Status::OK();
+}
 
-  if (!json) {
-    std::printf("bench pooler: direct %s, pooled %s%s\n", RedactUrl(direct).c_str(), RedactUrl(pooled).c_str(),
-                sides.size() > 2 ? ", unnamed: direct with ?idem_pooler=transaction" : "");
-    if (run_inbox)
-      std::printf("  inbox: Inbox::Handle per message, %lld consumers, %s ids, %.2f s per side and round\n",
-                  static_cast<long long>(*consumers), std::string(bench::IdKindName(kind)).c_str(), *seconds);
-    if (run_http)
-      std::printf(
-          "  http: POST /charges first executions, one transaction, group commit %lld, %lld committer(s), %lld "
-          "fiber thread(s), %lld connections, %lld keys per side and round\n",
-          static_cast<long long>(*group), static_cast<long long>(*committers), static_cast<long long>(*fibers),
-          static_cast<long long>(*connections), static_cast<long long>(*requests));
-    std::printf("  %lld rounds after a warm-up; sides alternate which goes first\n", static_cast<long long>(*rounds));
-    std::fflush(stdout);
-  }
+void PrintHeader(const Settings& st) {
+  std::printf("bench pooler: direct %s, pooled %s%s\n", RedactUrl(st.direct).c_str(), RedactUrl(st.pooled).c_str(),
+              st.sides.size() > 2 ? ", unnamed: direct with ?idem_pooler=transaction" : "");
+  if (st.run_inbox)
+    std::printf("  inbox: Inbox::Handle per message, %lld consumers, %s ids, %.2f s per side and round\n",
+                static_cast<long long>(st.consumers), std::string(bench::IdKindName(st.kind)).c_str(), st.seconds);
+  if (st.run_http)
+    std::printf(
+        "  http: POST /charges first executions, one transaction, group commit %lld, %lld committer(s), %lld "
+        "fiber thread(s), %lld connections, %lld keys per side and round\n",
+        static_cast<long long>(st.group), static_cast<long long>(st.committers), static_cast<long long>(st.fibers),
+        static_cast<long long>(st.connections), static_cast<long long>(st.requests));
+  std::printf("  %lld rounds after a warm-up; sides alternate which goes first\n", static_cast<long long>(st.rounds));
+  std::fflush(stdout);
+}
 
-  const std::string run = "pab" + std::to_string(Env::Default()->NowMs()) + "-";
+// The rounds: what they measured and the keys each side sent.
+struct Rounds {
+  std::string run;  // the keys' prefix
   std::vector<Workload> workloads;
-  if (run_inbox) workloads.push_back({"inbox"});
-  if (run_http) workloads.push_back({"http"});
   std::map<std::string, int64_t> keys_sent;
-  for (int64_t round = 0; round <= *rounds; ++round) {  // round 0 warms up
+};
+
+// One side's rate in one round of workload `w`; false (reported) when an
+// answer was not 201.
+Result<bool> MeasureSide(const Settings& st, const SideSpec& side, Opened& o, const std::string& workload,
+                         int64_t round, Rounds& rs, double& rate) {
+  const bool warm = round == 0;
+  const std::string cmd = "bench pooler";
+  if (workload == "inbox") {
+    bench::Side s;
+    Inbox& inbox = *o.inbox;
+    IDEM_RETURN_IF_ERROR(bench::ParallelRound(st.kind, static_cast<int>(st.consumers), 1,
+                                              warm ? std::min(kWarmupSeconds, st.seconds) : st.seconds, &s,
+                                              [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); })
+                             .WithContext("inbox, " + side.name));
+    rate = s.rounds.back();
+    return true;
+  }
+  const int64_t n = warm ? std::min(kWarmupRequests, st.requests) : st.requests;
+  const auto posts = Charges(rs.run + side.name + "-" + std::to_string(round) + "-", n);
+  const http::Idempotency::Counters before = o.provider->counters();
+  const PostedAll r = PostAll(o.provider->port(), "/charges", posts, static_cast<int>(st.connections), 201, cmd);
+  const http::Idempotency::Counters after = o.provider->counters();
+  rs.keys_sent[side.name] += n;
+  if (r.unexpected > 0) {
+    std::fprintf(stderr, "CORRECTNESS CHECK FAILED: http, %s, round %lld: %lld of %lld answers not 201\n",
+                 side.name.c_str(), static_cast<long long>(round), static_cast<long long>(r.unexpected),
+                 static_cast<long long>(n));
+    return false;
+  }
+  rate = static_cast<double>(n) / r.seconds;
+  if (!warm) {
+    o.group_commits += after.group_commits - before.group_commits;
+    o.grouped += after.grouped_requests - before.grouped_requests;
+  }
+  return true;
+}
+
+// One measured round's line: each side's rate and its ratio to direct.
+void RoundLine(const Settings& st, Workload& w, int64_t round, nlohmann::json& line) {
+  const size_t i = w.per_s["direct"].size() - 1;
+  std::string text;
+  for (const SideSpec& side : st.sides) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ", %s %.0f/s", side.name.c_str(), w.per_s[side.name][i]);
+    text += buf;
+    if (side.name == "direct") continue;
+    const double ratio = Ratio(w.per_s[side.name], w.per_s["direct"], i);
+    line[side.name + "_over_direct"] = ratio;
+    std::snprintf(buf, sizeof buf, " (%s/direct %.3f)", side.name.c_str(), ratio);
+    text += buf;
+  }
+  w.rounds.push_back(line);
+  if (!st.json) std::printf("round %lld %s%s\n", static_cast<long long>(round), w.name.c_str(), text.c_str());
+  std::fflush(stdout);
+}
+
+// Round 0 warms up; then the measured rounds, the sides alternating which
+// goes first. False when an answer was not 201.
+Result<bool> RunRounds(const Settings& st, std::map<std::string, Opened>& opened, Rounds& rs) {
+  for (int64_t round = 0; round <= st.rounds; ++round) {
     const bool warm = round == 0;
-    for (Workload& w : workloads) {
+    for (Workload& w : rs.workloads) {
       nlohmann::json line = {{"round", round}};
-      for (size_t k = 0; k < sides.size(); ++k) {
-        const SideSpec& side = sides[(static_cast<size_t>(round) + k) % sides.size()];
-        Opened& o = opened[side.name];
+      for (size_t k = 0; k < st.sides.size(); ++k) {
+        const SideSpec& side = st.sides[(static_cast<size_t>(round) + k) % st.sides.size()];
         double rate = 0;
-        if (w.name == "inbox") {
-          bench::Side s;
-          Inbox& inbox = *o.inbox;
-          Status st = bench::ParallelRound(kind, static_cast<int>(*consumers), 1,
-                                           warm ? std::min(kWarmupSeconds, *seconds) : *seconds, &s,
-                                           [&](std::span<const Message> b) { return bench::GuardedBatch(inbox, b); });
-          if (!st.ok()) return Fail(cmd, st.WithContext("inbox, " + side.name));
-          rate = s.rounds.back();
-        } else {
-          const int64_t n = warm ? std::min(kWarmupRequests, *requests) : *requests;
-          const auto posts = Charges(run + side.name + "-" + std::to_string(round) + "-", n);
-          const http::Idempotency::Counters before = o.provider->counters();
-          const PostedAll r = PostAll(o.provider->port(), "/charges", posts, static_cast<int>(*connections), 201, cmd);
-          const http::Idempotency::Counters after = o.provider->counters();
-          keys_sent[side.name] += n;
-          if (r.unexpected > 0) {
-            std::fprintf(stderr, "CORRECTNESS CHECK FAILED: http, %s, round %lld: %lld of %lld answers not 201\n",
-                         side.name.c_str(), static_cast<long long>(round), static_cast<long long>(r.unexpected),
-                         static_cast<long long>(n));
-            return kExitCheckFailed;
-          }
-          rate = static_cast<double>(n) / r.seconds;
-          if (!warm) {
-            o.group_commits += after.group_commits - before.group_commits;
-            o.grouped += after.grouped_requests - before.grouped_requests;
-          }
-        }
+        IDEM_ASSIGN_OR_RETURN(bool answered, MeasureSide(st, side, opened[side.name], w.name, round, rs, rate));
+        if (!answered) return false;
         if (!warm) w.per_s[side.name].push_back(rate);
         line[side.name + "_per_s"] = rate;
       }
-      if (warm) continue;
-      const size_t i = w.per_s["direct"].size() - 1;
-      std::string text;
-      for (const SideSpec& side : sides) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, ", %s %.0f/s", side.name.c_str(), w.per_s[side.name][i]);
-        text += buf;
-        if (side.name == "direct") continue;
-        const double ratio = Ratio(w.per_s[side.name], w.per_s["direct"], i);
-        line[side.name + "_over_direct"] = ratio;
-        std::snprintf(buf, sizeof buf, " (%s/direct %.3f)", side.name.c_str(), ratio);
-        text += buf;
-      }
-      w.rounds.push_back(line);
-      if (!json) std::printf("round %lld %s%s\n", static_cast<long long>(round), w.name.c_str(), text.c_str());
-      std::fflush(stdout);
+      if (!warm) RoundLine(st, w, round, line);
     }
   }
+  return true;
+}
 
-  // --- checks: one charge per key, every key charged; what the sessions hold
-  int rc = kExitOk;
-  nlohmann::json prepared = nlohmann::json::object(), groups = nlohmann::json::object();
-  for (const SideSpec& side : sides) {
+// The checks: one charge per key, every key charged; what the sessions hold
+// and the mean group per side. False when a check failed (reported).
+Result<bool> Check(const Settings& st, std::map<std::string, Opened>& opened, Rounds& rs, nlohmann::json& prepared,
+                   nlohmann::json& groups) {
+  bool ok = true;
+  for (const SideSpec& side : st.sides) {
     Opened& o = opened[side.name];
     auto n = PreparedInSession(*o.store);
-    if (!n.ok()) return Fail(cmd, n.status().WithContext(side.name));
+    if (!n.ok()) return n.status().WithContext(side.name);
     prepared[side.name] = *n;
-    if (!run_http) continue;
-    auto charges = ChargesFor(*opened["direct"].store, run + side.name + "-");
-    if (!charges.ok()) return Fail(cmd, charges.status());
-    if (charges->first != keys_sent[side.name] || charges->second) {
+    if (!st.run_http) continue;
+    IDEM_ASSIGN_OR_RETURN(auto charges, ChargesFor(*opened["direct"].store, rs.run + side.name + "-"));
+    if (charges.first != rs.keys_sent[side.name] || charges.second) {
       std::fprintf(stderr, "CORRECTNESS CHECK FAILED: http, %s: %lld charges for %lld keys%s\n", side.name.c_str(),
-                   static_cast<long long>(charges->first), static_cast<long long>(keys_sent[side.name]),
-                   charges->second ? ", a key charged twice" : "");
-      rc = kExitCheckFailed;
+                   static_cast<long long>(charges.first), static_cast<long long>(rs.keys_sent[side.name]),
+                   charges.second ? ", a key charged twice" : "");
+      ok = false;
     }
     groups[side.name] = o.group_commits ? static_cast<double>(o.grouped) / static_cast<double>(o.group_commits) : 0;
   }
+  return ok;
+}
 
+// The medians per workload (printed unless --json), and the JSON object.
+nlohmann::json Report(const Settings& st, const Rounds& rs, const nlohmann::json& prepared,
+                      const nlohmann::json& groups) {
   nlohmann::json out = {
-      {"bench", "pooler"}, {"direct", RedactUrl(direct)},          {"pooled", RedactUrl(pooled)},
-      {"rounds", *rounds}, {"target_pooled_over_direct", kTarget}, {"prepared_statements_in_session", prepared}};
-  for (const Workload& w : workloads) {
+      {"bench", "pooler"},   {"direct", RedactUrl(st.direct)},       {"pooled", RedactUrl(st.pooled)},
+      {"rounds", st.rounds}, {"target_pooled_over_direct", kTarget}, {"prepared_statements_in_session", prepared}};
+  for (const Workload& w : rs.workloads) {
     nlohmann::json j = {{"rounds", w.rounds}};
     if (w.name == "inbox") {
-      j["consumers"] = *consumers;
-      j["ids"] = std::string(bench::IdKindName(kind));
-      j["seconds"] = *seconds;
+      j["consumers"] = st.consumers;
+      j["ids"] = std::string(bench::IdKindName(st.kind));
+      j["seconds"] = st.seconds;
     } else {
-      j["requests"] = *requests;
-      j["connections"] = *connections;
-      j["group_commit"] = *group;
-      j["committers"] = *committers;
-      j["fibers"] = *fibers;
+      j["requests"] = st.requests;
+      j["connections"] = st.connections;
+      j["group_commit"] = st.group;
+      j["committers"] = st.committers;
+      j["fibers"] = st.fibers;
       j["mean_group"] = groups;
     }
-    for (const SideSpec& side : sides) {
+    for (const SideSpec& side : st.sides) {
       j["median_per_s"][side.name] = Median(w.per_s.at(side.name));
       if (side.name == "direct") continue;
       const std::vector<double> ratios = Ratios(w, side.name);
@@ -309,7 +347,7 @@ int RunBenchPooler(const Args& args) {
       j["min_" + side.name + "_over_direct"] = *std::min_element(ratios.begin(), ratios.end());
       j["max_" + side.name + "_over_direct"] = *std::max_element(ratios.begin(), ratios.end());
       if (side.name == "pooled") j["met"] = median >= kTarget;
-      if (!json)
+      if (!st.json)
         std::printf("%s: median %s/direct %.3f (rounds %.3f-%.3f)%s\n", w.name.c_str(), side.name.c_str(), median,
                     *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
                     side.name != "pooled" ? ""
@@ -318,16 +356,40 @@ int RunBenchPooler(const Args& args) {
     }
     out[w.name] = j;
   }
-  if (json) {
+  return out;
+}
+
+}  // namespace
+
+int RunBenchPooler(const Args& args) {
+  const std::string cmd = "bench pooler";
+  auto settings = ParseSettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  const Settings& st = *settings;
+  std::map<std::string, Opened> opened;
+  if (Status s = OpenSides(st, opened); !s.ok()) return Fail(cmd, s);
+  if (!st.json) PrintHeader(st);
+  Rounds rs;
+  rs.run = "pab" + std::to_string(Env::Default()->NowMs()) + "-";
+  if (st.run_inbox) rs.workloads.push_back({"inbox"});
+  if (st.run_http) rs.workloads.push_back({"http"});
+  auto answered = RunRounds(st, opened, rs);
+  if (!answered.ok()) return Fail(cmd, answered.status());
+  if (!*answered) return kExitCheckFailed;
+  nlohmann::json prepared = nlohmann::json::object(), groups = nlohmann::json::object();
+  auto checked = Check(st, opened, rs, prepared, groups);
+  if (!checked.ok()) return Fail(cmd, checked.status());
+  const nlohmann::json out = Report(st, rs, prepared, groups);
+  if (st.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
-    if (run_http) std::printf("http: mean group %s\n", groups.dump().c_str());
+    if (st.run_http) std::printf("http: mean group %s\n", groups.dump().c_str());
     std::printf("prepared statements in a session of each side: %s\n", prepared.dump().c_str());
   }
   std::fflush(stdout);
-  for (const SideSpec& side : sides)
+  for (const SideSpec& side : st.sides)
     if (opened[side.name].provider) opened[side.name].provider->Stop();
-  return rc;
+  return *checked ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace idem::cli

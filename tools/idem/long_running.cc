@@ -121,26 +121,4 @@ ProgressLines::~ProgressLines() {
   if (thread_.joinable()) thread_.join();
 }
 
-namespace {
-std::atomic<OutboxRelay*> g_signal_relay{nullptr};
-void StopRelay(int) {
-  if (OutboxRelay* r = g_signal_relay.load()) r->Stop();
-}
-}  // namespace
-
-RelayStopOnSignals::RelayStopOnSignals(OutboxRelay& relay) {
-  g_signal_relay = &relay;
-  struct sigaction sa {};
-  sa.sa_handler = StopRelay;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, &old_int_);
-  ::sigaction(SIGTERM, &sa, &old_term_);
-}
-
-RelayStopOnSignals::~RelayStopOnSignals() {
-  ::sigaction(SIGINT, &old_int_, nullptr);
-  ::sigaction(SIGTERM, &old_term_, nullptr);
-  g_signal_relay = nullptr;
-}
-
 }  // namespace idem::cli

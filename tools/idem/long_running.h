@@ -78,20 +78,6 @@ class ProgressLines {
   std::thread thread_;
 };
 
-// Routes SIGINT and SIGTERM to OutboxRelay::Stop (async-signal-safe) while
-// it lives; the handlers before it are restored after.
-class RelayStopOnSignals {
- public:
-  explicit RelayStopOnSignals(OutboxRelay& relay);
-  ~RelayStopOnSignals();
-  RelayStopOnSignals(const RelayStopOnSignals&) = delete;
-  RelayStopOnSignals& operator=(const RelayStopOnSignals&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
-
 }  // namespace idem::cli
 
 #endif  // IDEM_TOOLS_IDEM_LONG_RUNNING_H_

@@ -7,8 +7,11 @@
 #include "cli.h"
 #include "commands.h"
 #include "idem/env.h"
-#include "idem/testing/kill_points.h"
 #include "idem/version.h"
+#if IDEM_KILL_POINTS
+#include "idem/testing/fault_vfs.h"
+#include "idem/testing/kill_points.h"
+#endif
 
 namespace {
 
@@ -96,7 +99,14 @@ void PrintUsage(std::ostream& os) {
 
 int main(int argc, char** argv) {
 #if IDEM_KILL_POINTS
+  // A build with kill points: IDEM_KILL_AT arms one, and the fault VFS is
+  // registered with SQLite (a store opens through it with ?vfs=idem-fault;
+  // IDEM_FAULT_VFS configures it).
   idem::ArmKillPointFromEnv();
+  if (auto vfs = idem::sqlite::FaultVfs::Install(); !vfs.ok()) {
+    std::cerr << "idem: " << vfs.status() << "\n";
+    return idem::cli::kExitUsage;
+  }
 #endif
   if (argc < 2) {
     PrintUsage(std::cerr);

@@ -337,6 +337,230 @@ struct ProviderServer::Impl {
             .dump(),
         "application/json");
   }
+  // The steps of ProviderServer::Start, in order.
+
+  // The store with the charges table, the claims and the Idempotency-Key
+  // middleware.
+  Status OpenStoreAndMiddleware() {
+    Impl* p = this;
+    // Every server thread may hold a connection (two while it claims).
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                          OpenStore(p->options.store_url, true, 2 * std::max(1, p->options.threads)));
+    p->store = std::move(store);
+    if (p->store->claim_store() == nullptr) return Status::InvalidArgument("the provider's store keeps no claims");
+    {
+      IDEM_ASSIGN_OR_RETURN(auto tx, p->store->Begin());
+      const bool sqlite = p->store->Kind() == "sqlite";
+      IDEM_RETURN_IF_ERROR(tx->Exec(std::string(kCreateCharges) + (sqlite ? kSqliteWithoutRowid : "")).status());
+      IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
+      IDEM_RETURN_IF_ERROR(tx->Commit());
+    }
+    IDEM_ASSIGN_OR_RETURN(
+        p->claims, Claims::Open(*p->store->claim_store(), Claims::Options{.retention_ms = p->options.retention_ms}));
+    p->authenticate = http::BearerKeys(p->options.api_keys);
+    http::Idempotency::Options idempotency = p->options.idempotency;
+    idempotency.claims = p->claims.get();
+    idempotency.authenticate = p->authenticate;
+    idempotency.log = p->options.log;
+    IDEM_ASSIGN_OR_RETURN(p->idempotency, http::Idempotency::Open(idempotency));
+    return Status::OK();
+  }
+
+  // The HTTP server and its connection settings.
+  Status OpenServer() {
+    Impl* p = this;
+    IDEM_ASSIGN_OR_RETURN(
+        p->own_server, idem::httplib::Server::Open({.request_deadline_ms = p->options.request_deadline_ms,
+                                                    .max_connections = p->options.max_connections,
+                                                    .max_connections_per_client = p->options.max_connections_per_client,
+                                                    .threads = std::max(1, p->options.threads),
+                                                    .fibers = p->options.fibers}));
+    // Without it a small response waits for the client's delayed ACK (~40 ms).
+    p->server().set_tcp_nodelay(true);
+    // cpp-httplib closes a keep-alive connection after 5 requests by default:
+    // every client would reconnect all the time.
+    p->server().set_keep_alive_max_count(100'000);
+    p->server().set_keep_alive_timeout(30);
+    // A body past the limit is refused before it is read (cpp-httplib answers
+    // 413 from the Content-Length), so no client can make the provider hold it.
+    p->server().set_payload_max_length(p->options.idempotency.max_body_bytes);
+    p->server().set_error_handler(
+        [base = p->options.idempotency.problem_base, limit = p->options.idempotency.max_body_bytes](
+            const ::httplib::Request&, ::httplib::Response& res) {
+          if (res.status != 413 || !res.body.empty()) return;
+          res.set_content(nlohmann::json{{"type", base + "/body-too-large"},
+                                         {"title", "Request body too large"},
+                                         {"status", 413},
+                                         {"detail", "the body is larger than " + std::to_string(limit) + " bytes"},
+                                         {"retry", "new-key"}}
+                              .dump(),
+                          "application/problem+json");
+        });
+    return Status::OK();
+  }
+
+  Status RouteCharges() {
+    Impl* p = this;
+    // A body that is not a valid charge is refused before its key is claimed
+    // (nothing stored; under group commit it never joins a group).
+    const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
+    // POST /charges (JSON) and POST /v1/charges (Stripe's dialect: form
+    // bodies, a key optional, Stripe's error shape), each its own route.
+    for (const Dialect dialect : {Dialect::kJson, Dialect::kStripe}) {
+      const bool stripe = dialect == Dialect::kStripe;
+      http::RoutePolicy route_policy = policy;
+      if (stripe) {
+        route_policy.require_key = false;
+        route_policy.refusals = http::StripeErrors();
+      }
+      const idem::httplib::Validator validate = [stripe](const ::httplib::Request& req, ::httplib::Response& res) {
+        return (stripe ? ReadStripeCharge(req, res) : ReadCharge(req, res)).has_value();
+      };
+      auto charge = [p, dialect, stripe](const ::httplib::Request& req, ::httplib::Response& res, Transaction* tx) {
+        if (Status s = p->Charge(dialect, req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
+          res = ::httplib::Response();
+          if (stripe)
+            StripeError(res, 503, "api_error", s.ToString());
+          else
+            Problem(res, 503, "store-unavailable", s.ToString());
+        }
+      };
+      const std::string path = stripe ? "/v1/charges" : "/charges";
+      Result<idem::httplib::Handler> post_charges = Status::Internal("no route");
+      if (p->options.one_transaction) {
+        post_charges = idem::httplib::WrapInTransaction(
+            *p->idempotency, path, route_policy, *p->store,
+            [charge](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) {
+              charge(req, res, &tx);
+            },
+            validate);
+      } else {
+        post_charges = idem::httplib::Wrap(
+            *p->idempotency, path, route_policy,
+            [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
+      }
+      if (!post_charges.ok()) return post_charges.status();
+      p->server().Post(path, std::move(*post_charges));
+    }
+    return Status::OK();
+  }
+
+  void RouteReads() {
+    Impl* p = this;
+    p->server().Get(R"(/v1/charges/([A-Za-z0-9_]+))",
+                    [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, true); });
+    p->server().Get("/v1/charges",
+                    [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, false); });
+    p->server().Get(R"(/charges/([A-Za-z0-9_]+))",
+                    [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
+    p->server().Get("/charges",
+                    [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
+    p->server().Get("/health", [](const ::httplib::Request&, ::httplib::Response& res) {
+      res.set_content("healthy", "text/plain");
+    });
+  }
+
+  void RouteMetrics() {
+    Impl* p = this;
+    // Prometheus text format, without authentication (the provider listens on
+    // loopback by default): what the Idempotency-Key middleware did.
+    p->server().Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
+      const http::Idempotency::Counters c = p->idempotency->counters();
+      std::string out;
+      AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
+                   c.executed);
+      AppendMetric(out, "idem_http_replayed_total", "Requests answered with a stored response.", "counter", "",
+                   c.replayed);
+      AppendMetric(out, "idem_http_conflicts_total", "Requests refused 422: the key was used for another request.",
+                   "counter", "", c.conflicts);
+      AppendMetric(out, "idem_http_in_progress_total", "Requests refused 409: the key's first request still ran.",
+                   "counter", "", c.in_progress);
+      AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).",
+                   "counter", "", c.rejected);
+      AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter",
+                   "", c.group_commits);
+      AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter", "",
+                   c.grouped_requests);
+      AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "",
+                   c.group_queue);
+      AppendMetric(out, "idem_http_group_reruns_total",
+                   "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
+                   "", c.group_reruns);
+      AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
+                   "counter", "", c.invalid);
+      const idem::httplib::Server::Counters s = p->own_server->counters();
+      AppendMetric(out, "idem_http_connections_refused_total",
+                   "Connections answered 503 over the open-connection bounds (in all, per client address).", "counter",
+                   "", s.refused);
+      AppendMetric(out, "idem_http_deadline_closes_total",
+                   "Connections closed because a request's head and body did not arrive within the deadline.",
+                   "counter", "", s.deadline_closes);
+      AppendMetric(out, "idem_http_connections_open", "Connections open now.", "gauge", "", s.open);
+      res.set_content(out, "text/plain; version=0.0.4");
+    });
+  }
+
+  void LoseResponses() {
+    Impl* p = this;
+    // A lost response: the charge and its stored response are kept; the
+    // client sees the connection end before a complete answer.
+    p->server().set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
+      if (!p->options.lose_response || res.status / 100 != 2 || res.has_header("Idempotent-Replayed") ||
+          !req.has_header("Idempotency-Key"))
+        return;
+      auto principal = p->authenticate(idem::httplib::ToRequest(req));
+      auto key = http::ParseKey(req.get_header_value("Idempotency-Key"));
+      if (!principal || !key.ok()) return;
+      {
+        std::lock_guard lock(p->drop_mu);
+        if (p->drop.erase({*principal, *key}) == 0) return;
+      }
+      const size_t length = res.body.size() + 1;
+      // cpp-httplib writes a non-empty body and ignores the content provider:
+      // without this the "lost" response would arrive complete.
+      res.body.clear();
+      res.set_content_provider(length, "application/json", [](size_t, size_t, ::httplib::DataSink&) { return false; });
+    });
+  }
+
+  // Binds the port and starts the accept loop.
+  Status Listen() {
+    Impl* p = this;
+    // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
+    // use would share it (and its requests) instead of failing. SO_REUSEADDR
+    // only (a restart may still bind over TIME_WAIT).
+    p->server().set_socket_options([p](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      p->listen_fd = sock;
+    });
+    if (p->options.port == 0) {
+      p->port = p->server().bind_to_any_port(p->options.host);
+      if (p->port <= 0) return Status::Unavailable("cannot bind " + p->options.host + " to any port");
+    } else {
+      if (!p->server().bind_to_port(p->options.host, p->options.port))
+        return Status::Unavailable("cannot listen on " + p->options.host + ":" + std::to_string(p->options.port) +
+                                   " (in use, or not an address of this machine)");
+      p->port = p->options.port;
+    }
+    // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients (more
+    // than 5 connecting at once) gets connections reset. Listening again on the
+    // bound socket raises it.
+    if (p->listen_fd != INVALID_SOCKET) ::listen(p->listen_fd, SOMAXCONN);
+    auto ended = std::make_shared<std::atomic<bool>>(false);
+    p->thread = std::thread([p, ended] {
+      p->server().listen_after_bind();
+      ended->store(true);
+    });
+    // Connections are accepted from the bind on (the listen backlog); this
+    // only waits for the accept loop, so Stop() right after cannot miss it.
+    while (!p->server().is_running() && !ended->load()) std::this_thread::yield();
+    if (ended->load()) {
+      p->thread.join();
+      return Status::Unavailable("the server on " + p->options.host + " stopped at once");
+    }
+    return Status::OK();
+  }
 };
 
 ProviderServer::ProviderServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -346,191 +570,13 @@ Result<std::unique_ptr<ProviderServer>> ProviderServer::Start(ProviderServerOpti
   if (options.api_keys.empty()) return Status::InvalidArgument("no API keys: give --api-key KEY:PRINCIPAL");
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  Impl* p = impl.get();
-  // Every server thread may hold a connection (two while it claims).
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
-                        OpenStore(p->options.store_url, true, 2 * std::max(1, p->options.threads)));
-  p->store = std::move(store);
-  if (p->store->claim_store() == nullptr) return Status::InvalidArgument("the provider's store keeps no claims");
-  {
-    IDEM_ASSIGN_OR_RETURN(auto tx, p->store->Begin());
-    const bool sqlite = p->store->Kind() == "sqlite";
-    IDEM_RETURN_IF_ERROR(tx->Exec(std::string(kCreateCharges) + (sqlite ? kSqliteWithoutRowid : "")).status());
-    IDEM_RETURN_IF_ERROR(tx->Exec(kCreateByCustomer).status());
-    IDEM_RETURN_IF_ERROR(tx->Commit());
-  }
-  IDEM_ASSIGN_OR_RETURN(
-      p->claims, Claims::Open(*p->store->claim_store(), Claims::Options{.retention_ms = p->options.retention_ms}));
-  p->authenticate = http::BearerKeys(p->options.api_keys);
-  http::Idempotency::Options idempotency = p->options.idempotency;
-  idempotency.claims = p->claims.get();
-  idempotency.authenticate = p->authenticate;
-  idempotency.log = p->options.log;
-  IDEM_ASSIGN_OR_RETURN(p->idempotency, http::Idempotency::Open(idempotency));
-
-  IDEM_ASSIGN_OR_RETURN(
-      p->own_server, idem::httplib::Server::Open({.request_deadline_ms = p->options.request_deadline_ms,
-                                                  .max_connections = p->options.max_connections,
-                                                  .max_connections_per_client = p->options.max_connections_per_client,
-                                                  .threads = std::max(1, p->options.threads),
-                                                  .fibers = p->options.fibers}));
-  // Without it a small response waits for the client's delayed ACK (~40 ms).
-  p->server().set_tcp_nodelay(true);
-  // cpp-httplib closes a keep-alive connection after 5 requests by default:
-  // every client would reconnect all the time.
-  p->server().set_keep_alive_max_count(100'000);
-  p->server().set_keep_alive_timeout(30);
-  // A body past the limit is refused before it is read (cpp-httplib answers
-  // 413 from the Content-Length), so no client can make the provider hold it.
-  p->server().set_payload_max_length(p->options.idempotency.max_body_bytes);
-  p->server().set_error_handler(
-      [base = p->options.idempotency.problem_base, limit = p->options.idempotency.max_body_bytes](
-          const ::httplib::Request&, ::httplib::Response& res) {
-        if (res.status != 413 || !res.body.empty()) return;
-        res.set_content(nlohmann::json{{"type", base + "/body-too-large"},
-                                       {"title", "Request body too large"},
-                                       {"status", 413},
-                                       {"detail", "the body is larger than " + std::to_string(limit) + " bytes"},
-                                       {"retry", "new-key"}}
-                            .dump(),
-                        "application/problem+json");
-      });
-  // A body that is not a valid charge is refused before its key is claimed
-  // (nothing stored; under group commit it never joins a group).
-  const http::RoutePolicy policy{.wait_ms = p->options.wait_ms, .lease_ms = p->options.lease_ms};
-  // POST /charges (JSON) and POST /v1/charges (Stripe's dialect: form
-  // bodies, a key optional, Stripe's error shape), each its own route.
-  for (const Dialect dialect : {Dialect::kJson, Dialect::kStripe}) {
-    const bool stripe = dialect == Dialect::kStripe;
-    http::RoutePolicy route_policy = policy;
-    if (stripe) {
-      route_policy.require_key = false;
-      route_policy.refusals = http::StripeErrors();
-    }
-    const idem::httplib::Validator validate = [stripe](const ::httplib::Request& req, ::httplib::Response& res) {
-      return (stripe ? ReadStripeCharge(req, res) : ReadCharge(req, res)).has_value();
-    };
-    auto charge = [p, dialect, stripe](const ::httplib::Request& req, ::httplib::Response& res, Transaction* tx) {
-      if (Status s = p->Charge(dialect, req, res, tx); !s.ok()) {  // 5xx: released (rolled back), retried
-        res = ::httplib::Response();
-        if (stripe)
-          StripeError(res, 503, "api_error", s.ToString());
-        else
-          Problem(res, 503, "store-unavailable", s.ToString());
-      }
-    };
-    const std::string path = stripe ? "/v1/charges" : "/charges";
-    Result<idem::httplib::Handler> post_charges = Status::Internal("no route");
-    if (p->options.one_transaction) {
-      post_charges = idem::httplib::WrapInTransaction(
-          *p->idempotency, path, route_policy, *p->store,
-          [charge](const ::httplib::Request& req, ::httplib::Response& res, Transaction& tx) { charge(req, res, &tx); },
-          validate);
-    } else {
-      post_charges = idem::httplib::Wrap(
-          *p->idempotency, path, route_policy,
-          [charge](const ::httplib::Request& req, ::httplib::Response& res) { charge(req, res, nullptr); }, validate);
-    }
-    if (!post_charges.ok()) return post_charges.status();
-    p->server().Post(path, std::move(*post_charges));
-  }
-  p->server().Get(R"(/v1/charges/([A-Za-z0-9_]+))",
-                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, true); });
-  p->server().Get("/v1/charges",
-                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->ReadStripe(req, res, false); });
-  p->server().Get(R"(/charges/([A-Za-z0-9_]+))",
-                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, true); });
-  p->server().Get("/charges",
-                  [p](const ::httplib::Request& req, ::httplib::Response& res) { p->Read(req, res, false); });
-  p->server().Get(
-      "/health", [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("healthy", "text/plain"); });
-  // Prometheus text format, without authentication (the provider listens on
-  // loopback by default): what the Idempotency-Key middleware did.
-  p->server().Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
-    const http::Idempotency::Counters c = p->idempotency->counters();
-    std::string out;
-    AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
-                 c.executed);
-    AppendMetric(out, "idem_http_replayed_total", "Requests answered with a stored response.", "counter", "",
-                 c.replayed);
-    AppendMetric(out, "idem_http_conflicts_total", "Requests refused 422: the key was used for another request.",
-                 "counter", "", c.conflicts);
-    AppendMetric(out, "idem_http_in_progress_total", "Requests refused 409: the key's first request still ran.",
-                 "counter", "", c.in_progress);
-    AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).",
-                 "counter", "", c.rejected);
-    AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter", "",
-                 c.group_commits);
-    AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter", "",
-                 c.grouped_requests);
-    AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "", c.group_queue);
-    AppendMetric(out, "idem_http_group_reruns_total",
-                 "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
-                 "", c.group_reruns);
-    AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
-                 "counter", "", c.invalid);
-    const idem::httplib::Server::Counters s = p->own_server->counters();
-    AppendMetric(out, "idem_http_connections_refused_total",
-                 "Connections answered 503 over the open-connection bounds (in all, per client address).", "counter",
-                 "", s.refused);
-    AppendMetric(out, "idem_http_deadline_closes_total",
-                 "Connections closed because a request's head and body did not arrive within the deadline.", "counter",
-                 "", s.deadline_closes);
-    AppendMetric(out, "idem_http_connections_open", "Connections open now.", "gauge", "", s.open);
-    res.set_content(out, "text/plain; version=0.0.4");
-  });
-  // A lost response: the charge and its stored response are kept; the
-  // client sees the connection end before a complete answer.
-  p->server().set_post_routing_handler([p](const ::httplib::Request& req, ::httplib::Response& res) {
-    if (!p->options.lose_response || res.status / 100 != 2 || res.has_header("Idempotent-Replayed") ||
-        !req.has_header("Idempotency-Key"))
-      return;
-    auto principal = p->authenticate(idem::httplib::ToRequest(req));
-    auto key = http::ParseKey(req.get_header_value("Idempotency-Key"));
-    if (!principal || !key.ok()) return;
-    {
-      std::lock_guard lock(p->drop_mu);
-      if (p->drop.erase({*principal, *key}) == 0) return;
-    }
-    const size_t length = res.body.size() + 1;
-    // cpp-httplib writes a non-empty body and ignores the content provider:
-    // without this the "lost" response would arrive complete.
-    res.body.clear();
-    res.set_content_provider(length, "application/json", [](size_t, size_t, ::httplib::DataSink&) { return false; });
-  });
-  // cpp-httplib's default sets SO_REUSEPORT: a second server on a port in
-  // use would share it (and its requests) instead of failing. SO_REUSEADDR
-  // only (a restart may still bind over TIME_WAIT).
-  p->server().set_socket_options([p](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    p->listen_fd = sock;
-  });
-  if (p->options.port == 0) {
-    p->port = p->server().bind_to_any_port(p->options.host);
-    if (p->port <= 0) return Status::Unavailable("cannot bind " + p->options.host + " to any port");
-  } else {
-    if (!p->server().bind_to_port(p->options.host, p->options.port))
-      return Status::Unavailable("cannot listen on " + p->options.host + ":" + std::to_string(p->options.port) +
-                                 " (in use, or not an address of this machine)");
-    p->port = p->options.port;
-  }
-  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients (more
-  // than 5 connecting at once) gets connections reset. Listening again on the
-  // bound socket raises it.
-  if (p->listen_fd != INVALID_SOCKET) ::listen(p->listen_fd, SOMAXCONN);
-  auto ended = std::make_shared<std::atomic<bool>>(false);
-  p->thread = std::thread([p, ended] {
-    p->server().listen_after_bind();
-    ended->store(true);
-  });
-  // Connections are accepted from the bind on (the listen backlog); this
-  // only waits for the accept loop, so Stop() right after cannot miss it.
-  while (!p->server().is_running() && !ended->load()) std::this_thread::yield();
-  if (ended->load()) {
-    p->thread.join();
-    return Status::Unavailable("the server on " + p->options.host + " stopped at once");
-  }
+  IDEM_RETURN_IF_ERROR(impl->OpenStoreAndMiddleware());
+  IDEM_RETURN_IF_ERROR(impl->OpenServer());
+  IDEM_RETURN_IF_ERROR(impl->RouteCharges());
+  impl->RouteReads();
+  impl->RouteMetrics();
+  impl->LoseResponses();
+  IDEM_RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<ProviderServer>(new ProviderServer(std::move(impl)));
 }
 

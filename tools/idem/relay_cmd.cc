@@ -125,11 +125,9 @@ int RunRelay(const Args& args) {
     last = s.published;
   });
   if (!progress.ok()) return Fail(cmd, progress.status());
-  Status s;
-  {
-    RelayStopOnSignals on_signal(relay);
-    s = relay.Run();
-  }
+  StopOnSignals(&relay);
+  const Status s = relay.Run();
+  StopOnSignals(nullptr);  // SIGINT and SIGTERM as they were
   progress->reset();
   metrics->reset();
   const OutboxRelayStats st = relay.stats();

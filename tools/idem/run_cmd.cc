@@ -129,32 +129,93 @@ const Command& RunCommand() {
   return c;
 }
 
-int RunRun(const Args& args) {
-  const std::string cmd = "run";
-  if (!args.Has("source")) return Fail(cmd, Status::InvalidArgument("--source is required"));
+// idem run's flags.
+struct RunSettings {
+  int64_t workers = 0, batch = 0, attempts = 0, lease = 0;
+  std::string consumer;
+  std::optional<IdFrom> id_from;
+};
+
+Result<RunSettings> ParseRunSettings(const Args& args) {
+  RunSettings st;
+  if (!args.Has("source")) return Status::InvalidArgument("--source is required");
   auto workers = args.GetInt("workers");
   auto batch = args.GetInt("batch");
   auto attempts = args.GetInt("max-attempts");
   auto lease = ParseDurationMs(args.Get("lease"));
-  for (const auto* r : {&workers, &batch, &attempts, &lease})
-    if (!r->ok()) return Fail(cmd, r->status());
-  if (*workers < 1 || *workers > kMaxWorkers)
-    return Fail(cmd, Status::InvalidArgument("--workers must be from 1 to " + std::to_string(kMaxWorkers) + ", got " +
-                                             std::to_string(*workers)));
-  if (*batch < 1 || *batch > 10'000 || *attempts < 0 || *attempts > 1'000'000 || *lease <= 0)
-    return Fail(cmd,
-                Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0"));
-  const std::string consumer = args.Get("consumer");
-  if (Status s = ValidateConsumer(consumer); !s.ok()) return Fail(cmd, s);
-  std::optional<IdFrom> id_from;
+  for (const auto* r : {&workers, &batch, &attempts, &lease}) IDEM_RETURN_IF_ERROR(r->status());
+  st.workers = *workers, st.batch = *batch, st.attempts = *attempts, st.lease = *lease;
+  if (st.workers < 1 || st.workers > kMaxWorkers)
+    return Status::InvalidArgument("--workers must be from 1 to " + std::to_string(kMaxWorkers) + ", got " +
+                                   std::to_string(st.workers));
+  if (st.batch < 1 || st.batch > 10'000 || st.attempts < 0 || st.attempts > 1'000'000 || st.lease <= 0)
+    return Status::InvalidArgument("need 1 <= --batch <= 10000, 0 <= --max-attempts <= 1000000 and --lease > 0");
+  st.consumer = args.Get("consumer");
+  IDEM_RETURN_IF_ERROR(ValidateConsumer(st.consumer));
   if (args.Has("id-from")) {
     auto parsed = IdFrom::Parse(args.Get("id-from"));
-    if (!parsed.ok()) return Fail(cmd, parsed.status().WithContext("--id-from"));
-    id_from = std::move(*parsed);
+    if (!parsed.ok()) return parsed.status().WithContext("--id-from");
+    st.id_from = std::move(*parsed);
   }
-  if (Status s = MetricsServer::Validate(args); !s.ok()) return Fail(cmd, s);
-  if (Status s = LiveView::Validate(args); !s.ok()) return Fail(cmd, s);
-  auto source = OpenSource(args.Get("source"), {.lease_ms = *lease, .consumer = consumer});
+  IDEM_RETURN_IF_ERROR(MetricsServer::Validate(args));
+  IDEM_RETURN_IF_ERROR(LiveView::Validate(args));
+  return st;
+}
+
+Status CreateRunPayments(Store& store) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  IDEM_RETURN_IF_ERROR(tx->Exec(kCreateRunPayments).status());
+  return tx->Commit();
+}
+
+// --relay-to with --drain: what the consumer's last commits added, by a
+// relay that stops when idle; its figures added to `relayed`.
+Status DrainAtEnd(Store& store, Publisher& publisher, const std::string& consumer, OutboxRelayStats& relayed) {
+  IDEM_ASSIGN_OR_RETURN(auto drain,
+                        OutboxRelay::Open(store, publisher, {.name = "run-" + consumer, .stop_when_idle = true}));
+  StopOnSignals(drain.get());  // beside the consumer's; detached when the relay goes
+  Status s = drain->Run();
+  relayed.published += drain->stats().published;
+  relayed.republished += drain->stats().republished;
+  relayed.dead_lettered += drain->stats().dead_lettered;
+  return s;
+}
+
+void PrintRunSummary(bool json, const std::string& source_kind, const InboxCounters& c, const ConsumerStats& st,
+                     bool relay, const OutboxRelayStats& relayed) {
+  if (json) {
+    std::cout << Json()
+                     .Add("source", source_kind)
+                     .Add("applied", c.applied)
+                     .Add("duplicates", c.duplicates)
+                     .Add("conflicts", c.conflicts)
+                     .Add("failures", c.failures)
+                     .Add("in_progress", st.in_progress)
+                     .Add("parked", st.parked)
+                     .Add("rejected", st.rejected)
+                     .Add("dead_lettered", st.dead_lettered)
+                     .Add("received", st.received)
+                     .Add("acked", st.acked)
+                     .Add("nacked", st.nacked)
+                     .Add("relayed", relayed.published)
+                     .Add("relay_republished", relayed.republished)
+                     .Add("relay_dead_lettered", relayed.dead_lettered)
+                     .str()
+              << "\n";
+  } else {
+    std::cout << "applied " << c.applied << ", duplicates " << c.duplicates << ", conflicts " << c.conflicts
+              << ", dead-lettered " << st.dead_lettered << "; received " << st.received << ", acked " << st.acked
+              << (relay ? "; relayed " + std::to_string(relayed.published) : std::string()) << "\n";
+  }
+}
+
+int RunRun(const Args& args) {
+  const std::string cmd = "run";
+  auto settings = ParseRunSettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  const RunSettings& st = *settings;
+  const std::string& consumer = st.consumer;
+  auto source = OpenSource(args.Get("source"), {.lease_ms = st.lease, .consumer = consumer});
   if (!source.ok()) return Fail(cmd, source.status());
   std::unique_ptr<Publisher> relay_publisher;
   if (args.Has("relay-to")) {
@@ -162,14 +223,9 @@ int RunRun(const Args& args) {
     if (!p.ok()) return Fail(cmd, p.status());
     relay_publisher = std::move(*p);
   }
-  auto store = OpenStore(args.Get("store"), true, static_cast<int>(*workers) + 3);
+  auto store = OpenStore(args.Get("store"), true, static_cast<int>(st.workers) + 3);
   if (!store.ok()) return Fail(cmd, store.status());
-  {
-    auto tx = (*store)->Begin();
-    if (!tx.ok()) return Fail(cmd, tx.status());
-    if (auto r = (*tx)->Exec(kCreateRunPayments); !r.ok()) return Fail(cmd, r.status());
-    if (Status s = (*tx)->Commit(); !s.ok()) return Fail(cmd, s);
-  }
+  if (Status s = CreateRunPayments(**store); !s.ok()) return Fail(cmd, s);
   Metrics registry;
   // The age of the oldest message the source may still deliver: the
   // shortest marker retention a purge would accept now.
@@ -189,10 +245,10 @@ int RunRun(const Args& args) {
   // One worker per Consumer::Run call: RunWorkers starts the threads.
   auto runner_owned = Consumer::Open(*source->source, inbox, RecordPayment,
                                      Consumer::Options{.workers = 1,
-                                                       .batch = static_cast<int>(*batch),
-                                                       .max_attempts = static_cast<int>(*attempts),
+                                                       .batch = static_cast<int>(st.batch),
+                                                       .max_attempts = static_cast<int>(st.attempts),
                                                        .stop_when_idle = args.Bool("drain"),
-                                                       .id_from = id_from});
+                                                       .id_from = st.id_from});
   if (!runner_owned.ok()) return Fail(cmd, runner_owned.status());
   Consumer& runner = **runner_owned;
   // --relay-to: on a thread while the consumer runs; with --drain, to the
@@ -238,22 +294,11 @@ int RunRun(const Args& args) {
       return Fail(cmd, Status::Unavailable(std::string("cannot start the relay thread: ") + e.what()));
     }
   }
-  Status s = RunWorkers(runner, static_cast<int>(*workers));
+  Status s = RunWorkers(runner, static_cast<int>(st.workers));
   stop_relay();
   OutboxRelayStats relayed = relay ? relay->stats() : OutboxRelayStats{};
   if (relay && args.Bool("drain") && s.ok() && relay_status.ok() && !runner.stopping()) {
-    // What the consumer's last commits added: a relay that stops when idle.
-    auto drain = OutboxRelay::Open(**store, *relay_publisher, {.name = "run-" + consumer, .stop_when_idle = true});
-    if (!drain.ok()) relay_status = drain.status();
-    if (drain.ok()) {
-      {
-        RelayStopOnSignals on_signal(**drain);
-        relay_status = (*drain)->Run();
-      }
-      relayed.published += (*drain)->stats().published;
-      relayed.republished += (*drain)->stats().republished;
-      relayed.dead_lettered += (*drain)->stats().dead_lettered;
-    }
+    relay_status = DrainAtEnd(**store, *relay_publisher, consumer, relayed);
   }
   progress->reset();
   StopOnSignals(nullptr);
@@ -264,32 +309,7 @@ int RunRun(const Args& args) {
     if (Status cs = source->close(); !cs.ok())
       std::fprintf(stderr, "idem run: clean stop of the source failed (nothing is lost): %s\n", cs.ToString().c_str());
   }
-  InboxCounters c = inbox.counters();
-  ConsumerStats st = runner.stats();
-  if (args.Bool("json")) {
-    std::cout << Json()
-                     .Add("source", source->kind)
-                     .Add("applied", c.applied)
-                     .Add("duplicates", c.duplicates)
-                     .Add("conflicts", c.conflicts)
-                     .Add("failures", c.failures)
-                     .Add("in_progress", st.in_progress)
-                     .Add("parked", st.parked)
-                     .Add("rejected", st.rejected)
-                     .Add("dead_lettered", st.dead_lettered)
-                     .Add("received", st.received)
-                     .Add("acked", st.acked)
-                     .Add("nacked", st.nacked)
-                     .Add("relayed", relayed.published)
-                     .Add("relay_republished", relayed.republished)
-                     .Add("relay_dead_lettered", relayed.dead_lettered)
-                     .str()
-              << "\n";
-  } else {
-    std::cout << "applied " << c.applied << ", duplicates " << c.duplicates << ", conflicts " << c.conflicts
-              << ", dead-lettered " << st.dead_lettered << "; received " << st.received << ", acked " << st.acked
-              << (relay ? "; relayed " + std::to_string(relayed.published) : std::string()) << "\n";
-  }
+  PrintRunSummary(args.Bool("json"), source->kind, inbox.counters(), runner.stats(), relay != nullptr, relayed);
   if (!s.ok()) return Fail(cmd, s);
   if (!relay_status.ok()) return Fail(cmd, relay_status.WithContext("relay"));
   return kExitOk;

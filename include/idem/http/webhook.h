@@ -35,7 +35,8 @@
 // verify or a timestamp out of tolerance; 422 for an event id seen before
 // with another body (a conflict, counted); 429 with Retry-After while a step
 // of the same event is in progress elsewhere; 500 when the store or the
-// handler failed (the sender retries). Nothing is stored for a 400 or 401.
+// handler failed (the sender retries); 503 with Retry-After once Stop() was
+// called. Nothing is stored for a 400, 401 or 503.
 // A handler that returns Status::Rejected (the event can never be handled)
 // gets it dead-lettered (reason "rejected") and answered 200: no retry of
 // the sender's would change it, and it is kept for an operator.
@@ -63,6 +64,7 @@
 #include "idem/observer.h"
 #include "idem/publisher.h"
 #include "idem/result.h"
+#include "idem/signals.h"
 #include "idem/status.h"
 #include "idem/store.h"
 
@@ -127,6 +129,7 @@ struct WebhookCounters {
   uint64_t failed = 0;         // 500
   uint64_t group_commits = 0;  // transactions that handled a group (group_commit_max > 1)
   uint64_t grouped = 0;        // deliveries those transactions handled
+  uint64_t stopped = 0;        // 503 after Stop(): nothing stored
 };
 
 class WebhookReceiver {
@@ -164,12 +167,19 @@ class WebhookReceiver {
   // work (with an Inbox of its own: a crash between the publish and the
   // marker's commit may publish an event twice, with the same id).
   static Result<std::unique_ptr<WebhookReceiver>> Open(Store& store, Publisher& publisher, const Options& options);
+  // Detaches StopOnSignals if it names this receiver.
   ~WebhookReceiver();
   WebhookReceiver(const WebhookReceiver&) = delete;
   WebhookReceiver& operator=(const WebhookReceiver&) = delete;
 
   // Verifies, deduplicates and handles one delivery (the answers above).
   Answer Handle(const Request& request);
+  // Stops taking deliveries, for a graceful shutdown: from now on a
+  // delivery that verifies is answered 503 with Retry-After (nothing stored:
+  // the sender retries, here after a restart or at another instance), and
+  // those already being handled finish. Async-signal-safe; any thread.
+  void Stop() noexcept;
+  bool stopping() const noexcept;
   // Deletes the markers older than Options::retention_ms; how many.
   Result<int64_t> Purge();
   WebhookCounters counters() const;
@@ -193,5 +203,14 @@ Result<Headers> SignWebhook(WebhookScheme scheme, std::string_view secret, std::
                             std::string_view body);
 
 }  // namespace idem::http
+
+namespace idem {
+// Makes SIGINT and SIGTERM call receiver->Stop() (idem/signals.h: other
+// objects attached, such as the HTTP server in front of it, stop too; the
+// handlers before the first attach come back when the last one is
+// detached). Pass nullptr to detach every object; the receiver's destructor
+// detaches it.
+void StopOnSignals(http::WebhookReceiver* receiver);
+}  // namespace idem
 
 #endif  // IDEM_HTTP_WEBHOOK_H_

@@ -42,7 +42,7 @@
 // handler saw it). Replacing native().new_task_queue brings back cpp-httplib's
 // way: a thread of that queue for each connection's whole life.
 //
-// Thread safety: configure (native(), set_fibers) before listen; counters()
+// Thread safety: configure (native(), set_fibers) before listen; Stop() and counters()
 // from any thread.
 #ifndef IDEM_HTTPLIB_SERVER_H_
 #define IDEM_HTTPLIB_SERVER_H_
@@ -53,6 +53,7 @@
 #include <memory>
 
 #include "idem/result.h"
+#include "idem/signals.h"
 #include "idem/status.h"
 
 namespace idem::httplib {
@@ -100,6 +101,7 @@ class Server {
 
   // A server with the default Options.
   Server();
+  // Detaches StopOnSignals if it names this server.
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -121,6 +123,13 @@ class Server {
 
   Counters counters() const;
 
+  // Stops serving, as native().stop() does, but async-signal-safe and
+  // harmless when called again: listen() returns once every connection has
+  // ended (a request being handled is answered first; an idle keep-alive
+  // connection closes within 100 ms). Before listen(), a later listen()
+  // returns at once. Any thread.
+  void Stop() noexcept;
+
  private:
   class Impl;  // the httplib::Server whose connection loop is idem's
   explicit Server(std::unique_ptr<Impl> impl);
@@ -128,5 +137,14 @@ class Server {
 };
 
 }  // namespace idem::httplib
+
+namespace idem {
+// Makes SIGINT and SIGTERM call server->Stop(): listen() returns once the
+// connections have ended (idem/signals.h: other objects attached stop too;
+// the handlers before the first attach come back when the last one is
+// detached). Pass nullptr to detach every object; the server's destructor
+// detaches it.
+void StopOnSignals(httplib::Server* server);
+}  // namespace idem
 
 #endif  // IDEM_HTTPLIB_SERVER_H_

@@ -77,13 +77,15 @@ class Store {
     // Env::Default().
     Env* env = nullptr;
     // The SQLite VFS (the layer under SQLite that does the file I/O) to open
-    // the file through, by its registered name. "idem-fault" is the fault
-    // injection VFS of tests and `idem chaos` (idem/testing/fault_vfs.h), never
-    // for production. Default: empty, SQLite's default VFS.
+    // the file through, by the name it was registered with
+    // (sqlite3_vfs_register). "idem-fault" is the fault injection VFS of tests
+    // and `idem chaos` (idem/testing/fault_vfs.h: FaultVfs::Install()
+    // registers it), never for production. Default: empty, SQLite's default
+    // VFS.
     std::string vfs;
     // With synchronous FULL: a commit's WAL frames go to the file in one write
     // instead of two per page (its header, then the page), through a thin VFS
-    // layer over `vfs` (src/sqlite/batched_wal.h says when the gathered bytes
+    // layer over `vfs` (src/sqlite_driver/batched_wal.h says when the gathered bytes
     // are written: always before the commit is synced or made visible). No
     // effect with NORMAL or OFF. Default: true.
     // URL: ?batch_wal_writes=true|false (or ?batch_wal=on|off).

@@ -7,8 +7,9 @@
 //
 // It wraps the default VFS ("unix") under the name "idem-fault" (never as the
 // default) and forwards everything, except what its one process-wide
-// controller says. Open a store through it with Options::vfs or the URL
-// option "?vfs=idem-fault" (which installs it), then:
+// controller says. Install() registers it with SQLite; then open a store or a
+// queue through it with Options::vfs or the URL option "?vfs=idem-fault" (the
+// idem command of a build with kill points registers it at start):
 //
 //   idem::sqlite::FaultVfs* vfs = *idem::sqlite::FaultVfs::Install();
 //   vfs->Arm({.action = FaultVfs::Action::kIoError, .op = FaultVfs::Op::kSync, .at = 3});
@@ -40,6 +41,8 @@
 // the held-back writes, nor they its); a write is lost or kept whole, never
 // torn; deleting a file is durable at once.
 //
+// Part of the test kit (idem::testing) of a build with IDEM_WITH_KILL_POINTS.
+//
 // From outside a process: set IDEM_FAULT_VFS to a spec (see Parse), e.g.
 // IDEM_FAULT_VFS="powerloss,kill:sync:5"; the first Install() applies it.
 //
@@ -60,7 +63,7 @@ namespace idem::sqlite {
 
 class FaultVfs {
  public:
-  // The name to give Options::vfs or "?vfs=".
+  // The name to give Options::vfs or "?vfs=" once Install() registered it.
   static constexpr const char* kName = "idem-fault";
   // The environment variable the first Install() reads.
   static constexpr const char* kEnvVar = "IDEM_FAULT_VFS";

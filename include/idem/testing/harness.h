@@ -77,8 +77,11 @@ struct State {
 class Context {
  public:
   virtual ~Context() = default;
-  // The run's store, as the harness hands it out (its transactions reach the
-  // crash points). Open your business tables' writes on it.
+  // The run's store. For a Subject::consumer, as the harness hands it out:
+  // its transactions reach the crash points (open your Inbox on it). For a
+  // Subject::handler or call_first, the crash points are the harness's
+  // Inbox's, and transactions you open here yourself (a read in the calls
+  // part) reach none of them.
   virtual Store& store() = 0;
   // Claims on the run's store, for CallOnce and CallFirst.
   virtual Claims& claims() = 0;
@@ -146,6 +149,11 @@ struct Report {
   // Scenarios run, and those left out with the reason.
   std::vector<Scenario> ran;
   std::vector<std::string> skipped;
+  // What this store cannot show, and where to look instead. On SQLite
+  // (writers run one at a time): a read-then-write without a lock, and a
+  // write through a second connection ("database is locked" in the clean
+  // run); both show on PostgreSQL (Options::store_url).
+  std::vector<std::string> notes;
   int64_t deliveries = 0;  // handler deliveries made, in every process
 
   bool ok() const { return clean_errors.empty() && failures.empty(); }

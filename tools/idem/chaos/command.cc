@@ -138,9 +138,10 @@ const Command& ChaosCommand() {
   return c;
 }
 
-int RunChaos(const Args& args) {
-  const std::string cmd = "chaos";
-  chaos::Config cfg;
+namespace {
+
+// The numbers and the plain settings of the flags, checked.
+Status ParseNumbers(const Args& args, chaos::Config& cfg) {
   auto integer = [&](const char* name, int64_t& out, int64_t min, int64_t max = INT64_MAX) -> Status {
     if (!args.Has(name)) return Status::OK();
     IDEM_ASSIGN_OR_RETURN(out, args.GetInt(name));
@@ -196,8 +197,8 @@ int RunChaos(const Args& args) {
     s = d.status();
     if (d.ok()) cfg.drain_timeout_ms = *d;
   }
-  if (!s.ok()) return Fail(cmd, s);
-  if (consumers > 64) return Fail(cmd, Status::InvalidArgument("--consumers must be at most 64"));
+  IDEM_RETURN_IF_ERROR(s);
+  if (consumers > 64) return Status::InvalidArgument("--consumers must be at most 64");
   cfg.consumers = static_cast<int>(consumers);
   cfg.seed = static_cast<uint64_t>(seed);
   cfg.batch = static_cast<int>(std::min<int64_t>(batch, 1000));
@@ -210,9 +211,15 @@ int RunChaos(const Args& args) {
   cfg.provider = args.Get("provider");
   cfg.relays = static_cast<int>(relays);
   cfg.stage2_consumers = static_cast<int>(stage2_consumers);
+  return Status::OK();
+}
+
+// The modes (pipeline, role, broken consumer, provider, inbox), checked
+// against one another.
+Status ParseModes(const Args& args, chaos::Config& cfg) {
   cfg.pipeline = args.Has("pipeline") ? args.Get("pipeline") : "";
   if (!cfg.pipeline.empty() && cfg.pipeline != "two-stage")
-    return Fail(cmd, Status::InvalidArgument("--pipeline must be two-stage, got '" + cfg.pipeline + "'"));
+    return Status::InvalidArgument("--pipeline must be two-stage, got '" + cfg.pipeline + "'");
   const std::string worker_mode = args.Has("worker-mode") ? args.Get("worker-mode") : "consumer";
   cfg.role = worker_mode == "relay"    ? chaos::Role::kRelay
              : worker_mode == "stage2" ? chaos::Role::kStage2
@@ -220,47 +227,51 @@ int RunChaos(const Args& args) {
   cfg.broken = args.Has("broken") ? args.Get("broken") : "";
   if (!cfg.broken.empty() && cfg.broken != "no-guard" && cfg.broken != "ack-before-commit" &&
       cfg.broken != "unfenced" && cfg.broken != chaos::kBrokenRelay)
-    return Fail(cmd, Status::InvalidArgument(
-                         "--broken must be no-guard, ack-before-commit, unfenced or relay-ack-before-confirm, got '" +
-                         cfg.broken + "'"));
+    return Status::InvalidArgument(
+        "--broken must be no-guard, ack-before-commit, unfenced or relay-ack-before-confirm, got '" + cfg.broken + "'");
   if (cfg.broken == chaos::kBrokenRelay && !chaos::TwoStage(cfg))
-    return Fail(cmd, Status::InvalidArgument("--broken relay-ack-before-confirm needs --pipeline two-stage"));
+    return Status::InvalidArgument("--broken relay-ack-before-confirm needs --pipeline two-stage");
   cfg.clock_file = args.Has("clock-file") ? args.Get("clock-file") : "";
   cfg.provider_mode = args.Get("provider-mode");
   cfg.provider_store = args.Has("provider-store") ? args.Get("provider-store") : "";
   if (cfg.provider_mode != "two-phase" && cfg.provider_mode != "group-commit")
-    return Fail(cmd, Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" +
-                                             cfg.provider_mode + "'"));
+    return Status::InvalidArgument("--provider-mode must be two-phase or group-commit, got '" + cfg.provider_mode +
+                                   "'");
   cfg.inbox = args.Get("inbox");
   if (cfg.inbox != "markers" && cfg.inbox != "offset")
-    return Fail(cmd, Status::InvalidArgument("--inbox must be markers or offset, got '" + cfg.inbox + "'"));
+    return Status::InvalidArgument("--inbox must be markers or offset, got '" + cfg.inbox + "'");
   if (chaos::OffsetMode(cfg)) {
     if (!cfg.source.starts_with("kafka")) {
-      return Fail(cmd, Status::InvalidArgument("--inbox offset is Kafka's ordered-log mode: it needs a kafka:// or "
-                                               "kafka-mock: --source, not '" +
-                                               RedactUrl(cfg.source) + "'"));
+      return Status::InvalidArgument(
+          "--inbox offset is Kafka's ordered-log mode: it needs a kafka:// or "
+          "kafka-mock: --source, not '" +
+          RedactUrl(cfg.source) + "'");
     }
     if (chaos::TwoStage(cfg) || !cfg.broken.empty())
-      return Fail(cmd, Status::InvalidArgument("--inbox offset runs without --pipeline and --broken"));
+      return Status::InvalidArgument("--inbox offset runs without --pipeline and --broken");
     if (!args.Has("dup-rate")) cfg.dup_rate = 0;
     if (cfg.dup_rate > 0)
-      return Fail(cmd, Status::InvalidArgument(
-                           "--inbox offset deduplicates redeliveries of a record, not a producer's second record "
-                           "of a message (another offset): --dup-rate must be 0"));
+      return Status::InvalidArgument(
+          "--inbox offset deduplicates redeliveries of a record, not a producer's second record "
+          "of a message (another offset): --dup-rate must be 0");
   }
-  if (cfg.slot >= 0) return chaos::RunWorker(cfg);
+  return Status::OK();
+}
 
+// The work directory (a fresh temporary one without --dir), the defaults
+// that name files in it, and the embedded queues emptied.
+Status PrepareWorkDir(const Args& args, chaos::Config& cfg) {
   if (cfg.dir.empty()) {
     std::error_code ec;
     std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
     if (ec) tmp = "/tmp";
     std::string tmpl = (tmp / "idem-chaos-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) return Fail(cmd, Status::Unavailable("cannot create a temporary directory"));
+    if (::mkdtemp(tmpl.data()) == nullptr) return Status::Unavailable("cannot create a temporary directory");
     cfg.dir = tmpl;
   } else {
     struct stat st {};
     if (::stat(cfg.dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-      return Fail(cmd, Status::InvalidArgument("--dir " + cfg.dir + " is not a directory"));
+      return Status::InvalidArgument("--dir " + cfg.dir + " is not a directory");
   }
   if (cfg.source.empty()) cfg.source = "embedded:" + cfg.dir + "/queue.db?queue=payments";
   if (cfg.store.empty()) cfg.store = "sqlite:" + cfg.dir + "/payments.db";
@@ -269,11 +280,23 @@ int RunChaos(const Args& args) {
                      : IsPostgresScheme(cfg.store) ? cfg.store
                                                    : "sqlite:" + cfg.dir + "/stage2.db";
   if (cfg.source.starts_with("embedded:")) {
-    if (Status st = chaos::ResetEmbeddedQueue(cfg.source); !st.ok()) return Fail(cmd, st);
+    if (Status st = chaos::ResetEmbeddedQueue(cfg.source); !st.ok()) return st;
   }
   if (chaos::TwoStage(cfg) && cfg.source2.starts_with("embedded:")) {
-    if (Status st = chaos::ResetEmbeddedQueue(cfg.source2); !st.ok()) return Fail(cmd, st);
+    if (Status st = chaos::ResetEmbeddedQueue(cfg.source2); !st.ok()) return st;
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunChaos(const Args& args) {
+  const std::string cmd = "chaos";
+  chaos::Config cfg;
+  if (Status s = ParseNumbers(args, cfg); !s.ok()) return Fail(cmd, s);
+  if (Status s = ParseModes(args, cfg); !s.ok()) return Fail(cmd, s);
+  if (cfg.slot >= 0) return chaos::RunWorker(cfg);
+  if (Status s = PrepareWorkDir(args, cfg); !s.ok()) return Fail(cmd, s);
   if (!cfg.json)
     std::cout << "idem chaos: seed " << cfg.seed << ", " << cfg.messages << " messages, " << cfg.consumers
               << " consumers, "

@@ -13,10 +13,10 @@
 
 #include "chaos/journal.h"
 #include "cli.h"
+#include "core/kill_point.h"
 #include "idem/open.h"
 #include "idem/outbox_relay.h"
 #include "idem/outbox_store.h"
-#include "idem/testing/kill_points.h"
 
 namespace idem::cli::chaos {
 namespace {

@@ -20,9 +20,9 @@
 #if IDEM_HAVE_KAFKA
 #include "idem/kafka/offset_inbox.h"
 #endif
+#include "core/kill_point.h"
 #include "idem/outbox.h"
 #include "idem/testing/fault_vfs.h"
-#include "idem/testing/kill_points.h"
 #include "payments.h"
 #include "sources.h"
 

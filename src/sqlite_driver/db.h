@@ -1,9 +1,10 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
-// Internal: RAII wrappers over the SQLite C API, shared by the SQLite store
-// and the embedded queue. Never included from a public header.
-#ifndef IDEM_SRC_SQLITE_DB_H_
-#define IDEM_SRC_SQLITE_DB_H_
+// Internal (idem_sqlite_driver): RAII wrappers over the SQLite C API, the one
+// driver under the SQLite store, the embedded queue and the test kit's
+// FakeDownstream. Never included from a public header, never installed.
+#ifndef IDEM_SRC_SQLITE_DRIVER_DB_H_
+#define IDEM_SRC_SQLITE_DRIVER_DB_H_
 
 #include <sqlite3.h>
 
@@ -21,7 +22,7 @@
 #include "idem/status.h"
 #include "idem/store.h"
 
-namespace idem::sqlite_internal {
+namespace idem::sqlite_driver {
 
 // The one place where SQLite result codes become idem codes. `what` says what
 // was being done ("open /x/y.db", "COMMIT"); `db` (may be null) supplies
@@ -73,8 +74,8 @@ struct OpenOptions {
   // it answers true, that thread runs a (passive) checkpoint there and then.
   std::function<bool(int pages)> after_commit;
   int page_size = 4096;  // new files only
-  // A registered SQLite VFS to open the file through; empty: the default.
-  // "idem-fault" (idem/testing/fault_vfs.h) is installed on demand.
+  // A SQLite VFS to open the file through, registered by whoever provides it
+  // (sqlite3_vfs_register); empty: the default.
   std::string vfs;
   // With synchronous FULL or EXTRA: open through the batched-WAL shim over
   // `vfs` (batched_wal.h); commits in a BatchedWalWrites scope write their
@@ -168,6 +169,6 @@ class Db {
 // Reads column i of the current row as a Value.
 Value ColumnValue(sqlite3_stmt* stmt, int i);
 
-}  // namespace idem::sqlite_internal
+}  // namespace idem::sqlite_driver
 
-#endif  // IDEM_SRC_SQLITE_DB_H_
+#endif  // IDEM_SRC_SQLITE_DRIVER_DB_H_

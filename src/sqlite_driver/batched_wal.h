@@ -19,14 +19,14 @@
 // so writes the gathered frames and learns of any error) before it makes the
 // commit visible. A crash loses only frames not yet written, which no commit
 // had made visible or durable: as a crash before those writes.
-#ifndef IDEM_SRC_SQLITE_BATCHED_WAL_H_
-#define IDEM_SRC_SQLITE_BATCHED_WAL_H_
+#ifndef IDEM_SRC_SQLITE_DRIVER_BATCHED_WAL_H_
+#define IDEM_SRC_SQLITE_DRIVER_BATCHED_WAL_H_
 
 #include <string>
 
 #include "idem/result.h"
 
-namespace idem::sqlite_internal {
+namespace idem::sqlite_driver {
 
 // The name of the shim over the VFS `base` ("" for the default one),
 // registered on first use.
@@ -52,6 +52,6 @@ struct BatchedWalStats {
 };
 BatchedWalStats BatchedWalCounts();
 
-}  // namespace idem::sqlite_internal
+}  // namespace idem::sqlite_driver
 
-#endif  // IDEM_SRC_SQLITE_BATCHED_WAL_H_
+#endif  // IDEM_SRC_SQLITE_DRIVER_BATCHED_WAL_H_

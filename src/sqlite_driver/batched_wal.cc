@@ -1,5 +1,5 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "sqlite/batched_wal.h"
+#include "sqlite_driver/batched_wal.h"
 
 #include <sqlite3.h>
 
@@ -12,7 +12,7 @@
 #include <new>
 #include <string>
 
-namespace idem::sqlite_internal {
+namespace idem::sqlite_driver {
 namespace {
 
 // Gathered bytes go to the file in writes of at most this size: SQLite's
@@ -262,4 +262,4 @@ BatchedWalStats BatchedWalCounts() {
   return {g_in.load(std::memory_order_relaxed), g_out.load(std::memory_order_relaxed)};
 }
 
-}  // namespace idem::sqlite_internal
+}  // namespace idem::sqlite_driver

@@ -1,5 +1,5 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "sqlite/db.h"
+#include "sqlite_driver/db.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,12 +12,9 @@
 #include <mutex>
 #include <string>
 
-#if IDEM_HAVE_TESTING
-#include "idem/testing/fault_vfs.h"
-#endif
-#include "sqlite/batched_wal.h"
+#include "sqlite_driver/batched_wal.h"
 
-namespace idem::sqlite_internal {
+namespace idem::sqlite_driver {
 
 Code CodeFor(int rc) {
   switch (rc & 0xff) {
@@ -101,14 +98,6 @@ namespace {
 // Resolves OpenOptions::vfs: nullptr for the default, else a registered name.
 Result<const char*> FindVfs(const std::string& name) {
   if (name.empty()) return static_cast<const char*>(nullptr);
-#if IDEM_HAVE_TESTING
-  if (name == sqlite::FaultVfs::kName) IDEM_RETURN_IF_ERROR(sqlite::FaultVfs::Install().status());
-#else
-  if (name == "idem-fault")  // the fault VFS: compiled in only for tests (build option IDEM_WITH_KILL_POINTS)
-    return Status::InvalidArgument(
-        "the SQLite VFS 'idem-fault' is not built into this idem (it is for tests: "
-        "configure with -DIDEM_WITH_KILL_POINTS=ON)");
-#endif
   if (sqlite3_vfs_find(name.c_str()) != nullptr) return name.c_str();
   std::string known;
   for (sqlite3_vfs* v = sqlite3_vfs_find(nullptr); v != nullptr; v = v->pNext)
@@ -415,4 +404,4 @@ Result<Rows> Db::QueryIn(std::string_view sql, std::span<const Value> params) {
   return rows;
 }
 
-}  // namespace idem::sqlite_internal
+}  // namespace idem::sqlite_driver

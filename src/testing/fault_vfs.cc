@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "sqlite/db.h"
+#include "sqlite_driver/db.h"
 
 namespace idem::sqlite {
 namespace {
@@ -710,7 +710,7 @@ Result<FaultVfs*> FaultVfs::Install() {
   static std::once_flag once;
   static Status installed;
   std::call_once(once, [] {
-    sqlite_internal::ConfigureSqliteOnce();
+    sqlite_driver::ConfigureSqliteOnce();
     sqlite3_vfs* real = sqlite3_vfs_find(nullptr);
     if (real == nullptr) {
       installed = Status::Internal("fault VFS: SQLite has no default VFS to wrap");

@@ -1,15 +1,17 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-#include "idem/testing/kill_points.h"
+//
+// The kill-point registry: compiled into idem::core only by a build with
+// IDEM_WITH_KILL_POINTS (src/core/kill_point.h).
+#include "core/kill_point.h"
 
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
 
-namespace idem {
+namespace idem::internal {
 namespace {
 
 struct KillState {
@@ -26,7 +28,6 @@ KillState& Kill() {
 
 }  // namespace
 
-namespace internal {
 std::atomic<bool> g_kill_point_armed{false};
 
 void HitKillPoint(std::string_view name) {
@@ -45,43 +46,23 @@ void HitKillPoint(std::string_view name) {
   ::kill(::getpid(), SIGKILL);
   for (;;) ::pause();  // SIGKILL is not deliverable late, but never return
 }
-}  // namespace internal
 
-void ArmKillPoint(std::string_view name, int hit, std::function<void()> action) {
+void SetKillPoint(std::string_view name, int hit, std::function<void()> action) {
   KillState& k = Kill();
   std::lock_guard<std::mutex> l(k.mu);
   k.name = std::string(name);
   k.hit = hit < 1 ? 1 : hit;
   k.seen = 0;
   k.action = std::move(action);
-  internal::g_kill_point_armed.store(true);
+  g_kill_point_armed.store(true);
 }
 
-void DisarmKillPoints() {
+void ClearKillPoint() {
   KillState& k = Kill();
   std::lock_guard<std::mutex> l(k.mu);
-  internal::g_kill_point_armed.store(false);
+  g_kill_point_armed.store(false);
   k.name.clear();
   k.action = nullptr;
 }
 
-bool ArmKillPointFromEnv() {
-  const char* v = std::getenv("IDEM_KILL_AT");
-  if (v == nullptr || *v == '\0') return false;
-  // "<name>", "<name>:<n>" or "<name>:<n>:stop".
-  std::string s(v);
-  std::function<void()> action;
-  if (s.ends_with(":stop")) {
-    s.resize(s.size() - 5);
-    action = [] { ::raise(SIGSTOP); };
-  }
-  int hit = 1;
-  if (auto colon = s.rfind(':'); colon != std::string::npos) {
-    hit = std::atoi(s.c_str() + colon + 1);
-    s.resize(colon);
-  }
-  ArmKillPoint(s, hit, std::move(action));
-  return true;
-}
-
-}  // namespace idem
+}  // namespace idem::internal
