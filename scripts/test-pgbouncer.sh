@@ -3,14 +3,19 @@
 # (scripts/test-postgres.sh): listening only on 127.0.0.1 at the given port,
 # every database of the server reachable by name, trust auth; stopped by its
 # PID. pgbouncer refuses to run as root: it runs as "postgres".
-#   test-pgbouncer.sh start STATE_DIR PORT PG_PORT  -> prints a URL; writes STATE_DIR/url, STATE_DIR/pid
+#   test-pgbouncer.sh start STATE_DIR PORT PG_STATE_DIR  -> prints a URL; writes STATE_DIR/url, STATE_DIR/pid
+# PORT is the first port tried (the first free one from there on is taken,
+# scripts/test-ports.sh); the server's port is read from PG_STATE_DIR/port
+# (scripts/test-postgres.sh).
 #   test-pgbouncer.sh stop STATE_DIR
 set -euo pipefail
 RUN_USER=${PG_RUN_USER:-postgres}
+source "$(dirname "$0")/test-ports.sh"
 as_run_user() { if [ "$(id -u)" = 0 ]; then runuser -u "$RUN_USER" -- "$@"; else "$@"; fi; }
 
 start() {
-  local state=$1 port=$2 pg_port=$3
+  local state=$1 port=$2 pg_port first=$2
+  pg_port=$(cat "$3/port") || { echo "test-pgbouncer: no PostgreSQL started in $3" >&2; exit 3; }
   command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] ||
     { echo "test-pgbouncer: no pgbouncer (apt-get install pgbouncer)" >&2; exit 3; }
   local bin; bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
@@ -18,9 +23,8 @@ start() {
     echo "test-pgbouncer: already running (pid $(cat "$state/pid"))" >&2
     cat "$state/url"; return 0
   fi
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "test-pgbouncer: port $port on 127.0.0.1 is already in use" >&2; exit 3
-  fi
+  port=$(free_port "$port") || exit 3
+  say_port test-pgbouncer "$first" "$port"
   rm -rf "$state"; mkdir -p "$state"
   printf '"postgres" ""\n' >"$state/users.txt"
   cat >"$state/pgbouncer.ini" <<INI
@@ -50,6 +54,7 @@ INI
   done
   [ -s "$state/pgbouncer.pid" ] || { echo "test-pgbouncer: did not start" >&2; cat "$state/pgbouncer.log" >&2 || true; exit 3; }
   cp "$state/pgbouncer.pid" "$state/pid"
+  echo "$port" >"$state/port"
   echo "postgres://postgres@127.0.0.1:$port/idem_test" >"$state/url"
   echo "test-pgbouncer: pid $(cat "$state/pid") on 127.0.0.1:$port, in front of 127.0.0.1:$pg_port" >&2
   cat "$state/url"
@@ -70,5 +75,5 @@ stop() {
 case "${1:-}" in
   start) start "$2" "$3" "$4" ;;
   stop) stop "$2" ;;
-  *) echo "usage: test-pgbouncer.sh start STATE_DIR PORT PG_PORT | stop STATE_DIR" >&2; exit 2 ;;
+  *) echo "usage: test-pgbouncer.sh start STATE_DIR PORT PG_STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;
 esac

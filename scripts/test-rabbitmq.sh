@@ -6,7 +6,9 @@
 #   test-rabbitmq.sh stop STATE_DIR         stops the broker and epmd, removes the data
 #   test-rabbitmq.sh pause STATE_DIR        stops the broker only (data and epmd stay): a broker restart
 #   test-rabbitmq.sh resume STATE_DIR       starts the broker again on the same data
-# Ports: PORT (AMQP), PORT+1 (Erlang distribution), PORT+2 (epmd).
+# Ports: P (AMQP), P+1 (Erlang distribution), P+2 (epmd), where P is the
+# first port from PORT on with the three free (scripts/test-ports.sh; said
+# when it is not PORT), written into STATE_DIR/port and STATE_DIR/url.
 # Shared: several test runs in one build directory (concurrent `ctest -R`)
 # share one broker. Each start registers its caller (the parent PID, ctest)
 # and each stop unregisters it; the broker stops when no live caller is
@@ -18,6 +20,7 @@
 set -euo pipefail
 RMQ_BIN=${RABBITMQ_BIN_DIR:-/usr/lib/rabbitmq/bin}
 EPMD=${EPMD:-$(command -v epmd || true)}
+source "$(dirname "$0")/test-ports.sh"
 
 # Whether an AMQP 0-9-1 broker answers the protocol header on 127.0.0.1:$1
 # with a method frame (connection.start).
@@ -29,7 +32,6 @@ answers_amqp() {
     [[ $b == $'\x01' ]]
   ) 2>/dev/null
 }
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # The prefix that runs a command as the broker's user.
 RUNAS=()
@@ -124,22 +126,20 @@ start() {
     || { echo "test-rabbitmq: rabbitmq-server not found (apt-get install rabbitmq-server)" >&2; exit 3; }
   [ -n "$EPMD" ] || { echo "test-rabbitmq: epmd not found (apt-get install rabbitmq-server)" >&2; exit 3; }
   lock "$state"
-  if [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null && [ "$(cat "$state/port")" = "$port" ] \
-     && answers_amqp "$port"; then
+  if [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null && [ "$(cat "$state/first")" = "$port" ] \
+     && answers_amqp "$(cat "$state/port")"; then
     { live_users "$state"; echo "$PPID"; } >"$state/users.new"; mv "$state/users.new" "$state/users"
     echo "test-rabbitmq: already running (pid $(cat "$state/pid")), shared with $(wc -l <"$state/users") caller(s)" >&2
     cat "$state/url"; return 0
   fi
   # Leftovers of a run that died without its stop: end them (by their PIDs).
   [ -d "$state" ] && stop_all "$state"
-  for p in "$port" $((port + 1)) $((port + 2)); do
-    if port_in_use "$p"; then
-      echo "test-rabbitmq: port $p on 127.0.0.1 is already in use (set IDEM_TEST_AMQP_PORT)" >&2; exit 3
-    fi
-  done
+  local first=$port
+  port=$(free_port "$port" 3) || exit 3
+  say_port test-rabbitmq "$first" "$port"
   rm -rf "$state"; mkdir -p "$state"
   local base; base=$(mktemp -d "${TMPDIR:-/tmp}/idem-rabbitmq.XXXXXX")
-  echo "$base" >"$state/base"; echo "$port" >"$state/port"
+  echo "$base" >"$state/base"; echo "$port" >"$state/port"; echo "$first" >"$state/first"
   mkdir -p "$base/mnesia" "$base/log"
   cat >"$base/rabbitmq.conf" <<EOF
 loopback_users = none

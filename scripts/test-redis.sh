@@ -3,12 +3,15 @@
 # listening only on 127.0.0.1 at an unusual port, AOF on (fsync every second),
 # no RDB snapshots; stopped by its PID.
 #   test-redis.sh start STATE_DIR PORT   -> prints the URL; writes STATE_DIR/url, STATE_DIR/pid
+#     (PORT is the first port tried: the server takes the first free one from
+#     there on, scripts/test-ports.sh, and says so when it is not PORT)
 #   test-redis.sh stop STATE_DIR
 #   test-redis.sh pause|resume STATE_DIR   (stop and start again, data kept: a restart)
 # Users: "default" (no password) and "idem_pw" (password "secret"), for the
 # wrong-password tests.
 set -euo pipefail
 REDIS_SERVER=${REDIS_SERVER:-$(command -v redis-server || true)}
+source "$(dirname "$0")/test-ports.sh"
 
 # Whether something answers PING with PONG on 127.0.0.1:$1.
 answers_ping() {
@@ -28,20 +31,27 @@ start() {
     echo "test-redis: already running (pid $(cat "$state/pid"))" >&2
     cat "$state/url"; return 0
   fi
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "test-redis: port $port on 127.0.0.1 is already in use (set IDEM_TEST_REDIS_PORT)" >&2; exit 3
-  fi
   rm -rf "$state"; mkdir -p "$state"
   local base; base=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis.XXXXXX")
   echo "$base" >"$state/base"
-  echo "$port" >"$state/port"
-  launch "$state" "$port" "$base"
+  # The first free port from $2 on; if another start took it meanwhile (the
+  # server cannot bind it), the next free one.
+  local first=$port attempt
+  for attempt in 1 2 3 4 5; do
+    port=$(free_port "$port") || exit 3
+    echo "$port" >"$state/port"
+    launch "$state" "$port" "$base" && break
+    port_free "$port" && { echo "test-redis: redis-server did not start on 127.0.0.1:$port" >&2; exit 3; }
+    port=$((port + 1))
+  done
+  [ -f "$state/pid" ] || { echo "test-redis: no port from $first on could be bound" >&2; exit 3; }
+  say_port test-redis "$first" "$port"
   echo "redis://127.0.0.1:$port" >"$state/url"
   echo "test-redis: pid $(cat "$state/pid") on 127.0.0.1:$port, data in $base" >&2
   cat "$state/url"
 }
 
-# Starts redis-server on $2 with its data in $3; exits 3 if it does not answer.
+# Starts redis-server on $2 with its data in $3; returns 3 if it does not answer.
 launch() {
   local state=$1 port=$2 base=$3
   # In the background, in a session of its own (so a test runner's signals to
@@ -56,14 +66,14 @@ launch() {
   for _ in $(seq 300); do
     answers_ping "$port" && break
     if ! kill -0 "$pid" 2>/dev/null; then
-      echo "test-redis: redis-server exited at start:" >&2; cat "$base/redis.log" >&2 2>/dev/null || true
-      rm -f "$state/pid"; exit 3
+      echo "test-redis: redis-server exited at start:" >&2; tail -n 5 "$base/redis.log" >&2 2>/dev/null || true
+      rm -f "$state/pid"; return 3
     fi
     sleep 0.1
   done
   if ! answers_ping "$port"; then
     echo "test-redis: redis-server (pid $pid) does not answer PING on 127.0.0.1:$port" >&2
-    stop "$state"; exit 3
+    kill -KILL "$pid" 2>/dev/null || true; rm -f "$state/pid"; return 3
   fi
 }
 
@@ -77,7 +87,7 @@ pause() {
 }
 resume() {
   local state=$1
-  launch "$state" "$(cat "$state/port")" "$(cat "$state/base")"
+  launch "$state" "$(cat "$state/port")" "$(cat "$state/base")" || exit 3
 }
 
 stop() {

@@ -19,8 +19,8 @@ namespace idem {
 
 // What a holder presents to finish or extend its claim.
 struct ClaimToken {
-  std::string scope;
-  std::string key;
+  std::string scope{};
+  std::string key{};
   int64_t fence = 0;           // the fencing token: higher wins
   int64_t lease_until_ms = 0;  // by the store's clock
 };
@@ -28,9 +28,9 @@ struct ClaimToken {
 struct ClaimRequest {
   // A namespace for keys ("charges", an HTTP route, a consumer's name).
   // 1..255 bytes.
-  std::string scope;
+  std::string scope{};
   // The idempotency key (a message id, an Idempotency-Key header). 1..255 bytes.
-  std::string key;
+  std::string key{};
   // What the key stands for (FingerprintOf the request body). The same key
   // with another fingerprint is a conflict, on every path.
   Fingerprint fingerprint{};
@@ -50,10 +50,10 @@ struct ClaimOutcome {
     kConflict,    // the key is held or done for another fingerprint
   };
   Kind kind = Kind::kInProgress;
-  ClaimToken token;                  // kStarted
+  ClaimToken token{};                // kStarted
   bool took_over = false;            // kStarted: after another holder's lease expired
   int64_t retry_at_ms = 0;           // kInProgress: the holder's lease end (store clock)
-  std::string result;                // kCompleted
+  std::string result{};              // kCompleted
   bool result_is_error = false;      // kCompleted: a failure stored by Fail(kStoreError)
   Fingerprint stored_fingerprint{};  // kConflict
 };
@@ -64,14 +64,14 @@ std::string_view KindName(ClaimOutcome::Kind kind);
 // A key's record, for inspection.
 struct ClaimRecord {
   enum class State { kInProgress, kCompleted };
-  std::string scope;
-  std::string key;
+  std::string scope{};
+  std::string key{};
   State state = State::kInProgress;
   Fingerprint fingerprint{};
   int64_t fence = 0;
   int64_t lease_until_ms = 0;  // kInProgress
   int64_t expires_at_ms = 0;   // kCompleted: may be purged from then on
-  std::string result;          // kCompleted
+  std::string result{};        // kCompleted
   bool result_is_error = false;
   int64_t updated_at_ms = 0;
 };
@@ -88,7 +88,7 @@ enum class FailPolicy {
 // One completion of a CompleteMany.
 struct Completion {
   const ClaimToken* token = nullptr;
-  std::string_view result;
+  std::string_view result{};
   bool is_error = false;  // a failure stored as the result (FailPolicy::kStoreError)
 };
 

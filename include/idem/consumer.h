@@ -105,7 +105,7 @@ class Consumer {
     // before the Inbox sees it. A delivery without it is dead-lettered at
     // once (reason "rejected", under the source's id) and acknowledged.
     // Default: none (the source's id).
-    std::optional<IdFrom> id_from;
+    std::optional<IdFrom> id_from{};
   };
 
   // Checks the options (kInvalidArgument naming the field and the value:

@@ -53,8 +53,8 @@ class IdFrom {
  private:
   struct Part {
     bool json = true;
-    std::string name;                 // the header's name, or the pointer as given
-    std::vector<std::string> tokens;  // the pointer's reference tokens, unescaped
+    std::string name{};                 // the header's name, or the pointer as given
+    std::vector<std::string> tokens{};  // the pointer's reference tokens, unescaped
   };
   std::string spec_;
   std::vector<Part> parts_;

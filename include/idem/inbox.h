@@ -64,7 +64,7 @@ struct Outcome {
   // Code::kRejected when the handler said the message can never be handled
   // (the Consumer dead-letters it at once); Code::kAborted when it gave up
   // because its Consumer is stopping.
-  Status status;
+  Status status{};
   // kConflict: the fingerprint stored with the marker, and this message's.
   Fingerprint stored_fingerprint{};
   Fingerprint incoming_fingerprint{};

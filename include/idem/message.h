@@ -26,15 +26,15 @@ inline constexpr std::size_t kMaxIdBytes = 255;
 struct Message {
   // Required: 1 to kMaxIdBytes bytes, assigned by the producer with the
   // business fact (order id, outbox event id), never per delivery.
-  std::string id;
+  std::string id{};
   // Optional: when the producer created the fact, in milliseconds since the
   // Unix epoch. Carried, never used to decide duplicates.
-  std::optional<int64_t> producer_time_ms;
+  std::optional<int64_t> producer_time_ms{};
   // The body, any bytes. Its SHA-256 is the fingerprint that tells a duplicate
   // (same id, same payload) from a conflict (same id, other payload).
-  std::string payload;
+  std::string payload{};
   // Free-form headers, in delivery order.
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers{};
   // 1 on the first delivery, as counted by the source. 0 when unknown.
   int attempt = 0;
 

@@ -69,8 +69,8 @@ class Metrics final : public Observer {
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Series>, std::less<>> series_;  // guarded by mu_
   struct Gauge {
-    std::string name, help, labels;
-    std::function<double()> read;
+    std::string name{}, help{}, labels{};
+    std::function<double()> read{};
   };
   std::vector<Gauge> gauges_;  // guarded by mu_
 };

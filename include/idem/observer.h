@@ -79,8 +79,8 @@ struct Event {
   EventKind kind = EventKind::kApplied;
   // The consumer's name (Inbox, Consumer), the relay's (outbox events
   // from a relay; "" from Outbox::Add), or the claims' scope.
-  std::string_view consumer;
-  std::string_view message_id;
+  std::string_view consumer{};
+  std::string_view message_id{};
   // The delivery count of the source (0 where it keeps none).
   int attempt = 0;
   // kApplied and the Inbox's other outcomes: how long the handler ran, and
@@ -88,9 +88,9 @@ struct Event {
   int64_t handler_us = -1;
   int64_t commit_us = -1;
   // An error, a dead letter's reason, a destination.
-  std::string_view detail;
+  std::string_view detail{};
   // The message's W3C trace context, when it carries one.
-  std::string_view traceparent;
+  std::string_view traceparent{};
   int64_t at_ms = 0;  // the Env's clock
 };
 

@@ -47,21 +47,21 @@ namespace idem {
 struct OutgoingMessage {
   // The queue, stream or topic. Empty: the relay's publisher's own channel
   // (the queue, stream or topic of its URL). At most 255 bytes.
-  std::string destination;
+  std::string destination{};
   // The message id, 1..kMaxIdBytes bytes. Empty: a new time-ordered id
   // (a UUIDv7, 36 characters), drawn by Add. Give your own when the fact
   // has one (an event id): the consumer's Inbox deduplicates on it.
-  std::string id;
+  std::string id{};
   // The ordering key (the aggregate id: an order, an account), 0..255
   // bytes. Messages with one key are published in commit order; empty:
   // no order with respect to any other message.
-  std::string key;
-  std::string payload;
+  std::string key{};
+  std::string payload{};
   // Passed through to the broker as they are (traceparent, content-type...).
   // Names: 1..255 bytes, not starting with "idem-" (idem's own headers).
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers{};
   // When the fact was produced, in ms since the epoch. Empty: now, at Add.
-  std::optional<int64_t> producer_time_ms;
+  std::optional<int64_t> producer_time_ms{};
 
   // Continues the trace of `incoming`: copies its traceparent and
   // tracestate headers, and records incoming.id as idem-causation-id.

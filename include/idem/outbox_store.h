@@ -41,26 +41,26 @@ inline constexpr std::string_view kCausationIdHeader = "idem-causation-id";
 // An outgoing message as stored.
 struct OutboxRow {
   int64_t seq = 0;  // set by the store: increasing per key in commit order
-  std::string id;
-  std::string destination;
-  std::string key;
-  std::string payload;
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::string id{};
+  std::string destination{};
+  std::string key{};
+  std::string payload{};
+  std::vector<std::pair<std::string, std::string>> headers{};
   int64_t producer_time_ms = 0;
   int64_t added_at_ms = 0;
   int attempts = 0;  // transient publish failures so far
 };
 
 struct OutboxDeadLetter {
-  OutboxRow row;
-  std::string reason;  // "refused" (the broker refused it for good) or "failed" (max_attempts)
-  std::string error;
+  OutboxRow row{};
+  std::string reason{};  // "refused" (the broker refused it for good) or "failed" (max_attempts)
+  std::string error{};
   int64_t at_ms = 0;
 };
 
 struct OutboxStats {
-  int64_t backlog = 0;                      // committed, not yet confirmed by a broker
-  std::optional<int64_t> oldest_unsent_ms;  // added_at_ms of the oldest of them
+  int64_t backlog = 0;                        // committed, not yet confirmed by a broker
+  std::optional<int64_t> oldest_unsent_ms{};  // added_at_ms of the oldest of them
   int64_t dead_letters = 0;
   int64_t sent_kept = 0;  // confirmed, kept for retention
   int64_t relays = 0;     // relays seen in the last minute
@@ -68,10 +68,10 @@ struct OutboxStats {
 
 // What one relay round settles, written in one transaction.
 struct OutboxSettlement {
-  std::vector<int64_t> sent;                            // confirmed: seq
-  std::vector<OutboxDeadLetter> dead;                   // refused for good / failed too often
-  std::vector<std::pair<int64_t, std::string>> failed;  // transient: seq, error (attempts + 1)
-  bool keep_sent = true;                                // move sent rows to retention, or delete
+  std::vector<int64_t> sent{};                            // confirmed: seq
+  std::vector<OutboxDeadLetter> dead{};                   // refused for good / failed too often
+  std::vector<std::pair<int64_t, std::string>> failed{};  // transient: seq, error (attempts + 1)
+  bool keep_sent = true;                                  // move sent rows to retention, or delete
   int64_t now_ms = 0;
 };
 

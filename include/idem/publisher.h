@@ -40,11 +40,11 @@ inline constexpr std::string_view kOrderingKeyHeader = "idem-ordering-key";
 struct Outgoing {
   // The queue, stream or topic. Empty: the channel the publisher was
   // opened on (its URL's queue, stream or topic).
-  std::string_view destination;
+  std::string_view destination{};
   // The ordering key (the aggregate id): Kafka's record key (the message id
   // when empty), and the idem-ordering-key header elsewhere. Messages with
   // one key are meant to be stored in the order they are handed over.
-  std::string_view key;
+  std::string_view key{};
   const Message* message = nullptr;
 };
 

@@ -36,10 +36,10 @@ namespace idem {
 
 // A horizon and what it comes from, named in a refusal.
 struct NamedHorizon {
-  RedeliveryHorizon horizon;
+  RedeliveryHorizon horizon{};
   // "the embedded source", "embedded:queue.db?queue=payments", "declared
   // (--horizon 3d)": whatever tells the reader where the time came from.
-  std::string from;
+  std::string from{};
 };
 
 // Asks `source` for its horizon (Source::Horizon), named `name` (default:
@@ -65,7 +65,7 @@ Status CheckPurgeBefore(int64_t before_ms, const NamedHorizon& horizon);
 struct PurgeRequest {
   // Whose markers: empty for every consumer (the horizon then bounds them
   // all).
-  std::string consumer;
+  std::string consumer{};
   // Markers processed before this (ms since the Unix epoch) are deleted.
   int64_t before_ms = 0;
   // Markers deleted per transaction (>= 1). Default: 10000.

@@ -54,9 +54,9 @@ struct RedeliveryHorizon {
 };
 
 struct Delivery {
-  Message message;  // message.attempt is the source's delivery count
+  Message message{};  // message.attempt is the source's delivery count
   // Opaque: identifies this delivery (and its lease) to Ack and Nack.
-  std::string receipt;
+  std::string receipt{};
 };
 
 class Source {

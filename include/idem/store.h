@@ -64,7 +64,7 @@ class Store : public StoreHooks {
   // The schema version and the DDL of idem's own tables, for `idem schema`.
   struct SchemaInfo {
     int version = 0;
-    std::vector<std::string> statements;
+    std::vector<std::string> statements{};
   };
   virtual Result<SchemaInfo> Schema() = 0;
 

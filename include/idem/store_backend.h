@@ -31,26 +31,26 @@ namespace idem {
 
 // A marker as stored: one per (consumer, message id) that has been handled.
 struct Marker {
-  std::string consumer;
-  std::string id;
+  std::string consumer{};
+  std::string id{};
   Fingerprint fingerprint{};
   int64_t processed_at_ms = 0;
   // Set when the consumer keys markers by producer time
   // (Inbox::Options::key_by_producer_time) and the message carries one: the
   // store may then place the marker by this time. A store that has no such
   // layout ignores it.
-  std::optional<int64_t> produced_at_ms;
+  std::optional<int64_t> produced_at_ms{};
 };
 
 // A message that will not be retried: it failed max_attempts times, or its id
 // was reused for a different payload (reason "conflict").
 struct DeadLetter {
-  std::string consumer;
-  std::string id;
-  std::string reason;  // "failed" or "conflict"
-  std::string error;   // the last error, or both fingerprints for a conflict
+  std::string consumer{};
+  std::string id{};
+  std::string reason{};  // "failed" or "conflict"
+  std::string error{};   // the last error, or both fingerprints for a conflict
   int attempts = 0;
-  std::string payload;
+  std::string payload{};
   int64_t at_ms = 0;
 };
 
@@ -71,9 +71,9 @@ struct FailureRecord {
     // dead-lettered now, unless the message is in progress.
     kCrashLoop,
   };
-  std::string consumer;
+  std::string consumer{};
   const Message* message = nullptr;  // must outlive the RecordFailure call
-  std::string error;
+  std::string error{};
   int max_attempts = 0;  // dead-letter once attempts reach this (0: never)
   int64_t now_ms = 0;
   Kind kind = Kind::kFailed;

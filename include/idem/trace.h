@@ -30,10 +30,10 @@ namespace idem {
 struct TraceContext {
   // "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>" (lower case).
   // Empty: no trace.
-  std::string traceparent;
+  std::string traceparent{};
   // Vendors' entries, passed through as they came (at most 512 bytes of
   // visible ASCII and spaces, else dropped). May be empty.
-  std::string tracestate;
+  std::string tracestate{};
 
   bool empty() const { return traceparent.empty(); }
 

@@ -33,7 +33,7 @@ struct TransactionGate;
 
 // A SQL parameter or column value.
 struct Blob {
-  std::string bytes;
+  std::string bytes{};
 };
 class Value {
  public:
@@ -66,8 +66,8 @@ class Value {
 };
 
 struct Rows {
-  std::vector<std::string> columns;
-  std::vector<std::vector<Value>> rows;
+  std::vector<std::string> columns{};
+  std::vector<std::vector<Value>> rows{};
 };
 
 // An open transaction. Parameters are written $1, $2, ... in the SQL text on

@@ -44,18 +44,18 @@ std::string PercentEncode(std::string_view text, bool keep_slash = false);
 // A URL split into its parts, %XX escapes decoded.
 struct ParsedUrl {
   struct Host {
-    std::string host;  // an IPv6 address without its brackets
-    int port = 0;      // 0: not given
+    std::string host{};  // an IPv6 address without its brackets
+    int port = 0;        // 0: not given
   };
-  std::string scheme;          // lower case, without ':' or "://"
+  std::string scheme{};        // lower case, without ':' or "://"
   bool has_authority = false;  // "scheme://" rather than "scheme:"
   bool has_user = false;
   bool has_password = false;  // "USER:" was followed by a password (maybe empty)
-  std::string user;
-  std::string password;
-  std::vector<Host> hosts;                                 // empty for scheme:PATH
-  std::string path;                                        // after the authority's '/', or after "scheme:"
-  std::vector<std::pair<std::string, std::string>> query;  // in order; "k" alone gives ""
+  std::string user{};
+  std::string password{};
+  std::vector<Host> hosts{};                                 // empty for scheme:PATH
+  std::string path{};                                        // after the authority's '/', or after "scheme:"
+  std::vector<std::pair<std::string, std::string>> query{};  // in order; "k" alone gives ""
 
   // The value of query key `key`, or `fallback`.
   std::string Get(std::string_view key, std::string_view fallback = {}) const;
@@ -70,7 +70,7 @@ struct ParsedUrl {
   // "true"/"1"/"yes" or "false"/"0"/"no"; `fallback` when absent.
   Result<bool> GetBool(std::string_view key, bool fallback) const;
 
-  std::string url;  // the original, for errors (print RedactUrl(url))
+  std::string url{};  // the original, for errors (print RedactUrl(url))
 };
 
 enum class UrlForm {

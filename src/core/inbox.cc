@@ -108,8 +108,8 @@ struct Inbox::Impl {
   InboxCounters counters() const;
 
   struct Attempt {
-    std::optional<size_t> failed;  // the message whose handler failed
-    Status status;                 // its error
+    std::optional<size_t> failed{};  // the message whose handler failed
+    Status status{};                 // its error
   };
   // One transaction over the messages not excluded; stops at the first
   // handler failure (rolled back) and says which.

@@ -16,15 +16,13 @@
 
 #include "idem/amqp/source.h"
 #include "util/delivery_suite.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
 
-std::string SuiteUrl() {
-  const char* u = std::getenv("IDEM_TEST_AMQP_URL");
-  return u ? u : "";
-}
+std::string SuiteUrl() { return FixtureServerUrl("rabbitmq", ""); }
 
 // RabbitMQ pushes deliveries to a consumer asynchronously: a message whose
 // publish the broker confirmed reaches the consumer's socket a moment later,
@@ -67,13 +65,12 @@ class Settled final : public Source {
   std::unique_ptr<amqp::Source> inner_;
 };
 
-// The queue of `dir`: the same in a forked child.
-std::string QueueFor(const TempDir& dir) {
-  return "idem-suite-" + std::to_string(std::hash<std::string>{}(dir.path()));
-}
+// The queue of `dir`: the same in a forked child, named after the test, its
+// process and the time (util/test_servers.h), never another test's or run's.
+std::string QueueFor(const TempDir& dir) { return ServerNameFor(dir, "idem-suite-"); }
 
 Result<SourceHandle> OpenAmqp(const TempDir& dir, const SourceConfig& c) {
-  if (SuiteUrl().empty()) return Status::Unavailable("IDEM_TEST_AMQP_URL is not set (run via ctest)");
+  if (SuiteUrl().empty()) return Status::Unavailable("no broker (run via ctest, which starts it)");
   const std::string q = QueueFor(dir) + (c.other_channel ? "-other" : "");
   // The source declares the quorum queue; the publisher then only publishes.
   auto s = amqp::Source::Open(

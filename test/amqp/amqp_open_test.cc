@@ -14,22 +14,18 @@
 
 #include "idem/amqp/source.h"
 #include "idem/open.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 namespace {
 
-std::string BaseUrl() {
-  const char* u = std::getenv("IDEM_TEST_AMQP_URL");
-  return u ? u : "";
-}
+std::string BaseUrl() { return FixtureServerUrl("rabbitmq", ""); }
 
-std::string QueueName(const std::string& what) {
-  return "idem-open-" + what + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-}
+std::string QueueName(const std::string& what) { return UniqueServerName("idem-open-" + what + "-"); }
 
 TEST(AmqpOpenByUrl, PublisherAndSourceOfOneUrlMeetOnTheQueue) {
-  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  ASSERT_FALSE(BaseUrl().empty()) << "no broker (run via ctest, which starts it)";
   const std::string url = BaseUrl() + "?queue=" + QueueName("url") + "&prefetch=10&queue_type=quorum";
   auto pub = OpenPublisher(url);
   ASSERT_OK(pub);
@@ -67,7 +63,7 @@ TEST(AmqpOpenByUrl, BadKeysAndValuesAreRefusedBeforeConnecting) {
 // Publish says so, PublishBatch names a destination per message), and an
 // unroutable element of a batch is kRejected alone, naming its routing key.
 TEST(AmqpOpenByUrl, APublisherWithoutAQueuePublishesBatchesAndRejectsJustTheUnroutableElement) {
-  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  ASSERT_FALSE(BaseUrl().empty()) << "no broker (run via ctest, which starts it)";
   EXPECT_EQ(OpenSource(BaseUrl() + "?prefetch=5").status().code(), Code::kInvalidArgument);
   auto pub = OpenPublisher(BaseUrl() + "?prefetch=5");
   ASSERT_OK(pub);
@@ -104,7 +100,7 @@ TEST(AmqpOpenByUrl, APublisherWithoutAQueuePublishesBatchesAndRejectsJustTheUnro
 // Messages written under the producer time's former names keep their time;
 // the current name wins over a former one. None of them is a header.
 TEST(AmqpWireFormat, FormerProducerTimeNamesAreRead) {
-  ASSERT_FALSE(BaseUrl().empty()) << "IDEM_TEST_AMQP_URL is not set (run via ctest)";
+  ASSERT_FALSE(BaseUrl().empty()) << "no broker (run via ctest, which starts it)";
   const std::string queue = QueueName("wire");
   auto pub = amqp::Publisher::Open({.url = BaseUrl(), .queue = queue, .declare_queue = true});
   ASSERT_OK(pub);

@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // idem::amqp on a real rabbitmq-server (the CTest fixture "rabbitmq" starts a
-// throwaway broker; IDEM_TEST_AMQP_URL names it). Every test publishes every
+// throwaway broker; util/test_servers.h finds it). Every test publishes every
 // message at least twice (a producer retry), or has it redelivered. Each test
 // uses queues of its own. No sleeps for timing: waits are bounded waits for a
 // condition.
@@ -35,6 +35,7 @@
 #include "idem/testing/fake_env.h"
 #include "idem/testing/kill_points.h"
 #include "util/relay_util.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -47,21 +48,15 @@ using AmqpSource = idem::amqp::Source;
 std::string g_url_override;
 std::string Url() {
   if (!g_url_override.empty()) return g_url_override;
-  const char* u = std::getenv("IDEM_TEST_AMQP_URL");
-  return u ? u : "";
+  return FixtureServerUrl("rabbitmq", "");  // util/test_servers.h
 }
 
-#define REQUIRE_BROKER()                                                                                        \
-  do {                                                                                                          \
-    if (Url().empty()) GTEST_FAIL() << "IDEM_TEST_AMQP_URL is not set: run via ctest, which starts the broker"; \
+#define REQUIRE_BROKER()                                                            \
+  do {                                                                              \
+    if (Url().empty()) GTEST_FAIL() << "no broker: run via ctest, which starts it"; \
   } while (0)
 
-std::string UniqueQueue() {
-  static std::atomic<int> n{0};
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return std::string("idem-") + info->name() + "-" + std::to_string(::getpid()) + "-" +
-         std::to_string(Env::Default()->NowMs()) + "-" + std::to_string(n++);
-}
+std::string UniqueQueue() { return UniqueServerName("idem-"); }
 
 // A broker of the restart test's own (the shared fixture's broker may be in
 // use by another test run): started and stopped with the fixture's script,
@@ -72,9 +67,9 @@ class PrivateBroker {
   PrivateBroker() {
     lock_fd_ = ::open((state_ + ".test-lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     if (lock_fd_ >= 0) (void)::flock(lock_fd_, LOCK_EX);
+    // The first free ports from IDEM_TEST_AMQP_RESTART_PORT on.
     started_ = Ctl("start ", std::to_string(IDEM_TEST_AMQP_RESTART_PORT)) == 0;
-    if (started_)
-      g_url_override = "amqp://idem:secret@127.0.0.1:" + std::to_string(IDEM_TEST_AMQP_RESTART_PORT) + "/%2f";
+    if (started_) g_url_override = StartedServerUrl(state_);
   }
   ~PrivateBroker() {
     g_url_override.clear();

@@ -17,6 +17,8 @@ if ! url=$(bash "$SCRIPT" start "$STATE" "$PORT" 2>"$STATE.start.log"); then
   cat "$STATE.start.log" >&2
   exit 3
 fi
+# The port it took: the first free one from PORT on (scripts/test-ports.sh).
+echo "chaos_broker.sh: $KIND at ${url#*@}" >&2
 case $KIND in
   redis) source="$url/0?stream=payments" shipping="$url/0?stream=shipping" ;;
   rabbitmq) source="$url?queue=payments" shipping="$url?queue=shipping" ;;

@@ -113,6 +113,7 @@ taken() { local p; for p in "$1" $(($1 + 1)) $(($1 + 11)) $(($1 + 12)) $(($1 + 2
 base=$BASE
 for _ in $(seq 20); do taken "$base" || break; base=$((base + 30)); done
 if taken "$base"; then echo "chaos_failover.sh: no free ports from $BASE" >&2; exit 3; fi
+[ "$base" = "$BASE" ] || echo "chaos_failover.sh: ports from $BASE are in use: the cluster takes those from $base" >&2
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/idem-chaos-failover.XXXXXX")
 chmod 755 "$STATE"
 keep=0

@@ -17,6 +17,11 @@
 #    prelude's names without declaring them (or declare its own: they shadow).
 #  - A block that must not be compiled (pseudo-code) is fenced ```cpp-ignore
 #    (any fence other than exactly ```cpp is not compiled): avoid it.
+#  - Every block compiles without a warning under -Wall -Wextra (-Werror
+#    here), as users build it: with the C++ compiler CMake finds (g++), and
+#    again with clang++ when it is installed. (g++ warns about a designated
+#    initializer that leaves out a member without a default member
+#    initializer: every member of a public struct has one, `{}` at least.)
 # Compiler errors name the doc's own file and line (#line directives), and
 # the test says which block failed (file and the line of its ```cpp fence).
 # usage: snippets_test.sh SOURCE_DIR BUILD_DIR
@@ -37,15 +42,16 @@ PRELUDE='#include <string>
 #include "idem/status.h"
 
 struct Provider {  // your payment provider'"'"'s client
-  idem::Result<std::string> Charge(const std::string& idempotency_key, const std::string& body) { return std::string("ch_1"); }
+  idem::Result<std::string> Charge(const std::string&, const std::string&) { return std::string("ch_1"); }
 };
 
-idem::Status Fragment(const idem::Message& message,            // the message being handled
-                      idem::Source& source, idem::Inbox& inbox,  // a source, an inbox on a store
-                      idem::Claims& claims,                      // idem::Claims on any ClaimStore
-                      Provider& provider,
-                      const std::string& idempotency_key,        // an HTTP request'"'"'s key and body
-                      const std::string& body) {'
+idem::Status Fragment([[maybe_unused]] const idem::Message& message,  // the message being handled
+                      [[maybe_unused]] idem::Source& source,          // a source
+                      [[maybe_unused]] idem::Inbox& inbox,            // an inbox on a store
+                      [[maybe_unused]] idem::Claims& claims,          // idem::Claims on any ClaimStore
+                      [[maybe_unused]] Provider& provider,
+                      [[maybe_unused]] const std::string& idempotency_key,  // an HTTP request'"'"'s key and body
+                      [[maybe_unused]] const std::string& body) {'
 
 # 1. Extract: s<N>.where (file, fence line), s<N>.all (the block as it is),
 # s<N>.inc (its #include lines) and s<N>.body (the rest), each line preceded
@@ -92,6 +98,7 @@ find_package(idem REQUIRED COMPONENTS sqlite embedded postgres redis http httpli
 find_package(GTest REQUIRED)  # doc/testing.md's blocks are GoogleTest programs
 foreach(s IN ITEMS ${all[*]})
   add_executable(\${s} \${s}.cc)
+  target_compile_options(\${s} PRIVATE -Wall -Wextra -Werror)
   target_link_libraries(\${s} PRIVATE idem::core idem::sqlite idem::embedded idem::postgres idem::redis
                         idem::http idem::httplib idem::redis_streams idem::amqp idem::kafka idem::open idem::testing
                         GTest::gtest)
@@ -100,17 +107,27 @@ CM
 
 # 3. Install, configure once, build all (going on past failures).
 cmake --install "$BUILD" --prefix "$T/prefix" >/dev/null
-cmake -S "$T/p" -B "$T/b" -G Ninja -DCMAKE_PREFIX_PATH="$T/prefix" >"$T/configure.log" 2>&1 ||
-  { cat "$T/configure.log" >&2; echo "the snippets' project does not configure against the installed idem" >&2; exit 1; }
-cmake --build "$T/b" -- -k 0 >"$T/build.log" 2>&1 || true
 failed=0
-for s in "${all[@]}"; do
-  if [ ! -x "$T/b/$s" ]; then
-    echo "FAILED $(where "$s"): this \`\`\`cpp block does not compile or link:" >&2
-    cmake --build "$T/b" --target "$s" 2>&1 | grep -v '^\[\|^ninja: build stopped\|^FAILED: ' | sed 's/^/  /' >&2 || true
-    failed=$((failed + 1))
-  fi
-done
+# build DIR [CMAKE ARGS...]: configure the project in DIR and build every
+# block; each block that does not compile (or warns) or link is a failure.
+build() {
+  local dir=$1 s
+  shift
+  cmake -S "$T/p" -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$T/prefix" "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log" >&2; echo "the snippets' project does not configure against the installed idem" >&2; exit 1; }
+  cmake --build "$dir" -- -k 0 >"$dir.build.log" 2>&1 || true
+  for s in "${all[@]}"; do
+    if [ ! -x "$dir/$s" ]; then
+      echo "FAILED $(where "$s"): this \`\`\`cpp block does not compile without warnings, or does not link ($(basename "$dir")):" >&2
+      cmake --build "$dir" --target "$s" 2>&1 | grep -v '^\[\|^ninja: build stopped\|^FAILED: ' | sed 's/^/  /' >&2 || true
+      failed=$((failed + 1))
+    fi
+  done
+}
+build "$T/b"
+if command -v clang++ >/dev/null; then
+  build "$T/b-clang" -DCMAKE_CXX_COMPILER=clang++
+fi
 
 # 4. Run the whole programs, each in an empty directory.
 ran=0

@@ -18,19 +18,13 @@
 #include "idem/env.h"
 #include "idem/postgres/store.h"
 #include "idem/testing/kill_points.h"
+#include "util/test_servers.h"
 
 namespace idem::testing {
 
-// The server's URL. A missing server is a failure, never a skip.
-inline std::string PgUrl() {
-  const char* url = std::getenv("IDEM_TEST_PG_URL");
-  if (url == nullptr || *url == '\0') {
-    ADD_FAILURE()
-        << "IDEM_TEST_PG_URL is not set: run the tests with ctest (its fixture starts PostgreSQL) or ./run test";
-    return "postgres://127.0.0.1:1/none";
-  }
-  return url;
-}
+// The server's URL (util/test_servers.h). A missing server is a failure,
+// never a skip.
+inline std::string PgUrl() { return FixtureServerUrl("pg", "postgres://127.0.0.1:1/none"); }
 
 // Runs SQL on the test server as the admin; returns the error text or "".
 inline std::string PgAdmin(const std::string& sql, const std::string& url = PgUrl()) {
@@ -76,15 +70,8 @@ inline std::string FreshSchemaUrl() {
 // whose search_path it is.
 // The pooler's address, as USER to DB.
 inline std::string Pooler(const std::string& user, const std::string& db) {
-  const char* port = std::getenv("IDEM_TEST_PGBOUNCER_PORT");
-#ifdef IDEM_TEST_PGBOUNCER_PORT_BUILT  // the fixture's port, as configured
-  if (port == nullptr || *port == '\0') port = IDEM_TEST_PGBOUNCER_PORT_BUILT;
-#endif
-  if (port == nullptr || *port == '\0') {
-    ADD_FAILURE() << "IDEM_TEST_PGBOUNCER_PORT is not set: run the tests with ctest (its fixture starts pgbouncer)";
-    return "postgres://127.0.0.1:1/none";
-  }
-  return "postgres://" + user + "@127.0.0.1:" + std::string(port) + "/" + db;
+  const int port = UrlPort(FixtureServerUrl("pgbouncer", "postgres://127.0.0.1:1/none"));
+  return "postgres://" + user + "@127.0.0.1:" + std::to_string(port) + "/" + db;
 }
 
 // A role and schema of its own for `key`, whose search_path is that schema,

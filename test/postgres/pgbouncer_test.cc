@@ -215,10 +215,8 @@ TEST(Pgbouncer, EveryPathWorksThroughATransactionPoolerAndLeavesNoSessionState) 
 // the other holds), and every row goes out once, each key in order.
 TEST(Pgbouncer, APooledRelayAndADirectOneShareTheLanes) {
   const std::string url = PooledDatabase();
-  const char* direct_port = std::getenv("IDEM_TEST_PG_PORT");
-  ASSERT_NE(direct_port, nullptr) << "IDEM_TEST_PG_PORT is not set: run the tests with ctest";
   const std::string direct_url =
-      "postgres://postgres@127.0.0.1:" + std::string(direct_port) + url.substr(url.rfind('/'));
+      "postgres://postgres@127.0.0.1:" + std::to_string(UrlPort(PgUrl())) + url.substr(url.rfind('/'));
   auto pooled = OpenPooled(url);
   ASSERT_NE(pooled, nullptr);
   auto direct = postgres::Store::Open({.url = direct_url, .pool_size = 2});

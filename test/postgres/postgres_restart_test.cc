@@ -16,6 +16,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -30,8 +31,8 @@ class PostgresRestart : public ::testing::Test {
     port_ = p ? p : "25441";
     state_ = dir_.File("pg");
     ASSERT_EQ(std::system((Script() + " start " + state_ + " " + port_ + " >/dev/null").c_str()), 0)
-        << "could not start the test's own PostgreSQL on port " << port_;
-    url_ = "postgres://postgres@127.0.0.1:" + port_ + "/idem_test";
+        << "could not start the test's own PostgreSQL from port " << port_ << " on";
+    url_ = StartedServerUrl(state_);  // the first free port from port_ on
   }
   void TearDown() override { (void)std::system((Script() + " stop " + state_ + " 2>/dev/null").c_str()); }
 

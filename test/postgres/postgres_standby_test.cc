@@ -16,6 +16,7 @@
 #include "idem/inbox.h"
 #include "idem/postgres/store.h"
 #include "postgres/pg_test_util.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -44,20 +45,22 @@ std::string Value1(const std::string& url, const std::string& sql) {
 
 class PostgresStandby : public ::testing::Test {
  protected:
-  // A primary at `port` (and a streaming standby at port + 1).
+  // A primary at the first free port from `port` on (and a streaming
+  // standby at the first free one after it).
   void Start(int port, bool with_standby) {
     primary_ = dir_.File("primary");
     ASSERT_EQ(std::system((Script() + " start " + primary_ + " " + std::to_string(port) + " >/dev/null").c_str()), 0)
-        << "could not start the test's own PostgreSQL on port " << port;
-    primary_url_ = "postgres://postgres@127.0.0.1:" + std::to_string(port) + "/idem_test";
+        << "could not start the test's own PostgreSQL from port " << port << " on";
+    primary_url_ = StartedServerUrl(primary_);
     if (!with_standby) return;
     standby_ = dir_.File("standby");
-    ASSERT_EQ(std::system(
-                  (Script() + " standby " + standby_ + " " + primary_ + " " + std::to_string(port + 1) + " >/dev/null")
-                      .c_str()),
-              0)
-        << "could not start a standby on port " << port + 1;
-    standby_url_ = "postgres://postgres@127.0.0.1:" + std::to_string(port + 1) + "/idem_test";
+    const int next = UrlPort(primary_url_) + 1;
+    ASSERT_EQ(
+        std::system(
+            (Script() + " standby " + standby_ + " " + primary_ + " " + std::to_string(next) + " >/dev/null").c_str()),
+        0)
+        << "could not start a standby from port " << next << " on";
+    standby_url_ = StartedServerUrl(standby_);
   }
   void TearDown() override {
     if (receiver_ > 0) ::kill(receiver_, SIGCONT);

@@ -26,20 +26,14 @@
 #include <vector>
 
 #include "redis/client.h"
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
 
-// The server's URL. A missing server is a failure, never a skip.
-inline std::string RedisUrl() {
-  const char* url = std::getenv("IDEM_TEST_REDIS_URL");
-  if (url == nullptr || *url == '\0') {
-    ADD_FAILURE() << "IDEM_TEST_REDIS_URL is not set: run the tests with ctest (its fixture starts redis-server) "
-                     "or ./run test";
-    return "redis://127.0.0.1:1";
-  }
-  return url;
-}
+// The server's URL (util/test_servers.h). A missing server is a failure,
+// never a skip.
+inline std::string RedisUrl() { return FixtureServerUrl("redis", "redis://127.0.0.1:1"); }
 
 // "host:port" of the test server.
 inline std::string RedisAddress() {
@@ -47,25 +41,13 @@ inline std::string RedisAddress() {
   return ep.ok() ? ep->Address() : "?";
 }
 
-// A key prefix no other test (or earlier run) has used.
-inline std::string UniquePrefix() {
-  static std::atomic<int> counter{0};
-  std::random_device rd;
-  return "idem-test:" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-         std::to_string(::time(nullptr)) + "-" + std::to_string(rd()) + ":";
-}
+// A key prefix no other test (or earlier run) has used (util/test_servers.h).
+inline std::string UniquePrefix() { return UniqueServerName("idem-test:") + ":"; }
 
 // The prefix of `dir`'s store: made unique at the first open and kept in a
 // file in the directory, so that later opens of the same dir (in this process
 // or a forked one) see the same keys and no other dir does.
-inline std::string PrefixFor(const TempDir& dir) {
-  const std::string file = dir.File("redis-prefix");
-  std::string prefix;
-  if (std::ifstream in(file); in && std::getline(in, prefix) && !prefix.empty()) return prefix;
-  prefix = UniquePrefix();
-  std::ofstream(file) << prefix << "\n";
-  return prefix;
-}
+inline std::string PrefixFor(const TempDir& dir) { return ServerNameFor(dir, "idem-test:") + ":"; }
 
 // Runs one command on the test server (or `url`) on a fresh connection.
 // Returns the reply as text: a string/status as is, an integer in decimal,
@@ -133,7 +115,8 @@ inline int FreeLocalPort() {
 // the PATH), in a session of its own, stopped by its PID.
 class OwnRedis {
  public:
-  explicit OwnRedis(int port) : port_(port) {}
+  // On the first free port from `port` on.
+  explicit OwnRedis(int port) : port_(FirstFreePort(port)) {}
   ~OwnRedis() { Stop(); }
   OwnRedis(const OwnRedis&) = delete;
   OwnRedis& operator=(const OwnRedis&) = delete;

@@ -11,7 +11,8 @@
 // doc/ (IDEM_LIVE_SCREENSHOTS names the folder they are written to).
 //
 // Environment: IDEM_BINARY (the idem command), IDEM_WEB_PORT and
-// IDEM_CHROMEDRIVER_PORT (ports on 127.0.0.1, set by CMake).
+// IDEM_CHROMEDRIVER_PORT (the first ports tried on 127.0.0.1, set by CMake:
+// each takes the first free one from there on).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -32,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "util/test_servers.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -179,8 +181,10 @@ class LiveViewTest : public ::testing::Test {
   void SetUp() override {
     idem_ = Env("IDEM_BINARY");
     ASSERT_FALSE(idem_.empty()) << "IDEM_BINARY is not set";
-    web_port_ = std::atoi(Env("IDEM_WEB_PORT", "28431").c_str());
-    driver_port_ = std::atoi(Env("IDEM_CHROMEDRIVER_PORT", "28432").c_str());
+    web_port_ = idem::testing::FirstFreePort(std::atoi(Env("IDEM_WEB_PORT", "28431").c_str()));
+    driver_port_ = idem::testing::FirstFreePort(
+        std::max(web_port_ + 1, std::atoi(Env("IDEM_CHROMEDRIVER_PORT", "28432").c_str())));
+    std::printf("live view on 127.0.0.1:%d, chromedriver on 127.0.0.1:%d\n", web_port_, driver_port_);
     shots_ = Env("IDEM_LIVE_SCREENSHOTS", dir_.path().c_str());
     driver_ = std::make_unique<Child>(std::vector<std::string>{Env("IDEM_CHROMEDRIVER", "/usr/bin/chromedriver"),
                                                                "--port=" + std::to_string(driver_port_)},

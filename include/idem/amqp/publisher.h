@@ -35,14 +35,14 @@ class Publisher : public ::idem::Publisher {
   struct Options {
     // "amqp://user:password@host:port/vhost", as for Source::Options::url.
     // Required.
-    std::string url;
+    std::string url{};
     // The routing key Publish(message) uses: with the default exchange, the
     // queue's name. Empty: Publish(message) is kInvalidArgument (use
     // Publish(routing_key, message)). Default: empty.
-    std::string queue;
+    std::string queue{};
     // Exchange to publish to. Empty: the default exchange (routing key =
     // queue name). Default: empty.
-    std::string exchange;
+    std::string exchange{};
     // Declare `queue` (durable, not exclusive, not auto-delete, of
     // queue_type) on every connect, as Source::Options::declare_queue does.
     // Default: false.

@@ -98,10 +98,10 @@ using ::idem::kProducerTimeHeader;
 // A parsed "amqp://user:password@host:port/vhost" (percent-escapes decoded;
 // "/%2f" or no path is the vhost "/"). Defaults: guest:guest, port 5672.
 struct Endpoint {
-  std::string host;
+  std::string host{};
   int port = 5672;
-  std::string user;
-  std::string password;
+  std::string user{};
+  std::string password{};
   std::string vhost = "/";
   // "host:port" (what error messages name; never the password).
   std::string Where() const;
@@ -113,15 +113,15 @@ class Source : public idem::Source {
  public:
   struct Options {
     // "amqp://user:password@host:port/vhost". Required. amqps is not supported.
-    std::string url;
+    std::string url{};
     // The queue to consume from. Required.
-    std::string queue;
+    std::string queue{};
     // basic.qos prefetch count: unacknowledged deliveries at most. 1..65535.
     // Default: 100.
     int prefetch = 100;
     // When a message has no message-id property, take the id from this header
     // (a string or integer value). Empty: no fallback. Default: empty.
-    std::string id_header;
+    std::string id_header{};
     // Declare the queue (durable, not exclusive, not auto-delete) on every
     // connect. Off for a queue that someone else declares with other
     // arguments. Default: true.

@@ -49,7 +49,7 @@ class Queue : public Source, public Publisher {
  public:
   struct Options {
     // The queue's file. Its directory must exist. Required.
-    std::string path;
+    std::string path{};
     // The queue's name inside the file (several queues may share one file).
     // Default: "default".
     std::string queue = "default";
@@ -70,7 +70,7 @@ class Queue : public Source, public Publisher {
     // The SQLite VFS to open the file through, as idem::sqlite::Options::vfs
     // ("idem-fault" for fault injection in tests). Default (empty): SQLite's
     // default.
-    std::string vfs;
+    std::string vfs{};
   };
 
   // kInvalidArgument naming the field for an empty path or queue, lease_ms

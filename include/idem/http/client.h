@@ -43,8 +43,8 @@ using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 struct Response {
   int status = 0;
-  std::multimap<std::string, std::string> headers;
-  std::string body;
+  std::multimap<std::string, std::string> headers{};
+  std::string body{};
   int attempts = 0;       // requests sent, the answered one included
   bool replayed = false;  // Idempotent-Replayed: true
   // The first value of a header (names compared case-insensitively); "" if absent.
@@ -58,19 +58,19 @@ class Client {
     // Ports default to 80 and 443. A base path is put in front of every
     // request's path: "http://127.0.0.1:8080/api/v1" and Post("/charges")
     // request /api/v1/charges. No query, fragment or user info.
-    std::string base_url;
+    std::string base_url{};
     // Sent as "Authorization: Bearer <bearer>" when not empty.
-    std::string bearer;
+    std::string bearer{};
     // Sent with every request (see HeaderList for what is refused at Open).
     // Default: none.
-    HeaderList headers;
+    HeaderList headers{};
     // https only: the server's certificate is always verified, chain and host
     // name (there is no option to turn that off). The CAs trusted: those of
     // `ca_file` (a PEM bundle) if set, else those of `ca_dir` (a directory of
     // hashed CA certificates, c_rehash) if set, else (the default) the
     // system's default CAs.
-    std::string ca_file;
-    std::string ca_dir;
+    std::string ca_file{};
+    std::string ca_dir{};
     // Tries per request, the first included. Default: 6.
     int max_attempts = 6;
     // Backoff before retry n: base * 2^(n-1), at most max, plus up to 25%

@@ -90,11 +90,11 @@ struct Refusal {
   // "invalid-request", "idempotency-key-reused", "request-in-progress",
   // "lease-lost", "too-many-keys", "store-unavailable", "commit-failed",
   // "handler-failed", "stored-response-corrupt".
-  std::string_view type;
-  std::string_view title;  // a short human title ("Idempotency-Key reused")
-  std::string detail;      // what happened and what to do
+  std::string_view type{};
+  std::string_view title{};  // a short human title ("Idempotency-Key reused")
+  std::string detail{};      // what happened and what to do
   // Whether a retry can help: "same-key", "new-key" or "no".
-  std::string_view retry;
+  std::string_view retry{};
 };
 // Writes a refusal's body (and may change its status). The middleware has
 // set the status, Retry-After where there is one, and
@@ -157,10 +157,10 @@ struct RoutePolicy {
   // through again). Checks that need no transaction belong here: a
   // handler's own 4xx comes after the claim, and under group commit it
   // rolls its group back to run again without it (Counters::group_reruns).
-  Validator validate;
+  Validator validate{};
   // Optional: the shape of the middleware's refusals on this route (see
   // StripeErrors). Default (empty): Options::problem_base's problem+json.
-  RefusalWriter refusals;
+  RefusalWriter refusals{};
 };
 
 // During a route's handler: the claim it runs under (for handlers that fence
@@ -176,7 +176,7 @@ class Idempotency {
     // response advertises it in Idempotency-Key-Retention (seconds).
     Claims* claims = nullptr;
     // Required: who is calling (see BearerKeys).
-    Authenticator authenticate;
+    Authenticator authenticate{};
     // Larger bodies get 413 before anything is stored. Default: 1 MiB. The
     // body is read before the middleware runs: also give the server the
     // limit (cpp-httplib: set_payload_max_length) so that a larger
@@ -207,7 +207,7 @@ class Idempotency {
     int group_committers = 1;
     // Optional: one line per request (method, path, key, outcome, status)
     // for logs. Client text in it is quoted and escaped (Printable).
-    std::function<void(const std::string& line)> log;
+    std::function<void(const std::string& line)> log{};
     // Optional: told each guarded request's outcome when it is answered
     // (idem/observer.h; consumer is the scope, message_id the key):
     // kClaimStarted then kClaimCompleted for a first execution stored,

@@ -59,18 +59,18 @@ bool EqualsIgnoringCase(std::string_view a, std::string_view b);
 
 // A request as the middleware sees it.
 struct Request {
-  std::string method;  // "POST"
-  std::string path;    // the request target as received ("/charges?x=1"), for logs
-  Headers headers;
-  std::string body;
+  std::string method{};  // "POST"
+  std::string path{};    // the request target as received ("/charges?x=1"), for logs
+  Headers headers{};
+  std::string body{};
 };
 
 // A response: what a handler writes, what the middleware answers with, and
 // (its end-to-end part) what it stores and replays.
 struct Answer {
   int status = 200;
-  Headers headers;
-  std::string body;
+  Headers headers{};
+  std::string body{};
 
   // Sets the body and its Content-Type.
   void SetBody(std::string content, std::string_view content_type);

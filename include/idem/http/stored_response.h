@@ -22,8 +22,8 @@ namespace idem::http {
 // The stored form of a response.
 struct StoredResponse {
   int status = 0;
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::string body{};
 };
 std::string Encode(const StoredResponse& r);
 Result<StoredResponse> Decode(std::string_view bytes);

@@ -78,8 +78,8 @@ Result<WebhookScheme> ParseWebhookScheme(std::string_view name);
 
 // A delivery whose signature verified.
 struct WebhookEvent {
-  std::string id;            // the sender's event id
-  std::string type;          // the event's type where the scheme names one ("" otherwise)
+  std::string id{};          // the sender's event id
+  std::string type{};        // the event's type where the scheme names one ("" otherwise)
   int64_t timestamp_s = -1;  // the signed timestamp, in Unix seconds (-1: the scheme signs none)
 };
 
@@ -89,7 +89,7 @@ class WebhookVerifier {
     WebhookScheme scheme = WebhookScheme::kStandard;
     // The secrets any of which may have signed (more than one while a
     // secret is rotated): see the schemes above. At least one.
-    std::vector<std::string> secrets;
+    std::vector<std::string> secrets{};
     // How far a signed timestamp may be from now, either way. Default: 5 min.
     int64_t tolerance_ms = 5 * 60 * 1000;
     // The clock now is read from. Default: Env::Default().
@@ -135,14 +135,14 @@ struct WebhookCounters {
 class WebhookReceiver {
  public:
   struct Options {
-    WebhookVerifier::Options verify;
+    WebhookVerifier::Options verify{};
     // The consumer name of the events' markers. Default: "webhooks".
     std::string consumer = "webhooks";
     // How long markers are kept (Purge). Default: 7 days.
     int64_t retention_ms = 7LL * 24 * 3600 * 1000;
     // Where the enqueue form publishes (Publisher::Publish's destination;
     // "" for the publisher's own).
-    std::string destination;
+    std::string destination{};
     // Optional: told each delivery's outcome (as the Inbox tells it).
     Observer* observer = nullptr;
     // Group commit: deliveries that arrive while one transaction commits

@@ -116,7 +116,7 @@ struct SourceStats {
 
 // The receipt, decoded. Exposed for tests and tools.
 struct Receipt {
-  std::string topic;
+  std::string topic{};
   int32_t partition = 0;
   int64_t offset = 0;
   uint64_t assignment = 0;
@@ -129,11 +129,11 @@ class Source final : public ::idem::Source {
  public:
   struct Options {
     // Bootstrap brokers, "host:port,host:port". Required.
-    std::string brokers;
+    std::string brokers{};
     // The topic to consume. Required.
-    std::string topic;
+    std::string topic{};
     // The consumer group (group.id). Required.
-    std::string group;
+    std::string group{};
     // The record header that carries the message id. Default: "id".
     std::string id_header = "id";
     // Take the id from the record key when the header is missing.
@@ -169,11 +169,11 @@ class Source final : public ::idem::Source {
     // Called on assignment for each newly assigned partition: the offset to
     // start from, or nullopt for Kafka's committed offset. Runs inside a poll
     // (Receive's, or the keeper's). Default: none (committed offsets).
-    std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset;
+    std::function<std::optional<int64_t>(std::string_view topic, int32_t partition)> start_offset{};
     // Extra librdkafka configuration properties, applied last (so they may
     // override the above; enable.auto.commit and enable.auto.offset.store are
     // forced off after them). Default: none.
-    std::vector<std::pair<std::string, std::string>> config;
+    std::vector<std::pair<std::string, std::string>> config{};
     // Clock for nack delays. Default: Env::Default().
     Env* env = nullptr;
     // When > 0, Open asks the cluster for its metadata and waits up to this
@@ -244,7 +244,7 @@ struct ProduceOptions {
   int32_t partition = -1;
   // The record key; nullopt: the message id (so every copy of a message
   // lands in one partition, in order). Default: nullopt.
-  std::optional<std::string> key;
+  std::optional<std::string> key{};
 };
 
 // The producer's end of a topic: writes messages as records, payload as
@@ -258,16 +258,16 @@ class Publisher final : public ::idem::Publisher {
  public:
   struct Options {
     // Bootstrap brokers, "host:port,...". Required.
-    std::string brokers;
+    std::string brokers{};
     // The topic Publish and Produce write to. Empty: they are
     // kInvalidArgument, and PublishBatch needs a destination per message.
-    std::string topic;
+    std::string topic{};
     // The header that carries the message id. Default: "id".
     std::string id_header = "id";
     // acks: "all", "1" or "0". Default: "all".
     std::string acks = "all";
     // Extra librdkafka properties, applied last. Default: none.
-    std::vector<std::pair<std::string, std::string>> config;
+    std::vector<std::pair<std::string, std::string>> config{};
     // As Source::Options::connect_timeout_ms: when > 0, Open fails with
     // Code::kUnavailable unless a broker answers a metadata request within
     // this long. Default: 0 (lazily).

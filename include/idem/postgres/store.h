@@ -32,7 +32,7 @@ class Store {
     // (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...). A URL may also
     // carry idem's own keys (see ParseUrl), which Open takes out before libpq
     // sees the URL. Default: "".
-    std::string url;
+    std::string url{};
     // Idle connections kept for reuse. More are opened under load and closed
     // when returned: size it to the threads that use the store at once, or
     // every call past it pays a new connection. >= 1. Default: 8.

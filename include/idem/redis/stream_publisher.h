@@ -33,10 +33,10 @@ class StreamPublisher : public Publisher {
  public:
   struct Options {
     // "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]", no query. Required.
-    std::string url;
+    std::string url{};
     // The stream's key: Channel(), where Publish appends. Empty: Publish is
     // kInvalidArgument, PublishBatch needs a destination per message.
-    std::string stream;
+    std::string stream{};
     // The entry fields for the message id and the payload: the same as the
     // consumers' StreamSource::Options. Defaults: "id", "payload".
     std::string id_field = "id";

@@ -110,19 +110,19 @@ class StreamSource : public Source {
  public:
   struct Options {
     // "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]", no query. Required.
-    std::string url;
+    std::string url{};
     // The stream's key. Required.
-    std::string stream;
+    std::string stream{};
     // The consumer group's name. Required (ParseUrl: "idem" when the URL
     // names none).
-    std::string group;
+    std::string group{};
     // This handle's consumer name in the group. Recommended for services: a
     // stable name per process slot (see "Consumer names" above), which a
     // restart reuses. Default (empty): a new name per handle,
     // "idem-<hostname>-<pid>-<random>", removed from the group at a clean stop
     // with nothing pending (a crashed handle's name stays behind: remove it
     // with XGROUP DELCONSUMER once XPENDING shows nothing under it).
-    std::string consumer;
+    std::string consumer{};
     // The entry fields that hold the message id and the payload. Neither may
     // be empty, equal to the other, a producer time name or start with
     // "header:". Defaults: "id", "payload".

@@ -37,7 +37,7 @@ class Store {
  public:
   struct Options {
     // The database file. Its directory must exist. Required (no default).
-    std::string path;
+    std::string path{};
     // Durability of each commit. Default: kFull, so an acknowledgement sent
     // after commit never refers to a commit that a power cut can undo.
     Synchronous synchronous = Synchronous::kFull;
@@ -82,7 +82,7 @@ class Store {
     // and `idem chaos` (idem/testing/fault_vfs.h: FaultVfs::Install()
     // registers it), never for production. Default: empty, SQLite's default
     // VFS.
-    std::string vfs;
+    std::string vfs{};
     // With synchronous FULL: a commit's WAL frames go to the file in one write
     // instead of two per page (its header, then the page), through a thin VFS
     // layer over `vfs` (src/sqlite_driver/batched_wal.h says when the gathered bytes

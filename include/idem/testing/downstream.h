@@ -40,9 +40,9 @@ namespace idem::testing {
 class FakeDownstream {
  public:
   struct Record {
-    std::string key;  // "" when the caller sent none
-    std::string request;
-    std::string response;
+    std::string key{};  // "" when the caller sent none
+    std::string request{};
+    std::string response{};
     bool effect = false;  // this call did the work (not a replay)
   };
   // The fault for calls from now on, counted from 1 in this process.

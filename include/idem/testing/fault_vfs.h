@@ -91,7 +91,7 @@ class FaultVfs {
   };
   struct Config {
     bool power_loss = false;
-    std::optional<Fault> fault;  // none: nothing fails
+    std::optional<Fault> fault{};  // none: nothing fails
   };
   struct Counters {
     // Operations seen on database, WAL and journal files.

@@ -101,12 +101,12 @@ struct Subject {
   std::string name = "handler";
   // Exactly one of these three.
   // A Handler, run through an Inbox.
-  std::function<Handler(Context&)> handler;
+  std::function<Handler(Context&)> handler{};
   // A CallFirst, run through an Inbox: its calls first, then its apply.
-  std::function<CallFirst(Context&)> call_first;
+  std::function<CallFirst(Context&)> call_first{};
   // Your whole consumer: called with each delivery; return OK when the
   // delivery may be acknowledged, an error when it must come again.
-  std::function<std::function<Status(const Message&)>(Context&)> consumer;
+  std::function<std::function<Status(const Message&)>(Context&)> consumer{};
 };
 
 enum class Scenario {
@@ -131,29 +131,29 @@ struct Failure {
   Scenario scenario = Scenario::kTwice;
   // What happened, in words: "killed at inbox.after_work on delivery 1 of
   // m-2, then delivered again".
-  std::string what;
+  std::string what{};
   // The message whose delivery first showed it (empty: seen at the end).
-  std::string message_id;
+  std::string message_id{};
   // The state expected (the clean run's) and found, and their difference:
   // lines only expected ("- ...") and lines only found ("+ ...").
-  std::vector<std::string> expected, found, diff;
+  std::vector<std::string> expected{}, found{}, diff{};
 };
 
 struct Report {
-  std::string subject;
-  std::string store_kind;  // "sqlite", "postgres"
+  std::string subject{};
+  std::string store_kind{};  // "sqlite", "postgres"
   // The clean run's own problems (a delivery that was never acknowledged):
   // nothing is compared when it has any.
-  std::vector<std::string> clean_errors;
-  std::vector<Failure> failures;
+  std::vector<std::string> clean_errors{};
+  std::vector<Failure> failures{};
   // Scenarios run, and those left out with the reason.
-  std::vector<Scenario> ran;
-  std::vector<std::string> skipped;
+  std::vector<Scenario> ran{};
+  std::vector<std::string> skipped{};
   // What this store cannot show, and where to look instead. On SQLite
   // (writers run one at a time): a read-then-write without a lock, and a
   // write through a second connection ("database is locked" in the clean
   // run); both show on PostgreSQL (Options::store_url).
-  std::vector<std::string> notes;
+  std::vector<std::string> notes{};
   int64_t deliveries = 0;  // handler deliveries made, in every process
 
   bool ok() const { return clean_errors.empty() && failures.empty(); }
@@ -167,20 +167,20 @@ class Harness {
   struct Options {
     // The business tables: statements run in one transaction on each fresh
     // store before anything is delivered.
-    std::vector<std::string> schema;
+    std::vector<std::string> schema{};
     // The state to compare: a query on the run's store (each row one line,
     // "column=value" pairs) ...
-    std::string state_query;
+    std::string state_query{};
     // ... and/or a function of yours (a second database, a file). With
     // both, the lines of both. The fake downstream's effects are always
     // added ("downstream: <request> key=<key>", one line per effect).
-    std::function<Result<State>(Context&)> state;
+    std::function<Result<State>(Context&)> state{};
     // The scenarios to run. Default: all of them.
     std::vector<Scenario> scenarios = AllScenarios();
     // Where the throwaway stores live: "" for a temporary SQLite file per run
     // (removed afterwards), or a PostgreSQL URL (a fresh schema per run;
     // TempPostgres in idem/testing/throwaway.h starts a server).
-    std::string store_url;
+    std::string store_url{};
     // The Inbox's consumer name. Default: "test".
     std::string consumer = "test";
     // How far the clock moves when a scenario lets time pass (a crashed

@@ -69,7 +69,7 @@ class MemorySource final : public Source {
 
  private:
   struct Entry {
-    Message message;
+    Message message{};
     int attempts = 0;
     uint64_t receipt = 0;       // the current delivery's; 0: not out
     int64_t visible_at_ms = 0;  // not before this

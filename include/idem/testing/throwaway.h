@@ -72,7 +72,7 @@ class TempPostgres {
   struct Options {
     // Where initdb and postgres are: "" to look in $PATH, then under
     // /usr/lib/postgresql/*/bin (Debian's packages), newest first.
-    std::string bin_dir;
+    std::string bin_dir{};
     // The port: 0 for a free one, chosen from 20000..32767.
     int port = 0;
     // The system user the server runs as when the test runs as root
