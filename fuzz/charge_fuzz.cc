@@ -15,6 +15,7 @@
 
 #include "charge.h"
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
 #include "idem/url.h"
 
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
 
 namespace {
 

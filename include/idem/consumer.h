@@ -32,21 +32,12 @@
 #ifndef IDEM_CONSUMER_H_
 #define IDEM_CONSUMER_H_
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <span>
 #include <string>
-#include <string_view>
-#include <unordered_map>
-#include <unordered_set>
-#include <vector>
 
 #include "idem/call_first.h"
-#include "idem/env.h"
 #include "idem/id_from.h"
 #include "idem/inbox.h"
 #include "idem/result.h"
@@ -55,6 +46,8 @@
 #include "idem/status.h"
 
 namespace idem {
+
+class Env;
 
 struct ConsumerStats {
   uint64_t received = 0;
@@ -142,73 +135,17 @@ class Consumer {
   // will not start a worker thread (the workers already started stop first).
   Status Run();
   // Asks Run() to return. Async-signal-safe.
-  void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
-  bool stopping() const noexcept { return stop_.load(std::memory_order_relaxed); }
+  void Stop() noexcept;
+  bool stopping() const noexcept;
 
   // The counters so far, each read atomically (not one snapshot of all);
   // callable from any thread while Run() runs.
   ConsumerStats stats() const;
 
  private:
-  Consumer(Source& source, Inbox& inbox, Handler handler, const Options& options);
-  Consumer(Source& source, Inbox& inbox, CallFirst handler, const Options& options);
-
-  // A failure recorded for a message id within the batch being settled.
-  struct BatchFailure {
-    int attempts = 0;
-    bool dead_lettered = false;
-  };
-  using BatchFailures = std::unordered_map<std::string, BatchFailure>;
-
-  // What a worker holds while its handlers run, for the lease keeper.
-  struct Held {
-    std::mutex mu;
-    const std::vector<Delivery>* deliveries = nullptr;  // guarded by mu
-    int64_t renewed_at_ms = 0;                          // guarded by mu
-  };
-
-  void Work(Held* held);
-  // Renews the leases of what the workers hold until Run() ends.
-  void KeepLeases(std::vector<std::unique_ptr<Held>>* held);
-  std::vector<Outcome> HandleAll(std::span<const Message> messages);
-  // `batch_failures`: failures already recorded in this batch, so that copies
-  // of one message in one batch count one failure, not one each.
-  void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr);
-  // Drain mode: whether a worker whose Receive began at `receive_started_ms`
-  // and found nothing may return.
-  bool IdleDone(int64_t receive_started_ms);
-  void NoteRetryDue(int64_t due_ms);
-  // A delivery past max_deliveries: dead-lettered (or acked, if applied);
-  // false when it must be handled after all (it is in progress).
-  bool SettleCrashLoop(const Delivery& d);
-  // Records an in-progress outcome and gives the delivery back.
-  void SettleInProgress(const Delivery& d, const Outcome& o);
-  // Records a rejection (dead letter) and acknowledges.
-  void SettleRejected(const Delivery& d, const Outcome& o);
-  void Ack(const Delivery& d);
-  // Tells the Inbox's observer (Inbox::Options::observer), if any.
-  void Emit(EventKind kind, const Delivery& d, std::string_view detail = {}, int64_t handler_us = -1);
-
-  Source& source_;
-  Inbox& inbox_;
-  Handler handler_;
-  std::optional<CallFirst> call_first_;
-  Options options_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
-  std::atomic<uint64_t> in_progress_{0}, parked_{0}, rejected_{0}, leases_extended_{0}, lease_errors_{0};
-  // Wakes the lease keeper when Run() ends.
-  std::mutex keeper_mu_;
-  std::condition_variable keeper_cv_;
-  bool keeper_done_ = false;  // guarded by keeper_mu_
-  // Workers between a non-empty Receive and the end of its Settle.
-  std::atomic<int> busy_{0};
-  // The latest time a message this consumer nacked becomes visible again.
-  std::atomic<int64_t> retry_due_ms_{0};
-  // Ids whose failure this process recorded and that are not yet cleared:
-  // their count must be cleared when a copy applies, whatever its attempt.
-  std::mutex failed_mu_;
-  std::unordered_set<std::string> failed_ids_;
+  struct Impl;  // the workers, the lease keeper and the counters (consumer.cc)
+  explicit Consumer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Makes SIGINT and SIGTERM call consumer->Stop() (idem/signals.h: other

@@ -19,7 +19,6 @@
 #ifndef IDEM_INBOX_H_
 #define IDEM_INBOX_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,10 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "idem/env.h"
 #include "idem/message.h"
 #include "idem/observer.h"
-#include "idem/prefilter.h"
 #include "idem/result.h"
 #include "idem/status.h"
 #include "idem/store.h"
@@ -39,6 +36,11 @@
 namespace idem {
 
 class CallFirst;
+class DuplicateFilter;
+class Env;
+namespace internal {
+struct InboxGate;
+}  // namespace internal
 
 // The handler: the business work for one message, written against the
 // transaction that also holds the marker. Return OK to commit; return an error
@@ -89,7 +91,7 @@ struct InboxCounters {
   uint64_t duplicates = 0;
   uint64_t conflicts = 0;
   uint64_t failures = 0;       // handler failures and store errors (not kAborted: a stopping consumer's)
-  uint64_t dead_lettered = 0;  // counted by Consumer through NoteDeadLetter
+  uint64_t dead_lettered = 0;  // dead-lettered by a Consumer running this Inbox
   uint64_t in_progress = 0;    // not applied because a step is in progress (not failures)
   uint64_t rejected = 0;       // the handler said Status::Rejected (not in failures)
 };
@@ -132,6 +134,7 @@ class Inbox {
   // With the default options (valid by construction). `store` must outlive
   // the Inbox.
   explicit Inbox(Store& store);
+  ~Inbox();
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
 
@@ -160,47 +163,19 @@ class Inbox {
 
   InboxCounters counters() const;
   // Options::observer (null: none).
-  Observer* observer() const { return options_.observer; }
-  void NoteDeadLetter() { dead_lettered_.fetch_add(1, std::memory_order_relaxed); }
+  Observer* observer() const;
 
-  const std::string& consumer() const { return options_.consumer; }
-  Store& store() { return store_; }
-  Env* env() const { return options_.env; }
+  const std::string& consumer() const;
+  Store& store();
+  Env* env() const;
 
  private:
-  struct Attempt {
-    std::optional<size_t> failed{};  // the message whose handler failed
-    Status status{};                 // its error
-  };
-  // One transaction over the messages not excluded; stops at the first
-  // handler failure (rolled back) and says which.
-  Attempt TryBatch(std::span<const Message> messages, const Handler& handler, const std::vector<bool>& excluded,
-                   std::vector<Outcome>& out);
-  // After a commit reported kInDoubt: reads the markers of the messages whose
-  // handler ran back, to learn whether the commit happened. Returns true
-  // when every one of them was found (the batch committed).
-  bool ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
-                      std::vector<Outcome>& outcomes, const Status& s);
-  void Count(const Outcome& o);
-  // Tells Options::observer each outcome.
-  void Notify(std::span<const Message> messages, const std::vector<Outcome>& out);
-  // Validation and the pre-filter, before any transaction: fills `out` for
-  // the messages it answers and excludes them. False when nothing can run
-  // (every outcome is filled).
-  bool Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
-             std::vector<bool>& excluded);
-  // Transactions over the messages not excluded, until every handler that
-  // fails has been left out (see HandleBatch).
-  void Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
-             std::vector<Outcome>& out);
+  friend struct internal::InboxGate;
+  struct Impl;  // the options, the store, the counters and the steps (inbox.cc)
 
   Inbox(Store& store, const Options& options);
 
-  Store& store_;
-  Options options_;
-  const std::string write_lock_id_;  // store_.WriteLockId(), read once
-  std::atomic<uint64_t> applied_{0}, duplicates_{0}, conflicts_{0}, failures_{0}, dead_lettered_{0};
-  std::atomic<uint64_t> in_progress_{0}, rejected_{0};
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace idem

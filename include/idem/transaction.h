@@ -26,6 +26,11 @@
 
 namespace idem {
 
+class StoreTransaction;
+namespace internal {
+struct TransactionGate;
+}  // namespace internal
+
 // A SQL parameter or column value.
 struct Blob {
   std::string bytes{};
@@ -104,6 +109,12 @@ class Transaction {
 
  protected:
   Transaction() = default;
+
+ private:
+  friend struct internal::TransactionGate;
+  // The store transaction this is (StoreTransaction overrides it), for the
+  // library only (Outbox::Add). Null for any other Transaction.
+  virtual StoreTransaction* store_transaction() { return nullptr; }
 };
 
 }  // namespace idem

@@ -2,17 +2,27 @@
 #include "idem/consumer.h"
 #include "core/kill_point.h"
 
+#include "idem/env.h"
+#include "idem/observer.h"
+
 #include "core/backoff.h"
+#include "core/gate.h"
 #include "core/handler_scope.h"
 #include "core/saturating.h"
 #include "core/signal_stop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace idem {
@@ -22,18 +32,93 @@ namespace {
 thread_local const std::atomic<bool>* t_stop_flag = nullptr;
 }  // namespace
 
+// The runner's state and workers, out of the header.
+struct Consumer::Impl {
+  Impl(Source& source, Inbox& inbox, Handler handler, const Options& options);
+  Impl(Source& source, Inbox& inbox, CallFirst handler, const Options& options);
+
+  Status Run();
+  void Stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+  bool stopping() const noexcept { return stop_.load(std::memory_order_relaxed); }
+  ConsumerStats stats() const;
+
+  // A failure recorded for a message id within the batch being settled.
+  struct BatchFailure {
+    int attempts = 0;
+    bool dead_lettered = false;
+  };
+  using BatchFailures = std::unordered_map<std::string, BatchFailure>;
+
+  // What a worker holds while its handlers run, for the lease keeper.
+  struct Held {
+    std::mutex mu;
+    const std::vector<Delivery>* deliveries = nullptr;  // guarded by mu
+    int64_t renewed_at_ms = 0;                          // guarded by mu
+  };
+
+  void Work(Held* held);
+  // Renews the leases of what the workers hold until Run() ends.
+  void KeepLeases(std::vector<std::unique_ptr<Held>>* held);
+  std::vector<Outcome> HandleAll(std::span<const Message> messages);
+  // `batch_failures`: failures already recorded in this batch, so that copies
+  // of one message in one batch count one failure, not one each.
+  void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr);
+  // Drain mode: whether a worker whose Receive began at `receive_started_ms`
+  // and found nothing may return.
+  bool IdleDone(int64_t receive_started_ms);
+  void NoteRetryDue(int64_t due_ms);
+  // A delivery past max_deliveries: dead-lettered (or acked, if applied);
+  // false when it must be handled after all (it is in progress).
+  bool SettleCrashLoop(const Delivery& d);
+  // Records an in-progress outcome and gives the delivery back.
+  void SettleInProgress(const Delivery& d, const Outcome& o);
+  // Records a rejection (dead letter) and acknowledges.
+  void SettleRejected(const Delivery& d, const Outcome& o);
+  void Ack(const Delivery& d);
+  // Tells the Inbox's observer (Inbox::Options::observer), if any.
+  void Emit(EventKind kind, const Delivery& d, std::string_view detail = {}, int64_t handler_us = -1);
+
+  Source& source_;
+  Inbox& inbox_;
+  Handler handler_;
+  std::optional<CallFirst> call_first_;
+  Options options_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
+  std::atomic<uint64_t> in_progress_{0}, parked_{0}, rejected_{0}, leases_extended_{0}, lease_errors_{0};
+  // Wakes the lease keeper when Run() ends.
+  std::mutex keeper_mu_;
+  std::condition_variable keeper_cv_;
+  bool keeper_done_ = false;  // guarded by keeper_mu_
+  // Workers between a non-empty Receive and the end of its Settle.
+  std::atomic<int> busy_{0};
+  // The latest time a message this consumer nacked becomes visible again.
+  std::atomic<int64_t> retry_due_ms_{0};
+  // Ids whose failure this process recorded and that are not yet cleared:
+  // their count must be cleared when a copy applies, whatever its attempt.
+  std::mutex failed_mu_;
+  std::unordered_set<std::string> failed_ids_;
+};
+
+Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 Consumer::Consumer(Source& source, Inbox& inbox, Handler handler)
-    : Consumer(source, inbox, std::move(handler), Options{}) {}
+    : Consumer(std::make_unique<Impl>(source, inbox, std::move(handler), Options{})) {}
 
 Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler)
-    : Consumer(source, inbox, std::move(handler), Options{}) {}
+    : Consumer(std::make_unique<Impl>(source, inbox, std::move(handler), Options{})) {}
 
-Consumer::Consumer(Source& source, Inbox& inbox, Handler handler, const Options& options)
+Status Consumer::Run() { return impl_->Run(); }
+void Consumer::Stop() noexcept { impl_->Stop(); }
+bool Consumer::stopping() const noexcept { return impl_->stopping(); }
+ConsumerStats Consumer::stats() const { return impl_->stats(); }
+
+Consumer::Impl::Impl(Source& source, Inbox& inbox, Handler handler, const Options& options)
     : source_(source), inbox_(inbox), handler_(std::move(handler)), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
 
-Consumer::Consumer(Source& source, Inbox& inbox, CallFirst handler, const Options& options)
+Consumer::Impl::Impl(Source& source, Inbox& inbox, CallFirst handler, const Options& options)
     : source_(source), inbox_(inbox), call_first_(std::move(handler)), options_(options) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
@@ -59,14 +144,14 @@ Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, H
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
   if (!handler) return Status::InvalidArgument("Consumer::Open: the handler is empty");
-  return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
+  return std::unique_ptr<Consumer>(new Consumer(std::make_unique<Impl>(source, inbox, std::move(handler), options)));
 }
 
 Result<std::unique_ptr<Consumer>> Consumer::Open(Source& source, Inbox& inbox, CallFirst handler,
                                                  const Options& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
   if (!handler.complete()) return Status::InvalidArgument("Consumer::Open: the CallFirst has an empty function");
-  return std::unique_ptr<Consumer>(new Consumer(source, inbox, std::move(handler), options));
+  return std::unique_ptr<Consumer>(new Consumer(std::make_unique<Impl>(source, inbox, std::move(handler), options)));
 }
 
 Consumer::~Consumer() {
@@ -74,7 +159,7 @@ Consumer::~Consumer() {
   internal::DetachFromSignals(this);
 }
 
-Status Consumer::Run() {
+Status Consumer::Impl::Run() {
   if (call_first_ ? !call_first_->complete() : !handler_)
     return Status::InvalidArgument("Consumer: the handler is empty");
   std::vector<std::unique_ptr<Held>> held;
@@ -134,7 +219,7 @@ Status Consumer::Run() {
   return refused;
 }
 
-void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
+void Consumer::Impl::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
   const int64_t lease = source_.lease_ms();
   // Renew once a third of the lease has passed since the last renewal (or
   // the receive), checking six times a lease so a renewal is never late by
@@ -168,7 +253,7 @@ void Consumer::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
   }
 }
 
-std::vector<Outcome> Consumer::HandleAll(std::span<const Message> messages) {
+std::vector<Outcome> Consumer::Impl::HandleAll(std::span<const Message> messages) {
   if (messages.size() == 1) {
     return {call_first_ ? inbox_.Handle(messages.front(), *call_first_) : inbox_.Handle(messages.front(), handler_)};
   }
@@ -184,13 +269,13 @@ int64_t Backoff(const Consumer::Options& o, int attempt, Env* env) {
 using internal::SaturatingAdd;
 }  // namespace
 
-void Consumer::NoteRetryDue(int64_t due_ms) {
+void Consumer::Impl::NoteRetryDue(int64_t due_ms) {
   int64_t cur = retry_due_ms_.load();
   while (cur < due_ms && !retry_due_ms_.compare_exchange_weak(cur, due_ms)) {
   }
 }
 
-bool Consumer::IdleDone(int64_t receive_started_ms) {
+bool Consumer::Impl::IdleDone(int64_t receive_started_ms) {
   // Another worker may still nack what it holds: it decides for itself when
   // it comes back idle.
   if (busy_.load() > 0) return false;
@@ -206,7 +291,7 @@ bool Consumer::IdleDone(int64_t receive_started_ms) {
   return false;
 }
 
-void Consumer::Work(Held* held) {
+void Consumer::Impl::Work(Held* held) {
   internal::ClearSetupRefusal();
   t_stop_flag = &stop_;
   struct ClearStopFlag {
@@ -308,7 +393,7 @@ void Consumer::Work(Held* held) {
   }
 }
 
-void Consumer::Emit(EventKind kind, const Delivery& d, std::string_view detail, int64_t handler_us) {
+void Consumer::Impl::Emit(EventKind kind, const Delivery& d, std::string_view detail, int64_t handler_us) {
   Observer* obs = inbox_.observer();
   if (obs == nullptr) return;
   Event e;
@@ -323,7 +408,7 @@ void Consumer::Emit(EventKind kind, const Delivery& d, std::string_view detail, 
   obs->OnEvent(e);
 }
 
-void Consumer::Ack(const Delivery& d) {
+void Consumer::Impl::Ack(const Delivery& d) {
   Status s = source_.Ack(d);
   if (s.ok()) {
     acked_.fetch_add(1, std::memory_order_relaxed);
@@ -338,7 +423,7 @@ void Consumer::Ack(const Delivery& d) {
   }
 }
 
-void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
+void Consumer::Impl::SettleRejected(const Delivery& d, const Outcome& o) {
   FailureRecord rec{
       inbox_.consumer(), &d.message, o.status.message(), 1, options_.env->NowMs(), FailureRecord::Kind::kRejected};
   auto count = inbox_.store().RecordFailure(rec);
@@ -356,12 +441,12 @@ void Consumer::SettleRejected(const Delivery& d, const Outcome& o) {
     dead_.fetch_add(1, std::memory_order_relaxed);
     Emit(EventKind::kDeadLettered, d, rec.error);
     rejected_.fetch_add(1, std::memory_order_relaxed);
-    inbox_.NoteDeadLetter();
+    internal::InboxGate::NoteDeadLetter(inbox_);
   }
   Ack(d);  // rejected now, or applied by another delivery meanwhile
 }
 
-void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
+void Consumer::Impl::SettleInProgress(const Delivery& d, const Outcome& o) {
   in_progress_.fetch_add(1, std::memory_order_relaxed);
   FailureRecord rec{
       inbox_.consumer(),     &d.message, o.status.message(), 0, options_.env->NowMs(), FailureRecord::Kind::kInProgress,
@@ -390,7 +475,7 @@ void Consumer::SettleInProgress(const Delivery& d, const Outcome& o) {
   Emit(EventKind::kNacked, d);
 }
 
-void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
+void Consumer::Impl::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
   auto ack = [&] { Ack(d); };
   auto forget_failed = [&](const std::string& id) {
     std::lock_guard<std::mutex> l(failed_mu_);
@@ -483,7 +568,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
         if (bad_id) (void)inbox_.store().ClearFailures(inbox_.consumer(), keyed.id);
         dead_.fetch_add(1, std::memory_order_relaxed);
         Emit(EventKind::kDeadLettered, d, rec.error);
-        inbox_.NoteDeadLetter();
+        internal::InboxGate::NoteDeadLetter(inbox_);
         ack();
         return;
       }
@@ -496,7 +581,7 @@ void Consumer::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_
   nack(attempt, failure_recorded);
 }
 
-bool Consumer::SettleCrashLoop(const Delivery& d) {
+bool Consumer::Impl::SettleCrashLoop(const Delivery& d) {
   const std::string error = "delivered " + std::to_string(d.message.attempt) +
                             " times without an outcome (the consumer may crash while handling it); max_deliveries " +
                             std::to_string(options_.max_deliveries);
@@ -515,14 +600,14 @@ bool Consumer::SettleCrashLoop(const Delivery& d) {
   if (count->dead_lettered) {
     dead_.fetch_add(1, std::memory_order_relaxed);
     Emit(EventKind::kDeadLettered, d, error);
-    inbox_.NoteDeadLetter();
+    internal::InboxGate::NoteDeadLetter(inbox_);
   }
   // Applied earlier (its acks were lost) or dead-lettered now: done either way.
   Ack(d);
   return true;
 }
 
-ConsumerStats Consumer::stats() const {
+ConsumerStats Consumer::Impl::stats() const {
   return {received_.load(),   acked_.load(),           nacked_.load(),      dead_.load(),
           ack_errors_.load(), receive_errors_.load(),  in_progress_.load(), parked_.load(),
           rejected_.load(),   leases_extended_.load(), lease_errors_.load()};

@@ -1,12 +1,16 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/inbox.h"
 
+#include "core/gate.h"
 #include "core/handler_scope.h"
 #include "core/kill_point.h"
 #include "idem/call_first.h"
+#include "idem/env.h"
+#include "idem/prefilter.h"
 #include "idem/trace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <memory>
@@ -95,9 +99,70 @@ Status RunHandler(const Handler& handler, Transaction& tx, const Message& m) {
 
 }  // namespace
 
+// The Inbox's state and steps, out of the header.
+struct Inbox::Impl {
+  Impl(Store& store, const Options& options);
+
+  std::vector<Outcome> HandleBatch(std::span<const Message> messages, const Handler& handler);
+  std::vector<Outcome> HandleBatch(std::span<const Message> messages, const CallFirst& handler);
+  InboxCounters counters() const;
+
+  struct Attempt {
+    std::optional<size_t> failed{};  // the message whose handler failed
+    Status status{};                 // its error
+  };
+  // One transaction over the messages not excluded; stops at the first
+  // handler failure (rolled back) and says which.
+  Attempt TryBatch(std::span<const Message> messages, const Handler& handler, const std::vector<bool>& excluded,
+                   std::vector<Outcome>& out);
+  // After a commit reported kInDoubt: reads the markers of the messages whose
+  // handler ran back, to learn whether the commit happened. Returns true
+  // when every one of them was found (the batch committed).
+  bool ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
+                      std::vector<Outcome>& outcomes, const Status& s);
+  void Count(const Outcome& o);
+  // Tells Options::observer each outcome.
+  void Notify(std::span<const Message> messages, const std::vector<Outcome>& out);
+  // Validation and the pre-filter, before any transaction: fills `out` for
+  // the messages it answers and excludes them. False when nothing can run
+  // (every outcome is filled).
+  bool Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
+             std::vector<bool>& excluded);
+  // Transactions over the messages not excluded, until every handler that
+  // fails has been left out (see HandleBatch).
+  void Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
+             std::vector<Outcome>& out);
+
+  Store& store_;
+  Options options_;
+  const std::string write_lock_id_;  // store_.WriteLockId(), read once
+  std::atomic<uint64_t> applied_{0}, duplicates_{0}, conflicts_{0}, failures_{0}, dead_lettered_{0};
+  std::atomic<uint64_t> in_progress_{0}, rejected_{0};
+};
+
+namespace internal {
+void InboxGate::NoteDeadLetter(Inbox& inbox) { inbox.impl_->dead_lettered_.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace internal
+
 Inbox::Inbox(Store& store) : Inbox(store, Options{}) {}
 
-Inbox::Inbox(Store& store, const Options& options)
+Inbox::Inbox(Store& store, const Options& options) : impl_(std::make_unique<Impl>(store, options)) {}
+
+Inbox::~Inbox() = default;
+
+std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const Handler& handler) {
+  return impl_->HandleBatch(messages, handler);
+}
+std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const CallFirst& handler) {
+  return impl_->HandleBatch(messages, handler);
+}
+InboxCounters Inbox::counters() const { return impl_->counters(); }
+Observer* Inbox::observer() const { return impl_->options_.observer; }
+const std::string& Inbox::consumer() const { return impl_->options_.consumer; }
+Store& Inbox::store() { return impl_->store_; }
+Env* Inbox::env() const { return impl_->options_.env; }
+
+Inbox::Impl::Impl(Store& store, const Options& options)
     : store_(store), options_(options), write_lock_id_(store.WriteLockId()) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
@@ -119,8 +184,8 @@ Outcome Inbox::Handle(const Message& message, const CallFirst& handler) {
   return HandleBatch(std::span<const Message>(&message, 1), handler).front();
 }
 
-bool Inbox::Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
-                  std::vector<bool>& excluded) {
+bool Inbox::Impl::Admit(std::span<const Message> messages, bool has_handler, std::vector<Outcome>& out,
+                        std::vector<bool>& excluded) {
   excluded.assign(messages.size(), false);
   if (messages.empty()) return false;
   if (!has_handler) {  // a caller's mistake, not the message's: nothing is counted or dead-lettered
@@ -144,7 +209,7 @@ bool Inbox::Admit(std::span<const Message> messages, bool has_handler, std::vect
   return true;
 }
 
-std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const Handler& handler) {
+std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages, const Handler& handler) {
   std::vector<Outcome> out(messages.size());
   std::vector<bool> excluded;
   internal::ClearSetupRefusal();
@@ -156,7 +221,7 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   return out;
 }
 
-std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const CallFirst& handler) {
+std::vector<Outcome> Inbox::Impl::HandleBatch(std::span<const Message> messages, const CallFirst& handler) {
   std::vector<Outcome> out(messages.size());
   std::vector<bool> excluded;
   internal::ClearSetupRefusal();
@@ -212,8 +277,8 @@ std::vector<Outcome> Inbox::HandleBatch(std::span<const Message> messages, const
   return out;
 }
 
-void Inbox::Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
-                  std::vector<Outcome>& out) {
+void Inbox::Impl::Apply(std::span<const Message> messages, const Handler& handler, std::vector<bool>& excluded,
+                        std::vector<Outcome>& out) {
   // Optimistic: the whole batch in one transaction with no savepoints (on
   // PostgreSQL each would cost two round trips per message). When a handler
   // fails, the transaction is rolled back and the batch runs again without
@@ -248,8 +313,8 @@ void Inbox::Apply(std::span<const Message> messages, const Handler& handler, std
   }
 }
 
-Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler& handler,
-                               const std::vector<bool>& excluded, std::vector<Outcome>& out) {
+Inbox::Impl::Attempt Inbox::Impl::TryBatch(std::span<const Message> messages, const Handler& handler,
+                                           const std::vector<bool>& excluded, std::vector<Outcome>& out) {
   const int64_t now = options_.env->NowMs();
   std::vector<size_t> index;  // markers[k] belongs to messages[index[k]]
   std::vector<Marker> markers;
@@ -381,8 +446,8 @@ Inbox::Attempt Inbox::TryBatch(std::span<const Message> messages, const Handler&
   return {};
 }
 
-bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
-                           std::vector<Outcome>& out, const Status& s) {
+bool Inbox::Impl::ResolveInDoubt(std::span<const Message> messages, const std::vector<bool>& pending,
+                                 std::vector<Outcome>& out, const Status& s) {
   bool all_present = false;
   bool any_absent = false;
   // The commit may or may not have happened. Never retry blindly: read each
@@ -419,7 +484,7 @@ bool Inbox::ResolveInDoubt(std::span<const Message> messages, const std::vector<
   return all_present && !any_absent;
 }
 
-void Inbox::Notify(std::span<const Message> messages, const std::vector<Outcome>& out) {
+void Inbox::Impl::Notify(std::span<const Message> messages, const std::vector<Outcome>& out) {
   Observer* obs = options_.observer;
   if (obs == nullptr) return;
   const int64_t now = options_.env->NowMs();
@@ -450,7 +515,7 @@ void Inbox::Notify(std::span<const Message> messages, const std::vector<Outcome>
   }
 }
 
-void Inbox::Count(const Outcome& o) {
+void Inbox::Impl::Count(const Outcome& o) {
   switch (o.kind) {
     case Outcome::Kind::kApplied: applied_.fetch_add(1, std::memory_order_relaxed); break;
     case Outcome::Kind::kDuplicate: duplicates_.fetch_add(1, std::memory_order_relaxed); break;
@@ -467,7 +532,7 @@ void Inbox::Count(const Outcome& o) {
   }
 }
 
-InboxCounters Inbox::counters() const {
+InboxCounters Inbox::Impl::counters() const {
   return {applied_.load(),       duplicates_.load(),  conflicts_.load(), failures_.load(),
           dead_lettered_.load(), in_progress_.load(), rejected_.load()};
 }

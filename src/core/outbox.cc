@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/outbox.h"
 
+#include "core/gate.h"
 #include "core/kill_point.h"
 #include "idem/trace.h"
 
@@ -97,7 +98,7 @@ Result<OutboxRow> Outbox::ToRow(const OutgoingMessage& m, int64_t now) const {
 }
 
 Result<StoreTransaction*> Outbox::TransactionOf(Transaction& tx) const {
-  auto* st = dynamic_cast<StoreTransaction*>(&tx);
+  StoreTransaction* st = internal::TransactionGate::StoreTransactionOf(tx);
   if (st == nullptr || st->outbox() != &store_)
     return Status::InvalidArgument("Outbox::Add: the transaction is not one of this outbox's store");
   return st;

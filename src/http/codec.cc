@@ -9,6 +9,7 @@
 
 #include "idem/http/idempotency.h"
 #include "idem/http/request.h"
+#include "idem/http/stored_response.h"
 #include "idem/url.h"
 
 namespace idem::http {

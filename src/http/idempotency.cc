@@ -5,6 +5,8 @@
 // TwoPhaseRoute, TransactionalRoute, GroupCommitRoute) -> the answers they
 // share (Replay, AnswerUnstarted, Problem, ...).
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
+
 #include "core/kill_point.h"
 
 #include <pthread.h>
@@ -23,6 +25,7 @@
 
 #include "http/parker.h"
 #include "idem/message.h"
+#include "idem/store.h"
 
 namespace idem::http {
 namespace internal {
@@ -91,8 +94,79 @@ StoredResponse StoredOf(const Answer& ans) {
 
 const ClaimToken* CurrentClaim() { return g_current_claim; }
 
+// The middleware's state and steps, out of the header.
+struct Idempotency::Impl {
+  explicit Impl(const Options& options);
+  ~Impl();
+
+  Result<const Route*> AddRoute(std::string name, RouteKind kind, RoutePolicy policy, Store* store);
+  void Serve(const Route& route, const Request& request, Answer& answer, const Work& work, const Validator& validate);
+  Counters counters() const;
+
+  class TwoPhaseRoute;
+  class TransactionalRoute;
+  class GroupCommitRoute;
+  struct Admitted;
+  struct GroupJob;
+  class Committer;
+
+  // Admit: the checks before any claim. True: `admitted` is filled and the
+  // route decides; false: `answer` is final (a refusal, or the handler ran
+  // unguarded).
+  bool Admit(const Route& route, const Request& req, Answer& ans, const Work& work, const Validator& validate,
+             Admitted& admitted);
+  // Answers `status` with the route's refusal (RoutePolicy::refusals, else
+  // problem+json); Retry-After when retry_after is not empty.
+  void Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type, std::string_view title,
+               std::string detail, std::string_view retry, const std::string& retry_after = "") const;
+  // The answers shared by every route kind.
+  void Replay(const Admitted& a, const std::string& stored, Answer& ans);
+  // A claim that did not start (or failed): the answer for it. False for a
+  // started claim (the route runs it).
+  bool AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans);
+  void StoreUnavailable(const Admitted& a, const Status& why, Answer& ans);
+  void CommitFailed(const Admitted& a, const Status& why, Answer& ans);
+  // Whether the scope may take one more key; if not, `ans` says why (429,
+  // or 503 when the count cannot be read) and the caller releases the key.
+  bool AdmitNewKey(const Admitted& a, Answer& ans);
+  // Runs the route's handler for a started claim (as CurrentClaim), turning
+  // an exception into a 500, and adds the retention header.
+  void Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans, const std::function<void()>& run);
+  // Runs the application's `run` (a handler, a validate); if it throws,
+  // `ans` becomes a 500 problem ("<who> threw: ...") and the answer is true.
+  bool Threw(const RoutePolicy& policy, std::string_view who, Answer& ans, const std::function<void()>& run);
+  // Whether the route stores a response with this status.
+  static bool Kept(const RoutePolicy& policy, int status);
+  // The Idempotency-Key-Retention header's value (seconds).
+  std::string Retention() const;
+  // Whether the scope may store one more key (429 otherwise).
+  Result<bool> UnderLimit(const std::string& scope);
+  // One more key stored in the scope by this process (until the next count).
+  void CountNewKey(const std::string& scope);
+  // One log line (Options::log).
+  void Say(const Admitted& a, std::string_view outcome, int status) const;
+  void Reject(const Admitted& a, std::string_view outcome, int status);
+
+  // Group commit (Options::group_commit_max): one transaction for a group.
+  void RunGroup(Store& store, const std::vector<GroupJob*>& group);
+  std::unique_ptr<Committer> committer_;
+
+  Options options_;
+  RefusalWriter default_refusals_;  // ProblemJson(options_.problem_base)
+  Claims& claims_;
+  std::vector<std::unique_ptr<Route>> routes_;
+  std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
+  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
+  struct KeyCount {
+    int64_t counted_at_ms = -1;
+    int64_t count = 0;
+  };
+  std::mutex counts_mu_;
+  std::map<std::string, KeyCount> counts_;
+};
+
 // A request that passed Admit: who, which key, and its claim.
-struct Idempotency::Admitted {
+struct Idempotency::Impl::Admitted {
   const Request* req = nullptr;
   const RoutePolicy* policy = nullptr;  // the route's
   std::string key;                      // "-" until the key is read (for the log)
@@ -102,7 +176,8 @@ struct Idempotency::Admitted {
 // A route: its name and policy, and how it decides (one subclass per kind).
 class Idempotency::Route {
  public:
-  Route(Idempotency& owner, std::string name, RoutePolicy policy)
+  using Admitted = Impl::Admitted;
+  Route(Impl& owner, std::string name, RoutePolicy policy)
       : owner_(owner), name_(std::move(name)), policy_(std::move(policy)) {}
   virtual ~Route() = default;
   virtual RouteKind kind() const = 0;
@@ -115,14 +190,14 @@ class Idempotency::Route {
   virtual void Decide(const Admitted& a, Answer& ans, const Work& work) const = 0;
 
  protected:
-  Idempotency& owner_;
+  Impl& owner_;
 
  private:
   std::string name_;
   RoutePolicy policy_;
 };
 // One request of a transactional route on its way through a group.
-struct Idempotency::GroupJob {
+struct Idempotency::Impl::GroupJob {
   const RoutePolicy* policy = nullptr;
   const Work* work = nullptr;
   const Request* req = nullptr;
@@ -144,9 +219,9 @@ struct Idempotency::GroupJob {
 
 // Threads that take the queued jobs, as many as Options::group_commit_max,
 // and run each group in one transaction (Idempotency::RunGroup).
-class Idempotency::Committer {
+class Idempotency::Impl::Committer {
  public:
-  Committer(Idempotency& owner, Store& store, int max, int threads) : owner_(owner), store_(store), max_(max) {
+  Committer(Impl& owner, Store& store, int max, int threads) : owner_(owner), store_(store), max_(max) {
     for (int i = 0; i < std::max(1, threads); ++i)
       threads_.emplace_back([this] {
         ::pthread_setname_np(::pthread_self(), "idem-committer");  // in ps -L, top -H, gdb
@@ -212,7 +287,7 @@ class Idempotency::Committer {
     }
   }
 
-  Idempotency& owner_;
+  Impl& owner_;
   Store& store_;
   const int max_;
   std::mutex mu_;
@@ -231,7 +306,7 @@ class Idempotency::Committer {
 // of its own. A key twice in one group: the first job executes it, and the
 // later one claims after the completions, so it finds the stored response
 // (a replay, after the commit) or a conflict.
-void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
+void Idempotency::Impl::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
   using R = GroupJob::Fate;
   std::vector<GroupJob*> live = group;
   while (!live.empty()) {
@@ -326,7 +401,7 @@ void Idempotency::RunGroup(Store& store, const std::vector<GroupJob*>& group) {
 
 // kTwoPhase: the claim commits on its own, the handler runs outside any
 // transaction, the response is stored after (Claims::Claim, Complete).
-class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
+class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
  public:
   using Route::Route;
   RouteKind kind() const override { return RouteKind::kTwoPhase; }
@@ -337,7 +412,7 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
   }
 
   void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
-    Idempotency& o = owner_;
+    Impl& o = owner_;
     Result<ClaimOutcome> claim = o.claims_.Claim(a.claim);
     if (o.AnswerUnstarted(a, claim, ans)) return;
     if (!o.AdmitNewKey(a, ans)) {
@@ -375,9 +450,9 @@ class Idempotency::TwoPhaseRoute final : public Idempotency::Route {
 
 // kTransactional: the claim, the handler's writes and the stored response in
 // one transaction of `store` (ClaimInTransaction, CompleteInTransaction).
-class Idempotency::TransactionalRoute : public Idempotency::Route {
+class Idempotency::Impl::TransactionalRoute : public Idempotency::Route {
  public:
-  TransactionalRoute(Idempotency& owner, std::string name, RoutePolicy policy, Store& store)
+  TransactionalRoute(Impl& owner, std::string name, RoutePolicy policy, Store& store)
       : Route(owner, std::move(name), std::move(policy)), store_(store) {}
   RouteKind kind() const override { return RouteKind::kTransactional; }
 
@@ -420,7 +495,7 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
   // The request in a transaction of its own: BEGIN with the claim, the
   // handler, the stored response, one commit.
   void Alone(const Admitted& a, Answer& ans, const Work& work) const {
-    Idempotency& o = owner_;
+    Impl& o = owner_;
     std::unique_ptr<StoreTransaction> tx;
     Result<ClaimOutcome> claim = Status::Internal("not claimed");
     auto t = store_.BeginDeferred();  // BEGIN goes with the claim where the store can
@@ -477,13 +552,13 @@ class Idempotency::TransactionalRoute : public Idempotency::Route {
 // kTransactional with group commit (Options::group_commit_max > 1): a key to
 // start is queued for the committer's next group; what the group cannot
 // carry runs alone, as TransactionalRoute does.
-class Idempotency::GroupCommitRoute final : public Idempotency::TransactionalRoute {
+class Idempotency::Impl::GroupCommitRoute final : public Idempotency::Impl::TransactionalRoute {
  public:
   using TransactionalRoute::TransactionalRoute;
 
   void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
     if (std::optional<ClaimOutcome> peeked = Peek(a)) return Decided(a, std::move(*peeked), ans, work);
-    Idempotency& o = owner_;
+    Impl& o = owner_;
     auto job = std::make_shared<GroupJob>();
     job->policy = &policy();
     job->work = &work;
@@ -506,7 +581,9 @@ class Idempotency::GroupCommitRoute final : public Idempotency::TransactionalRou
   }
 };
 
-Idempotency::Idempotency(const Options& options)
+Idempotency::Idempotency(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
+
+Idempotency::Impl::Impl(const Options& options)
     : options_(options), default_refusals_(ProblemJson(options.problem_base)), claims_(*options.claims) {
   if (options_.env == nullptr) options_.env = Env::Default();
 }
@@ -528,10 +605,24 @@ Result<std::unique_ptr<Idempotency>> Idempotency::Open(const Options& options) {
   return std::unique_ptr<Idempotency>(new Idempotency(options));
 }
 
-Idempotency::~Idempotency() { committer_.reset(); }  // its threads first: they use the rest
+Idempotency::~Idempotency() = default;
+
+Idempotency::Impl::~Impl() { committer_.reset(); }  // its threads first: they use the rest
 
 Result<const Idempotency::Route*> Idempotency::AddRoute(std::string name, RouteKind kind, RoutePolicy policy,
                                                         Store* store) {
+  return impl_->AddRoute(std::move(name), kind, std::move(policy), store);
+}
+
+void Idempotency::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
+                        const Validator& validate) {
+  impl_->Serve(route, req, ans, work, validate);
+}
+
+Idempotency::Counters Idempotency::counters() const { return impl_->counters(); }
+
+Result<const Idempotency::Route*> Idempotency::Impl::AddRoute(std::string name, RouteKind kind, RoutePolicy policy,
+                                                              Store* store) {
   if (name.empty()) return Status::InvalidArgument("Idempotency: the route name is empty (it scopes the keys)");
   const std::string where = "Idempotency route " + name + ": ";
   if (policy.lease_ms <= 0)
@@ -578,16 +669,16 @@ Result<Handler> Idempotency::WrapInTransaction(std::string route, RoutePolicy po
                 })](const Request& req, Answer& ans) { Serve(*r, req, ans, work); });
 }
 
-void Idempotency::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
-                        const Validator& validate) {
+void Idempotency::Impl::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
+                              const Validator& validate) {
   if (!route.policy().methods.count(req.method)) return route.Unguarded(req, ans, work);
   Admitted a;
   if (!Admit(route, req, ans, work, validate, a)) return;
   route.Decide(a, ans, work);
 }
 
-bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, const Work& work,
-                        const Validator& validate, Admitted& a) {
+bool Idempotency::Impl::Admit(const Route& route, const Request& req, Answer& ans, const Work& work,
+                              const Validator& validate, Admitted& a) {
   const RoutePolicy& policy = route.policy();
   a.req = &req;
   a.policy = &policy;
@@ -658,7 +749,7 @@ bool Idempotency::Admit(const Route& route, const Request& req, Answer& ans, con
   return true;
 }
 
-void Idempotency::Replay(const Admitted& a, const std::string& stored, Answer& ans) {
+void Idempotency::Impl::Replay(const Admitted& a, const std::string& stored, Answer& ans) {
   auto r = Decode(stored);
   if (!r.ok()) {
     Problem(*a.policy, ans, 500, "stored-response-corrupt", "Stored response unreadable", r.status().ToString(), "no");
@@ -673,7 +764,7 @@ void Idempotency::Replay(const Admitted& a, const std::string& stored, Answer& a
   Say(a, "replayed", ans.status);
 }
 
-bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans) {
+bool Idempotency::Impl::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans) {
   if (!claim.ok()) {
     StoreUnavailable(a, claim.status(), ans);
     return true;
@@ -702,14 +793,14 @@ bool Idempotency::AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>&
   return false;
 }
 
-void Idempotency::StoreUnavailable(const Admitted& a, const Status& why, Answer& ans) {
+void Idempotency::Impl::StoreUnavailable(const Admitted& a, const Status& why, Answer& ans) {
   Problem(*a.policy, ans, 503, "store-unavailable", "Idempotency store unavailable", why.ToString(), "same-key", "1");
   Reject(a, "store-error", ans.status);
 }
 
 // Nothing committed or everything (in doubt): a retry with the key gets
 // either a fresh execution or the replay, never a second effect.
-void Idempotency::CommitFailed(const Admitted& a, const Status& why, Answer& ans) {
+void Idempotency::Impl::CommitFailed(const Admitted& a, const Status& why, Answer& ans) {
   ans = Answer();
   Problem(*a.policy, ans, 503, "commit-failed", "Commit failed",
           "the request's effect and stored response could not be committed (" + why.ToString() +
@@ -718,7 +809,7 @@ void Idempotency::CommitFailed(const Admitted& a, const Status& why, Answer& ans
   Reject(a, "commit-failed", ans.status);
 }
 
-bool Idempotency::AdmitNewKey(const Admitted& a, Answer& ans) {
+bool Idempotency::Impl::AdmitNewKey(const Admitted& a, Answer& ans) {
   auto under = UnderLimit(a.claim.scope);
   if (under.ok() && *under) return true;
   if (!under.ok()) {
@@ -733,8 +824,8 @@ bool Idempotency::AdmitNewKey(const Admitted& a, Answer& ans) {
   return false;
 }
 
-bool Idempotency::Threw(const RoutePolicy& policy, std::string_view who, Answer& ans,
-                        const std::function<void()>& run) {
+bool Idempotency::Impl::Threw(const RoutePolicy& policy, std::string_view who, Answer& ans,
+                              const std::function<void()>& run) {
   std::string what;
   try {
     run();
@@ -749,20 +840,20 @@ bool Idempotency::Threw(const RoutePolicy& policy, std::string_view who, Answer&
   return true;
 }
 
-bool Idempotency::Kept(const RoutePolicy& policy, int status) {
+bool Idempotency::Impl::Kept(const RoutePolicy& policy, int status) {
   return (status < 400) || (status >= 500 && policy.store_5xx) ||
          (status >= 400 && status < 500 && policy.stored_4xx.count(status));
 }
 
-void Idempotency::Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans,
-                          const std::function<void()>& run) {
+void Idempotency::Impl::Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans,
+                                const std::function<void()>& run) {
   g_current_claim = &token;
   (void)Threw(policy, "the handler", ans, run);
   g_current_claim = nullptr;
   ans.headers.Set("Idempotency-Key-Retention", Retention());
 }
 
-Idempotency::Counters Idempotency::counters() const {
+Idempotency::Counters Idempotency::Impl::counters() const {
   Counters c;
   c.executed = executed_.load();
   c.replayed = replayed_.load();
@@ -777,9 +868,9 @@ Idempotency::Counters Idempotency::counters() const {
   return c;
 }
 
-void Idempotency::Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type,
-                          std::string_view title, std::string detail, std::string_view retry,
-                          const std::string& retry_after) const {
+void Idempotency::Impl::Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type,
+                                std::string_view title, std::string detail, std::string_view retry,
+                                const std::string& retry_after) const {
   ans.status = status;
   ans.headers.Set("Idempotency-Key-Retention", Retention());
   if (!retry_after.empty()) ans.headers.Set("Retry-After", retry_after);
@@ -790,9 +881,9 @@ void Idempotency::Problem(const RoutePolicy& policy, Answer& ans, int status, st
     default_refusals_(refusal, ans);
 }
 
-std::string Idempotency::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }
+std::string Idempotency::Impl::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }
 
-void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) const {
+void Idempotency::Impl::Say(const Admitted& a, std::string_view outcome, int status) const {
   if (options_.log)
     options_.log(LogToken(a.req->method) + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
                  std::string(outcome) + " " + std::to_string(status));
@@ -818,17 +909,17 @@ void Idempotency::Say(const Admitted& a, std::string_view outcome, int status) c
   }
 }
 
-void Idempotency::Reject(const Admitted& a, std::string_view outcome, int status) {
+void Idempotency::Impl::Reject(const Admitted& a, std::string_view outcome, int status) {
   rejected_.fetch_add(1, std::memory_order_relaxed);
   Say(a, outcome, status);
 }
 
-void Idempotency::CountNewKey(const std::string& scope) {
+void Idempotency::Impl::CountNewKey(const std::string& scope) {
   std::lock_guard lock(counts_mu_);
   ++counts_[scope].count;
 }
 
-Result<bool> Idempotency::UnderLimit(const std::string& scope) {
+Result<bool> Idempotency::Impl::UnderLimit(const std::string& scope) {
   const int64_t now = options_.env->NowMs();
   {
     std::lock_guard lock(counts_mu_);

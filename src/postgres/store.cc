@@ -1,5 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/postgres/store.h"
+#include "idem/store_backend.h"
 
 #include "core/kill_point.h"
 #include "idem/env.h"

@@ -21,6 +21,7 @@
 #include "idem/claims.h"
 #include "idem/env.h"
 #include "idem/store.h"
+#include "idem/store_backend.h"
 
 namespace idem::sql_internal {
 

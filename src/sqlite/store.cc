@@ -1,5 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/sqlite/store.h"
+#include "idem/store_backend.h"
 
 #include <fcntl.h>
 #include <pthread.h>

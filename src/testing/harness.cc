@@ -6,6 +6,7 @@
 // kill points are) and through the delivery wrapper, so they need no kill
 // points compiled into idem.
 #include "idem/testing/harness.h"
+#include "idem/store_backend.h"
 
 #include <signal.h>
 #include <sys/wait.h>

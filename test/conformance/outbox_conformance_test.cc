@@ -137,6 +137,15 @@ TEST_P(OutboxConformance, BadFieldsAreRefusedAndWriteNothing) {
   if (other->outbox_store() != store_->outbox_store()) {
     EXPECT_EQ(outbox->Add(**otx, Out("k", "x")).status().code(), Code::kInvalidArgument);
   }
+  // A Transaction that is no store's (a user's own) is refused, nothing added.
+  struct Plain final : Transaction {
+    Result<int64_t> Exec(std::string_view, std::span<const Value>) override { return int64_t{0}; }
+    Result<Rows> Query(std::string_view, std::span<const Value>) override { return Rows{}; }
+    void* NativeHandle() override { return nullptr; }
+  } plain;
+  EXPECT_EQ(outbox->Add(plain, Out("k", "x")).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(outbox->AddMany(plain, std::vector<OutgoingMessage>{Out("k", "x")}).status().code(),
+            Code::kInvalidArgument);
 }
 
 // A publisher that confirms out of order across keys still sees each key in

@@ -9,6 +9,7 @@
 
 #include "idem/http/client.h"
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
 
 namespace idem::http {
 namespace {

@@ -15,6 +15,7 @@
 
 #include "http/http_test_util.h"
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/fake_env.h"
 #include "util/test_util.h"

@@ -16,6 +16,7 @@
 #include "idem/env.h"
 #include "idem/inbox.h"
 #include "idem/store.h"
+#include "idem/store_backend.h"
 #include "idem/testing/fake_env.h"
 #include "util/test_util.h"
 

@@ -25,6 +25,7 @@
 #include "idem/source.h"
 #include "idem/sqlite/store.h"
 #include "idem/store.h"
+#include "idem/store_backend.h"
 #include "idem/testing/gtest.h"
 #include "idem/testing/harness.h"
 #include "util/temp_dir.h"

@@ -2,6 +2,7 @@
 #include "charge.h"
 
 #include "idem/http/idempotency.h"
+#include "idem/http/stored_response.h"
 
 #include <algorithm>
 #include <cctype>

@@ -46,12 +46,10 @@
 #ifndef IDEM_HTTP_IDEMPOTENCY_H_
 #define IDEM_HTTP_IDEMPOTENCY_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -60,9 +58,12 @@
 
 #include "idem/claims.h"
 #include "idem/http/request.h"
-#include "idem/message.h"
 #include "idem/result.h"
-#include "idem/store.h"
+#include "idem/transaction.h"
+
+namespace idem {
+class Store;
+}  // namespace idem
 
 namespace idem::http {
 
@@ -272,78 +273,10 @@ class Idempotency {
   Counters counters() const;
 
  private:
+  struct Impl;  // the routes, the group committer and the counters (idempotency.cc)
   explicit Idempotency(const Options& options);
-
-  class TwoPhaseRoute;
-  class TransactionalRoute;
-  class GroupCommitRoute;
-  struct Admitted;
-  struct GroupJob;
-  class Committer;
-
-  // Admit: the checks before any claim. True: `admitted` is filled and the
-  // route decides; false: `answer` is final (a refusal, or the handler ran
-  // unguarded).
-  bool Admit(const Route& route, const Request& req, Answer& ans, const Work& work, const Validator& validate,
-             Admitted& admitted);
-  // Answers `status` with the route's refusal (RoutePolicy::refusals, else
-  // problem+json); Retry-After when retry_after is not empty.
-  void Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type, std::string_view title,
-               std::string detail, std::string_view retry, const std::string& retry_after = "") const;
-  // The answers shared by every route kind.
-  void Replay(const Admitted& a, const std::string& stored, Answer& ans);
-  // A claim that did not start (or failed): the answer for it. False for a
-  // started claim (the route runs it).
-  bool AnswerUnstarted(const Admitted& a, const Result<ClaimOutcome>& claim, Answer& ans);
-  void StoreUnavailable(const Admitted& a, const Status& why, Answer& ans);
-  void CommitFailed(const Admitted& a, const Status& why, Answer& ans);
-  // Whether the scope may take one more key; if not, `ans` says why (429,
-  // or 503 when the count cannot be read) and the caller releases the key.
-  bool AdmitNewKey(const Admitted& a, Answer& ans);
-  // Runs the route's handler for a started claim (as CurrentClaim), turning
-  // an exception into a 500, and adds the retention header.
-  void Execute(const RoutePolicy& policy, const ClaimToken& token, Answer& ans, const std::function<void()>& run);
-  // Runs the application's `run` (a handler, a validate); if it throws,
-  // `ans` becomes a 500 problem ("<who> threw: ...") and the answer is true.
-  bool Threw(const RoutePolicy& policy, std::string_view who, Answer& ans, const std::function<void()>& run);
-  // Whether the route stores a response with this status.
-  static bool Kept(const RoutePolicy& policy, int status);
-  // The Idempotency-Key-Retention header's value (seconds).
-  std::string Retention() const;
-  // Whether the scope may store one more key (429 otherwise).
-  Result<bool> UnderLimit(const std::string& scope);
-  // One more key stored in the scope by this process (until the next count).
-  void CountNewKey(const std::string& scope);
-  // One log line (Options::log).
-  void Say(const Admitted& a, std::string_view outcome, int status) const;
-  void Reject(const Admitted& a, std::string_view outcome, int status);
-
-  // Group commit (Options::group_commit_max): one transaction for a group.
-  void RunGroup(Store& store, const std::vector<GroupJob*>& group);
-  std::unique_ptr<Committer> committer_;
-
-  Options options_;
-  RefusalWriter default_refusals_;  // ProblemJson(options_.problem_base)
-  Claims& claims_;
-  std::vector<std::unique_ptr<Route>> routes_;
-  std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
-  std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
-  struct KeyCount {
-    int64_t counted_at_ms = -1;
-    int64_t count = 0;
-  };
-  std::mutex counts_mu_;
-  std::map<std::string, KeyCount> counts_;
+  std::unique_ptr<Impl> impl_;
 };
-
-// The stored form of a response.
-struct StoredResponse {
-  int status = 0;
-  std::vector<std::pair<std::string, std::string>> headers{};
-  std::string body{};
-};
-std::string Encode(const StoredResponse& r);
-Result<StoredResponse> Decode(std::string_view bytes);
 
 // The key of an Idempotency-Key header value, 1 to 255 characters after
 // trimming spaces and tabs around it: an RFC 8941 sf-string ("..." with \"
@@ -353,28 +286,6 @@ Result<StoredResponse> Decode(std::string_view bytes);
 // kInvalidArgument for anything else (an unterminated string, a bad
 // escape, control or non-ASCII bytes, a bare value with a space, a list).
 Result<std::string> ParseKey(std::string_view header_value);
-
-// The request fingerprint: SHA-256 over method, route and body. A body is
-// canonicalised first, so that a retry that encodes the same request
-// differently is the same request: a form body (content type
-// application/x-www-form-urlencoded, as Stripe's clients send) by
-// CanonicalForm; any other body that parses as JSON by CanonicalJson.
-Fingerprint RequestFingerprint(std::string_view method, std::string_view route, std::string_view body,
-                               std::string_view content_type = {});
-// The canonical JSON text, or std::nullopt when `body` is not JSON or nests
-// arrays and objects more than 128 deep (fingerprinted as bytes then: a
-// client must not crash the server with a deep body).
-std::optional<std::string> CanonicalJson(std::string_view body);
-// The canonical form body: its name=value pairs percent-decoded ('+' is a
-// space), sorted by name (pairs of one name keep their order: a[]=1&a[]=2),
-// and encoded again one way (unreserved bytes as they are, every other
-// byte %XX). std::nullopt for a malformed escape (fingerprinted as bytes).
-std::optional<std::string> CanonicalForm(std::string_view body);
-// The name=value pairs of a form body (application/x-www-form-urlencoded),
-// in order, decoded ('+' is a space); a pair without '=' has an empty
-// value, empty pairs (&&) are skipped. kInvalidArgument naming the pair for
-// a malformed % escape.
-Result<std::vector<std::pair<std::string, std::string>>> ParseForm(std::string_view body);
 
 }  // namespace idem::http
 
