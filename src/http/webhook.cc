@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "idem/http/webhook.h"
 
+#include "core/hmac_sha256.h"
 #include "core/signal_stop.h"
 
 #include <openssl/crypto.h>
@@ -36,14 +37,6 @@ Result<WebhookScheme> ParseWebhookScheme(std::string_view name) {
 
 namespace {
 
-std::string Hmac(std::string_view key, std::string_view data) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-       data.size(), out, &n);
-  return std::string(reinterpret_cast<char*>(out), n);
-}
-
 std::optional<std::string> Base64Decode(std::string_view in) {
   // EVP_DecodeBlock wants a multiple of 4 and counts padding as zeros.
   if (in.empty() || in.size() % 4 != 0) return std::nullopt;
@@ -61,13 +54,6 @@ std::string Base64Encode(std::string_view in) {
   int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                           reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
   out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-std::string Hex(std::string_view bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) out += d[c >> 4], out += d[c & 15];
   return out;
 }
 
@@ -229,7 +215,7 @@ Result<WebhookEvent> WebhookVerifier::Verify(const Request& r) const {
         if (!sig) continue;
         if (version == "v1") {
           any = true;
-          for (const std::string& k : keys_->hmac) ok = ok || SameBytes(Hmac(k, signed_content), *sig);
+          for (const std::string& k : keys_->hmac) ok = ok || SameBytes(internal::HmacSha256(k, signed_content), *sig);
         } else if (version == "v1a") {
           any = true;
           for (const std::string& k : keys_->ed25519) ok = ok || Ed25519Verify(k, *sig, signed_content);
@@ -256,7 +242,7 @@ Result<WebhookEvent> WebhookVerifier::Verify(const Request& r) const {
       auto want = Unhex(std::string_view(sig).substr(7));
       if (!want) return Status::InvalidArgument("not a webhook: X-Hub-Signature-256 is not hex");
       bool ok = false;
-      for (const std::string& k : keys_->hmac) ok = ok || SameBytes(Hmac(k, r.body), *want);
+      for (const std::string& k : keys_->hmac) ok = ok || SameBytes(internal::HmacSha256(k, r.body), *want);
       if (!ok)
         return Status::Rejected("webhook signature does not verify with any of the secrets (delivery " + id + ")");
       ev.id = id;
@@ -288,7 +274,7 @@ Result<WebhookEvent> WebhookVerifier::Verify(const Request& r) const {
       const std::string signed_payload = t_text + "." + r.body;
       bool ok = false;
       for (const std::string& k : keys_->hmac) {
-        const std::string mac = Hmac(k, signed_payload);
+        const std::string mac = internal::HmacSha256(k, signed_payload);
         for (const std::string& s : v1) ok = ok || SameBytes(mac, s);
       }
       if (!ok) return Status::Rejected("webhook signature does not verify with any of the secrets");
@@ -316,16 +302,17 @@ Result<Headers> SignWebhook(WebhookScheme scheme, std::string_view secret, std::
       std::string content = std::string(id) + "." + t + "." + std::string(body);
       h.Add("webhook-id", std::string(id));
       h.Add("webhook-timestamp", t);
-      h.Add("webhook-signature", "v1," + Base64Encode(Hmac(*key, content)));
+      h.Add("webhook-signature", "v1," + Base64Encode(internal::HmacSha256(*key, content)));
       return h;
     }
     case WebhookScheme::kGitHub:
       h.Add("X-GitHub-Delivery", std::string(id));
       h.Add("X-GitHub-Event", "push");
-      h.Add("X-Hub-Signature-256", "sha256=" + Hex(Hmac(secret, body)));
+      h.Add("X-Hub-Signature-256", "sha256=" + internal::LowerHex(internal::HmacSha256(secret, body)));
       return h;
     case WebhookScheme::kStripe:
-      h.Add("Stripe-Signature", "t=" + t + ",v1=" + Hex(Hmac(secret, t + "." + std::string(body))));
+      h.Add("Stripe-Signature",
+            "t=" + t + ",v1=" + internal::LowerHex(internal::HmacSha256(secret, t + "." + std::string(body))));
       return h;
   }
   return Status::InvalidArgument("unknown webhook scheme");
