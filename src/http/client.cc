@@ -15,6 +15,7 @@
 
 #include "core/backoff.h"
 #include "core/options_check.h"
+#include "http/pool.h"
 #include "idem/consumer.h"
 #include "idem/http/request.h"
 #include "idem/trace.h"
@@ -24,38 +25,19 @@ namespace idem::http {
 
 namespace {
 
+using http_internal::CheckHeaderValue;
+using http_internal::CheckPath;
+using http_internal::FirstByteOutside;
+using http_internal::HexByte;
+
 // Backoffs are slept in slices of at most this, so that Cancel() and a
 // stopping Consumer are seen within one slice.
 constexpr int64_t kSleepSliceMs = 50;
 
-std::string HexByte(unsigned char c) {
-  constexpr char kDigits[] = "0123456789abcdef";
-  return std::string("0x") + kDigits[c >> 4] + kDigits[c & 15];
-}
-
 std::string Attempts(int n) { return std::to_string(n) + (n == 1 ? " attempt" : " attempts"); }
-
-// The first byte of `s` outside [lo, hi] (tab allowed when `tab`), or -1.
-int FirstByteOutside(std::string_view s, unsigned char lo, unsigned char hi, bool tab = false) {
-  for (size_t i = 0; i < s.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if ((c < lo || c > hi) && !(tab && c == '\t')) return static_cast<int>(i);
-  }
-  return -1;
-}
 
 bool IsTokenChar(unsigned char c) {
   return std::isalnum(c) || (c != 0 && std::strchr("!#$%&'*+-.^_`|~", c) != nullptr);
-}
-
-// A header value: printable ASCII, spaces and tabs (a CR or LF would start a
-// header of its own).
-Status CheckHeaderValue(std::string_view name, std::string_view value) {
-  if (int i = FirstByteOutside(value, 0x20, 0x7e, /*tab=*/true); i >= 0)
-    return Status::InvalidArgument("header '" + std::string(name.substr(0, 64)) + "': its value holds byte " +
-                                   HexByte(static_cast<unsigned char>(value[i])) +
-                                   ", which a header value cannot carry (printable ASCII, spaces and tabs only)");
-  return Status::OK();
 }
 
 // A header the caller may send (see HeaderList).
@@ -80,14 +62,6 @@ Status CheckHeaders(const HeaderList& headers, bool bearer_set) {
   return Status::OK();
 }
 
-// Visible ASCII only: a space, CR or LF would end the request target.
-Status CheckPath(std::string_view what, std::string_view path) {
-  if (int i = FirstByteOutside(path, 0x21, 0x7e); i >= 0)
-    return Status::InvalidArgument(std::string(what) + " holds byte " + HexByte(static_cast<unsigned char>(path[i])) +
-                                   ", which a request line cannot carry (percent-encode it)");
-  return Status::OK();
-}
-
 // Why `key` cannot be an Idempotency-Key, or OK.
 Status CheckKey(std::string_view key) {
   constexpr char kUse[] = "make keys with idem::DownstreamKey(message, step), which gives 1 to 255 bytes of 0x20-0x7E";
@@ -100,59 +74,6 @@ Status CheckKey(std::string_view key) {
                                    " at offset " + std::to_string(i) +
                                    ", which an RFC 8941 sf-string cannot carry (0x20-0x7E only): " + kUse);
   return Status::OK();
-}
-
-struct BaseUrl {
-  bool https = false;
-  std::string host;
-  int port = 0;
-  std::string path;  // "" or "/a/b", no trailing slash
-};
-
-Result<BaseUrl> ParseBaseUrl(const std::string& text) {
-  const std::string scheme = UrlScheme(text);
-  if (scheme != "http" && scheme != "https")
-    return Status::InvalidArgument("base URL must start with http:// or https:// (got '" + RedactUrl(text) + "')");
-  if (text.find_first_of("?#") != std::string::npos)
-    return Status::InvalidArgument("base URL must have no query or fragment (got '" + RedactUrl(text) + "')");
-  IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseUrl(text, "base URL"));
-  if (u.has_user)
-    return Status::InvalidArgument("base URL must have no user info (use Client::Options::bearer or headers)");
-  if (u.hosts.size() != 1)
-    return Status::InvalidArgument("base URL must name one host (got '" + RedactUrl(text) + "')");
-  BaseUrl out;
-  out.https = scheme == "https";
-  out.host = u.hosts[0].host;
-  out.port = u.hosts[0].port != 0 ? u.hosts[0].port : (out.https ? 443 : 80);
-  if (FirstByteOutside(out.host, 0x21, 0x7e) >= 0)
-    return Status::InvalidArgument("bad host in base URL '" + RedactUrl(text) + "'");
-  // The path as written (still %-encoded: it goes on the request line so).
-  const size_t slash = text.find('/', scheme.size() + 3);
-  std::string_view path = slash == std::string::npos ? std::string_view() : std::string_view(text).substr(slash);
-  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  IDEM_RETURN_IF_ERROR(CheckPath("the base URL's path", path));
-  out.path = std::string(path);
-  return out;
-}
-
-// Whether an attempt that failed with `e` cannot have sent any of the
-// request: it failed while connecting (TCP or the TLS handshake).
-bool FailedToConnect(httplib::Error e) {
-  switch (e) {
-    case httplib::Error::Connection:
-    case httplib::Error::ConnectionTimeout:
-    case httplib::Error::BindIPAddress:
-    case httplib::Error::SSLConnection:
-    case httplib::Error::SSLLoadingCerts:
-    case httplib::Error::SSLServerVerification: return true;
-    default: return false;
-  }
-}
-
-// Failures that another attempt cannot mend: the CAs cannot be loaded or do
-// not vouch for the server.
-bool Permanent(httplib::Error e) {
-  return e == httplib::Error::SSLLoadingCerts || e == httplib::Error::SSLServerVerification;
 }
 
 }  // namespace
@@ -173,56 +94,25 @@ std::string Response::header(const std::string& name) const {
 }
 
 struct Client::Impl {
-  using Connection = std::unique_ptr<httplib::ClientImpl>;
+  using Connection = http_internal::ConnectionPool::Connection;
   using Send = std::function<httplib::Result(httplib::ClientImpl&)>;
 
   Client::Options options;
-  BaseUrl url;
+  http_internal::ConnectionPool pool;
+  const http_internal::BaseUrl& url;  // pool's
   httplib::Headers headers;  // options.headers, as httplib takes them
   std::atomic<bool> cancelled{false};
-  std::mutex mu;
-  std::vector<Connection> idle;  // guarded by mu
 
-  Impl(Client::Options o, BaseUrl u) : options(std::move(o)), url(std::move(u)) {
+  Impl(Client::Options o, http_internal::BaseUrl u)
+      : options(std::move(o)),
+        pool(std::move(u), {.ca_file = options.ca_file,
+                            .ca_dir = options.ca_dir,
+                            .connect_timeout_ms = options.connect_timeout_ms,
+                            .read_timeout_ms = options.read_timeout_ms,
+                            .pool_size = options.pool_size,
+                            .bearer = options.bearer}),
+        url(pool.url()) {
     for (const auto& [k, v] : options.headers) headers.emplace(k, v);
-  }
-
-  Connection Open() const {
-    Connection c;
-    if (url.https) {
-      auto tls = std::make_unique<httplib::SSLClient>(url.host, url.port);
-      tls->set_ca_cert_path(options.ca_file, options.ca_dir);
-      tls->enable_server_certificate_verification(true);
-      c = std::move(tls);
-    } else {
-      c = std::make_unique<httplib::ClientImpl>(url.host, url.port);
-    }
-    c->set_connection_timeout(std::chrono::milliseconds(options.connect_timeout_ms));
-    c->set_read_timeout(std::chrono::milliseconds(options.read_timeout_ms));
-    c->set_write_timeout(std::chrono::milliseconds(options.read_timeout_ms));
-    c->set_keep_alive(true);
-    c->set_tcp_nodelay(true);
-    if (!options.bearer.empty()) c->set_bearer_token_auth(options.bearer);
-    return c;
-  }
-
-  Connection Take() {
-    {
-      std::lock_guard lock(mu);
-      if (!idle.empty()) {
-        Connection c = std::move(idle.back());
-        idle.pop_back();
-        return c;
-      }
-    }
-    return Open();
-  }
-
-  void GiveBack(Connection c) {
-    std::unique_lock lock(mu);
-    if (idle.size() < static_cast<size_t>(options.pool_size)) idle.push_back(std::move(c));
-    lock.unlock();
-    // Otherwise `c` is closed here, outside the lock.
   }
 
   // Why requests must stop now, or "" to go on.
@@ -249,22 +139,6 @@ struct Client::Impl {
     return std::min(std::max(d, retry_after_ms), std::max(options.backoff_max_ms, d));
   }
 
-  // What a failed attempt's error means, for people.
-  std::string Describe(httplib::Error e, const httplib::ClientImpl& c) const {
-    if (e == httplib::Error::SSLServerVerification) {
-      const long v = static_cast<const httplib::SSLClient&>(c).get_openssl_verify_result();
-      return "TLS certificate verification failed for " + url.host + ": " +
-             (v != X509_V_OK ? std::string(X509_verify_cert_error_string(v))
-                             : std::string("the certificate does not name the host")) +
-             " (trust its CA with Client::Options::ca_file or ca_dir)";
-    }
-    if (e == httplib::Error::SSLLoadingCerts)
-      return "cannot load the CA certificates (ca_file '" + options.ca_file + "', ca_dir '" + options.ca_dir + "')";
-    if (e == httplib::Error::Read)
-      return "no answer (connection closed, reset or timed out after the request was sent): " + httplib::to_string(e);
-    return "connection error: " + httplib::to_string(e);
-  }
-
   // Sends with retries; `send` makes one attempt on a connection. `keyed`:
   // a POST with an Idempotency-Key (failures say whether it may have been
   // applied); otherwise a GET (409 is an answer, failures are kUnavailable).
@@ -284,21 +158,21 @@ struct Client::Impl {
     };
     for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
       if (std::string why = StopReason(); !why.empty()) return stopped(why);
-      Connection c = Take();
+      Connection c = pool.Take();
       httplib::Result r = send(*c);
       ++sent;
       int64_t retry_after_ms = 0;
       if (!r) {
         last_status = 0;
-        last = Describe(r.error(), *c);
-        if (!FailedToConnect(r.error())) maybe_applied = true;
-        if (Permanent(r.error())) {
+        last = pool.Describe(r.error(), *c);
+        if (!http_internal::FailedToConnect(r.error())) maybe_applied = true;
+        if (http_internal::Permanent(r.error())) {
           permanent = true;
           break;
         }
         // `c` is closed: httplib leaves a failed connection in no known state.
       } else {
-        GiveBack(std::move(c));
+        pool.GiveBack(std::move(c));
         const int st = r->status;
         last_status = st;
         if (st == 422)
@@ -354,7 +228,7 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Open(const Options& options) {
-  Result<BaseUrl> url = ParseBaseUrl(options.base_url);
+  Result<http_internal::BaseUrl> url = http_internal::ParseBaseUrl(options.base_url);
   if (!url.ok()) return url.status();
   using options_internal::AtLeast;
   constexpr std::string_view kWhat = "http client";
