@@ -172,12 +172,7 @@ struct Stores {
 
 Status OpenStores(const Settings& st, const std::string& work, Stores& s) {
   IDEM_ASSIGN_OR_RETURN(s.store, OpenStore(st.url, true, 2 * st.max_workers() + 2));
-  {
-    IDEM_ASSIGN_OR_RETURN(auto tx, s.store->Begin());
-    for (const std::string& sql : {std::string("DROP TABLE IF EXISTS ") + kTable, CreatePaymentsSql(kTable)})
-      IDEM_RETURN_IF_ERROR(tx->Exec(sql).status());
-    IDEM_RETURN_IF_ERROR(tx->Commit());
-  }
+  IDEM_RETURN_IF_ERROR(ResetPayments(*s.store, kTable));
   if (s.store->claim_store() == nullptr) return Status::InvalidArgument("the store keeps no claims");
   IDEM_ASSIGN_OR_RETURN(s.same_store_claims,
                         Claims::Open(*s.store->claim_store(), Claims::Options{.retention_ms = 3'600'000}));

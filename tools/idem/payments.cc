@@ -43,6 +43,35 @@ Status InsertPayment(Transaction& tx, const Message& m, const std::string& charg
       .status();
 }
 
+Status ResetPayments(Store& store, const std::string& table) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  for (const std::string& sql : {"DROP TABLE IF EXISTS " + table, CreatePaymentsSql(table)})
+    IDEM_RETURN_IF_ERROR(tx->Exec(sql).status());
+  return tx->Commit();
+}
+
+Result<std::vector<PaymentRow>> ReadPayments(Store& store, const std::string& table, const std::string& message_id) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  const std::string sql = "SELECT order_id, message_id, charge_id, cents FROM " + table;
+  IDEM_ASSIGN_OR_RETURN(Rows r,
+                        message_id.empty() ? tx->Query(sql) : tx->Query(sql + " WHERE message_id = $1", {message_id}));
+  std::vector<PaymentRow> out;
+  out.reserve(r.rows.size());
+  for (const auto& row : r.rows)
+    out.push_back({.order_id = row[0].AsText(),
+                   .message_id = row[1].AsText(),
+                   .charge_id = row[2].is_null() ? std::string() : row[2].AsText(),
+                   .cents = row[3].AsInt()});
+  return out;
+}
+
+Status ForgetFailures(Store& store, const std::string& consumer) {
+  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
+  for (const char* table : {"idem_failures", "idem_dead_letters"})
+    IDEM_RETURN_IF_ERROR(tx->Exec(std::string("DELETE FROM ") + table + " WHERE consumer = $1", {consumer}).status());
+  return tx->Commit();
+}
+
 Result<std::unique_ptr<http::Client>> ProviderClient(const std::string& url, int max_attempts,
                                                      int64_t read_timeout_ms) {
   return http::Client::Open({.base_url = url,

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "idem/http/client.h"
 #include "idem/message.h"
@@ -39,6 +40,19 @@ Message PaymentMessage(const std::string& id, const std::string& order, int64_t 
 std::string CreatePaymentsSql(const std::string& table);
 Status InsertPayment(Transaction& tx, const Message& m, const std::string& charge_id = "",
                      const std::string& table = "demo_payments");
+// The effect table of `store` emptied (created when missing).
+Status ResetPayments(Store& store, const std::string& table);
+// The effect rows, all of them or those of one message, read in a
+// transaction of their own.
+struct PaymentRow {
+  std::string order_id{}, message_id{}, charge_id{};  // charge_id: "" when none
+  int64_t cents = 0;
+};
+Result<std::vector<PaymentRow>> ReadPayments(Store& store, const std::string& table,
+                                             const std::string& message_id = "");
+// The consumer's failure counts and dead letters forgotten (a run that
+// starts again on a store an earlier run used).
+Status ForgetFailures(Store& store, const std::string& consumer);
 
 // The API key the demo and chaos consumers send, and the account it is at
 // the provider.

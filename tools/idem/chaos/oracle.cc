@@ -42,12 +42,11 @@ Result<EffectCheck> CheckEffects(const Config& cfg, Store& store) {
   std::unordered_map<std::string, int64_t> applied;
   std::unordered_set<std::string> charge_ids;
   {
-    IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
-    IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT message_id, charge_id, cents FROM ") + kTable));
-    for (const auto& row : r.rows) {
+    IDEM_ASSIGN_OR_RETURN(std::vector<PaymentRow> rows, ReadPayments(store, kTable));
+    for (const PaymentRow& row : rows) {
       ++c.effect_rows;
-      ++applied[row[0].AsText()];
-      if (!row[1].is_null()) charge_ids.insert(row[1].AsText());
+      ++applied[row.message_id];
+      if (!row.charge_id.empty()) charge_ids.insert(row.charge_id);
     }
   }
   for (const auto& [id, n] : applied) {
@@ -188,9 +187,8 @@ Result<PipelineCheck> CheckPipeline(const Config& cfg, Store& store, Store& stor
   };
   std::unordered_set<std::string> committed;  // stage-1 messages with an effect
   {
-    IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
-    IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT DISTINCT message_id FROM ") + kTable));
-    for (const auto& row : r.rows) committed.insert(row[0].AsText());
+    IDEM_ASSIGN_OR_RETURN(std::vector<PaymentRow> rows, ReadPayments(store, kTable));
+    for (const PaymentRow& row : rows) committed.insert(row.message_id);
   }
   c.expected = static_cast<int64_t>(committed.size());
   if (store.outbox_store() == nullptr) return Status::InvalidArgument("the store under test has no outbox");

@@ -69,14 +69,8 @@ Status Supervisor::Prepare() {
   source_url_ = producer_.shared_url;
   // The store: the effect table and the markers start empty.
   IDEM_ASSIGN_OR_RETURN(store_, OpenStore(cfg_.store, true, 2));
-  {
-    IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
-    IDEM_RETURN_IF_ERROR(tx->Exec(std::string("DROP TABLE IF EXISTS ") + kTable).status());
-    IDEM_RETURN_IF_ERROR(tx->Exec(CreatePaymentsSql(kTable)).status());
-    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_failures WHERE consumer = $1", {kConsumer}).status());
-    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_dead_letters WHERE consumer = $1", {kConsumer}).status());
-    IDEM_RETURN_IF_ERROR(tx->Commit());
-  }
+  IDEM_RETURN_IF_ERROR(ResetPayments(*store_, kTable));
+  IDEM_RETURN_IF_ERROR(ForgetFailures(*store_, kConsumer));
   IDEM_RETURN_IF_ERROR(store_->Purge(kConsumer, INT64_MAX, 10'000).status());
 #if IDEM_HAVE_KAFKA
   if (OffsetMode(cfg_)) {
@@ -550,9 +544,10 @@ void Supervisor::Produce() {
 // Kafka's offset mode), the effect rows.
 Result<int64_t> Supervisor::Applied() {
   if (!WritesNoMarkers(cfg_)) return store_->CountMarkers(kConsumer);
-  IDEM_ASSIGN_OR_RETURN(auto tx, store_->Begin());
-  IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query(std::string("SELECT count(DISTINCT message_id) FROM ") + kTable));
-  return r.rows[0][0].AsInt();
+  IDEM_ASSIGN_OR_RETURN(std::vector<PaymentRow> rows, ReadPayments(*store_, kTable));
+  std::unordered_set<std::string> ids;
+  for (const PaymentRow& row : rows) ids.insert(row.message_id);
+  return static_cast<int64_t>(ids.size());
 }
 
 int64_t Supervisor::CountAcked() {

@@ -42,11 +42,8 @@ void StopOnSigterm() {
 
 // The effect rows of message `id`, read in a transaction of their own.
 Result<int64_t> EffectRows(Store& store, const std::string& id) {
-  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
-  IDEM_ASSIGN_OR_RETURN(Rows r,
-                        tx->Query(std::string("SELECT count(*) FROM ") + kTable + " WHERE message_id = $1", {id}));
-  IDEM_RETURN_IF_ERROR(tx->Commit());
-  return r.rows[0][0].AsInt();
+  IDEM_ASSIGN_OR_RETURN(std::vector<PaymentRow> rows, ReadPayments(store, kTable, id));
+  return static_cast<int64_t>(rows.size());
 }
 
 // The mistakes the pattern exists to prevent, made on purpose (--broken):

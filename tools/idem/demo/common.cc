@@ -91,9 +91,8 @@ Result<Parts> OpenParts(const Files& f, int64_t lease_ms, bool fresh) {
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_payments").status());
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_shipments").status());
     IDEM_RETURN_IF_ERROR(tx->Exec("DROP TABLE IF EXISTS demo_processed").status());
-    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_failures WHERE consumer = $1", {kConsumer}).status());
-    IDEM_RETURN_IF_ERROR(tx->Exec("DELETE FROM idem_dead_letters WHERE consumer = $1", {kConsumer}).status());
     IDEM_RETURN_IF_ERROR(tx->Commit());
+    IDEM_RETURN_IF_ERROR(ForgetFailures(*p.store, kConsumer));
   }
   IDEM_ASSIGN_OR_RETURN(auto tx, p.store->Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(CreatePaymentsSql("demo_payments")).status());

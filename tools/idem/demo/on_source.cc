@@ -63,11 +63,8 @@ std::string RedactedSource(const std::string& url) { return RedactUrl(url); }
 
 // The payments table emptied and the consumer's markers purged: what an
 // earlier run left in a shared store.
-Status ResetPayments(Store& store) {
-  IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
-  for (const std::string& sql : {std::string("DROP TABLE IF EXISTS demo_payments"), CreatePaymentsSql("demo_payments")})
-    IDEM_RETURN_IF_ERROR(tx->Exec(sql).status());
-  IDEM_RETURN_IF_ERROR(tx->Commit());
+Status ResetRun(Store& store) {
+  IDEM_RETURN_IF_ERROR(ResetPayments(store, "demo_payments"));
   return store.Purge(kConsumer, INT64_MAX, 10000).status();
 }
 
@@ -176,7 +173,7 @@ int RunDemoOnSource(const Config& cfg, const std::string& source_url, const Out&
   const std::string store_url = g_store_url.empty() ? "sqlite:" + dir + "/payments.db" : g_store_url;
   auto store = OpenStore(store_url, true, cfg.consumers + 2);
   if (!store.ok()) return Fail(cmd, store.status());
-  if (Status s = ResetPayments(**store); !s.ok()) return Fail(cmd, s);
+  if (Status s = ResetRun(**store); !s.ok()) return Fail(cmd, s);
   SourceSettings settings{.lease_ms = cfg.lease_ms, .consumer = "idem-demo"};
   auto first = OpenSource(source_url, settings);
   if (!first.ok()) return Fail(cmd, first.status());
