@@ -75,9 +75,7 @@ std::string Profile(const CredentialQuery& q) {
 }
 
 // The config file names sections "[profile NAME]", except "[default]".
-std::string ConfigSection(const std::string& profile) {
-  return profile == "default" ? profile : "profile " + profile;
-}
+std::string ConfigSection(const std::string& profile) { return profile == "default" ? profile : "profile " + profile; }
 
 // Credentials from one source, or nullopt when it has no key id.
 Result<std::optional<Credentials>> From(std::string key_id, std::string secret, std::string token,
@@ -136,13 +134,12 @@ Result<std::string> FindRegion(std::string_view given, const CredentialQuery& qu
     where = conf_file;
   }
   if (region.empty())
-    return Status::NotFound("no AWS region: give one in the URL (?region=us-east-1), or set AWS_REGION, or a region "
-                            "in " +
-                            (conf_file.empty() ? std::string("~/.aws/config") : conf_file) + " (profile '" + profile +
-                            "')");
-  const bool ok = std::all_of(region.begin(), region.end(), [](unsigned char c) {
-    return std::islower(c) != 0 || std::isdigit(c) != 0 || c == '-';
-  });
+    return Status::NotFound(
+        "no AWS region: give one in the URL (?region=us-east-1), or set AWS_REGION, or a region "
+        "in " +
+        (conf_file.empty() ? std::string("~/.aws/config") : conf_file) + " (profile '" + profile + "')");
+  const bool ok = std::all_of(region.begin(), region.end(),
+                              [](unsigned char c) { return std::islower(c) != 0 || std::isdigit(c) != 0 || c == '-'; });
   if (!ok || region.size() > 64)
     return Status::InvalidArgument("AWS region '" + region.substr(0, 64) + "' (from " + where +
                                    ") is not a region name (lowercase letters, digits and dashes, like us-east-1)");
@@ -151,11 +148,11 @@ Result<std::string> FindRegion(std::string_view given, const CredentialQuery& qu
 
 bool Retryable(const ServiceError& e) {
   if (e.http_status >= 500) return true;
-  for (std::string_view t : {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-                             "RequestThrottledException", "ProvisionedThroughputExceededException",
-                             "RequestLimitExceeded", "TooManyRequestsException", "LimitExceededException",
-                             "InternalServerError", "InternalFailure", "ServiceUnavailable",
-                             "TransactionInProgressException"})
+  for (std::string_view t :
+       {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
+        "ProvisionedThroughputExceededException", "RequestLimitExceeded", "TooManyRequestsException",
+        "LimitExceededException", "InternalServerError", "InternalFailure", "ServiceUnavailable",
+        "TransactionInProgressException"})
     if (e.type == t) return true;
   return false;
 }
@@ -165,8 +162,9 @@ Status ToStatus(const ServiceError& e, std::string_view what_view) {
   const std::string said = e.type + (e.message.empty() ? std::string() : ": " + e.message);
   if (Retryable(e) && e.http_status < 500)
     return Status::Busy(what + ": throttled by the service (" + said + "); retry later");
-  if (e.http_status >= 500) return Status::Unavailable(what + ": the service failed (HTTP " +
-                                                       std::to_string(e.http_status) + ", " + said + ")");
+  if (e.http_status >= 500)
+    return Status::Unavailable(what + ": the service failed (HTTP " + std::to_string(e.http_status) + ", " + said +
+                               ")");
   if (Contains(e.type, "NotFound") || Contains(e.type, "NonExistent") || e.type == "QueueDoesNotExist")
     return Status::NotFound(what + ": " + said);
   if (e.type == "UnrecognizedClientException" || e.type == "InvalidClientTokenId" ||
@@ -211,10 +209,9 @@ struct JsonClient::Impl {
                    {"Content-Type", service.content_type},
                    {"X-Amz-Target", service.target_prefix + "." + std::string(operation)}};
     req.payload = payload;
-    Result<Signed> s = Sign(req, options.credentials,
-                            {.region = options.region,
-                             .service = service.signing_name,
-                             .amz_date = AmzDate(options.env->NowMs())});
+    Result<Signed> s =
+        Sign(req, options.credentials,
+             {.region = options.region, .service = service.signing_name, .amz_date = AmzDate(options.env->NowMs())});
     if (!s.ok()) {
       out.failure = s.status().message();
       out.permanent = true;

@@ -100,7 +100,7 @@ struct Client::Impl {
   Client::Options options;
   http_internal::ConnectionPool pool;
   const http_internal::BaseUrl& url;  // pool's
-  httplib::Headers headers;  // options.headers, as httplib takes them
+  httplib::Headers headers;           // options.headers, as httplib takes them
   std::atomic<bool> cancelled{false};
 
   Impl(Client::Options o, http_internal::BaseUrl u)
