@@ -5,6 +5,7 @@
 #include "idem/pubsub/source.h"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -129,7 +130,33 @@ class SourceImpl final : public Source {
     }
     const int64_t seconds = sub->value("ackDeadlineSeconds", int64_t{10});
     lease_seconds_ = std::clamp<int64_t>(seconds, 10, 600);
+    exactly_once_ = sub->value("enableExactlyOnceDelivery", false);
+    batch_acks_ = o_.batch_acks && !exactly_once_;
     return Status::OK();
+  }
+
+  ~SourceImpl() override { (void)Flush(); }
+
+  bool exactly_once() const override { return exactly_once_; }
+
+  Status Flush() override {
+    std::vector<std::string> ids;
+    {
+      std::lock_guard l(mu_);
+      ids.swap(pending_acks_);
+    }
+    Status out;
+    for (size_t start = 0; start < ids.size(); start += 1000) {
+      const size_t end = std::min(ids.size(), start + 1000);
+      const nlohmann::json body = {
+          {"ackIds", std::vector<std::string>(ids.begin() + static_cast<std::ptrdiff_t>(start),
+                                              ids.begin() + static_cast<std::ptrdiff_t>(end))}};
+      auto r = client_->Call("POST", path_ + ":acknowledge", &body);
+      Status s = pubsub_internal::ReplyStatus(
+          r, "Pub/Sub acknowledge of " + std::to_string(end - start) + " deliveries on " + Where());
+      if (!s.ok() && out.ok()) out = s;
+    }
+    return out;
   }
 
   const std::string& name() const override { return name_; }
@@ -143,6 +170,8 @@ class SourceImpl final : public Source {
     const pubsub_internal::DecodeSettings settings{
         .subscription = name_, .id_attribute = o_.id_attribute, .id_fallback = o_.id_fallback};
     for (;;) {
+      // The acks batched since the last call go first (see batch_acks).
+      (void)Flush();
       auto r = client_->Call("POST", path_ + ":pull", &body);
       IDEM_RETURN_IF_ERROR(pubsub_internal::ReplyStatus(r, "Pub/Sub pull from " + Where()));
       std::vector<Delivery> out;
@@ -164,6 +193,12 @@ class SourceImpl final : public Source {
 
   Status Ack(const Delivery& d) override {
     if (d.receipt.empty()) return Status::InvalidArgument("Ack: the delivery has no receipt (ack id)");
+    if (batch_acks_) {
+      std::lock_guard l(mu_);
+      pending_acks_.push_back(d.receipt);
+      if (pending_acks_.size() < 1000) return Status::OK();
+    }
+    if (batch_acks_) return Flush();
     const nlohmann::json body = {{"ackIds", {d.receipt}}};
     return Settle(d, "ack", ":acknowledge", body);
   }
@@ -225,6 +260,10 @@ class SourceImpl final : public Source {
   const std::string name_;
   const std::string path_;
   int64_t lease_seconds_ = 10;
+  bool exactly_once_ = false;
+  bool batch_acks_ = false;
+  std::mutex mu_;
+  std::vector<std::string> pending_acks_;  // guarded by mu_
 };
 
 }  // namespace
@@ -260,6 +299,7 @@ Result<Source::Options> Source::ParseUrl(std::string_view url) {
   o.id_attribute = u.Get("id_attribute", o.id_attribute);
   IDEM_ASSIGN_OR_RETURN(o.id_fallback, u.GetBool("id_fallback", o.id_fallback));
   IDEM_ASSIGN_OR_RETURN(o.poll_ms, u.GetInt("poll_ms", o.poll_ms, 1, 600'000));
+  IDEM_ASSIGN_OR_RETURN(o.batch_acks, u.GetBool("batch_acks", o.batch_acks));
   IDEM_ASSIGN_OR_RETURN(o.create, u.GetBool("create", o.create));
   IDEM_ASSIGN_OR_RETURN(o.lease_ms, u.GetInt("lease_ms", o.lease_ms, 10'000, 600'000));
   IDEM_ASSIGN_OR_RETURN(o.exactly_once, u.GetBool("exactly_once", o.exactly_once));

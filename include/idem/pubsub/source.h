@@ -54,6 +54,9 @@
 // is reported when the service refuses the ack id (HTTP 400
 // INVALID_ARGUMENT on a call naming that one id).
 //
+// Acks are batched on subscriptions without exactly-once delivery (see
+// Options::batch_acks).
+//
 // Waiting: Receive pulls with returnImmediately, and while nothing comes
 // and wait_ms has not run out, pulls again every poll_ms.
 //
@@ -112,6 +115,16 @@ class Source : public idem::Source {
     bool id_fallback = true;
     // Pause between pulls while Receive waits, in ms (>= 1). Default: 100.
     int64_t poll_ms = 100;
+    // On a subscription without exactly-once delivery: Ack queues the ack
+    // id and returns OK, and the queued ids go in one acknowledge call (up
+    // to 1000 ids each) before the next pull, nack or extension of this
+    // handle, at Flush() and at destruction, as Google's client libraries
+    // batch acks. Such a subscription accepts any ack id, so a synchronous
+    // ack would say no more; a batch that fails (or a crash before it) only
+    // means redeliveries, which the Inbox absorbs. On an exactly-once
+    // subscription every Ack is its own call, so that an expired ack id is
+    // reported (kLeaseLost). false: every Ack is its own call. Default: true.
+    bool batch_acks = true;
     // Create the subscription at Open when it does not exist (and the
     // topic, when that does not either), with the settings below. Default:
     // false (a missing subscription is kNotFound).
@@ -140,7 +153,7 @@ class Source : public idem::Source {
   static Result<std::unique_ptr<Source>> Open(const Options& options);
   // Parses "pubsub://PROJECT/SUBSCRIPTION[?endpoint=URL][&topic=T]
   // [&token_file=PATH][&ca_file=PATH][&id_attribute=A][&id_fallback=B]
-  // [&poll_ms=N][&create=B][&lease_ms=N][&exactly_once=B][&ordering=B]
+  // [&poll_ms=N][&batch_acks=B][&create=B][&lease_ms=N][&exactly_once=B][&ordering=B]
   // [&dead_letter_topic=T][&max_delivery_attempts=N][&connect_timeout_ms=N]
   // [&read_timeout_ms=N][&max_attempts=N][&pool_size=N]". The same URL with
   // topic= also opens a Publisher onto that topic. kInvalidArgument for
@@ -149,6 +162,11 @@ class Source : public idem::Source {
 
   // "projects/P/subscriptions/S".
   virtual const std::string& name() const = 0;
+  // Whether the subscription has exactly-once delivery (read at Open).
+  virtual bool exactly_once() const = 0;
+  // Sends the acks queued by batch_acks now. Errors are the acknowledge
+  // call's; the ids are not kept (their messages come again).
+  virtual Status Flush() = 0;
   std::string_view Kind() const override { return "pubsub"; }
 };
 
