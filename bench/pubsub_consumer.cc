@@ -8,7 +8,9 @@
 //          row per message -> acknowledge the B ack ids in one call
 //   idem:  pubsub::Source + Consumer{batch = B} + Inbox on SQLite, the same
 //          row per message, markers in the same transaction, Ack per delivery
-//          (Source::Ack is one acknowledge call per delivery)
+//          (on this plain subscription Source::Ack queues the ack id; the
+//          queued ids go in one acknowledge call before the next pull);
+//          the Consumer stops when idle (one empty pull, receive_wait_ms 10)
 // After one uncounted round each way (the emulator's JIT warms up), rounds
 // alternate bare/idem; the figures are the medians. One JSON line.
 //   idem_pubsub_consumer_bench http://127.0.0.1:8085 N B ROUNDS DIR
@@ -124,7 +126,7 @@ double Idem(const std::string& endpoint, const std::string& name, int n, int bat
     return tx.Exec("INSERT INTO rows(message_id, payload) VALUES ($1, $2)", {m.id, m.payload}).status();
   };
   auto consumer =
-      idem::Consumer::Open(*src, **inbox, handler, {.batch = batch, .receive_wait_ms = 50, .stop_when_idle = true});
+      idem::Consumer::Open(*src, **inbox, handler, {.batch = batch, .receive_wait_ms = 10, .stop_when_idle = true});
   if (!consumer.ok()) Die("consumer", consumer.status());
   const auto start = std::chrono::steady_clock::now();
   if (idem::Status s = (*consumer)->Run(); !s.ok()) Die("run", s);
