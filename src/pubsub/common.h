@@ -22,7 +22,7 @@ namespace idem::pubsub_internal {
 #define IDEM_PUBSUB_CONNECTION_KEYS \
   "endpoint", "token_file", "ca_file", "connect_timeout_ms", "read_timeout_ms", "max_attempts", "pool_size"
 // The source's own keys (a publisher URL may carry them: one URL opens both).
-#define IDEM_PUBSUB_SOURCE_KEYS                                                                        \
+#define IDEM_PUBSUB_SOURCE_KEYS                                                                                      \
   "id_attribute", "id_fallback", "poll_ms", "batch_acks", "create", "topic", "lease_ms", "exactly_once", "ordering", \
       "dead_letter_topic", "max_delivery_attempts"
 
