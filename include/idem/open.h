@@ -11,6 +11,7 @@
 //               redis://HOST[:PORT][/DB]?stream=S&group=G
 //               amqp://USER:PASS@HOST[:PORT]/VHOST?queue=Q
 //               kafka://HOST:PORT[,...]?topic=T&group=G
+//               pubsub://PROJECT/SUBSCRIPTION[?topic=T][&endpoint=URL]
 //
 // Link idem::open: find_package(idem COMPONENTS open) brings SQLite and the
 // embedded queue; name the other adapters whose URLs a program opens
@@ -87,7 +88,7 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOption
 // the Store it lives in.
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url);
 Result<std::unique_ptr<ClaimStore>> OpenClaimStore(std::string_view url, const StoreOptions& settings);
-// A Source (embedded:, redis://, amqp://, kafka://).
+// A Source (embedded:, redis://, amqp://, kafka://, pubsub://).
 Result<std::unique_ptr<Source>> OpenSource(std::string_view url, const SourceOptions& settings = {});
 // A Publisher onto the same place a Source of that URL reads.
 Result<std::unique_ptr<Publisher>> OpenPublisher(std::string_view url);

@@ -21,6 +21,9 @@
 #ifndef IDEM_OPEN_HAVE_KAFKA
 #define IDEM_OPEN_HAVE_KAFKA 0
 #endif
+#ifndef IDEM_OPEN_HAVE_PUBSUB
+#define IDEM_OPEN_HAVE_PUBSUB 0
+#endif
 
 namespace idem {
 namespace open_internal {
@@ -66,6 +69,8 @@ std::vector<SourceScheme> NetworkSchemes() {
       {"amqp", "amqp", IDEM_OPEN_HAVE_AMQP != 0, &open_internal::OpenAmqpSource, &open_internal::OpenAmqpPublisher},
       {"kafka", "kafka", IDEM_OPEN_HAVE_KAFKA != 0, &open_internal::OpenKafkaSource,
        &open_internal::OpenKafkaPublisher},
+      {"pubsub", "pubsub", IDEM_OPEN_HAVE_PUBSUB != 0, &open_internal::OpenPubsubSource,
+       &open_internal::OpenPubsubPublisher},
   };
 }
 
@@ -78,6 +83,7 @@ Status UnknownScheme(std::string_view url) {
                                 : scheme == "redis"  ? "redis_streams"
                                 : scheme == "amqp"   ? "amqp"
                                 : scheme == "kafka"  ? "kafka"
+                                : scheme == "pubsub" ? "pubsub"
                                                      : "";
   if (!component.empty()) {
     std::string option = component == "redis_streams" ? "REDIS" : component;

@@ -39,6 +39,10 @@
 #if IDEM_TEST_HAVE_HTTP
 #include "idem/http/client.h"
 #endif
+#if IDEM_TEST_HAVE_PUBSUB
+#include "idem/pubsub/publisher.h"
+#include "idem/pubsub/source.h"
+#endif
 
 namespace idem {
 namespace {
@@ -216,6 +220,33 @@ TEST(OptionsConformance, KafkaOpenRefusesOutOfRangeValues) {
                                        {"id_header", [](P& o) { o.id_header = ""; }},
                                        {"connect_timeout_ms", [](P& o) { o.connect_timeout_ms = -1; }},
                                        {"publish_timeout_ms", [](P& o) { o.publish_timeout_ms = 0; }}});
+}
+#endif
+
+#if IDEM_TEST_HAVE_PUBSUB
+TEST(OptionsConformance, PubsubOpenRefusesOutOfRangeValues) {
+  // Every field is checked before the first call (nothing listens on port 1).
+  const pubsub::Connection c{.project = "p", .endpoint = "http://127.0.0.1:1"};
+  using S = pubsub::Source::Options;
+  ExpectOpenRefuses<pubsub::Source>("pubsub source", S{.connection = c, .subscription = "subs"},
+                                    {{"project", [](S& o) { o.connection.project = ""; }},
+                                     {"subscription", [](S& o) { o.subscription = ""; }},
+                                     {"id_attribute", [](S& o) { o.id_attribute = ""; }},
+                                     {"poll_ms", [](S& o) { o.poll_ms = 0; }},
+                                     {"lease_ms", [](S& o) { o.lease_ms = 5'000; }},
+                                     {"max_delivery_attempts", [](S& o) { o.max_delivery_attempts = 101; }},
+                                     {"connect_timeout_ms", [](S& o) { o.connection.connect_timeout_ms = 0; }},
+                                     {"read_timeout_ms", [](S& o) { o.connection.read_timeout_ms = 0; }},
+                                     {"max_attempts", [](S& o) { o.connection.max_attempts = 0; }},
+                                     {"pool_size", [](S& o) { o.connection.pool_size = 0; }}});
+  ExpectParseUrlRefuses<pubsub::Source>("pubsub source", "pubsub://p/subs",
+                                        {{"lease_ms", "5000"}, {"poll_ms", "0"}, {"max_attempts", "0"}});
+  using P = pubsub::Publisher::Options;
+  ExpectOpenRefuses<pubsub::Publisher>("pubsub publisher", P{.connection = c, .topic = "topic"},
+                                       {{"id_attribute", [](P& o) { o.id_attribute = ""; }},
+                                        {"max_batch", [](P& o) { o.max_batch = 0; }},
+                                        {"pool_size", [](P& o) { o.connection.pool_size = 0; }}});
+  ExpectParseUrlRefuses<pubsub::Publisher>("pubsub publisher", "pubsub://p?topic=topic", {{"max_batch", "1001"}});
 }
 #endif
 
