@@ -142,6 +142,17 @@ TEST_F(PostgresStandby, ACommitWhoseSynchronousWaitIsCancelledIsInDoubt) {
   ASSERT_EQ(PgAdmin("SELECT pg_reload_conf()", primary_url_), "");
   auto tx = (*store)->Begin();
   ASSERT_OK(tx);
+  // pg_reload_conf() only signals: the pooled backend reads the new setting
+  // between two statements, some time later. Until it has, its COMMIT would
+  // not wait for a standby at all.
+  std::string names;
+  for (int i = 0; i < 200 && names != "nobody"; ++i) {
+    auto r = (*tx)->Query("SHOW synchronous_standby_names");
+    ASSERT_OK(r);
+    names = r->rows.at(0).at(0).AsText();
+    if (names != "nobody") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(names, "nobody") << "the backend never read the reloaded configuration";
   ASSERT_OK((*tx)->Exec("INSERT INTO payments(message_id, cents) VALUES ($1, 1)", {"c-1"}).status());
   Status committed;
   std::thread commit([&] { committed = (*tx)->Commit(); });
