@@ -3,6 +3,7 @@
 
 #include "core/hmac_sha256.h"
 #include "core/signal_stop.h"
+#include "http/base64.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -37,25 +38,8 @@ Result<WebhookScheme> ParseWebhookScheme(std::string_view name) {
 
 namespace {
 
-std::optional<std::string> Base64Decode(std::string_view in) {
-  // EVP_DecodeBlock wants a multiple of 4 and counts padding as zeros.
-  if (in.empty() || in.size() % 4 != 0) return std::nullopt;
-  std::string out(in.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  if (n < 0) return std::nullopt;
-  size_t pad = (in.back() == '=') + (in.size() > 1 && in[in.size() - 2] == '=');
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
-
-std::string Base64Encode(std::string_view in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
+using http_internal::Base64Decode;
+using http_internal::Base64Encode;
 
 std::optional<std::string> Unhex(std::string_view hex) {
   if (hex.size() % 2) return std::nullopt;

@@ -21,6 +21,9 @@
 #ifndef IDEM_OPEN_HAVE_KAFKA
 #define IDEM_OPEN_HAVE_KAFKA 0
 #endif
+#ifndef IDEM_OPEN_HAVE_SQS
+#define IDEM_OPEN_HAVE_SQS 0
+#endif
 
 namespace idem {
 namespace open_internal {
@@ -66,6 +69,7 @@ std::vector<SourceScheme> NetworkSchemes() {
       {"amqp", "amqp", IDEM_OPEN_HAVE_AMQP != 0, &open_internal::OpenAmqpSource, &open_internal::OpenAmqpPublisher},
       {"kafka", "kafka", IDEM_OPEN_HAVE_KAFKA != 0, &open_internal::OpenKafkaSource,
        &open_internal::OpenKafkaPublisher},
+      {"sqs", "sqs", IDEM_OPEN_HAVE_SQS != 0, &open_internal::OpenSqsSource, &open_internal::OpenSqsPublisher},
   };
 }
 
@@ -78,6 +82,7 @@ Status UnknownScheme(std::string_view url) {
                                 : scheme == "redis"  ? "redis_streams"
                                 : scheme == "amqp"   ? "amqp"
                                 : scheme == "kafka"  ? "kafka"
+                                : scheme == "sqs"    ? "sqs"
                                                      : "";
   if (!component.empty()) {
     std::string option = component == "redis_streams" ? "REDIS" : component;
