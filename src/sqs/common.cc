@@ -74,7 +74,9 @@ std::optional<std::string> AttributeBytes(const json& a) {
 
 }  // namespace
 
-int64_t Seconds(int64_t ms, int64_t max_s) { return std::clamp<int64_t>((std::max<int64_t>(ms, 0) + 999) / 1000, 0, max_s); }
+int64_t Seconds(int64_t ms, int64_t max_s) {
+  return std::clamp<int64_t>((std::max<int64_t>(ms, 0) + 999) / 1000, 0, max_s);
+}
 
 bool IsStaleReceipt(const ServiceError& e) {
   return Contains(e.type, "ReceiptHandleIsInvalid") || Contains(e.type, "MessageNotInflight") ||
@@ -104,17 +106,16 @@ Result<Queue> LookUp(JsonClient& client, std::string_view queue) {
     q.name = LastSegment(queue);
   } else {
     q.name = std::string(queue);
-    IDEM_ASSIGN_OR_RETURN(json got, Call(client, "GetQueueUrl", {{"QueueName", q.name}},
-                                         "SQS GetQueueUrl of queue '" + q.name + "' in " + client.region() + " at " +
-                                             client.endpoint()));
+    IDEM_ASSIGN_OR_RETURN(
+        json got, Call(client, "GetQueueUrl", {{"QueueName", q.name}},
+                       "SQS GetQueueUrl of queue '" + q.name + "' in " + client.region() + " at " + client.endpoint()));
     q.url = got.value("QueueUrl", std::string());
     if (q.url.empty()) return Status::Internal("SQS GetQueueUrl of '" + q.name + "': no QueueUrl in the answer");
   }
   const std::string what = "SQS GetQueueAttributes of queue '" + q.name + "' at " + client.endpoint();
-  IDEM_ASSIGN_OR_RETURN(json attrs, Call(client, "GetQueueAttributes",
-                                         {{"QueueUrl", q.url},
-                                          {"AttributeNames", {"FifoQueue", "MessageRetentionPeriod"}}},
-                                         what));
+  IDEM_ASSIGN_OR_RETURN(json attrs,
+                        Call(client, "GetQueueAttributes",
+                             {{"QueueUrl", q.url}, {"AttributeNames", {"FifoQueue", "MessageRetentionPeriod"}}}, what));
   const json& a = attrs.contains("Attributes") ? attrs["Attributes"] : json::object();
   q.fifo = a.value("FifoQueue", std::string()) == "true" || q.name.ends_with(".fifo");
   const std::string retention = a.value("MessageRetentionPeriod", std::string("345600"));
@@ -131,9 +132,8 @@ Result<Connection> Connect(std::string_view what_view, const sqs::ConnectOptions
   IDEM_RETURN_IF_ERROR(options_internal::InRange(what, "max_attempts", o.max_attempts, 1, 100));
   IDEM_RETURN_IF_ERROR(options_internal::InRange(what, "pool_size", o.pool_size, 1, 1'000));
   aws_internal::CredentialQuery cq;
-  cq.given = {.access_key_id = o.access_key_id,
-              .secret_access_key = o.secret_access_key,
-              .session_token = o.session_token};
+  cq.given = {
+      .access_key_id = o.access_key_id, .secret_access_key = o.secret_access_key, .session_token = o.session_token};
   cq.profile = o.profile;
   auto creds = aws_internal::FindCredentials(cq);
   if (!creds.ok()) return creds.status().WithContext(what);
@@ -149,10 +149,8 @@ Result<Connection> Connect(std::string_view what_view, const sqs::ConnectOptions
   co.pool_size = o.pool_size;
   co.max_attempts = o.max_attempts;
   co.env = o.env;
-  auto client = JsonClient::Open({.signing_name = "sqs",
-                                  .target_prefix = "AmazonSQS",
-                                  .content_type = "application/x-amz-json-1.0"},
-                                 co);
+  auto client = JsonClient::Open(
+      {.signing_name = "sqs", .target_prefix = "AmazonSQS", .content_type = "application/x-amz-json-1.0"}, co);
   if (!client.ok()) return client.status().WithContext(what);
   Connection c{.client = std::move(*client), .queue = {}};
   if (!queue.empty()) {
@@ -167,9 +165,9 @@ Result<UrlParts> ParseSqsUrl(std::string_view url) {
   IDEM_ASSIGN_OR_RETURN(ParsedUrl u, idem::ParseUrl(url, "SQS URL", UrlForm::kFile));
   if (u.scheme != "sqs")
     return Status::InvalidArgument("not an SQS URL: '" + RedactUrl(url) + "' (expected sqs://QUEUE?region=R)");
-  IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue_url", "region", "endpoint", "profile", "id_attribute",
-                                    "message_id_fallback", "lease_ms", "connect_timeout_ms", "read_timeout_ms",
-                                    "max_attempts", "pool_size", "group_id", "deduplicate_by_id"}));
+  IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue_url", "region", "endpoint", "profile", "id_attribute", "message_id_fallback",
+                                    "lease_ms", "connect_timeout_ms", "read_timeout_ms", "max_attempts", "pool_size",
+                                    "group_id", "deduplicate_by_id"}));
   UrlParts p;
   std::string name = u.path;
   while (name.starts_with('/')) name.erase(0, 1);
@@ -184,7 +182,8 @@ Result<UrlParts> ParseSqsUrl(std::string_view url) {
   p.connect.profile = u.Get("profile");
   IDEM_ASSIGN_OR_RETURN(p.connect.connect_timeout_ms,
                         u.GetInt("connect_timeout_ms", p.connect.connect_timeout_ms, 1, 3'600'000));
-  IDEM_ASSIGN_OR_RETURN(p.connect.read_timeout_ms, u.GetInt("read_timeout_ms", p.connect.read_timeout_ms, 1, 3'600'000));
+  IDEM_ASSIGN_OR_RETURN(p.connect.read_timeout_ms,
+                        u.GetInt("read_timeout_ms", p.connect.read_timeout_ms, 1, 3'600'000));
   IDEM_ASSIGN_OR_RETURN(int64_t attempts, u.GetInt("max_attempts", p.connect.max_attempts, 1, 100));
   p.connect.max_attempts = static_cast<int>(attempts);
   IDEM_ASSIGN_OR_RETURN(int64_t pool, u.GetInt("pool_size", p.connect.pool_size, 1, 1'000));
@@ -237,8 +236,8 @@ Result<json> EncodeMessage(const Message& m, const EncodeOptions& o) {
     attrs[std::string(kProducerTimeHeader)] = {{"DataType", "Number"},
                                                {"StringValue", std::to_string(*m.producer_time_ms)}};
   if (!m.headers.empty())
-    attrs[std::string(kHeadersAttribute)] = {{"DataType", "Binary"},
-                                             {"BinaryValue", http_internal::Base64Encode(internal::EncodeHeaders(m.headers))}};
+    attrs[std::string(kHeadersAttribute)] = {
+        {"DataType", "Binary"}, {"BinaryValue", http_internal::Base64Encode(internal::EncodeHeaders(m.headers))}};
   json out = json::object();
   if (!m.payload.empty() && IsSqsText(m.payload)) {
     out["MessageBody"] = m.payload;
@@ -314,8 +313,8 @@ Message DecodeMessage(const json& sm, std::string_view id_attribute, bool messag
     if (message_id_fallback && !sqs_id.empty()) {
       m.id = sqs_id;
     } else {
-      problem = "SQS message " + sqs_id + " has no message attribute '" + std::string(id_attribute) +
-                "' (the message id)";
+      problem =
+          "SQS message " + sqs_id + " has no message attribute '" + std::string(id_attribute) + "' (the message id)";
     }
   }
   if (!problem.empty()) {

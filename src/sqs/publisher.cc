@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/options_check.h"
+#include "core/publish_batch.h"
 #include "sqs/common.h"
 
 namespace idem::sqs {
@@ -25,7 +26,7 @@ class PublisherImpl final : public Publisher {
       : o_(std::move(o)), client_(std::move(c.client)), own_(std::move(c.queue)) {}
 
   Status Publish(const Message& m) override {
-    if (own_.url.empty()) return Status::InvalidArgument("SQS publisher: no queue (Options::queue) to publish to");
+    if (own_.url.empty()) return publish_internal::NoChannel("SQS", "queue");
     IDEM_ASSIGN_OR_RETURN(json entry, Encode(m, own_, {}));
     entry["QueueUrl"] = own_.url;
     auto r = Call(*client_, "SendMessage", entry, Where(own_, "SendMessage"));
@@ -39,16 +40,12 @@ class PublisherImpl final : public Publisher {
     std::map<std::string, std::vector<size_t>> by_queue;
     std::vector<std::string> order;
     for (size_t i = 0; i < batch.size(); ++i) {
-      const std::string dest(batch[i].destination.empty() ? std::string_view(o_.queue) : batch[i].destination);
-      if (batch[i].message == nullptr) {
-        out[i] = Status::InvalidArgument("SQS PublishBatch: element " + std::to_string(i) + " has no message");
+      auto d = publish_internal::Destination(batch[i], o_.queue, "SQS", "queue");
+      if (!d.ok()) {
+        out[i] = d.status();
         continue;
       }
-      if (dest.empty()) {
-        out[i] = Status::InvalidArgument("SQS PublishBatch: element " + std::to_string(i) +
-                                         " has no destination and the publisher no queue");
-        continue;
-      }
+      const std::string dest(*d);
       auto [it, fresh] = by_queue.try_emplace(dest);
       if (fresh) order.push_back(dest);
       it->second.push_back(i);
@@ -68,7 +65,7 @@ class PublisherImpl final : public Publisher {
     return out;
   }
 
-  PublisherTraits traits() const override { return {.ordered_batch = false, .max_batch = sqs_internal::kMaxBatch}; }
+  PublisherTraits traits() const override { return {.ordered_batch = false, .max_batch = 1000}; }
   std::string_view Channel() const override { return o_.queue; }
 
  private:
@@ -78,10 +75,10 @@ class PublisherImpl final : public Publisher {
 
   Result<json> Encode(const Message& m, const sqs_internal::Queue& q, std::string_view key) const {
     return sqs_internal::EncodeMessage(m, {.id_attribute = o_.id_attribute,
-                                          .fifo = q.fifo,
-                                          .deduplicate_by_id = o_.deduplicate_by_id,
-                                          .key = key,
-                                          .group_id = o_.group_id});
+                                           .fifo = q.fifo,
+                                           .deduplicate_by_id = o_.deduplicate_by_id,
+                                           .key = key,
+                                           .group_id = o_.group_id});
   }
 
   // A queue SQS says does not exist is a refusal that sending again does
@@ -108,7 +105,9 @@ class PublisherImpl final : public Publisher {
     json entries = json::array();
     std::vector<size_t> sent;  // entry k answers batch[sent[k]]
     for (size_t i : idx) {
-      auto e = Encode(*batch[i].message, q, batch[i].key);
+      Message m = *batch[i].message;
+      m.headers = publish_internal::HeadersWithKey(m, batch[i].key);
+      auto e = Encode(m, q, batch[i].key);
       if (!e.ok()) {
         out[i] = e.status();
         continue;

@@ -47,8 +47,8 @@ class SourceImpl final : public Source {
       const int64_t left = deadline - env_->NowMs();
       const int64_t wait_s = left <= 0 ? 0 : sqs_internal::Seconds(left, sqs_internal::kMaxWaitSeconds);
       input["WaitTimeSeconds"] = wait_s;
-      IDEM_ASSIGN_OR_RETURN(json got, Call(*client_, "ReceiveMessage", input, Where("ReceiveMessage"), false,
-                                           wait_s * 1000));
+      IDEM_ASSIGN_OR_RETURN(json got,
+                            Call(*client_, "ReceiveMessage", input, Where("ReceiveMessage"), false, wait_s * 1000));
       std::vector<Delivery> out;
       if (got.contains("Messages") && got["Messages"].is_array()) {
         out.reserve(got["Messages"].size());
@@ -56,7 +56,8 @@ class SourceImpl final : public Source {
           Delivery d;
           d.message = sqs_internal::DecodeMessage(m, o_.id_attribute, o_.message_id_fallback);
           d.receipt = m.value("ReceiptHandle", std::string());
-          if (d.receipt.empty()) return Status::Internal(Where("ReceiveMessage") + ": a message without a receipt handle");
+          if (d.receipt.empty())
+            return Status::Internal(Where("ReceiveMessage") + ": a message without a receipt handle");
           out.push_back(std::move(d));
         }
       }
@@ -175,8 +176,8 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& options) {
   constexpr std::string_view kWhat = "SQS source";
   IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "queue", options.queue));
   IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "id_attribute", options.id_attribute));
-  IDEM_RETURN_IF_ERROR(
-      options_internal::InRange(kWhat, "lease_ms", options.lease_ms, 1'000, sqs_internal::kMaxVisibilitySeconds * 1000));
+  IDEM_RETURN_IF_ERROR(options_internal::InRange(kWhat, "lease_ms", options.lease_ms, 1'000,
+                                                 sqs_internal::kMaxVisibilitySeconds * 1000));
   if (options.lease_ms % 1000 != 0)
     return Status::InvalidArgument("SQS source: lease_ms must be whole seconds (SQS's visibility timeout), got " +
                                    std::to_string(options.lease_ms));

@@ -77,7 +77,7 @@ class Publisher : public ::idem::Publisher {
   Status Publish(const Message& message) override = 0;
   // SendMessageBatch calls of up to 10 entries per destination (a name or
   // a URL, looked up once and kept), each element answered by its own
-  // entry's result. traits(): ordered_batch false, max_batch 10. Channel():
+  // entry's result. traits(): ordered_batch false, max_batch 1000 (split into calls of 10). Channel():
   // the queue of the options.
   std::vector<Status> PublishBatch(std::span<const Outgoing> batch) override = 0;
   std::string_view Kind() const override { return "sqs"; }
