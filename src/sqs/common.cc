@@ -91,6 +91,28 @@ Status ErrorStatus(const ServiceError& e, std::string_view what, bool receipt_ca
   return aws_internal::ToStatus(e, what);
 }
 
+std::vector<Status> BatchStatuses(const json& answer, size_t n, std::string_view what,
+                                  const std::function<Status(const ServiceError&)>& failed) {
+  std::vector<Status> out(n, Status::InDoubt(std::string(what) + ": the answer has no result for this entry"));
+  auto index = [n](const json& e) -> std::optional<size_t> {
+    const std::string id = e.value("Id", std::string());
+    auto v = wire_internal::ParseProducerTime(id);
+    if (!v || *v < 0 || static_cast<size_t>(*v) >= n) return std::nullopt;
+    return static_cast<size_t>(*v);
+  };
+  if (answer.contains("Successful") && answer["Successful"].is_array())
+    for (const json& e : answer["Successful"])
+      if (auto i = index(e)) out[*i] = Status::OK();
+  if (answer.contains("Failed") && answer["Failed"].is_array())
+    for (const json& e : answer["Failed"])
+      if (auto i = index(e))
+        out[*i] = failed({.http_status = e.value("SenderFault", true) ? 400 : 500,
+                          .type = e.value("Code", std::string("InternalError")),
+                          .message = e.value("Message", std::string()),
+                          .body = e});
+  return out;
+}
+
 Result<json> Call(JsonClient& client, std::string_view operation, const json& input, std::string_view what,
                   bool receipt_call, int64_t extra_wait_ms) {
   auto r = client.Call(operation, input, extra_wait_ms);
@@ -99,16 +121,21 @@ Result<json> Call(JsonClient& client, std::string_view operation, const json& in
   return std::move(r->body);
 }
 
-Result<Queue> LookUp(JsonClient& client, std::string_view queue) {
+Result<Queue> LookUp(JsonClient& client, std::string_view queue, bool create) {
   Queue q;
   if (IsQueueUrl(queue)) {
     q.url = std::string(queue);
     q.name = LastSegment(queue);
   } else {
     q.name = std::string(queue);
-    IDEM_ASSIGN_OR_RETURN(
-        json got, Call(client, "GetQueueUrl", {{"QueueName", q.name}},
-                       "SQS GetQueueUrl of queue '" + q.name + "' in " + client.region() + " at " + client.endpoint()));
+    const std::string where = "queue '" + q.name + "' in " + client.region() + " at " + client.endpoint();
+    auto found = Call(client, "GetQueueUrl", {{"QueueName", q.name}}, "SQS GetQueueUrl of " + where);
+    if (!found.ok() && found.status().code() == Code::kNotFound && create) {
+      json input = {{"QueueName", q.name}};
+      if (q.name.ends_with(".fifo")) input["Attributes"] = {{"FifoQueue", "true"}};
+      found = Call(client, "CreateQueue", input, "SQS CreateQueue of " + where);
+    }
+    IDEM_ASSIGN_OR_RETURN(json got, std::move(found));
     q.url = got.value("QueueUrl", std::string());
     if (q.url.empty()) return Status::Internal("SQS GetQueueUrl of '" + q.name + "': no QueueUrl in the answer");
   }
@@ -125,7 +152,8 @@ Result<Queue> LookUp(JsonClient& client, std::string_view queue) {
   return q;
 }
 
-Result<Connection> Connect(std::string_view what_view, const sqs::ConnectOptions& o, std::string_view queue) {
+Result<Connection> Connect(std::string_view what_view, const sqs::ConnectOptions& o, std::string_view queue,
+                           bool create) {
   const std::string what(what_view);
   IDEM_RETURN_IF_ERROR(options_internal::InRange(what, "connect_timeout_ms", o.connect_timeout_ms, 1, 3'600'000));
   IDEM_RETURN_IF_ERROR(options_internal::InRange(what, "read_timeout_ms", o.read_timeout_ms, 1, 3'600'000));
@@ -154,7 +182,7 @@ Result<Connection> Connect(std::string_view what_view, const sqs::ConnectOptions
   if (!client.ok()) return client.status().WithContext(what);
   Connection c{.client = std::move(*client), .queue = {}};
   if (!queue.empty()) {
-    auto q = LookUp(*c.client, queue);
+    auto q = LookUp(*c.client, queue, create);
     if (!q.ok()) return q.status().WithContext(what);
     c.queue = std::move(*q);
   }
@@ -167,7 +195,7 @@ Result<UrlParts> ParseSqsUrl(std::string_view url) {
     return Status::InvalidArgument("not an SQS URL: '" + RedactUrl(url) + "' (expected sqs://QUEUE?region=R)");
   IDEM_RETURN_IF_ERROR(u.CheckKeys({"queue_url", "region", "endpoint", "profile", "id_attribute", "message_id_fallback",
                                     "lease_ms", "connect_timeout_ms", "read_timeout_ms", "max_attempts", "pool_size",
-                                    "group_id", "deduplicate_by_id"}));
+                                    "group_id", "deduplicate_by_id", "create_queue"}));
   UrlParts p;
   std::string name = u.path;
   while (name.starts_with('/')) name.erase(0, 1);
@@ -177,6 +205,7 @@ Result<UrlParts> ParseSqsUrl(std::string_view url) {
   p.queue = queue_url.empty() ? name : queue_url;
   if (!queue_url.empty() && !IsQueueUrl(queue_url))
     return Status::InvalidArgument("SQS URL '" + RedactUrl(url) + "': queue_url must be http:// or https://");
+  IDEM_ASSIGN_OR_RETURN(p.create_queue, u.GetBool("create_queue", false));
   p.connect.region = u.Get("region");
   p.connect.endpoint = u.Get("endpoint");
   p.connect.profile = u.Get("profile");

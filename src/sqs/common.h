@@ -9,10 +9,12 @@
 #define IDEM_SRC_SQS_COMMON_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "aws/client.h"
 #include "idem/message.h"
@@ -50,10 +52,13 @@ struct Connection {
 // empty) looks the queue up: GetQueueUrl for a name (kNotFound when it does
 // not exist), then GetQueueAttributes (FifoQueue, MessageRetentionPeriod).
 // `what` names the caller in errors ("SQS source").
-Result<Connection> Connect(std::string_view what, const sqs::ConnectOptions& options, std::string_view queue);
+// With `create`, a queue name that does not exist is created (CreateQueue;
+// a name ending in ".fifo" makes a FIFO queue) instead.
+Result<Connection> Connect(std::string_view what, const sqs::ConnectOptions& options, std::string_view queue,
+                           bool create = false);
 
 // Looks a queue (a name or a URL) up with `client`.
-Result<Queue> LookUp(aws_internal::JsonClient& client, std::string_view queue);
+Result<Queue> LookUp(aws_internal::JsonClient& client, std::string_view queue, bool create = false);
 
 // One call: the answer's body, or the error as a Status (ToStatus, and
 // kLeaseLost for a receipt handle SQS no longer takes, when `receipt_call`).
@@ -68,10 +73,18 @@ bool IsStaleReceipt(const aws_internal::ServiceError& e);
 // receipt when `receipt_call`).
 Status ErrorStatus(const aws_internal::ServiceError& e, std::string_view what, bool receipt_call);
 
+// The answer of a batch call (SendMessageBatch, DeleteMessageBatch) whose
+// entries had the Ids "0" .. "n-1": per entry OK (Successful), `failed` of
+// its error (Failed: Code, Message, SenderFault as a 4xx, else a 5xx), or
+// kInDoubt when the answer names it nowhere.
+std::vector<Status> BatchStatuses(const nlohmann::json& answer, size_t n, std::string_view what,
+                                  const std::function<Status(const aws_internal::ServiceError&)>& failed);
+
 // The URL's keys both ends read ("sqs://QUEUE?..." or "sqs://?queue_url=U"):
 // the queue and the connection. `what`: "SQS URL".
 struct UrlParts {
   std::string queue;
+  bool create_queue = false;
   sqs::ConnectOptions connect;
   ParsedUrl url;
 };

@@ -123,30 +123,14 @@ class PublisherImpl final : public Publisher {
       for (size_t i : sent) out[i] = Refusal(r.status());
       return;
     }
-    std::vector<bool> answered(sent.size(), false);
-    auto entry = [&](const json& e) -> long {
-      const std::string id = e.value("Id", std::string());
-      for (size_t k = 0; k < sent.size(); ++k)
-        if (id == std::to_string(k)) return static_cast<long>(k);
-      return -1;
-    };
-    if (r->contains("Successful"))
-      for (const json& e : (*r)["Successful"])
-        if (long k = entry(e); k >= 0) answered[static_cast<size_t>(k)] = true;
-    if (r->contains("Failed"))
-      for (const json& e : (*r)["Failed"]) {
-        const long k = entry(e);
-        if (k < 0) continue;
-        const std::string said = e.value("Code", std::string()) + ": " + e.value("Message", std::string());
-        const size_t i = sent[static_cast<size_t>(k)];
-        out[i] = e.value("SenderFault", false)
-                     ? Status::Rejected(Where(q, "SendMessageBatch") + " refused the message (" + said + ")")
-                     : Status::Unavailable(Where(q, "SendMessageBatch") + " failed the message (" + said + ")");
-        answered[static_cast<size_t>(k)] = true;
-      }
-    for (size_t k = 0; k < sent.size(); ++k)
-      if (!answered[k])
-        out[sent[k]] = Status::InDoubt(Where(q, "SendMessageBatch") + ": no result for entry " + std::to_string(k));
+    const std::string what = Where(q, "SendMessageBatch");
+    std::vector<Status> st =
+        sqs_internal::BatchStatuses(*r, sent.size(), what, [&](const aws_internal::ServiceError& e) {
+          const std::string said = e.type + ": " + e.message;
+          return e.http_status < 500 ? Status::Rejected(what + " refused the message (" + said + ")")
+                                     : Status::Unavailable(what + " failed the message (" + said + ")");
+        });
+    for (size_t k = 0; k < sent.size(); ++k) out[sent[k]] = std::move(st[k]);
   }
 
   const Options o_;
@@ -161,7 +145,8 @@ class PublisherImpl final : public Publisher {
 Result<std::unique_ptr<Publisher>> Publisher::Open(const Options& options) {
   constexpr std::string_view kWhat = "SQS publisher";
   IDEM_RETURN_IF_ERROR(options_internal::NotEmpty(kWhat, "id_attribute", options.id_attribute));
-  IDEM_ASSIGN_OR_RETURN(sqs_internal::Connection c, sqs_internal::Connect(kWhat, options.connect, options.queue));
+  IDEM_ASSIGN_OR_RETURN(sqs_internal::Connection c,
+                        sqs_internal::Connect(kWhat, options.connect, options.queue, options.create_queue));
   return std::unique_ptr<Publisher>(std::make_unique<PublisherImpl>(options, std::move(c)));
 }
 
@@ -170,6 +155,7 @@ Result<Publisher::Options> Publisher::ParseUrl(std::string_view url) {
   Options o;
   o.queue = std::move(p.queue);
   o.connect = std::move(p.connect);
+  o.create_queue = p.create_queue;
   o.id_attribute = p.url.Get("id_attribute", o.id_attribute);
   o.group_id = p.url.Get("group_id");
   IDEM_ASSIGN_OR_RETURN(o.deduplicate_by_id, p.url.GetBool("deduplicate_by_id", o.deduplicate_by_id));

@@ -133,30 +133,11 @@ class SourceImpl final : public Source {
       for (Pending* p : batch) p->status = r.status();
       return;
     }
-    std::vector<bool> answered(batch.size(), false);
-    auto index = [&](const json& e) -> int {
-      const std::string id = e.value("Id", std::string());
-      for (size_t i = 0; i < batch.size(); ++i)
-        if (id == std::to_string(i)) return static_cast<int>(i);
-      return -1;
-    };
-    if (r->contains("Successful"))
-      for (const json& e : (*r)["Successful"])
-        if (int i = index(e); i >= 0) answered[static_cast<size_t>(i)] = true;
-    if (r->contains("Failed"))
-      for (const json& e : (*r)["Failed"]) {
-        const int i = index(e);
-        if (i < 0) continue;
-        aws_internal::ServiceError err{.http_status = e.value("SenderFault", true) ? 400 : 500,
-                                       .type = e.value("Code", std::string("InternalError")),
-                                       .message = e.value("Message", std::string()),
-                                       .body = e};
-        batch[static_cast<size_t>(i)]->status = sqs_internal::ErrorStatus(err, Where("DeleteMessageBatch"), true);
-        answered[static_cast<size_t>(i)] = true;
-      }
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (!answered[i])
-        batch[i]->status = Status::InDoubt(Where("DeleteMessageBatch") + ": no result for entry " + std::to_string(i));
+    const std::string what = Where("DeleteMessageBatch");
+    std::vector<Status> st = sqs_internal::BatchStatuses(
+        *r, batch.size(), what,
+        [&](const aws_internal::ServiceError& e) { return sqs_internal::ErrorStatus(e, what, true); });
+    for (size_t i = 0; i < batch.size(); ++i) batch[i]->status = std::move(st[i]);
   }
 
   const Options o_;
@@ -181,7 +162,8 @@ Result<std::unique_ptr<Source>> Source::Open(const Options& options) {
   if (options.lease_ms % 1000 != 0)
     return Status::InvalidArgument("SQS source: lease_ms must be whole seconds (SQS's visibility timeout), got " +
                                    std::to_string(options.lease_ms));
-  IDEM_ASSIGN_OR_RETURN(sqs_internal::Connection c, sqs_internal::Connect(kWhat, options.connect, options.queue));
+  IDEM_ASSIGN_OR_RETURN(sqs_internal::Connection c,
+                        sqs_internal::Connect(kWhat, options.connect, options.queue, options.create_queue));
   return std::unique_ptr<Source>(std::make_unique<SourceImpl>(options, std::move(c)));
 }
 
@@ -193,6 +175,7 @@ Result<Source::Options> Source::ParseUrl(std::string_view url) {
     return Status::InvalidArgument("an SQS URL needs a queue: sqs://QUEUE or sqs://?queue_url=URL, got '" +
                                    RedactUrl(url) + "'");
   o.connect = std::move(p.connect);
+  o.create_queue = p.create_queue;
   o.id_attribute = p.url.Get("id_attribute", o.id_attribute);
   IDEM_ASSIGN_OR_RETURN(o.message_id_fallback, p.url.GetBool("message_id_fallback", o.message_id_fallback));
   IDEM_ASSIGN_OR_RETURN(o.lease_ms,

@@ -52,6 +52,8 @@ class Publisher : public ::idem::Publisher {
     // kInvalidArgument and PublishBatch needs a destination per message.
     std::string queue{};
     ConnectOptions connect{};
+    // As Source::Options::create_queue (for Options::queue). Default: false.
+    bool create_queue = false;
     // The message attribute that carries the message id. Default: "idem-id".
     std::string id_attribute = "idem-id";
     // FIFO: the MessageGroupId of a message with no ordering key. Empty: a
@@ -67,7 +69,7 @@ class Publisher : public ::idem::Publisher {
   // kInvalidArgument (bad options, credentials, region), kNotFound (no such
   // queue), kUnavailable, kBusy: as Source::Open.
   static Result<std::unique_ptr<Publisher>> Open(const Options& options);
-  // Reads the URL of Source::ParseUrl: queue, the connection keys,
+  // Reads the URL of Source::ParseUrl: queue, create_queue, the connection keys,
   // id_attribute, group_id, deduplicate_by_id; the keys only a consumer uses
   // are checked and ignored.
   static Result<Options> ParseUrl(std::string_view url);

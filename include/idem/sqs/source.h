@@ -78,6 +78,10 @@ class Source : public ::idem::Source {
     std::string queue{};
     // Where SQS is and who calls it (idem/sqs/connect.h).
     ConnectOptions connect{};
+    // Create the queue (a name; ".fifo": a FIFO queue, with SQS's default
+    // attributes) when it does not exist, instead of kNotFound: for demos
+    // and tests. Default: false.
+    bool create_queue = false;
     // The message attribute that holds the message id. Default: "idem-id".
     std::string id_attribute = "idem-id";
     // A message without the id attribute gets SQS's MessageId as its id
@@ -94,7 +98,7 @@ class Source : public ::idem::Source {
   // kUnavailable (the endpoint does not answer), kBusy (throttled through
   // every retry).
   static Result<std::unique_ptr<Source>> Open(const Options& options);
-  // Parses "sqs://QUEUE[?region=R][&endpoint=URL][&profile=P]
+  // Parses "sqs://QUEUE[?region=R][&endpoint=URL][&profile=P][&create_queue=B]
   // [&id_attribute=A][&message_id_fallback=B][&lease_ms=N]
   // [&connect_timeout_ms=N][&read_timeout_ms=N][&max_attempts=N]
   // [&pool_size=N]", or "sqs://?queue_url=URL&..." for a queue given by its
