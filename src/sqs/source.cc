@@ -91,6 +91,28 @@ class SourceImpl final : public Source {
     return Status::OK();
   }
 
+  // DeleteMessageBatch calls of up to 10, in turn.
+  std::vector<Status> AckBatch(std::span<const Delivery> deliveries) override {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    for (size_t from = 0; from < deliveries.size(); from += sqs_internal::kMaxBatch) {
+      const size_t n = std::min<size_t>(sqs_internal::kMaxBatch, deliveries.size() - from);
+      std::vector<Pending> chunk(n);
+      std::vector<Pending*> batch;
+      for (size_t i = 0; i < n; ++i) {
+        chunk[i].receipt = &deliveries[from + i].receipt;
+        batch.push_back(&chunk[i]);
+      }
+      Delete(batch);
+      for (size_t i = 0; i < n; ++i) {
+        const Delivery& d = deliveries[from + i];
+        out.push_back(chunk[i].status.ok() ? Status::OK()
+                                           : chunk[i].status.WithContext("ack of " + Printable(d.message.id)));
+      }
+    }
+    return out;
+  }
+
   Status Nack(const Delivery& d, int64_t delay_ms) override {
     return ChangeVisibility(d, sqs_internal::Seconds(delay_ms, sqs_internal::kMaxVisibilitySeconds), "nack");
   }
