@@ -128,6 +128,9 @@ std::string KnownSources() {
   s += ", kafka://HOST:PORT[,...]?topic=T&group=G[&session_timeout_ms=MS][&connect_timeout_ms=MS (default 5000)],"
        " kafka-mock:?topic=T&partitions=N (1..1000)";
 #endif
+#if IDEM_HAVE_SQS
+  s += ", sqs://QUEUE?region=R[&endpoint=URL][&profile=P] (credentials from the environment or ~/.aws)";
+#endif
   return s + " (doc/sources.md lists every key)";
 }
 
