@@ -20,6 +20,9 @@ namespace {
 using nlohmann::json;
 using sqs_internal::Call;
 
+// Single Acks sent at once; more wait and go together (DeleteMessageBatch).
+constexpr int kAckSenders = 4;
+
 class SourceImpl final : public Source {
  public:
   SourceImpl(Options o, sqs_internal::Connection c)
@@ -70,13 +73,14 @@ class SourceImpl final : public Source {
     std::unique_lock<std::mutex> l(ack_mu_);
     acks_.push_back(&me);
     while (!me.done) {
-      if (ack_sending_) {
-        ack_cv_.wait(l);
+      if (ack_senders_ >= kAckSenders || acks_.empty()) {
+        ack_cv_.wait(l);  // for a sender to finish (maybe with this ack)
         continue;
       }
-      // This thread sends what is waiting (itself included when it is among
-      // the first 10); the others wait for its answer or send the rest.
-      ack_sending_ = true;
+      // This thread sends the first 10 waiting (itself among them, or the
+      // acks of threads that came first). While kAckSenders calls are out,
+      // later acks wait and go together: one call carries up to 10.
+      ++ack_senders_;
       const size_t n = std::min<size_t>(acks_.size(), sqs_internal::kMaxBatch);
       std::vector<Pending*> batch(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
       acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
@@ -84,7 +88,7 @@ class SourceImpl final : public Source {
       Delete(batch);
       l.lock();
       for (Pending* p : batch) p->done = true;
-      ack_sending_ = false;
+      --ack_senders_;
       ack_cv_.notify_all();
     }
     if (!me.status.ok()) return me.status.WithContext("ack of " + Printable(d.message.id));
@@ -170,7 +174,7 @@ class SourceImpl final : public Source {
   std::mutex ack_mu_;
   std::condition_variable ack_cv_;
   std::vector<Pending*> acks_;
-  bool ack_sending_ = false;
+  int ack_senders_ = 0;  // Ack calls out now, at most kAckSenders
 };
 
 }  // namespace

@@ -172,6 +172,33 @@ TEST_F(SqsTest, ADeliveryWhoseLeaseWasLostIsRedeliveredAndAbsorbedByTheInbox) {
   EXPECT_EQ(src->ExtendLease(fresh).code(), Code::kLeaseLost) << "deleted: no longer in flight";
 }
 
+// Acks from many threads at once (more than go out as single calls): every
+// one answered OK and every message deleted: none comes back after the
+// visibility timeout.
+TEST_F(SqsTest, ManyConcurrentAcksEachTakeEffect) {
+  auto src = OpenSource(/*lease_ms=*/1'000);
+  auto pub = OpenPublisher();
+  ASSERT_TRUE(src && pub);
+  std::vector<Message> msgs;
+  for (int i = 0; i < 40; ++i) msgs.push_back(Msg("c-" + std::to_string(i)));
+  std::vector<Outgoing> batch;
+  for (const Message& m : msgs) batch.push_back({{}, {}, &m});
+  for (int round = 0; round < 2; ++round)
+    for (const Status& s : pub->PublishBatch(batch)) ASSERT_TRUE(s.ok()) << s;
+  std::vector<Delivery> got = Drain(*src);
+  ASSERT_EQ(got.size(), 80u);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (const Delivery& d : got)
+    threads.emplace_back([&, d] {
+      if (src->Ack(d).ok()) ++ok;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 80);
+  std::this_thread::sleep_for(milliseconds(1'300));  // past the visibility timeout
+  EXPECT_TRUE(Drain(*src).empty()) << "an acked message came back";
+}
+
 // FIFO: a group's messages come in the order they were sent, one group's
 // next message only after the one before was acknowledged; a copy sent again
 // within SQS's deduplication window (same id) is dropped by SQS.

@@ -39,8 +39,9 @@
 // delete with an outdated handle (the message was received again since) with
 // success and may leave the message in the queue: so Ack is OK in that case
 // too, the message comes again, and the Inbox finds its marker. Ack never
-// reports kLeaseLost unless SQS does. Acks that arrive together (from the
-// Consumer's workers) are sent as one DeleteMessageBatch of up to 10.
+// reports kLeaseLost unless SQS does. AckBatch sends DeleteMessageBatch calls
+// of up to 10; single Acks go out as they come, up to 4 calls at once, and
+// those that arrive meanwhile go together in one DeleteMessageBatch.
 //
 // Horizon() is Unknown: SQS tells the age of the oldest message only through
 // CloudWatch. A message lives at most the queue's MessageRetentionPeriod
