@@ -11,6 +11,7 @@
 #define IDEM_SOURCE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,17 @@ class Source {
   // delivery's lease had already expired and the message went to someone
   // else (harmless after a commit: the other delivery finds the marker).
   virtual Status Ack(const Delivery& delivery) = 0;
+  // Acknowledges several deliveries at once: element i answers
+  // deliveries[i] as Ack would. The Consumer calls it with the deliveries of
+  // one batch (Consumer::Options::batch) whose outcome is settled, after
+  // their transaction committed. A broker that takes acks in batches (SQS's
+  // DeleteMessageBatch) overrides it. Default: Ack each in turn.
+  virtual std::vector<Status> AckBatch(std::span<const Delivery> deliveries) {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    for (const Delivery& d : deliveries) out.push_back(Ack(d));
+    return out;
+  }
   // Gives the message back, to be delivered again after `delay_ms`.
   virtual Status Nack(const Delivery& delivery, int64_t delay_ms) = 0;
   // "embedded", "redis", ...

@@ -62,7 +62,10 @@ struct Consumer::Impl {
   std::vector<Outcome> HandleAll(std::span<const Message> messages);
   // `batch_failures`: failures already recorded in this batch, so that copies
   // of one message in one batch count one failure, not one each.
-  void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr);
+  // `deferred_acks`: where a delivery to acknowledge is noted instead (the
+  // batch's acks go out together, Source::AckBatch); null: acked at once.
+  void Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures = nullptr,
+              std::vector<size_t>* deferred_acks = nullptr, size_t index = 0);
   // Drain mode: whether a worker whose Receive began at `receive_started_ms`
   // and found nothing may return.
   bool IdleDone(int64_t receive_started_ms);
@@ -75,6 +78,10 @@ struct Consumer::Impl {
   // Records a rejection (dead letter) and acknowledges.
   void SettleRejected(const Delivery& d, const Outcome& o);
   void Ack(const Delivery& d);
+  // What follows an ack (or its failure): counters, events, kill point.
+  void NoteAck(const Delivery& d, const Status& s);
+  // Acknowledges (*got)[i] for each i of `indices`, in one Source::AckBatch.
+  void AckBatch(const std::vector<Delivery>& got, const std::vector<size_t>& indices);
   // Tells the Inbox's observer (Inbox::Options::observer), if any.
   void Emit(EventKind kind, const Delivery& d, std::string_view detail = {}, int64_t handler_us = -1);
 
@@ -387,8 +394,11 @@ void Consumer::Impl::Work(Held* held) {
         for (const Delivery& d : *got) Emit(EventKind::kLeaseOverrun, d, {}, (now - started) * 1000);
     }
     BatchFailures batch_failures;
+    std::vector<size_t> deferred_acks;
+    const bool batched = outcomes.size() > 1;
     for (size_t i = 0; i < outcomes.size(); ++i)
-      Settle((*got)[i], outcomes[i], outcomes.size() > 1 ? &batch_failures : nullptr);
+      Settle((*got)[i], outcomes[i], batched ? &batch_failures : nullptr, batched ? &deferred_acks : nullptr, i);
+    AckBatch(*got, deferred_acks);
     busy_.fetch_sub(1);
   }
 }
@@ -408,8 +418,23 @@ void Consumer::Impl::Emit(EventKind kind, const Delivery& d, std::string_view de
   obs->OnEvent(e);
 }
 
-void Consumer::Impl::Ack(const Delivery& d) {
-  Status s = source_.Ack(d);
+void Consumer::Impl::Ack(const Delivery& d) { NoteAck(d, source_.Ack(d)); }
+
+void Consumer::Impl::AckBatch(const std::vector<Delivery>& got, const std::vector<size_t>& indices) {
+  if (indices.empty()) return;
+  std::vector<Delivery> subset;
+  std::span<const Delivery> acked(got);
+  if (indices.size() != got.size()) {
+    subset.reserve(indices.size());
+    for (size_t i : indices) subset.push_back(got[i]);
+    acked = subset;
+  }
+  std::vector<Status> st = source_.AckBatch(acked);
+  for (size_t k = 0; k < acked.size(); ++k)
+    NoteAck(acked[k], k < st.size() ? st[k] : Status::Internal("Source::AckBatch answered too few deliveries"));
+}
+
+void Consumer::Impl::NoteAck(const Delivery& d, const Status& s) {
   if (s.ok()) {
     acked_.fetch_add(1, std::memory_order_relaxed);
     Emit(EventKind::kAcked, d);
@@ -475,8 +500,14 @@ void Consumer::Impl::SettleInProgress(const Delivery& d, const Outcome& o) {
   Emit(EventKind::kNacked, d);
 }
 
-void Consumer::Impl::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures) {
-  auto ack = [&] { Ack(d); };
+void Consumer::Impl::Settle(const Delivery& d, const Outcome& o, BatchFailures* batch_failures,
+                            std::vector<size_t>* deferred_acks, size_t index) {
+  auto ack = [&] {
+    if (deferred_acks != nullptr)
+      deferred_acks->push_back(index);
+    else
+      Ack(d);
+  };
   auto forget_failed = [&](const std::string& id) {
     std::lock_guard<std::mutex> l(failed_mu_);
     return failed_ids_.erase(id) > 0;

@@ -2,7 +2,8 @@
 //
 // Internal: standard base64 (RFC 4648, with padding) over OpenSSL's
 // EVP_EncodeBlock / EVP_DecodeBlock: webhook signatures and secrets
-// (src/http/webhook.cc) and Pub/Sub message data (src/pubsub).
+// (src/http/webhook.cc), Pub/Sub message data (src/pubsub), SQS binary
+// attributes and bodies (src/sqs).
 #ifndef IDEM_SRC_HTTP_BASE64_H_
 #define IDEM_SRC_HTTP_BASE64_H_
 

@@ -24,6 +24,9 @@
 #ifndef IDEM_OPEN_HAVE_PUBSUB
 #define IDEM_OPEN_HAVE_PUBSUB 0
 #endif
+#ifndef IDEM_OPEN_HAVE_SQS
+#define IDEM_OPEN_HAVE_SQS 0
+#endif
 
 namespace idem {
 namespace open_internal {
@@ -71,6 +74,7 @@ std::vector<SourceScheme> NetworkSchemes() {
        &open_internal::OpenKafkaPublisher},
       {"pubsub", "pubsub", IDEM_OPEN_HAVE_PUBSUB != 0, &open_internal::OpenPubsubSource,
        &open_internal::OpenPubsubPublisher},
+      {"sqs", "sqs", IDEM_OPEN_HAVE_SQS != 0, &open_internal::OpenSqsSource, &open_internal::OpenSqsPublisher},
   };
 }
 
@@ -84,6 +88,7 @@ Status UnknownScheme(std::string_view url) {
                                 : scheme == "amqp"   ? "amqp"
                                 : scheme == "kafka"  ? "kafka"
                                 : scheme == "pubsub" ? "pubsub"
+                                : scheme == "sqs"    ? "sqs"
                                                      : "";
   if (!component.empty()) {
     std::string option = component == "redis_streams" ? "REDIS" : component;

@@ -28,6 +28,7 @@ void idem_open_link_redis_streams();
 void idem_open_link_amqp();
 void idem_open_link_kafka();
 void idem_open_link_pubsub();
+void idem_open_link_sqs();
 }
 
 namespace idem::open_internal {
@@ -44,6 +45,8 @@ namespace idem::open_internal {
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenKafkaPublisher(std::string_view url);
 [[gnu::weak]] Result<std::unique_ptr<Source>> OpenPubsubSource(std::string_view url, const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenPubsubPublisher(std::string_view url);
+[[gnu::weak]] Result<std::unique_ptr<Source>> OpenSqsSource(std::string_view url, const SourceOptions& settings);
+[[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenSqsPublisher(std::string_view url);
 
 // Whether the URL's query sets `key` (then it wins over SourceOptions).
 bool UrlSets(std::string_view url, std::string_view key);

@@ -595,7 +595,7 @@ struct KeyedBatch {
   std::vector<Outgoing> outgoing;
 };
 
-IDEM_DELIVERY_CASE(ABatchToTheOwnChannelIsReadBackCompleteWithItsOrderingKeys) {
+IDEM_DELIVERY_CASE(ABatchToTheOwnChannelIsReadBackCompleteWithItsOrderingKeys, &Capabilities::keys_in_parallel) {
   constexpr int kN = 50;
   KeyedBatch b(kN, 5);
   EXPECT_EQ(publisher().Channel(), handle_.channel);
@@ -619,7 +619,7 @@ IDEM_DELIVERY_CASE(ABatchToTheOwnChannelIsReadBackCompleteWithItsOrderingKeys) {
 // Per key, the messages arrive in the order they were handed over: in one
 // batch where the publisher promises ordered batches, else in batches that
 // hold one message per key (as the outbox relay sends them).
-IDEM_DELIVERY_CASE(BatchesKeepTheOrderOfEachKey) {
+IDEM_DELIVERY_CASE(BatchesKeepTheOrderOfEachKey, &Capabilities::keys_in_parallel) {
   constexpr int kN = 40, kKeys = 4;
   KeyedBatch b(kN, kKeys);
   const bool ordered = publisher().traits().ordered_batch;
@@ -651,7 +651,7 @@ IDEM_DELIVERY_CASE(BatchesKeepTheOrderOfEachKey) {
 // An element the broker can never carry (an empty id, no message) answers
 // kInvalidArgument; the others are published (on the embedded queue too:
 // the refused elements are left out of its one transaction).
-IDEM_DELIVERY_CASE(AnInvalidElementIsRefusedAndTheOthersArePublished) {
+IDEM_DELIVERY_CASE(AnInvalidElementIsRefusedAndTheOthersArePublished, &Capabilities::keys_in_parallel) {
   Message good_a = Msg("good-a", "a"), bad = Msg("", "no id"), good_b = Msg("good-b", "b");
   const Outgoing batch[] = {{{}, "k-1", &good_a}, {{}, "k-2", &bad}, {{}, "k-3", nullptr}, {{}, "k-1", &good_b}};
   for (int round = 0; round < 2; ++round) {
@@ -671,7 +671,7 @@ IDEM_DELIVERY_CASE(AnInvalidElementIsRefusedAndTheOthersArePublished) {
 
 // A destination names another queue, stream or topic than the publisher's
 // own channel: its messages go there, the others to the channel.
-IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere) {
+IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere, &Capabilities::keys_in_parallel) {
   auto other = Open({.lease_ms = kLeaseMs, .env = &env_, .other_channel = true});
   ASSERT_OK(other);
   ASSERT_NE(other->channel, handle_.channel);
@@ -701,7 +701,7 @@ IDEM_DELIVERY_CASE(ADestinationOtherThanTheChannelIsPublishedThere) {
 // Every message is added twice with the same id (a producer that retried its
 // transaction): two rows, each published once, each read back with its
 // bytes and headers, each key's rows in seq order.
-IDEM_DELIVERY_CASE(TheOutboxRelayPublishesEveryRowIntactAndEachKeyInOrder) {
+IDEM_DELIVERY_CASE(TheOutboxRelayPublishesEveryRowIntactAndEachKeyInOrder, &Capabilities::keys_in_parallel) {
   constexpr int kN = 120, kKeys = 6;
   RelayWorkload w(kN, kKeys);
   auto store = OpenOutboxStore(dir_.File("outbox.db"));
@@ -723,7 +723,8 @@ IDEM_DELIVERY_CASE(TheOutboxRelayPublishesEveryRowIntactAndEachKeyInOrder) {
 // in turn (in this process, where a source does not survive fork(): below), with rows confirmed by the broker and not
 // yet settled (or just settled); a fresh relay then drains the outbox. Every row arrives, a row arrives again only when
 // the killed relay had it confirmed (a republish: same id, bytes and seq), and each key's first copies keep seq order.
-IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhatItHadSent) {
+IDEM_DELIVERY_CASE(ARelayKilledAtEachKillPointLosesNothingAndRepublishesOnlyWhatItHadSent,
+                   &Capabilities::keys_in_parallel) {
   struct Kill {
     const char* point;
     int hit;

@@ -43,6 +43,9 @@
 #include "idem/pubsub/publisher.h"
 #include "idem/pubsub/source.h"
 #endif
+#if IDEM_TEST_HAVE_SQS
+#include "idem/sqs/source.h"
+#endif
 
 namespace idem {
 namespace {
@@ -247,6 +250,30 @@ TEST(OptionsConformance, PubsubOpenRefusesOutOfRangeValues) {
                                         {"max_batch", [](P& o) { o.max_batch = 0; }},
                                         {"pool_size", [](P& o) { o.connection.pool_size = 0; }}});
   ExpectParseUrlRefuses<pubsub::Publisher>("pubsub publisher", "pubsub://p?topic=topic", {{"max_batch", "1001"}});
+}
+#endif
+
+#if IDEM_TEST_HAVE_SQS
+TEST(OptionsConformance, SqsOpenRefusesOutOfRangeValues) {
+  // Checked before any call: the endpoint is never reached.
+  sqs::ConnectOptions c{
+      .region = "us-east-1", .endpoint = "http://127.0.0.1:1", .access_key_id = "AKID", .secret_access_key = "secret"};
+  using S = sqs::Source::Options;
+  ExpectOpenRefuses<sqs::Source>("sqs source", S{.queue = "q", .connect = c},
+                                 {{"queue", [](S& o) { o.queue = ""; }},
+                                  {"id_attribute", [](S& o) { o.id_attribute = ""; }},
+                                  {"lease_ms", [](S& o) { o.lease_ms = 999; }},
+                                  {"lease_ms", [](S& o) { o.lease_ms = 1'500; }},
+                                  {"connect_timeout_ms", [](S& o) { o.connect.connect_timeout_ms = 0; }},
+                                  {"read_timeout_ms", [](S& o) { o.connect.read_timeout_ms = -1; }},
+                                  {"max_attempts", [](S& o) { o.connect.max_attempts = 0; }},
+                                  {"pool_size", [](S& o) { o.connect.pool_size = 0; }}});
+  ExpectParseUrlRefuses<sqs::Source>("sqs source", "sqs://q",
+                                     {{"lease_ms", "0"}, {"max_attempts", "0"}, {"pool_size", "0"}});
+  using P = sqs::Publisher::Options;
+  ExpectOpenRefuses<sqs::Publisher>("sqs publisher", P{.queue = "q", .connect = c},
+                                    {{"id_attribute", [](P& o) { o.id_attribute = ""; }},
+                                     {"max_attempts", [](P& o) { o.connect.max_attempts = 0; }}});
 }
 #endif
 

@@ -964,3 +964,58 @@ TEST_F(ConsumerTest, DrainModeReturnsOnAnEmptyQueue) {
 
 }  // namespace
 }  // namespace idem::testing
+
+namespace idem::testing {
+namespace {
+
+// Counts how the Consumer hands acks to its source.
+class AckCounting final : public Source {
+ public:
+  explicit AckCounting(Source& inner) : inner_(inner) {}
+  Result<std::vector<Delivery>> Receive(int max, int64_t wait_ms) override { return inner_.Receive(max, wait_ms); }
+  Status Ack(const Delivery& d) override {
+    if (!in_batch_) ++single_acks_;
+    return inner_.Ack(d);
+  }
+  std::vector<Status> AckBatch(std::span<const Delivery> deliveries) override {
+    batch_sizes_.push_back(deliveries.size());
+    in_batch_ = true;
+    std::vector<Status> out = Source::AckBatch(deliveries);  // Ack each, through this class
+    in_batch_ = false;
+    return out;
+  }
+  Status Nack(const Delivery& d, int64_t delay_ms) override { return inner_.Nack(d, delay_ms); }
+  std::string_view Kind() const override { return inner_.Kind(); }
+  int64_t lease_ms() const override { return inner_.lease_ms(); }
+
+  Source& inner_;
+  bool in_batch_ = false;  // one worker: no lock needed
+  int single_acks_ = 0;
+  std::vector<size_t> batch_sizes_;
+};
+
+// With batches, the acks of a batch's settled deliveries go to the source
+// together, in one Source::AckBatch after the batch's transaction (SQS sends
+// them as one DeleteMessageBatch); each is still counted and told as an ack.
+TEST_F(ConsumerTest, TheAcksOfABatchGoToTheSourceInOneAckBatch) {
+  PublishTwice(5);
+  AckCounting src(*queue_);
+  Consumer::Options o = Drain();
+  o.batch = 10;
+  auto consumer = MustOpen<Consumer>(src, *inbox_, ChargeHandler(), o);
+  ASSERT_TRUE(consumer->Run().ok());
+  EXPECT_EQ(src.single_acks_, 0) << "every ack of a batch went through AckBatch";
+  size_t total = 0, largest = 0;
+  for (size_t n : src.batch_sizes_) {
+    total += n;
+    largest = std::max(largest, n);
+  }
+  EXPECT_EQ(total, 10u);
+  EXPECT_GT(largest, 1u);
+  EXPECT_EQ(consumer->stats().acked, 10u);
+  ExpectExactlyOnce(5);
+  ExpectQueueEmpty();
+}
+
+}  // namespace
+}  // namespace idem::testing

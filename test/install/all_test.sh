@@ -16,7 +16,7 @@ P=$T/prefix
 cmake --install "$BUILD" --prefix "$P" >/dev/null
 CFG=$(dirname "$(find "$P" -name idemConfig.cmake)")
 LIB=$(cd "$CFG/../.." && pwd)
-components=(core sqlite embedded postgres redis redis_streams http httplib amqp kafka open)
+components=(core sqlite embedded postgres redis redis_streams http httplib amqp kafka sqs open)
 for c in "${components[@]}"; do
   test -f "$CFG/idemTargets-$c.cmake" || fail "no idemTargets-$c.cmake"
   test -f "$CFG/idem-$c-component.cmake" || fail "no idem-$c-component.cmake"
@@ -26,7 +26,7 @@ done
 ok "every component installed: ${components[*]}"
 for h in inbox.h open.h sqlite/store.h embedded/queue.h postgres/store.h redis/claim_store.h redis/stream_source.h \
          redis/stream_publisher.h http/client.h http/idempotency.h http/request.h httplib/middleware.h httplib/server.h \
-         amqp/source.h amqp/publisher.h kafka/source.h kafka/publisher.h publisher.h url.h transaction.h claim_store.h version.h; do
+         amqp/source.h amqp/publisher.h kafka/source.h kafka/publisher.h sqs/source.h sqs/publisher.h sqs/connect.h publisher.h url.h transaction.h claim_store.h version.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done
 ok "every component's headers installed"

@@ -79,6 +79,12 @@ struct Capabilities {
   // A header with an empty name round-trips (false: rabbitmq-c 0.11 cannot
   // decode one).
   bool empty_header_names = false;
+  // The messages of one ordering key (Outgoing::key) are all delivered
+  // while the earlier ones are not acknowledged yet. false: a key's next
+  // message waits until the one before is acknowledged (an SQS FIFO queue's
+  // message group). The only promise that defaults to true, so that sources
+  // registered before it keep every case.
+  bool keys_in_parallel = true;
 
   // Every promise the suite knows (every case runs on such a source).
   static constexpr Capabilities All() {
@@ -88,7 +94,8 @@ struct Capabilities {
             .reports_lease_lost = true,
             .survives_fork = true,
             .headers_as_published = true,
-            .empty_header_names = true};
+            .empty_header_names = true,
+            .keys_in_parallel = true};
   }
 };
 

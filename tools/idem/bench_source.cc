@@ -3,7 +3,8 @@
 // idem bench source: what the guard and the store cost on top of a broker.
 // Rounds alternate, each on freshly published messages (--messages, of which
 // --dup-rate are published twice):
-//   raw:     the broker's own consume-and-ack rate, no database (Receive, Ack)
+//   raw:     the broker's own consume-and-ack rate, no database (Receive,
+//            AckBatch: each batch's acks in one call where the broker has one)
 //   guarded: the Consumer runner with the Inbox on --store (commit, then ack)
 // and prints deliveries/s of each and the ratio raw/guarded.
 #include <algorithm>
@@ -60,8 +61,11 @@ Result<double> DrainRaw(Source& source, int64_t expect, int workers, int batch) 
           return;
         }
         idle = got->empty() ? idle + 1 : 0;
-        for (const Delivery& d : *got) {
-          if (Status s = source.Ack(d); !s.ok() && s.code() != Code::kLeaseLost) {
+        // The batch's acks together, as the Consumer sends them
+        // (Source::AckBatch: one call where the broker takes several).
+        const std::vector<Status> acked = source.AckBatch(*got);
+        for (const Status& s : acked) {
+          if (!s.ok() && s.code() != Code::kLeaseLost) {
             std::lock_guard lock(mu);
             error = s;
             failed = true;

@@ -131,6 +131,9 @@ std::string KnownSources() {
 #if IDEM_HAVE_PUBSUB
   s += ", pubsub://PROJECT/SUBSCRIPTION?topic=T[&endpoint=http://HOST:PORT][&create=true]";
 #endif
+#if IDEM_HAVE_SQS
+  s += ", sqs://QUEUE?region=R[&endpoint=URL][&profile=P] (credentials from the environment or ~/.aws)";
+#endif
   return s + " (doc/sources.md lists every key)";
 }
 
