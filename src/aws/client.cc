@@ -9,10 +9,9 @@
 #include <functional>
 #include <utility>
 
-#include "core/backoff.h"
 #include "core/options_check.h"
 #include "http/pool.h"
-#include "idem/consumer.h"
+#include "http/retry.h"
 
 namespace idem::aws_internal {
 
@@ -259,16 +258,6 @@ struct JsonClient::Impl {
     out.reply = std::move(reply);
     return out;
   }
-
-  bool Sleep(int64_t ms) {
-    while (ms > 0) {
-      if (StopRequested()) return false;
-      const int64_t slice = std::min<int64_t>(ms, 50);
-      options.env->SleepMs(slice);
-      ms -= slice;
-    }
-    return !StopRequested();
-  }
 };
 
 JsonClient::JsonClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -302,32 +291,24 @@ Result<Reply> JsonClient::Call(std::string_view operation, const nlohmann::json&
   Impl& im = *impl_;
   const std::string what = im.service.target_prefix + "." + std::string(operation) + " at " + im.endpoint;
   const std::string payload = input.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  bool sent = false;
-  std::string last = "no attempt made";
-  for (int attempt = 1; attempt <= im.options.max_attempts; ++attempt) {
-    if (StopRequested())
-      return Status::Aborted(what + ": stopped (the Consumer is stopping)" +
-                             (sent ? std::string("; an attempt may have been applied") : std::string()));
+  const http_internal::RetryPolicy policy{.max_attempts = im.options.max_attempts,
+                                          .backoff_base_ms = im.options.backoff_base_ms,
+                                          .backoff_max_ms = im.options.backoff_max_ms,
+                                          .env = im.options.env};
+  return http_internal::WithRetries<Reply>(what, policy, [&](int attempt) {
     Impl::Attempt a = im.Once(operation, payload, extra_wait_ms);
+    http_internal::Attempt<Reply> out{.sent = a.sent, .permanent = a.permanent, .failure = a.failure};
     if (a.reply) {
       a.reply->attempts = attempt;
-      if (!a.reply->error || !Retryable(*a.reply->error) || attempt == im.options.max_attempts) return *a.reply;
-      if (a.reply->error->http_status >= 500) sent = true;
-      last = a.reply->error->type + ": " + a.reply->error->message;
-    } else {
-      sent = sent || a.sent;
-      last = a.failure;
-      if (a.permanent) break;
+      if (a.reply->error) {
+        out.retry = Retryable(*a.reply->error);
+        out.sent = a.reply->error->http_status >= 500;
+        out.failure = a.reply->error->type + ": " + a.reply->error->message;
+      }
+      out.reply = std::move(a.reply);
     }
-    if (attempt < im.options.max_attempts &&
-        !im.Sleep(internal::JitteredBackoffMs(im.options.backoff_base_ms, im.options.backoff_max_ms, attempt,
-                                              *im.options.env)))
-      return Status::Aborted(what + ": stopped (the Consumer is stopping); last: " + last);
-  }
-  if (sent)
-    return Status::InDoubt(what + ": no answer after " + std::to_string(im.options.max_attempts) +
-                           " attempts and an attempt may have been applied; last: " + last);
-  return Status::Unavailable(what + ": the service was not reached; last: " + last);
+    return out;
+  });
 }
 
 const std::string& JsonClient::endpoint() const { return impl_->endpoint; }
