@@ -27,6 +27,7 @@ void idem_open_link_redis();
 void idem_open_link_redis_streams();
 void idem_open_link_amqp();
 void idem_open_link_kafka();
+void idem_open_link_dynamodb();
 }
 
 namespace idem::open_internal {
@@ -41,6 +42,7 @@ namespace idem::open_internal {
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenAmqpPublisher(std::string_view url);
 [[gnu::weak]] Result<std::unique_ptr<Source>> OpenKafkaSource(std::string_view url, const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenKafkaPublisher(std::string_view url);
+[[gnu::weak]] Result<std::unique_ptr<Store>> OpenDynamodbStore(std::string_view url, const StoreOptions& settings);
 
 // Whether the URL's query sets `key` (then it wins over SourceOptions).
 bool UrlSets(std::string_view url, std::string_view key);
