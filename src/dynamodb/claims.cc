@@ -158,14 +158,19 @@ json Held(json op, const ClaimToken& t) {
 
 Status DdbStore::Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) {
   const int64_t now = claim_clock_->NowMs();
-  json op = {{"TableName", table_},
-             {"Key", Key(ClaimPk(t.scope), t.key)},
-             {"UpdateExpression", "SET #st = :done, #res = :res, is_error = :err, done_until = :exp, updated_at = :now"},
-             {"ExpressionAttributeNames", {{"#res", "result"}}},
-             {"ExpressionAttributeValues",
-              {{":done", N(kCompleted)}, {":res", B(result)}, {":err", N(is_error ? 1 : 0)},
-               {":exp", N(now + retention_ms)}, {":now", N(now)}}}};
-  IDEM_ASSIGN_OR_RETURN(bool done, CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB completion of " + DescribeToken(t)));
+  json op = {
+      {"TableName", table_},
+      {"Key", Key(ClaimPk(t.scope), t.key)},
+      {"UpdateExpression", "SET #st = :done, #res = :res, is_error = :err, done_until = :exp, updated_at = :now"},
+      {"ExpressionAttributeNames", {{"#res", "result"}}},
+      {"ExpressionAttributeValues",
+       {{":done", N(kCompleted)},
+        {":res", B(result)},
+        {":err", N(is_error ? 1 : 0)},
+        {":exp", N(now + retention_ms)},
+        {":now", N(now)}}}};
+  IDEM_ASSIGN_OR_RETURN(bool done,
+                        CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB completion of " + DescribeToken(t)));
   if (!done) return LeaseLost(t, /*completed_ok=*/true);
   NotifyChanged(t.scope, t.key);
   return Status::OK();
@@ -173,7 +178,8 @@ Status DdbStore::Complete(const ClaimToken& t, std::string_view result, bool is_
 
 Status DdbStore::Release(const ClaimToken& t) {
   json op = {{"TableName", table_}, {"Key", Key(ClaimPk(t.scope), t.key)}};
-  IDEM_ASSIGN_OR_RETURN(bool done, CallIf("DeleteItem", Held(std::move(op), t), "DynamoDB release of " + DescribeToken(t)));
+  IDEM_ASSIGN_OR_RETURN(bool done,
+                        CallIf("DeleteItem", Held(std::move(op), t), "DynamoDB release of " + DescribeToken(t)));
   if (!done) return LeaseLost(t, /*completed_ok=*/false);
   NotifyChanged(t.scope, t.key);
   return Status::OK();
@@ -185,7 +191,8 @@ Result<int64_t> DdbStore::Extend(const ClaimToken& t, int64_t lease_ms) {
              {"Key", Key(ClaimPk(t.scope), t.key)},
              {"UpdateExpression", "SET lease_until = :l, updated_at = :now"},
              {"ExpressionAttributeValues", {{":l", N(now + lease_ms)}, {":now", N(now)}}}};
-  IDEM_ASSIGN_OR_RETURN(bool done, CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB extension of " + DescribeToken(t)));
+  IDEM_ASSIGN_OR_RETURN(bool done,
+                        CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB extension of " + DescribeToken(t)));
   if (!done) {
     Status s = LeaseLost(t, /*completed_ok=*/false);
     return s.ok() ? Status::Internal("extend changed nothing") : s;
@@ -223,7 +230,7 @@ Result<int64_t> DdbStore::PurgeClaims(std::string_view scope, int64_t abandoned_
   for (const json& item : all) {
     const ClaimRecord rec = ToClaimRecord(item);
     const bool gone = rec.state == ClaimRecord::State::kCompleted ? rec.expires_at_ms <= now
-                                                                   : rec.lease_until_ms + abandoned_after_ms <= now;
+                                                                  : rec.lease_until_ms + abandoned_after_ms <= now;
     if (!gone) continue;
     // Only the record as read: a key claimed again since keeps its new one.
     IDEM_ASSIGN_OR_RETURN(bool deleted,

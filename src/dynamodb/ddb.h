@@ -5,8 +5,8 @@
 //   markers       pk "m|<consumer>"  sk id     fp (B), at (N ms), expires_at (N s, with a TTL)
 //   failures      pk "f|<consumer>"  sk id     attempts, last_error, updated_at, in_progress_since, parked_at
 //   dead letters  pk "d|<consumer>"  sk id     reason, error, attempts, payload (B), at
-//   claims        pk "c|<scope>"     sk key    state, fp, fence, lease_until, done_until (ms), result (B), is_error, updated_at
-//   the fence     pk "fence"         sk "n"    v (N): claims' fencing counter (ADD)
+//   claims        pk "c|<scope>"     sk key    state, fp, fence, lease_until, done_until (ms), result (B), is_error,
+//   updated_at the fence     pk "fence"         sk "n"    v (N): claims' fencing counter (ADD)
 #ifndef IDEM_SRC_DYNAMODB_DDB_H_
 #define IDEM_SRC_DYNAMODB_DDB_H_
 
@@ -93,7 +93,7 @@ class DdbTransaction final : public StoreTransaction, public dynamodb::Items {
   enum class Role { kMarker, kItem, kClaim, kDeadLetter };
   struct Op {
     Role role;
-    std::string what;  // "marker of 'id'", "Put on table 't'"
+    std::string what;          // "marker of 'id'", "Put on table 't'"
     std::string consumer, id;  // kMarker
   };
   Status Usable() const;
@@ -102,8 +102,8 @@ class DdbTransaction final : public StoreTransaction, public dynamodb::Items {
   // A claim queued in this transaction, so later calls in it see it.
   struct PendingClaim {
     ClaimRecord record;
-    size_t op;        // its write in ops_
-    json condition;   // the write's condition (kept when it is replaced)
+    size_t op;       // its write in ops_
+    json condition;  // the write's condition (kept when it is replaced)
   };
   Status AnswerCancelled(const aws_internal::ServiceError& e, bool& again);
 

@@ -30,11 +30,17 @@ Fingerprint ToFp(const std::string& bytes) {
 }
 std::string FpBytes(const Fingerprint& fp) { return std::string(reinterpret_cast<const char*>(fp.data()), fp.size()); }
 
+// A ClientRequestToken: 128 bits from the system's random source, drawn
+// per commit (a generator's state would be copied into a forked process,
+// which would then send another transaction under a token already used).
 std::string NewToken() {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::random_device rd;
   static constexpr char kHex[] = "0123456789abcdef";
   std::string t;
-  for (int i = 0; i < 32; ++i) t += kHex[rng() & 15];
+  for (int word = 0; word < 4; ++word) {
+    uint32_t v = rd();
+    for (int i = 0; i < 8; ++i, v >>= 4) t += kHex[v & 15];
+  }
   return t;
 }
 
@@ -49,7 +55,8 @@ Status AddCondition(json& body, const Condition& c) {
   if (!c.names.empty()) {
     json names = json::object();
     for (const auto& [k, v] : c.names) {
-      if (k.empty() || k[0] != '#') return Status::InvalidArgument("a name placeholder must start with '#': '" + k + "'");
+      if (k.empty() || k[0] != '#')
+        return Status::InvalidArgument("a name placeholder must start with '#': '" + k + "'");
       names[k] = v;
     }
     body["ExpressionAttributeNames"] = std::move(names);
@@ -97,7 +104,8 @@ Status DdbTransaction::UserWrite(const char* kind, std::string_view table, json 
   if (table.empty()) return Status::InvalidArgument(std::string(kind) + ": an empty table name");
   body["TableName"] = std::string(table);
   IDEM_RETURN_IF_ERROR(AddCondition(body, condition));
-  return Queue(Role::kItem, std::string(kind) + " on table '" + std::string(table) + "'", json{{kind, std::move(body)}});
+  return Queue(Role::kItem, std::string(kind) + " on table '" + std::string(table) + "'",
+               json{{kind, std::move(body)}});
 }
 
 Status DdbTransaction::Put(std::string_view table, Item item, Condition condition) {
@@ -110,8 +118,7 @@ Status DdbTransaction::Update(std::string_view table, Item key, std::string_view
   if (key.empty()) return Status::InvalidArgument("Update: an empty key");
   if (update.empty()) return Status::InvalidArgument("Update: an empty update expression");
   IDEM_ASSIGN_OR_RETURN(json k, ToJson(key));
-  return UserWrite("Update", table, json{{"Key", std::move(k)}, {"UpdateExpression", std::string(update)}},
-                   condition);
+  return UserWrite("Update", table, json{{"Key", std::move(k)}, {"UpdateExpression", std::string(update)}}, condition);
 }
 
 Status DdbTransaction::Delete(std::string_view table, Item key, Condition condition) {
@@ -131,9 +138,9 @@ Result<std::optional<Item>> DdbTransaction::Get(std::string_view table, const It
   IDEM_RETURN_IF_ERROR(Usable());
   if (table.empty()) return Status::InvalidArgument("Get: an empty table name");
   IDEM_ASSIGN_OR_RETURN(json k, ToJson(key));
-  IDEM_ASSIGN_OR_RETURN(json r, store_.Call("GetItem",
-                                            {{"TableName", std::string(table)}, {"Key", k}, {"ConsistentRead", true}},
-                                            "DynamoDB GetItem on table '" + std::string(table) + "'"));
+  IDEM_ASSIGN_OR_RETURN(
+      json r, store_.Call("GetItem", {{"TableName", std::string(table)}, {"Key", k}, {"ConsistentRead", true}},
+                          "DynamoDB GetItem on table '" + std::string(table) + "'"));
   if (!r.contains("Item")) return std::optional<Item>();
   IDEM_ASSIGN_OR_RETURN(Item item, ItemFromJson(r["Item"]));
   return std::optional<Item>(std::move(item));
@@ -246,19 +253,20 @@ Status DdbTransaction::CompleteInTransaction(const ClaimToken& t, std::string_vi
   IDEM_ASSIGN_OR_RETURN(json seen, store_.GetRecord(ClaimPk(t.scope), t.key));
   if (seen.is_null() || GetN(seen, "fence") != t.fence || GetN(seen, "state") != 0)
     return store_.LeaseLost(t, /*completed_ok=*/true);
-  json update = {{"TableName", store_.table()},
-                 {"Key", Key(ClaimPk(t.scope), t.key)},
-                 {"UpdateExpression", "SET #st = :done, #res = :res, is_error = :err, done_until = :exp, updated_at = :now"},
-                 {"ConditionExpression", "fence = :f AND #st = :prog"},
-                 {"ExpressionAttributeNames", {{"#st", "state"}, {"#res", "result"}}},
-                 {"ExpressionAttributeValues",
-                  {{":done", N(1)},
-                   {":prog", N(0)},
-                   {":res", B(result)},
-                   {":err", N(is_error ? 1 : 0)},
-                   {":exp", N(now + retention_ms)},
-                   {":now", N(now)},
-                   {":f", N(t.fence)}}}};
+  json update = {
+      {"TableName", store_.table()},
+      {"Key", Key(ClaimPk(t.scope), t.key)},
+      {"UpdateExpression", "SET #st = :done, #res = :res, is_error = :err, done_until = :exp, updated_at = :now"},
+      {"ConditionExpression", "fence = :f AND #st = :prog"},
+      {"ExpressionAttributeNames", {{"#st", "state"}, {"#res", "result"}}},
+      {"ExpressionAttributeValues",
+       {{":done", N(1)},
+        {":prog", N(0)},
+        {":res", B(result)},
+        {":err", N(is_error ? 1 : 0)},
+        {":exp", N(now + retention_ms)},
+        {":now", N(now)},
+        {":f", N(t.fence)}}}};
   IDEM_RETURN_IF_ERROR(Queue(Role::kClaim, "the completion of '" + t.key + "'", json{{"Update", std::move(update)}}));
   ClaimRecord rec = ToClaimRecord(seen);
   rec.state = ClaimRecord::State::kCompleted;
@@ -430,7 +438,8 @@ Status DdbStore::DeleteKeys(const std::vector<json>& keys) {
       requests.push_back({{"DeleteRequest", {{"Key", keys[i]}}}});
     json items = {{table_, requests}};
     for (int round = 0; !items.empty(); ++round) {
-      if (round == 10) return Status::Busy("DynamoDB BatchWriteItem on table '" + table_ + "': deletes left unprocessed");
+      if (round == 10)
+        return Status::Busy("DynamoDB BatchWriteItem on table '" + table_ + "': deletes left unprocessed");
       IDEM_ASSIGN_OR_RETURN(json r, Call("BatchWriteItem", {{"RequestItems", items}},
                                          "DynamoDB BatchWriteItem on table '" + table_ + "'"));
       items = r.value("UnprocessedItems", json::object());
@@ -507,7 +516,8 @@ Result<FailureCount> DdbStore::RecordFailure(const FailureRecord& f) {
   count.in_progress = in_progress;
   auto dead_letter = [&](const std::string& reason, const std::string& error) -> Status {
     DdbTransaction tx(*this);
-    IDEM_RETURN_IF_ERROR(tx.PutDeadLetter(DeadLetter{f.consumer, id, reason, error, count.attempts, f.message->payload, f.now_ms}));
+    IDEM_RETURN_IF_ERROR(
+        tx.PutDeadLetter(DeadLetter{f.consumer, id, reason, error, count.attempts, f.message->payload, f.now_ms}));
     return tx.Commit();
   };
   if (f.kind == Kind::kRejected) {
@@ -516,21 +526,20 @@ Result<FailureCount> DdbStore::RecordFailure(const FailureRecord& f) {
   } else if (in_progress) {
     if (!row.contains("parked_at") && f.park_after_ms > 0 && f.now_ms - since >= f.park_after_ms) {
       // Parked once: the first writer of parked_at wins.
-      IDEM_ASSIGN_OR_RETURN(bool parked,
-                            CallIf("UpdateItem",
-                                   {{"TableName", table_},
-                                    {"Key", fkey},
-                                    {"UpdateExpression", "SET parked_at = :t"},
-                                    {"ConditionExpression", "attribute_not_exists(parked_at)"},
-                                    {"ExpressionAttributeValues", {{":t", N(f.now_ms)}}}},
-                                   what));
+      IDEM_ASSIGN_OR_RETURN(bool parked, CallIf("UpdateItem",
+                                                {{"TableName", table_},
+                                                 {"Key", fkey},
+                                                 {"UpdateExpression", "SET parked_at = :t"},
+                                                 {"ConditionExpression", "attribute_not_exists(parked_at)"},
+                                                 {"ExpressionAttributeValues", {{":t", N(f.now_ms)}}}},
+                                                what));
       if (parked) {
         IDEM_RETURN_IF_ERROR(dead_letter("parked", "in progress since " + std::to_string(since) + " ms: " + f.error));
         count.parked = true;
       }
     }
-  } else if (f.kind == Kind::kCrashLoop || (f.kind == Kind::kFailed && f.max_attempts > 0 &&
-                                             count.attempts >= f.max_attempts)) {
+  } else if (f.kind == Kind::kCrashLoop ||
+             (f.kind == Kind::kFailed && f.max_attempts > 0 && count.attempts >= f.max_attempts)) {
     count.dead_lettered = true;
     IDEM_RETURN_IF_ERROR(dead_letter("failed", f.error));
   }
@@ -539,9 +548,9 @@ Result<FailureCount> DdbStore::RecordFailure(const FailureRecord& f) {
 
 Status DdbStore::ClearFailures(std::string_view consumer, std::string_view id) {
   const std::string what = "DynamoDB failure count of '" + std::string(id) + "' in table '" + table_ + "'";
-  IDEM_ASSIGN_OR_RETURN(json r, Call("DeleteItem",
-                                     {{"TableName", table_}, {"Key", Key(FailurePk(consumer), id)}, {"ReturnValues", "ALL_OLD"}},
-                                     what));
+  IDEM_ASSIGN_OR_RETURN(
+      json r, Call("DeleteItem",
+                   {{"TableName", table_}, {"Key", Key(FailurePk(consumer), id)}, {"ReturnValues", "ALL_OLD"}}, what));
   if (!r.contains("Attributes") || !r["Attributes"].contains("parked_at")) return Status::OK();
   // A parked message that applied is no longer parked.
   return CallIf("DeleteItem",
@@ -626,21 +635,24 @@ Result<Store::SchemaInfo> DdbStore::Schema() {
 }
 
 Status DdbStore::CheckTable(bool create_if_missing) {
-  const std::string where = "DynamoDB table '" + table_ + "' at " + client_->endpoint() + " (region " +
-                            client_->region() + ")";
+  const std::string where =
+      "DynamoDB table '" + table_ + "' at " + client_->endpoint() + " (region " + client_->region() + ")";
   IDEM_ASSIGN_OR_RETURN(aws_internal::Reply d, client_->Call("DescribeTable", {{"TableName", table_}}));
   if (d.error && d.error->type == "ResourceNotFoundException") {
     if (!create_if_missing)
-      return Status::NotFound(where + " does not exist (and create_if_missing is off: create it, or open with"
+      return Status::NotFound(where +
+                              " does not exist (and create_if_missing is off: create it, or open with"
                               " create_if_missing=true)");
-    json create = {{"TableName", table_},
-                   {"AttributeDefinitions", {{{"AttributeName", "pk"}, {"AttributeType", "S"}},
-                                             {{"AttributeName", "sk"}, {"AttributeType", "B"}}}},
-                   {"KeySchema", {{{"AttributeName", "pk"}, {"KeyType", "HASH"}},
-                                  {{"AttributeName", "sk"}, {"KeyType", "RANGE"}}}},
-                   {"BillingMode", "PAY_PER_REQUEST"}};
+    json create = {
+        {"TableName", table_},
+        {"AttributeDefinitions",
+         {{{"AttributeName", "pk"}, {"AttributeType", "S"}}, {{"AttributeName", "sk"}, {"AttributeType", "B"}}}},
+        {"KeySchema",
+         {{{"AttributeName", "pk"}, {"KeyType", "HASH"}}, {{"AttributeName", "sk"}, {"KeyType", "RANGE"}}}},
+        {"BillingMode", "PAY_PER_REQUEST"}};
     IDEM_ASSIGN_OR_RETURN(aws_internal::Reply c, client_->Call("CreateTable", create));
-    if (c.error && c.error->type != "ResourceInUseException") return aws_internal::ToStatus(*c.error, "create " + where);
+    if (c.error && c.error->type != "ResourceInUseException")
+      return aws_internal::ToStatus(*c.error, "create " + where);
     // A new table is CREATING for a while on the service.
     for (int i = 0;; ++i) {
       IDEM_ASSIGN_OR_RETURN(json t, Call("DescribeTable", {{"TableName", table_}}, "describe " + where));
@@ -649,9 +661,9 @@ Status DdbStore::CheckTable(bool create_if_missing) {
       env_->SleepMs(100);
     }
     IDEM_ASSIGN_OR_RETURN(aws_internal::Reply ttl,
-                          client_->Call("UpdateTimeToLive",
-                                        {{"TableName", table_},
-                                         {"TimeToLiveSpecification", {{"AttributeName", "expires_at"}, {"Enabled", true}}}}));
+                          client_->Call("UpdateTimeToLive", {{"TableName", table_},
+                                                             {"TimeToLiveSpecification",
+                                                              {{"AttributeName", "expires_at"}, {"Enabled", true}}}}));
     if (ttl.error && ttl.error->message.find("already enabled") == std::string::npos)
       return aws_internal::ToStatus(*ttl.error, "enable TTL on " + where);
     return Status::OK();
@@ -659,7 +671,8 @@ Status DdbStore::CheckTable(bool create_if_missing) {
   if (d.error) return aws_internal::ToStatus(*d.error, "describe " + where);
   // The key must be idem's.
   std::set<std::string> key;
-  for (const json& k : d.body["Table"]["KeySchema"]) key.insert(k.value("AttributeName", "") + "/" + k.value("KeyType", ""));
+  for (const json& k : d.body["Table"]["KeySchema"])
+    key.insert(k.value("AttributeName", "") + "/" + k.value("KeyType", ""));
   std::set<std::string> types;
   for (const json& a : d.body["Table"]["AttributeDefinitions"])
     types.insert(a.value("AttributeName", "") + ":" + a.value("AttributeType", ""));
@@ -714,8 +727,8 @@ Result<Store::Options> Store::ParseUrl(std::string_view url) {
   if (u.scheme != "dynamodb" || u.hosts.size() != 1 || u.hosts[0].port != 0 || !u.path.empty() || u.has_user)
     return Status::InvalidArgument("not a DynamoDB store URL (dynamodb://TABLE?region=..&endpoint=..): " +
                                    RedactUrl(url));
-  IDEM_RETURN_IF_ERROR(u.CheckKeys(
-      {"region", "endpoint", "profile", "create_if_missing", "marker_ttl_s", "max_attempts", "pool_size"}));
+  IDEM_RETURN_IF_ERROR(
+      u.CheckKeys({"region", "endpoint", "profile", "create_if_missing", "marker_ttl_s", "max_attempts", "pool_size"}));
   Options o;
   o.table = u.hosts[0].host;
   o.region = u.Get("region");

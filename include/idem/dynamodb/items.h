@@ -79,7 +79,7 @@ using Item = std::map<std::string, Attr, std::less<>>;
 // A condition on a write (ConditionExpression), and the placeholders the
 // condition and an update expression use: "#n" names, ":v" values.
 struct Condition {
-  std::string expression{};  // "" for none; "attribute_not_exists(id)", "balance >= :c"
+  std::string expression{};                                 // "" for none; "attribute_not_exists(id)", "balance >= :c"
   std::map<std::string, std::string, std::less<>> names{};  // "#s" -> "status"
   Item values{};                                            // ":c" -> Attr::N(4000)
 };

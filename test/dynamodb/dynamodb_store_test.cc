@@ -1,0 +1,347 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem::dynamodb on DynamoDB Local (the CTest fixture "dynamodb"): the store
+// and claims conformance suites, and what is the store's own: items written
+// with the marker in one TransactWriteItems, the 100-write limit, a
+// condition that fails, no SQL, a missing table, a wrong endpoint,
+// throttling and a lost answer (tiny local HTTP servers, said so below).
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "aws/client.h"
+#include "dynamodb/ddb.h"
+#include "idem/dynamodb/items.h"
+#include "idem/dynamodb/store.h"
+#include "idem/inbox.h"
+#include "idem/open.h"
+#include "idem/sqlite/store.h"
+#include "util/claims_conformance.h"
+#include "util/store_conformance.h"
+#include "util/test_servers.h"
+#include "util/test_util.h"
+
+namespace idem::testing {
+namespace {
+
+using dynamodb::Attr;
+using dynamodb::ItemsOf;
+using nlohmann::json;
+
+std::string Endpoint() { return FixtureServerUrl("dynamodb", "http://127.0.0.1:1"); }
+
+dynamodb::Store::Options Options(const std::string& table, Env* env = nullptr) {
+  dynamodb::Store::Options o;
+  o.table = table;
+  o.region = "us-east-1";
+  o.endpoint = Endpoint();
+  o.access_key_id = "idemtest";
+  o.secret_access_key = "idemtest-secret";
+  o.env = env;
+  o.claim_clock = env;
+  return o;
+}
+
+// A table name of this test's own: `dir` names it in this process and in
+// forked ones.
+std::string TableFor(const TempDir& dir) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(dir.File("dynamodb")));
+  return std::string("idem-") + hex;
+}
+
+// The suite's own client, for the payments table (no idem code between).
+aws_internal::JsonClient& Client() {
+  static std::unique_ptr<aws_internal::JsonClient> client = [] {
+    aws_internal::ClientOptions o;
+    o.region = "us-east-1";
+    o.endpoint = Endpoint();
+    o.credentials = {"idemtest", "idemtest-secret", ""};
+    auto c = aws_internal::JsonClient::Open({"dynamodb", "DynamoDB_20120810", "application/x-amz-json-1.0"}, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(*c);
+  }();
+  return *client;
+}
+
+json Call(std::string_view op, const json& in) {
+  auto r = Client().Call(op, in);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return json();
+  EXPECT_FALSE(r->error.has_value()) << op << ": " << r->error->type << " " << r->error->message;
+  return r->body;
+}
+
+// The payments of the suite's example, as items: key (message_id, charge),
+// one new charge id per write, so a repeated effect is a second item.
+std::string g_payments;  // the current test's payments table (set by its open)
+
+Status CreatePaymentsTable(Store&) {
+  auto r = Client().Call(
+      "CreateTable",
+      {{"TableName", g_payments},
+       {"AttributeDefinitions",
+        {{{"AttributeName", "message_id"}, {"AttributeType", "S"}},
+         {{"AttributeName", "charge"}, {"AttributeType", "S"}}}},
+       {"KeySchema",
+        {{{"AttributeName", "message_id"}, {"KeyType", "HASH"}}, {{"AttributeName", "charge"}, {"KeyType", "RANGE"}}}},
+       {"BillingMode", "PAY_PER_REQUEST"}});
+  if (!r.ok()) return r.status();
+  if (r->error && r->error->type != "ResourceInUseException") return Status::Internal(r->error->message);
+  return Status::OK();
+}
+
+Status Pay(Transaction& tx, const std::string& message_id, int64_t cents) {
+  static std::atomic<uint64_t> n{std::random_device{}()};
+  return ItemsOf(tx).Put(g_payments, {{"message_id", Attr::S(message_id)},
+                                      {"charge", Attr::S(std::to_string(::getpid()) + "-" + std::to_string(n++))},
+                                      {"cents", Attr::N(cents)}});
+}
+
+int64_t CountPayments(Store&, const std::string& id) {
+  json in = {{"TableName", g_payments}, {"Select", "COUNT"}, {"ConsistentRead", true}};
+  if (!id.empty()) {
+    in["KeyConditionExpression"] = "message_id = :id";
+    in["ExpressionAttributeValues"] = {{":id", {{"S", id}}}};
+  }
+  int64_t total = 0;
+  for (;;) {
+    json r = Call(id.empty() ? "Scan" : "Query", in);
+    if (r.is_null()) return -1;
+    total += r.value("Count", 0);
+    if (!r.contains("LastEvaluatedKey")) return total;
+    in["ExclusiveStartKey"] = r["LastEvaluatedKey"];
+  }
+}
+
+Result<std::unique_ptr<Store>> OpenFor(const TempDir& dir, Env* env) {
+  const std::string table = TableFor(dir);
+  g_payments = table + "-payments";
+  return dynamodb::Store::Open(Options(table, env));
+}
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(StoreParam{"dynamodb", OpenFor,
+                                                      Payments{CreatePaymentsTable, Pay, CountPayments},
+                                                      /*sql=*/false}),
+                         StoreParamName);
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClaimsConformance,
+                         ::testing::Values(ClaimsParam{
+                             "dynamodb", [](const TempDir& d, Env* env) { return ClaimsOf(OpenFor(d, env)); }}),
+                         ClaimsParamName);
+
+namespace {
+
+class DynamoDbStore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = OpenFor(dir_, &env_);
+    ASSERT_OK(s);
+    store_ = std::move(*s);
+    Store& store = *store_;
+    ASSERT_OK(CreatePaymentsTable(store));
+  }
+  Inbox& MakeInbox() {
+    inbox_ = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
+    return *inbox_;
+  }
+  TempDir dir_;
+  FakeEnv env_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Inbox> inbox_;
+};
+
+// SQL is refused, saying what to use instead; nothing is written.
+TEST_F(DynamoDbStore, SqlIsRefusedNamingItemsOf) {
+  Inbox& inbox = MakeInbox();
+  for (int round = 0; round < 2; ++round) {
+    Outcome o = inbox.Handle(Msg("m-sql"), [](Transaction& tx, const Message&) -> Status {
+      return tx.Exec("INSERT INTO payments VALUES (1)").status();
+    });
+    EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+    EXPECT_NE(o.status.message().find("ItemsOf"), std::string::npos) << o.status;
+  }
+  EXPECT_FALSE(store_->FindMarker("payments", "m-sql")->has_value());
+}
+
+// ItemsOf on another store's transaction: every call fails, saying so.
+TEST_F(DynamoDbStore, ItemsOfAnotherStoresTransactionRefuses) {
+  auto sqlite = sqlite::Store::Open({.path = dir_.File("other.db")});
+  ASSERT_OK(sqlite);
+  auto tx = (*sqlite)->Begin();
+  ASSERT_OK(tx);
+  Status s = ItemsOf(**tx).Put("t", {{"k", Attr::S("v")}});
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("not a DynamoDB"), std::string::npos) << s;
+}
+
+// The handler's items and the marker commit together; a redelivery is a
+// duplicate; Get reads committed items.
+TEST_F(DynamoDbStore, ItemsCommitWithTheMarkerAndGetReadsThem) {
+  Inbox& inbox = MakeInbox();
+  Handler h = [](Transaction& tx, const Message& m) -> Status {
+    dynamodb::Items& items = ItemsOf(tx);
+    IDEM_RETURN_IF_ERROR(Pay(tx, m.id, 4000));
+    IDEM_RETURN_IF_ERROR(items.Update(g_payments, {{"message_id", Attr::S("totals")}, {"charge", Attr::S("all")}},
+                                      "ADD cents :c", {.values = {{":c", Attr::N(4000)}}}));
+    return Status::OK();
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      Outcome o = inbox.Handle(Msg("m-" + std::to_string(i)), h);
+      EXPECT_EQ(o.kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate) << o.ToString();
+    }
+  }
+  auto tx = store_->Begin();
+  ASSERT_OK(tx);
+  auto total = ItemsOf(**tx).Get(g_payments, {{"message_id", Attr::S("totals")}, {"charge", Attr::S("all")}});
+  ASSERT_OK(total);
+  ASSERT_TRUE(total->has_value());
+  EXPECT_EQ((**total).at("cents").AsInt(), 12000);
+  auto none = ItemsOf(**tx).Get(g_payments, {{"message_id", Attr::S("nobody")}, {"charge", Attr::S("x")}});
+  ASSERT_OK(none);
+  EXPECT_FALSE(none->has_value());
+}
+
+// A condition of the handler's that fails at commit cancels everything:
+// no item, no marker; the message fails and applies once the condition holds.
+TEST_F(DynamoDbStore, AFailedConditionCancelsTheWholeTransaction) {
+  Inbox& inbox = MakeInbox();
+  const dynamodb::Item account = {{"message_id", Attr::S("account")}, {"charge", Attr::S("a-1")}};
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    IDEM_RETURN_IF_ERROR(Pay(tx, m.id, 4000));
+    return ItemsOf(tx).Update(g_payments, account, "SET cents = cents - :c",
+                              {.expression = "cents >= :c", .values = {{":c", Attr::N(4000)}}});
+  };
+  for (int round = 0; round < 2; ++round) {
+    Outcome o = inbox.Handle(Msg("m-poor"), h);
+    EXPECT_EQ(o.kind, Outcome::Kind::kFailed) << o.ToString();
+    EXPECT_EQ(o.status.code(), Code::kConflict) << o.status;
+    EXPECT_NE(o.status.message().find("condition of Update on table"), std::string::npos) << o.status;
+  }
+  EXPECT_EQ(CountPayments(*store_, "m-poor"), 0);
+  EXPECT_FALSE(store_->FindMarker("payments", "m-poor")->has_value());
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    dynamodb::Item funded = account;
+    funded.insert_or_assign("cents", Attr::N(5000));
+    ASSERT_OK(ItemsOf(**tx).Put(g_payments, funded));
+    ASSERT_OK((*tx)->Commit());
+  }
+  EXPECT_EQ(inbox.Handle(Msg("m-poor"), h).kind, Outcome::Kind::kApplied);
+  EXPECT_EQ(inbox.Handle(Msg("m-poor"), h).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(CountPayments(*store_, "m-poor"), 1);
+}
+
+// DynamoDB's 100 writes per transaction, the marker included: the 100th
+// item (101st write) is refused at once, naming the limit; nothing commits.
+TEST_F(DynamoDbStore, TheHundredWriteLimitIsNamed) {
+  Inbox& inbox = MakeInbox();
+  Status refused;
+  Handler h = [&](Transaction& tx, const Message& m) -> Status {
+    for (int i = 0; i < 100; ++i) {
+      Status s = Pay(tx, m.id, 1);
+      if (!s.ok()) {
+        refused = s;
+        return s;
+      }
+    }
+    return Status::OK();
+  };
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(inbox.Handle(Msg("m-big"), h).kind, Outcome::Kind::kFailed);
+    EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+    EXPECT_NE(refused.message().find("at most 100 writes"), std::string::npos) << refused;
+  }
+  EXPECT_EQ(CountPayments(*store_, "m-big"), 0);
+  EXPECT_FALSE(store_->FindMarker("payments", "m-big")->has_value());
+}
+
+// Markers carry the TTL attribute when asked; Open turned TTL on.
+TEST_F(DynamoDbStore, MarkersCarryTheirExpiryWithATtl) {
+  dynamodb::Store::Options o = Options(TableFor(dir_), &env_);
+  o.marker_ttl_s = 86'400;
+  auto store = dynamodb::Store::Open(o);
+  ASSERT_OK(store);
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env_});
+  for (int i = 0; i < 2; ++i)
+    inbox->Handle(Msg("m-ttl"), [](Transaction& tx, const Message& m) { return Pay(tx, m.id, 1); });
+  json key = {{"pk", {{"S", "m|payments"}}}, {"sk", {{"B", dynamodb_internal::Base64("m-ttl")}}}};
+  json r = Call("GetItem", {{"TableName", o.table}, {"Key", key}, {"ConsistentRead", true}});
+  EXPECT_EQ(r["Item"]["expires_at"]["N"], std::to_string(env_.NowMs() / 1000 + 86'400));
+  json ttl = Call("DescribeTimeToLive", {{"TableName", o.table}});
+  EXPECT_EQ(ttl["TimeToLiveDescription"].value("AttributeName", ""), "expires_at") << ttl.dump();
+  EXPECT_EQ(CountPayments(**store, "m-ttl"), 1);
+}
+
+// Bad input: a missing table with create_if_missing off, a URL with an
+// unknown key, an endpoint where nothing listens.
+TEST_F(DynamoDbStore, AMissingTableIsNamedWhenCreatingIsOff) {
+  dynamodb::Store::Options o = Options("idem-no-such-table-" + TableFor(dir_).substr(5));
+  o.create_if_missing = false;
+  auto s = dynamodb::Store::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kNotFound) << s.status();
+  EXPECT_NE(s.status().message().find(o.table), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("create_if_missing"), std::string::npos) << s.status();
+}
+
+TEST(DynamoDbUrl, ParsesItsKeysAndRefusesOthers) {
+  auto o = dynamodb::Store::ParseUrl(
+      "dynamodb://"
+      "orders-idem?region=eu-west-1&endpoint=http%3A%2F%2F127.0.0.1%3A8000&profile=ops&create_if_missing=false"
+      "&marker_ttl_s=604800&max_attempts=3&pool_size=4");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->table, "orders-idem");
+  EXPECT_EQ(o->region, "eu-west-1");
+  EXPECT_EQ(o->endpoint, "http://127.0.0.1:8000");
+  EXPECT_EQ(o->profile, "ops");
+  EXPECT_FALSE(o->create_if_missing);
+  EXPECT_EQ(o->marker_ttl_s, 604800);
+  EXPECT_EQ(o->max_attempts, 3);
+  EXPECT_EQ(o->pool_size, 4);
+  auto bad = dynamodb::Store::ParseUrl("dynamodb://t-1?regoin=x");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("regoin"), std::string::npos) << bad.status();
+  EXPECT_FALSE(dynamodb::Store::ParseUrl("dynamodb://t-1?max_attempts=0").ok());
+  EXPECT_FALSE(dynamodb::Store::ParseUrl("postgres://t-1").ok());
+}
+
+// OpenStore and OpenClaimStore take the URL.
+TEST_F(DynamoDbStore, OpenStoreTakesTheUrl) {
+  ::setenv("AWS_ACCESS_KEY_ID", "idemtest", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "idemtest-secret", 1);
+  const std::string url = "dynamodb://" + TableFor(dir_) + "?region=us-east-1&endpoint=" + Endpoint();
+  auto store = OpenStore(url);
+  ASSERT_OK(store);
+  EXPECT_EQ((*store)->Kind(), "dynamodb");
+  auto claims = OpenClaimStore(url);
+  ASSERT_OK(claims);
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
+TEST(DynamoDbBadInput, AnEndpointWhereNothingListensIsUnavailable) {
+  dynamodb::Store::Options o = Options("idem-nowhere");
+  o.endpoint = "http://127.0.0.1:" + std::to_string(FirstFreePort(28390));
+  o.max_attempts = 2;
+  auto s = dynamodb::Store::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status();
+}
+
+}  // namespace
+}  // namespace idem::testing
