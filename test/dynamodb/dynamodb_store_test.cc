@@ -12,8 +12,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -332,6 +337,166 @@ TEST_F(DynamoDbStore, OpenStoreTakesTheUrl) {
   ASSERT_OK(claims);
   ::unsetenv("AWS_ACCESS_KEY_ID");
   ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
+// A tiny HTTP/1.1 server on 127.0.0.1 between the store and DynamoDB Local,
+// for what the emulator never does: `plan` sees each request's operation
+// (X-Amz-Target) and says whether to forward it, to forward it and then
+// drop the connection without the answer (a lost answer), or to answer
+// with the service's documented throttling error itself.
+class Interposer {
+ public:
+  enum class Act { kForward, kLoseAnswer, kThrottle };
+  explicit Interposer(std::function<Act(const std::string& operation)> plan) : plan_(std::move(plan)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    upstream_ = UrlPort(Endpoint());
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~Interposer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int count(const std::string& operation) {
+    std::lock_guard<std::mutex> l(mu_);
+    return seen_[operation];
+  }
+
+ private:
+  // One HTTP message (headers and Content-Length body) from `fd`, or "".
+  static std::string ReadMessage(int fd) {
+    std::string in;
+    char buf[65536];
+    size_t need = std::string::npos;
+    while (need == std::string::npos || in.size() < need) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return "";
+      in.append(buf, static_cast<size_t>(n));
+      const size_t end = in.find("\r\n\r\n");
+      if (need == std::string::npos && end != std::string::npos) {
+        std::string head = in.substr(0, end);
+        std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return std::tolower(c); });
+        const size_t cl = head.find("content-length:");
+        need = end + 4 + (cl == std::string::npos ? 0 : std::strtoul(head.c_str() + cl + 15, nullptr, 10));
+      }
+    }
+    return in;
+  }
+  static void SendAll(int fd, const std::string& out) {
+    for (size_t sent = 0; sent < out.size();) {
+      const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  }
+  std::string Forward(const std::string& request) {
+    const int up = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(upstream_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string answer;
+    if (::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      SendAll(up, request);
+      answer = ReadMessage(up);
+    }
+    ::close(up);
+    return answer;
+  }
+  void Serve() {
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::thread([this, c] {
+        for (;;) {
+          const std::string request = ReadMessage(c);
+          if (request.empty()) break;
+          const size_t t = request.find("DynamoDB_20120810.");
+          const std::string op = t == std::string::npos ? "" : request.substr(t + 18, request.find("\r\n", t) - t - 18);
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            ++seen_[op];
+          }
+          const Act act = plan_(op);
+          if (act == Act::kThrottle) {
+            // The service's documented error document for a throttled call.
+            const std::string body =
+                R"({"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",)"
+                R"("message":"The level of configured provisioned throughput for the table was exceeded."})";
+            SendAll(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body);
+            continue;
+          }
+          const std::string answer = Forward(request);
+          if (act == Act::kLoseAnswer || answer.empty()) break;  // applied upstream, answer lost here
+          SendAll(c, answer);
+        }
+        ::close(c);
+      }).detach();
+    }
+  }
+  std::function<Act(const std::string&)> plan_;
+  int fd_ = -1, port_ = 0, upstream_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::string, int> seen_;
+};
+
+// A commit whose answer is lost is sent again with the same
+// ClientRequestToken: DynamoDB answers the second copy as the first,
+// without applying it again, so the message is applied (not a duplicate
+// of itself) and its effect is there once.
+TEST_F(DynamoDbStore, ACommitWhoseAnswerIsLostIsSentAgainWithItsToken) {
+  std::atomic<int> commits{0};
+  Interposer lossy([&](const std::string& op) {
+    return op == "TransactWriteItems" && commits++ == 0 ? Interposer::Act::kLoseAnswer : Interposer::Act::kForward;
+  });
+  dynamodb::Store::Options o = Options(TableFor(dir_), &env_);
+  o.endpoint = lossy.endpoint();
+  auto store = dynamodb::Store::Open(o);
+  ASSERT_OK(store);
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env_});
+  auto charge = [](Transaction& tx, const Message& m) { return Pay(tx, m.id, 4000); };
+  Outcome first = inbox->Handle(Msg("m-lost"), charge);
+  EXPECT_EQ(first.kind, Outcome::Kind::kApplied) << first.ToString();
+  EXPECT_EQ(lossy.count("TransactWriteItems"), 2) << "the commit was not sent again";
+  EXPECT_EQ(inbox->Handle(Msg("m-lost"), charge).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(CountPayments(**store, "m-lost"), 1);
+}
+
+// Throttling (ProvisionedThroughputExceeded) is retried a bounded number of
+// times, then kBusy: the message is not acknowledged and nothing is written.
+TEST_F(DynamoDbStore, ThrottledCommitsAreRetriedThenBusyAndNotAcknowledged) {
+  Interposer throttling([](const std::string& op) {
+    return op == "TransactWriteItems" ? Interposer::Act::kThrottle : Interposer::Act::kForward;
+  });
+  dynamodb::Store::Options o = Options(TableFor(dir_), &env_);
+  o.endpoint = throttling.endpoint();
+  o.max_attempts = 3;
+  auto store = dynamodb::Store::Open(o);
+  ASSERT_OK(store);
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env_});
+  auto charge = [](Transaction& tx, const Message& m) { return Pay(tx, m.id, 4000); };
+  for (int round = 1; round <= 2; ++round) {
+    Outcome o2 = inbox->Handle(Msg("m-throttled"), charge);
+    EXPECT_EQ(o2.kind, Outcome::Kind::kFailed) << o2.ToString();
+    EXPECT_EQ(o2.status.code(), Code::kBusy) << o2.status;
+    EXPECT_FALSE(o2.ShouldAck());
+    EXPECT_EQ(throttling.count("TransactWriteItems"), 3 * round) << "bounded: max_attempts per commit";
+  }
+  EXPECT_EQ(CountPayments(**store, "m-throttled"), 0);
+  EXPECT_FALSE((*store)->FindMarker("payments", "m-throttled")->has_value());
 }
 
 TEST(DynamoDbBadInput, AnEndpointWhereNothingListensIsUnavailable) {
