@@ -8,6 +8,7 @@
 // store's clock option (DynamoDB has no server clock to read).
 #include <algorithm>
 
+#include "core/claim_rules.h"
 #include "dynamodb/ddb.h"
 
 namespace idem::dynamodb_internal {
@@ -17,19 +18,9 @@ constexpr int kInProgress = 0;
 constexpr int kCompleted = 1;
 constexpr int kMaxRounds = 16;
 
-Fingerprint ToFp(const std::string& bytes) {
-  Fingerprint fp{};
-  std::copy_n(bytes.begin(), std::min(bytes.size(), fp.size()), fp.begin());
-  return fp;
-}
-
 }  // namespace
 
 std::string ClaimPk(std::string_view scope) { return "c|" + std::string(scope); }
-
-std::string DescribeToken(const ClaimToken& t) {
-  return "key '" + t.key + "' in scope '" + t.scope + "' (fence " + std::to_string(t.fence) + ")";
-}
 
 ClaimRecord ToClaimRecord(const json& item) {
   ClaimRecord c;
@@ -44,29 +35,6 @@ ClaimRecord ToClaimRecord(const json& item) {
   c.result_is_error = GetN(item, "is_error") != 0;
   c.updated_at_ms = GetN(item, "updated_at");
   return c;
-}
-
-std::optional<ClaimOutcome> DecideClaim(const ClaimRecord& rec, const ClaimRequest& r, int64_t now) {
-  const bool completed = rec.state == ClaimRecord::State::kCompleted;
-  if (completed && rec.expires_at_ms <= now) return std::nullopt;
-  ClaimOutcome out;
-  if (rec.fingerprint != r.fingerprint) {
-    out.kind = ClaimOutcome::Kind::kConflict;
-    out.stored_fingerprint = rec.fingerprint;
-    return out;
-  }
-  if (completed) {
-    out.kind = ClaimOutcome::Kind::kCompleted;
-    out.result = rec.result;
-    out.result_is_error = rec.result_is_error;
-    return out;
-  }
-  if (rec.lease_until_ms > now) {
-    out.kind = ClaimOutcome::Kind::kInProgress;
-    out.retry_at_ms = rec.lease_until_ms;
-    return out;
-  }
-  return std::nullopt;
 }
 
 ClaimOutcome StartedClaim(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
@@ -133,16 +101,7 @@ Result<std::optional<ClaimOutcome>> DdbStore::Peek(const ClaimRequest& r) {
 
 Status DdbStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
   IDEM_ASSIGN_OR_RETURN(auto rec, FindClaim(t.scope, t.key));
-  if (!rec.has_value())
-    return Status::LeaseLost(DescribeToken(t) + ": no claim on the key any more (released, or expired and purged)");
-  if (rec->fence != t.fence)
-    return Status::LeaseLost(DescribeToken(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
-                             " after this lease expired");
-  if (rec->state == ClaimRecord::State::kCompleted) {
-    if (completed_ok) return Status::OK();  // a retried Complete
-    return Status::LeaseLost(DescribeToken(t) + ": the key is already completed");
-  }
-  return Status::Internal(DescribeToken(t) + ": the claim is ours and in progress, yet the write changed nothing");
+  return internal::LeaseLostFor(t, rec, completed_ok);
 }
 
 namespace {
@@ -169,8 +128,8 @@ Status DdbStore::Complete(const ClaimToken& t, std::string_view result, bool is_
         {":err", N(is_error ? 1 : 0)},
         {":exp", N(now + retention_ms)},
         {":now", N(now)}}}};
-  IDEM_ASSIGN_OR_RETURN(bool done,
-                        CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB completion of " + DescribeToken(t)));
+  IDEM_ASSIGN_OR_RETURN(
+      bool done, CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB completion of " + DescribeClaimToken(t)));
   if (!done) return LeaseLost(t, /*completed_ok=*/true);
   NotifyChanged(t.scope, t.key);
   return Status::OK();
@@ -179,7 +138,7 @@ Status DdbStore::Complete(const ClaimToken& t, std::string_view result, bool is_
 Status DdbStore::Release(const ClaimToken& t) {
   json op = {{"TableName", table_}, {"Key", Key(ClaimPk(t.scope), t.key)}};
   IDEM_ASSIGN_OR_RETURN(bool done,
-                        CallIf("DeleteItem", Held(std::move(op), t), "DynamoDB release of " + DescribeToken(t)));
+                        CallIf("DeleteItem", Held(std::move(op), t), "DynamoDB release of " + DescribeClaimToken(t)));
   if (!done) return LeaseLost(t, /*completed_ok=*/false);
   NotifyChanged(t.scope, t.key);
   return Status::OK();
@@ -192,7 +151,7 @@ Result<int64_t> DdbStore::Extend(const ClaimToken& t, int64_t lease_ms) {
              {"UpdateExpression", "SET lease_until = :l, updated_at = :now"},
              {"ExpressionAttributeValues", {{":l", N(now + lease_ms)}, {":now", N(now)}}}};
   IDEM_ASSIGN_OR_RETURN(bool done,
-                        CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB extension of " + DescribeToken(t)));
+                        CallIf("UpdateItem", Held(std::move(op), t), "DynamoDB extension of " + DescribeClaimToken(t)));
   if (!done) {
     Status s = LeaseLost(t, /*completed_ok=*/false);
     return s.ok() ? Status::Internal("extend changed nothing") : s;
@@ -211,9 +170,7 @@ Result<std::vector<ClaimRecord>> DdbStore::ListClaims(std::string_view scope, in
   IDEM_ASSIGN_OR_RETURN(std::vector<json> all, ReadAll(scope.empty() ? "" : ClaimPk(scope), "c|", nullptr));
   std::vector<ClaimRecord> out;
   for (const json& item : all) out.push_back(ToClaimRecord(item));
-  std::stable_sort(out.begin(), out.end(),
-                   [](const ClaimRecord& a, const ClaimRecord& b) { return a.updated_at_ms > b.updated_at_ms; });
-  if (out.size() > static_cast<size_t>(limit)) out.resize(static_cast<size_t>(limit));
+  NewestFirst(out, &ClaimRecord::updated_at_ms, limit);
   return out;
 }
 

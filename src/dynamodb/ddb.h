@@ -10,6 +10,7 @@
 #ifndef IDEM_SRC_DYNAMODB_DDB_H_
 #define IDEM_SRC_DYNAMODB_DDB_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "aws/client.h"
+#include "core/claim_rules.h"
 #include "idem/claim_store.h"
 #include "idem/dynamodb/items.h"
 #include "idem/dynamodb/store.h"
@@ -51,6 +53,14 @@ int64_t GetN(const json& item, const char* name, int64_t fallback = 0);
 std::string GetS(const json& item, const char* name);
 std::string GetB(const json& item, const char* name);
 json Key(std::string_view pk, std::string_view sk);
+Fingerprint ToFp(const std::string& bytes);
+
+// `list` sorted newest first by `at` (a member pointer), cut to `limit`.
+template <typename T>
+void NewestFirst(std::vector<T>& list, int64_t T::*at, int limit) {
+  std::stable_sort(list.begin(), list.end(), [at](const T& a, const T& b) { return a.*at > b.*at; });
+  if (list.size() > static_cast<size_t>(limit)) list.resize(static_cast<size_t>(limit));
+}
 
 // The user's values to DynamoDB's JSON and back.
 Result<json> ToJson(const Attr& a);
@@ -186,13 +196,14 @@ class DdbStore final : public Store, public ClaimStore {
   std::map<std::pair<std::string, std::string>, Fingerprint> learned_;
 };
 
-// Claims (claims.cc): a record as a ClaimRecord; what it answers a request
-// without a write (std::nullopt: the key may be taken).
+// Claims (claims.cc): a record as a ClaimRecord; the outcome of a claim
+// that starts; the partition of a scope. What a record answers without a
+// write is core/claim_rules.h's.
 ClaimRecord ToClaimRecord(const json& item);
-std::optional<ClaimOutcome> DecideClaim(const ClaimRecord& rec, const ClaimRequest& r, int64_t now);
 ClaimOutcome StartedClaim(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over);
 std::string ClaimPk(std::string_view scope);
-std::string DescribeToken(const ClaimToken& t);
+using internal::DecideClaim;
+using internal::DescribeClaimToken;
 
 }  // namespace idem::dynamodb_internal
 

@@ -1,5 +1,6 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 // Attribute values in DynamoDB's JSON, and ItemsOf.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -133,6 +134,12 @@ std::string GetB(const json& item, const char* name) {
 }
 
 json Key(std::string_view pk, std::string_view sk) { return {{"pk", S(pk)}, {"sk", B(sk)}}; }
+
+Fingerprint ToFp(const std::string& bytes) {
+  Fingerprint fp{};
+  std::copy_n(bytes.begin(), std::min(bytes.size(), fp.size()), fp.begin());
+  return fp;
+}
 
 Result<json> ToJson(const Attr& a) {
   switch (a.type()) {

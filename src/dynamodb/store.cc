@@ -23,11 +23,6 @@ std::string MarkerPk(std::string_view consumer) { return "m|" + std::string(cons
 std::string FailurePk(std::string_view consumer) { return "f|" + std::string(consumer); }
 std::string DeadPk(std::string_view consumer) { return "d|" + std::string(consumer); }
 
-Fingerprint ToFp(const std::string& bytes) {
-  Fingerprint fp{};
-  std::copy_n(bytes.begin(), std::min(bytes.size(), fp.size()), fp.begin());
-  return fp;
-}
 std::string FpBytes(const Fingerprint& fp) { return std::string(reinterpret_cast<const char*>(fp.data()), fp.size()); }
 
 // A ClientRequestToken: 128 bits from the system's random source, drawn
@@ -238,7 +233,7 @@ Status DdbTransaction::CompleteInTransaction(const ClaimToken& t, std::string_vi
   if (it != claims_.end()) {
     PendingClaim& p = it->second;
     if (p.record.fence != t.fence)
-      return Status::LeaseLost(DescribeToken(t) + ": the key is held by fence " + std::to_string(p.record.fence));
+      return Status::LeaseLost(DescribeClaimToken(t) + ": the key is held by fence " + std::to_string(p.record.fence));
     if (p.record.state == ClaimRecord::State::kCompleted) return Status::OK();
     // The claim's own write, now written completed (one write per item).
     json& put = ops_[p.op]["Put"];
@@ -598,9 +593,7 @@ Result<std::vector<Marker>> DdbStore::ListMarkers(std::string_view consumer, int
     IDEM_ASSIGN_OR_RETURN(std::string id, Unbase64(m["sk"]["B"].get<std::string>()));
     out.push_back(Marker{GetS(m, "pk").substr(2), std::move(id), ToFp(GetB(m, "fp")), GetN(m, "at")});
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Marker& a, const Marker& b) { return a.processed_at_ms > b.processed_at_ms; });
-  if (out.size() > static_cast<size_t>(limit)) out.resize(static_cast<size_t>(limit));
+  NewestFirst(out, &Marker::processed_at_ms, limit);
   return out;
 }
 
@@ -613,8 +606,7 @@ Result<std::vector<DeadLetter>> DdbStore::ListDeadLetters(std::string_view consu
     out.push_back(DeadLetter{GetS(d, "pk").substr(2), std::move(id), GetS(d, "reason"), GetS(d, "error"),
                              static_cast<int>(GetN(d, "attempts")), GetB(d, "payload"), GetN(d, "at")});
   }
-  std::stable_sort(out.begin(), out.end(), [](const DeadLetter& a, const DeadLetter& b) { return a.at_ms > b.at_ms; });
-  if (out.size() > static_cast<size_t>(limit)) out.resize(static_cast<size_t>(limit));
+  NewestFirst(out, &DeadLetter::at_ms, limit);
   return out;
 }
 
