@@ -345,6 +345,12 @@ Status DdbTransaction::Commit() {
       done_ = true;
       return Status::OK();
     }
+    if (reply->error->type == "TransactionInProgressException") {
+      // The same token's transaction is still being applied: it may commit.
+      done_ = true;
+      return Status::InDoubt("DynamoDB TransactWriteItems on table '" + store_.table() +
+                             "': still in progress after every try (" + reply->error->message + ")");
+    }
     if (reply->error->type != "TransactionCanceledException") {
       done_ = true;
       return aws_internal::ToStatus(*reply->error, "DynamoDB TransactWriteItems on table '" + store_.table() + "'");

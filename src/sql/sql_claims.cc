@@ -34,8 +34,6 @@ ClaimRecord ToRecord(const std::vector<Value>& r) {
   return c;
 }
 
-std::string Describe(const ClaimToken& t) { return internal::DescribeClaimToken(t); }
-
 // The parameters of the claims SQL's insert and complete (see ClaimsSql).
 std::vector<Value> InsertParams(const ClaimRequest& r, const Value& now) {
   return {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};

@@ -20,8 +20,10 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "aws/client.h"
 #include "dynamodb/ddb.h"
@@ -273,6 +275,30 @@ TEST_F(DynamoDbStore, TheHundredWriteLimitIsNamed) {
   }
   EXPECT_EQ(CountPayments(*store_, "m-big"), 0);
   EXPECT_FALSE(store_->FindMarker("payments", "m-big")->has_value());
+}
+
+// A batch is one transaction: 100 messages fit (100 markers); the 101st
+// marker is refused naming the limit, nothing of the batch commits, and
+// the same messages in batches that fit apply.
+TEST_F(DynamoDbStore, ABatchPastTheLimitIsRefusedWholeAndSmallerBatchesApply) {
+  Inbox& inbox = MakeInbox();
+  std::vector<Message> batch;
+  for (int i = 0; i < 101; ++i) batch.push_back(Msg("b-" + std::to_string(i)));
+  const Handler none = [](Transaction&, const Message&) { return Status::OK(); };
+  for (int round = 0; round < 2; ++round) {
+    for (const Outcome& o : inbox.HandleBatch(batch, none)) {
+      EXPECT_EQ(o.kind, Outcome::Kind::kFailed);
+      EXPECT_NE(o.status.message().find("at most 100 writes"), std::string::npos) << o.status;
+    }
+  }
+  EXPECT_EQ(*store_->CountMarkers("payments"), 0);
+  for (int round = 0; round < 2; ++round) {
+    auto first = inbox.HandleBatch(std::span<const Message>(batch).first(100), none);
+    auto last = inbox.HandleBatch(std::span<const Message>(batch).subspan(100), none);
+    for (const Outcome& o : first) EXPECT_EQ(o.kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate);
+    EXPECT_EQ(last[0].kind, round == 0 ? Outcome::Kind::kApplied : Outcome::Kind::kDuplicate);
+  }
+  EXPECT_EQ(*store_->CountMarkers("payments"), 101);
 }
 
 // Markers carry the TTL attribute when asked; Open turned TTL on.
