@@ -32,6 +32,8 @@
 #include "idem/inbox.h"
 #include "idem/open.h"
 #include "idem/sqlite/store.h"
+#include "idem/testing/harness.h"
+#include "idem/url.h"
 #include "util/claims_conformance.h"
 #include "util/store_conformance.h"
 #include "util/test_servers.h"
@@ -523,6 +525,68 @@ TEST_F(DynamoDbStore, ThrottledCommitsAreRetriedThenBusyAndNotAcknowledged) {
   }
   EXPECT_EQ(CountPayments(**store, "m-throttled"), 0);
   EXPECT_FALSE((*store)->FindMarker("payments", "m-throttled")->has_value());
+}
+
+// The test kit on DynamoDB: Harness with a dynamodb:// store_url (a table
+// per run), a handler writing items, the state read back with a Scan. The
+// correct handler passes every scenario; one that writes its payment
+// outside the transaction is caught.
+std::string PaymentsOfRun(const Context& ctx) {
+  auto u = ParseUrl(ctx.store_url());
+  return (u.ok() && !u->hosts.empty() ? u->hosts[0].host : std::string("none")) + "-payments";
+}
+
+Harness::Options KitOptions(const TempDir& dir) {
+  Harness::Options o;
+  o.store_url = "dynamodb://" + TableFor(dir) + "?region=us-east-1&endpoint=" + Endpoint();
+  o.state = [](Context& ctx) -> Result<State> {
+    json in = {{"TableName", PaymentsOfRun(ctx)}, {"ConsistentRead", true}};
+    State state;
+    for (;;) {
+      json r = Call("Scan", in);
+      for (const json& item : r["Items"])
+        state.lines.push_back("message_id=" + item["message_id"]["S"].get<std::string>() +
+                              " cents=" + item["cents"]["N"].get<std::string>());
+      if (!r.contains("LastEvaluatedKey")) return state;
+      in["ExclusiveStartKey"] = r["LastEvaluatedKey"];
+    }
+  };
+  return o;
+}
+
+Subject KitSubject(bool outside) {
+  return {.name = outside ? "charge-outside" : "charge", .handler = [outside](Context& ctx) -> Handler {
+            g_payments = PaymentsOfRun(ctx);
+            Store& store = ctx.store();
+            EXPECT_OK(CreatePaymentsTable(store));
+            return [outside, table = g_payments](Transaction& tx, const Message& m) -> Status {
+              if (!outside) return Pay(tx, m.id, 4000);
+              // The mistake: a write of its own, apart from the marker.
+              json item = {
+                  {"message_id", {{"S", m.id}}},
+                  {"charge", {{"S", std::to_string(::getpid()) + m.id + std::to_string(std::random_device{}())}}},
+                  {"cents", {{"N", "4000"}}}};
+              Call("PutItem", {{"TableName", table}, {"Item", item}});
+              return Status::OK();
+            };
+          }};
+}
+
+TEST(DynamoDbTestKit, TheHarnessRunsAnItemsHandlerAndCatchesAWriteOutsideTheTransaction) {
+  ::setenv("AWS_ACCESS_KEY_ID", "idemtest", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "idemtest-secret", 1);
+  std::vector<Message> messages;
+  for (int i = 0; i < 4; ++i) messages.push_back(Msg("pay-" + std::to_string(i), "4000"));
+  TempDir good_dir, bad_dir;
+  Harness good(KitOptions(good_dir));
+  auto report = good.Run(KitSubject(/*outside=*/false), messages);
+  ASSERT_OK(report);
+  EXPECT_TRUE(report->failures.empty()) << *report;
+  EXPECT_EQ(report->store_kind, "dynamodb");
+  Harness bad(KitOptions(bad_dir));
+  auto caught = bad.Run(KitSubject(/*outside=*/true), messages);
+  ASSERT_OK(caught);
+  EXPECT_FALSE(caught->failures.empty()) << "a write apart from the marker was not caught";
 }
 
 TEST(DynamoDbBadInput, AnEndpointWhereNothingListensIsUnavailable) {
