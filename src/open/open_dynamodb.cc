@@ -10,6 +10,7 @@ namespace idem::open_internal {
 Result<std::unique_ptr<Store>> OpenDynamodbStore(std::string_view url, const StoreOptions& settings) {
   IDEM_ASSIGN_OR_RETURN(dynamodb::Store::Options o, dynamodb::Store::ParseUrl(url));
   o.create_if_missing = o.create_if_missing && settings.create_if_missing;
+  if (settings.pool_size > 0) o.pool_size = settings.pool_size;
   if (settings.env != nullptr) o.env = settings.env;
   return dynamodb::Store::Open(o);
 }
