@@ -374,7 +374,7 @@ TEST_F(DynamoDbStore, OpenStoreTakesTheUrl) {
 // with the service's documented throttling error itself.
 class Interposer {
  public:
-  enum class Act { kForward, kLoseAnswer, kThrottle };
+  enum class Act { kForward, kLoseAnswer, kThrottle, kRefuseCredentials };
   explicit Interposer(std::function<Act(const std::string& operation)> plan) : plan_(std::move(plan)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -427,6 +427,11 @@ class Interposer {
       sent += static_cast<size_t>(n);
     }
   }
+  static void AnswerError(int fd, const std::string& type, const std::string& message) {
+    const std::string body = R"({"__type":")" + type + R"(","message":")" + message + R"("})";
+    SendAll(fd, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body);
+  }
   std::string Forward(const std::string& request) {
     const int up = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -456,13 +461,16 @@ class Interposer {
             ++seen_[op];
           }
           const Act act = plan_(op);
+          // The service's documented error documents: a key it does not
+          // know, a throttled call.
+          if (act == Act::kRefuseCredentials) {
+            AnswerError(c, "com.amazon.coral.service#UnrecognizedClientException",
+                        "The security token included in the request is invalid.");
+            continue;
+          }
           if (act == Act::kThrottle) {
-            // The service's documented error document for a throttled call.
-            const std::string body =
-                R"({"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",)"
-                R"("message":"The level of configured provisioned throughput for the table was exceeded."})";
-            SendAll(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n" + body);
+            AnswerError(c, "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                        "The level of configured provisioned throughput for the table was exceeded.");
             continue;
           }
           const std::string answer = Forward(request);
@@ -587,6 +595,32 @@ TEST(DynamoDbTestKit, TheHarnessRunsAnItemsHandlerAndCatchesAWriteOutsideTheTran
   auto caught = bad.Run(KitSubject(/*outside=*/true), messages);
   ASSERT_OK(caught);
   EXPECT_FALSE(caught->failures.empty()) << "a write apart from the marker was not caught";
+}
+
+// Refused credentials (the service's UnrecognizedClientException, from a
+// local server: DynamoDB Local checks none) are named at Open, never retried.
+TEST_F(DynamoDbStore, RefusedCredentialsAreNamedAtOpen) {
+  Interposer refusing([](const std::string&) { return Interposer::Act::kRefuseCredentials; });
+  dynamodb::Store::Options o = Options(TableFor(dir_), &env_);
+  o.endpoint = refusing.endpoint();
+  auto s = dynamodb::Store::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status();
+  EXPECT_NE(s.status().message().find("credentials were refused"), std::string::npos) << s.status();
+  EXPECT_EQ(refusing.count("DescribeTable"), 1) << "a refused key is not retried";
+}
+
+// A wrong region: the table is where it was made, not in the region named
+// (DynamoDB Local keeps each region's tables apart, as the service does):
+// kNotFound naming the table and the region.
+TEST_F(DynamoDbStore, AWrongRegionDoesNotFindTheTable) {
+  dynamodb::Store::Options o = Options(TableFor(dir_));
+  o.region = "eu-west-3";
+  o.create_if_missing = false;
+  auto s = dynamodb::Store::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), Code::kNotFound) << s.status();
+  EXPECT_NE(s.status().message().find("region eu-west-3"), std::string::npos) << s.status();
 }
 
 TEST(DynamoDbBadInput, AnEndpointWhereNothingListensIsUnavailable) {
