@@ -55,8 +55,9 @@ std::string Outcome::ToString() const {
 namespace {
 
 // Runs of a batch whose commit found a marker committed meanwhile
-// (Attempt::again): each finds more of them, so a few settle any race.
-constexpr int kMaxAgain = 8;
+// (Attempt::again), beyond one per message: each run finds at least one
+// more of them, so the batch's size (and a few for racing commits) settles it.
+constexpr size_t kMaxAgain = 4;
 
 Outcome Failed(Status s) {
   Outcome o;
@@ -292,9 +293,9 @@ void Inbox::Impl::Apply(std::span<const Message> messages, const Handler& handle
   // fails, the transaction is rolled back and the batch runs again without
   // that message (and its copies); the others' handlers run again then.
   std::vector<bool> shed = excluded;  // answered without the store's transaction
-  for (int again = 0;;) {
+  for (size_t again = 0;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
-    if (a.again && ++again <= kMaxAgain) continue;
+    if (a.again && ++again <= messages.size() + kMaxAgain) continue;
     if (!a.failed.has_value()) break;
     if (a.status.code() == Code::kAborted) {
       // The consumer is stopping: the rest of the batch is given back with

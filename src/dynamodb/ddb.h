@@ -38,6 +38,8 @@ using dynamodb::Item;
 // DynamoDB's limit on the writes of one TransactWriteItems.
 inline constexpr int kMaxTransactItems = 100;
 
+// The DynamoDB transaction `tx` is (or wraps), or nullptr.
+dynamodb::Items* ItemsIn(Transaction& tx);
 // Registers (live) or forgets a transaction's NativeHandle for ItemsOf.
 void RegisterLive(const void* handle, bool live);
 
@@ -174,9 +176,21 @@ class DdbStore final : public Store, public ClaimStore {
   Status LeaseLost(const ClaimToken& t, bool completed_ok);
 
   // Markers a cancelled commit found present: the Inbox runs the batch
-  // again, and InsertMarkers answers these without a read (each once).
+  // again, and InsertMarkers answers these without a read. Markers are
+  // never rewritten, so what was learned stays true until a purge (Forget;
+  // a purge by another process leaves a message judged a duplicate here,
+  // which it was). At most 10,000 kept.
   void Learn(const std::string& consumer, const std::string& id, const Fingerprint& fp);
   std::optional<Fingerprint> Recall(const std::string& consumer, const std::string& id);
+  void Forget();
+
+  // For the idem command's demo effects (tools/idem/payments.cc): a table
+  // of the account's made (on-demand billing, key `hash` S and `range` S)
+  // when missing, or `emptied` (deleted and made again); every item of a
+  // table (Scan); the failure counts and dead letters of `consumer` deleted.
+  Status MakeTable(const std::string& name, const std::string& hash, const std::string& range, bool emptied);
+  Result<std::vector<json>> ScanTable(const std::string& name);
+  Status ForgetFailures(std::string_view consumer);
 
   const std::string& table() const { return table_; }
   Env* env() const { return env_; }

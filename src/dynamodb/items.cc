@@ -47,12 +47,7 @@ class NotDynamo final : public Items {
 }  // namespace
 
 Items& ItemsOf(Transaction& tx) {
-  if (auto* items = dynamic_cast<Items*>(&tx)) return *items;
-  void* handle = tx.NativeHandle();
-  {
-    std::lock_guard<std::mutex> l(live_mu);
-    if (Live().count(handle) != 0) return *static_cast<Items*>(handle);
-  }
+  if (Items* items = dynamodb_internal::ItemsIn(tx)) return *items;
   static NotDynamo refusing;
   return refusing;
 }
@@ -60,6 +55,13 @@ Items& ItemsOf(Transaction& tx) {
 }  // namespace idem::dynamodb
 
 namespace idem::dynamodb_internal {
+
+dynamodb::Items* ItemsIn(Transaction& tx) {
+  if (auto* items = dynamic_cast<dynamodb::Items*>(&tx)) return items;
+  void* handle = tx.NativeHandle();
+  std::lock_guard<std::mutex> l(dynamodb::live_mu);
+  return dynamodb::Live().count(handle) != 0 ? static_cast<dynamodb::Items*>(handle) : nullptr;
+}
 
 void RegisterLive(const void* handle, bool live) {
   std::lock_guard<std::mutex> l(dynamodb::live_mu);

@@ -452,17 +452,23 @@ Status DdbStore::DeleteKeys(const std::vector<json>& keys) {
 
 void DdbStore::Learn(const std::string& consumer, const std::string& id, const Fingerprint& fp) {
   std::lock_guard<std::mutex> l(mu_);
-  if (learned_.size() > 10'000) learned_.clear();  // only ever a batch's worth, unless batches are abandoned
+  if (learned_.size() > 10'000) learned_.clear();  // a cache: what is dropped is learned again
   learned_[{consumer, id}] = fp;
 }
 
 std::optional<Fingerprint> DdbStore::Recall(const std::string& consumer, const std::string& id) {
+  // Kept, not taken: a batch holding several markers that exist may learn
+  // them one per cancelled commit (DynamoDB Local names one reason), and
+  // each run again must find all it learned so far.
   std::lock_guard<std::mutex> l(mu_);
   auto it = learned_.find({consumer, id});
   if (it == learned_.end()) return std::nullopt;
-  Fingerprint fp = it->second;
-  learned_.erase(it);
-  return fp;
+  return it->second;
+}
+
+void DdbStore::Forget() {
+  std::lock_guard<std::mutex> l(mu_);
+  learned_.clear();
 }
 
 Result<std::unique_ptr<StoreTransaction>> DdbStore::Begin() {
@@ -566,6 +572,7 @@ Status DdbStore::ClearFailures(std::string_view consumer, std::string_view id) {
 
 Result<int64_t> DdbStore::Purge(std::string_view consumer, int64_t before_ms, int batch_size) {
   if (batch_size < 1) return Status::InvalidArgument("purge batch size must be at least 1");
+  Forget();  // a purged marker is forgotten here too
   int64_t total = 0;
   for (;;) {
     // Markers are never rewritten (a Put conditioned on their absence), so
@@ -614,6 +621,54 @@ Result<std::vector<DeadLetter>> DdbStore::ListDeadLetters(std::string_view consu
   }
   NewestFirst(out, &DeadLetter::at_ms, limit);
   return out;
+}
+
+Status DdbStore::MakeTable(const std::string& name, const std::string& hash, const std::string& range, bool emptied) {
+  const std::string what = "DynamoDB table '" + name + "'";
+  if (emptied) {
+    IDEM_ASSIGN_OR_RETURN(aws_internal::Reply d, client_->Call("DeleteTable", {{"TableName", name}}));
+    if (d.error && d.error->type != "ResourceNotFoundException")
+      return aws_internal::ToStatus(*d.error, "delete " + what);
+    for (int i = 0; !d.error; ++i) {  // gone once DescribeTable says so
+      IDEM_ASSIGN_OR_RETURN(d, client_->Call("DescribeTable", {{"TableName", name}}));
+      if (i == 600) return Status::Unavailable(what + " is still being deleted after 60 s");
+      if (!d.error) env_->SleepMs(100);
+    }
+  }
+  json create = {
+      {"TableName", name},
+      {"AttributeDefinitions",
+       {{{"AttributeName", hash}, {"AttributeType", "S"}}, {{"AttributeName", range}, {"AttributeType", "S"}}}},
+      {"KeySchema", {{{"AttributeName", hash}, {"KeyType", "HASH"}}, {{"AttributeName", range}, {"KeyType", "RANGE"}}}},
+      {"BillingMode", "PAY_PER_REQUEST"}};
+  IDEM_ASSIGN_OR_RETURN(aws_internal::Reply c, client_->Call("CreateTable", create));
+  if (c.error && c.error->type != "ResourceInUseException") return aws_internal::ToStatus(*c.error, "create " + what);
+  for (int i = 0;; ++i) {
+    IDEM_ASSIGN_OR_RETURN(json t, Call("DescribeTable", {{"TableName", name}}, "describe " + what));
+    if (t["Table"].value("TableStatus", std::string()) == "ACTIVE") return Status::OK();
+    if (i == 600) return Status::Unavailable(what + " was created but is not ACTIVE after 60 s");
+    env_->SleepMs(100);
+  }
+}
+
+Result<std::vector<json>> DdbStore::ScanTable(const std::string& name) {
+  std::vector<json> out;
+  json in = {{"TableName", name}, {"ConsistentRead", true}};
+  for (;;) {
+    IDEM_ASSIGN_OR_RETURN(json r, Call("Scan", in, "DynamoDB Scan of table '" + name + "'"));
+    for (auto& item : r["Items"]) out.push_back(std::move(item));
+    if (!r.contains("LastEvaluatedKey")) return out;
+    in["ExclusiveStartKey"] = r["LastEvaluatedKey"];
+  }
+}
+
+Status DdbStore::ForgetFailures(std::string_view consumer) {
+  std::vector<json> keys;
+  for (const std::string& pk : {FailurePk(consumer), DeadPk(consumer)}) {
+    IDEM_ASSIGN_OR_RETURN(std::vector<json> items, ReadAll(pk, "", "#k, sk"));
+    for (const json& item : items) keys.push_back({{"pk", item["pk"]}, {"sk", item["sk"]}});
+  }
+  return DeleteKeys(keys);
 }
 
 Result<Store::SchemaInfo> DdbStore::Schema() {

@@ -303,6 +303,29 @@ TEST_F(DynamoDbStore, ABatchPastTheLimitIsRefusedWholeAndSmallerBatchesApply) {
   EXPECT_EQ(*store_->CountMarkers("payments"), 101);
 }
 
+// Markers another process committed are found at commit, one or more per
+// cancelled transaction (DynamoDB Local names one reason at a time): the
+// batch runs again until every one is known, and only the new message
+// applies.
+TEST_F(DynamoDbStore, ABatchOfMarkersAnotherStoreCommittedIsSettled) {
+  Inbox& inbox = MakeInbox();
+  const Handler charge = [](Transaction& tx, const Message& m) { return Pay(tx, m.id, 4000); };
+  std::vector<Message> batch;
+  for (int i = 0; i < 6; ++i) batch.push_back(Msg("o-" + std::to_string(i)));
+  for (const Outcome& o : inbox.HandleBatch(std::span<const Message>(batch).first(5), charge))
+    ASSERT_EQ(o.kind, Outcome::Kind::kApplied) << o.ToString();
+  auto other = dynamodb::Store::Open(Options(TableFor(dir_), &env_));  // another process's store
+  ASSERT_OK(other);
+  auto other_inbox = MustOpen<Inbox>(**other, Inbox::Options{.consumer = "payments", .env = &env_});
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Outcome> out = other_inbox->HandleBatch(batch, charge);
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(out[i].kind, i < 5 || round == 1 ? Outcome::Kind::kDuplicate : Outcome::Kind::kApplied)
+          << i << " " << out[i].ToString();
+  }
+  EXPECT_EQ(CountPayments(*store_, ""), 6);
+}
+
 // Markers carry the TTL attribute when asked; Open turned TTL on.
 TEST_F(DynamoDbStore, MarkersCarryTheirExpiryWithATtl) {
   dynamodb::Store::Options o = Options(TableFor(dir_), &env_);

@@ -15,7 +15,7 @@ if(NOT SRC OR NOT LINKS)
   message(FATAL_ERROR "usage: cmake -DSRC=... -DLINKS=... -P seams.cmake")
 endif()
 
-set(_production core sql sqlite_driver sqlite postgres redis embedded amqp kafka http httplib open)
+set(_production core sql sqlite_driver sqlite postgres redis embedded amqp kafka http httplib dynamodb open)
 set(_problems "")
 
 # The quoted or bracketed #include lines of `file` matching `regex`, as "file:line: text".
