@@ -6,6 +6,7 @@
 #ifndef IDEM_SRC_CORE_CLAIM_RULES_H_
 #define IDEM_SRC_CORE_CLAIM_RULES_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -41,6 +42,15 @@ inline std::optional<ClaimOutcome> DecideClaim(const ClaimRecord& rec, const Cla
     return out;
   }
   return std::nullopt;
+}
+
+// The outcome of a claim that starts (or takes over) the work.
+inline ClaimOutcome StartedClaim(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
+  ClaimOutcome out;
+  out.kind = ClaimOutcome::Kind::kStarted;
+  out.token = ClaimToken{r.scope, r.key, fence, lease_until_ms};
+  out.took_over = took_over;
+  return out;
 }
 
 // After a holder's conditioned write changed nothing: why `t` no longer

@@ -37,14 +37,6 @@ ClaimRecord ToClaimRecord(const json& item) {
   return c;
 }
 
-ClaimOutcome StartedClaim(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
-  ClaimOutcome out;
-  out.kind = ClaimOutcome::Kind::kStarted;
-  out.token = ClaimToken{r.scope, r.key, fence, lease_until_ms};
-  out.took_over = took_over;
-  return out;
-}
-
 Result<int64_t> DdbStore::NextFence() {
   IDEM_ASSIGN_OR_RETURN(json r, Call("UpdateItem",
                                      {{"TableName", table_},

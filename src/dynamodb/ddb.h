@@ -210,14 +210,14 @@ class DdbStore final : public Store, public ClaimStore {
   std::map<std::pair<std::string, std::string>, Fingerprint> learned_;
 };
 
-// Claims (claims.cc): a record as a ClaimRecord; the outcome of a claim
-// that starts; the partition of a scope. What a record answers without a
-// write is core/claim_rules.h's.
+// Claims (claims.cc): a record as a ClaimRecord; the partition of a scope.
+// What a record answers without a write, and a claim that starts, are
+// core/claim_rules.h's.
 ClaimRecord ToClaimRecord(const json& item);
-ClaimOutcome StartedClaim(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over);
 std::string ClaimPk(std::string_view scope);
 using internal::DecideClaim;
 using internal::DescribeClaimToken;
+using internal::StartedClaim;
 
 }  // namespace idem::dynamodb_internal
 

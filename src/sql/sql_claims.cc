@@ -44,11 +44,7 @@ std::vector<Value> CompleteParams(const ClaimToken& t, std::string_view result, 
 }
 
 ClaimOutcome Started(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
-  ClaimOutcome out;
-  out.kind = ClaimOutcome::Kind::kStarted;
-  out.token = ClaimToken{r.scope, r.key, fence, lease_until_ms};
-  out.took_over = took_over;
-  return out;
+  return internal::StartedClaim(r, fence, lease_until_ms, took_over);
 }
 
 }  // namespace
