@@ -534,6 +534,28 @@ TEST_F(DynamoDbStore, ACommitWhoseAnswerIsLostIsSentAgainWithItsToken) {
   EXPECT_EQ(CountPayments(**store, "m-lost"), 1);
 }
 
+// Every answer of a commit lost: after its tries the commit is kInDoubt,
+// and the Inbox reads the marker back (strongly consistent), finds it
+// (the first try was applied), and counts the message applied, once.
+TEST_F(DynamoDbStore, ACommitNeverAnsweredIsInDoubtAndTheMarkerSettlesIt) {
+  Interposer silent([](const std::string& op) {
+    return op == "TransactWriteItems" ? Interposer::Act::kLoseAnswer : Interposer::Act::kForward;
+  });
+  dynamodb::Store::Options o = Options(TableFor(dir_), &env_);
+  o.endpoint = silent.endpoint();
+  o.max_attempts = 3;
+  auto store = dynamodb::Store::Open(o);
+  ASSERT_OK(store);
+  auto inbox = MustOpen<Inbox>(**store, Inbox::Options{.consumer = "payments", .env = &env_});
+  auto charge = [](Transaction& tx, const Message& m) { return Pay(tx, m.id, 4000); };
+  Outcome first = inbox->Handle(Msg("m-silent"), charge);
+  EXPECT_EQ(first.kind, Outcome::Kind::kApplied) << first.ToString();
+  EXPECT_EQ(silent.count("TransactWriteItems"), 3) << "max_attempts tries, one token";
+  EXPECT_EQ(MakeInbox().Handle(Msg("m-silent"), charge).kind, Outcome::Kind::kDuplicate)
+      << "the redelivery, where answers come";
+  EXPECT_EQ(CountPayments(**store, "m-silent"), 1);
+}
+
 // Throttling (ProvisionedThroughputExceeded) is retried a bounded number of
 // times, then kBusy: the message is not acknowledged and nothing is written.
 TEST_F(DynamoDbStore, ThrottledCommitsAreRetriedThenBusyAndNotAcknowledged) {
