@@ -76,9 +76,12 @@ class Store {
   };
   // Checks the options, finds credentials and region, and checks (or
   // creates) the table. Errors: kInvalidArgument (a bad option, naming it;
-  // a wrong region or refused credentials), kNotFound (no credentials, or
-  // the table is missing and create_if_missing is off), kUnavailable (the
-  // endpoint does not answer), kBusy (throttled past max_attempts).
+  // refused credentials), kNotFound (no credentials, or the table is
+  // missing in the region named and create_if_missing is off: a wrong
+  // region shows so; with create_if_missing on it makes a new table there),
+  // kSchemaMismatch (a table of that name whose key is not idem's),
+  // kUnavailable (the endpoint does not answer), kBusy (throttled past
+  // max_attempts).
   static Result<std::unique_ptr<idem::Store>> Open(const Options& options);
   // Reads "dynamodb://TABLE?region=..&endpoint=..&profile=..&create_if_missing=..
   // &marker_ttl_s=..&max_attempts=..&pool_size=..". An unknown key, or one
