@@ -414,8 +414,17 @@ class Interposer {
   ~Interposer() {
     stop_ = true;
     ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
     thread_.join();
+    ::close(fd_);
+    // The connections' threads end once their sockets are shut down.
+    std::vector<std::thread> conns;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (int c : conn_fds_) ::shutdown(c, SHUT_RDWR);
+      conns.swap(conns_);
+    }
+    for (auto& t : conns) t.join();
+    for (int c : conn_fds_) ::close(c);
   }
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int count(const std::string& operation) {
@@ -473,7 +482,9 @@ class Interposer {
     while (!stop_) {
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) return;
-      std::thread([this, c] {
+      std::lock_guard<std::mutex> l(mu_);
+      conn_fds_.push_back(c);
+      conns_.emplace_back([this, c] {
         for (;;) {
           const std::string request = ReadMessage(c);
           if (request.empty()) break;
@@ -500,8 +511,8 @@ class Interposer {
           if (act == Act::kLoseAnswer || answer.empty()) break;  // applied upstream, answer lost here
           SendAll(c, answer);
         }
-        ::close(c);
-      }).detach();
+        ::shutdown(c, SHUT_RDWR);  // the client sees the connection end (closed by the destructor)
+      });
     }
   }
   std::function<Act(const std::string&)> plan_;
@@ -510,6 +521,8 @@ class Interposer {
   std::thread thread_;
   std::mutex mu_;
   std::map<std::string, int> seen_;
+  std::vector<int> conn_fds_;       // closed by the destructor
+  std::vector<std::thread> conns_;  // one per connection, joined by the destructor
 };
 
 // A commit whose answer is lost is sent again with the same
