@@ -256,7 +256,7 @@ Cflags: ${_pc_cflags}
 endforeach()
 
 # Every component the project has (to tell "unknown" from "not installed").
-set(IDEM_KNOWN_COMPONENTS core sqlite embedded postgres redis redis_streams http httplib amqp kafka sqs pubsub open)
+set(IDEM_KNOWN_COMPONENTS core sqlite embedded postgres redis redis_streams http httplib amqp kafka sqs pubsub dynamodb open)
 foreach(_c IN LISTS IDEM_INSTALLED_COMPONENTS)
   if(NOT _c IN_LIST IDEM_KNOWN_COMPONENTS)
     list(APPEND IDEM_KNOWN_COMPONENTS ${_c})

@@ -54,6 +54,11 @@ std::string Outcome::ToString() const {
 
 namespace {
 
+// Runs of a batch whose commit found a marker committed meanwhile
+// (Attempt::again), beyond one per message: each run finds at least one
+// more of them, so the batch's size (and a few for racing commits) settles it.
+constexpr size_t kMaxAgain = 4;
+
 Outcome Failed(Status s) {
   Outcome o;
   o.kind = Outcome::Kind::kFailed;
@@ -110,6 +115,10 @@ struct Inbox::Impl {
   struct Attempt {
     std::optional<size_t> failed{};  // the message whose handler failed
     Status status{};                 // its error
+    // The commit found a marker another transaction committed meanwhile
+    // and wrote nothing (a store whose markers are proved only at commit,
+    // DynamoDB: Code::kDuplicate): the batch runs again and finds it.
+    bool again = false;
   };
   // One transaction over the messages not excluded; stops at the first
   // handler failure (rolled back) and says which.
@@ -284,8 +293,9 @@ void Inbox::Impl::Apply(std::span<const Message> messages, const Handler& handle
   // fails, the transaction is rolled back and the batch runs again without
   // that message (and its copies); the others' handlers run again then.
   std::vector<bool> shed = excluded;  // answered without the store's transaction
-  for (;;) {
+  for (size_t again = 0;;) {
     Attempt a = TryBatch(messages, handler, excluded, out);
+    if (a.again && ++again <= messages.size() + kMaxAgain) continue;
     if (!a.failed.has_value()) break;
     if (a.status.code() == Code::kAborted) {
       // The consumer is stopping: the rest of the batch is given back with
@@ -433,6 +443,11 @@ Inbox::Impl::Attempt Inbox::Impl::TryBatch(std::span<const Message> messages, co
                                          ") is not acknowledged"));
       }
     }
+  } else if (cs.code() == Code::kDuplicate) {
+    // Nothing of the transaction is saved, and a marker of it exists now:
+    // run again (Apply), where it is a duplicate before any handler runs.
+    fail_all(cs);
+    return Attempt{.again = true};
   } else if (!cs.ok()) {
     // Nothing of the transaction is saved. Duplicates and conflicts found in
     // it are still true, but a conflict's dead letter was not written, so

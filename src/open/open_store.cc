@@ -1,5 +1,5 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
-// OpenStore / OpenClaimStore: SQLite, always; postgres:// and redis://
+// OpenStore / OpenClaimStore: SQLite, always; postgres://, dynamodb:// and redis://
 // through their openers (src/open/openers.h) when this program links them
 // (IDEM_OPEN_HAVE_<COMPONENT>: built into idem::open).
 #include <memory>
@@ -14,13 +14,14 @@
 namespace idem {
 namespace {
 
-enum class StoreKind { kSqlite, kPostgres, kRedis, kUnknown };
+enum class StoreKind { kSqlite, kPostgres, kDynamodb, kRedis, kUnknown };
 
 StoreKind KindOf(std::string_view url) {
   const std::string scheme = UrlScheme(url);
   if (scheme.empty() || scheme == "sqlite") return StoreKind::kSqlite;  // a bare path is a file
   if (scheme == "postgres" || scheme == "postgresql") return StoreKind::kPostgres;
   if (scheme == "redis") return StoreKind::kRedis;
+  if (scheme == "dynamodb") return StoreKind::kDynamodb;
   return StoreKind::kUnknown;
 }
 
@@ -106,6 +107,14 @@ Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOption
       return NotBuilt("postgres", "POSTGRES", url);
 #endif
     }
+    case StoreKind::kDynamodb: {
+#if IDEM_OPEN_HAVE_DYNAMODB
+      if (open_internal::OpenDynamodbStore == nullptr) return open_internal::NotLinked("dynamodb", url);
+      return open_internal::OpenDynamodbStore(url, settings);
+#else
+      return NotBuilt("dynamodb", "DYNAMODB", url);
+#endif
+    }
     case StoreKind::kRedis:
       return Status::InvalidArgument("'" + RedactUrl(url) +
                                      "' keeps claims only, not markers: open it with OpenClaimStore");
@@ -138,6 +147,7 @@ std::vector<std::string> StoreSchemes() {
     out.push_back("postgres");
     out.push_back("postgresql");
   }
+  if (open_internal::OpenDynamodbStore != nullptr) out.push_back("dynamodb");
   if (open_internal::OpenRedisClaimStore != nullptr) out.push_back("redis");
   return out;
 }

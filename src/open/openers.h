@@ -29,6 +29,7 @@ void idem_open_link_amqp();
 void idem_open_link_kafka();
 void idem_open_link_pubsub();
 void idem_open_link_sqs();
+void idem_open_link_dynamodb();
 }
 
 namespace idem::open_internal {
@@ -47,6 +48,7 @@ namespace idem::open_internal {
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenPubsubPublisher(std::string_view url);
 [[gnu::weak]] Result<std::unique_ptr<Source>> OpenSqsSource(std::string_view url, const SourceOptions& settings);
 [[gnu::weak]] Result<std::unique_ptr<Publisher>> OpenSqsPublisher(std::string_view url);
+[[gnu::weak]] Result<std::unique_ptr<Store>> OpenDynamodbStore(std::string_view url, const StoreOptions& settings);
 
 // Whether the URL's query sets `key` (then it wins over SourceOptions).
 bool UrlSets(std::string_view url, std::string_view key);

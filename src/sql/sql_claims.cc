@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/claim_rules.h"
 #include "sql/sql_store.h"
 
 namespace idem::sql_internal {
@@ -33,10 +34,6 @@ ClaimRecord ToRecord(const std::vector<Value>& r) {
   return c;
 }
 
-std::string Describe(const ClaimToken& t) {
-  return "key '" + t.key + "' in scope '" + t.scope + "' (fence " + std::to_string(t.fence) + ")";
-}
-
 // The parameters of the claims SQL's insert and complete (see ClaimsSql).
 std::vector<Value> InsertParams(const ClaimRequest& r, const Value& now) {
   return {r.scope, IdBlob(r.key), FingerprintBlob(r.fingerprint), r.lease_ms, now};
@@ -47,11 +44,7 @@ std::vector<Value> CompleteParams(const ClaimToken& t, std::string_view result, 
 }
 
 ClaimOutcome Started(const ClaimRequest& r, int64_t fence, int64_t lease_until_ms, bool took_over) {
-  ClaimOutcome out;
-  out.kind = ClaimOutcome::Kind::kStarted;
-  out.token = ClaimToken{r.scope, r.key, fence, lease_until_ms};
-  out.took_over = took_over;
-  return out;
+  return internal::StartedClaim(r, fence, lease_until_ms, took_over);
 }
 
 }  // namespace
@@ -90,28 +83,14 @@ Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) { return ClaimOn(
 // What the record in `row` (the select's columns) answers without a write, or
 // std::nullopt when the key may be taken (lease ended, result expired).
 static std::optional<ClaimOutcome> Decide(const std::vector<Value>& row, const ClaimRequest& r) {
-  const int state = static_cast<int>(row[0].AsInt());
-  const Fingerprint stored = ToFingerprint(row[1]);
-  const int64_t lease_until = row[3].AsInt(), expires_at = row[4].AsInt(), store_now = row[8].AsInt();
-  if (state == kCompleted && expires_at <= store_now) return std::nullopt;
-  ClaimOutcome out;
-  if (stored != r.fingerprint) {
-    out.kind = ClaimOutcome::Kind::kConflict;
-    out.stored_fingerprint = stored;
-    return out;
-  }
-  if (state == kCompleted) {
-    out.kind = ClaimOutcome::Kind::kCompleted;
-    out.result = row[5].AsText();
-    out.result_is_error = row[6].AsInt() != 0;
-    return out;
-  }
-  if (lease_until > store_now) {
-    out.kind = ClaimOutcome::Kind::kInProgress;
-    out.retry_at_ms = lease_until;
-    return out;
-  }
-  return std::nullopt;
+  ClaimRecord rec;
+  rec.state = row[0].AsInt() == kCompleted ? ClaimRecord::State::kCompleted : ClaimRecord::State::kInProgress;
+  rec.fingerprint = ToFingerprint(row[1]);
+  rec.lease_until_ms = row[3].AsInt();
+  rec.expires_at_ms = row[4].AsInt();
+  rec.result = row[5].AsText();
+  rec.result_is_error = row[6].AsInt() != 0;
+  return internal::DecideClaim(rec, r, /*now=*/row[8].AsInt());
 }
 
 Result<std::optional<ClaimOutcome>> SqlStore::Peek(const ClaimRequest& r) {
@@ -270,16 +249,7 @@ std::vector<Status> SqlStore::CompleteManyOn(Connection& tx, std::span<const Com
 
 Status SqlStore::LeaseLost(const ClaimToken& t, bool completed_ok) {
   IDEM_ASSIGN_OR_RETURN(auto rec, FindClaim(t.scope, t.key));
-  if (!rec.has_value())
-    return Status::LeaseLost(Describe(t) + ": no claim on the key any more (released, or expired and purged)");
-  if (rec->fence != t.fence)
-    return Status::LeaseLost(Describe(t) + ": the key was taken over by fence " + std::to_string(rec->fence) +
-                             " after this lease expired");
-  if (rec->state == ClaimRecord::State::kCompleted) {
-    if (completed_ok) return Status::OK();  // a retried Complete
-    return Status::LeaseLost(Describe(t) + ": the key is already completed");
-  }
-  return Status::Internal(Describe(t) + ": the claim is ours and in progress, yet the update changed nothing");
+  return internal::LeaseLostFor(t, rec, completed_ok);
 }
 
 Status SqlStore::Complete(const ClaimToken& t, std::string_view result, bool is_error, int64_t retention_ms) {

@@ -27,6 +27,7 @@
 #include "idem/open.h"
 #include "idem/testing/fake_env.h"
 #include "idem/testing/throwaway.h"
+#include "idem/url.h"
 
 namespace idem::testing {
 
@@ -348,6 +349,13 @@ class Run {
     spec_.clock = &clock_;
     if (o_.store_url.empty()) {
       spec_.url = "sqlite:" + spec_.dir + "/store.db?synchronous=normal&checkpoint=inline";
+    } else if (UrlScheme(o_.store_url) == "dynamodb") {
+      // DynamoDB: a table of the run's own, the URL's name suffixed (use
+      // DynamoDB Local: the runs' tables are left behind).
+      IDEM_ASSIGN_OR_RETURN(ParsedUrl u, ParseUrl(o_.store_url, "DynamoDB store URL"));
+      if (u.hosts.size() != 1) return Status::InvalidArgument("idem::testing: a DynamoDB URL names one table");
+      u.hosts[0].host += "-run-" + std::to_string(::getpid()) + "-" + std::to_string(n);
+      spec_.url = FormatUrl(u);
     } else {
       pg_schema_ = "idem_testing_" + std::to_string(::getpid()) + "_" + std::to_string(n);
       auto tx = pg_admin->Begin();
@@ -855,7 +863,7 @@ Result<Report> Harness::Run(const Subject& subject, const std::vector<Message>& 
   }
   TempDir root("idem-harness");
   std::unique_ptr<Store> admin;
-  if (!options_.store_url.empty()) {
+  if (!options_.store_url.empty() && UrlScheme(options_.store_url) != "dynamodb") {  // PostgreSQL: makes the schemas
     IDEM_ASSIGN_OR_RETURN(admin, OpenStore(options_.store_url));
   }
   Report report;

@@ -46,6 +46,9 @@
 #if IDEM_TEST_HAVE_SQS
 #include "idem/sqs/source.h"
 #endif
+#if IDEM_TEST_HAVE_DYNAMODB
+#include "idem/dynamodb/store.h"
+#endif
 
 namespace idem {
 namespace {
@@ -287,6 +290,19 @@ TEST(OptionsConformance, HttpClientOpenRefusesOutOfRangeValues) {
                                    {"connect_timeout_ms", [](O& o) { o.connect_timeout_ms = -1; }},
                                    {"read_timeout_ms", [](O& o) { o.read_timeout_ms = -1; }},
                                    {"pool_size", [](O& o) { o.pool_size = -1; }}});
+}
+#endif
+
+#if IDEM_TEST_HAVE_DYNAMODB
+TEST(OptionsConformance, DynamodbOpenRefusesOutOfRangeValues) {
+  using O = dynamodb::Store::Options;
+  ExpectOpenRefuses<dynamodb::Store>("dynamodb",
+                                     O{.table = "idem-t", .region = "us-east-1", .endpoint = "http://127.0.0.1:1"},
+                                     {{"table", [](O& o) { o.table = ""; }},
+                                      {"marker_ttl_s", [](O& o) { o.marker_ttl_s = -1; }},
+                                      {"max_attempts", [](O& o) { o.max_attempts = 0; }},
+                                      {"pool_size", [](O& o) { o.pool_size = 0; }}});
+  ExpectParseUrlRefuses<dynamodb::Store>("dynamodb", "dynamodb://idem-t", {{"max_attempts", "0"}, {"pool_size", "0"}});
 }
 #endif
 

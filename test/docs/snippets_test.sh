@@ -94,14 +94,14 @@ project(idem_doc_snippets LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 20)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
 set(CMAKE_CXX_EXTENSIONS OFF)
-find_package(idem REQUIRED COMPONENTS sqlite embedded postgres redis http httplib redis_streams amqp kafka sqs pubsub open testing)
+find_package(idem REQUIRED COMPONENTS sqlite embedded postgres redis http httplib redis_streams amqp kafka sqs pubsub dynamodb open testing)
 find_package(GTest REQUIRED)  # doc/testing.md's blocks are GoogleTest programs
 foreach(s IN ITEMS ${all[*]})
   add_executable(\${s} \${s}.cc)
   target_compile_options(\${s} PRIVATE -Wall -Wextra -Werror)
   target_link_libraries(\${s} PRIVATE idem::core idem::sqlite idem::embedded idem::postgres idem::redis
                         idem::http idem::httplib idem::redis_streams idem::amqp idem::kafka idem::sqs idem::pubsub
-                        idem::open idem::testing
+                        idem::dynamodb idem::open idem::testing
                         GTest::gtest)
 endforeach()
 CM

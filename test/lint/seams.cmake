@@ -15,7 +15,7 @@ if(NOT SRC OR NOT LINKS)
   message(FATAL_ERROR "usage: cmake -DSRC=... -DLINKS=... -P seams.cmake")
 endif()
 
-set(_production core sql sqlite_driver sqlite postgres redis embedded amqp kafka http httplib open)
+set(_production core sql sqlite_driver sqlite postgres redis embedded amqp kafka http httplib aws sqs pubsub dynamodb open)
 set(_problems "")
 
 # The quoted or bracketed #include lines of `file` matching `regex`, as "file:line: text".
@@ -50,9 +50,9 @@ foreach(c IN LISTS _production)
 endforeach()
 
 # 2. A source includes no store's internals.
-file(GLOB _sources "${SRC}/src/embedded/*" "${SRC}/src/redis/stream*" "${SRC}/src/amqp/*" "${SRC}/src/kafka/*")
+file(GLOB _sources "${SRC}/src/embedded/*" "${SRC}/src/redis/stream*" "${SRC}/src/amqp/*" "${SRC}/src/kafka/*" "${SRC}/src/sqs/*" "${SRC}/src/pubsub/*")
 foreach(f IN LISTS _sources)
-  _bad_includes("${f}" "[<\"](sqlite|sql|postgres)/" found)
+  _bad_includes("${f}" "[<\"](sqlite|sql|postgres|dynamodb)/" found)
   foreach(p IN LISTS found)
     list(APPEND _problems "a source includes a store's internals: ${p}")
   endforeach()

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -22,12 +23,35 @@
 
 namespace idem::testing {
 
+// The business writes of the suite's payments example, as the store takes
+// them. Default: the SQL table of test_util.h (CreatePayments, an INSERT per
+// charge, count(*)); a store that runs no SQL gives its own.
+struct Payments {
+  // Makes the store ready for payments (called after each open in SetUp).
+  std::function<Status(Store&)> create = CreatePayments;
+  // Writes one payment of `cents` for `message_id` in `tx`: no unique key,
+  // so a repeated effect shows up as a second payment.
+  std::function<Status(Transaction&, const std::string&, int64_t)> pay =
+      [](Transaction& tx, const std::string& message_id, int64_t cents) {
+        return tx.Exec("INSERT INTO payments(message_id, cents) VALUES ($1, $2)", {message_id, cents}).status();
+      };
+  // Payments for `message_id` ("" for all).
+  std::function<int64_t(Store&, const std::string&)> count = [](Store& s, const std::string& id) {
+    return Charges(s, id);
+  };
+};
+
 struct StoreParam {
   std::string name;
   // Opens the store that belongs to `dir`: empty on the first call (a file
   // in the temp dir, a schema named after it); later calls, in this process
   // or a forked one, open the same store.
   std::function<Result<std::unique_ptr<Store>>(const TempDir&, Env*)> open;
+  Payments payments{};
+  // Whether the store runs SQL through Transaction::Exec/Query (the tests
+  // of statements, InsertLater, savepoints and ApplyIfNewer need it; a
+  // store without SQL covers what stands for them in its own tests).
+  bool sql = true;
 };
 
 class StoreConformance : public ::testing::TestWithParam<StoreParam> {
@@ -36,8 +60,17 @@ class StoreConformance : public ::testing::TestWithParam<StoreParam> {
     auto s = GetParam().open(dir_, &env_);
     ASSERT_OK(s);
     store_ = std::move(*s);
-    ASSERT_TRUE(CreatePayments(*store_).ok());
+    ASSERT_OK(GetParam().payments.create(*store_));
   }
+  // ChargeHandler and Charges (test_util.h) on the store's payments.
+  Handler Charge() const {
+    return [pay = GetParam().payments.pay](Transaction& tx, const Message& m) -> Status {
+      int64_t cents = std::atoll(m.payload.c_str());
+      if (cents <= 0) cents = 4000;
+      return pay(tx, m.id, cents);
+    };
+  }
+  int64_t Paid(Store& store, const std::string& id = "") const { return GetParam().payments.count(store, id); }
   TempDir dir_;
   FakeEnv env_;
   std::unique_ptr<Store> store_;

@@ -40,8 +40,11 @@ Message PaymentMessage(const std::string& id, const std::string& order, int64_t 
 std::string CreatePaymentsSql(const std::string& table);
 Status InsertPayment(Transaction& tx, const Message& m, const std::string& charge_id = "",
                      const std::string& table = "demo_payments");
-// The effect table of `store` emptied (created when missing).
+// The effect table of `store` emptied (created when missing). On DynamoDB
+// a table of the store's account and region, key (message_id, row).
 Status ResetPayments(Store& store, const std::string& table);
+// The same, created when missing and otherwise left as it is.
+Status EnsurePayments(Store& store, const std::string& table);
 // The effect rows, all of them or those of one message, read in a
 // transaction of their own.
 struct PaymentRow {

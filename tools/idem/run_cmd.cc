@@ -24,7 +24,11 @@
 #include "idem/outbox_relay.h"
 #include "idem/retention.h"
 #include "long_running.h"
+#include "payments.h"
 #include "sources.h"
+#if IDEM_HAVE_DYNAMODB
+#include "dynamodb/ddb.h"
+#endif
 
 namespace idem::cli {
 namespace {
@@ -40,6 +44,10 @@ Status RecordPayment(Transaction& tx, const Message& m) {
   long long cents = colon == std::string::npos ? 0 : std::strtoll(m.payload.c_str() + colon + 1, &end, 10);
   if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || cents <= 0)
     return Status::Rejected("malformed payment payload '" + m.payload.substr(0, 80) + "' (want ORDER:CENTS)");
+#if IDEM_HAVE_DYNAMODB
+  // DynamoDB: an item of the table idem_run_payments (payments.h).
+  if (dynamodb_internal::ItemsIn(tx) != nullptr) return InsertPayment(tx, m, "", "idem_run_payments");
+#endif
   return tx
       .Exec("INSERT INTO idem_run_payments(order_id, message_id, cents) VALUES ($1, $2, $3)",
             {m.payload.substr(0, colon), m.id, static_cast<int64_t>(cents)})
@@ -111,7 +119,7 @@ const Command& RunCommand() {
       "       [--lease DURATION] [--id-from SPEC] [--drain] [--relay-to URL] [--metrics HOST:PORT]\n"
       "       [--web HOST:PORT] [--json]",
       {{"source", "URL", "", "where the messages come from"},
-       {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH or postgres://...)"},
+       {"store", "URL", "sqlite:idem.db", "the store (sqlite:PATH, postgres://... or dynamodb://TABLE?...)"},
        {"consumer", "NAME", "payments", "the consumer's name (markers, consumer group member): 1 to 255 bytes"},
        {"workers", "N", "1", "worker threads, 1..256"},
        {"batch", "N", "1", "deliveries per transaction, 1..10000"},
@@ -163,6 +171,7 @@ Result<RunSettings> ParseRunSettings(const Args& args) {
 }
 
 Status CreateRunPayments(Store& store) {
+  if (store.Kind() == "dynamodb") return EnsurePayments(store, "idem_run_payments");
   IDEM_ASSIGN_OR_RETURN(auto tx, store.Begin());
   IDEM_RETURN_IF_ERROR(tx->Exec(kCreateRunPayments).status());
   return tx->Commit();

@@ -178,8 +178,11 @@ class Harness {
     // The scenarios to run. Default: all of them.
     std::vector<Scenario> scenarios = AllScenarios();
     // Where the throwaway stores live: "" for a temporary SQLite file per run
-    // (removed afterwards), or a PostgreSQL URL (a fresh schema per run;
-    // TempPostgres in idem/testing/throwaway.h starts a server).
+    // (removed afterwards), a PostgreSQL URL (a fresh schema per run;
+    // TempPostgres in idem/testing/throwaway.h starts a server), or a
+    // dynamodb:// URL of DynamoDB Local (a table per run, "<table>-run-..."; the
+    // handler writes items, and `state` reads them: schema and state_query
+    // are SQL).
     std::string store_url{};
     // The Inbox's consumer name. Default: "test".
     std::string consumer = "test";
