@@ -2,11 +2,11 @@
 # Runs a command on the servers the CTest fixtures started, whose ports are
 # chosen when they start (scripts/test-ports.sh):
 #   with-test-servers.sh BUILD_DIR COMMAND [ARG...]
-# In every argument, {pg}, {pgbouncer}, {redis}, {rabbitmq}, {sqs} and {pubsub}
-# become that server's URL, as its start wrote it into BUILD_DIR/<server>-test/url
-# (postgres://postgres@127.0.0.1:PORT/idem_test, redis://127.0.0.1:PORT,
-# amqp://idem:secret@127.0.0.1:PORT/%2f, http://127.0.0.1:PORT for sqs and
-# pubsub), and {run} a name no other run
+# In every argument, {pg}, {pgbouncer}, {redis}, {rabbitmq}, {sqs}, {pubsub} and
+# {dynamodb} become that server's URL, as its start wrote it into
+# BUILD_DIR/<server>-test/url (postgres://postgres@127.0.0.1:PORT/idem_test,
+# redis://127.0.0.1:PORT, amqp://idem:secret@127.0.0.1:PORT/%2f,
+# http://127.0.0.1:PORT for sqs, pubsub and dynamodb), and {run} a name no other run
 # uses (for a queue or a stream on a server that concurrent runs share). A
 # server that is not running is an error (exit 3), never a skip.
 set -euo pipefail
@@ -16,7 +16,7 @@ run="run-$$-$(date +%s%N)-$RANDOM"
 args=()
 for a in "$@"; do
   a=${a//"{run}"/$run}
-  for server in pg pgbouncer redis rabbitmq sqs pubsub; do
+  for server in pg pgbouncer redis rabbitmq sqs pubsub dynamodb; do
     [[ $a == *"{$server}"* ]] || continue
     url=$(cat "$build/$server-test/url" 2>/dev/null) && [ -f "$build/$server-test/pid" ] ||
       { echo "with-test-servers: no $server server started in $build/$server-test (run the tests with ctest)" >&2; exit 3; }

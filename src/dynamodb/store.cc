@@ -342,6 +342,9 @@ Status DdbTransaction::Commit() {
       return reply.status().WithContext("DynamoDB TransactWriteItems on table '" + store_.table() + "'");
     }
     if (!reply->error) {
+      // Committed; the caller has not learned it yet (a crash here leaves
+      // the message unacknowledged with its effect: the marker absorbs it).
+      IDEM_KILL_POINT("dynamodb.commit_done");
       done_ = true;
       return Status::OK();
     }

@@ -145,7 +145,7 @@ void PrintJson(const Config& cfg, const RunFacts& run, const EffectCheck& c, con
                 m["lost-ack"] = c.lost_acks;
                 m["lease-expiry-stall"] = c.stalls;
                 m["lost-provider-response"] = c.lost_responses;
-                m["sqlite-faults-fired"] = c.vfs_faults_fired;
+                if (run.store_kind == "sqlite") m["sqlite-faults-fired"] = c.vfs_faults_fired;
                 return m;
               }()))
       .Add("paused_ms", counts.paused_ms)
@@ -180,7 +180,7 @@ void PrintJson(const Config& cfg, const RunFacts& run, const EffectCheck& c, con
   const bool interrupted = run.interrupted, ok = s.ok;
   j.Add("seconds", run.seconds)
       .Add("source", run.source_kind)
-      .Add("store", run.postgres ? "postgres" : "sqlite")
+      .Add("store", run.store_kind)
       .Add("interrupted", interrupted)
       .Add("ok", ok)
       .Add("seed", static_cast<int64_t>(cfg.seed))
@@ -252,7 +252,7 @@ void PrintTable(const Config& cfg, const RunFacts& run, const EffectCheck& c, co
   const int64_t faults = s.faults;
   const bool interrupted = run.interrupted, ok = s.ok;
   std::cout << "\nidem chaos: seed " << cfg.seed << ", " << cfg.consumers << " consumer processes on "
-            << run.source_kind << " + " << (run.postgres ? "PostgreSQL" : "SQLite") << ", provider over HTTP\n\n";
+            << run.source_kind << " + " << run.store_kind << ", provider over HTTP\n\n";
   Row("published (with producer retries)", std::to_string(c.published));
   Row("unique messages", std::to_string(c.unique));
   Row("deliveries seen by consumers", std::to_string(c.deliveries));
@@ -265,7 +265,8 @@ void PrintTable(const Config& cfg, const RunFacts& run, const EffectCheck& c, co
   Row("  lost acks", std::to_string(c.lost_acks));
   Row("  stalls past the lease", std::to_string(c.stalls));
   Row("  lost provider responses", std::to_string(c.lost_responses));
-  if (!run.postgres) Row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
+  if (run.store_kind == "sqlite")
+    Row("  SQLite I/O errors returned (of those armed)", std::to_string(c.vfs_faults_fired));
   Row("  time paused (ms, all pauses)", std::to_string(counts.paused_ms));
   Row("  clock jumps seen by the consumers", std::to_string(c.clock_jumps_seen));
   Row("acks and renewals refused: lease lost (fenced)", std::to_string(c.fenced));

@@ -52,7 +52,8 @@ struct RunFacts {
   int64_t publish_retries = 0;
   double seconds = 0;
   std::string source_kind;  // the source's Kind()
-  bool postgres = false;    // the store under test is PostgreSQL (else SQLite)
+  bool postgres = false;    // the store under test is PostgreSQL
+  std::string store_kind;   // "sqlite", "postgres", "dynamodb"
   bool kills_reached = false;
   std::vector<FaultRun> fault_runs;  // --fault-cmd's runs, in order
   bool faults_reached = true;        // every --faults run made (and each exited 0)

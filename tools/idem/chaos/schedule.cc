@@ -5,11 +5,16 @@
 #include <array>
 
 #include "idem/sqlite/store.h"
+#include "idem/url.h"
 
 namespace idem::cli::chaos {
 
 Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
-    : cfg_(cfg), postgres_(postgres), faults_(postgres || have_vfs) {
+    : cfg_(cfg),
+      postgres_(postgres),
+      dynamodb_(UrlScheme(cfg.store) == "dynamodb"),
+      sqlite_(!postgres_ && !dynamodb_),
+      faults_(postgres || (have_vfs && sqlite_)) {
   points_ = {"inbox.before_marker", "inbox.after_marker", "inbox.after_work", "commit",
              "inbox.after_commit",  "consumer.after_ack", "inbox.batch_mid",  "consumer.after_receive",
              "consumer.lease_lost"};
@@ -19,10 +24,13 @@ Schedule::Schedule(const Config& cfg, bool postgres, bool have_vfs)
     points_ = {"offset_inbox.after_claim", "offset_inbox.after_work", "commit", "offset_inbox.after_commit"};
   // SQLite's COMMIT ran, its outcome not yet read (PostgreSQL's counterpart,
   // postgres.commit_sent, is the "commit" point there).
-  if (!postgres) points_.push_back("sqlite.commit_done");
-  if (!faults_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
+  if (sqlite_) points_.push_back("sqlite.commit_done");
+  // DynamoDB: before TransactWriteItems, and after it committed but before
+  // the store or the Inbox learned it (the "commit" point's place).
+  if (dynamodb_) points_.push_back("dynamodb.before_commit");
+  if (!faults_ && !dynamodb_) points_.erase(std::find(points_.begin(), points_.end(), "commit"));
   // A store that checkpoints on its own thread: that thread dies too.
-  if (!postgres) {
+  if (sqlite_) {
     auto o = sqlite::Store::ParseUrl(cfg.store);
     if (o.ok() && sqlite::Store::CheckpointsInBackground(*o)) points_.push_back("sqlite.checkpoint");
   }
@@ -76,7 +84,7 @@ bool Schedule::NextHold(int slot, Plan& p) {
     const size_t k = next_pause_point_[slot]++;
     const std::string point = cfg_.broken == "unfenced" ? "chaos.unfenced_after_check"
                               : OffsetMode(cfg_)        ? kOffsetPoints[k % std::size(kOffsetPoints)]
-                              : postgres_               ? kPoints[k % std::size(kPoints)]
+                              : !sqlite_                ? kPoints[k % std::size(kPoints)]
                                                         : kSqlitePoints[k % std::size(kSqlitePoints)];
     p.kill_point = point + ":" + std::to_string(1 + rng() % static_cast<uint64_t>(cfg_.hits)) + ":stop";
     p.pause_ms = lease + 100 + static_cast<int64_t>(rng() % 500);
@@ -84,7 +92,7 @@ bool Schedule::NextHold(int slot, Plan& p) {
     // (a backlog published before comes first): wait for that, up to
     // kTakeoverWaitMs, except where the pause stops everyone (SQLite's write
     // lock held).
-    const bool holds_sqlite_lock = !postgres_ && (point.starts_with("inbox.") || point.starts_with("offset_inbox."));
+    const bool holds_sqlite_lock = sqlite_ && (point.starts_with("inbox.") || point.starts_with("offset_inbox."));
     p.takeover_wait_ms = holds_sqlite_lock && point != "inbox.after_commit" && point != "offset_inbox.after_commit"
                              ? 0
                              : kTakeoverWaitMs;
@@ -177,6 +185,9 @@ Plan Schedule::Next(int slot) {
     if (postgres_) {
       p.kill_point = "postgres.commit_sent:" + std::to_string(hit);
       p.label = "kill:postgres.commit_sent";
+    } else if (dynamodb_) {
+      p.kill_point = "dynamodb.commit_done:" + std::to_string(hit);
+      p.label = "kill:dynamodb.commit_done";
     } else {
       p.vfs = "kill:sync:" + std::to_string(hit);
       p.label = "kill:sqlite.inside_commit";

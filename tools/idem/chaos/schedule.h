@@ -70,6 +70,8 @@ class Schedule {
 
   const Config& cfg_;
   bool postgres_;
+  bool dynamodb_;  // the store under test is DynamoDB
+  bool sqlite_;    // ... SQLite (its fault VFS, its write lock, its commit points)
   bool faults_;
   std::vector<std::string> points_;
   std::vector<std::mt19937_64> rngs_;

@@ -772,6 +772,7 @@ RunFacts Supervisor::Facts() const {
   f.seconds = seconds_;
   f.source_kind = producer_.kind;
   f.postgres = postgres_;
+  f.store_kind = postgres_ ? "postgres" : UrlScheme(cfg_.store) == "dynamodb" ? "dynamodb" : "sqlite";
   f.kills_reached = kills_reached_;
   f.interrupted = g_interrupted;
   return f;
