@@ -127,8 +127,7 @@ TEST_P(StoreConformance, ManyClaimsInsideATransactionCommitAndRollBackWithIt) {
 // Transaction::InsertLater: rows queued for one statement go in together
 // before the next statement (which sees them) or at the commit; a rollback
 // takes them; their error is the error of the statement they went with.
-TEST_P(StoreConformance, InsertLaterRowsGoInBeforeTheNextStatementOrTheCommit) {
-  if (!GetParam().sql) GTEST_SKIP() << GetParam().name << " runs no SQL (its own tests cover what stands for this)";
+TEST_P(SqlStoreConformance, InsertLaterRowsGoInBeforeTheNextStatementOrTheCommit) {
   constexpr const char* kLater = "INSERT INTO payments(message_id, cents) VALUES ($1, $2)";
   auto count_in = [](Transaction& tx) {
     auto rows = tx.Query("SELECT count(*) FROM payments");
@@ -179,8 +178,7 @@ TEST_P(StoreConformance, InsertLaterRowsGoInBeforeTheNextStatementOrTheCommit) {
 
 // In a batch, a handler's later insert that fails is its own message's
 // failure, not the next message's.
-TEST_P(StoreConformance, InsertLaterErrorsInABatchAreTheirOwnMessages) {
-  if (!GetParam().sql) GTEST_SKIP() << GetParam().name << " runs no SQL (its own tests cover what stands for this)";
+TEST_P(SqlStoreConformance, InsertLaterErrorsInABatchAreTheirOwnMessages) {
   auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   Inbox& inbox = *inbox_owned;
   const Handler h = [](Transaction& tx, const Message& m) -> Status {
@@ -274,8 +272,7 @@ TEST_P(StoreConformance, AnEmptyHandlerIsRefused) {
 
 // A handler cannot end the transaction idem gave it: the marker and the
 // effect commit together or not at all. Savepoints stay allowed.
-TEST_P(StoreConformance, AHandlerCannotEndIdemsTransaction) {
-  if (!GetParam().sql) GTEST_SKIP() << GetParam().name << " runs no SQL (its own tests cover what stands for this)";
+TEST_P(SqlStoreConformance, AHandlerCannotEndIdemsTransaction) {
   auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   Inbox& inbox = *inbox_owned;
   const char* const kEnders[] = {
@@ -640,8 +637,7 @@ TEST_P(StoreConformance, APurgePausedBetweenBatchesDeletesOnlyWhatItsCutNames) {
   EXPECT_EQ(Paid(*store_), 30);
 }
 
-TEST_P(StoreConformance, HandlerSeesItsOwnWritesAndParameters) {
-  if (!GetParam().sql) GTEST_SKIP() << GetParam().name << " runs no SQL (its own tests cover what stands for this)";
+TEST_P(SqlStoreConformance, HandlerSeesItsOwnWritesAndParameters) {
   auto inbox_owned = MustOpen<Inbox>(*store_, Inbox::Options{.consumer = "payments", .env = &env_});
   Inbox& inbox = *inbox_owned;
   Handler h = [](Transaction& tx, const Message& m) -> Status {
@@ -678,8 +674,7 @@ TEST_P(StoreConformance, SchemaIsVersioned) {
   EXPECT_TRUE(markers);
 }
 
-TEST_P(StoreConformance, ApplyIfNewerAppliesEachVersionOnceAndNeverAnOlderOne) {
-  if (!GetParam().sql) GTEST_SKIP() << GetParam().name << " runs no SQL (its own tests cover what stands for this)";
+TEST_P(SqlStoreConformance, ApplyIfNewerAppliesEachVersionOnceAndNeverAnOlderOne) {
   auto apply = [&](const std::string& key, int64_t version) -> bool {
     auto tx = store_->Begin();
     EXPECT_OK(tx);

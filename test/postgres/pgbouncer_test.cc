@@ -48,13 +48,14 @@ std::string PooledDatabase() {
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
-                         ::testing::Values(StoreParam{"postgres_pgbouncer",
-                                                      [](const TempDir& d, Env* env) {
-                                                        return postgres::Store::Open(
-                                                            {.url = PooledSchemaUrl(d.path()), .env = env});
-                                                      }}),
-                         StoreParamName);
+// The stores under test: every case of StoreConformance, and (SQL stores)
+// those of SqlStoreConformance.
+const auto kPooledStores =
+    ::testing::Values(StoreParam{"postgres_pgbouncer", [](const TempDir& d, Env* env) {
+                                   return postgres::Store::Open({.url = PooledSchemaUrl(d.path()), .env = env});
+                                 }});
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, kPooledStores, StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Stores, SqlStoreConformance, kPooledStores, StoreParamName);
 
 INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
                          ::testing::Values(StoreParam{"postgres_pgbouncer",

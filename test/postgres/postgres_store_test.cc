@@ -37,19 +37,16 @@
 
 namespace idem::testing {
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
-                         ::testing::Values(StoreParam{"postgres",
-                                                      [](const TempDir& d, Env* env) {
-                                                        return postgres::Store::Open(
-                                                            {.url = SchemaUrl(d.path()), .env = env});
-                                                      }},
-                                           StoreParam{"postgres_daily_partitions",
-                                                      [](const TempDir& d, Env* env) {
-                                                        return postgres::Store::Open({.url = SchemaUrl(d.path()),
-                                                                                      .partition_by_day = true,
-                                                                                      .env = env});
-                                                      }}),
-                         StoreParamName);
+// The stores under test: every case of StoreConformance, and (SQL stores)
+// those of SqlStoreConformance.
+const auto kPostgresStores = ::testing::Values(
+    StoreParam{"postgres", [](const TempDir& d,
+                              Env* env) { return postgres::Store::Open({.url = SchemaUrl(d.path()), .env = env}); }},
+    StoreParam{"postgres_daily_partitions", [](const TempDir& d, Env* env) {
+                 return postgres::Store::Open({.url = SchemaUrl(d.path()), .partition_by_day = true, .env = env});
+               }});
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, kPostgresStores, StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Stores, SqlStoreConformance, kPostgresStores, StoreParamName);
 
 INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
                          ::testing::Values(StoreParam{"postgres",

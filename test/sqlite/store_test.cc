@@ -541,13 +541,14 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
 }  // namespace idem::testing
 
 namespace idem::testing {
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
-                         ::testing::Values(StoreParam{"sqlite",
-                                                      [](const TempDir& d, Env* env) {
-                                                        return sqlite::Store::Open(
-                                                            {.path = d.File("store.db"), .env = env});
-                                                      }}),
-                         StoreParamName);
+// The stores under test: every case of StoreConformance, and (SQL stores)
+// those of SqlStoreConformance.
+const auto kSqliteStores =
+    ::testing::Values(StoreParam{"sqlite", [](const TempDir& d, Env* env) {
+                                   return sqlite::Store::Open({.path = d.File("store.db"), .env = env});
+                                 }});
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, kSqliteStores, StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Stores, SqlStoreConformance, kSqliteStores, StoreParamName);
 
 INSTANTIATE_TEST_SUITE_P(Stores, OutboxConformance,
                          ::testing::Values(StoreParam{"sqlite",

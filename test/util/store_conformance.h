@@ -48,10 +48,6 @@ struct StoreParam {
   // or a forked one, open the same store.
   std::function<Result<std::unique_ptr<Store>>(const TempDir&, Env*)> open;
   Payments payments{};
-  // Whether the store runs SQL through Transaction::Exec/Query (the tests
-  // of statements, InsertLater, savepoints and ApplyIfNewer need it; a
-  // store without SQL covers what stands for them in its own tests).
-  bool sql = true;
 };
 
 class StoreConformance : public ::testing::TestWithParam<StoreParam> {
@@ -75,6 +71,12 @@ class StoreConformance : public ::testing::TestWithParam<StoreParam> {
   FakeEnv env_;
   std::unique_ptr<Store> store_;
 };
+
+// The cases that run SQL through the handler's Transaction (InsertLater,
+// BEGIN/COMMIT refused, parameters, ApplyIfNewer's statements): instantiated
+// for the SQL stores only (a store without SQL refuses Exec and Query; its
+// own tests cover what stands for these).
+class SqlStoreConformance : public StoreConformance {};
 
 // Test names show the store's name, not the parameter's bytes.
 inline void PrintTo(const StoreParam& p, std::ostream* os) { *os << p.name; }
