@@ -51,7 +51,8 @@ const Command& ChaosCommand() {
         "          an embedded queue file or a path where nothing is is accepted:\n"
         "          anything else there (a store, another file, a directory) is\n"
         "          refused and left alone"},
-       {"store", "URL", "sqlite:DIR/payments.db", "the store under test: sqlite:PATH or postgres://..."},
+       {"store", "URL", "sqlite:DIR/payments.db",
+        "the store under test: sqlite:PATH, postgres://... or dynamodb://TABLE?endpoint=URL"},
        {"provider-store", "URL", "sqlite:DIR/provider.db",
         "the provider's store (its claims, charges and stored responses): sqlite:PATH\n"
         "          or postgres://...; emptied of charges and claims first"},

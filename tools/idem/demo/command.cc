@@ -135,8 +135,10 @@ const Command& DemoCommand() {
       {{"dir", "DIR", "", "work directory (default: a fresh temporary directory)"},
        {"source", "URL", "",
         "run on a broker instead: redis://...?stream=S, amqp://...?queue=Q, kafka://...?topic=T,\n"
+        "          sqs://QUEUE?endpoint=URL, pubsub://PROJECT/SUBSCRIPTION?topic=T,\n"
         "          or kafka-mock: (librdkafka's mock cluster in this process); see idem run --help"},
-       {"store", "URL", "", "the store: postgres://... (default: a SQLite file per step in DIR)"},
+       {"store", "URL", "",
+        "the store: postgres://... or dynamodb://TABLE?endpoint=URL (default: a SQLite file per step in DIR)"},
        {"messages", "N", "10000", "unique payment messages in the larger run"},
        {"consumers", "C", "4", "competing consumer processes"},
        {"lease-ms", "MS", "500", "the queue's lease (visibility timeout)"},
