@@ -13,7 +13,6 @@
 
 #include "http/pool.h"
 #include "idem/http/idempotency.h"
-#include "idem/httplib/metrics_endpoint.h"
 #include "idem/httplib/middleware.h"
 #include "idem/message.h"
 
@@ -177,10 +176,10 @@ struct Gateway::Impl {
         outcome = kUpstreamError;
       } else if (ran) {
         outcome = kForwarded;
+      } else if (ans.status == 503 && ans.body.find("/outcome-unknown\"") != std::string::npos) {
+        outcome = kUnknown;  // found its holder gone, or a repeat of such a key
       } else if (ans.headers.Get("Idempotent-Replayed") == "true") {
         outcome = kReplayed;
-      } else if (ans.body.find("/outcome-unknown\"") != std::string::npos) {
-        outcome = kUnknown;  // found its holder gone: completed as unknown
       } else if (ans.status == 422) {
         outcome = kConflict;
       } else if (ans.status == 409) {
@@ -305,9 +304,19 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(impl->route,
                         impl->idempotency->AddRoute("gateway", http::RouteKind::kTwoPhase, std::move(policy)));
 
-  IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.threads = options.threads}));
+  IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.max_connections = options.max_connections,
+                                                    .max_connections_per_client = options.max_connections_per_client,
+                                                    .threads = options.threads}));
   ::httplib::Server& native = impl->server->native();
-  NoSharedPort(native);
+  // SO_REUSEADDR alone (cpp-httplib's SO_REUSEPORT would share a busy port),
+  // and the socket noted: cpp-httplib 0.11 listens with a backlog of 5, and a
+  // burst of clients (a retry storm) would find connections reset.
+  auto listen_fd = std::make_shared<socket_t>(INVALID_SOCKET);
+  native.set_socket_options([listen_fd](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    *listen_fd = sock;
+  });
   native.set_payload_max_length(options.max_body_bytes);
   Impl* raw = impl.get();
   const auto handler = [raw](const ::httplib::Request& req, ::httplib::Response& res) { raw->Handle(req, res); };
@@ -327,6 +336,8 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
                                  " (in use, or not an address of this machine?)");
     impl->port = options.port;
   }
+  if (*listen_fd != INVALID_SOCKET && ::listen(*listen_fd, SOMAXCONN) != 0)
+    return Status::Unavailable("gateway: cannot listen on " + options.host + ":" + std::to_string(impl->port));
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 

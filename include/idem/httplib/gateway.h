@@ -103,8 +103,12 @@ class Gateway {
     // GET on this path answers the Prometheus metrics (not forwarded). "":
     // none.
     std::string metrics_path = "/metrics";
-    // Requests handled at once (Server::Options::threads).
+    // Requests handled at once, and the connection bounds
+    // (Server::Options: threads, max_connections, max_connections_per_client;
+    // 0 per client behind a load balancer, where every client has its address).
     int threads = 64;
+    int max_connections = 1024;
+    int max_connections_per_client = 256;
     // Optional: one line per guarded request (method, path, key, outcome,
     // status); client text quoted and escaped.
     std::function<void(const std::string& line)> log{};
