@@ -32,15 +32,6 @@ check unknown-flag 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --frobnicate
 check store-unreachable 3 "$IDEM" gateway --upstream http://127.0.0.1:9 --store "postgres://nobody@127.0.0.1:1/none"
 has store-unreachable-named "$T/err" "cannot connect to PostgreSQL"
 
-# Ports from 28400 on (this build's range for its own servers).
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$(($1 + RANDOM % 100))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
-  done
-  echo "$p"
-}
 wait_up() {  # wait_up PORT PID
   for _ in $(seq 600); do
     curl -s -o /dev/null "http://127.0.0.1:$1/metrics" 2>/dev/null && return 0
@@ -49,12 +40,13 @@ wait_up() {  # wait_up PORT PID
   done
   return 1
 }
-UPORT=$(free_port 28400)
+# Ports from 28400 on (this build's range for its own servers).
+UPORT=$(free_port 28400 100)
 "$IDEM" provider --api-key sk_g:acct_g --listen "127.0.0.1:$UPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
 UPID=$!
 PIDS+=("$UPID")
 ok upstream-up wait_up "$UPORT" "$UPID"
-GPORT=$(free_port 28500)
+GPORT=$(free_port 28500 100)
 "$IDEM" gateway --upstream "http://127.0.0.1:$UPORT" --listen "127.0.0.1:$GPORT" --store "sqlite:$T/g.db" \
   --paths /charges --json 2>"$T/gw.log" &
 GPID=$!

@@ -76,10 +76,8 @@ int RunGateway(const Args& args) {
   const std::string cmd = "gateway";
   const bool json = args.Bool("json");
   if (args.Get("upstream").empty()) return Fail(cmd, Status::InvalidArgument("--upstream URL is required"));
-  const std::string listen = args.Get("listen");
-  const auto host_port = ParseHostPort(listen);
-  if (!host_port || host_port->first.empty())
-    return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
+  const auto host_port = ListenFlag(args);
+  if (!host_port.ok()) return Fail(cmd, host_port.status());
   if (args.Bool("require-key") && args.Bool("pass-keyless"))
     return Fail(cmd, Status::InvalidArgument("--require-key and --pass-keyless exclude each other"));
   auto lease = ParseDurationMs(args.Get("lease"));
