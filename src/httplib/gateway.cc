@@ -70,6 +70,7 @@ struct Gateway::Impl {
   int port = 0;
   std::atomic<uint64_t> forwarded{0}, in_flight{0}, passed{0}, upstream_errors{0};
   std::array<Histogram, kOutcomes> latency;
+  http::RefusalWriter problems = http::ProblemJson("https://idem.dev/problems");
 
   bool Guarded(const ::httplib::Request& req) const {
     if (!options.methods.count(req.method)) return false;
@@ -113,24 +114,20 @@ struct Gateway::Impl {
     return true;
   }
 
+  // The request did not reach the upstream: 502, in the middleware's
+  // problem+json shape.
   void UpstreamDown(http::Answer& ans, const std::string& why) {
     upstream_errors.fetch_add(1, std::memory_order_relaxed);
     ans = http::Answer();
     ans.status = 502;
     ans.headers.Set("Retry-After", "1");
-    ans.SetBody(UnreachedProblem(why), "application/problem+json");
-  }
-
-  // A 502 problem body (the request did not reach the upstream).
-  std::string UnreachedProblem(const std::string& why) const {
-    std::string detail;
-    for (char ch : "the upstream could not be reached (" + why + "); nothing was sent: retry with the same key") {
-      if (ch == '"' || ch == '\\') detail += '\\';
-      if (static_cast<unsigned char>(ch) >= 0x20) detail += ch;
-    }
-    return "{\"type\":\"https://idem.dev/problems/upstream-unavailable\",\"title\":\"Upstream unavailable\","
-           "\"status\":502,\"detail\":\"" +
-           detail + "\",\"retry\":\"same-key\"}";
+    problems(http::Refusal{.status = 502,
+                           .type = "upstream-unavailable",
+                           .title = "Upstream unavailable",
+                           .detail = "the upstream could not be reached (" + why +
+                                     "); nothing was sent: retry with the same key",
+                           .retry = "same-key"},
+             ans);
   }
 
   void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
