@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -205,6 +207,16 @@ TEST_P(GatewayTest, ARepeatIsReplayedWithTheSameStatusHeadersAndBodyAndNeverForw
   EXPECT_EQ(upstream_.calls(), 2);
   EXPECT_EQ(g.gateway().counters().forwarded, 2u);
   EXPECT_EQ(g.gateway().counters().replayed, 1u);
+  if (GetParam() == "sqlite") {  // the principal is kept as its SHA-256 only
+    std::string bytes;
+    for (const char* suffix : {"", "-wal"}) {
+      std::ifstream in(dir_.File("gateway.db") + suffix, std::ios::binary);
+      bytes += std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    EXPECT_NE(bytes.find("order-1"), std::string::npos) << "the keys are in this file";
+    EXPECT_EQ(bytes.find("sk_1"), std::string::npos);
+    EXPECT_EQ(bytes.find("sk_2"), std::string::npos);
+  }
 }
 
 TEST_P(GatewayTest, TheKeyWithAnotherBodyPathOrMethodIs422AndAMissingKeyOrPrincipalIsRefused) {
