@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -63,6 +64,8 @@ std::string LogToken(std::string_view s) {
 }
 
 thread_local const ClaimToken* g_current_claim = nullptr;
+// During a two-phase handler: where OutcomeUnknown writes its reason.
+thread_local std::optional<std::string>* g_outcome_unknown = nullptr;
 
 // Headers that belong to one connection, not to the response: never stored.
 bool HopByHop(std::string_view name) {
@@ -82,17 +85,27 @@ std::string RetryAfterSeconds(int64_t retry_at_ms, int64_t now_ms) {
   return std::to_string(std::max<int64_t>(1, (retry_at_ms - now_ms + 999) / 1000));
 }
 
-// The stored form of a handler's answer (hop-by-hop headers left out).
-StoredResponse StoredOf(const Answer& ans) {
+// The stored form of a handler's answer (hop-by-hop headers left out; only
+// `kept` ones when it is not empty).
+StoredResponse StoredOf(const Answer& ans, const std::vector<std::string>& kept = {}) {
   StoredResponse stored{ans.status, {}, ans.body};
-  for (const auto& [k, v] : ans.headers)
-    if (!HopByHop(k)) stored.headers.emplace_back(k, v);
+  for (const auto& [k, v] : ans.headers) {
+    if (HopByHop(k)) continue;
+    if (!kept.empty() &&
+        std::none_of(kept.begin(), kept.end(), [&k](const std::string& name) { return EqualsIgnoringCase(k, name); }))
+      continue;
+    stored.headers.emplace_back(k, v);
+  }
   return stored;
 }
 
 }  // namespace
 
 const ClaimToken* CurrentClaim() { return g_current_claim; }
+
+void OutcomeUnknown(std::string why) {
+  if (g_outcome_unknown != nullptr) *g_outcome_unknown = std::move(why);
+}
 
 // The middleware's state and steps, out of the header.
 struct Idempotency::Impl {
@@ -157,6 +170,7 @@ struct Idempotency::Impl {
   std::vector<std::unique_ptr<Route>> routes_;
   std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
   std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
+  std::atomic<uint64_t> outcome_unknown_{0}, not_stored_{0};
   struct KeyCount {
     int64_t counted_at_ms = -1;
     int64_t count = 0;
@@ -359,7 +373,7 @@ void Idempotency::Impl::RunGroup(Store& store, const std::vector<GroupJob*>& gro
           out = j;
           break;
         }
-        started.push_back({j, c.token, Encode(StoredOf(*j->ans))});
+        started.push_back({j, c.token, Encode(StoredOf(*j->ans, j->policy->stored_headers))});
       }
       if (failed || out != nullptr) break;
       std::vector<Completion> completions;  // pointing into `started`, which no longer grows
@@ -420,21 +434,60 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
       return;
     }
     o.CountNewKey(a.claim.scope);
+    if (claim->took_over && policy().takeover == RoutePolicy::Takeover::kOutcomeUnknown)
+      return Unknown(a, claim->token, ans,
+                     "an earlier request with this key started and its holder's lease ran out before its outcome "
+                     "was stored (the process stopped, or the work outran its lease)");
 
     // Execute, once.
     IDEM_KILL_POINT("http.after_claim");
+    std::optional<std::string> unknown;
+    g_outcome_unknown = &unknown;
     o.Execute(policy(), claim->token, ans, [&] { work(*a.req, ans, nullptr); });
+    g_outcome_unknown = nullptr;
     o.executed_.fetch_add(1, std::memory_order_relaxed);
+    if (unknown) {
+      if (policy().takeover == RoutePolicy::Takeover::kOutcomeUnknown) return Unknown(a, claim->token, ans, *unknown);
+      (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "outcome unknown");
+      ans = Answer();
+      o.outcome_unknown_.fetch_add(1, std::memory_order_relaxed);
+      o.Problem(policy(), ans, 503, "outcome-unknown", "Outcome unknown",
+                *unknown + "; the key is free again: retry with the same key (the service behind honours it)",
+                "same-key", "1");
+      return o.Say(a, "outcome-unknown", ans.status);
+    }
     if (!Kept(policy(), ans.status)) {
       (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(ans.status));
       return o.Say(a, "executed-not-stored", ans.status);
     }
+    std::string stored;
+    if (policy().max_stored_body > 0 && ans.body.size() > policy().max_stored_body) {
+      // The first answer goes out whole; repeats get a problem instead.
+      Answer instead;
+      o.Problem(policy(), instead, 410, "response-not-stored", "Response not stored",
+                "the request with this key ran (status " + std::to_string(ans.status) + "); its " +
+                    std::to_string(ans.body.size()) + "-byte response was over the " +
+                    std::to_string(policy().max_stored_body) +
+                    "-byte bound and was not kept. It does not run again: read the result from the service, or send "
+                    "a new key for a new request",
+                "no");
+      stored = Encode(StoredOf(instead));
+      o.not_stored_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      stored = Encode(StoredOf(ans, policy().stored_headers));
+    }
     IDEM_KILL_POINT("http.before_complete");
-    Status done = o.claims_.Complete(claim->token, Encode(StoredOf(ans)));
+    Status done = o.claims_.Complete(claim->token, stored);
     if (done.ok()) return o.Say(a, "executed", ans.status);
-    // The lease ran out and a retry took the key over: its response is the
-    // one that counts. Answer with it when it is stored; otherwise ask to
-    // retry.
+    LeaseLost(a, done, ans);
+  }
+
+ private:
+  // The lease ran out and a retry took the key over: its response is the
+  // one that counts. Answer with it when it is stored; otherwise ask to
+  // retry.
+  void LeaseLost(const Admitted& a, const Status& done, Answer& ans) const {
+    Impl& o = owner_;
     ans = Answer();
     auto now_claim = o.claims_.store().FindClaim(a.claim.scope, a.claim.key);
     if (now_claim.ok() && now_claim->has_value() && (*now_claim)->state == ClaimRecord::State::kCompleted &&
@@ -445,6 +498,23 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
                   "); retry with the same key for the stored response",
               "same-key", "1");
     o.Say(a, "lease-lost", ans.status);
+  }
+
+  // The key's outcome is unknown and must stay so: completed (fenced by
+  // `token`) with the outcome-unknown problem, which is this answer and
+  // every repeat's.
+  void Unknown(const Admitted& a, const ClaimToken& token, Answer& ans, const std::string& why) const {
+    Impl& o = owner_;
+    ans = Answer();
+    o.Problem(policy(), ans, 503, "outcome-unknown", "Outcome unknown",
+              "a request with Idempotency-Key " + a.key + " was sent on but its outcome is unknown: " + why +
+                  ". It is never sent again with this key. Check with the service whether it took effect; only if "
+                  "it did not, send the request again with a new key",
+              "no");
+    o.outcome_unknown_.fetch_add(1, std::memory_order_relaxed);
+    Status done = o.claims_.Complete(token, Encode(StoredOf(ans)));
+    if (done.ok()) return o.Say(a, "outcome-unknown", ans.status);
+    LeaseLost(a, done, ans);
   }
 };
 
@@ -521,8 +591,8 @@ class Idempotency::Impl::TransactionalRoute : public Idempotency::Route {
       tx->Rollback();  // the effect goes with the key
       return o.Say(a, "executed-not-stored", ans.status);
     }
-    Status done = tx->CompleteInTransaction(claim->token, Encode(StoredOf(ans)), /*is_error=*/ans.status >= 500,
-                                            o.claims_.options().retention_ms);
+    Status done = tx->CompleteInTransaction(claim->token, Encode(StoredOf(ans, policy().stored_headers)),
+                                            /*is_error=*/ans.status >= 500, o.claims_.options().retention_ms);
     if (done.ok()) done = tx->Commit();
     if (done.ok()) return o.Say(a, "executed", ans.status);
     tx.reset();
@@ -740,10 +810,12 @@ bool Idempotency::Impl::Admit(const Route& route, const Request& req, Answer& an
       return false;
     }
   }
+  const bool target = policy.fingerprint_target;
   a.claim = ClaimRequest{
-      .scope = ScopeOf(*principal, req.method, route.name()),
+      .scope = target ? ScopeOf(*principal, "*", route.name()) : ScopeOf(*principal, req.method, route.name()),
       .key = *key,
-      .fingerprint = RequestFingerprint(req.method, route.name(), req.body, req.headers.Get("Content-Type")),
+      .fingerprint = RequestFingerprint(req.method, target ? route.name() + " " + req.path : route.name(), req.body,
+                                        req.headers.Get("Content-Type")),
       .lease_ms = policy.lease_ms,
       .wait_ms = policy.wait_ms};
   return true;
@@ -865,6 +937,8 @@ Idempotency::Counters Idempotency::Impl::counters() const {
   c.group_queue = committer_ ? committer_->queued() : 0;
   c.group_reruns = group_reruns_.load();
   c.invalid = invalid_.load();
+  c.outcome_unknown = outcome_unknown_.load();
+  c.not_stored = not_stored_.load();
   return c;
 }
 

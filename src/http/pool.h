@@ -52,10 +52,10 @@ Status CheckHeaderValue(std::string_view name, std::string_view value);
 
 // Whether an attempt that failed with `e` cannot have sent any of the
 // request: it failed while connecting (TCP or the TLS handshake).
-bool FailedToConnect(httplib::Error e);
+bool FailedToConnect(::httplib::Error e);
 // Failures another attempt cannot mend: the CAs cannot be loaded or do not
 // vouch for the server.
-bool Permanent(httplib::Error e);
+bool Permanent(::httplib::Error e);
 
 struct PoolOptions {
   // https only: the CAs trusted (ca_file, else ca_dir, else the system's);
@@ -70,7 +70,7 @@ struct PoolOptions {
 
 class ConnectionPool {
  public:
-  using Connection = std::unique_ptr<httplib::ClientImpl>;
+  using Connection = std::unique_ptr<::httplib::ClientImpl>;
 
   ConnectionPool(BaseUrl url, PoolOptions options);
   ConnectionPool(const ConnectionPool&) = delete;
@@ -84,7 +84,7 @@ class ConnectionPool {
 
   // What a failed attempt's error means, for people (names the host, and
   // for TLS what failed in the verification).
-  std::string Describe(httplib::Error e, const httplib::ClientImpl& c) const;
+  std::string Describe(::httplib::Error e, const ::httplib::ClientImpl& c) const;
 
   const BaseUrl& url() const { return url_; }
   const PoolOptions& options() const { return options_; }

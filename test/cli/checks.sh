@@ -22,3 +22,11 @@ is() {  # is NAME FILE EXACT_CONTENT
   if [ "$(cat "$2")" = "$3" ]; then pass=$((pass + 1)); else
     echo "FAIL $1: got '$(cat "$2")', want '$3'"; fails=$((fails + 1)); fi
 }
+free_port() {  # free_port FROM [SPAN]: a port in [FROM, FROM+SPAN) nothing answers on now
+  local p
+  for _ in $(seq 50); do
+    p=$(($1 + RANDOM % ${2:-1000}))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
+  done
+  echo "$p"
+}

@@ -14,7 +14,7 @@ source "$(dirname "$0")/checks.sh"
 
 check help 0 "$IDEM" --help
 has help-lists-demo "$T/out" "demo"
-for c in demo bench schema inspect purge provider webhooks run publish relay chaos; do
+for c in demo bench schema inspect purge provider gateway webhooks run publish relay chaos; do
   check "help-$c" 0 "$IDEM" "$c" --help
   has "help-$c-usage" "$T/out" "usage: idem $c"
 done
@@ -274,14 +274,6 @@ check publish-dup-rate-1 0 "$IDEM" publish --source "embedded:$T/rates.db?queue=
 has publish-dup-rate-1-all-twice "$T/out" '"published":6'
 # A port in [$1, $1 + 1000) that nothing listens on now (ctest runs other
 # tests beside this one).
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$(($1 + RANDOM % 1000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || break
-  done
-  echo "$p"
-}
 # Fetches $MPORT's /metrics into $T/metrics until PATTERN is in it: up to 60 s on
 # a loaded machine; not once the process $RPID has exited.
 wait_metrics() {

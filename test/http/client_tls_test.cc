@@ -20,6 +20,8 @@
 
 #include "http/http_test_util.h"
 #include "idem/http/client.h"
+#include "idem/httplib/gateway.h"
+#include "idem/sqlite/store.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -189,6 +191,38 @@ TEST_F(ClientTlsTest, AnotherCaIsRefusedAndNotRetried) {
   Start();
   auto client = NewClient(other_ca_.pem);
   ExpectRefused(client->Post("/charges", "{}", "tls-2"), "unable to get local issuer certificate");
+}
+
+// idem::httplib::Gateway in front of the https upstream: the certificate is
+// verified; one the CA it trusts did not sign is 502 with nothing sent, and
+// the key stays free.
+TEST_F(ClientTlsTest, TheGatewayVerifiesAnHttpsUpstream) {
+  Start();
+  auto store = sqlite::Store::Open({.path = dir_.File("gateway.db")});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
+  for (const Ca* trusted : {&other_ca_, &ca_}) {
+    auto gateway = idem::httplib::Gateway::Open(
+        {.upstream = "https://127.0.0.1:" + std::to_string(port_), .claims = &claims, .ca_file = trusted->pem});
+    ASSERT_OK(gateway);
+    std::thread serving([&] { (void)(*gateway)->Run(); });
+    while (!(*gateway)->server().native().is_running()) std::this_thread::yield();
+    ::httplib::Client c("127.0.0.1", (*gateway)->port());
+    auto r = c.Post("/v1/charges", {{"Authorization", "Bearer sk_1"}, {"Idempotency-Key", "tls-gw"}},
+                    R"({"amount":4000})", "application/json");
+    ASSERT_TRUE(r);
+    if (trusted == &other_ca_) {
+      EXPECT_EQ(r->status, 502) << r->body;
+      EXPECT_NE(r->body.find("certificate verification failed"), std::string::npos) << r->body;
+      EXPECT_TRUE(keys().empty());
+    } else {
+      EXPECT_EQ(r->status, 201) << r->body;
+      EXPECT_EQ(r->body, R"({"id":"ch_tls"})");
+      EXPECT_EQ(keys(), std::vector<std::string>{"tls-gw"});
+    }
+    (*gateway)->Stop();
+    serving.join();
+  }
 }
 
 // Verification is on by default: the system's CAs do not know the test CA.

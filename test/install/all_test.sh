@@ -25,7 +25,7 @@ for c in "${components[@]}"; do
 done
 ok "every component installed: ${components[*]}"
 for h in inbox.h open.h sqlite/store.h embedded/queue.h postgres/store.h redis/claim_store.h redis/stream_source.h \
-         redis/stream_publisher.h http/client.h http/idempotency.h http/request.h httplib/middleware.h httplib/server.h \
+         redis/stream_publisher.h http/client.h http/idempotency.h http/request.h httplib/middleware.h httplib/server.h httplib/gateway.h \
          amqp/source.h amqp/publisher.h kafka/source.h kafka/publisher.h sqs/source.h sqs/publisher.h sqs/connect.h publisher.h url.h transaction.h claim_store.h version.h; do
   test -f "$P/include/idem/$h" || fail "include/idem/$h is not installed"
 done

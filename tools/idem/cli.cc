@@ -291,6 +291,14 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
   return out;
 }
 
+Result<std::pair<std::string, int>> ListenFlag(const Args& args) {
+  const std::string listen = args.Get("listen");
+  const auto host_port = ParseHostPort(listen);
+  if (!host_port || host_port->first.empty())
+    return Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'");
+  return *host_port;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

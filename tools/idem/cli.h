@@ -94,6 +94,9 @@ double Median(std::vector<double> v);
 // empty); nullopt when not.
 std::optional<std::pair<std::string, int>> ParseHostPort(std::string_view text);
 
+// The --listen flag of a server command: HOST:PORT with a host and a port
+// 1..65535; kInvalidArgument naming the flag otherwise.
+Result<std::pair<std::string, int>> ListenFlag(const Args& args);
 // Prints "idem <cmd>: <status>" to stderr and returns kExitUsage for invalid
 // arguments, kExitError otherwise.
 int Fail(const std::string& cmd, const Status& s);

@@ -36,6 +36,9 @@ int RunInspect(const Args& args);
 const Command& ProviderCommand();
 int RunProvider(const Args& args);  // provider_cmd.cc
 
+const Command& GatewayCommand();
+int RunGateway(const Args& args);  // gateway_cmd.cc
+
 const Command& WebhooksCommand();
 int RunWebhooks(const Args& args);  // webhooks_cmd.cc
 

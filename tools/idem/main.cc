@@ -65,6 +65,7 @@ const Entry kEntries[] = {
     {"inspect", idem::cli::InspectCommand, idem::cli::RunInspect, ""},
     {"purge", idem::cli::PurgeCommand, idem::cli::RunPurge, ""},
     IDEM_HTTP_COMMAND("provider", idem::cli::ProviderCommand, idem::cli::RunProvider),
+    IDEM_HTTP_COMMAND("gateway", idem::cli::GatewayCommand, idem::cli::RunGateway),
     IDEM_HTTP_COMMAND("webhooks", idem::cli::WebhooksCommand, idem::cli::RunWebhooks),
     IDEM_CRASH_COMMAND("chaos", idem::cli::ChaosCommand, idem::cli::RunChaos),
     {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},

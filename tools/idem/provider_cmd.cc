@@ -82,10 +82,8 @@ int RunProvider(const Args& args) {
   const std::string cmd = "provider";
   auto keys = ParseApiKeys(args.GetAll("api-key"), args.Get("api-keys"));
   if (!keys.ok()) return Fail(cmd, keys.status());
-  const std::string listen = args.Get("listen");
-  const auto host_port = ParseHostPort(listen);
-  if (!host_port || host_port->first.empty())
-    return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
+  const auto host_port = ListenFlag(args);
+  if (!host_port.ok()) return Fail(cmd, host_port.status());
   auto retention = ParseDurationMs(args.Get("retention"));
   auto lease = ParseDurationMs(args.Get("lease"));
   auto wait = ParseDurationMs(args.Get("wait"));

@@ -90,10 +90,9 @@ int RunWebhooks(const Args& args) {
   if (secrets.empty()) return Fail(cmd, Status::InvalidArgument("--secret is required"));
   if (args.Bool("sign")) return Sign(args, *scheme, secrets);
   if (!args.Has("to")) return Fail(cmd, Status::InvalidArgument("--to is required (where events go)"));
+  const auto host_port = ListenFlag(args);
+  if (!host_port.ok()) return Fail(cmd, host_port.status());
   const std::string listen = args.Get("listen");
-  const auto host_port = ParseHostPort(listen);
-  if (!host_port || host_port->first.empty())
-    return Fail(cmd, Status::InvalidArgument("--listen must be HOST:PORT with a port 1..65535, got '" + listen + "'"));
   const std::string path = args.Get("path");
   if (path.empty() || path[0] != '/' || path == "/metrics")
     return Fail(cmd, Status::InvalidArgument("--path must start with / and not be /metrics, got '" + path + "'"));

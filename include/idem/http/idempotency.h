@@ -89,7 +89,8 @@ struct Refusal {
   // "idempotency-key-missing", "idempotency-key-malformed",
   // "invalid-request", "idempotency-key-reused", "request-in-progress",
   // "lease-lost", "too-many-keys", "store-unavailable", "commit-failed",
-  // "handler-failed", "stored-response-corrupt".
+  // "handler-failed", "stored-response-corrupt", "outcome-unknown",
+  // "response-not-stored".
   std::string_view type{};
   std::string_view title{};  // a short human title ("Idempotency-Key reused")
   std::string detail{};      // what happened and what to do
@@ -161,7 +162,39 @@ struct RoutePolicy {
   // Optional: the shape of the middleware's refusals on this route (see
   // StripeErrors). Default (empty): Options::problem_base's problem+json.
   RefusalWriter refusals{};
+  // Two-phase routes: what a request does when it finds its key's earlier
+  // holder gone (its lease ran out with nothing stored: the process died
+  // after the handler's effect, or the handler outran its lease).
+  //   kRunAgain        the handler runs again (fine when what it calls
+  //                    honours the key itself, CallOnce's rule)
+  //   kOutcomeUnknown  it never runs again for that key: the key is
+  //                    completed with a 503 "outcome-unknown" problem, the
+  //                    answer of this request and of every repeat
+  enum class Takeover { kRunAgain, kOutcomeUnknown };
+  Takeover takeover = Takeover::kRunAgain;
+  // Response headers stored and replayed (names, any case). Empty: every
+  // header but the connection's own. The first answer has them all.
+  std::vector<std::string> stored_headers{};
+  // Two-phase routes: a response whose body is larger is answered to its
+  // request but not stored; the key is completed with a 410
+  // "response-not-stored" problem, the answer of every repeat (the request
+  // ran; it does not run again). 0: no bound.
+  size_t max_stored_body = 0;
+  // For a route that serves many paths (a proxy's): the keys' scope is the
+  // principal and the route alone, and the fingerprint covers the method
+  // and the request target (path and query) too, so one key stands for one
+  // request: the key sent again with another method or path is 422.
+  bool fingerprint_target = false;
 };
+
+// During a two-phase route's handler: its effect may have happened but its
+// answer is lost (a call it made timed out, or the connection closed without
+// an answer). On a kOutcomeUnknown route the key is completed with the 503
+// "outcome-unknown" problem (this answer and every repeat's); on a
+// kRunAgain route the key is released and the answer is a 503
+// "outcome-unknown" problem asking to retry with the same key. `why` goes
+// into the problem's detail.
+void OutcomeUnknown(std::string why);
 
 // During a route's handler: the claim it runs under (for handlers that fence
 // their own writes with it). Null outside.
@@ -269,6 +302,10 @@ class Idempotency {
     uint64_t group_reruns = 0;
     // Requests refused by RoutePolicy::validate (also counted in rejected).
     uint64_t invalid = 0;
+    // Two-phase routes: keys whose outcome is unknown (OutcomeUnknown, or a
+    // takeover on a kOutcomeUnknown route), and responses answered but not
+    // stored for being over RoutePolicy::max_stored_body.
+    uint64_t outcome_unknown = 0, not_stored = 0;
   };
   Counters counters() const;
 

@@ -10,6 +10,7 @@
 #include "idem/embedded/queue.h"
 #include "idem/http/client.h"
 #include "idem/http/idempotency.h"
+#include "idem/httplib/gateway.h"
 #include "idem/httplib/server.h"
 #include "idem/inbox.h"
 #include "idem/kafka/source.h"
@@ -39,6 +40,7 @@ int main() {
   check("http client", !idem::http::Client::Open({.base_url = "ftp://x"}).ok());
   volatile auto server_fibers = &idem::httplib::Server::set_fibers;
   check("httplib", server_fibers != nullptr);
+  check("httplib gateway", !idem::httplib::Gateway::Open({.upstream = "ftp://x"}).ok());
   check("amqp", idem::amqp::Source::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
   check("amqp publisher", idem::amqp::Publisher::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
   check("kafka", idem::kafka::Source::ParseUrl("kafka://127.0.0.1:9092?topic=t&group=g").ok());

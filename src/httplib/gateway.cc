@@ -1,0 +1,357 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// The gateway: the Idempotency-Key middleware (one two-phase route whose
+// handler forwards to the upstream) over idem::httplib::Server, the upstream
+// reached over http/pool.h's connections.
+#include "idem/httplib/gateway.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include "http/pool.h"
+#include "idem/http/idempotency.h"
+#include "idem/httplib/middleware.h"
+#include "idem/message.h"
+
+namespace idem::httplib {
+namespace {
+
+namespace hi = idem::http_internal;
+
+// Headers of one hop (RFC 9110 7.6.1) and cpp-httplib's own pseudo headers:
+// never forwarded either way.
+bool HopByHop(std::string_view name) {
+  static const char* const kSkip[] = {
+      "connection", "keep-alive",  "proxy-connection",    "transfer-encoding",  "te",
+      "trailer",    "upgrade",     "proxy-authorization", "proxy-authenticate", "content-length",
+      "host",       "remote_addr", "remote_port",         "local_addr",         "local_port"};
+  return std::any_of(std::begin(kSkip), std::end(kSkip),
+                     [&](const char* s) { return http::EqualsIgnoringCase(name, s); });
+}
+
+// The outcomes the latency histogram is labelled by.
+enum Outcome { kForwarded, kReplayed, kConflict, kInProgress, kUnknown, kRefused, kPassed, kUpstreamError, kOutcomes };
+constexpr std::array<const char*, kOutcomes> kOutcomeNames = {
+    "forwarded", "replayed", "conflict", "in_progress", "outcome_unknown", "refused", "passed", "upstream_error"};
+// Upper bounds of the buckets, in seconds.
+constexpr std::array<double, 14> kBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05,
+                                             0.1,    0.25,  0.5,   1,     2.5,  5,     10};
+
+struct Histogram {
+  std::array<std::atomic<uint64_t>, kBuckets.size()> counts{};
+  std::atomic<uint64_t> count{0};
+  std::atomic<uint64_t> sum_us{0};
+  void Add(double seconds) {
+    for (size_t i = 0; i < kBuckets.size(); ++i)
+      if (seconds <= kBuckets[i]) counts[i].fetch_add(1, std::memory_order_relaxed);
+    count.fetch_add(1, std::memory_order_relaxed);
+    sum_us.fetch_add(static_cast<uint64_t>(seconds * 1e6), std::memory_order_relaxed);
+  }
+};
+
+void Counter(std::string& out, std::string_view name, std::string_view help, std::string_view type, uint64_t v) {
+  out += "# HELP " + std::string(name) + " " + std::string(help) + "\n# TYPE " + std::string(name) + " " +
+         std::string(type) + "\n" + std::string(name) + " " + std::to_string(v) + "\n";
+}
+
+}  // namespace
+
+struct Gateway::Impl {
+  Options options;
+  hi::BaseUrl url;
+  std::unique_ptr<hi::ConnectionPool> pool;   // plain forwards: keep-alive
+  std::unique_ptr<hi::ConnectionPool> fresh;  // guarded forwards: a new connection each (never given back)
+  std::unique_ptr<http::Idempotency> idempotency;
+  const http::Idempotency::Route* route = nullptr;
+  std::unique_ptr<Server> server;
+  int port = 0;
+  std::atomic<uint64_t> forwarded{0}, in_flight{0}, passed{0}, upstream_errors{0};
+  std::array<Histogram, kOutcomes> latency;
+  http::RefusalWriter problems = http::ProblemJson("https://idem.dev/problems");
+
+  bool Guarded(const ::httplib::Request& req) const {
+    if (!options.methods.count(req.method)) return false;
+    if (options.paths.empty()) return true;
+    return std::any_of(options.paths.begin(), options.paths.end(), [&](const std::string& p) {
+      if (req.path.compare(0, p.size(), p) != 0) return false;
+      return req.path.size() == p.size() || p.back() == '/' || req.path[p.size()] == '/';
+    });
+  }
+
+  // Sends `req` to the upstream. Answered: `ans` is the upstream's answer.
+  // Not answered: false, with `sent` (whether it can have reached the
+  // upstream) and `why`.
+  bool Forward(const ::httplib::Request& req, bool guarded, http::Answer& ans, bool& sent, std::string& why) {
+    hi::ConnectionPool& p = guarded ? *fresh : *pool;
+    ::httplib::Request out;
+    out.method = req.method;
+    out.path = url.path + (req.target.empty() ? req.path : req.target);
+    for (const auto& [k, v] : req.headers)
+      if (!HopByHop(k)) out.headers.emplace(k, v);
+    out.headers.emplace("Host", url.HostHeader());
+    if (std::string remote = req.get_header_value("REMOTE_ADDR"); !remote.empty()) {
+      std::string xff = req.get_header_value("X-Forwarded-For");
+      out.headers.erase("X-Forwarded-For");
+      out.headers.emplace("X-Forwarded-For", xff.empty() ? remote : xff + ", " + remote);
+    }
+    out.body = req.body;
+    hi::ConnectionPool::Connection c = p.Take();
+    ::httplib::Result r = c->send(out);
+    if (!r) {
+      sent = !hi::FailedToConnect(r.error());
+      why = p.Describe(r.error(), *c);
+      return false;
+    }
+    if (!guarded) p.GiveBack(std::move(c));
+    ans = http::Answer();
+    ans.status = r->status;
+    for (const auto& [k, v] : r->headers)
+      if (!HopByHop(k)) ans.headers.Add(k, v);
+    ans.body = std::move(r->body);
+    return true;
+  }
+
+  // The request did not reach the upstream: 502, in the middleware's
+  // problem+json shape.
+  void UpstreamDown(http::Answer& ans, const std::string& why) {
+    upstream_errors.fetch_add(1, std::memory_order_relaxed);
+    ans = http::Answer();
+    ans.status = 502;
+    ans.headers.Set("Retry-After", "1");
+    problems(http::Refusal{.status = 502,
+                           .type = "upstream-unavailable",
+                           .title = "Upstream unavailable",
+                           .detail = "the upstream could not be reached (" + why +
+                                     "); nothing was sent: retry with the same key",
+                           .retry = "same-key"},
+             ans);
+  }
+
+  void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
+    const auto start = std::chrono::steady_clock::now();
+    Outcome outcome = kPassed;
+    http::Answer ans;
+    if (!options.metrics_path.empty() && req.method == "GET" && req.path == options.metrics_path) {
+      res.set_content(Metrics(), "text/plain; version=0.0.4; charset=utf-8");
+      return;
+    }
+    if (!Guarded(req)) {
+      bool sent = false;
+      std::string why;
+      passed.fetch_add(1, std::memory_order_relaxed);
+      if (!Forward(req, false, ans, sent, why)) {
+        outcome = kUpstreamError;
+        UpstreamDown(ans, why);
+      }
+    } else {
+      http::Request core = ToRequest(req);
+      if (!req.target.empty()) core.path = req.target;
+      bool ran = false, lost = false, unreached = false;
+      idempotency->Serve(*route, core, ans, [&](const http::Request&, http::Answer& out, Transaction*) {
+        ran = true;
+        bool sent = false;
+        std::string why;
+        in_flight.fetch_add(1, std::memory_order_relaxed);
+        const bool answered = Forward(req, true, out, sent, why);
+        in_flight.fetch_sub(1, std::memory_order_relaxed);
+        if (answered || sent) forwarded.fetch_add(1, std::memory_order_relaxed);
+        if (answered) return;
+        if (sent) {
+          lost = true;
+          http::OutcomeUnknown("the upstream gave no answer (" + why + ")");
+          return;
+        }
+        unreached = true;
+        UpstreamDown(out, why);  // a 5xx: the key is freed
+      });
+      if (lost) {
+        outcome = kUnknown;
+      } else if (unreached) {
+        outcome = kUpstreamError;
+      } else if (ran) {
+        outcome = kForwarded;
+      } else if (ans.status == 503 && ans.body.find("/outcome-unknown\"") != std::string::npos) {
+        outcome = kUnknown;  // found its holder gone, or a repeat of such a key
+      } else if (ans.headers.Get("Idempotent-Replayed") == "true") {
+        outcome = kReplayed;
+      } else if (ans.status == 422) {
+        outcome = kConflict;
+      } else if (ans.status == 409) {
+        outcome = kInProgress;
+      } else {
+        outcome = kRefused;
+      }
+    }
+    WriteAnswer(ans, res);
+    latency[outcome].Add(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  Counters Count() const {
+    const http::Idempotency::Counters c = idempotency->counters();
+    Counters out;
+    out.forwarded = forwarded.load();
+    out.replayed = c.replayed;
+    out.in_flight = in_flight.load();
+    out.conflicts = c.conflicts;
+    out.in_progress = c.in_progress;
+    out.outcome_unknown = c.outcome_unknown;
+    out.not_stored = c.not_stored;
+    out.passed = passed.load();
+    out.upstream_errors = upstream_errors.load();
+    return out;
+  }
+
+  std::string Metrics() const {
+    const Counters c = Count();
+    std::string out;
+    Counter(out, "idem_gateway_forwarded_total", "Guarded requests forwarded to the upstream.", "counter", c.forwarded);
+    Counter(out, "idem_gateway_replayed_total", "Repeats answered with the stored response.", "counter", c.replayed);
+    Counter(out, "idem_gateway_in_flight", "Guarded requests at the upstream now.", "gauge", c.in_flight);
+    Counter(out, "idem_gateway_conflicts_total", "Keys reused with another request (422).", "counter", c.conflicts);
+    Counter(out, "idem_gateway_in_progress_total", "Repeats while the first request ran (409).", "counter",
+            c.in_progress);
+    Counter(out, "idem_gateway_outcome_unknown_total", "Keys whose outcome is unknown (forwarded, answer lost).",
+            "counter", c.outcome_unknown);
+    Counter(out, "idem_gateway_not_stored_total", "Responses over the stored body bound (not stored).", "counter",
+            c.not_stored);
+    Counter(out, "idem_gateway_passed_total", "Requests forwarded unguarded.", "counter", c.passed);
+    Counter(out, "idem_gateway_upstream_errors_total", "Requests that could not reach the upstream.", "counter",
+            c.upstream_errors);
+    const Server::Counters s = server->counters();
+    Counter(out, "idem_http_connections_refused_total", "Connections refused over a bound.", "counter",
+            static_cast<uint64_t>(s.refused));
+    out +=
+        "# HELP idem_gateway_request_seconds Time from a request's arrival to its answer, by outcome.\n"
+        "# TYPE idem_gateway_request_seconds histogram\n";
+    for (size_t o = 0; o < kOutcomes; ++o) {
+      const Histogram& h = latency[o];
+      const std::string label = std::string("outcome=\"") + kOutcomeNames[o] + "\"";
+      for (size_t i = 0; i < kBuckets.size(); ++i) {
+        char le[32];
+        std::snprintf(le, sizeof le, "%g", kBuckets[i]);
+        out += "idem_gateway_request_seconds_bucket{" + label + ",le=\"" + le + "\"} " +
+               std::to_string(h.counts[i].load(std::memory_order_relaxed)) + "\n";
+      }
+      const uint64_t n = h.count.load(std::memory_order_relaxed);
+      out += "idem_gateway_request_seconds_bucket{" + label + ",le=\"+Inf\"} " + std::to_string(n) + "\n";
+      char sum[32];
+      std::snprintf(sum, sizeof sum, "%.6f", static_cast<double>(h.sum_us.load(std::memory_order_relaxed)) / 1e6);
+      out += "idem_gateway_request_seconds_sum{" + label + "} " + sum + "\n";
+      out += "idem_gateway_request_seconds_count{" + label + "} " + std::to_string(n) + "\n";
+    }
+    return out;
+  }
+};
+
+Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
+  if (options.claims == nullptr) return Status::InvalidArgument("Gateway::Options::claims is null");
+  IDEM_ASSIGN_OR_RETURN(hi::BaseUrl url, hi::ParseBaseUrl(options.upstream, "Gateway::Options::upstream"));
+  if (options.methods.empty()) return Status::InvalidArgument("Gateway::Options::methods is empty");
+  for (const std::string& p : options.paths)
+    if (p.empty() || p[0] != '/')
+      return Status::InvalidArgument("Gateway::Options::paths: a path prefix starts with '/', got '" + p + "'");
+  if (options.principal_header.empty()) return Status::InvalidArgument("Gateway::Options::principal_header is empty");
+  if (options.max_stored_body == 0) return Status::InvalidArgument("Gateway::Options::max_stored_body must be > 0");
+  if (options.max_body_bytes == 0) return Status::InvalidArgument("Gateway::Options::max_body_bytes must be > 0");
+  if (options.connect_timeout_ms <= 0 || options.upstream_timeout_ms <= 0)
+    return Status::InvalidArgument("Gateway::Options: connect_timeout_ms and upstream_timeout_ms must be > 0");
+  if (options.lease_ms <= options.connect_timeout_ms + 2 * options.upstream_timeout_ms)
+    return Status::InvalidArgument(
+        "Gateway::Options::lease_ms must be more than connect_timeout_ms + 2 * upstream_timeout_ms (" +
+        std::to_string(options.connect_timeout_ms + 2 * options.upstream_timeout_ms) + " ms), got " +
+        std::to_string(options.lease_ms) + ": a live gateway must answer before its lease runs out");
+  if (options.port < 0 || options.port > 65535)
+    return Status::InvalidArgument("Gateway::Options::port must be 0..65535, got " + std::to_string(options.port));
+  if (options.threads < 1) return Status::InvalidArgument("Gateway::Options::threads must be >= 1");
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->url = url;
+  const hi::PoolOptions pool{.ca_file = options.ca_file,
+                             .ca_dir = options.ca_dir,
+                             .connect_timeout_ms = options.connect_timeout_ms,
+                             .read_timeout_ms = options.upstream_timeout_ms,
+                             .pool_size = options.threads,
+                             .bearer = ""};
+  impl->pool = std::make_unique<hi::ConnectionPool>(url, pool);
+  impl->fresh = std::make_unique<hi::ConnectionPool>(url, pool);
+  const std::string header = options.principal_header;
+  IDEM_ASSIGN_OR_RETURN(
+      impl->idempotency,
+      http::Idempotency::Open({.claims = options.claims,
+                               .authenticate = [header](const http::Request& r) -> std::optional<std::string> {
+                                 const std::string* v = r.headers.Find(header);
+                                 if (v == nullptr) return std::nullopt;
+                                 return "sha256:" + ToHex(FingerprintOf(*v));  // never in the clear
+                               },
+                               .max_body_bytes = options.max_body_bytes,
+                               .log = options.log}));
+  http::RoutePolicy policy;
+  policy.methods = options.methods;
+  policy.require_key = options.require_key;
+  policy.lease_ms = options.lease_ms;
+  policy.takeover = options.upstream_honours_key ? http::RoutePolicy::Takeover::kRunAgain
+                                                 : http::RoutePolicy::Takeover::kOutcomeUnknown;
+  policy.stored_headers = options.stored_headers;
+  policy.max_stored_body = options.max_stored_body;
+  policy.fingerprint_target = true;
+  IDEM_ASSIGN_OR_RETURN(impl->route,
+                        impl->idempotency->AddRoute("gateway", http::RouteKind::kTwoPhase, std::move(policy)));
+
+  IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.max_connections = options.max_connections,
+                                                    .max_connections_per_client = options.max_connections_per_client,
+                                                    .threads = options.threads}));
+  ::httplib::Server& native = impl->server->native();
+  // SO_REUSEADDR alone (cpp-httplib's SO_REUSEPORT would share a busy port),
+  // and the socket noted: cpp-httplib 0.11 listens with a backlog of 5, and a
+  // burst of clients (a retry storm) would find connections reset.
+  auto listen_fd = std::make_shared<socket_t>(INVALID_SOCKET);
+  native.set_socket_options([listen_fd](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    *listen_fd = sock;
+  });
+  native.set_payload_max_length(options.max_body_bytes);
+  Impl* raw = impl.get();
+  const auto handler = [raw](const ::httplib::Request& req, ::httplib::Response& res) { raw->Handle(req, res); };
+  const std::string any = ".*";
+  native.Get(any, handler);
+  native.Post(any, handler);
+  native.Put(any, handler);
+  native.Patch(any, handler);
+  native.Delete(any, handler);
+  native.Options(any, handler);
+  if (options.port == 0) {
+    impl->port = native.bind_to_any_port(options.host);
+    if (impl->port <= 0) return Status::Unavailable("gateway: cannot listen on " + options.host + ": no free port");
+  } else {
+    if (!native.bind_to_port(options.host, options.port))
+      return Status::Unavailable("gateway: cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                                 " (in use, or not an address of this machine?)");
+    impl->port = options.port;
+  }
+  if (*listen_fd != INVALID_SOCKET && ::listen(*listen_fd, SOMAXCONN) != 0)
+    return Status::Unavailable("gateway: cannot listen on " + options.host + ":" + std::to_string(impl->port));
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gateway::~Gateway() { Stop(); }
+
+Status Gateway::Run() {
+  if (!impl_->server->native().listen_after_bind())
+    return Status::Unavailable("gateway: serving on port " + std::to_string(impl_->port) + " ended with an error");
+  return Status::OK();
+}
+
+void Gateway::Stop() noexcept { impl_->server->Stop(); }
+int Gateway::port() const { return impl_->port; }
+Server& Gateway::server() { return *impl_->server; }
+void Gateway::Handle(const ::httplib::Request& req, ::httplib::Response& res) { impl_->Handle(req, res); }
+Gateway::Counters Gateway::counters() const { return impl_->Count(); }
+std::string Gateway::Metrics() const { return impl_->Metrics(); }
+
+}  // namespace idem::httplib

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# idem gateway end to end: its help, bad flags (exit 2), an unreachable store
+# (exit 3), then in front of `idem provider` (the upstream, which logs one
+# line per request it receives): a key forwarded once and replayed, 422, the
+# metrics, JSON logs, and SIGTERM (exit 0).
+# usage: gateway_test.sh IDEM_BINARY
+set -uo pipefail
+IDEM=$1
+T=$(mktemp -d)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
+fails=0
+pass=0
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
+
+check help 0 "$IDEM" gateway --help
+has help-usage "$T/out" "usage: idem gateway --upstream URL"
+has help-unknown-rule "$T/out" "outcome-unknown"
+check no-upstream 2 "$IDEM" gateway --store "sqlite:$T/g.db"
+has no-upstream-named "$T/err" "--upstream URL is required"
+check bad-listen 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --listen nowhere --store "sqlite:$T/g.db"
+has bad-listen-named "$T/err" "--listen must be HOST:PORT"
+check bad-url 2 "$IDEM" gateway --upstream ftp://example.com --store "sqlite:$T/g.db"
+has bad-url-named "$T/err" "must start with http:// or https://"
+check both-key-modes 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --require-key --pass-keyless
+has both-key-modes-named "$T/err" "exclude each other"
+check bad-stored-body 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --max-stored-body 0 --store "sqlite:$T/g.db"
+check short-lease 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --lease 1s --store "sqlite:$T/g.db"
+has short-lease-named "$T/err" "lease_ms must be more than"
+check unknown-flag 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --frobnicate
+check store-unreachable 3 "$IDEM" gateway --upstream http://127.0.0.1:9 --store "postgres://nobody@127.0.0.1:1/none"
+has store-unreachable-named "$T/err" "cannot connect to PostgreSQL"
+
+wait_up() {  # wait_up PORT PID
+  for _ in $(seq 600); do
+    curl -s -o /dev/null "http://127.0.0.1:$1/metrics" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+# Ports from 28400 on (this build's range for its own servers).
+UPORT=$(free_port 28400 100)
+"$IDEM" provider --api-key sk_g:acct_g --listen "127.0.0.1:$UPORT" --store "sqlite:$T/prov.db" 2>"$T/prov.log" &
+UPID=$!
+PIDS+=("$UPID")
+ok upstream-up wait_up "$UPORT" "$UPID"
+GPORT=$(free_port 28500 100)
+"$IDEM" gateway --upstream "http://127.0.0.1:$UPORT" --listen "127.0.0.1:$GPORT" --store "sqlite:$T/g.db" \
+  --paths /charges --json 2>"$T/gw.log" &
+GPID=$!
+PIDS+=("$GPID")
+ok gateway-up wait_up "$GPORT" "$GPID"
+for n in 1 2; do
+  curl -s -o "$T/charge$n" -D "$T/headers$n" -X POST "http://127.0.0.1:$GPORT/charges" \
+    -H 'Authorization: Bearer sk_g' -H 'Idempotency-Key: "gw-1"' -H 'Content-Type: application/json' \
+    -d '{"amount": 4000, "currency": "usd", "customer": "cus_g"}'
+done
+has first-201 "$T/headers1" "^HTTP/1.1 201"
+has repeat-201 "$T/headers2" "^HTTP/1.1 201"
+has repeat-replayed "$T/headers2" "Idempotent-Replayed: true"
+ok same-body cmp -s "$T/charge1" "$T/charge2"
+# The provider saw the key once: the repeat never left the gateway.
+ok upstream-once test "$(grep -c 'key=gw-1' "$T/prov.log")" = 1
+curl -s -o "$T/other" -D "$T/headers3" -X POST "http://127.0.0.1:$GPORT/charges" \
+  -H 'Authorization: Bearer sk_g' -H 'Idempotency-Key: "gw-1"' -H 'Content-Type: application/json' \
+  -d '{"amount": 9000, "currency": "usd", "customer": "cus_g"}'
+has reused-422 "$T/headers3" "^HTTP/1.1 422"
+has reused-problem "$T/headers3" "application/problem\+json"
+curl -s -o /dev/null -D "$T/headers4" -X POST "http://127.0.0.1:$GPORT/charges" -H 'Authorization: Bearer sk_g' \
+  -d '{}'
+has keyless-400 "$T/headers4" "^HTTP/1.1 400"
+curl -s "http://127.0.0.1:$GPORT/metrics" >"$T/metrics"
+has metrics-forwarded "$T/metrics" "^idem_gateway_forwarded_total 1$"
+has metrics-replayed "$T/metrics" "^idem_gateway_replayed_total 1$"
+has metrics-conflicts "$T/metrics" "^idem_gateway_conflicts_total 1$"
+has metrics-histogram "$T/metrics" 'idem_gateway_request_seconds_count\{outcome="forwarded"\} 1'
+has json-log "$T/gw.log" '^\{"ts_ms":[0-9]+,"msg":"POST /charges key=gw-1 executed 201"\}$'
+kill -TERM "$GPID"
+wait "$GPID"
+ok sigterm-exit-0 test "$?" = 0
+
+echo "gateway_test: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,487 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem::httplib::Gateway and `idem gateway` in front of a real upstream (a
+// cpp-httplib server on 127.0.0.1 that counts its calls), on SQLite and on
+// the throwaway PostgreSQL (CTest fixture "postgres"). The crash cases run
+// the idem command (IDEM_CLI) with a kill point armed and SIGKILL it between
+// forwarding and storing.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http/http_test_util.h"
+#include "idem/claims.h"
+#include "idem/httplib/gateway.h"
+#include "idem/open.h"
+#include "idem/testing/throwaway.h"
+#include "postgres/pg_test_util.h"
+
+extern char** environ;
+
+namespace idem::testing {
+namespace {
+
+// The API behind the gateway: POST/PATCH anywhere answers 201 with the call's
+// number, a Location, a Set-Cookie and a header outside the stored set;
+// /big answers a body of `big` bytes; /slow never answers before the client
+// gives up (its handler waits for the test's release). Every call is counted,
+// with the Idempotency-Key it carried.
+class Upstream {
+ public:
+  Upstream() : server_(64) {
+    auto handle = [this](const ::httplib::Request& req, ::httplib::Response& res) {
+      int n;
+      {
+        std::lock_guard lock(mu_);
+        n = ++calls_;
+        keys_.push_back(req.get_header_value("Idempotency-Key"));
+        paths_.push_back(req.method + " " + req.path);
+      }
+      if (req.path == "/slow") {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return released_; });
+        return;
+      }
+      res.status = 201;
+      res.set_header("Location", "/charges/ch_" + std::to_string(n));
+      res.set_header("Set-Cookie", "session=secret-" + std::to_string(n));
+      res.set_header("X-Call", std::to_string(n));
+      if (req.path == "/big") {
+        res.set_content(std::string(4096, 'x'), "text/plain");
+        return;
+      }
+      res.set_content("{\"call\":" + std::to_string(n) + ",\"echo\":" + (req.body.empty() ? "null" : req.body) + "}",
+                      "application/json");
+    };
+    server_.server().Post(".*", handle);
+    server_.server().Patch(".*", handle);
+    server_.server().Get(".*", [this](const ::httplib::Request&, ::httplib::Response& res) {
+      std::lock_guard lock(mu_);
+      ++gets_;
+      res.set_content("plain", "text/plain");
+    });
+    server_.Start();
+  }
+  ~Upstream() {
+    Release();
+    server_.Stop();
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  int calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  int gets() {
+    std::lock_guard lock(mu_);
+    return gets_;
+  }
+  std::vector<std::string> keys() {
+    std::lock_guard lock(mu_);
+    return keys_;
+  }
+  std::string url() const { return server_.url(); }
+
+ private:
+  LoopbackServer server_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  int calls_ = 0, gets_ = 0;
+  std::vector<std::string> keys_, paths_;
+};
+
+// A store for the gateway's keys: a SQLite file, or a fresh PostgreSQL schema.
+std::string StoreUrl(const std::string& kind, const TempDir& dir) {
+  return kind == "sqlite" ? "sqlite:" + dir.File("gateway.db") : FreshSchemaUrl();
+}
+
+struct Reply {
+  int status = 0;  // 0: no answer (the connection closed)
+  std::string body;
+  ::httplib::Headers headers;
+  std::string Header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+Reply Send(int port, const std::string& method, const std::string& path, const std::string& body,
+           const std::string& key, const std::string& principal = "Bearer sk_1") {
+  ::httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(std::chrono::seconds(30));
+  ::httplib::Headers h;
+  if (!key.empty()) h.emplace("Idempotency-Key", key);
+  if (!principal.empty()) h.emplace("Authorization", principal);
+  ::httplib::Request req;
+  req.method = method;
+  req.path = path;
+  req.headers = h;
+  req.body = body;
+  if (!body.empty()) req.headers.emplace("Content-Type", "application/json");
+  auto r = c.send(req);
+  Reply out;
+  if (!r) {
+    out.body = ::httplib::to_string(r.error());
+    return out;
+  }
+  out.status = r->status;
+  out.body = r->body;
+  out.headers = r->headers;
+  return out;
+}
+
+// A gateway in this process on `store_url`, served on a thread of its own.
+class InProcess {
+ public:
+  InProcess(const std::string& store_url, idem::httplib::Gateway::Options o) {
+    auto s = OpenStore(store_url);
+    EXPECT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    claims_ = std::make_unique<Claims>(*store_->claim_store());
+    o.claims = claims_.get();
+    auto g = idem::httplib::Gateway::Open(o);
+    EXPECT_TRUE(g.ok()) << g.status();
+    gateway_ = std::move(*g);
+    thread_ = std::thread([this] { (void)gateway_->Run(); });
+    while (!gateway_->server().native().is_running()) std::this_thread::yield();
+  }
+  ~InProcess() {
+    gateway_->Stop();
+    thread_.join();
+  }
+  int port() const { return gateway_->port(); }
+  idem::httplib::Gateway& gateway() { return *gateway_; }
+
+ private:
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Claims> claims_;
+  std::unique_ptr<idem::httplib::Gateway> gateway_;
+  std::thread thread_;
+};
+
+class GatewayTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  idem::httplib::Gateway::Options Options() {
+    idem::httplib::Gateway::Options o;
+    o.upstream = upstream_.url();
+    return o;
+  }
+  TempDir dir_;
+  Upstream upstream_;
+};
+
+TEST_P(GatewayTest, ARepeatIsReplayedWithTheSameStatusHeadersAndBodyAndNeverForwarded) {
+  InProcess g(StoreUrl(GetParam(), dir_), Options());
+  Reply first = Send(g.port(), "POST", "/charges", R"({"amount":4000})", "order-1");
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_EQ(first.Header("Set-Cookie"), "session=secret-1");  // the first client gets every header
+  EXPECT_EQ(first.Header("X-Call"), "1");
+  EXPECT_EQ(first.Header("Idempotent-Replayed"), "");
+  Reply again = Send(g.port(), "POST", "/charges", R"({ "amount" : 4000 })", "order-1");
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(again.Header("Location"), "/charges/ch_1");
+  EXPECT_EQ(again.Header("Content-Type"), "application/json");
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.Header("Set-Cookie"), "") << "Set-Cookie is not in the stored set";
+  EXPECT_EQ(again.Header("X-Call"), "");
+  EXPECT_EQ(upstream_.calls(), 1);
+  EXPECT_EQ(upstream_.keys(), std::vector<std::string>{"order-1"});  // forwarded with its key
+  // Another principal with the same key is another key.
+  Reply other = Send(g.port(), "POST", "/charges", R"({"amount":4000})", "order-1", "Bearer sk_2");
+  EXPECT_EQ(other.status, 201);
+  EXPECT_EQ(other.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(upstream_.calls(), 2);
+  EXPECT_EQ(g.gateway().counters().forwarded, 2u);
+  EXPECT_EQ(g.gateway().counters().replayed, 1u);
+  if (GetParam() == "sqlite") {  // the principal is kept as its SHA-256 only
+    std::string bytes;
+    for (const char* suffix : {"", "-wal"}) {
+      std::ifstream in(dir_.File("gateway.db") + suffix, std::ios::binary);
+      bytes += std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    EXPECT_NE(bytes.find("order-1"), std::string::npos) << "the keys are in this file";
+    EXPECT_EQ(bytes.find("sk_1"), std::string::npos);
+    EXPECT_EQ(bytes.find("sk_2"), std::string::npos);
+  }
+}
+
+TEST_P(GatewayTest, TheKeyWithAnotherBodyPathOrMethodIs422AndAMissingKeyOrPrincipalIsRefused) {
+  InProcess g(StoreUrl(GetParam(), dir_), Options());
+  ASSERT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":4000})", "k").status, 201);
+  Reply body = Send(g.port(), "POST", "/charges", R"({"amount":9000})", "k");
+  EXPECT_EQ(body.status, 422);
+  EXPECT_NE(body.body.find("idempotency-key-reused"), std::string::npos) << body.body;
+  EXPECT_EQ(body.Header("Content-Type"), "application/problem+json");
+  EXPECT_EQ(Send(g.port(), "POST", "/refunds", R"({"amount":4000})", "k").status, 422);
+  EXPECT_EQ(Send(g.port(), "PATCH", "/charges", R"({"amount":4000})", "k").status, 422);
+  Reply missing = Send(g.port(), "POST", "/charges", R"({"amount":1})", "");
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_NE(missing.body.find("idempotency-key-missing"), std::string::npos) << missing.body;
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":1})", "a b").status, 400);  // malformed
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":1})", "k2", "").status, 401);
+  EXPECT_EQ(upstream_.calls(), 1);
+  // A method not guarded passes through.
+  Reply get = Send(g.port(), "GET", "/charges", "", "");
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body, "plain");
+  EXPECT_EQ(upstream_.gets(), 1);
+}
+
+TEST_P(GatewayTest, WithPassKeylessARequestWithoutAKeyIsForwardedEveryTime) {
+  auto o = Options();
+  o.require_key = false;
+  o.paths = {"/charges"};
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "").status, 201);
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "").status, 201);
+  // A path outside --paths is not guarded: a key there is forwarded each time.
+  EXPECT_EQ(Send(g.port(), "POST", "/other", R"({"a":1})", "k").status, 201);
+  EXPECT_EQ(Send(g.port(), "POST", "/other", R"({"a":1})", "k").status, 201);
+  EXPECT_EQ(upstream_.calls(), 4);
+}
+
+TEST_P(GatewayTest, AThousandConcurrentRequestsWithOneKeyMakeOneUpstreamCall) {
+  auto o = Options();
+  o.max_connections_per_client = 0;  // every client here is 127.0.0.1
+  o.max_connections = 2048;
+  o.threads = 32;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  constexpr int kRequests = 1000;
+  std::vector<Reply> replies(kRequests);
+  std::vector<std::thread> threads;
+  std::atomic<bool> go{false};
+  for (int i = 0; i < kRequests; ++i)
+    threads.emplace_back([&, i] {
+      while (!go.load()) std::this_thread::yield();
+      replies[i] = Send(g.port(), "POST", "/charges", R"({"amount":4000})", "one-key");
+    });
+  go = true;
+  for (auto& t : threads) t.join();
+  int created = 0, in_progress = 0;
+  std::string body;
+  for (const Reply& r : replies) {
+    if (r.status == 201) {
+      ++created;
+      if (body.empty()) body = r.body;
+      EXPECT_EQ(r.body, body);
+    } else {
+      EXPECT_EQ(r.status, 409) << r.body;
+      if (r.status != 409) break;
+      EXPECT_FALSE(r.Header("Retry-After").empty());
+      ++in_progress;
+    }
+  }
+  EXPECT_EQ(created + in_progress, kRequests);
+  EXPECT_GE(created, 1);
+  EXPECT_EQ(upstream_.calls(), 1);
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":4000})", "one-key").body, body);
+  EXPECT_EQ(upstream_.calls(), 1);
+}
+
+TEST_P(GatewayTest, AResponseOverTheStoredBoundReachesTheFirstClientAndARepeatGets410) {
+  auto o = Options();
+  o.max_stored_body = 1024;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Reply first = Send(g.port(), "POST", "/big", "", "big-1");
+  EXPECT_EQ(first.status, 201);
+  EXPECT_EQ(first.body, std::string(4096, 'x'));
+  Reply again = Send(g.port(), "POST", "/big", "", "big-1");
+  EXPECT_EQ(again.status, 410);
+  EXPECT_NE(again.body.find("response-not-stored"), std::string::npos) << again.body;
+  EXPECT_EQ(upstream_.calls(), 1);
+  EXPECT_EQ(g.gateway().counters().not_stored, 1u);
+}
+
+TEST_P(GatewayTest, AnUpstreamThatTimesOutLeavesTheKeyUnknownAndItIsNeverForwardedAgain) {
+  auto o = Options();
+  o.upstream_timeout_ms = 200;
+  o.lease_ms = 5'000;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Reply first = Send(g.port(), "POST", "/slow", R"({"a":1})", "slow-1");
+  EXPECT_EQ(first.status, 503);
+  EXPECT_NE(first.body.find("outcome-unknown"), std::string::npos) << first.body;
+  EXPECT_NE(first.body.find("slow-1"), std::string::npos) << first.body;
+  upstream_.Release();
+  Reply again = Send(g.port(), "POST", "/slow", R"({"a":1})", "slow-1");
+  EXPECT_EQ(again.status, 503);
+  EXPECT_NE(again.body.find("outcome-unknown"), std::string::npos) << again.body;
+  EXPECT_EQ(upstream_.calls(), 1);
+  EXPECT_EQ(g.gateway().counters().outcome_unknown, 1u);
+  const std::string metrics = Send(g.port(), "GET", "/metrics", "", "").body;
+  EXPECT_NE(metrics.find("idem_gateway_outcome_unknown_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("idem_gateway_forwarded_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("idem_gateway_request_seconds_count{outcome=\"outcome_unknown\"} 2"), std::string::npos)
+      << metrics;
+}
+
+TEST_P(GatewayTest, WhenTheUpstreamHonoursKeysATimedOutKeyIsForwardedAgainWithTheSameKey) {
+  auto o = Options();
+  o.upstream_timeout_ms = 200;
+  o.lease_ms = 5'000;
+  o.upstream_honours_key = true;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  EXPECT_EQ(Send(g.port(), "POST", "/slow", R"({"a":1})", "slow-2").status, 503);
+  upstream_.Release();
+  Reply again = Send(g.port(), "POST", "/slow", R"({"a":1})", "slow-2");
+  EXPECT_EQ(again.status, 200);  // the released handler answers with nothing set
+  EXPECT_EQ(upstream_.keys(), (std::vector<std::string>{"slow-2", "slow-2"}));
+}
+
+TEST_P(GatewayTest, AnUnreachableUpstreamFreesTheKey) {
+  auto o = Options();
+  o.upstream = "http://127.0.0.1:1";  // nothing listens there
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Reply r = Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("upstream-unavailable"), std::string::npos) << r.body;
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1").status, 502);  // not 409, not unknown
+  EXPECT_EQ(g.gateway().counters().outcome_unknown, 0u);
+}
+
+// ---- `idem gateway` SIGKILLed at http.before_complete: the upstream answered,
+// nothing is stored.
+
+// A port from 28400 on that nothing listens on now.
+int FreePort() {
+  static std::atomic<int> next{28400 + (::getpid() % 50) * 8};
+  for (;;) {
+    const int port = next.fetch_add(1);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+}
+
+// Starts `idem gateway` (with IDEM_KILL_AT=`kill_at` when not empty) and
+// returns once it answers.
+pid_t StartCli(int port, const std::string& upstream, const std::string& store, const std::string& kill_at,
+               bool honours) {
+  std::vector<std::string> argv = {IDEM_CLI,
+                                   "gateway",
+                                   "--listen",
+                                   "127.0.0.1:" + std::to_string(port),
+                                   "--upstream",
+                                   upstream,
+                                   "--store",
+                                   store,
+                                   "--lease",
+                                   "400",
+                                   "--upstream-timeout",
+                                   "100",
+                                   "--connect-timeout",
+                                   "100",
+                                   "--quiet"};
+  if (honours) argv.push_back("--upstream-honours-key");
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind("IDEM_KILL_AT=", 0) != 0) env_strings.emplace_back(*e);
+  if (!kill_at.empty()) env_strings.push_back("IDEM_KILL_AT=" + kill_at);
+  std::vector<char*> env;
+  for (auto& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  EXPECT_EQ(::posix_spawn(&pid, IDEM_CLI, nullptr, nullptr, args.data(), env.data()), 0);
+  for (;;) {  // until it answers (or dies)
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      ADD_FAILURE() << "idem gateway exited before serving";
+      return -1;
+    }
+    ::httplib::Client c("127.0.0.1", port);
+    if (c.Get("/metrics")) return pid;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Sends the key until the answer is not 409 (the dead gateway's lease runs out).
+Reply UntilNotInProgress(int port, const std::string& key) {
+  for (;;) {
+    Reply r = Send(port, "POST", "/charges", R"({"amount":4000})", key);
+    if (r.status != 409) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void KilledBetweenForwardingAndStoring(const std::string& store, Upstream& upstream, bool honours) {
+  const int port = FreePort();
+  pid_t pid = StartCli(port, upstream.url(), store, "http.before_complete", honours);
+  ASSERT_GT(pid, 0);
+  Reply lost = Send(port, "POST", "/charges", R"({"amount":4000})", "crash-1");
+  EXPECT_EQ(lost.status, 0) << "the gateway answered instead of dying: " << lost.body;
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  ASSERT_EQ(upstream.calls(), 1);
+
+  const int port2 = FreePort();
+  pid = StartCli(port2, upstream.url(), store, "", honours);
+  ASSERT_GT(pid, 0);
+  Reply repeat = UntilNotInProgress(port2, "crash-1");
+  Reply again = Send(port2, "POST", "/charges", R"({"amount":4000})", "crash-1");
+  ::kill(pid, SIGTERM);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  if (!honours) {
+    EXPECT_EQ(repeat.status, 503) << repeat.body;
+    EXPECT_NE(repeat.body.find("outcome-unknown"), std::string::npos) << repeat.body;
+    EXPECT_NE(repeat.body.find("crash-1"), std::string::npos) << repeat.body;
+    EXPECT_EQ(again.status, 503) << again.body;
+    EXPECT_EQ(again.body, repeat.body);
+    EXPECT_EQ(upstream.calls(), 1) << "a key whose outcome is unknown was forwarded again";
+  } else {
+    EXPECT_EQ(repeat.status, 201) << repeat.body;
+    EXPECT_EQ(again.body, repeat.body);
+    EXPECT_EQ(upstream.keys(), (std::vector<std::string>{"crash-1", "crash-1"}));
+  }
+}
+
+TEST_P(GatewayTest, AGatewayKilledBetweenForwardingAndStoringNeverForwardsTheKeyAgain) {
+  KilledBetweenForwardingAndStoring(StoreUrl(GetParam(), dir_), upstream_, false);
+}
+
+TEST_P(GatewayTest, AGatewayKilledBetweenForwardingAndStoringForwardsAgainWhenTheUpstreamHonoursKeys) {
+  KilledBetweenForwardingAndStoring(StoreUrl(GetParam(), dir_), upstream_, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, GatewayTest, ::testing::Values("sqlite", "postgres"));
+
+TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
+  TempDir dir;
+  auto s = OpenStore("sqlite:" + dir.File("g.db"));
+  ASSERT_TRUE(s.ok());
+  Claims claims(*(*s)->claim_store());
+  idem::httplib::Gateway::Options o{.upstream = "http://127.0.0.1:9", .claims = &claims};
+  o.lease_ms = 1000;
+  auto g = idem::httplib::Gateway::Open(o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("lease_ms"), std::string::npos) << g.status();
+  o = {.upstream = "ftp://x", .claims = &claims};
+  EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+  o = {.upstream = "http://127.0.0.1:9", .claims = nullptr};
+  EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+}
+
+}  // namespace
+}  // namespace idem::testing

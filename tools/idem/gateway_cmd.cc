@@ -1,0 +1,149 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem gateway: idem::httplib::Gateway as a command (doc/gateway.md).
+#include <chrono>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+#include "commands.h"
+#include "idem/claims.h"
+#include "idem/httplib/gateway.h"
+#include "idem/signals.h"
+
+namespace idem::cli {
+namespace {
+
+// "a,b,,c" -> {"a", "b", "c"}; every value of a repeatable flag split so.
+std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
+  std::vector<std::string> out;
+  for (const std::string& v : values) {
+    std::stringstream in(v);
+    std::string item;
+    while (std::getline(in, item, ','))
+      if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+const Command& GatewayCommand() {
+  static const Command c{
+      "gateway",
+      "Stand in front of an HTTP API as a reverse proxy that gives it the Idempotency-Key contract.\n"
+      "A guarded request (--methods, --paths) with an Idempotency-Key is forwarded to --upstream at most\n"
+      "once per (principal, key); a repeat gets the stored status, headers and body with\n"
+      "Idempotent-Replayed: true, a repeat while the first runs 409, the key with another request 422.\n"
+      "Once a request was forwarded and its answer lost (the upstream timed out, or the gateway died),\n"
+      "the key is never forwarded again: repeats get 503 outcome-unknown (unless --upstream-honours-key).\n"
+      "Other requests are forwarded as they are. GET /metrics serves Prometheus metrics. Logs one line\n"
+      "per guarded request to stderr. Stops on SIGINT/SIGTERM. See doc/gateway.md.",
+      "--upstream URL [--listen HOST:PORT] [--store URL] [--methods M,...] [--paths P,...]\n"
+      "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
+      "       [--max-stored-body BYTES] [--max-body BYTES] [--lease DURATION] [--upstream-timeout DURATION]\n"
+      "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
+      "       [--json] [--quiet]",
+      {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
+       {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
+       {"store", "URL", "sqlite:idem-gateway.db", "keys and stored responses: sqlite:PATH or postgres://..."},
+       {"methods", "M,...", "POST,PATCH", "methods guarded (repeatable)", true},
+       {"paths", "P,...", "", "path prefixes guarded (repeatable; default: every path)", true},
+       {"principal-header", "H", "Authorization", "the header that names the caller (hashed; 401 without it)"},
+       {"require-key", "", "", "a guarded request without Idempotency-Key gets 400 (the default)"},
+       {"pass-keyless", "", "", "forward a guarded request without Idempotency-Key unguarded"},
+       {"upstream-honours-key", "", "",
+        "the upstream deduplicates the forwarded Idempotency-Key itself: a key whose\n"
+        "          outcome is unknown is forwarded again, with the same key"},
+       {"max-stored-body", "BYTES", "1048576",
+        "larger responses reach their first client but are not stored (a repeat gets 410)"},
+       {"max-body", "BYTES", "1048576", "larger request bodies get 413"},
+       {"lease", "DURATION", "90s",
+        "how long a forwarded request holds its key (more than connect-timeout + 2 x\n"
+        "          upstream-timeout)"},
+       {"upstream-timeout", "DURATION", "30s", "each read or write to the upstream"},
+       {"connect-timeout", "DURATION", "2s", "connecting to the upstream"},
+       {"retention", "DURATION", "24h", "how long a stored response is replayed"},
+       {"ca-file", "F", "", "CAs trusted for an https upstream (default: the system's)"},
+       {"ca-dir", "D", "", "a directory of CAs trusted for an https upstream"},
+       {"threads", "T", "64", "requests handled at once"},
+       {"json", "", "", "log lines as JSON objects"},
+       {"quiet", "", "", "no per-request log lines"}}};
+  return c;
+}
+
+int RunGateway(const Args& args) {
+  const std::string cmd = "gateway";
+  const bool json = args.Bool("json");
+  if (args.Get("upstream").empty()) return Fail(cmd, Status::InvalidArgument("--upstream URL is required"));
+  const auto host_port = ListenFlag(args);
+  if (!host_port.ok()) return Fail(cmd, host_port.status());
+  if (args.Bool("require-key") && args.Bool("pass-keyless"))
+    return Fail(cmd, Status::InvalidArgument("--require-key and --pass-keyless exclude each other"));
+  auto lease = ParseDurationMs(args.Get("lease"));
+  auto timeout = ParseDurationMs(args.Get("upstream-timeout"));
+  auto connect = ParseDurationMs(args.Get("connect-timeout"));
+  auto retention = ParseDurationMs(args.Get("retention"));
+  for (const auto* r : {&lease, &timeout, &connect, &retention})
+    if (!r->ok()) return Fail(cmd, r->status());
+  if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
+  auto stored = args.GetInt("max-stored-body", 1, int64_t{1} << 30);
+  auto body = args.GetInt("max-body", 1, int64_t{1} << 30);
+  auto threads = args.GetInt("threads", 1, 1024);
+  for (const auto* r : {&stored, &body, &threads})
+    if (!r->ok()) return Fail(cmd, r->status());
+
+  httplib::Gateway::Options o;
+  o.upstream = args.Get("upstream");
+  o.host = host_port->first;
+  o.port = host_port->second;
+  if (args.Has("methods")) {
+    o.methods.clear();
+    for (const std::string& m : SplitAll(args.GetAll("methods"))) o.methods.insert(m);
+  }
+  o.paths = SplitAll(args.GetAll("paths"));
+  o.principal_header = args.Get("principal-header");
+  o.require_key = !args.Bool("pass-keyless");
+  o.upstream_honours_key = args.Bool("upstream-honours-key");
+  o.max_stored_body = static_cast<size_t>(*stored);
+  o.max_body_bytes = static_cast<size_t>(*body);
+  o.lease_ms = *lease;
+  o.upstream_timeout_ms = *timeout;
+  o.connect_timeout_ms = *connect;
+  o.ca_file = args.Get("ca-file");
+  o.ca_dir = args.Get("ca-dir");
+  o.threads = static_cast<int>(*threads);
+  auto mu = std::make_shared<std::mutex>();
+  const auto say = [mu, json](const std::string& line) {
+    std::lock_guard lock(*mu);
+    if (json) {
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::cerr << Json().Add("ts_ms", static_cast<int64_t>(ms)).Add("msg", line).str() << "\n";
+    } else {
+      std::cerr << "idem gateway: " << line << "\n";
+    }
+  };
+  if (!args.Bool("quiet")) o.log = say;
+
+  // The store last among the checks: flags are wrong before a store is
+  // unreachable.
+  auto opened = OpenClaimStore(args.Get("store"));
+  if (!opened.ok()) return Fail(cmd, opened.status());
+  auto claims = Claims::Open(*opened->claims, {.retention_ms = *retention});
+  if (!claims.ok()) return Fail(cmd, claims.status());
+  o.claims = claims->get();
+  auto gateway = httplib::Gateway::Open(o);
+  if (!gateway.ok()) return Fail(cmd, gateway.status());
+  StopOnSignals(&(*gateway)->server());
+  say("serving http://" + o.host + ":" + std::to_string((*gateway)->port()) + " in front of " + o.upstream +
+      " (store " + opened->kind + (o.upstream_honours_key ? ", upstream honours keys" : "") + ")");
+  Status ran = (*gateway)->Run();
+  StopOnSignals(nullptr);
+  if (!ran.ok()) return Fail(cmd, ran);
+  say("stopped");
+  return kExitOk;
+}
+
+}  // namespace idem::cli
