@@ -58,7 +58,15 @@ struct Consumer::Impl {
 
   void Work(Held* held);
   // Renews the leases of what the workers hold until Run() ends.
-  void KeepLeases(std::vector<std::unique_ptr<Held>>* held);
+  // How a Run() call tells its lease keeper to end: one per call, so that
+  // Run() calls on several threads (idem run's workers) never end or keep
+  // each other's keepers.
+  struct KeeperSignal {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;  // guarded by mu
+  };
+  void KeepLeases(std::vector<std::unique_ptr<Held>>* held, KeeperSignal* signal);
   std::vector<Outcome> HandleAll(std::span<const Message> messages);
   // `batch_failures`: failures already recorded in this batch, so that copies
   // of one message in one batch count one failure, not one each.
@@ -94,9 +102,6 @@ struct Consumer::Impl {
   std::atomic<uint64_t> received_{0}, acked_{0}, nacked_{0}, dead_{0}, ack_errors_{0}, receive_errors_{0};
   std::atomic<uint64_t> in_progress_{0}, parked_{0}, rejected_{0}, leases_extended_{0}, lease_errors_{0};
   // Wakes the lease keeper when Run() ends.
-  std::mutex keeper_mu_;
-  std::condition_variable keeper_cv_;
-  bool keeper_done_ = false;  // guarded by keeper_mu_
   // Workers between a non-empty Receive and the end of its Settle.
   std::atomic<int> busy_{0};
   // The latest time a message this consumer nacked becomes visible again.
@@ -172,24 +177,21 @@ Status Consumer::Impl::Run() {
   std::vector<std::unique_ptr<Held>> held;
   held.reserve(static_cast<size_t>(options_.workers));
   for (int i = 0; i < options_.workers; ++i) held.push_back(std::make_unique<Held>());
-  {
-    std::lock_guard<std::mutex> l(keeper_mu_);
-    keeper_done_ = false;
-  }
+  KeeperSignal keeper_signal;
   std::thread keeper;
   if (options_.extend_leases && source_.lease_ms() > 0) {
     try {
-      keeper = std::thread([this, &held] { KeepLeases(&held); });
+      keeper = std::thread([this, &held, &keeper_signal] { KeepLeases(&held, &keeper_signal); });
     } catch (const std::system_error& e) {
       return Status::Unavailable(std::string("cannot start the lease keeper thread: ") + e.what());
     }
   }
   const auto stop_keeper = [&] {
     {
-      std::lock_guard<std::mutex> l(keeper_mu_);
-      keeper_done_ = true;
+      std::lock_guard<std::mutex> l(keeper_signal.mu);
+      keeper_signal.done = true;
     }
-    keeper_cv_.notify_all();
+    keeper_signal.cv.notify_all();
     if (keeper.joinable()) keeper.join();
   };
   // A set-up that can never work, met by a worker (internal::RefuseSetup):
@@ -226,15 +228,15 @@ Status Consumer::Impl::Run() {
   return refused;
 }
 
-void Consumer::Impl::KeepLeases(std::vector<std::unique_ptr<Held>>* held) {
+void Consumer::Impl::KeepLeases(std::vector<std::unique_ptr<Held>>* held, KeeperSignal* signal) {
   const int64_t lease = source_.lease_ms();
   // Renew once a third of the lease has passed since the last renewal (or
   // the receive), checking six times a lease so a renewal is never late by
   // more than a sixth of it.
   const int64_t every = std::max<int64_t>(1, lease / 3);
   const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(lease / 6, 5, 1000));
-  std::unique_lock<std::mutex> l(keeper_mu_);
-  while (!keeper_cv_.wait_for(l, tick, [this] { return keeper_done_; })) {
+  std::unique_lock<std::mutex> l(signal->mu);
+  while (!signal->cv.wait_for(l, tick, [signal] { return signal->done; })) {
     l.unlock();
     for (auto& h : *held) {
       std::lock_guard<std::mutex> hl(h->mu);
