@@ -91,8 +91,8 @@ StoredResponse StoredOf(const Answer& ans, const std::vector<std::string>& kept 
   StoredResponse stored{ans.status, {}, ans.body};
   for (const auto& [k, v] : ans.headers) {
     if (HopByHop(k)) continue;
-    if (!kept.empty() &&
-        std::none_of(kept.begin(), kept.end(), [&k](const std::string& name) { return EqualsIgnoringCase(k, name); }))
+    if (!kept.empty() && std::none_of(kept.begin(), kept.end(),
+                                      [&name = k](const std::string& want) { return EqualsIgnoringCase(name, want); }))
       continue;
     stored.headers.emplace_back(k, v);
   }
