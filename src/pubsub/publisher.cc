@@ -107,9 +107,9 @@ class PublisherImpl final : public Publisher {
         if (ordering.empty()) ordering = value;
         continue;
       }
-      auto refuse = [&](std::string_view why) {
-        return Status::InvalidArgument("Pub/Sub publish of " + Printable(m.id) + ": header '" + Printable(name) + "' " +
-                                       std::string(why));
+      auto refuse = [&, &header = name](std::string_view why) {
+        return Status::InvalidArgument("Pub/Sub publish of " + Printable(m.id) + ": header '" + Printable(header) +
+                                       "' " + std::string(why));
       };
       if (name.empty() || name.size() > 200) return refuse("must be 1 to 200 bytes long (an attribute name)");
       if (name.starts_with("goog") || name.starts_with(pubsub_internal::kBase64AttributePrefix))
