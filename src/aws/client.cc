@@ -9,6 +9,7 @@
 #include <functional>
 #include <utility>
 
+#include "core/env_var.h"
 #include "core/options_check.h"
 #include "http/pool.h"
 #include "http/retry.h"
@@ -20,10 +21,7 @@ namespace {
 using http_internal::BaseUrl;
 using http_internal::ConnectionPool;
 
-std::string GetEnv(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+std::string GetEnv(const char* name) { return internal::EnvVar(name); }
 
 std::string Trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);

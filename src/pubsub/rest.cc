@@ -6,6 +6,7 @@
 #include <fstream>
 #include <utility>
 
+#include "core/env_var.h"
 #include "core/options_check.h"
 #include "http/pool.h"
 #include "http/retry.h"
@@ -17,10 +18,7 @@ namespace {
 using http_internal::BaseUrl;
 using http_internal::ConnectionPool;
 
-std::string GetEnv(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+std::string GetEnv(const char* name) { return internal::EnvVar(name); }
 
 // The first line of `path`, trimmed; kInvalidArgument when unreadable or empty.
 Result<std::string> ReadToken(const std::string& path, std::string_view where) {
