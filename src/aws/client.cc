@@ -218,16 +218,17 @@ struct JsonClient::Impl {
     for (const auto& [k, v] : req.headers)
       if (k != "Host" && k != "Content-Type") headers.emplace(k, v);
     for (const auto& [k, v] : s->headers_to_add) headers.emplace(k, v);
-    ConnectionPool::Connection c = pool.Take();
-    c->set_read_timeout(std::chrono::milliseconds(options.read_timeout_ms + std::max<int64_t>(0, extra_wait_ms)));
-    httplib::Result r = c->Post(req.path, headers, payload, service.content_type);
-    if (!r) {
-      out.failure = pool.Describe(r.error(), *c);
-      out.sent = !http_internal::FailedToConnect(r.error());
-      out.permanent = http_internal::Permanent(r.error());
+    ConnectionPool::Exchange ex = pool.Send([&](httplib::ClientImpl& c) {
+      c.set_read_timeout(std::chrono::milliseconds(options.read_timeout_ms + std::max<int64_t>(0, extra_wait_ms)));
+      return c.Post(req.path, headers, payload, service.content_type);
+    });
+    if (!ex.response) {
+      out.failure = ex.failure;
+      out.sent = ex.sent;
+      out.permanent = ex.permanent;
       return out;
     }
-    pool.GiveBack(std::move(c));
+    const httplib::Response* r = &*ex.response;
     Reply reply;
     nlohmann::json body = r->body.empty() ? nlohmann::json::object()
                                           : nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);

@@ -125,6 +125,21 @@ void ConnectionPool::GiveBack(Connection c) {
   // Otherwise `c` is closed here, outside the lock.
 }
 
+ConnectionPool::Exchange ConnectionPool::Send(const std::function<httplib::Result(httplib::ClientImpl&)>& send) {
+  Exchange out;
+  Connection c = Take();
+  httplib::Result r = send(*c);
+  if (!r) {
+    out.failure = Describe(r.error(), *c);
+    out.sent = !FailedToConnect(r.error());
+    out.permanent = Permanent(r.error());
+    return out;  // `c` is closed: httplib leaves a failed connection in no known state
+  }
+  GiveBack(std::move(c));
+  out.response = std::move(r.value());
+  return out;
+}
+
 std::string ConnectionPool::Describe(httplib::Error e, const httplib::ClientImpl& c) const {
   if (e == httplib::Error::SSLServerVerification) {
     const long v = static_cast<const httplib::SSLClient&>(c).get_openssl_verify_result();

@@ -14,8 +14,10 @@
 #include <httplib.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +87,17 @@ class ConnectionPool {
   // What a failed attempt's error means, for people (names the host, and
   // for TLS what failed in the verification).
   std::string Describe(::httplib::Error e, const ::httplib::ClientImpl& c) const;
+
+  // One request on a pooled connection, made by `send`: the answer, or why
+  // none came (and whether the request may have reached the server). An
+  // answered connection goes back to the pool.
+  struct Exchange {
+    std::optional<::httplib::Response> response;
+    std::string failure;     // no answer: what failed, for people (Describe)
+    bool sent = false;       // no answer, and the request may have been applied
+    bool permanent = false;  // no answer, and another attempt cannot mend it
+  };
+  Exchange Send(const std::function<::httplib::Result(::httplib::ClientImpl&)>& send);
 
   const BaseUrl& url() const { return url_; }
   const PoolOptions& options() const { return options_; }

@@ -107,21 +107,22 @@ struct RestClient::Impl {
 
   http_internal::Attempt<RestReply> Once(std::string_view method, const std::string& path, const std::string* payload) {
     http_internal::Attempt<RestReply> out;
-    ConnectionPool::Connection c = pool.Take();
     const std::string full = pool.url().path + path;
     const httplib::Headers headers;
     constexpr const char* kJson = "application/json";
-    httplib::Result r = method == "GET"      ? c->Get(full, headers)
-                        : method == "PUT"    ? c->Put(full, headers, *payload, kJson)
-                        : method == "DELETE" ? c->Delete(full, headers)
-                                             : c->Post(full, headers, payload ? *payload : std::string(), kJson);
-    if (!r) {
-      out.failure = pool.Describe(r.error(), *c);
-      out.sent = !http_internal::FailedToConnect(r.error());
-      out.permanent = http_internal::Permanent(r.error());
+    ConnectionPool::Exchange ex = pool.Send([&](httplib::ClientImpl& c) {
+      return method == "GET"      ? c.Get(full, headers)
+             : method == "PUT"    ? c.Put(full, headers, *payload, kJson)
+             : method == "DELETE" ? c.Delete(full, headers)
+                                  : c.Post(full, headers, payload ? *payload : std::string(), kJson);
+    });
+    if (!ex.response) {
+      out.failure = ex.failure;
+      out.sent = ex.sent;
+      out.permanent = ex.permanent;
       return out;
     }
-    pool.GiveBack(std::move(c));
+    const httplib::Response* r = &*ex.response;
     RestReply reply;
     nlohmann::json body = r->body.empty() ? nlohmann::json::object()
                                           : nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
