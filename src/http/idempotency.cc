@@ -66,6 +66,8 @@ std::string LogToken(std::string_view s) {
 thread_local const ClaimToken* g_current_claim = nullptr;
 // During a two-phase handler: where OutcomeUnknown writes its reason.
 thread_local std::optional<std::string>* g_outcome_unknown = nullptr;
+// During a two-phase handler: where NotExecuted notes that nothing was done.
+thread_local bool* g_not_executed = nullptr;
 
 // Headers that belong to one connection, not to the response: never stored.
 bool HopByHop(std::string_view name) {
@@ -105,6 +107,10 @@ const ClaimToken* CurrentClaim() { return g_current_claim; }
 
 void OutcomeUnknown(std::string why) {
   if (g_outcome_unknown != nullptr) *g_outcome_unknown = std::move(why);
+}
+
+void NotExecuted() {
+  if (g_not_executed != nullptr) *g_not_executed = true;
 }
 
 // The middleware's state and steps, out of the header.
@@ -442,9 +448,12 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
     // Execute, once.
     IDEM_KILL_POINT("http.after_claim");
     std::optional<std::string> unknown;
+    bool not_executed = false;
     g_outcome_unknown = &unknown;
+    g_not_executed = &not_executed;
     o.Execute(policy(), claim->token, ans, [&] { work(*a.req, ans, nullptr); });
     g_outcome_unknown = nullptr;
+    g_not_executed = nullptr;
     o.executed_.fetch_add(1, std::memory_order_relaxed);
     if (unknown) {
       if (policy().takeover == RoutePolicy::Takeover::kOutcomeUnknown) return Unknown(a, claim->token, ans, *unknown);
@@ -456,7 +465,7 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
                 "same-key", "1");
       return o.Say(a, "outcome-unknown", ans.status);
     }
-    if (!Kept(policy(), ans.status)) {
+    if (not_executed || !Kept(policy(), ans.status)) {
       (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(ans.status));
       return o.Say(a, "executed-not-stored", ans.status);
     }

@@ -165,7 +165,8 @@ struct Gateway::Impl {
           return;
         }
         unreached = true;
-        UpstreamDown(out, why);  // a 5xx: the key is freed
+        http::NotExecuted();  // the key is freed
+        UpstreamDown(out, why);
       });
       if (lost) {
         outcome = kUnknown;
@@ -295,6 +296,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   policy.lease_ms = options.lease_ms;
   policy.takeover = options.upstream_honours_key ? http::RoutePolicy::Takeover::kRunAgain
                                                  : http::RoutePolicy::Takeover::kOutcomeUnknown;
+  policy.store_5xx = !options.upstream_honours_key && !options.forward_again_after_5xx;
   policy.stored_headers = options.stored_headers;
   policy.max_stored_body = options.max_stored_body;
   policy.fingerprint_target = true;

@@ -32,7 +32,7 @@ namespace {
 
 // The API behind the gateway: POST/PATCH anywhere answers 201 with the call's
 // number, a Location, a Set-Cookie and a header outside the stored set;
-// /big answers a body of `big` bytes; /slow never answers before the client
+// /big answers a body of `big` bytes; /fail answers 500; /slow never answers before the client
 // gives up (its handler waits for the test's release). Every call is counted,
 // with the Idempotency-Key it carried.
 class Upstream {
@@ -49,6 +49,11 @@ class Upstream {
       if (req.path == "/slow") {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return released_; });
+        return;
+      }
+      if (req.path == "/fail") {  // fails after acting: the call is counted
+        res.status = 500;
+        res.set_content("{\"error\":\"boom\",\"call\":" + std::to_string(n) + "}", "application/json");
         return;
       }
       res.status = 201;
@@ -348,8 +353,35 @@ TEST_P(GatewayTest, AnUnreachableUpstreamFreesTheKey) {
   Reply r = Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1");
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_NE(r.body.find("upstream-unavailable"), std::string::npos) << r.body;
-  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1").status, 502);  // not 409, not unknown
+  Reply again = Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1");
+  EXPECT_EQ(again.status, 502) << again.body;          // not 409, not unknown
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "");  // tried again, not the first 502 replayed
+  EXPECT_EQ(g.gateway().counters().upstream_errors, 2u);
   EXPECT_EQ(g.gateway().counters().outcome_unknown, 0u);
+}
+
+// The upstream may have acted before it failed: its 5xx is stored and
+// replayed, and the key is not forwarded again.
+TEST_P(GatewayTest, AnUpstream5xxIsStoredAndReplayedAndNotForwardedAgain) {
+  InProcess g(StoreUrl(GetParam(), dir_), Options());
+  Reply first = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-1");
+  EXPECT_EQ(first.status, 500) << first.body;
+  Reply again = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-1");
+  EXPECT_EQ(again.status, 500) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(upstream_.calls(), 1);
+}
+
+TEST_P(GatewayTest, WithForwardAgainAfter5xxARetryAfterAnUpstream5xxIsForwarded) {
+  auto o = Options();
+  o.forward_again_after_5xx = true;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  EXPECT_EQ(Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-2").status, 500);
+  Reply again = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-2");
+  EXPECT_EQ(again.status, 500) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(upstream_.calls(), 2);
 }
 
 // ---- `idem gateway` SIGKILLed at http.before_complete: the upstream answered,

@@ -41,6 +41,7 @@ const Command& GatewayCommand() {
       "per guarded request to stderr. Stops on SIGINT/SIGTERM. See doc/gateway.md.",
       "--upstream URL [--listen HOST:PORT] [--store URL] [--methods M,...] [--paths P,...]\n"
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
+      "       [--forward-again-after-5xx]\n"
       "       [--max-stored-body BYTES] [--max-body BYTES] [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
       "       [--json] [--quiet]",
@@ -55,6 +56,9 @@ const Command& GatewayCommand() {
        {"upstream-honours-key", "", "",
         "the upstream deduplicates the forwarded Idempotency-Key itself: a key whose\n"
         "          outcome is unknown is forwarded again, with the same key"},
+       {"forward-again-after-5xx", "", "",
+        "an upstream 5xx frees its key (a retry is forwarded again); by default it is\n"
+        "          stored and replayed, since the upstream may have acted before failing"},
        {"max-stored-body", "BYTES", "1048576",
         "larger responses reach their first client but are not stored (a repeat gets 410)"},
        {"max-body", "BYTES", "1048576", "larger request bodies get 413"},
@@ -105,6 +109,7 @@ int RunGateway(const Args& args) {
   o.principal_header = args.Get("principal-header");
   o.require_key = !args.Bool("pass-keyless");
   o.upstream_honours_key = args.Bool("upstream-honours-key");
+  o.forward_again_after_5xx = args.Bool("forward-again-after-5xx");
   o.max_stored_body = static_cast<size_t>(*stored);
   o.max_body_bytes = static_cast<size_t>(*body);
   o.lease_ms = *lease;

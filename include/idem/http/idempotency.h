@@ -196,6 +196,12 @@ struct RoutePolicy {
 // into the problem's detail.
 void OutcomeUnknown(std::string why);
 
+// During a two-phase route's handler: nothing was done (what it calls was
+// never reached: the connection was refused, say). The key is released
+// whatever the answer's status, even a 5xx on a route with store_5xx, so a
+// retry with the same key runs.
+void NotExecuted();
+
 // During a route's handler: the claim it runs under (for handlers that fence
 // their own writes with it). Null outside.
 const ClaimToken* CurrentClaim();

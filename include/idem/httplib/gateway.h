@@ -77,6 +77,13 @@ class Gateway {
     // The upstream deduplicates the Idempotency-Key it is forwarded: a key
     // whose outcome is unknown is forwarded again, with the same key.
     bool upstream_honours_key = false;
+    // An upstream 5xx may come after the upstream acted (it failed on the way
+    // out), so by default it is stored and replayed like any answer and the key
+    // is not forwarded again. true: a 5xx is answered and its key freed, so a
+    // retry is forwarded again (for an upstream whose 5xx means nothing was
+    // done). With upstream_honours_key a 5xx is never stored either: the
+    // retry is forwarded with the same key and the upstream deduplicates it.
+    bool forward_again_after_5xx = false;
     // Responses with a larger body reach their first client but are not
     // stored: a repeat gets 410 response-not-stored. > 0.
     size_t max_stored_body = 1 << 20;
@@ -84,8 +91,8 @@ class Gateway {
     size_t max_body_bytes = 1 << 20;
     // Response headers stored and replayed (any case); never Set-Cookie
     // unless listed. The first client gets every header.
-    // An upstream 4xx or 5xx is answered but not stored: the key is free
-    // again and a retry is forwarded again (the middleware's rule).
+    // An upstream 4xx is answered but not stored: the key is free again and
+    // a retry is forwarded again (the middleware's rule).
     std::vector<std::string> stored_headers = {"Content-Type",  "Content-Language", "Location", "ETag",
                                                "Last-Modified", "Cache-Control",    "Link"};
     // Upstream timeouts: connecting, and each read or write of a forwarded
