@@ -107,12 +107,19 @@ ConnectionPool::Connection ConnectionPool::Open() const {
 }
 
 ConnectionPool::Connection ConnectionPool::Take() {
+  std::vector<Idle> stale;  // closed outside the lock
   {
     std::lock_guard lock(mu_);
     if (!idle_.empty()) {
-      Connection c = std::move(idle_.back());
-      idle_.pop_back();
-      return c;
+      // The last given back is the freshest: when it is stale, all are.
+      const bool fresh = options_.max_idle_ms <= 0 || std::chrono::steady_clock::now() - idle_.back().since <=
+                                                          std::chrono::milliseconds(options_.max_idle_ms);
+      if (fresh) {
+        Connection c = std::move(idle_.back().connection);
+        idle_.pop_back();
+        return c;
+      }
+      stale.swap(idle_);
     }
   }
   return Open();
@@ -120,7 +127,8 @@ ConnectionPool::Connection ConnectionPool::Take() {
 
 void ConnectionPool::GiveBack(Connection c) {
   std::unique_lock lock(mu_);
-  if (idle_.size() < static_cast<size_t>(options_.pool_size)) idle_.push_back(std::move(c));
+  if (idle_.size() < static_cast<size_t>(options_.pool_size))
+    idle_.push_back({std::move(c), std::chrono::steady_clock::now()});
   lock.unlock();
   // Otherwise `c` is closed here, outside the lock.
 }

@@ -13,6 +13,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,6 +69,9 @@ struct PoolOptions {
   int64_t read_timeout_ms = 10'000;  // also the write timeout
   int pool_size = 16;                // idle connections kept
   std::string bearer;                // "Authorization: Bearer ..." when set
+  // An idle connection kept longer than this is closed instead of reused
+  // (0: no bound): stay clear of servers that close idle connections.
+  int64_t max_idle_ms = 0;
 };
 
 class ConnectionPool {
@@ -79,6 +83,10 @@ class ConnectionPool {
   ConnectionPool& operator=(const ConnectionPool&) = delete;
 
   // An idle connection, or a new one (connects lazily, at its first request).
+  // cpp-httplib checks an idle connection before it sends on it (poll, then
+  // recv with MSG_PEEK): one the server closed (0 bytes, or an error) is
+  // replaced by a new connection, whose failure to connect is
+  // FailedToConnect: nothing was sent.
   Connection Take();
   // Back to the pool after an answered request (a connection whose request
   // failed is dropped instead: httplib leaves it in no known state).
@@ -108,7 +116,11 @@ class ConnectionPool {
   const BaseUrl url_;
   const PoolOptions options_;
   std::mutex mu_;
-  std::vector<Connection> idle_;  // guarded by mu_
+  struct Idle {
+    Connection connection;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Idle> idle_;  // guarded by mu_; the most recently given back last
 };
 
 }  // namespace idem::http_internal

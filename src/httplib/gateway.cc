@@ -32,6 +32,12 @@ bool HopByHop(std::string_view name) {
                      [&](const char* s) { return http::EqualsIgnoringCase(name, s); });
 }
 
+// A connection idle longer is not reused: upstreams close idle connections
+// after a few seconds (gunicorn 2 s, Node and cpp-httplib 5 s), and one
+// closed just as a request goes out turns that request into an unknown
+// outcome.
+constexpr int64_t kUpstreamIdleMs = 1'000;
+
 // The outcomes the latency histogram is labelled by.
 enum Outcome { kForwarded, kReplayed, kConflict, kInProgress, kUnknown, kRefused, kPassed, kUpstreamError, kOutcomes };
 constexpr std::array<const char*, kOutcomes> kOutcomeNames = {
@@ -62,8 +68,7 @@ void Counter(std::string& out, std::string_view name, std::string_view help, std
 struct Gateway::Impl {
   Options options;
   hi::BaseUrl url;
-  std::unique_ptr<hi::ConnectionPool> pool;   // plain forwards: keep-alive
-  std::unique_ptr<hi::ConnectionPool> fresh;  // guarded forwards: a new connection each (never given back)
+  std::unique_ptr<hi::ConnectionPool> pool;  // every forward: keep-alive connections
   std::unique_ptr<http::Idempotency> idempotency;
   const http::Idempotency::Route* route = nullptr;
   std::unique_ptr<Server> server;
@@ -81,11 +86,15 @@ struct Gateway::Impl {
     });
   }
 
-  // Sends `req` to the upstream. Answered: `ans` is the upstream's answer.
-  // Not answered: false, with `sent` (whether it can have reached the
-  // upstream) and `why`.
-  bool Forward(const ::httplib::Request& req, bool guarded, http::Answer& ans, bool& sent, std::string& why) {
-    hi::ConnectionPool& p = guarded ? *fresh : *pool;
+  // Sends `req` to the upstream on a keep-alive connection. Answered: `ans`
+  // is the upstream's answer. Not answered: false, with `sent` (whether it
+  // can have reached the upstream) and `why`. A kept connection the upstream
+  // has closed is never sent on: cpp-httplib checks it first (ConnectionPool::
+  // Take) and connects anew, so only a failure to connect means "not sent",
+  // and a request on a connection the upstream closes at that very moment
+  // is "sent" (doc/gateway.md).
+  bool Forward(const ::httplib::Request& req, http::Answer& ans, bool& sent, std::string& why) {
+    hi::ConnectionPool& p = *pool;
     ::httplib::Request out;
     out.method = req.method;
     out.path = url.path + (req.target.empty() ? req.path : req.target);
@@ -105,7 +114,7 @@ struct Gateway::Impl {
       why = p.Describe(r.error(), *c);
       return false;
     }
-    if (!guarded) p.GiveBack(std::move(c));
+    p.GiveBack(std::move(c));
     ans = http::Answer();
     ans.status = r->status;
     for (const auto& [k, v] : r->headers)
@@ -142,7 +151,7 @@ struct Gateway::Impl {
       bool sent = false;
       std::string why;
       passed.fetch_add(1, std::memory_order_relaxed);
-      if (!Forward(req, false, ans, sent, why)) {
+      if (!Forward(req, ans, sent, why)) {
         outcome = kUpstreamError;
         UpstreamDown(ans, why);
       }
@@ -155,7 +164,7 @@ struct Gateway::Impl {
         bool sent = false;
         std::string why;
         in_flight.fetch_add(1, std::memory_order_relaxed);
-        const bool answered = Forward(req, true, out, sent, why);
+        const bool answered = Forward(req, out, sent, why);
         in_flight.fetch_sub(1, std::memory_order_relaxed);
         if (answered || sent) forwarded.fetch_add(1, std::memory_order_relaxed);
         if (answered) return;
@@ -276,9 +285,9 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
                              .connect_timeout_ms = options.connect_timeout_ms,
                              .read_timeout_ms = options.upstream_timeout_ms,
                              .pool_size = options.threads,
-                             .bearer = ""};
+                             .bearer = "",
+                             .max_idle_ms = kUpstreamIdleMs};
   impl->pool = std::make_unique<hi::ConnectionPool>(url, pool);
-  impl->fresh = std::make_unique<hi::ConnectionPool>(url, pool);
   const std::string header = options.principal_header;
   IDEM_ASSIGN_OR_RETURN(
       impl->idempotency,

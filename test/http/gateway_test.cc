@@ -5,8 +5,10 @@
 // the throwaway PostgreSQL (CTest fixture "postgres"). The crash cases run
 // the idem command (IDEM_CLI) with a kill point armed and SIGKILL it between
 // forwarding and storing.
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include "idem/open.h"
 #include "idem/testing/throwaway.h"
 #include "postgres/pg_test_util.h"
+#include "util/test_servers.h"
 
 extern char** environ;
 
@@ -513,6 +516,126 @@ TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
   o = {.upstream = "http://127.0.0.1:9", .claims = nullptr};
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+}
+
+// ---- Guarded forwards on keep-alive connections.
+
+// Guarded requests one after another reuse the upstream's keep-alive
+// connection (they used to open one each).
+TEST(GatewayKeepAlive, GuardedForwardsReuseKeepAliveConnections) {
+  TempDir dir;
+  LoopbackServer upstream(8);
+  upstream.server().set_keep_alive_max_count(100);  // cpp-httplib's 5 would close every fifth
+  std::atomic<int> calls{0};
+  upstream.server().Post(".*", [&](const ::httplib::Request&, ::httplib::Response& res) {
+    ++calls;
+    res.status = 201;
+    res.set_content("{}", "application/json");
+  });
+  upstream.Start();
+  idem::httplib::Gateway::Options o;
+  o.upstream = upstream.url();
+  InProcess g("sqlite:" + dir.File("gateway.db"), o);
+  constexpr int kRequests = 20;
+  for (int i = 0; i < kRequests; ++i)
+    ASSERT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "reuse-" + std::to_string(i)).status, 201);
+  EXPECT_EQ(calls.load(), kRequests);
+  EXPECT_LE(upstream.counters().accepted, 2) << "a connection per guarded forward";
+}
+
+// An upstream that answers HTTP/1.1 (keep-alive, nothing said about closing)
+// and then closes each connection: every guarded request sent on a kept
+// connection it has closed would look sent with its answer lost. It counts
+// its connections and the keys it was sent.
+class ClosingUpstream {
+ public:
+  ClosingUpstream() : fd_(ListenOnLoopback(64, port_)) {
+    EXPECT_GE(fd_, 0) << "cannot listen on 127.0.0.1";
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ClosingUpstream() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int connections() {
+    std::lock_guard lock(mu_);
+    return connections_;
+  }
+  std::vector<std::string> keys() {
+    std::lock_guard lock(mu_);
+    return keys_;
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string in;
+      char buf[4096];
+      size_t head_end = std::string::npos;
+      ssize_t n = 0;
+      while (head_end == std::string::npos && (n = ::recv(c, buf, sizeof buf, 0)) > 0) {
+        in.append(buf, static_cast<size_t>(n));
+        head_end = in.find("\r\n\r\n");
+      }
+      if (head_end != std::string::npos) {
+        std::string key;
+        size_t length = 0;
+        std::string head = in.substr(0, head_end);
+        for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (size_t at = head.find("\r\nidempotency-key: "); at != std::string::npos)
+          key = in.substr(at + 19, in.find("\r\n", at + 2) - at - 19);
+        if (size_t at = head.find("\r\ncontent-length: "); at != std::string::npos)
+          length = std::stoul(head.substr(at + 18));
+        while (in.size() < head_end + 4 + length && (n = ::recv(c, buf, sizeof buf, 0)) > 0)
+          in.append(buf, static_cast<size_t>(n));
+        {
+          std::lock_guard lock(mu_);
+          ++connections_;
+          keys_.push_back(key);
+        }
+        const std::string body = "{\"ok\":true}";
+        const std::string out =
+            "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+            "\r\n\r\n" + body;
+        EXPECT_EQ(::send(c, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
+      }
+      ::close(c);  // without a word: the response said keep-alive
+    }
+  }
+
+  int port_ = 0;  // before fd_: the constructor sets both
+  const int fd_;
+  std::thread thread_;
+  std::mutex mu_;
+  int connections_ = 0;
+  std::vector<std::string> keys_;
+};
+
+// The gateway checks a kept connection before it sends on it: one the
+// upstream closed is replaced by a new connection, so every guarded request
+// is forwarded exactly once and none is answered outcome-unknown.
+TEST(GatewayKeepAlive, AnUpstreamThatClosesEachConnectionAfterItsAnswerLeavesNoOutcomeUnknown) {
+  TempDir dir;
+  ClosingUpstream upstream;
+  idem::httplib::Gateway::Options o;
+  o.upstream = upstream.url();
+  InProcess g("sqlite:" + dir.File("gateway.db"), o);
+  constexpr int kRequests = 30;
+  std::vector<std::string> sent;
+  for (int i = 0; i < kRequests; ++i) {
+    sent.push_back("closing-" + std::to_string(i));
+    Reply r = Send(g.port(), "POST", "/charges", R"({"a":1})", sent.back());
+    EXPECT_EQ(r.status, 201) << r.body;
+  }
+  EXPECT_EQ(upstream.keys(), sent) << "each key forwarded exactly once";
+  EXPECT_EQ(upstream.connections(), kRequests);
+  EXPECT_EQ(g.gateway().counters().outcome_unknown, 0u);
+  EXPECT_EQ(g.gateway().counters().upstream_errors, 0u);
+  EXPECT_EQ(g.gateway().counters().forwarded, static_cast<uint64_t>(kRequests));
 }
 
 }  // namespace

@@ -80,6 +80,23 @@ inline int FirstFreePort(int first) {
   return first;
 }
 
+// A TCP socket listening on 127.0.0.1 at a free port (written to `port`),
+// for a server a test writes itself; -1 when it cannot be made.
+inline int ListenOnLoopback(int backlog, int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
 // A name on a shared server (a queue, a stream, a key prefix) that no other
 // test and no other run uses: `prefix`, the running test's name, the process
 // id, the time and a random number ([A-Za-z0-9_-] only). Each call gives

@@ -446,7 +446,18 @@ const Command& BenchCommand() {
       "           a warm-up round. Prints each round's rates and the median ratio pooled/direct per workload\n"
       "           (issue 34's target: >= 0.8). --unnamed adds the direct URL with ?idem_pooler=transaction\n"
       "           (unnamed statements, no pooler). Checks every request answered 201 and one charge per key\n"
-      "           (exit 1 if not).",
+      "           (exit 1 if not).\n\n"
+      "  gateway  what idem::httplib::Gateway adds to a request, in this process: an upstream on 127.0.0.1\n"
+      "           answering POST with 201 after --upstream-delay-ms (default 5), the gateway in front of it on\n"
+      "           --store (default: a SQLite file in a temporary directory, fsync on), keep-alive clients sending\n"
+      "           straight to the upstream (direct) or through the gateway, rounds alternating the sides: first\n"
+      "           executions (a fresh Idempotency-Key each) and replays (the round's keys again; direct: the\n"
+      "           upstream answers a key it has seen at once, without its delay). Latency with one client\n"
+      "           (--latency-requests per mode and round, default 300): p50/p99 and the added latency gateway -\n"
+      "           direct; throughput with --clients (default 64; --requests per mode and round, default 2000):\n"
+      "           the median ratio gateway/direct (--rounds, default 3, after a warm-up). Prints issue 37's\n"
+      "           targets met or not; checks every answer 201, one upstream call per gateway first execution,\n"
+      "           none per replay (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"
@@ -464,7 +475,9 @@ const Command& BenchCommand() {
       "            [--group-commit G] [--rounds R] [--json]\n"
       "       idem bench pooler --direct URL --pooled URL [--workloads inbox,http|inbox|http] [--consumers C]\n"
       "            [--seconds S] [--requests N] [--connections C] [--group-commit G] [--committers C] [--fibers F]\n"
-      "            [--ids random|ordered] [--rounds R] [--unnamed] [--json]",
+      "            [--ids random|ordered] [--rounds R] [--unnamed] [--json]\n"
+      "       idem bench gateway [--store URL] [--clients C] [--upstream-delay-ms MS] [--requests N]\n"
+      "            [--latency-requests N] [--rounds R] [--json]",
       {{"store", "URL", "sqlite:idem-bench.db", "the store (sqlite:PATH, its directory must exist; or postgres://...)"},
        {"consumers", "C", "1", "threads measuring at once, each with its own connection"},
        {"retained", "N", "1000000", "markers already retained by the consumer before measuring"},
@@ -506,11 +519,16 @@ const Command& BenchCommand() {
        {"direct", "URL", "", "pooler: the PostgreSQL server, reached directly"},
        {"pooled", "URL", "", "pooler: the same server through the transaction pooler"},
        {"workloads", "W", "inbox,http", "pooler: inbox, http or both"},
-       {"requests", "N", "20000", "pooler: fresh keys per side and round (http)"},
+       {"requests", "N", "20000",
+        "pooler: fresh keys per side and round (http); gateway: requests per mode and\n"
+        "          round with --clients (default 2000)"},
        {"connections", "C", "16", "pooler: keep-alive connections sending them"},
        {"committers", "C", "1", "pooler: the provider's group committers"},
        {"fibers", "F", "1", "pooler: the provider's fiber threads (0: a thread per request)"},
-       {"unnamed", "", "", "pooler: a third side, --direct with ?idem_pooler=transaction"}},
+       {"unnamed", "", "", "pooler: a third side, --direct with ?idem_pooler=transaction"},
+       {"clients", "C", "64", "gateway: keep-alive clients at once for throughput"},
+       {"upstream-delay-ms", "MS", "5", "gateway: how long the upstream works on a first execution"},
+       {"latency-requests", "N", "300", "gateway: requests per mode and round with one client"}},
       /*max_positional=*/1};
   return c;
 }
@@ -521,14 +539,14 @@ int RunBench(const Args& args) {
     return Fail("bench",
                 Status::InvalidArgument(
                     "missing subcommand: expected marker, peers, purge, claims, source, call-first, outbox-add, relay, "
-                    "observer, webhooks or pooler (see idem bench --help)"));
+                    "observer, webhooks, pooler or gateway (see idem bench --help)"));
   if (pos[0] != "marker" && pos[0] != "peers" && pos[0] != "purge" && pos[0] != "claims" && pos[0] != "source" &&
       pos[0] != "call-first" && pos[0] != "outbox-add" && pos[0] != "relay" && pos[0] != "observer" &&
-      pos[0] != "webhooks" && pos[0] != "pooler")
+      pos[0] != "webhooks" && pos[0] != "pooler" && pos[0] != "gateway")
     return Fail("bench", Status::InvalidArgument("unknown subcommand '" + pos[0] +
                                                  "': expected marker, peers, purge, claims, source, call-first, "
-                                                 "outbox-add, relay, observer, webhooks or pooler (see idem bench "
-                                                 "--help)"));
+                                                 "outbox-add, relay, observer, webhooks, pooler or gateway (see idem "
+                                                 "bench --help)"));
   if (pos.size() > 1) return Fail("bench " + pos[0], Status::InvalidArgument("unexpected argument '" + pos[1] + "'"));
   if (pos[0] == "purge") return RunBenchPurge(args);
   if (pos[0] == "claims") return RunBenchClaims(args);
@@ -544,7 +562,10 @@ int RunBench(const Args& args) {
 #if IDEM_HAVE_HTTP
   if (pos[0] == "call-first") return RunBenchCallFirst(args);
   if (pos[0] == "pooler") return RunBenchPooler(args);
+  if (pos[0] == "gateway") return RunBenchGateway(args);
 #else
+  if (pos[0] == "gateway")  // the gateway is the cpp-httplib adapter's
+    return Fail("bench gateway", NotBuilt("idem bench gateway", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
   if (pos[0] == "pooler")  // its second workload is the provider, served over HTTP
     return Fail("bench pooler", NotBuilt("idem bench pooler", "IDEM_WITH_HTTP=ON -DIDEM_WITH_HTTPLIB"));
   if (pos[0] == "call-first")  // its provider is served over HTTP

@@ -22,6 +22,7 @@ int RunBenchCallFirst(const Args& args);  // idem bench call-first (bench_call_f
 int RunBenchWebhooks(const Args& args);   // idem bench webhooks (bench_webhooks.cc)
 int RunBenchOutbox(const Args& args);     // idem bench outbox-add and relay (bench_outbox.cc)
 int RunBenchPooler(const Args& args);     // idem bench pooler (bench_pooler.cc)
+int RunBenchGateway(const Args& args);    // idem bench gateway (bench_gateway.cc)
 // How many 4 KiB write + fdatasync cycles the disk holding `dir` completes per
 // second, over `seconds`: the ceiling of durable commits (one fdatasync each)
 // per second (bench.cc).

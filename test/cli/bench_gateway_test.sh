@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `idem bench gateway`, tiny, on SQLite (a temporary directory of its own):
+# exit 0, one JSON object on stdout whose fields are all there and whose
+# counts add up; no timing is checked.
+#   bench_gateway_test.sh IDEM
+set -euo pipefail
+IDEM=$1
+out=$("$IDEM" bench gateway --rounds 1 --requests 20 --latency-requests 5 --clients 4 --upstream-delay-ms 1 --json)
+echo "$out"
+fail() { echo "bench_gateway_test: $*" >&2; exit 1; }
+[ "$(printf '%s\n' "$out" | wc -l)" = 1 ] || fail "not one line of JSON"
+has() { printf '%s' "$out" | grep -Eq -- "$1" || fail "no match for $1"; }
+has '^\{"bench":"gateway",'
+has '"store":"sqlite"'
+has '"upstream_delay_ms":1[,}]'
+has '"clients":4[,}]'
+# Per mode, warm-up (5 + 20) and measured (5 + 20) requests: 50 each.
+for m in direct_first gateway_first direct_replay gateway_replay; do
+  has "\"$m\":\\{\"p50_ms\":[0-9.e+-]+,\"p99_ms\":[0-9.e+-]+,\"requests\":5\\}"
+  has "\"$m\":\\{\"median_per_s\":[0-9.e+-]+,\"per_s_rounds\":\\[[0-9.e+-]+\\],\"requests\":20\\}"
+  has "\"$m\":50[,}]"
+done
+has '"added_first":\{"p50_ms":-?[0-9.e+-]+,"p99_ms":-?[0-9.e+-]+\}'
+has '"added_replay":\{"p50_ms":-?[0-9.e+-]+,"p99_ms":-?[0-9.e+-]+\}'
+has '"ratio_first":[0-9.e+-]+,"ratio_first_rounds":\[[0-9.e+-]+\],"ratio_replay":[0-9.e+-]+'
+for t in first_added_p99_ms replay_added_p99_ms throughput_ratio_first; do
+  has "\"$t\":\\{\"met\":(true|false),\"target\":[0-9.]+,\"value\":-?[0-9.e+-]+\\}"
+done
+# The counts: 200 requests, 100 at the upstream direct, 50 through the
+# gateway (its first executions, each once), 50 replayed by the gateway.
+has '"checks":\{"gateway_forwarded":50,"gateway_outcome_unknown":0,"gateway_replayed":50,"not_201":0,"ok":true,"requests":200,'
+has '"upstream_calls_direct":100,"upstream_calls_via_gateway":50,"upstream_repeats_via_gateway":0'
+# Bad flags: exit 2.
+set +e
+"$IDEM" bench gateway --clients 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--clients 0 did not exit 2"
+"$IDEM" bench gateway --store redis://x >/dev/null 2>&1; [ $? = 2 ] || fail "--store redis:// did not exit 2"
+echo "bench_gateway_test: ok"

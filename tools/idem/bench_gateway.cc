@@ -1,0 +1,429 @@
+// Copyright idem authors. SPDX-License-Identifier: Apache-2.0
+//
+// idem bench gateway: what idem::httplib::Gateway adds to a request, in one
+// process and one run. An upstream (a cpp-httplib server on 127.0.0.1 that
+// answers POST with 201 and a small JSON body after --upstream-delay-ms)
+// and a Gateway in front of it on --store; keep-alive clients send each
+// request either straight to the upstream ("direct") or through the gateway,
+// side by side, in rounds that alternate which side goes first, so machine
+// noise hits both:
+//   first   a fresh Idempotency-Key per request (through the gateway: a
+//           claim, the forward, the stored answer);
+//   replay  the keys of this round's first executions again (through the
+//           gateway: answered from the store, never forwarded; direct: the
+//           upstream answers a key it has seen at once, without its delay,
+//           the fastest replay an upstream can give, so gateway - direct is
+//           what the gateway adds: a hop and a store read).
+// Latency: one client, --latency-requests per mode and round, p50/p99 of
+// every round together and the added latency gateway - direct. Throughput:
+// --clients clients, --requests per mode and round, the median of the
+// per-round ratios gateway/direct. Checks that every request was answered
+// 201, that the upstream saw every gateway first execution once and no
+// gateway replay, and the gateway's counters; exit 1 if not.
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "components.h"
+#include "http_load.h"
+#include "idem/env.h"
+#include "idem/httplib/gateway.h"
+#include "idem/httplib/server.h"
+#include "idem/sqlite/store.h"
+#include "idem/url.h"
+
+namespace idem::cli {
+namespace {
+
+constexpr const char* kPrincipal = "Bearer sk_bench_gateway";
+// Issue 37's targets.
+constexpr double kReplayAddedP99Ms = 1.0, kFirstAddedP99Ms = 2.0, kThroughputRatio = 0.9;
+constexpr int64_t kWarmupRequests = 200;
+const std::vector<std::string> kModes = {"direct_first", "gateway_first", "direct_replay", "gateway_replay"};
+
+// The API behind the gateway. A request under /gw came through the gateway;
+// every other came direct. A key seen before is answered at once; a new
+// one after the delay.
+class Upstream {
+ public:
+  static Result<std::unique_ptr<Upstream>> Start(int threads, int64_t delay_ms) {
+    IDEM_ASSIGN_OR_RETURN(
+        auto server,
+        httplib::Server::Open({.max_connections = 4096, .max_connections_per_client = 0, .threads = threads}));
+    auto up = std::unique_ptr<Upstream>(new Upstream(std::move(server), delay_ms));
+    IDEM_RETURN_IF_ERROR(up->Listen());
+    return up;
+  }
+  ~Upstream() {
+    server_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+  struct Calls {
+    int64_t direct = 0, gateway = 0, gateway_repeats = 0;
+  };
+  Calls calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  Upstream(std::unique_ptr<httplib::Server> server, int64_t delay_ms)
+      : server_(std::move(server)), delay_ms_(delay_ms) {}
+
+  Status Listen() {
+    ::httplib::Server& native = server_->native();
+    int listen_fd = -1;
+    native.set_socket_options([&listen_fd](socket_t sock) {
+      const int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_fd = sock;
+    });
+    native.Post(".*", [this](const ::httplib::Request& req, ::httplib::Response& res) { Handle(req, res); });
+    port_ = native.bind_to_any_port("127.0.0.1");
+    if (port_ <= 0) return Status::Unavailable("upstream: cannot listen on 127.0.0.1");
+    // cpp-httplib listens with a backlog of 5: 64 clients connecting at once
+    // would find connections reset.
+    if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
+      return Status::Unavailable("upstream: cannot listen on 127.0.0.1");
+    thread_ = std::thread([this] { (void)server_->native().listen_after_bind(); });
+    while (!server_->native().is_running()) std::this_thread::yield();
+    return Status::OK();
+  }
+
+  void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
+    const std::string key = req.get_header_value("Idempotency-Key");
+    const bool via_gateway = req.path.rfind("/gw/", 0) == 0;
+    bool fresh;
+    {
+      std::lock_guard lock(mu_);
+      fresh = seen_.insert(key).second;
+      ++(via_gateway ? calls_.gateway : calls_.direct);
+      if (via_gateway && !fresh) ++calls_.gateway_repeats;
+    }
+    if (fresh && delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    res.status = 201;
+    res.set_content(R"({"id":"ch_)" + std::to_string(std::hash<std::string>{}(key) % 1000000) +
+                        R"(","object":"charge","amount":4000,"currency":"usd","status":"succeeded"})",
+                    "application/json");
+  }
+
+  std::unique_ptr<httplib::Server> server_;
+  const int64_t delay_ms_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::unordered_set<std::string> seen_;  // guarded by mu_
+  Calls calls_;                           // guarded by mu_
+};
+
+// The gateway and its store, served on a thread of its own.
+class InProcessGateway {
+ public:
+  static Result<std::unique_ptr<InProcessGateway>> Start(const std::string& store_url, int upstream_port, int threads) {
+    auto g = std::unique_ptr<InProcessGateway>(new InProcessGateway);
+    IDEM_ASSIGN_OR_RETURN(g->opened_, OpenClaimStore(store_url));
+    IDEM_ASSIGN_OR_RETURN(g->claims_, Claims::Open(*g->opened_.claims));
+    httplib::Gateway::Options o;
+    o.upstream = "http://127.0.0.1:" + std::to_string(upstream_port) + "/gw";
+    o.claims = g->claims_.get();
+    o.threads = threads;
+    o.max_connections = 4096;
+    o.max_connections_per_client = 0;  // every client is 127.0.0.1
+    IDEM_ASSIGN_OR_RETURN(g->gateway_, httplib::Gateway::Open(o));
+    g->thread_ = std::thread([raw = g.get()] { (void)raw->gateway_->Run(); });
+    while (!g->gateway_->server().native().is_running()) std::this_thread::yield();
+    return g;
+  }
+  ~InProcessGateway() {
+    if (gateway_) gateway_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Gateway& gateway() { return *gateway_; }
+  const OpenedClaims& store() const { return opened_; }
+
+ private:
+  InProcessGateway() = default;
+  OpenedClaims opened_;
+  std::unique_ptr<Claims> claims_;
+  std::unique_ptr<httplib::Gateway> gateway_;
+  std::thread thread_;
+};
+
+struct Settings {
+  std::string store_url;  // empty: a SQLite file in a temporary directory
+  int64_t clients = 64, delay_ms = 5, requests = 2000, latency_requests = 300, rounds = 3;
+  bool json = false;
+};
+
+Result<Settings> ParseSettings(const Args& args) {
+  Settings st;
+  if (args.Has("store")) st.store_url = args.Get("store");
+  auto clients = args.Has("clients") ? args.GetInt("clients", 1, 1024) : Result<int64_t>(st.clients);
+  auto delay = args.Has("upstream-delay-ms") ? args.GetInt("upstream-delay-ms", 0, 60'000) : Result<int64_t>(5);
+  auto requests = args.Has("requests") ? args.GetInt("requests", 1, 10'000'000) : Result<int64_t>(st.requests);
+  auto latency = args.Has("latency-requests") ? args.GetInt("latency-requests", 1, 10'000'000)
+                                              : Result<int64_t>(st.latency_requests);
+  auto rounds = args.Has("rounds") ? args.GetInt("rounds", 1, 1000) : Result<int64_t>(st.rounds);
+  for (const auto* r : {&clients, &delay, &requests, &latency, &rounds}) IDEM_RETURN_IF_ERROR(r->status());
+  st.clients = *clients, st.delay_ms = *delay, st.requests = *requests, st.latency_requests = *latency;
+  st.rounds = *rounds;
+  if (!st.store_url.empty() && UrlScheme(st.store_url) != "sqlite" && !IsPostgresScheme(st.store_url))
+    return Status::InvalidArgument("--store must be sqlite:PATH or postgres://..., not '" + RedactUrl(st.store_url) +
+                                   "'");
+  st.json = args.Bool("json");
+  return st;
+}
+
+// A PostgreSQL URL with a connection per gateway thread (unless it says).
+std::string WithPoolSize(const std::string& url, int64_t threads) {
+  if (!IsPostgresScheme(url) || url.find("idem_pool_size=") != std::string::npos) return url;
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + "idem_pool_size=" + std::to_string(threads);
+}
+
+// A temporary directory for the default store, removed with what it holds.
+class TempStoreDir {
+ public:
+  TempStoreDir() {
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    std::string tmpl = ((ec ? std::filesystem::path("/tmp") : tmp) / "idem-bench-gateway-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempStoreDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, i > 0 ? i - 1 : 0)];
+}
+
+std::vector<HttpPost> Posts(const std::string& prefix, int64_t n) {
+  std::vector<HttpPost> posts(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    HttpPost& p = posts[static_cast<size_t>(i)];
+    p.body = R"({"amount":4000,"currency":"usd","customer":"cus_)" + std::to_string(i % 100) + R"("})";
+    p.headers = {{"Authorization", kPrincipal}, {"Idempotency-Key", prefix + std::to_string(i)}};
+  }
+  return posts;
+}
+
+// What the rounds measured, per mode.
+struct Figures {
+  std::map<std::string, std::vector<double>> latency_ms;  // one client, every round
+  std::map<std::string, std::vector<double>> per_s;       // --clients, one rate per round
+  std::map<std::string, int64_t> sent;                    // requests, warm-up included
+  int64_t unexpected = 0;
+};
+
+// One phase of one round: first executions of both sides, then their
+// replays, the side going first alternating with `round`.
+void Phase(const Settings& st, int upstream_port, int gateway_port, const std::string& prefix, int64_t round,
+           bool latency, Figures& f) {
+  const int64_t n = round == 0 ? std::min(kWarmupRequests, latency ? st.latency_requests : st.requests)
+                    : latency  ? st.latency_requests
+                               : st.requests;
+  const int clients = latency ? 1 : static_cast<int>(st.clients);
+  const std::string tag = prefix + std::to_string(round) + (latency ? "l-" : "t-");
+  const std::map<std::string, std::vector<HttpPost>> posts = {{"direct", Posts(tag + "d-", n)},
+                                                              {"gateway", Posts(tag + "g-", n)}};
+  for (const std::string kind : {"first", "replay"}) {
+    for (int k = 0; k < 2; ++k) {
+      const std::string side = (round + k) % 2 == 0 ? "direct" : "gateway";
+      const std::string mode = side + "_" + kind;
+      std::vector<double> lat;
+      const PostedAll r = PostAll(side == "direct" ? upstream_port : gateway_port, "/charges", posts.at(side), clients,
+                                  201, "bench gateway", latency && round > 0 ? &lat : nullptr);
+      f.sent[mode] += n;
+      f.unexpected += r.unexpected;
+      if (round == 0) continue;
+      if (latency) {
+        auto& all = f.latency_ms[mode];
+        all.insert(all.end(), lat.begin(), lat.end());
+      } else {
+        f.per_s[mode].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
+      }
+    }
+  }
+}
+
+std::vector<double> Ratios(const Figures& f, const std::string& kind) {
+  std::vector<double> out;
+  const auto& g = f.per_s.at("gateway_" + kind);
+  const auto& d = f.per_s.at("direct_" + kind);
+  for (size_t i = 0; i < d.size(); ++i) out.push_back(d[i] > 0 ? g[i] / d[i] : 0);
+  return out;
+}
+
+nlohmann::json Target(double value, double target, bool at_most) {
+  return {{"value", value}, {"target", target}, {"met", at_most ? value <= target : value >= target}};
+}
+
+void PrintText(const nlohmann::json& j) {
+  std::printf("idem bench gateway: store %s (%s), upstream %lld ms, %lld rounds\n",
+              j["store"].get<std::string>().c_str(), j["durability"].get<std::string>().c_str(),
+              static_cast<long long>(j["upstream_delay_ms"].get<int64_t>()),
+              static_cast<long long>(j["rounds"].get<int64_t>()));
+  if (j.contains("fsync_per_s"))
+    std::printf("disk: %lld fdatasync/s (a first execution through the gateway commits twice)\n",
+                static_cast<long long>(j["fsync_per_s"].get<int64_t>()));
+  const auto& lat = j["latency"];
+  std::printf("latency, 1 client, %lld requests per mode:\n",
+              static_cast<long long>(lat["direct_first"]["requests"].get<int64_t>()));
+  for (const std::string& m : kModes)
+    std::printf("  %-15s p50 %7.3f ms  p99 %7.3f ms\n", m.c_str(), lat[m]["p50_ms"].get<double>(),
+                lat[m]["p99_ms"].get<double>());
+  for (const std::string kind : {"first", "replay"})
+    std::printf("  added (gateway - direct), %-6s p50 %+7.3f ms  p99 %+7.3f ms\n", kind.c_str(),
+                lat["added_" + kind]["p50_ms"].get<double>(), lat["added_" + kind]["p99_ms"].get<double>());
+  const auto& tp = j["throughput"];
+  std::printf("throughput, %lld clients, median of rounds:\n", static_cast<long long>(j["clients"].get<int64_t>()));
+  for (const std::string& m : kModes) std::printf("  %-15s %9.0f/s\n", m.c_str(), tp[m]["median_per_s"].get<double>());
+  for (const std::string kind : {"first", "replay"})
+    std::printf("  gateway/direct, %-6s %.3f (rounds %s)\n", kind.c_str(), tp["ratio_" + kind].get<double>(),
+                tp["ratio_" + kind + "_rounds"].dump().c_str());
+  const auto& t = j["targets"];
+  auto line = [](const char* what, const nlohmann::json& x, const char* unit) {
+    std::printf("  %-44s %.3f%s (target %s %.1f%s): %s\n", what, x["value"].get<double>(), unit,
+                std::string(what).find("throughput") != std::string::npos ? ">=" : "<=", x["target"].get<double>(),
+                unit, x["met"].get<bool>() ? "met" : "NOT met");
+  };
+  std::printf("targets (issue 37):\n");
+  line("p99 added, replays", t["replay_added_p99_ms"], " ms");
+  line("p99 added, first executions", t["first_added_p99_ms"], " ms");
+  line("throughput gateway/direct, first executions", t["throughput_ratio_first"], "x");
+  const auto& c = j["checks"];
+  std::printf("checks: %s\n", c.dump().c_str());
+}
+
+}  // namespace
+
+int RunBenchGateway(const Args& args) {
+  const std::string cmd = "bench gateway";
+  auto settings = ParseSettings(args);
+  if (!settings.ok()) return Fail(cmd, settings.status());
+  Settings st = *settings;
+  TempStoreDir tmp;
+  if (st.store_url.empty()) {
+    if (tmp.path().empty()) return Fail(cmd, Status::Unavailable("cannot create a temporary directory"));
+    st.store_url = "sqlite:" + tmp.path() + "/gateway.db";
+  }
+  // A thread per client for each server, and for the clients' warm-up
+  // connections; a PostgreSQL connection per gateway thread.
+  const int threads = static_cast<int>(st.clients) + 8;
+  auto upstream = Upstream::Start(threads, st.delay_ms);
+  if (!upstream.ok()) return Fail(cmd, upstream.status());
+  auto gw = InProcessGateway::Start(WithPoolSize(st.store_url, threads), (*upstream)->port(), threads);
+  if (!gw.ok()) return Fail(cmd, gw.status());
+  const int up_port = (*upstream)->port(), gw_port = (*gw)->gateway().port();
+
+  Figures f;
+  const std::string prefix = "gwb" + std::to_string(Env::Default()->NowMs()) + "-";
+  for (int64_t round = 0; round <= st.rounds; ++round) {
+    for (const bool latency : {true, false}) Phase(st, up_port, gw_port, prefix, round, latency, f);
+    if (round == 0) {
+      std::fprintf(stderr, "idem bench gateway: warmed up\n");
+      continue;
+    }
+    const size_t i = static_cast<size_t>(round - 1);
+    const double d = f.per_s["direct_first"][i], g = f.per_s["gateway_first"][i];
+    std::fprintf(stderr,
+                 "idem bench gateway: round %lld/%lld: first executions %.0f/s direct, %.0f/s gateway (%.3fx)\n",
+                 static_cast<long long>(round), static_cast<long long>(st.rounds), d, g, d > 0 ? g / d : 0);
+  }
+
+  // On SQLite, the disk's fdatasync rate: a first execution commits twice
+  // (its claim, then its answer), each with an fsync.
+  double fsync_per_s = 0;
+  if (auto o = sqlite::Store::ParseUrl(st.store_url); o.ok() && !IsPostgresScheme(st.store_url)) {
+    std::string dir = std::filesystem::path(o->path).parent_path().string();
+    auto rate = MeasureFsync(dir.empty() ? "." : dir, 0.5);
+    if (!rate.ok()) return Fail(cmd, rate.status());
+    fsync_per_s = *rate;
+  }
+
+  nlohmann::json j = {{"bench", "gateway"},
+                      {"store", (*gw)->store().kind},
+                      {"store_url", RedactUrl(st.store_url)},
+                      {"durability", (*gw)->store().durability},
+                      {"upstream_delay_ms", st.delay_ms},
+                      {"clients", st.clients},
+                      {"rounds", st.rounds},
+                      {"warmup_requests", std::min(kWarmupRequests, st.requests)}};
+  if (fsync_per_s > 0) j["fsync_per_s"] = std::llround(fsync_per_s);
+  nlohmann::json lat, tp;
+  for (const std::string& m : kModes) {
+    const auto& v = f.latency_ms[m];
+    lat[m] = {
+        {"requests", static_cast<int64_t>(v.size())}, {"p50_ms", Percentile(v, 0.5)}, {"p99_ms", Percentile(v, 0.99)}};
+    tp[m] = {{"requests", st.requests * st.rounds}, {"per_s_rounds", f.per_s[m]}, {"median_per_s", Median(f.per_s[m])}};
+  }
+  for (const std::string kind : {"first", "replay"}) {
+    for (const char* p : {"p50_ms", "p99_ms"})
+      lat["added_" + kind][p] = lat["gateway_" + kind][p].get<double>() - lat["direct_" + kind][p].get<double>();
+    const std::vector<double> ratios = Ratios(f, kind);
+    tp["ratio_" + kind + "_rounds"] = ratios;
+    tp["ratio_" + kind] = Median(ratios);
+  }
+  j["latency"] = lat;
+  j["throughput"] = tp;
+  j["targets"] = {{"replay_added_p99_ms", Target(lat["added_replay"]["p99_ms"].get<double>(), kReplayAddedP99Ms, true)},
+                  {"first_added_p99_ms", Target(lat["added_first"]["p99_ms"].get<double>(), kFirstAddedP99Ms, true)},
+                  {"throughput_ratio_first", Target(tp["ratio_first"].get<double>(), kThroughputRatio, false)}};
+
+  // The checks: every answer 201; the upstream saw each gateway first
+  // execution once and no replay; the gateway's counters agree.
+  const Upstream::Calls calls = (*upstream)->calls();
+  const httplib::Gateway::Counters c = (*gw)->gateway().counters();
+  int64_t sent = 0;
+  for (const auto& [m, n] : f.sent) sent += n;
+  const bool ok = f.unexpected == 0 && calls.gateway == f.sent["gateway_first"] && calls.gateway_repeats == 0 &&
+                  calls.direct == f.sent["direct_first"] + f.sent["direct_replay"] &&
+                  static_cast<int64_t>(c.forwarded) == f.sent["gateway_first"] &&
+                  static_cast<int64_t>(c.replayed) == f.sent["gateway_replay"] && c.outcome_unknown == 0;
+  j["checks"] = {{"requests", sent},
+                 {"sent", f.sent},
+                 {"not_201", f.unexpected},
+                 {"upstream_calls_direct", calls.direct},
+                 {"upstream_calls_via_gateway", calls.gateway},
+                 {"upstream_repeats_via_gateway", calls.gateway_repeats},
+                 {"gateway_forwarded", c.forwarded},
+                 {"gateway_replayed", c.replayed},
+                 {"gateway_outcome_unknown", c.outcome_unknown},
+                 {"ok", ok}};
+  if (st.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    PrintText(j);
+  }
+  std::fflush(stdout);
+  if (!ok) {
+    std::fprintf(stderr, "CORRECTNESS CHECK FAILED: %s\n", j["checks"].dump().c_str());
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace idem::cli
