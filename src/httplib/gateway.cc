@@ -89,8 +89,8 @@ struct Gateway::Impl {
   // Sends `req` to the upstream on a keep-alive connection. Answered: `ans`
   // is the upstream's answer. Not answered: false, with `sent` (whether it
   // can have reached the upstream) and `why`. A kept connection the upstream
-  // has closed is never sent on: cpp-httplib checks it first (ConnectionPool::
-  // Take) and connects anew, so only a failure to connect means "not sent",
+  // has closed is never sent on: cpp-httplib checks it first and connects
+  // anew (ConnectionPool::Take), so only a failure to connect means "not sent",
   // and a request on a connection the upstream closes at that very moment
   // is "sent" (doc/gateway.md).
   bool Forward(const ::httplib::Request& req, http::Answer& ans, bool& sent, std::string& why) {
