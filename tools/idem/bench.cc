@@ -452,12 +452,12 @@ const Command& BenchCommand() {
       "           --store (default: a SQLite file in a temporary directory, fsync on), keep-alive clients sending\n"
       "           straight to the upstream (direct) or through the gateway, rounds alternating the sides: first\n"
       "           executions (a fresh Idempotency-Key each) and replays (the round's keys again; direct: the\n"
-      "           upstream answers a key it has seen at once, without its delay). Latency with one client\n"
-      "           (--latency-requests per mode and round, default 300): p50/p99 and the added latency gateway -\n"
-      "           direct; throughput with --clients (default 64; --requests per mode and round, default 2000):\n"
-      "           the median ratio gateway/direct (--rounds, default 3, after a warm-up). Prints issue 37's\n"
-      "           targets met or not; checks every answer 201, one upstream call per gateway first execution,\n"
-      "           none per replay (exit 1 if not).",
+      "           upstream answers a key it has seen at once, without its delay). Latency with one client per\n"
+      "           side, requests alternating between the sides one by one (--latency-requests per mode and round,\n"
+      "           default 300): p50/p99 and the added latency gateway - direct; throughput with --clients\n"
+      "           (default 64; --requests per mode and round, default 2000): the median ratio gateway/direct\n"
+      "           (--rounds, default 3, after a warm-up). Prints issue 37's targets met or not; checks every\n"
+      "           answer 201, one upstream call per gateway first execution, none per replay (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"

@@ -14,8 +14,9 @@
 //           upstream answers a key it has seen at once, without its delay,
 //           the fastest replay an upstream can give, so gateway - direct is
 //           what the gateway adds: a hop and a store read).
-// Latency: one client, --latency-requests per mode and round, p50/p99 of
-// every round together and the added latency gateway - direct. Throughput:
+// Latency: one client to each side, requests alternating between the sides
+// one by one, --latency-requests per mode and round; p50/p99 of every round
+// together and the added latency gateway - direct. Throughput:
 // --clients clients, --requests per mode and round, the median of the
 // per-round ratios gateway/direct. Checks that every request was answered
 // 201, that the upstream saw every gateway first execution once and no
@@ -23,6 +24,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -238,33 +240,62 @@ struct Figures {
   int64_t unexpected = 0;
 };
 
+// Latency: one keep-alive client to each side, the requests alternating
+// between them one by one (which side goes first alternating too), so that
+// machine noise falls on both alike. Appends each request's time, in ms, to
+// `direct_ms` and `gateway_ms` when given.
+void Alternate(int upstream_port, int gateway_port, const std::vector<HttpPost>& direct,
+               const std::vector<HttpPost>& gateway, std::vector<double>* direct_ms, std::vector<double>* gateway_ms,
+               int64_t& unexpected) {
+  ::httplib::Client d("127.0.0.1", upstream_port), g("127.0.0.1", gateway_port);
+  for (::httplib::Client* c : {&d, &g}) {
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
+    c->set_read_timeout(60, 0);
+    (void)c->Get("/connect");  // connected before the clock starts (404)
+  }
+  const auto one = [&](::httplib::Client& c, const HttpPost& p, std::vector<double>* ms) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Post("/charges", p.headers, p.body, "application/json");
+    if (ms != nullptr)
+      ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if ((!r || r->status != 201) && unexpected++ == 0)
+      std::fprintf(stderr, "idem bench gateway: /charges answered %s\n",
+                   r ? (std::to_string(r->status) + " " + r->body).c_str() : ::httplib::to_string(r.error()).c_str());
+  };
+  for (size_t i = 0; i < direct.size(); ++i) {
+    if (i % 2 == 0) one(d, direct[i], direct_ms);
+    one(g, gateway[i], gateway_ms);
+    if (i % 2 == 1) one(d, direct[i], direct_ms);
+  }
+}
+
 // One phase of one round: first executions of both sides, then their
-// replays, the side going first alternating with `round`.
+// replays; with --clients, the side going first alternating with `round`.
 void Phase(const Settings& st, int upstream_port, int gateway_port, const std::string& prefix, int64_t round,
            bool latency, Figures& f) {
   const int64_t n = round == 0 ? std::min(kWarmupRequests, latency ? st.latency_requests : st.requests)
                     : latency  ? st.latency_requests
                                : st.requests;
-  const int clients = latency ? 1 : static_cast<int>(st.clients);
   const std::string tag = prefix + std::to_string(round) + (latency ? "l-" : "t-");
   const std::map<std::string, std::vector<HttpPost>> posts = {{"direct", Posts(tag + "d-", n)},
                                                               {"gateway", Posts(tag + "g-", n)}};
   for (const std::string kind : {"first", "replay"}) {
+    f.sent["direct_" + kind] += n;
+    f.sent["gateway_" + kind] += n;
+    if (latency) {
+      const bool keep = round > 0;
+      Alternate(upstream_port, gateway_port, posts.at("direct"), posts.at("gateway"),
+                keep ? &f.latency_ms["direct_" + kind] : nullptr, keep ? &f.latency_ms["gateway_" + kind] : nullptr,
+                f.unexpected);
+      continue;
+    }
     for (int k = 0; k < 2; ++k) {
       const std::string side = (round + k) % 2 == 0 ? "direct" : "gateway";
-      const std::string mode = side + "_" + kind;
-      std::vector<double> lat;
-      const PostedAll r = PostAll(side == "direct" ? upstream_port : gateway_port, "/charges", posts.at(side), clients,
-                                  201, "bench gateway", latency && round > 0 ? &lat : nullptr);
-      f.sent[mode] += n;
+      const PostedAll r = PostAll(side == "direct" ? upstream_port : gateway_port, "/charges", posts.at(side),
+                                  static_cast<int>(st.clients), 201, "bench gateway");
       f.unexpected += r.unexpected;
-      if (round == 0) continue;
-      if (latency) {
-        auto& all = f.latency_ms[mode];
-        all.insert(all.end(), lat.begin(), lat.end());
-      } else {
-        f.per_s[mode].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
-      }
+      if (round > 0) f.per_s[side + "_" + kind].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
     }
   }
 }

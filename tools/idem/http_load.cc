@@ -5,15 +5,13 @@
 #include <chrono>
 #include <cstdio>
 #include <latch>
-#include <mutex>
 #include <thread>
 
 namespace idem::cli {
 
 PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>& posts, int senders,
-                  int expected_status, const std::string& who, std::vector<double>* latencies_ms) {
+                  int expected_status, const std::string& who) {
   std::atomic<size_t> next{0};
-  std::mutex mu;  // latencies_ms
   std::atomic<int64_t> unexpected{0};
   // The listen backlog is short: connect before the clock starts (a request
   // the server answers 404).
@@ -21,7 +19,6 @@ PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>
   std::vector<std::thread> threads;
   for (int t = 0; t < senders; ++t) {
     threads.emplace_back([&] {
-      std::vector<double> mine;
       ::httplib::Client client("127.0.0.1", port);
       client.set_keep_alive(true);
       client.set_tcp_nodelay(true);
@@ -30,22 +27,15 @@ PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>
       }
       connected.arrive_and_wait();
       for (size_t i; (i = next++) < posts.size();) {
-        const auto sent = std::chrono::steady_clock::now();
         auto r = client.Post(path, posts[i].headers, posts[i].body, "application/json");
         for (int retry = 0; !r && retry < 2; ++retry) {
           r = client.Post(path, posts[i].headers, posts[i].body, "application/json");
         }
-        if (latencies_ms != nullptr)
-          mine.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent).count());
         if ((!r || r->status != expected_status) && unexpected++ == 0) {
           std::fprintf(
               stderr, "idem %s: %s answered %s\n", who.c_str(), path.c_str(),
               r ? (std::to_string(r->status) + " " + r->body).c_str() : ::httplib::to_string(r.error()).c_str());
         }
-      }
-      if (latencies_ms != nullptr) {
-        std::lock_guard lock(mu);
-        latencies_ms->insert(latencies_ms->end(), mine.begin(), mine.end());
       }
     });
   }

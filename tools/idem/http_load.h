@@ -30,10 +30,9 @@ struct PostedAll {
 // the time is the requests' and not the connections'. A connection the
 // server closed under a request is retried (at most twice), as a client
 // would. The first answer that is not `expected_status` goes to stderr,
-// after "idem <who>: ". With `latencies_ms`, each request's time from its
-// send to its answer (retries included) is appended to it, in milliseconds.
+// after "idem <who>: ".
 PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>& posts, int senders,
-                  int expected_status, const std::string& who, std::vector<double>* latencies_ms = nullptr);
+                  int expected_status, const std::string& who);
 
 }  // namespace idem::cli
 
