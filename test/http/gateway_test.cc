@@ -567,6 +567,11 @@ class ClosingUpstream {
     std::lock_guard lock(mu_);
     return keys_;
   }
+  // Until every connection that carried a request has been closed.
+  void WaitAllClosed() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return closed_ >= connections_; });
+  }
 
  private:
   void Serve() {
@@ -604,6 +609,9 @@ class ClosingUpstream {
         EXPECT_EQ(::send(c, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
       }
       ::close(c);  // without a word: the response said keep-alive
+      std::lock_guard lock(mu_);
+      ++closed_;
+      cv_.notify_all();
     }
   }
 
@@ -611,7 +619,8 @@ class ClosingUpstream {
   const int fd_;
   std::thread thread_;
   std::mutex mu_;
-  int connections_ = 0;
+  std::condition_variable cv_;
+  int connections_ = 0, closed_ = 0;
   std::vector<std::string> keys_;
 };
 
@@ -630,6 +639,9 @@ TEST(GatewayKeepAlive, AnUpstreamThatClosesEachConnectionAfterItsAnswerLeavesNoO
     sent.push_back("closing-" + std::to_string(i));
     Reply r = Send(g.port(), "POST", "/charges", R"({"a":1})", sent.back());
     EXPECT_EQ(r.status, 201) << r.body;
+    // The next request only once the upstream has closed this one's
+    // connection (else the two would race: the residual race of gateway.md).
+    upstream.WaitAllClosed();
   }
   EXPECT_EQ(upstream.keys(), sent) << "each key forwarded exactly once";
   EXPECT_EQ(upstream.connections(), kRequests);
