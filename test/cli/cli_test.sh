@@ -226,7 +226,7 @@ has one-dash-flag-named "$T/err" "unknown flag -j"
 check flag-as-value 2 "$IDEM" schema --store --json
 has flag-as-value-named "$T/err" "flag --store needs a value \\(URL\\), not the flag --json"
 check bench-no-subcommand 2 "$IDEM" bench
-has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay, observer, webhooks or pooler"
+has bench-no-subcommand-named "$T/err" "expected marker, peers, purge, claims, source, call-first, outbox-add, relay, observer, webhooks, pooler or gateway"
 check bench-source-bad-rate 2 "$IDEM" bench source --source "embedded:$T/bs.db?queue=q" --store "sqlite:$T/bs-store.db" --dup-rate banana
 has bench-source-bad-rate-named "$T/err" "--dup-rate must be a number in 0..1, not 'banana'"
 [ ! -e "$T/bs-store.db" ] && pass=$((pass + 1)) || { echo "FAIL bench source created a store before refusing"; fails=$((fails + 1)); }
