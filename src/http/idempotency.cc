@@ -8,6 +8,7 @@
 #include "idem/http/stored_response.h"
 
 #include "core/kill_point.h"
+#include "core/saturating.h"
 
 #include <pthread.h>
 
@@ -975,7 +976,7 @@ Result<ClaimOutcome> Idempotency::Impl::ClaimWaiting(const Admitted& a) {
   ClaimRequest once = a.claim;
   once.wait_ms = 0;
   Env* env = claims_.options().env;
-  const int64_t deadline = env->NowMs() + policy.wait_ms;
+  const int64_t deadline = idem::internal::SaturatingAdd(env->NowMs(), policy.wait_ms);
   // Taken before the first read: a completion right after it wakes the wait.
   std::unique_ptr<ClaimStore::Watch> watch = claims_.store().ClaimStore::WatchKey(once.scope, once.key);
   Result<ClaimOutcome> claim = claims_.Claim(once);

@@ -141,9 +141,9 @@ class Gateway {
     // set, `log` gets no per-request lines, only the gateway's own (a purge
     // that failed).
     struct RequestLog {
-      std::string_view method, path;
-      std::string_view key;      // the key ("" without one; a malformed one as it came)
-      std::string_view outcome;  // as in the latency histogram: forwarded, replayed, ...
+      std::string_view method{}, path{};
+      std::string_view key{};      // the key ("" without one; a malformed one as it came)
+      std::string_view outcome{};  // as in the latency histogram: forwarded, replayed, ...
       int status = 0;
       double latency_seconds = 0;
     };
