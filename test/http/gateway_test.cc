@@ -610,6 +610,47 @@ TEST_P(GatewayTest, WithWaitARepeatGets409WithRetryAfterOnceTheBoundPasses) {
   EXPECT_EQ(g.gateway().counters().in_progress, 1u);
 }
 
+// How many waiters the key records of the PostgreSQL store at `url` count:
+// each is a connection held open to LISTEN for the key's completion (the
+// store's watch).
+int StoreWatchers(const std::string& url) {
+  PGconn* c = PQconnectdb(url.c_str());
+  int n = -1;
+  if (PQstatus(c) == CONNECTION_OK) {
+    PGresult* r = PQexec(c, "SELECT coalesce(sum(waiters), 0) FROM idem_claims");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK) n = std::atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+  }
+  PQfinish(c);
+  return n;
+}
+
+TEST(GatewayWait, WaitingRepeatsHoldNoStoreConnectionOnPostgres) {
+  Upstream upstream;
+  idem::httplib::Gateway::Options o;
+  o.upstream = upstream.url();
+  o.wait_ms = 20'000;
+  const std::string url = FreshSchemaUrl();
+  InProcess g(url, o);
+  Sent first([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-3"); });
+  Until([&] { return upstream.calls() == 1; });
+  constexpr int kRepeats = 5;
+  std::vector<std::unique_ptr<Sent>> repeats;
+  for (int i = 0; i < kRepeats; ++i)
+    repeats.push_back(std::make_unique<Sent>([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-3"); }));
+  // Until every repeat waits (or one registered the store's watch instead).
+  Until([&] { return g.gateway().counters().waiting == kRepeats || StoreWatchers(url) != 0; });
+  EXPECT_EQ(StoreWatchers(url), 0) << "a waiting repeat holds a connection that LISTENs";
+  upstream.Release();
+  const Reply a = first.Get();
+  for (auto& r : repeats) {
+    const Reply b = r->Get();
+    EXPECT_EQ(b.status, a.status) << b.body;
+    EXPECT_EQ(b.Header("Idempotent-Replayed"), "true");
+  }
+  EXPECT_EQ(upstream.calls(), 1);
+}
+
 TEST(GatewayOptions, WaitAndPurgeBoundsAreChecked) {
   TempDir dir;
   auto s = OpenStore("sqlite:" + dir.File("g.db"));

@@ -73,7 +73,7 @@ const Command& GatewayCommand() {
        {"ca-file", "F", "", "CAs trusted for an https upstream (default: the system's)"},
        {"ca-dir", "D", "", "a directory of CAs trusted for an https upstream"},
        {"threads", "T", "64", "requests handled at once"},
-       {"json", "", "", "log lines as JSON objects"},
+       {"json", "", "", "one JSON object per guarded request (method, path, key, outcome, status, latency_ms)"},
        {"quiet", "", "", "no per-request log lines"},
        {"wait-ms", "N", "0",
         "a repeat while its key's first request is at the upstream waits up to N ms for\n"
