@@ -404,6 +404,13 @@ TEST_F(LiveViewTest, IdemGatewayServesThePageWithItsKeys) {
       30'000))
       << provider.Output();
   httplib::Client c("127.0.0.1", port);
+  ASSERT_TRUE(WaitFor(  // the view starts before the gateway listens
+      [&] {
+        auto r = c.Get("/metrics");
+        return r && r->status == 200;
+      },
+      30'000))
+      << gateway.Output();
   for (int i = 0; i < 3; ++i) {
     auto r = c.Post("/charges", {{"Authorization", "Bearer sk_1"}, {"Idempotency-Key", "\"live-1\""}},
                     R"({"amount": 100, "currency": "usd", "customer": "cus_1"})", "application/json");
