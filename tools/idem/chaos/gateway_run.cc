@@ -431,7 +431,10 @@ class Run {
             break;
           }
           const Answer a = Send(conns, rng, key, principal, body);
-          if (a.status == 0 || (a.status == 503 && a.body.find("store-unavailable") != std::string::npos)) {
+          if (a.status == 0 || (Retryable(a.status) && !FinalUnknown(a))) {
+            // Not an answer to compare (a client retries it): the key's
+            // record is still being written, say, or the store is away.
+            if (a.status == 409) ++tally_.in_progress;
             pause(2, 20);
             continue;
           }
