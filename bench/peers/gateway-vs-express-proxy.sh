@@ -11,12 +11,13 @@
 #      at once now and then: duplicate upstream executions counted for both;
 #   2. throughput: no faults, KEYS_T keys once each plus one repeat, one
 #      process of each, ROUNDS rounds alternating: keys/s and the ratio
-#      idem/peer (median).
+#      idem/peer per round, and the medians.
 # PostgreSQL and Redis are throwaway servers of this script
 # (scripts/test-postgres.sh, fsync on; scripts/test-redis.sh, AOF every
 # second). The npm packages are pinned (test/http/gateway_clients/npm-packages.sh).
 #   bench/peers/gateway-vs-express-proxy.sh            # the raw log: bench/results/gateway-vs-express-proxy-DATE.log
 #   KEYS=200 KILLS=5 KEYS_T=500 ROUNDS=1 bench/peers/gateway-vs-express-proxy.sh   # smoke
+#   SUMMARY_OF=LOG bench/peers/gateway-vs-express-proxy.sh   # the summary of a log again
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 IDEM=${IDEM:-$ROOT/build/tools/idem/idem}
@@ -26,9 +27,31 @@ KEYS=${KEYS:-1000}
 KILLS=${KILLS:-20}
 KEYS_T=${KEYS_T:-4000}
 CLIENTS=${CLIENTS:-16}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 SEED=${SEED:-1}
 LOG=${LOG:-$ROOT/bench/results/gateway-vs-express-proxy-$(date -u +%Y-%m-%d).log}
+# The summary of a log (stdout): duplicates of each, the keys/s of each
+# round and their ratio, the medians.
+field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
+median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+summary() {  # summary LOG
+  local side l i a b ratios=()
+  echo "== summary"
+  for side in idem-gateway peer; do
+    l=$(grep "^run=$side " "$1")
+    echo "$side: keys=$(field "$l" keys) kills=$(field "$l" kills) responses_lost=$(field "$l" responses_lost) upstream_timeouts=$(field "$l" upstream_timeouts) executions=$(field "$l" executions) duplicated_keys=$(field "$l" duplicated_keys) duplicate_executions=$(field "$l" duplicate_executions) of_them_sent_twice_at_once=$(field "$l" duplicated_twinned_keys) replay_mismatches=$(field "$l" replay_mismatches) outcome_unknown=$(field "$l" outcome_unknown) unresolved=$(field "$l" unresolved) ok=$(field "$l" ok)"
+  done
+  for i in $(grep -o '^run=idem-gateway-throughput-[0-9]*' "$1" | sed 's/.*-//'); do
+    a=$(field "$(grep "^run=idem-gateway-throughput-$i " "$1")" keys_per_s)
+    b=$(field "$(grep "^run=peer-throughput-$i " "$1")" keys_per_s)
+    ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }')")
+    echo "throughput round $i (keys/s, each key sent and repeated once): idem-gateway $a, peer $b, ratio ${ratios[-1]}x"
+  done
+  a=$(grep '^run=idem-gateway-throughput' "$1" | sed -n 's/.*"keys_per_s":\([0-9.]*\).*/\1/p' | median)
+  b=$(grep '^run=peer-throughput' "$1" | sed -n 's/.*"keys_per_s":\([0-9.]*\).*/\1/p' | median)
+  echo "throughput medians: idem-gateway $a keys/s, peer $b keys/s; median of the rounds' ratios idem/peer $(printf '%s\n' "${ratios[@]}" | median)x"
+}
+if [ -n "${SUMMARY_OF:-}" ]; then summary "$SUMMARY_OF"; exit 0; fi
 NPM_DIR=$("$ROOT/test/http/gateway_clients/npm-packages.sh")
 work=$(mktemp -d "${TMPDIR:-/tmp}/idem-gw-peer.XXXXXX")
 cleanup() {
@@ -75,20 +98,4 @@ for i in $(seq "$ROUNDS"); do
   REDIS_URL=$REDIS/1 run "peer-throughput-$i" --peer-cmd "$PEER_CMD" --peer-name "$PEER_NAME" "${quiet[@]}"
 done
 
-# The summary: duplicates of each, the median keys/s of each and the ratio.
-field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1"; }
-summary() {
-  local idem peer
-  idem=$(grep '^run=idem-gateway ' "$LOG")
-  peer=$(grep '^run=peer ' "$LOG")
-  say "== summary"
-  for side in idem peer; do
-    local l=${!side}
-    say "$side: keys=$(field "$l" keys) kills=$(field "$l" kills) responses_lost=$(field "$l" responses_lost) upstream_timeouts=$(field "$l" upstream_timeouts) executions=$(field "$l" executions) duplicated_keys=$(field "$l" duplicated_keys) duplicate_executions=$(field "$l" duplicate_executions) replay_mismatches=$(field "$l" replay_mismatches) outcome_unknown=$(field "$l" outcome_unknown) unresolved=$(field "$l" unresolved) ok=$(field "$l" ok)"
-  done
-  local a b
-  a=$(grep '^run=idem-gateway-throughput' "$LOG" | sed -n 's/.*"keys_per_s":\([0-9.]*\).*/\1/p' | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
-  b=$(grep '^run=peer-throughput' "$LOG" | sed -n 's/.*"keys_per_s":\([0-9.]*\).*/\1/p' | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
-  say "throughput (median keys/s, each key sent and repeated once): idem-gateway $a, peer $b, ratio idem/peer $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }')x"
-}
-summary
+summary "$LOG" | tee -a "$LOG"

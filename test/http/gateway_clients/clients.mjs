@@ -20,32 +20,36 @@ const { default: got } = await import(path.join(npmDir, 'node_modules', 'got', '
 const failures = [];
 const check = (ok, what) => { if (!ok) failures.push(what); };
 
-// The lossy hop: the first answer to a request carrying a key not seen
-// before is cut (RST both ways) after the gateway sent it.
-const seenKeys = new Set();
+// The lossy hop to `port`: the first answer to a request carrying a key
+// not seen before is cut (RST both ways) once it is on its way back.
 let lost = 0;
-const lossy = net.createServer((client) => {
-  const server = net.connect(Number(gatewayPort), '127.0.0.1');
-  let loseNext = false;
-  client.on('data', (d) => {
-    const m = /^idempotency-key:\s*(.+?)\r$/im.exec(d.toString('latin1'));
-    if (m && !seenKeys.has(m[1])) { seenKeys.add(m[1]); loseNext = true; }
-    server.write(d);
+async function lossyProxy(port) {
+  const seenKeys = new Set();
+  const proxy = net.createServer((client) => {
+    const server = net.connect(Number(port), '127.0.0.1');
+    let loseNext = false;
+    client.on('data', (d) => {
+      const m = /^idempotency-key:\s*(.+?)\r$/im.exec(d.toString('latin1'));
+      if (m && !seenKeys.has(m[1])) { seenKeys.add(m[1]); loseNext = true; }
+      server.write(d);
+    });
+    server.on('data', (d) => {
+      if (loseNext) {
+        loseNext = false;
+        lost += 1;
+        client.resetAndDestroy();
+        server.destroy();
+        return;
+      }
+      client.write(d);
+    });
+    const end = () => { client.destroy(); server.destroy(); };
+    client.on('error', end); server.on('error', end); client.on('close', end); server.on('close', end);
   });
-  server.on('data', (d) => {
-    if (loseNext) {
-      loseNext = false;
-      lost += 1;
-      client.resetAndDestroy();
-      server.destroy();
-      return;
-    }
-    client.write(d);
-  });
-  const end = () => { client.destroy(); server.destroy(); };
-  client.on('error', end); server.on('error', end); client.on('close', end); server.on('close', end);
-});
-await new Promise((r) => lossy.listen(0, '127.0.0.1', r));
+  await new Promise((r) => proxy.listen(0, '127.0.0.1', r));
+  return proxy;
+}
+const lossy = await lossyProxy(gatewayPort);
 const lossyPort = lossy.address().port;
 
 const N = 30;
@@ -95,6 +99,18 @@ const keys = [...stripeKeys.keys(), ...gotKeys];
 for (const k of keys) check(stats.executions[k] === 1, `upstream ran ${k} ${stats.executions[k] || 0} times, not once`);
 check(stats.total === keys.length, `upstream executions ${stats.total}, keys ${keys.length}`);
 check(lost >= 2 * N, `answers lost: ${lost}`);
+
+// The control: the same retries straight at the upstream (no gateway) run
+// each key twice, so the counts above are the gateway's doing.
+const bare = await lossyProxy(upstreamPort);
+const controlKeys = [0, 1, 2, 3].map((i) => `"control-${i}"`);
+await Promise.all(controlKeys.map((k, i) => got.post(`http://127.0.0.1:${bare.address().port}/v1/charges`, {
+  json: { amount: 3000 + i, currency: 'eur' }, headers: { 'Idempotency-Key': k },
+  retry: { limit: 8, methods: ['POST'], backoffLimit: 200 },
+})));
+const after = await got(`http://127.0.0.1:${upstreamPort}/stats`).json();
+for (const k of controlKeys) check(after.executions[k] === 2, `control: without the gateway ${k} ran ${after.executions[k]} times, 2 expected`);
+bare.close();
 
 console.log(JSON.stringify({ keys: keys.length, upstream_executions: stats.total, answers_lost: lost,
   stripe_requests: [...stripeKeys.values()].reduce((a, b) => a + b, 0),

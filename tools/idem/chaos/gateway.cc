@@ -148,6 +148,7 @@ int GatewayReport(const GatewayConfig& cfg, const GatewayResult& r) {
         .Add("executed_keys", r.executed_keys)
         .Add("duplicated_keys", r.duplicated_keys)
         .Add("duplicate_executions", r.duplicate_executions)
+        .Add("duplicated_twinned_keys", r.duplicated_twinned_keys)
         .Add("replay_mismatches", r.replay_mismatches)
         .Add("unexpected_bodies", r.unexpected_bodies)
         .Add("unexpected_statuses", r.unexpected_statuses)
@@ -173,7 +174,9 @@ int GatewayReport(const GatewayConfig& cfg, const GatewayResult& r) {
     Row("keys answered 2xx", std::to_string(r.answered_2xx));
     Row("keys answered outcome-unknown (503)", std::to_string(r.outcome_unknown));
     Row("upstream executions / keys executed", std::to_string(r.executions) + " / " + std::to_string(r.executed_keys));
-    Row("keys executed more than once", std::to_string(r.duplicated_keys) + Mark(r.duplicated_keys == 0));
+    Row("keys executed more than once (of them sent twice at once)", std::to_string(r.duplicated_keys) + " (" +
+                                                                         std::to_string(r.duplicated_twinned_keys) +
+                                                                         ")" + Mark(r.duplicated_keys == 0));
     Row("repeats not answered as the first 2xx", std::to_string(r.replay_mismatches) + Mark(r.replay_mismatches == 0));
     Row("2xx bodies the upstream never made", std::to_string(r.unexpected_bodies) + Mark(r.unexpected_bodies == 0));
     Row("unexpected answers", std::to_string(r.unexpected_statuses) + Mark(r.unexpected_statuses == 0));

@@ -63,6 +63,7 @@ struct GatewayResult {
   int64_t upstream_timeouts = 0;  // executions the upstream answered late on purpose
   int64_t executions = 0, executed_keys = 0;
   int64_t duplicated_keys = 0, duplicate_executions = 0;  // violations
+  int64_t duplicated_twinned_keys = 0;                    // of duplicated_keys: keys sent twice at once
   int64_t replay_mismatches = 0;                          // violation: a 2xx then something else
   int64_t unexpected_bodies = 0;                          // violation: a 2xx body the upstream never made
   int64_t unexpected_statuses = 0;                        // violation: an answer no client expects

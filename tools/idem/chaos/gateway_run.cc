@@ -45,6 +45,7 @@ class Upstream {
     slow_ms_ = cfg.upstream_timeout_ms + 300;
     rng_.seed(cfg.seed * 7919 + 1);
     server_.new_task_queue = [] { return new ::httplib::ThreadPool(64); };
+    server_.set_tcp_nodelay(true);
     server_.Get("/health",
                 [](const ::httplib::Request&, ::httplib::Response& res) { res.set_content("ok", "text/plain"); });
     server_.Post(".*", [this](const ::httplib::Request& req, ::httplib::Response& res) { Execute(req, res); });
@@ -119,6 +120,7 @@ struct Slot {
 struct Tally {
   std::mutex mu;
   std::map<std::string, std::set<std::string>> bodies_2xx;  // key -> the 2xx bodies clients got
+  std::set<std::string> twinned;                            // keys whose first request went twice at once
   std::map<std::string, int64_t> statuses;
   std::vector<std::string> examples;
   std::atomic<int64_t> requests{0}, twins{0}, answered_2xx{0}, outcome_unknown{0}, in_progress{0}, transport_errors{0},
@@ -335,6 +337,7 @@ class Run {
     if (!c) {
       c = std::make_unique<::httplib::Client>("127.0.0.1", TargetPort(s));
       c->set_keep_alive(true);
+      c->set_tcp_nodelay(true);  // a request's header and body go out at once
       c->set_connection_timeout(1, 0);
       c->set_read_timeout(10, 0);
     }
@@ -381,6 +384,10 @@ class Run {
     std::thread twin;
     if (cfg_.twin_rate > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < cfg_.twin_rate) {
       ++tally_.twins;
+      {
+        std::lock_guard lock(tally_.mu);
+        tally_.twinned.insert(key);
+      }
       twin = std::thread([this, key, principal, body, seed = rng()] {
         std::mt19937_64 r(seed);
         std::map<int, std::unique_ptr<::httplib::Client>> own;
@@ -491,6 +498,7 @@ class Run {
       if (bodies.size() > 1) {
         ++r.duplicated_keys;
         r.duplicate_executions += static_cast<int64_t>(bodies.size()) - 1;
+        r.duplicated_twinned_keys += tally_.twinned.count(key) > 0 ? 1 : 0;
         if (r.examples.size() < 8)
           r.examples.push_back("key " + key + ": executed " + std::to_string(bodies.size()) + " times upstream");
       }
