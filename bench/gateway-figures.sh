@@ -43,7 +43,7 @@ for store in $STORES; do
   {
     echo "# bench/gateway-figures.sh $* ($store)"
     echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -srm), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# idem $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (modified)')"
+    echo "# idem $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet -- . ':!bench/results' 2>/dev/null || echo ' (modified)')"
     echo "# $IDEM bench gateway --store $url $*"
   } | tee "$log"
   "$IDEM" bench gateway --store "$url" "$@" 2>&1 | tee -a "$log" || rc=$?
