@@ -446,6 +446,103 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   }
 }
 
+// Claims outside a transaction from many threads at once share commits:
+// while two flights are out (both stopped before they are sent), the claims
+// that come meanwhile wait, then go together in one flight, one transaction
+// (their rows carry one xmin). Each still gets its own answer and fence, a
+// key claimed twice in the group is in progress for the second caller, and
+// every completion and replay is as it would be alone.
+TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
+  Claims claims(*store_->claim_store());
+  std::mutex mu;
+  std::condition_variable cv;
+  int stopped = 0, queued = 0;
+  bool go = false;
+  auto stop = [&] {
+    std::unique_lock l(mu);
+    ++stopped;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  };
+  auto request = [](const std::string& key) {
+    return ClaimRequest{.scope = "group", .key = key, .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
+  };
+  std::vector<Result<ClaimOutcome>> got(10, Status::Internal("not run"));
+  std::vector<std::thread> threads;
+  auto claim = [&](size_t i, const std::string& key) {
+    threads.emplace_back([&, i, key] { got[i] = claims.Claim(request(key)); });
+  };
+  // Until `reached` (bounded, so that a store that never queues fails
+  // instead of hanging: then everything stopped goes on).
+  auto wait_for = [&](const std::function<bool()>& reached) {
+    std::unique_lock l(mu);
+    if (cv.wait_for(l, std::chrono::seconds(60), reached)) return true;
+    go = true;
+    cv.notify_all();
+    return false;
+  };
+  // The first flight stops at its first round trip and arms the second's stop;
+  // the second arms the count of the callers that wait.
+  ArmKillPoint("postgres.round_trip", 1, [&] {
+    ArmKillPoint("postgres.round_trip", 1, [&] {
+      ArmKillPoint("postgres.claim_queued", 8, [&] {
+        std::lock_guard l(mu);
+        queued = 8;
+        cv.notify_all();
+      });
+      stop();
+    });
+    stop();
+  });
+  claim(0, "alone-1");
+  bool reached = wait_for([&] { return stopped == 1; });
+  if (reached) claim(1, "alone-2");
+  reached = reached && wait_for([&] { return stopped == 2; });
+  // Eight callers while both flights are out.
+  for (size_t i = 2; reached && i < 10; ++i) claim(i, i == 9 ? "g-2" : "g-" + std::to_string(i));
+  reached = reached && wait_for([&] { return queued == 8; });
+  {
+    std::lock_guard l(mu);
+    go = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  DisarmKillPoints();
+  ASSERT_TRUE(reached) << "stopped " << stopped << " flights, " << queued << " callers waited for the next";
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    auto xmins = (*tx)->Query(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM idem_claims WHERE scope = 'group' AND key <> ALL("
+        "ARRAY[convert_to('alone-1', 'UTF8'), convert_to('alone-2', 'UTF8')])");
+    ASSERT_OK(xmins);
+    EXPECT_EQ(xmins->rows[0][0].AsInt(), 7);  // g-2 .. g-8
+    EXPECT_EQ(xmins->rows[0][1].AsInt(), 1);  // in one transaction
+  }
+  std::set<int64_t> fences;
+  int started = 0, in_progress = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_OK(got[i]);
+    if (got[i]->kind == ClaimOutcome::Kind::kStarted) {
+      ++started;
+      fences.insert(got[i]->token.fence);
+      ASSERT_OK(claims.Complete(got[i]->token, "done " + got[i]->token.key));
+    } else {
+      EXPECT_EQ(got[i]->kind, ClaimOutcome::Kind::kInProgress);  // g-2, claimed twice in the group
+      ++in_progress;
+    }
+  }
+  EXPECT_EQ(started, 9);
+  EXPECT_EQ(in_progress, 1);
+  EXPECT_EQ(fences.size(), 9u);
+  for (const std::string key : {"alone-1", "alone-2", "g-2", "g-3", "g-8"}) {
+    auto again = claims.Claim(request(key));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
+    EXPECT_EQ(again->result, "done " + key);
+  }
+}
+
 // A claim of a new key is one round trip (the insert reads the row instead
 // when the key is there), and so is a replay. After a run of replays the
 // store reads first (a plain read: cheaper for the server when keys are
