@@ -523,7 +523,7 @@ class PgStore final : public sql_internal::SqlStore {
     std::unique_lock lock(group_mu_);
     group_queue_.push_back(&job);
     bool queued = false;
-    while (!job.out.has_value()) {
+    while (!job.out.has_value() && !job.alone) {
       if (flights_ >= kFlights || group_queue_.empty()) {
         if (!std::exchange(queued, true) && flights_ >= kFlights) {
           lock.unlock();  // (tests count the callers that wait for the next flight)
@@ -539,16 +539,22 @@ class PgStore final : public sql_internal::SqlStore {
       group_queue_.erase(group_queue_.begin(), group_queue_.begin() + static_cast<std::ptrdiff_t>(n));
       ++flights_;
       lock.unlock();
-      std::vector<Result<Rows>> answers = Fly(group);
+      std::vector<std::optional<Result<Rows>>> answers = Fly(group);
       lock.lock();
       --flights_;
       for (size_t i = 0; i < group.size(); ++i) {
-        group[i]->out.emplace(std::move(answers[i]));
+        if (answers[i].has_value()) {
+          group[i]->out.emplace(std::move(*answers[i]));
+        } else {
+          group[i]->alone = true;
+        }
         if (group[i] != &job) group[i]->wake.notify_one();
       }
       // The first caller waiting takes the next flight.
       if (!group_queue_.empty()) group_queue_.front()->wake.notify_one();
     }
+    lock.unlock();
+    if (job.alone) return SqlStore::QueryAlone(sql, std::move(params));
     return std::move(*job.out);
   }
 
@@ -631,18 +637,23 @@ class PgStore final : public sql_internal::SqlStore {
     std::string_view sql;
     std::span<const Value> params;  // [0] the scope, [1] the key
     std::optional<Result<Rows>> out{};
-    std::condition_variable wake{};  // its answer is in, or it may fly
+    bool alone = false;              // its group was rolled back: it goes alone
+    std::condition_variable wake{};  // its answer is in (or it goes alone), or it may fly
   };
   static constexpr int kFlights = 2;
   static constexpr size_t kMaxGroup = 64;
+  static constexpr int64_t kGroupLockWaitMs = 200;
 
   // One flight of `group`'s statements (see QueryAlone): their answers, in
-  // the group's order.
-  std::vector<Result<Rows>> Fly(std::span<GroupJob* const> group) {
+  // the group's order, or none for each when the server rolled the flight
+  // back (each then goes alone, on its caller's thread: one that waits for
+  // a lock holds up no other).
+  std::vector<std::optional<Result<Rows>>> Fly(std::span<GroupJob* const> group) {
+    using Answers = std::vector<std::optional<Result<Rows>>>;
     auto lease = Take();
-    if (!lease.ok()) return std::vector<Result<Rows>>(group.size(), lease.status());
+    if (!lease.ok()) return Answers(group.size(), Result<Rows>(lease.status()));
     sql_internal::Connection& c = **lease;
-    if (group.size() == 1) return {c.Query(group[0]->sql, group[0]->params)};
+    if (group.size() == 1) return Answers{c.Query(group[0]->sql, group[0]->params)};
     std::vector<size_t> order(group.size());
     std::vector<std::pair<std::string, std::string>> keys;  // (scope, key)
     for (size_t i = 0; i < order.size(); ++i) {
@@ -650,19 +661,23 @@ class PgStore final : public sql_internal::SqlStore {
       keys.emplace_back(group[i]->params[0].AsText(), group[i]->params[1].AsText());
     }
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
-    std::vector<PgConnection::Statement> statements;
-    statements.reserve(order.size());
+    // A group waits for no lock long: a row another transaction holds (a
+    // claim in a caller's open transaction, whose thread may itself wait for
+    // this flight) would hold up every statement of the group. Past the
+    // bound the flight fails and each statement goes alone, where a wait
+    // holds up only its own caller, as without groups.
+    const Value bound[] = {std::to_string(kGroupLockWaitMs) + "ms"};
+    std::vector<PgConnection::Statement> statements{{pg_internal::kBoundLockWaits, bound}};
+    statements.reserve(order.size() + 1);
     for (size_t i : order) statements.push_back({group[i]->sql, group[i]->params});
     Result<std::vector<Rows>> together = static_cast<PgConnection&>(c).QueryTogether(statements);
-    std::vector<Result<Rows>> out(group.size(), Status::Internal("not sent"));
+    if (!together.ok() && c.Healthy() && !c.InTransaction()) return Answers(group.size());  // rolled back
+    Answers out(group.size());
     for (size_t k = 0; k < order.size(); ++k) {
-      const size_t i = order[k];
       if (together.ok()) {
-        out[i] = std::move((*together)[k]);
-      } else if (c.Healthy() && !c.InTransaction()) {
-        out[i] = c.Query(group[i]->sql, group[i]->params);  // rolled back: alone, for its own answer
+        out[order[k]].emplace(std::move((*together)[k + 1]));
       } else {
-        out[i] = together.status();
+        out[order[k]].emplace(together.status());  // the connection lost: as each alone would
       }
     }
     return out;

@@ -446,34 +446,43 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   }
 }
 
-// Claims outside a transaction from many threads at once share commits:
-// while two flights are out (both stopped before they are sent), the claims
-// that come meanwhile wait, then go together in one flight, one transaction
-// (their rows carry one xmin). Each still gets its own answer and fence, a
-// key claimed twice in the group is in progress for the second caller, and
-// every completion and replay is as it would be alone.
-TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
-  Claims claims(*store_->claim_store());
+ClaimRequest GroupRequest(const std::string& key) {
+  return ClaimRequest{.scope = "group", .key = key, .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
+}
+
+// Claims `keys` (scope "group") from a thread each so that they go in one
+// flight: two flights (keys "alone-1", "alone-2") stop before they are sent
+// while the callers of `keys` queue, then everything goes. got[0] and got[1]
+// are the lone ones, got[2 + i] keys[i]'s. `meanwhile(done)` runs once they
+// go, before the threads are joined; done(i) waits (bounded) for got[i].
+// False when the store never queued them (then nothing is left waiting).
+bool ClaimTogether(Claims& claims, const std::vector<std::string>& keys, std::vector<Result<ClaimOutcome>>& got,
+                   const std::function<void(const std::function<bool(size_t)>&)>& meanwhile = {}) {
   std::mutex mu;
   std::condition_variable cv;
-  int stopped = 0, queued = 0;
+  int stopped = 0;
+  size_t queued = 0;
   bool go = false;
+  std::vector<bool> finished(keys.size() + 2, false);
+  got.assign(keys.size() + 2, Status::Internal("not run"));
+  std::vector<std::thread> threads;
+  auto claim = [&](size_t i, const std::string& key) {
+    threads.emplace_back([&, i, key] {
+      Result<ClaimOutcome> c = claims.Claim(GroupRequest(key));
+      std::lock_guard l(mu);
+      got[i] = std::move(c);
+      finished[i] = true;
+      cv.notify_all();
+    });
+  };
   auto stop = [&] {
     std::unique_lock l(mu);
     ++stopped;
     cv.notify_all();
     cv.wait(l, [&] { return go; });
   };
-  auto request = [](const std::string& key) {
-    return ClaimRequest{.scope = "group", .key = key, .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
-  };
-  std::vector<Result<ClaimOutcome>> got(10, Status::Internal("not run"));
-  std::vector<std::thread> threads;
-  auto claim = [&](size_t i, const std::string& key) {
-    threads.emplace_back([&, i, key] { got[i] = claims.Claim(request(key)); });
-  };
-  // Until `reached` (bounded, so that a store that never queues fails
-  // instead of hanging: then everything stopped goes on).
+  // Until `reached` (bounded: a store that never queues fails the test
+  // instead of hanging it; then everything stopped goes on).
   auto wait_for = [&](const std::function<bool()>& reached) {
     std::unique_lock l(mu);
     if (cv.wait_for(l, std::chrono::seconds(60), reached)) return true;
@@ -481,13 +490,13 @@ TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
     cv.notify_all();
     return false;
   };
-  // The first flight stops at its first round trip and arms the second's stop;
-  // the second arms the count of the callers that wait.
+  // The first flight stops at its first round trip and arms the second's
+  // stop; the second arms the count of the callers that wait.
   ArmKillPoint("postgres.round_trip", 1, [&] {
     ArmKillPoint("postgres.round_trip", 1, [&] {
-      ArmKillPoint("postgres.claim_queued", 8, [&] {
+      ArmKillPoint("postgres.claim_queued", static_cast<int>(keys.size()), [&] {
         std::lock_guard l(mu);
-        queued = 8;
+        queued = keys.size();
         cv.notify_all();
       });
       stop();
@@ -498,17 +507,30 @@ TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
   bool reached = wait_for([&] { return stopped == 1; });
   if (reached) claim(1, "alone-2");
   reached = reached && wait_for([&] { return stopped == 2; });
-  // Eight callers while both flights are out.
-  for (size_t i = 2; reached && i < 10; ++i) claim(i, i == 9 ? "g-2" : "g-" + std::to_string(i));
-  reached = reached && wait_for([&] { return queued == 8; });
+  for (size_t i = 0; reached && i < keys.size(); ++i) claim(i + 2, keys[i]);
+  reached = reached && wait_for([&] { return queued == keys.size(); });
   {
     std::lock_guard l(mu);
     go = true;
   }
   cv.notify_all();
+  if (reached && meanwhile) meanwhile([&](size_t i) { return wait_for([&] { return finished[i]; }); });
   for (auto& t : threads) t.join();
   DisarmKillPoints();
-  ASSERT_TRUE(reached) << "stopped " << stopped << " flights, " << queued << " callers waited for the next";
+  return reached;
+}
+
+// Claims outside a transaction from many threads at once share commits:
+// while two flights are out (both stopped before they are sent), the claims
+// that come meanwhile wait, then go together in one flight, one transaction
+// (their rows carry one xmin). Each still gets its own answer and fence, a
+// key claimed twice in the group is in progress for the second caller, and
+// every completion and replay is as it would be alone.
+TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
+  Claims claims(*store_->claim_store());
+  std::vector<Result<ClaimOutcome>> got;
+  ASSERT_TRUE(ClaimTogether(claims, {"g-2", "g-3", "g-4", "g-5", "g-6", "g-7", "g-8", "g-2"}, got))
+      << "the callers never waited for a flight";
   {
     auto tx = store_->Begin();
     ASSERT_OK(tx);
@@ -536,11 +558,37 @@ TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
   EXPECT_EQ(in_progress, 1);
   EXPECT_EQ(fences.size(), 9u);
   for (const std::string key : {"alone-1", "alone-2", "g-2", "g-3", "g-8"}) {
-    auto again = claims.Claim(request(key));
+    auto again = claims.Claim(GroupRequest(key));
     ASSERT_OK(again);
     EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
     EXPECT_EQ(again->result, "done " + key);
   }
+}
+
+// A group does not wait long for a row another transaction holds: a key
+// claimed in a caller's open transaction, whose thread now waits for the
+// answer of another key that went in the same group, would otherwise wait
+// forever (the server sees no deadlock: the cycle runs through the client).
+// The group gives up; each claim goes alone; the free key is answered while
+// the transaction is still open, the held one once it commits.
+TEST_F(Postgres, AGroupWaitingForARowAnOpenTransactionHoldsGoesAlone) {
+  Claims claims(*store_->claim_store());
+  auto tx = store_->Begin();
+  ASSERT_OK(tx);
+  auto held = (*tx)->ClaimInTransaction(GroupRequest("held"));
+  ASSERT_OK(held);
+  ASSERT_EQ(held->kind, ClaimOutcome::Kind::kStarted);
+  std::vector<Result<ClaimOutcome>> got;
+  bool free_answered = false;
+  ASSERT_TRUE(ClaimTogether(claims, {"held", "free"}, got, [&](const std::function<bool(size_t)>& done) {
+    free_answered = done(3);  // while the transaction is open
+    EXPECT_OK((*tx)->Commit());
+  })) << "the callers never waited for a flight";
+  EXPECT_TRUE(free_answered);
+  ASSERT_OK(got[3]);
+  EXPECT_EQ(got[3]->kind, ClaimOutcome::Kind::kStarted);
+  ASSERT_OK(got[2]);
+  EXPECT_EQ(got[2]->kind, ClaimOutcome::Kind::kInProgress);  // the transaction's claim, committed
 }
 
 // A claim of a new key is one round trip (the insert reads the row instead
