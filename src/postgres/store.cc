@@ -507,9 +507,11 @@ class PgStore final : public sql_internal::SqlStore {
   }
 
   // Claim statements of concurrent callers, each committed on its own
-  // otherwise, go together: a caller flies at once while fewer than
-  // kFlights flights are out, and otherwise joins the next, which sends up
-  // to kMaxGroup in one pipelined flight whose statements form one implicit
+  // otherwise: a caller flies at once, alone, while fewer flights are out
+  // than the pool keeps connections (Options::pool_size), as it did before.
+  // Past that, where it would open a connection of its own and close it
+  // after, it joins the next flight instead, which sends up to kMaxGroup
+  // statements in one pipeline whose statements form one implicit
   // transaction: one round trip and one commit for the group. Each
   // statement still decides alone (a claim's insert-or-read, a completion's
   // fenced update); they only share the commit, which is when each caller
@@ -524,8 +526,8 @@ class PgStore final : public sql_internal::SqlStore {
     group_queue_.push_back(&job);
     bool queued = false;
     while (!job.out.has_value() && !job.alone) {
-      if (flights_ >= kFlights || group_queue_.empty()) {
-        if (!std::exchange(queued, true) && flights_ >= kFlights) {
+      if (flights_ >= options_.pool_size || group_queue_.empty()) {
+        if (!std::exchange(queued, true) && flights_ >= options_.pool_size) {
           lock.unlock();  // (tests count the callers that wait for the next flight)
           IDEM_KILL_POINT("postgres.claim_queued");
           lock.lock();
@@ -640,7 +642,6 @@ class PgStore final : public sql_internal::SqlStore {
     bool alone = false;              // its group was rolled back: it goes alone
     std::condition_variable wake{};  // its answer is in (or it goes alone), or it may fly
   };
-  static constexpr int kFlights = 2;
   static constexpr size_t kMaxGroup = 64;
   static constexpr int64_t kGroupLockWaitMs = 200;
 

@@ -451,7 +451,8 @@ ClaimRequest GroupRequest(const std::string& key) {
 }
 
 // Claims `keys` (scope "group") from a thread each so that they go in one
-// flight: two flights (keys "alone-1", "alone-2") stop before they are sent
+// flight, on a store whose pool keeps two connections: two flights (keys
+// "alone-1", "alone-2") stop before they are sent
 // while the callers of `keys` queue, then everything goes. got[0] and got[1]
 // are the lone ones, got[2 + i] keys[i]'s. `meanwhile(done)` runs once they
 // go, before the threads are joined; done(i) waits (bounded) for got[i].
@@ -520,14 +521,17 @@ bool ClaimTogether(Claims& claims, const std::vector<std::string>& keys, std::ve
   return reached;
 }
 
-// Claims outside a transaction from many threads at once share commits:
-// while two flights are out (both stopped before they are sent), the claims
-// that come meanwhile wait, then go together in one flight, one transaction
-// (their rows carry one xmin). Each still gets its own answer and fence, a
+// Claims outside a transaction from more threads at once than the pool
+// keeps connections share commits: while two flights are out on a pool of
+// two (both stopped before they are sent), the claims that come meanwhile
+// wait, then go together in one flight, one transaction (their rows carry
+// one xmin). Each still gets its own answer and fence, a
 // key claimed twice in the group is in progress for the second caller, and
 // every completion and replay is as it would be alone.
 TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
-  Claims claims(*store_->claim_store());
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
   std::vector<Result<ClaimOutcome>> got;
   ASSERT_TRUE(ClaimTogether(claims, {"g-2", "g-3", "g-4", "g-5", "g-6", "g-7", "g-8", "g-2"}, got))
       << "the callers never waited for a flight";
@@ -572,7 +576,9 @@ TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
 // The group gives up; each claim goes alone; the free key is answered while
 // the transaction is still open, the held one once it commits.
 TEST_F(Postgres, AGroupWaitingForARowAnOpenTransactionHoldsGoesAlone) {
-  Claims claims(*store_->claim_store());
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
   auto tx = store_->Begin();
   ASSERT_OK(tx);
   auto held = (*tx)->ClaimInTransaction(GroupRequest("held"));
