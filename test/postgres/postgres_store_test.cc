@@ -597,6 +597,44 @@ TEST_F(Postgres, AGroupWaitingForARowAnOpenTransactionHoldsGoesAlone) {
   EXPECT_EQ(got[2]->kind, ClaimOutcome::Kind::kInProgress);  // the transaction's claim, committed
 }
 
+// A group commits at its flight's end; a commit that fails there (here a
+// deferred constraint trigger refuses one key at commit) committed none of
+// its statements. No caller is told it holds a key that was never written:
+// the refused key is an error, the other is an error too (to retry: the
+// flight's connection is given up, as one lost) or claimed with its record
+// there; claimed again, it starts.
+TEST_F(Postgres, AGroupWhoseCommitFailsTellsNoCallerItHoldsAKeyNeverWritten) {
+  ASSERT_EQ(PgAdmin("CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                    " IF NEW.key = convert_to('poison', 'UTF8') THEN RAISE EXCEPTION 'poison refused at commit';"
+                    " END IF; RETURN NULL; END $$;"
+                    "CREATE CONSTRAINT TRIGGER refuse_poison AFTER INSERT ON idem_claims DEFERRABLE INITIALLY"
+                    " DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+                    url_),
+            "");
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  ClaimStore& claim_store = *(*store)->claim_store();
+  Claims claims(claim_store);
+  std::vector<Result<ClaimOutcome>> got;
+  ASSERT_TRUE(ClaimTogether(claims, {"poison", "ok"}, got)) << "the callers never waited for a flight";
+  EXPECT_FALSE(got[2].ok());
+  auto poison = claim_store.FindClaim("group", "poison");
+  ASSERT_OK(poison);
+  EXPECT_FALSE(poison->has_value());
+  auto ok = claim_store.FindClaim("group", "ok");
+  ASSERT_OK(ok);
+  if (got[3].ok()) {
+    EXPECT_EQ(got[3]->kind, ClaimOutcome::Kind::kStarted);
+    ASSERT_TRUE(ok->has_value());
+    EXPECT_EQ((*ok)->fence, got[3]->token.fence);
+  } else {
+    EXPECT_FALSE(ok->has_value()) << got[3].status();
+    auto again = claims.Claim(GroupRequest("ok"));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kStarted);
+  }
+}
+
 // A claim of a new key is one round trip (the insert reads the row instead
 // when the key is there), and so is a replay. After a run of replays the
 // store reads first (a plain read: cheaper for the server when keys are
