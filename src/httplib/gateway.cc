@@ -223,6 +223,12 @@ struct Gateway::Impl {
     const Server::Counters s = server->counters();
     Counter(out, "idem_http_connections_refused_total", "Connections refused over a bound.", "counter",
             static_cast<uint64_t>(s.refused));
+    Counter(out, "idem_http_proxy_refused_total",
+            "Connections closed for a PROXY header (untrusted address, malformed or missing).", "counter",
+            static_cast<uint64_t>(s.proxy_refused));
+    Counter(out, "idem_http_forwarded_for_malformed_total",
+            "Requests from a trusted proxy whose X-Forwarded-For named no client.", "counter",
+            static_cast<uint64_t>(s.forwarded_for_malformed));
     out +=
         "# HELP idem_gateway_request_seconds Time from a request's arrival to its answer, by outcome.\n"
         "# TYPE idem_gateway_request_seconds histogram\n";
@@ -303,7 +309,10 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
 
   IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.max_connections = options.max_connections,
                                                     .max_connections_per_client = options.max_connections_per_client,
-                                                    .threads = options.threads}));
+                                                    .threads = options.threads,
+                                                    .trusted_proxies = options.trusted_proxies,
+                                                    .proxy_protocol = options.proxy_protocol,
+                                                    .log = options.log}));
   ::httplib::Server& native = impl->server->native();
   // SO_REUSEADDR alone (cpp-httplib's SO_REUSEPORT would share a busy port),
   // and the socket noted: cpp-httplib 0.11 listens with a backlog of 5, and a

@@ -483,5 +483,55 @@ TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
 }
 
+// Behind a load balancer that starts each connection with a PROXY header
+// (127.0.0.2, trusted): the client it names is the one the per-client bound
+// counts and the one the upstream's X-Forwarded-For gets; a PROXY header
+// from an address not trusted closes the connection, in the metrics.
+TEST(GatewayTrustedProxy, TheClientAProxyHeaderNamesIsCountedAndForwarded) {
+  LoopbackServer echo;  // answers the X-Forwarded-For it got
+  echo.server().Post(".*", [](const ::httplib::Request& req, ::httplib::Response& res) {
+    res.status = 201;
+    res.set_content(req.get_header_value("X-Forwarded-For"), "text/plain");
+  });
+  echo.Start();
+  TempDir dir;
+  idem::httplib::Gateway::Options o{.upstream = echo.url()};
+  o.max_connections_per_client = 1;
+  o.trusted_proxies = {"127.0.0.2"};
+  o.proxy_protocol = true;
+  InProcess g("sqlite:" + dir.File("g.db"), o);
+  auto charge = [](const std::string& client, const std::string& key, bool whole) {
+    const std::string head = "PROXY TCP4 " + client + " 127.0.0.1 40000 80\r\nPOST /charges HTTP/1.1\r\nHost: x\r\n" +
+                             "Authorization: Bearer sk_1\r\nIdempotency-Key: \"" + key +
+                             "\"\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n";
+    return whole ? head + "{}" : head;
+  };
+  const std::string first = AnswerFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-1", true));
+  EXPECT_EQ(first.rfind("HTTP/1.1 201 ", 0), 0u) << first;
+  EXPECT_NE(first.find("\r\n\r\n203.0.113.7"), std::string::npos) << first;
+  const int held = SendFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-2", false));  // its body never comes
+  ASSERT_GE(held, 0);
+  std::string over;
+  while ((over = AnswerFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-3", true))).rfind("HTTP/1.1 503 ", 0) != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // until the held one is counted
+  const std::string other = AnswerFrom("127.0.0.2", g.port(), charge("198.51.100.9", "k-4", true));
+  EXPECT_EQ(other.rfind("HTTP/1.1 201 ", 0), 0u) << other;
+  EXPECT_NE(other.find("\r\n\r\n198.51.100.9"), std::string::npos) << other;
+  EXPECT_EQ(AnswerFrom("127.0.0.3", g.port(), charge("198.51.100.10", "k-5", true)), "");
+  EXPECT_EQ(g.gateway().server().counters().proxy_refused, 1);
+  EXPECT_NE(g.gateway().Metrics().find("\nidem_http_proxy_refused_total 1\n"), std::string::npos);
+  ::close(held);
+
+  TempDir other_dir;
+  auto s = OpenStore("sqlite:" + other_dir.File("g.db"));
+  ASSERT_TRUE(s.ok());
+  Claims claims(*(*s)->claim_store());
+  o.claims = &claims;
+  o.trusted_proxies = {"10.0.0.0/33"};
+  auto bad = idem::httplib::Gateway::Open(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("trusted_proxies: '10.0.0.0/33'"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -36,26 +36,6 @@ namespace {
 
 constexpr char kCharge[] = R"({"amount":4000,"currency":"usd","customer":"cus_1"})";
 
-// A TCP connection to 127.0.0.1:port from `source` (an address of 127/8);
-// -1 when it cannot be made.
-int ConnectFrom(const char* source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Whether the server closed `fd` (or reset it): what it sent is read away.
 bool ClosedByServer(int fd) {
   char buf[4096];
@@ -332,15 +312,6 @@ TEST_P(HostileMiddlewareTest, AConnectionFloodStarvesNoRequest) {
 }
 
 // The server's own cases, with requests on threads and on fibers.
-// Reads what the server sends on `fd` until it closes.
-std::string ReadToClose(int fd) {
-  std::string out;
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  return out;
-}
-
 class HostileServerTest : public ::testing::TestWithParam<Serving> {
  protected:
   void Start(idem::httplib::Server::Options options) {
@@ -511,23 +482,6 @@ TEST_P(HostileServerTest, ATaskQueueSetOnNativeStillServes) {
   EXPECT_EQ(server_->counters().open, 0);
 }
 
-// Behind trusted proxies: a connection from `from` that has sent `bytes`.
-int SendFrom(const char* from, int port, const std::string& bytes) {
-  const int fd = ConnectFrom(from, port);
-  if (fd >= 0 && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-// What the server answers to `bytes` sent from `from` (until it closes).
-std::string AnswerFrom(const char* from, int port, const std::string& bytes) {
-  const int fd = SendFrom(from, port, bytes);
-  if (fd < 0) return "(no connection)";
-  std::string answer = ReadToClose(fd);
-  ::close(fd);
-  return answer;
-}
 // A whole request for GET `path` (the connection closed after it), with
 // X-Forwarded-For `xff` unless empty.
 std::string Get(const std::string& path, const std::string& xff = "") {

@@ -43,7 +43,7 @@ const Command& GatewayCommand() {
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
       "       [--max-stored-body BYTES] [--max-body BYTES] [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
-      "       [--json] [--quiet]",
+      "       [--trusted-proxy CIDR]... [--proxy-protocol] [--json] [--quiet]",
       {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
        {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-gateway.db", "keys and stored responses: sqlite:PATH or postgres://..."},
@@ -67,6 +67,11 @@ const Command& GatewayCommand() {
        {"ca-file", "F", "", "CAs trusted for an https upstream (default: the system's)"},
        {"ca-dir", "D", "", "a directory of CAs trusted for an https upstream"},
        {"threads", "T", "64", "requests handled at once"},
+       {"trusted-proxy", "CIDR", "",
+        "a load balancer's address or CIDR block (repeatable): the per-client connection bound\n"
+        "          counts the client it names in X-Forwarded-For (or the PROXY header)",
+        true},
+       {"proxy-protocol", "", "", "trusted proxies start each connection with a PROXY header (v1 or v2)"},
        {"json", "", "", "log lines as JSON objects"},
        {"quiet", "", "", "no per-request log lines"}}};
   return c;
@@ -93,7 +98,17 @@ int RunGateway(const Args& args) {
   for (const auto* r : {&stored, &body, &threads})
     if (!r->ok()) return Fail(cmd, r->status());
 
+  const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
+  for (const std::string& t : trusted)
+    if (!httplib::Server::Check({.trusted_proxies = {t}}).ok())
+      return Fail(cmd, Status::InvalidArgument("--trusted-proxy: '" + t +
+                                               "' is not an IP address or CIDR block (10.0.0.0/8, fd00::/8)"));
+  if (args.Bool("proxy-protocol") && trusted.empty())
+    return Fail(cmd, Status::InvalidArgument("--proxy-protocol needs --trusted-proxy (the proxies that send it)"));
+
   httplib::Gateway::Options o;
+  o.trusted_proxies = trusted;
+  o.proxy_protocol = args.Bool("proxy-protocol");
   o.upstream = args.Get("upstream");
   o.host = host_port->first;
   o.port = host_port->second;

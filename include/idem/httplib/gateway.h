@@ -104,13 +104,21 @@ class Gateway {
     // none.
     std::string metrics_path = "/metrics";
     // Requests handled at once, and the connection bounds
-    // (Server::Options: threads, max_connections, max_connections_per_client;
-    // 0 per client behind a load balancer, where every client has its address).
+    // (Server::Options: threads, max_connections, max_connections_per_client).
     int threads = 64;
     int max_connections = 1024;
     int max_connections_per_client = 256;
+    // Behind load balancers: the proxies whose word about the client is
+    // taken (addresses or CIDR blocks), so max_connections_per_client counts
+    // the client they name, from X-Forwarded-For or, with proxy_protocol,
+    // the PROXY header they start each connection with (Server::Options,
+    // idem/httplib/server.h: the rule). The upstream's X-Forwarded-For gets
+    // the PROXY header's client appended (the peer's otherwise).
+    std::vector<std::string> trusted_proxies{};
+    bool proxy_protocol = false;
     // Optional: one line per guarded request (method, path, key, outcome,
-    // status); client text quoted and escaped.
+    // status), and per connection or request the trusted-proxy rule refused
+    // or could not attribute; client text quoted and escaped.
     std::function<void(const std::string& line)> log{};
   };
 

@@ -66,11 +66,12 @@
 //     for the proxy's own address. Between requests, and while a head
 //     arrives, such a connection counts toward max_connections only (a head
 //     still has request_deadline_ms).
-//   - A connection that starts with a PROXY header from an address that is
-//     not trusted, or from a trusted proxy with a malformed header or none,
-//     is closed unanswered (Counters::proxy_refused, Options::log). An
-//     untrusted peer's X-Forwarded-For is ignored: it counts for its own
-//     address, whatever it says.
+//   - With proxy_protocol, a connection that starts with a PROXY header
+//     from an address that is not trusted, or a trusted proxy's with a
+//     malformed header or none, is closed unanswered
+//     (Counters::proxy_refused, Options::log). An untrusted peer's
+//     X-Forwarded-For is ignored: it counts for its own address, whatever
+//     it says.
 //
 // Thread safety: configure (native(), set_fibers) before listen; Stop() and counters()
 // from any thread.
