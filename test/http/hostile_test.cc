@@ -338,6 +338,15 @@ class HostileServerTest : public ::testing::TestWithParam<Serving> {
       log_.push_back(line);
     };
   }
+  // Two connections (or requests) per client, 127.0.0.2 a trusted proxy,
+  // slow requests held for the test's length, the log kept.
+  idem::httplib::Server::Options BehindProxy(bool proxy_protocol) {
+    return {.request_deadline_ms = 60'000,
+            .max_connections_per_client = 2,
+            .trusted_proxies = {"127.0.0.2"},
+            .proxy_protocol = proxy_protocol,
+            .log = Logger()};
+  }
   // How many log lines contain `text`.
   int Logged(const std::string& text) {
     std::lock_guard lock(log_mu_);
@@ -611,11 +620,7 @@ TEST_P(HostileServerTest, ProxyProtocolNamesEachConnectionsClient) {
 // whatever its X-Forwarded-For says; its PROXY header (v1 or v2) closes the
 // connection unanswered, named in the counters and the log.
 TEST_P(HostileServerTest, AnUntrustedPeerCannotSpoofItsWayPastItsBound) {
-  Start({.request_deadline_ms = 60'000,
-         .max_connections_per_client = 2,
-         .trusted_proxies = {"127.0.0.2"},
-         .proxy_protocol = true,
-         .log = Logger()});
+  Start(BehindProxy(/*proxy_protocol=*/true));
   const int port = server_->port();
   std::vector<int> held;
   for (const char* xff : {"198.51.100.1", "198.51.100.2"}) held.push_back(SendFrom("127.0.0.3", port, SlowPost(xff)));
@@ -636,11 +641,7 @@ TEST_P(HostileServerTest, AnUntrustedPeerCannotSpoofItsWayPastItsBound) {
 // through a proxy that did not append) is named and counts for the proxy's
 // own address: it cannot mint a client per request.
 TEST_P(HostileServerTest, MalformedProxyHeadersAndForwardedForAreNamedAndHarmless) {
-  Start({.request_deadline_ms = 60'000,
-         .max_connections_per_client = 2,
-         .trusted_proxies = {"127.0.0.2"},
-         .proxy_protocol = true,
-         .log = Logger()});
+  Start(BehindProxy(/*proxy_protocol=*/true));
   const int port = server_->port();
   for (const std::string& bad :
        {std::string("PROXY TCP4 999.1.1.1 127.0.0.1 1 80\r\n"), std::string("PROXY TCP4 1.2.3.4 127.0.0.1 1 80 x\r\n"),
@@ -654,10 +655,7 @@ TEST_P(HostileServerTest, MalformedProxyHeadersAndForwardedForAreNamedAndHarmles
 
   // The same proxy, without PROXY protocol.
   server_.reset();
-  Start({.request_deadline_ms = 60'000,
-         .max_connections_per_client = 2,
-         .trusted_proxies = {"127.0.0.2"},
-         .log = Logger()});
+  Start(BehindProxy(/*proxy_protocol=*/false));
   const int plain = server_->port();
   for (const char* xff : {"unknown", "<script>alert(1)</script>", "203.0.113.7, ", "999.1.1.1"})
     EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", plain, Get("/health", xff)), 200)) << xff;
