@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -463,6 +464,49 @@ TEST_P(GatewayTest, AGatewayKilledBetweenForwardingAndStoringNeverForwardsTheKey
 
 TEST_P(GatewayTest, AGatewayKilledBetweenForwardingAndStoringForwardsAgainWhenTheUpstreamHonoursKeys) {
   KilledBetweenForwardingAndStoring(StoreUrl(GetParam(), dir_), upstream_, true);
+}
+
+// A body over the in-memory bound (max_body_bytes), up to max_spooled_body,
+// is spooled while its fingerprint is computed, then forwarded once from
+// the file, whole; its repeat is replayed, the key with a changed body is
+// 422, a body over the spool bound 413. Unguarded, it is streamed through.
+TEST_P(GatewayTest, ABodyOverTheInMemoryBoundIsSpooledForwardedOnceAndReplayed) {
+  auto o = Options();
+  o.paths = {"/charges"};
+  o.max_body_bytes = 1024;
+  o.max_spooled_body = 1 << 20;
+  o.spool_dir = dir_.path();
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  const std::string blob(300'000, 'a');
+  const std::string big = R"({"blob":")" + blob + R"("})";
+  Reply first = Send(g.port(), "POST", "/charges", big, "big-1");
+  ASSERT_EQ(first.status, 201) << first.body.substr(0, 500);
+  EXPECT_EQ(first.body, R"({"call":1,"echo":)" + big + "}");  // the upstream got it whole
+  Reply again = Send(g.port(), "POST", "/charges", big, "big-1");
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.body, first.body);
+  std::string changed = big;
+  changed[100'000] = 'b';
+  Reply reused = Send(g.port(), "POST", "/charges", changed, "big-1");
+  EXPECT_EQ(reused.status, 422) << reused.body;
+  EXPECT_EQ(upstream_.calls(), 1);
+  // Small bodies are still read whole and canonicalised: spacing is the same body.
+  ASSERT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":1})", "small-1").status, 201);
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({ "amount" : 1 })", "small-1").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(upstream_.calls(), 2);
+  const std::string huge = R"({"blob":")" + std::string(2 << 20, 'c') + R"("})";
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", huge, "huge-1").status, 413);
+  // Unguarded (outside --paths): streamed straight through, every time.
+  for (int i = 0; i < 2; ++i) {
+    Reply passed = Send(g.port(), "POST", "/uploads", big, "");
+    ASSERT_EQ(passed.status, 201) << passed.body.substr(0, 500);
+    EXPECT_EQ(passed.body, R"({"call":)" + std::to_string(3 + i) + R"(,"echo":)" + big + "}");
+  }
+  EXPECT_EQ(upstream_.calls(), 4);
+  EXPECT_EQ(g.gateway().counters().passed, 2u);
+  for (const auto& f : std::filesystem::directory_iterator(dir_.path()))  // spool files leave nothing behind
+    EXPECT_EQ(f.path().filename().string().rfind("idem-gateway-body", 0), std::string::npos) << f.path();
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, GatewayTest, ::testing::Values("sqlite", "postgres"));

@@ -41,7 +41,8 @@ const Command& GatewayCommand() {
       "per guarded request to stderr. Stops on SIGINT/SIGTERM. See doc/gateway.md.",
       "--upstream URL [--listen HOST:PORT] [--store URL] [--methods M,...] [--paths P,...]\n"
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
-      "       [--max-stored-body BYTES] [--max-body BYTES] [--lease DURATION] [--upstream-timeout DURATION]\n"
+      "       [--max-stored-body BYTES] [--max-body BYTES] [--max-spooled-body BYTES] [--spool-dir DIR]\n"
+      "       [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
       "       [--trusted-proxy CIDR]... [--proxy-protocol] [--json] [--quiet]",
       {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
@@ -57,7 +58,11 @@ const Command& GatewayCommand() {
         "          outcome is unknown is forwarded again, with the same key"},
        {"max-stored-body", "BYTES", "1048576",
         "larger responses reach their first client but are not stored (a repeat gets 410)"},
-       {"max-body", "BYTES", "1048576", "larger request bodies get 413"},
+       {"max-body", "BYTES", "1048576", "larger request bodies get 413 (unless spooled: --max-spooled-body)"},
+       {"max-spooled-body", "BYTES", "0",
+        "request bodies over --max-body, up to this, are spooled to a temporary file (guarded)\n"
+        "          or streamed straight through (unguarded) instead of held in memory; 0: none"},
+       {"spool-dir", "DIR", "", "where spooled bodies go (default: $TMPDIR, else /tmp)"},
        {"lease", "DURATION", "90s",
         "how long a forwarded request holds its key (more than connect-timeout + 2 x\n"
         "          upstream-timeout)"},
@@ -94,8 +99,9 @@ int RunGateway(const Args& args) {
   if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
   auto stored = args.GetInt("max-stored-body", 1, int64_t{1} << 30);
   auto body = args.GetInt("max-body", 1, int64_t{1} << 30);
+  auto spooled = args.GetInt("max-spooled-body", 0, int64_t{1} << 40);
   auto threads = args.GetInt("threads", 1, 1024);
-  for (const auto* r : {&stored, &body, &threads})
+  for (const auto* r : {&stored, &body, &spooled, &threads})
     if (!r->ok()) return Fail(cmd, r->status());
 
   const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
@@ -122,6 +128,8 @@ int RunGateway(const Args& args) {
   o.upstream_honours_key = args.Bool("upstream-honours-key");
   o.max_stored_body = static_cast<size_t>(*stored);
   o.max_body_bytes = static_cast<size_t>(*body);
+  o.max_spooled_body = static_cast<size_t>(*spooled);
+  o.spool_dir = args.Get("spool-dir");
   o.lease_ms = *lease;
   o.upstream_timeout_ms = *timeout;
   o.connect_timeout_ms = *connect;
