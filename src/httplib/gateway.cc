@@ -5,7 +5,6 @@
 // reached over http/pool.h's connections.
 #include "idem/httplib/gateway.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -106,16 +106,10 @@ class Spool {
   }
   // The SHA-256 of what was written, in hex (call once, after the last Write).
   std::string Sha256() {
-    unsigned char md[EVP_MAX_MD_SIZE];
+    Fingerprint fp{};
     unsigned int len = 0;
-    EVP_DigestFinal_ex(sha_, md, &len);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned int i = 0; i < len; ++i) {
-      hex += kHex[md[i] >> 4];
-      hex += kHex[md[i] & 0xf];
-    }
-    return hex;
+    EVP_DigestFinal_ex(sha_, fp.data(), &len);
+    return ToHex(fp);
   }
   size_t size() const { return size_; }
   // Sends [offset, offset + length) of the file to `sink`, a piece at a time.
