@@ -8,6 +8,7 @@
 #include "idem/http/stored_response.h"
 
 #include "core/kill_point.h"
+#include "core/saturating.h"
 
 #include <pthread.h>
 
@@ -24,6 +25,7 @@
 #include <set>
 #include <thread>
 
+#include "http/latency.h"
 #include "http/parker.h"
 #include "idem/message.h"
 #include "idem/store.h"
@@ -63,9 +65,38 @@ std::string LogToken(std::string_view s) {
   return out + "\"";
 }
 
+// The outcomes the request-latency histogram (Idempotency::Metrics) is
+// labelled by, and the log's outcome words that map to them; every other
+// word is a refusal before the decision ("rejected").
+enum LatencyOutcome : size_t {
+  kExecuted,
+  kReplayed,
+  kConflict,
+  kInProgress,
+  kLeaseLost,
+  kNotStored,
+  kUnknown,
+  kRejected,
+  kUnguarded
+};
+constexpr std::string_view kLatencyOutcomes[] = {"executed",        "replayed",   "conflict",
+                                                 "in_progress",     "lease_lost", "executed_not_stored",
+                                                 "outcome_unknown", "rejected",   "unguarded"};
+size_t LatencyOutcomeOf(std::string_view said) {
+  static constexpr std::pair<std::string_view, LatencyOutcome> kSaid[] = {
+      {"executed", kExecuted},      {"replayed", kReplayed},    {"conflict", kConflict},
+      {"in-progress", kInProgress}, {"lease-lost", kLeaseLost}, {"executed-not-stored", kNotStored},
+      {"outcome-unknown", kUnknown}};
+  for (const auto& [word, outcome] : kSaid)
+    if (word == said) return outcome;
+  return kRejected;
+}
+
 thread_local const ClaimToken* g_current_claim = nullptr;
 // During a two-phase handler: where OutcomeUnknown writes its reason.
 thread_local std::optional<std::string>* g_outcome_unknown = nullptr;
+// During a two-phase handler: where NotExecuted notes that nothing was done.
+thread_local bool* g_not_executed = nullptr;
 
 // Headers that belong to one connection, not to the response: never stored.
 bool HopByHop(std::string_view name) {
@@ -107,6 +138,10 @@ void OutcomeUnknown(std::string why) {
   if (g_outcome_unknown != nullptr) *g_outcome_unknown = std::move(why);
 }
 
+void NotExecuted() {
+  if (g_not_executed != nullptr) *g_not_executed = true;
+}
+
 // The middleware's state and steps, out of the header.
 struct Idempotency::Impl {
   explicit Impl(const Options& options);
@@ -115,6 +150,7 @@ struct Idempotency::Impl {
   Result<const Route*> AddRoute(std::string name, RouteKind kind, RoutePolicy policy, Store* store);
   void Serve(const Route& route, const Request& request, Answer& answer, const Work& work, const Validator& validate);
   Counters counters() const;
+  std::string Metrics() const;
 
   class TwoPhaseRoute;
   class TransactionalRoute;
@@ -148,6 +184,9 @@ struct Idempotency::Impl {
   // Runs the application's `run` (a handler, a validate); if it throws,
   // `ans` becomes a 500 problem ("<who> threw: ...") and the answer is true.
   bool Threw(const RoutePolicy& policy, std::string_view who, Answer& ans, const std::function<void()>& run);
+  // The claim of an admitted request, with the route's bounded wait for a
+  // key in progress (RoutePolicy::wait_ms, wait_poll_ms).
+  Result<ClaimOutcome> ClaimWaiting(const Admitted& a);
   // Whether the route stores a response with this status.
   static bool Kept(const RoutePolicy& policy, int status);
   // The Idempotency-Key-Retention header's value (seconds).
@@ -171,6 +210,8 @@ struct Idempotency::Impl {
   std::atomic<uint64_t> executed_{0}, replayed_{0}, conflicts_{0}, in_progress_{0}, rejected_{0};
   std::atomic<uint64_t> group_commits_{0}, grouped_requests_{0}, group_reruns_{0}, invalid_{0};
   std::atomic<uint64_t> outcome_unknown_{0}, not_stored_{0};
+  std::atomic<uint64_t> waiting_{0};
+  http_internal::LatencyByOutcome latency_{kLatencyOutcomes};
   struct KeyCount {
     int64_t counted_at_ms = -1;
     int64_t count = 0;
@@ -185,6 +226,8 @@ struct Idempotency::Impl::Admitted {
   const RoutePolicy* policy = nullptr;  // the route's
   std::string key;                      // "-" until the key is read (for the log)
   ClaimRequest claim;
+  // What became of it, for the latency histogram (set by Say).
+  mutable size_t outcome = kUnguarded;
 };
 
 // A route: its name and policy, and how it decides (one subclass per kind).
@@ -427,7 +470,7 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
 
   void Decide(const Admitted& a, Answer& ans, const Work& work) const override {
     Impl& o = owner_;
-    Result<ClaimOutcome> claim = o.claims_.Claim(a.claim);
+    Result<ClaimOutcome> claim = o.ClaimWaiting(a);
     if (o.AnswerUnstarted(a, claim, ans)) return;
     if (!o.AdmitNewKey(a, ans)) {
       (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "limit");
@@ -442,9 +485,12 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
     // Execute, once.
     IDEM_KILL_POINT("http.after_claim");
     std::optional<std::string> unknown;
+    bool not_executed = false;
     g_outcome_unknown = &unknown;
+    g_not_executed = &not_executed;
     o.Execute(policy(), claim->token, ans, [&] { work(*a.req, ans, nullptr); });
     g_outcome_unknown = nullptr;
+    g_not_executed = nullptr;
     o.executed_.fetch_add(1, std::memory_order_relaxed);
     if (unknown) {
       if (policy().takeover == RoutePolicy::Takeover::kOutcomeUnknown) return Unknown(a, claim->token, ans, *unknown);
@@ -456,7 +502,7 @@ class Idempotency::Impl::TwoPhaseRoute final : public Idempotency::Route {
                 "same-key", "1");
       return o.Say(a, "outcome-unknown", ans.status);
     }
-    if (!Kept(policy(), ans.status)) {
+    if (not_executed || !Kept(policy(), ans.status)) {
       (void)o.claims_.Fail(claim->token, FailPolicy::kRelease, "status " + std::to_string(ans.status));
       return o.Say(a, "executed-not-stored", ans.status);
     }
@@ -604,7 +650,7 @@ class Idempotency::Impl::TransactionalRoute : public Idempotency::Route {
   // handler outside its transaction, so the key is let go again and the
   // client asked to retry (409 with Retry-After).
   Result<ClaimOutcome> WaitTwoPhase(const Admitted& a) const {
-    Result<ClaimOutcome> claim = owner_.claims_.Claim(a.claim);
+    Result<ClaimOutcome> claim = owner_.ClaimWaiting(a);
     if (claim.ok() && claim->kind == ClaimOutcome::Kind::kStarted) {
       (void)owner_.claims_.Fail(claim->token, FailPolicy::kRelease, "transactional route");
       ClaimOutcome retry;
@@ -690,6 +736,7 @@ void Idempotency::Serve(const Route& route, const Request& req, Answer& ans, con
 }
 
 Idempotency::Counters Idempotency::counters() const { return impl_->counters(); }
+std::string Idempotency::Metrics() const { return impl_->Metrics(); }
 
 Result<const Idempotency::Route*> Idempotency::Impl::AddRoute(std::string name, RouteKind kind, RoutePolicy policy,
                                                               Store* store) {
@@ -700,6 +747,9 @@ Result<const Idempotency::Route*> Idempotency::Impl::AddRoute(std::string name, 
   if (policy.wait_ms < 0)
     return Status::InvalidArgument(where + "RoutePolicy::wait_ms cannot be negative, got " +
                                    std::to_string(policy.wait_ms));
+  if (policy.wait_poll_ms < 0)
+    return Status::InvalidArgument(where + "RoutePolicy::wait_poll_ms cannot be negative, got " +
+                                   std::to_string(policy.wait_poll_ms));
   std::unique_ptr<Route> route;
   switch (kind) {
     case RouteKind::kTwoPhase:
@@ -741,10 +791,14 @@ Result<Handler> Idempotency::WrapInTransaction(std::string route, RoutePolicy po
 
 void Idempotency::Impl::Serve(const Route& route, const Request& req, Answer& ans, const Work& work,
                               const Validator& validate) {
-  if (!route.policy().methods.count(req.method)) return route.Unguarded(req, ans, work);
+  const auto start = std::chrono::steady_clock::now();
   Admitted a;
-  if (!Admit(route, req, ans, work, validate, a)) return;
-  route.Decide(a, ans, work);
+  if (!route.policy().methods.count(req.method)) {
+    route.Unguarded(req, ans, work);
+  } else if (Admit(route, req, ans, work, validate, a)) {
+    route.Decide(a, ans, work);
+  }
+  latency_.AddSince(a.outcome, start);
 }
 
 bool Idempotency::Impl::Admit(const Route& route, const Request& req, Answer& ans, const Work& work,
@@ -912,6 +966,35 @@ bool Idempotency::Impl::Threw(const RoutePolicy& policy, std::string_view who, A
   return true;
 }
 
+// Without wait_poll_ms, Claims::Claim's wait (the store's watch). With it:
+// this process's wakeup (the default watch, woken by a Complete or Release
+// made here), else a Peek every wait_poll_ms, and a claim again once the key
+// is no longer held; no connection is kept between the reads.
+Result<ClaimOutcome> Idempotency::Impl::ClaimWaiting(const Admitted& a) {
+  const RoutePolicy& policy = *a.policy;
+  if (policy.wait_ms == 0 || policy.wait_poll_ms == 0) return claims_.Claim(a.claim);
+  ClaimRequest once = a.claim;
+  once.wait_ms = 0;
+  Env* env = claims_.options().env;
+  const int64_t deadline = idem::internal::SaturatingAdd(env->NowMs(), policy.wait_ms);
+  // Taken before the first read: a completion right after it wakes the wait.
+  std::unique_ptr<ClaimStore::Watch> watch = claims_.store().ClaimStore::WatchKey(once.scope, once.key);
+  Result<ClaimOutcome> claim = claims_.Claim(once);
+  if (!claim.ok() || claim->kind != ClaimOutcome::Kind::kInProgress) return claim;
+  waiting_.fetch_add(1, std::memory_order_relaxed);
+  for (;;) {
+    const int64_t left = deadline - env->NowMs();
+    if (left <= 0) break;
+    watch->Wait(std::min(left, policy.wait_poll_ms));
+    Result<std::optional<ClaimOutcome>> peek = claims_.store().Peek(once);
+    if (peek.ok() && peek->has_value() && (**peek).kind == ClaimOutcome::Kind::kInProgress) continue;
+    claim = claims_.Claim(once);
+    if (!claim.ok() || claim->kind != ClaimOutcome::Kind::kInProgress) break;
+  }
+  waiting_.fetch_sub(1, std::memory_order_relaxed);
+  return claim;
+}
+
 bool Idempotency::Impl::Kept(const RoutePolicy& policy, int status) {
   return (status < 400) || (status >= 500 && policy.store_5xx) ||
          (status >= 400 && status < 500 && policy.stored_4xx.count(status));
@@ -939,7 +1022,35 @@ Idempotency::Counters Idempotency::Impl::counters() const {
   c.invalid = invalid_.load();
   c.outcome_unknown = outcome_unknown_.load();
   c.not_stored = not_stored_.load();
+  c.waiting = waiting_.load();
   return c;
+}
+
+std::string Idempotency::Impl::Metrics() const {
+  using http_internal::AppendMetric;
+  const Counters c = counters();
+  std::string out;
+  AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter",
+               c.executed);
+  AppendMetric(out, "idem_http_replayed_total", "Requests answered with a stored response.", "counter", c.replayed);
+  AppendMetric(out, "idem_http_conflicts_total", "Requests refused 422: the key was used for another request.",
+               "counter", c.conflicts);
+  AppendMetric(out, "idem_http_in_progress_total", "Requests refused 409: the key's first request still ran.",
+               "counter", c.in_progress);
+  AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).", "counter",
+               c.rejected);
+  AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter",
+               c.group_commits);
+  AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter",
+               c.grouped_requests);
+  AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", c.group_queue);
+  AppendMetric(out, "idem_http_group_reruns_total",
+               "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
+               c.group_reruns);
+  AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
+               "counter", c.invalid);
+  latency_.Write(out, "idem_http_request_seconds", "Time from a request's arrival to its answer, by outcome.");
+  return out;
 }
 
 void Idempotency::Impl::Problem(const RoutePolicy& policy, Answer& ans, int status, std::string_view type,
@@ -958,6 +1069,7 @@ void Idempotency::Impl::Problem(const RoutePolicy& policy, Answer& ans, int stat
 std::string Idempotency::Impl::Retention() const { return std::to_string(claims_.options().retention_ms / 1000); }
 
 void Idempotency::Impl::Say(const Admitted& a, std::string_view outcome, int status) const {
+  a.outcome = LatencyOutcomeOf(outcome);
   if (options_.log)
     options_.log(LogToken(a.req->method) + " " + LogToken(a.req->path) + " key=" + LogToken(a.key) + " " +
                  std::string(outcome) + " " + std::to_string(status));

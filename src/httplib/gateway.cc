@@ -13,10 +13,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
+#include "http/latency.h"
 #include "http/pool.h"
 #include "idem/http/idempotency.h"
 #include "idem/httplib/middleware.h"
@@ -40,28 +43,8 @@ bool HopByHop(std::string_view name) {
 
 // The outcomes the latency histogram is labelled by.
 enum Outcome { kForwarded, kReplayed, kConflict, kInProgress, kUnknown, kRefused, kPassed, kUpstreamError, kOutcomes };
-constexpr std::array<const char*, kOutcomes> kOutcomeNames = {
-    "forwarded", "replayed", "conflict", "in_progress", "outcome_unknown", "refused", "passed", "upstream_error"};
-// Upper bounds of the buckets, in seconds.
-constexpr std::array<double, 14> kBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05,
-                                             0.1,    0.25,  0.5,   1,     2.5,  5,     10};
-
-struct Histogram {
-  std::array<std::atomic<uint64_t>, kBuckets.size()> counts{};
-  std::atomic<uint64_t> count{0};
-  std::atomic<uint64_t> sum_us{0};
-  void Add(double seconds) {
-    for (size_t i = 0; i < kBuckets.size(); ++i)
-      if (seconds <= kBuckets[i]) counts[i].fetch_add(1, std::memory_order_relaxed);
-    count.fetch_add(1, std::memory_order_relaxed);
-    sum_us.fetch_add(static_cast<uint64_t>(seconds * 1e6), std::memory_order_relaxed);
-  }
-};
-
-void Counter(std::string& out, std::string_view name, std::string_view help, std::string_view type, uint64_t v) {
-  out += "# HELP " + std::string(name) + " " + std::string(help) + "\n# TYPE " + std::string(name) + " " +
-         std::string(type) + "\n" + std::string(name) + " " + std::to_string(v) + "\n";
-}
+constexpr std::string_view kOutcomeNames[kOutcomes] = {"forwarded",       "replayed", "conflict", "in_progress",
+                                                       "outcome_unknown", "refused",  "passed",   "upstream_error"};
 
 // A guarded request's body over max_body_bytes: its bytes in an unlinked
 // temporary file (gone with the descriptor) and their SHA-256, computed as
@@ -146,7 +129,44 @@ struct Gateway::Impl {
   std::unique_ptr<Server> server;
   int port = 0;
   std::atomic<uint64_t> forwarded{0}, in_flight{0}, passed{0}, upstream_errors{0};
-  std::array<Histogram, kOutcomes> latency;
+  hi::LatencyByOutcome latency{kOutcomeNames};
+  std::atomic<uint64_t> purged{0}, purge_errors{0};
+  // The purge timer (Options::purge_every_ms): its thread, and how to stop it.
+  std::thread purger;
+  std::mutex purge_mu;
+  std::condition_variable purge_cv;
+  bool stopping = false;
+
+  ~Impl() {
+    {
+      std::lock_guard lock(purge_mu);
+      stopping = true;
+    }
+    purge_cv.notify_all();
+    if (purger.joinable()) purger.join();
+  }
+
+  Result<int64_t> Purge() {
+    Claims& claims = *options.claims;
+    const int64_t retention = claims.options().retention_ms;
+    Result<int64_t> n = claims.store().PurgeClaims("", retention, 1000);
+    if (n.ok()) {
+      purged.fetch_add(static_cast<uint64_t>(*n), std::memory_order_relaxed);
+    } else {
+      purge_errors.fetch_add(1, std::memory_order_relaxed);
+      if (options.log) options.log("purge of expired keys failed: " + n.status().ToString());
+    }
+    return n;
+  }
+
+  void PurgeEvery(int64_t every_ms) {
+    std::unique_lock lock(purge_mu);
+    while (!purge_cv.wait_for(lock, std::chrono::milliseconds(every_ms), [&] { return stopping; })) {
+      lock.unlock();
+      (void)Purge();
+      lock.lock();
+    }
+  }
   http::RefusalWriter problems = http::ProblemJson("https://idem.dev/problems");
 
   bool Guarded(const ::httplib::Request& req) const {
@@ -300,7 +320,8 @@ struct Gateway::Impl {
       res.set_content(Metrics(), "text/plain; version=0.0.4; charset=utf-8");
       return;
     }
-    if (!Guarded(req)) {
+    const bool guarded = Guarded(req);
+    if (!guarded) {
       bool sent = false;
       std::string why;
       passed.fetch_add(1, std::memory_order_relaxed);
@@ -328,7 +349,8 @@ struct Gateway::Impl {
           return;
         }
         unreached = true;
-        UpstreamDown(out, why);  // a 5xx: the key is freed
+        http::NotExecuted();  // the key is freed
+        UpstreamDown(out, why);
       });
       if (lost) {
         outcome = kUnknown;
@@ -349,7 +371,17 @@ struct Gateway::Impl {
       }
     }
     WriteAnswer(ans, res);
-    latency[outcome].Add(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    latency.Add(outcome, seconds);
+    if (!options.request_log || !guarded) return;
+    std::string key = req.get_header_value("Idempotency-Key");
+    if (Result<std::string> parsed = http::ParseKey(key); parsed.ok()) key = std::move(*parsed);
+    options.request_log({.method = req.method,
+                         .path = req.target.empty() ? req.path : req.target,
+                         .key = key,
+                         .outcome = kOutcomeNames[outcome],
+                         .status = ans.status,
+                         .latency_seconds = seconds});
   }
 
   Counters Count() const {
@@ -364,53 +396,46 @@ struct Gateway::Impl {
     out.not_stored = c.not_stored;
     out.passed = passed.load();
     out.upstream_errors = upstream_errors.load();
+    out.waiting = c.waiting;
+    out.purged = purged.load();
+    out.purge_errors = purge_errors.load();
     return out;
   }
 
   std::string Metrics() const {
+    using hi::AppendMetric;
     const Counters c = Count();
     std::string out;
-    Counter(out, "idem_gateway_forwarded_total", "Guarded requests forwarded to the upstream.", "counter", c.forwarded);
-    Counter(out, "idem_gateway_replayed_total", "Repeats answered with the stored response.", "counter", c.replayed);
-    Counter(out, "idem_gateway_in_flight", "Guarded requests at the upstream now.", "gauge", c.in_flight);
-    Counter(out, "idem_gateway_conflicts_total", "Keys reused with another request (422).", "counter", c.conflicts);
-    Counter(out, "idem_gateway_in_progress_total", "Repeats while the first request ran (409).", "counter",
-            c.in_progress);
-    Counter(out, "idem_gateway_outcome_unknown_total", "Keys whose outcome is unknown (forwarded, answer lost).",
-            "counter", c.outcome_unknown);
-    Counter(out, "idem_gateway_not_stored_total", "Responses over the stored body bound (not stored).", "counter",
-            c.not_stored);
-    Counter(out, "idem_gateway_passed_total", "Requests forwarded unguarded.", "counter", c.passed);
-    Counter(out, "idem_gateway_upstream_errors_total", "Requests that could not reach the upstream.", "counter",
-            c.upstream_errors);
+    AppendMetric(out, "idem_gateway_forwarded_total", "Guarded requests forwarded to the upstream.", "counter",
+                 c.forwarded);
+    AppendMetric(out, "idem_gateway_replayed_total", "Repeats answered with the stored response.", "counter",
+                 c.replayed);
+    AppendMetric(out, "idem_gateway_in_flight", "Guarded requests at the upstream now.", "gauge", c.in_flight);
+    AppendMetric(out, "idem_gateway_conflicts_total", "Keys reused with another request (422).", "counter",
+                 c.conflicts);
+    AppendMetric(out, "idem_gateway_in_progress_total", "Repeats while the first request ran (409).", "counter",
+                 c.in_progress);
+    AppendMetric(out, "idem_gateway_outcome_unknown_total", "Keys whose outcome is unknown (forwarded, answer lost).",
+                 "counter", c.outcome_unknown);
+    AppendMetric(out, "idem_gateway_not_stored_total", "Responses over the stored body bound (not stored).", "counter",
+                 c.not_stored);
+    AppendMetric(out, "idem_gateway_passed_total", "Requests forwarded unguarded.", "counter", c.passed);
+    AppendMetric(out, "idem_gateway_upstream_errors_total", "Requests that could not reach the upstream.", "counter",
+                 c.upstream_errors);
     const Server::Counters s = server->counters();
-    Counter(out, "idem_http_connections_refused_total", "Connections refused over a bound.", "counter",
-            static_cast<uint64_t>(s.refused));
-    Counter(out, "idem_http_proxy_refused_total",
-            "Connections closed for a PROXY header (untrusted address, malformed or missing).", "counter",
-            static_cast<uint64_t>(s.proxy_refused));
-    Counter(out, "idem_http_forwarded_for_malformed_total",
-            "Requests from a trusted proxy whose X-Forwarded-For named no client.", "counter",
-            static_cast<uint64_t>(s.forwarded_for_malformed));
-    out +=
-        "# HELP idem_gateway_request_seconds Time from a request's arrival to its answer, by outcome.\n"
-        "# TYPE idem_gateway_request_seconds histogram\n";
-    for (size_t o = 0; o < kOutcomes; ++o) {
-      const Histogram& h = latency[o];
-      const std::string label = std::string("outcome=\"") + kOutcomeNames[o] + "\"";
-      for (size_t i = 0; i < kBuckets.size(); ++i) {
-        char le[32];
-        std::snprintf(le, sizeof le, "%g", kBuckets[i]);
-        out += "idem_gateway_request_seconds_bucket{" + label + ",le=\"" + le + "\"} " +
-               std::to_string(h.counts[i].load(std::memory_order_relaxed)) + "\n";
-      }
-      const uint64_t n = h.count.load(std::memory_order_relaxed);
-      out += "idem_gateway_request_seconds_bucket{" + label + ",le=\"+Inf\"} " + std::to_string(n) + "\n";
-      char sum[32];
-      std::snprintf(sum, sizeof sum, "%.6f", static_cast<double>(h.sum_us.load(std::memory_order_relaxed)) / 1e6);
-      out += "idem_gateway_request_seconds_sum{" + label + "} " + sum + "\n";
-      out += "idem_gateway_request_seconds_count{" + label + "} " + std::to_string(n) + "\n";
-    }
+    AppendMetric(out, "idem_http_connections_refused_total", "Connections refused over a bound.", "counter",
+                 static_cast<uint64_t>(s.refused));
+    AppendMetric(out, "idem_http_proxy_refused_total",
+                 "Connections closed for a PROXY header (untrusted address, malformed or missing).", "counter",
+                 static_cast<uint64_t>(s.proxy_refused));
+    AppendMetric(out, "idem_http_forwarded_for_malformed_total",
+                 "Requests from a trusted proxy whose X-Forwarded-For named no client.", "counter",
+                 static_cast<uint64_t>(s.forwarded_for_malformed));
+    latency.Write(out, "idem_gateway_request_seconds", "Time from a request's arrival to its answer, by outcome.");
+    AppendMetric(out, "idem_gateway_waiting", "Repeats waiting now for their key's first request.", "gauge", c.waiting);
+    AppendMetric(out, "idem_gateway_purged_total", "Expired keys deleted from the store.", "counter", c.purged);
+    AppendMetric(out, "idem_gateway_purge_errors_total", "Purges of expired keys that failed.", "counter",
+                 c.purge_errors);
     return out;
   }
 };
@@ -435,6 +460,15 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   if (options.port < 0 || options.port > 65535)
     return Status::InvalidArgument("Gateway::Options::port must be 0..65535, got " + std::to_string(options.port));
   if (options.threads < 1) return Status::InvalidArgument("Gateway::Options::threads must be >= 1");
+  if (options.wait_ms < 0)
+    return Status::InvalidArgument("Gateway::Options::wait_ms cannot be negative, got " +
+                                   std::to_string(options.wait_ms));
+  if (options.wait_poll_ms <= 0)
+    return Status::InvalidArgument("Gateway::Options::wait_poll_ms must be > 0, got " +
+                                   std::to_string(options.wait_poll_ms));
+  if (options.purge_every_ms < 0)
+    return Status::InvalidArgument("Gateway::Options::purge_every_ms cannot be negative, got " +
+                                   std::to_string(options.purge_every_ms));
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -457,16 +491,21 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
                                  return "sha256:" + ToHex(FingerprintOf(*v));  // never in the clear
                                },
                                .max_body_bytes = options.max_body_bytes,
-                               .log = options.log}));
+                               // With request_log, its lines instead.
+                               .log = options.request_log ? nullptr : options.log,
+                               .observer = options.observer}));
   http::RoutePolicy policy;
   policy.methods = options.methods;
   policy.require_key = options.require_key;
   policy.lease_ms = options.lease_ms;
   policy.takeover = options.upstream_honours_key ? http::RoutePolicy::Takeover::kRunAgain
                                                  : http::RoutePolicy::Takeover::kOutcomeUnknown;
+  policy.store_5xx = !options.upstream_honours_key && !options.forward_again_after_5xx;
   policy.stored_headers = options.stored_headers;
   policy.max_stored_body = options.max_stored_body;
   policy.fingerprint_target = true;
+  policy.wait_ms = options.wait_ms;
+  policy.wait_poll_ms = options.wait_poll_ms;
   IDEM_ASSIGN_OR_RETURN(impl->route,
                         impl->idempotency->AddRoute("gateway", http::RouteKind::kTwoPhase, std::move(policy)));
 
@@ -517,6 +556,8 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   }
   if (*listen_fd != INVALID_SOCKET && ::listen(*listen_fd, SOMAXCONN) != 0)
     return Status::Unavailable("gateway: cannot listen on " + options.host + ":" + std::to_string(impl->port));
+  if (options.purge_every_ms > 0)
+    impl->purger = std::thread([raw, every = options.purge_every_ms] { raw->PurgeEvery(every); });
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
@@ -535,5 +576,6 @@ Server& Gateway::server() { return *impl_->server; }
 void Gateway::Handle(const ::httplib::Request& req, ::httplib::Response& res) { impl_->Handle(req, res); }
 Gateway::Counters Gateway::counters() const { return impl_->Count(); }
 std::string Gateway::Metrics() const { return impl_->Metrics(); }
+Result<int64_t> Gateway::PurgeExpired() { return impl_->Purge(); }
 
 }  // namespace idem::httplib

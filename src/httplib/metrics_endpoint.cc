@@ -19,6 +19,14 @@ void MountMetrics(::httplib::Server& server, const Metrics& metrics, const std::
   });
 }
 
+void MountMetrics(::httplib::Server& server, const http::Idempotency& idempotency, const Metrics* metrics,
+                  const std::string& path) {
+  server.Get(path, [&idempotency, metrics](const ::httplib::Request&, ::httplib::Response& res) {
+    res.set_content((metrics != nullptr ? metrics->Render() : std::string()) + idempotency.Metrics(),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Open(const Metrics& metrics, const Options& options) {
   if (options.port < 0 || options.port > 65535)
     return Status::InvalidArgument("MetricsEndpoint::Options::port must be 0..65535, got " +

@@ -82,10 +82,59 @@ has metrics-forwarded "$T/metrics" "^idem_gateway_forwarded_total 1$"
 has metrics-replayed "$T/metrics" "^idem_gateway_replayed_total 1$"
 has metrics-conflicts "$T/metrics" "^idem_gateway_conflicts_total 1$"
 has metrics-histogram "$T/metrics" 'idem_gateway_request_seconds_count\{outcome="forwarded"\} 1'
-has json-log "$T/gw.log" '^\{"ts_ms":[0-9]+,"msg":"POST /charges key=gw-1 executed 201"\}$'
+has json-log "$T/gw.log" \
+  '^\{"ts_ms":[0-9]+,"method":"POST","path":"/charges","key":"gw-1","outcome":"forwarded","status":201,"latency_ms":[0-9.e+-]+\}$'
+has json-log-replayed "$T/gw.log" '"key":"gw-1","outcome":"replayed","status":201,'
+has json-log-conflict "$T/gw.log" '"key":"gw-1","outcome":"conflict","status":422,'
+# A client's text is escaped: a malformed key with a quote, a backslash and a tab.
+curl -s -o /dev/null -X POST "http://127.0.0.1:$GPORT/charges" -H 'Authorization: Bearer sk_g' \
+  -H "$(printf 'Idempotency-Key: x"y\\z\tw')" -d '{}'
+has json-log-escaped "$T/gw.log" '"key":"x\\"y\\\\z\\tw","outcome":"refused","status":400,'
+ok json-log-one-object-a-line test "$(grep -cv '^{.*}$' "$T/gw.log")" = 0
 kill -TERM "$GPID"
 wait "$GPID"
 ok sigterm-exit-0 test "$?" = 0
+
+# Waiting, retention and purge, and the live view: a key purged once its
+# retention ended is forwarded again; the view's /state and /metrics.
+check bad-wait 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --wait-ms -1 --store "sqlite:$T/g.db"
+has bad-wait-named "$T/err" "wait-ms"
+check bad-purge-every 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --purge-every soon --store "sqlite:$T/g.db"
+check bad-web 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --web nowhere --store "sqlite:$T/g.db"
+GPORT=$(free_port 28500 100)
+WPORT=$(free_port 28600 100)
+"$IDEM" gateway --upstream "http://127.0.0.1:$UPORT" --listen "127.0.0.1:$GPORT" --store "sqlite:$T/g2.db" \
+  --retention 1s --purge-every 100ms --wait-ms 5000 --web "127.0.0.1:$WPORT" --quiet 2>"$T/gw2.log" &
+GPID=$!
+PIDS+=("$GPID")
+ok gateway2-up wait_up "$GPORT" "$GPID"
+charge() {  # charge KEY OUT
+  curl -s -o /dev/null -D "$2" -X POST "http://127.0.0.1:$GPORT/charges" -H 'Authorization: Bearer sk_g' \
+    -H "Idempotency-Key: \"$1\"" -H 'Content-Type: application/json' \
+    -d '{"amount": 100, "currency": "usd", "customer": "cus_p"}'
+}
+charge purge-1 "$T/p1"
+has purge-first-201 "$T/p1" "^HTTP/1.1 201"
+purged() {
+  for _ in $(seq 300); do
+    curl -s "http://127.0.0.1:$GPORT/metrics" | grep -q '^idem_gateway_purged_total 1$' && return 0
+    sleep 0.1
+  done
+  return 1
+}
+ok purged-after-retention purged
+charge purge-1 "$T/p2"
+curl -s "http://127.0.0.1:$GPORT/metrics" >"$T/metrics2"
+has purged-key-forwarded-again "$T/metrics2" "^idem_gateway_forwarded_total 2$"
+has purged-waiting-gauge "$T/metrics2" "^idem_gateway_waiting 0$"
+curl -s "http://127.0.0.1:$WPORT/state" >"$T/state"
+has live-state-process "$T/state" '"process":"idem gateway"'
+has live-state-claims "$T/state" '"claim_started":2'
+curl -s "http://127.0.0.1:$WPORT/metrics" >"$T/web-metrics"
+has live-metrics "$T/web-metrics" "^idem_gateway_forwarded_total 2$"
+kill -TERM "$GPID"
+wait "$GPID"
+ok sigterm2-exit-0 test "$?" = 0
 
 echo "gateway_test: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,7 +23,11 @@
 #include "http/http_test_util.h"
 #include "idem/claims.h"
 #include "idem/httplib/gateway.h"
+#include "idem/httplib/metrics_endpoint.h"
+#include "idem/httplib/middleware.h"
 #include "idem/open.h"
+#include "idem/sqlite/store.h"
+#include "idem/testing/fake_env.h"
 #include "idem/testing/throwaway.h"
 #include "postgres/pg_test_util.h"
 
@@ -33,7 +38,7 @@ namespace {
 
 // The API behind the gateway: POST/PATCH anywhere answers 201 with the call's
 // number, a Location, a Set-Cookie and a header outside the stored set;
-// /big answers a body of `big` bytes; /slow never answers before the client
+// /big answers a body of `big` bytes; /fail answers 500; /slow never answers before the client
 // gives up (its handler waits for the test's release). Every call is counted,
 // with the Idempotency-Key it carried.
 class Upstream {
@@ -50,6 +55,11 @@ class Upstream {
       if (req.path == "/slow") {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return released_; });
+        return;
+      }
+      if (req.path == "/fail") {  // fails after acting: the call is counted
+        res.status = 500;
+        res.set_content("{\"error\":\"boom\",\"call\":" + std::to_string(n) + "}", "application/json");
         return;
       }
       res.status = 201;
@@ -147,11 +157,11 @@ Reply Send(int port, const std::string& method, const std::string& path, const s
 // A gateway in this process on `store_url`, served on a thread of its own.
 class InProcess {
  public:
-  InProcess(const std::string& store_url, idem::httplib::Gateway::Options o) {
-    auto s = OpenStore(store_url);
-    EXPECT_TRUE(s.ok()) << s.status();
-    store_ = std::move(*s);
-    claims_ = std::make_unique<Claims>(*store_->claim_store());
+  InProcess(const std::string& store_url, idem::httplib::Gateway::Options o) : InProcess(Opened(store_url), {}, o) {}
+  // On `store` with `claims` over it (default Claims when null).
+  InProcess(std::unique_ptr<Store> store, std::unique_ptr<Claims> claims, idem::httplib::Gateway::Options o)
+      : store_(std::move(store)), claims_(std::move(claims)) {
+    if (claims_ == nullptr) claims_ = std::make_unique<Claims>(*store_->claim_store());
     o.claims = claims_.get();
     auto g = idem::httplib::Gateway::Open(o);
     EXPECT_TRUE(g.ok()) << g.status();
@@ -165,8 +175,15 @@ class InProcess {
   }
   int port() const { return gateway_->port(); }
   idem::httplib::Gateway& gateway() { return *gateway_; }
+  Store& store() { return *store_; }
 
  private:
+  static std::unique_ptr<Store> Opened(const std::string& url) {
+    auto s = OpenStore(url);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
   std::unique_ptr<Store> store_;
   std::unique_ptr<Claims> claims_;
   std::unique_ptr<idem::httplib::Gateway> gateway_;
@@ -349,8 +366,35 @@ TEST_P(GatewayTest, AnUnreachableUpstreamFreesTheKey) {
   Reply r = Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1");
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_NE(r.body.find("upstream-unavailable"), std::string::npos) << r.body;
-  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1").status, 502);  // not 409, not unknown
+  Reply again = Send(g.port(), "POST", "/charges", R"({"a":1})", "down-1");
+  EXPECT_EQ(again.status, 502) << again.body;          // not 409, not unknown
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "");  // tried again, not the first 502 replayed
+  EXPECT_EQ(g.gateway().counters().upstream_errors, 2u);
   EXPECT_EQ(g.gateway().counters().outcome_unknown, 0u);
+}
+
+// The upstream may have acted before it failed: its 5xx is stored and
+// replayed, and the key is not forwarded again.
+TEST_P(GatewayTest, AnUpstream5xxIsStoredAndReplayedAndNotForwardedAgain) {
+  InProcess g(StoreUrl(GetParam(), dir_), Options());
+  Reply first = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-1");
+  EXPECT_EQ(first.status, 500) << first.body;
+  Reply again = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-1");
+  EXPECT_EQ(again.status, 500) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(upstream_.calls(), 1);
+}
+
+TEST_P(GatewayTest, WithForwardAgainAfter5xxARetryAfterAnUpstream5xxIsForwarded) {
+  auto o = Options();
+  o.forward_again_after_5xx = true;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  EXPECT_EQ(Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-2").status, 500);
+  Reply again = Send(g.port(), "POST", "/fail", R"({"a":1})", "fail-2");
+  EXPECT_EQ(again.status, 500) << again.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "");
+  EXPECT_EQ(upstream_.calls(), 2);
 }
 
 // ---- `idem gateway` SIGKILLed at http.before_complete: the upstream answered,
@@ -372,6 +416,8 @@ int FreePort() {
   }
 }
 
+pid_t SpawnServing(std::vector<std::string> argv, int port, const std::string& kill_at);
+
 // Starts `idem gateway` (with IDEM_KILL_AT=`kill_at` when not empty) and
 // returns once it answers.
 pid_t StartCli(int port, const std::string& upstream, const std::string& store, const std::string& kill_at,
@@ -392,6 +438,12 @@ pid_t StartCli(int port, const std::string& upstream, const std::string& store, 
                                    "100",
                                    "--quiet"};
   if (honours) argv.push_back("--upstream-honours-key");
+  return SpawnServing(argv, port, kill_at);
+}
+
+// Starts the idem command `argv` (with IDEM_KILL_AT=`kill_at` when not
+// empty) and returns once GET /metrics on `port` answers.
+pid_t SpawnServing(std::vector<std::string> argv, int port, const std::string& kill_at) {
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -407,7 +459,7 @@ pid_t StartCli(int port, const std::string& upstream, const std::string& store, 
   for (;;) {  // until it answers (or dies)
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) == pid) {
-      ADD_FAILURE() << "idem gateway exited before serving";
+      ADD_FAILURE() << argv[1] << " exited before serving";
       return -1;
     }
     ::httplib::Client c("127.0.0.1", port);
@@ -575,6 +627,320 @@ TEST(GatewayTrustedProxy, TheClientAProxyHeaderNamesIsCountedAndForwarded) {
   auto bad = idem::httplib::Gateway::Open(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("trusted_proxies: '10.0.0.0/33'"), std::string::npos) << bad.status();
+}
+
+// ---- Waiting instead of 409 (Options::wait_ms).
+
+// Runs `send` on a thread of its own; done() once it returned.
+class Sent {
+ public:
+  explicit Sent(std::function<Reply()> send)
+      : thread_([this, send = std::move(send)] {
+          Reply r = send();
+          std::lock_guard lock(mu_);
+          reply_ = std::move(r);
+          done_ = true;
+        }) {}
+  ~Sent() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+  Reply Get() {
+    thread_.join();
+    return reply_;
+  }
+
+ private:
+  std::mutex mu_;
+  bool done_ = false;
+  Reply reply_;
+  std::thread thread_;
+};
+
+template <typename Pred>
+void Until(Pred pred) {
+  while (!pred()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+TEST_P(GatewayTest, WithWaitARepeatWhileTheFirstIsAtTheUpstreamWaitsAndGetsTheReplay) {
+  auto o = Options();
+  o.wait_ms = 20'000;  // under Send's 30 s read timeout
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Sent first([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-1"); });
+  Until([&] { return upstream_.calls() == 1; });  // the first is at the upstream
+  Sent repeat([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-1"); });
+  // Until the repeat waits (without the option it is answered 409 at once).
+  Until([&] { return g.gateway().counters().waiting == 1 || repeat.done(); });
+  upstream_.Release();
+  Reply a = first.Get(), b = repeat.Get();
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(b.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(b.body, a.body);
+  EXPECT_EQ(upstream_.calls(), 1);
+  const auto c = g.gateway().counters();
+  EXPECT_EQ(c.in_progress, 0u);
+  EXPECT_EQ(c.replayed, 1u);
+  EXPECT_EQ(c.waiting, 0u);
+}
+
+TEST_P(GatewayTest, WithWaitARepeatGets409WithRetryAfterOnceTheBoundPasses) {
+  auto o = Options();
+  o.wait_ms = 150;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Sent first([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-2"); });
+  Until([&] { return upstream_.calls() == 1; });
+  Reply repeat = Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-2");
+  EXPECT_EQ(repeat.status, 409) << repeat.body;
+  EXPECT_NE(repeat.body.find("request-in-progress"), std::string::npos) << repeat.body;
+  EXPECT_FALSE(repeat.Header("Retry-After").empty());
+  upstream_.Release();
+  EXPECT_EQ(first.Get().status, 200);
+  EXPECT_EQ(upstream_.calls(), 1);
+  EXPECT_EQ(g.gateway().counters().waiting, 0u);
+  EXPECT_EQ(g.gateway().counters().in_progress, 1u);
+}
+
+// How many waiters the key records of the PostgreSQL store at `url` count:
+// each is a connection held open to LISTEN for the key's completion (the
+// store's watch).
+int StoreWatchers(const std::string& url) {
+  PGconn* c = PQconnectdb(url.c_str());
+  int n = -1;
+  if (PQstatus(c) == CONNECTION_OK) {
+    PGresult* r = PQexec(c, "SELECT coalesce(sum(waiters), 0) FROM idem_claims");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK) n = std::atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+  }
+  PQfinish(c);
+  return n;
+}
+
+TEST(GatewayWait, WaitingRepeatsHoldNoStoreConnectionOnPostgres) {
+  Upstream upstream;
+  idem::httplib::Gateway::Options o;
+  o.upstream = upstream.url();
+  o.wait_ms = 20'000;
+  const std::string url = FreshSchemaUrl();
+  InProcess g(url, o);
+  Sent first([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-3"); });
+  Until([&] { return upstream.calls() == 1; });
+  constexpr int kRepeats = 5;
+  std::vector<std::unique_ptr<Sent>> repeats;
+  for (int i = 0; i < kRepeats; ++i)
+    repeats.push_back(std::make_unique<Sent>([&] { return Send(g.port(), "POST", "/slow", R"({"a":1})", "wait-3"); }));
+  // Until every repeat waits (or one registered the store's watch instead).
+  Until([&] { return g.gateway().counters().waiting == kRepeats || StoreWatchers(url) != 0; });
+  EXPECT_EQ(StoreWatchers(url), 0) << "a waiting repeat holds a connection that LISTENs";
+  upstream.Release();
+  const Reply a = first.Get();
+  for (auto& r : repeats) {
+    const Reply b = r->Get();
+    EXPECT_EQ(b.status, a.status) << b.body;
+    EXPECT_EQ(b.Header("Idempotent-Replayed"), "true");
+  }
+  EXPECT_EQ(upstream.calls(), 1);
+}
+
+TEST(GatewayOptions, WaitAndPurgeBoundsAreChecked) {
+  TempDir dir;
+  auto s = OpenStore("sqlite:" + dir.File("g.db"));
+  ASSERT_TRUE(s.ok());
+  Claims claims(*(*s)->claim_store());
+  idem::httplib::Gateway::Options o{.upstream = "http://127.0.0.1:9", .claims = &claims};
+  o.wait_ms = -1;
+  auto g = idem::httplib::Gateway::Open(o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("wait_ms"), std::string::npos) << g.status();
+  o.wait_ms = 0;
+  o.wait_poll_ms = 0;
+  EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+  o.wait_poll_ms = 50;
+  o.purge_every_ms = -1;
+  EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+}
+
+// ---- Retention and purge (Claims' retention_ms, Options::purge_every_ms).
+
+class GatewayRetention : public ::testing::Test {
+ protected:
+  static constexpr int64_t kRetentionMs = 60'000;
+  // A gateway on SQLite whose records and retention run on env_'s clock.
+  std::unique_ptr<InProcess> Start(idem::httplib::Gateway::Options o) {
+    auto store = sqlite::Store::Open({.path = dir_.File("gateway.db"), .env = &env_});
+    EXPECT_TRUE(store.ok()) << store.status();
+    auto claims = Claims::Open(*(*store)->claim_store(), {.retention_ms = kRetentionMs, .env = &env_});
+    EXPECT_TRUE(claims.ok()) << claims.status();
+    o.upstream = upstream_.url();
+    return std::make_unique<InProcess>(std::move(*store), std::move(*claims), o);
+  }
+  size_t Records(InProcess& g) {
+    auto all = g.store().claim_store()->ListClaims("", 100);
+    EXPECT_TRUE(all.ok()) << all.status();
+    return all.ok() ? all->size() : 0;
+  }
+  TempDir dir_;
+  FakeEnv env_;
+  Upstream upstream_;
+};
+
+TEST_F(GatewayRetention, AnExpiredKeyIsPurgedAndForwardedAgainWhileAnUnexpiredOneIsReplayed) {
+  auto g = Start({});
+  ASSERT_EQ(Send(g->port(), "POST", "/charges", R"({"a":1})", "old").status, 201);
+  env_.Advance(kRetentionMs * 2 / 3);
+  ASSERT_EQ(Send(g->port(), "POST", "/charges", R"({"a":1})", "new").status, 201);
+  env_.Advance(kRetentionMs / 2);  // "old" is past its retention, "new" is not
+  EXPECT_EQ(Records(*g), 2u);
+  auto purged = g->gateway().PurgeExpired();
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ(*purged, 1);
+  EXPECT_EQ(Records(*g), 1u);
+  EXPECT_EQ(g->gateway().counters().purged, 1u);
+  EXPECT_NE(g->gateway().Metrics().find("idem_gateway_purged_total 1\n"), std::string::npos);
+  Reply old = Send(g->port(), "POST", "/charges", R"({"a":1})", "old");
+  EXPECT_EQ(old.status, 201);
+  EXPECT_EQ(old.Header("Idempotent-Replayed"), "") << "a purged key is new again";
+  Reply kept = Send(g->port(), "POST", "/charges", R"({"a":1})", "new");
+  EXPECT_EQ(kept.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(upstream_.calls(), 3);
+}
+
+TEST_F(GatewayRetention, TheTimerPurgesExpiredKeys) {
+  idem::httplib::Gateway::Options o;
+  o.purge_every_ms = 20;
+  auto g = Start(o);
+  ASSERT_EQ(Send(g->port(), "POST", "/charges", R"({"a":1})", "old").status, 201);
+  env_.Advance(kRetentionMs + 1);
+  Until([&] { return g->gateway().counters().purged == 1; });
+  EXPECT_EQ(Records(*g), 0u);
+  EXPECT_EQ(g->gateway().counters().purge_errors, 0u);
+}
+
+// ---- Request-latency histograms by outcome: the gateway's, the
+// middleware's (MountMetrics), `idem provider`'s: one piece (src/http/latency.h).
+
+// The histogram `name` in a scrape: each outcome's _count, after checking
+// that its buckets only grow, that +Inf is the count, and that the sum is
+// there.
+std::map<std::string, uint64_t> HistogramCounts(const std::string& text, const std::string& name) {
+  std::map<std::string, uint64_t> counts;
+  std::map<std::string, uint64_t> last_bucket;
+  std::map<std::string, int> buckets, sums;
+  const std::regex line("^" + name + "_(bucket|sum|count)\\{outcome=\"([a-z_]+)\"(,le=\"([^\"]+)\")?\\} ([0-9.]+)$");
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (!std::regex_match(l, m, line)) continue;
+    const std::string kind = m[1], outcome = m[2];
+    if (kind == "bucket") {
+      const uint64_t v = std::stoull(m[5]);
+      EXPECT_GE(v, last_bucket[outcome]) << l;
+      last_bucket[outcome] = v;
+      ++buckets[outcome];
+    } else if (kind == "sum") {
+      ++sums[outcome];
+    } else {
+      counts[outcome] = std::stoull(m[5]);
+      EXPECT_EQ(last_bucket[outcome], counts[outcome]) << "+Inf is the count: " << l;
+    }
+  }
+  for (const auto& [outcome, n] : counts) {
+    EXPECT_EQ(buckets[outcome], 15) << outcome;  // 14 bounds and +Inf
+    EXPECT_EQ(sums[outcome], 1) << outcome;
+  }
+  EXPECT_NE(text.find("# TYPE " + name + " histogram\n"), std::string::npos) << text;
+  return counts;
+}
+
+uint64_t Total(const std::map<std::string, uint64_t>& counts) {
+  uint64_t n = 0;
+  for (const auto& [outcome, c] : counts) n += c;
+  return n;
+}
+
+TEST_P(GatewayTest, TheLatencyHistogramsCountEveryRequestOnceByOutcome) {
+  auto o = Options();
+  o.paths = {"/charges"};
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  Send(g.port(), "POST", "/charges", R"({"a":1})", "h-1");  // forwarded
+  Send(g.port(), "POST", "/charges", R"({"a":1})", "h-1");  // replayed
+  Send(g.port(), "POST", "/charges", R"({"a":1})", "h-1");  // replayed
+  Send(g.port(), "POST", "/charges", R"({"a":2})", "h-1");  // conflict
+  Send(g.port(), "POST", "/charges", R"({"a":1})", "");     // refused
+  Send(g.port(), "POST", "/other", R"({"a":1})", "h-1");    // passed
+  const auto counts = HistogramCounts(Send(g.port(), "GET", "/metrics", "", "").body, "idem_gateway_request_seconds");
+  EXPECT_EQ(counts.at("forwarded"), 1u);
+  EXPECT_EQ(counts.at("replayed"), 2u);
+  EXPECT_EQ(counts.at("conflict"), 1u);
+  EXPECT_EQ(counts.at("refused"), 1u);
+  EXPECT_EQ(counts.at("passed"), 1u);
+  EXPECT_EQ(counts.size(), 8u);  // every outcome has its series, zeros too
+  EXPECT_EQ(Total(counts), 6u);
+}
+
+TEST(RequestLatency, TheMiddlewaresMetricsRouteHasTheHistogramByOutcome) {
+  TempDir dir;
+  auto s = OpenStore("sqlite:" + dir.File("m.db"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  Claims claims(*(*s)->claim_store());
+  auto idempotency =
+      http::Idempotency::Open({.claims = &claims, .authenticate = http::BearerKeys({{"sk_1", "acct_1"}})});
+  ASSERT_TRUE(idempotency.ok()) << idempotency.status();
+  LoopbackServer server;
+  auto charge =
+      idem::httplib::Wrap(**idempotency, "/charges", {}, [](const ::httplib::Request&, ::httplib::Response& res) {
+        res.status = 201;
+        res.set_content("{\"id\":\"ch_1\"}", "application/json");
+      });
+  ASSERT_TRUE(charge.ok()) << charge.status();
+  server.server().Post("/charges", *charge);
+  Metrics metrics;
+  idem::httplib::MountMetrics(server.server(), **idempotency, &metrics);
+  server.Start();
+  const int port = server.port();
+  Send(port, "POST", "/charges", R"({"a":1})", "m-1");                   // executed
+  Send(port, "POST", "/charges", R"({"a":1})", "m-1");                   // replayed
+  Send(port, "POST", "/charges", R"({"a":2})", "m-1");                   // conflict
+  Send(port, "POST", "/charges", R"({"a":1})", "");                      // rejected: no key
+  Send(port, "POST", "/charges", R"({"a":1})", "m-2", "Bearer nobody");  // rejected: 401
+  const std::string text = Send(port, "GET", "/metrics", "", "").body;
+  const auto counts = HistogramCounts(text, "idem_http_request_seconds");
+  EXPECT_EQ(counts.at("executed"), 1u);
+  EXPECT_EQ(counts.at("replayed"), 1u);
+  EXPECT_EQ(counts.at("conflict"), 1u);
+  EXPECT_EQ(counts.at("rejected"), 2u);
+  EXPECT_EQ(Total(counts), 5u);
+  EXPECT_NE(text.find("idem_http_executed_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("idem_http_replayed_total 1\n"), std::string::npos) << text;
+}
+
+TEST(RequestLatency, IdemProvidersMetricsHaveTheHistogramByOutcome) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t pid = SpawnServing({IDEM_CLI, "provider", "--api-key", "sk_1:acct_1", "--listen",
+                            "127.0.0.1:" + std::to_string(port), "--store", "sqlite:" + dir.File("p.db"), "--quiet"},
+                           port, "");
+  ASSERT_GT(pid, 0);
+  const std::string body = R"({"amount": 4000, "currency": "usd", "customer": "cus_1"})";
+  Reply first = Send(port, "POST", "/charges", body, "p-1");
+  Reply again = Send(port, "POST", "/charges", body, "p-1");
+  Send(port, "POST", "/charges", body, "");
+  const std::string text = Send(port, "GET", "/metrics", "", "").body;
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_EQ(first.status, 201) << first.body;
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  const auto counts = HistogramCounts(text, "idem_http_request_seconds");
+  EXPECT_EQ(counts.at("executed"), 1u) << text;
+  EXPECT_EQ(counts.at("replayed"), 1u);
+  EXPECT_EQ(counts.at("rejected"), 1u);
+  EXPECT_EQ(Total(counts), 3u);
+  EXPECT_NE(text.find("idem_http_executed_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("idem_http_connections_open"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -380,5 +380,58 @@ TEST_F(LiveViewTest, AThousandMessagesASecondKeepThePageCurrentOrCountedAsSkippe
   EXPECT_TRUE(severe.empty()) << "the browser's console: " << severe.front();
 }
 
+// `idem gateway --web` in front of `idem provider`: the page shows the
+// gateway's keys (a new key forwarded, its repeats replayed) under the
+// gateway's own title, and its counters agree with the gateway's /metrics.
+TEST_F(LiveViewTest, IdemGatewayServesThePageWithItsKeys) {
+  const int upstream = idem::testing::FirstFreePort(driver_port_ + 1);
+  Child provider({idem_, "provider", "--api-key", "sk_1:acct_1", "--listen", "127.0.0.1:" + std::to_string(upstream),
+                  "--store", "sqlite:" + dir_.File("p.db"), "--quiet"},
+                 dir_.File("provider.log"));
+  const int port = idem::testing::FirstFreePort(upstream + 1);
+  Child gateway({idem_, "gateway", "--upstream", "http://127.0.0.1:" + std::to_string(upstream), "--listen",
+                 "127.0.0.1:" + std::to_string(port), "--store", "sqlite:" + dir_.File("g.db"), "--web",
+                 "127.0.0.1:" + std::to_string(web_port_), "--quiet"},
+                dir_.File("gateway.log"));
+  ASSERT_TRUE(WaitFor([&] { return Get("/state").find("\"process\":\"idem gateway\"") != std::string::npos; }, 30'000))
+      << gateway.Output();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        httplib::Client c("127.0.0.1", upstream);
+        auto r = c.Get("/health");
+        return r && r->status == 200;
+      },
+      30'000))
+      << provider.Output();
+  httplib::Client c("127.0.0.1", port);
+  ASSERT_TRUE(WaitFor(  // the view starts before the gateway listens
+      [&] {
+        auto r = c.Get("/metrics");
+        return r && r->status == 200;
+      },
+      30'000))
+      << gateway.Output();
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Post("/charges", {{"Authorization", "Bearer sk_1"}, {"Idempotency-Key", "\"live-1\""}},
+                    R"({"amount": 100, "currency": "usd", "customer": "cus_1"})", "application/json");
+    ASSERT_TRUE(r) << gateway.Output();
+    EXPECT_EQ(r->status, 201) << r->body;
+  }
+  Browser browser(driver_port_);
+  ASSERT_TRUE(browser.Start());
+  browser.Go(Base() + "/");
+  ASSERT_TRUE(WaitFor([&] { return PageCounts(browser)["claim_replayed"] == 2; }, 30'000)) << gateway.Output();
+  const auto metrics = Sums(Get("/metrics"));
+  EXPECT_EQ(metrics.at("idem_gateway_forwarded_total"), 1);
+  EXPECT_EQ(metrics.at("idem_gateway_replayed_total"), 2);
+  EXPECT_EQ(PageCounts(browser)["claim_started"], 1);
+  EXPECT_EQ(browser.Eval("return [...document.querySelectorAll('#diagram text')]"
+                         ".some(t => t.textContent === 'API behind the gateway');"),
+            true);
+  EXPECT_TRUE(browser.Screenshot(shots_ + "/live-gateway.png"));
+  const std::vector<std::string> severe = browser.Severe();
+  EXPECT_TRUE(severe.empty()) << "the browser's console: " << severe.front();
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -49,6 +49,8 @@ int RunPublish(const Args& args);  // run_cmd.cc
 
 const Command& ChaosCommand();
 int RunChaos(const Args& args);  // chaos.cc
+const Command& ChaosGatewayCommand();
+int RunChaosGateway(const Args& args);  // chaos/gateway.cc: idem chaos gateway
 
 const Command& RelayCommand();
 int RunRelay(const Args& args);  // relay_cmd.cc

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,11 @@ CutProxy::~CutProxy() {
     if (fd >= 0) ::close(fd);
 }
 
+void CutProxy::LoseResponses(double rate, uint64_t seed) {
+  lose_seed_ = seed;
+  lose_rate_ = rate;
+}
+
 void CutProxy::Cut(int64_t outage_ms) {
   outage_ms_ = outage_ms;
   ++cut_requests_;
@@ -112,8 +118,12 @@ void CutProxy::Cut(int64_t outage_ms) {
 void CutProxy::Loop() {
   struct Pair {
     int client, server;
+    bool awaiting = false;  // the client sent something the target has not answered yet
   };
   std::vector<Pair> pairs;
+  uint64_t seeded = lose_seed_.load();
+  std::mt19937_64 lose_rng(seeded);
+  std::uniform_real_distribution<double> draw(0.0, 1.0);
   int64_t handled_cuts = 0, refuse_until = 0;
   while (!stop_) {
     std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
@@ -144,7 +154,20 @@ void CutProxy::Loop() {
       const pollfd& c = fds[2 + 2 * i];
       const pollfd& s = fds[3 + 2 * i];
       bool ok = true;
-      if (c.revents & (POLLIN | POLLHUP | POLLERR)) ok = Pump(pairs[i].client, pairs[i].server);
+      if (c.revents & (POLLIN | POLLHUP | POLLERR)) {
+        ok = Pump(pairs[i].client, pairs[i].server);
+        pairs[i].awaiting = true;
+      }
+      if (ok && (s.revents & POLLIN) && pairs[i].awaiting) {
+        pairs[i].awaiting = false;
+        if (const uint64_t seed = lose_seed_.load(); seed != seeded) lose_rng.seed(seeded = seed);
+        if (const double rate = lose_rate_.load(); rate > 0 && draw(lose_rng) < rate) {
+          Reset(pairs[i].client);  // the answer is there; the client never gets it
+          Reset(pairs[i].server);
+          ++lost_;
+          continue;
+        }
+      }
       if (ok && (s.revents & (POLLIN | POLLHUP | POLLERR))) ok = Pump(pairs[i].server, pairs[i].client);
       if (ok) {
         keep.push_back(pairs[i]);

@@ -32,6 +32,12 @@ class CutProxy {
   int port() const { return port_; }
   // Resets every open connection and refuses new ones for `outage_ms`.
   void Cut(int64_t outage_ms);
+  // From now on, the first bytes of a response (what the target sends after
+  // the client sent something) are, for a `rate` share of responses drawn
+  // from `seed`, not passed on: both sides of that connection are reset
+  // instead. 0 turns it off.
+  void LoseResponses(double rate, uint64_t seed);
+  int64_t responses_lost() const { return lost_.load(); }
   int64_t cuts() const { return cuts_.load(); }
   int64_t connections_reset() const { return reset_.load(); }
 
@@ -47,7 +53,9 @@ class CutProxy {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> cut_requests_{0};
   std::atomic<int64_t> outage_ms_{0};
-  std::atomic<int64_t> cuts_{0}, reset_{0};
+  std::atomic<int64_t> cuts_{0}, reset_{0}, lost_{0};
+  std::atomic<double> lose_rate_{0};
+  std::atomic<uint64_t> lose_seed_{0};
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // idem gateway: idem::httplib::Gateway as a command (doc/gateway.md).
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "idem/claims.h"
 #include "idem/httplib/gateway.h"
 #include "idem/signals.h"
+#include "long_running.h"
 
 namespace idem::cli {
 namespace {
@@ -41,10 +43,12 @@ const Command& GatewayCommand() {
       "per guarded request to stderr. Stops on SIGINT/SIGTERM. See doc/gateway.md.",
       "--upstream URL [--listen HOST:PORT] [--store URL] [--methods M,...] [--paths P,...]\n"
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
+      "       [--forward-again-after-5xx]\n"
       "       [--max-stored-body BYTES] [--max-body BYTES] [--max-spooled-body BYTES] [--spool-dir DIR]\n"
       "       [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
-      "       [--trusted-proxy CIDR]... [--proxy-protocol] [--json] [--quiet]",
+      "       [--trusted-proxy CIDR]... [--proxy-protocol]\n"
+      "       [--json] [--quiet] [--wait-ms N] [--purge-every DURATION] [--web HOST:PORT]",
       {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
        {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
        {"store", "URL", "sqlite:idem-gateway.db", "keys and stored responses: sqlite:PATH or postgres://..."},
@@ -56,6 +60,9 @@ const Command& GatewayCommand() {
        {"upstream-honours-key", "", "",
         "the upstream deduplicates the forwarded Idempotency-Key itself: a key whose\n"
         "          outcome is unknown is forwarded again, with the same key"},
+       {"forward-again-after-5xx", "", "",
+        "an upstream 5xx frees its key (a retry is forwarded again); by default it is\n"
+        "          stored and replayed, since the upstream may have acted before failing"},
        {"max-stored-body", "BYTES", "1048576",
         "larger responses reach their first client but are not stored (a repeat gets 410)"},
        {"max-body", "BYTES", "1048576", "larger request bodies get 413 (unless spooled: --max-spooled-body)"},
@@ -77,8 +84,13 @@ const Command& GatewayCommand() {
         "          counts the client it names in X-Forwarded-For (or the PROXY header)",
         true},
        {"proxy-protocol", "", "", "trusted proxies start each connection with a PROXY header (v1 or v2)"},
-       {"json", "", "", "log lines as JSON objects"},
-       {"quiet", "", "", "no per-request log lines"}}};
+       {"json", "", "", "one JSON object per guarded request (method, path, key, outcome, status, latency_ms)"},
+       {"quiet", "", "", "no per-request log lines"},
+       {"wait-ms", "N", "0",
+        "a repeat while its key's first request is at the upstream waits up to N ms for\n"
+        "          its answer (then 409 with Retry-After); 0: 409 at once"},
+       {"purge-every", "DURATION", "10m", "delete keys whose retention ended this often (0: never)"},
+       {"web", "HOST:PORT", "", "serve the live view on GET / (events on /events, the metrics on /metrics)"}}};
   return c;
 }
 
@@ -88,20 +100,23 @@ int RunGateway(const Args& args) {
   if (args.Get("upstream").empty()) return Fail(cmd, Status::InvalidArgument("--upstream URL is required"));
   const auto host_port = ListenFlag(args);
   if (!host_port.ok()) return Fail(cmd, host_port.status());
+  if (Status s = LiveView::Validate(args); !s.ok()) return Fail(cmd, s);
   if (args.Bool("require-key") && args.Bool("pass-keyless"))
     return Fail(cmd, Status::InvalidArgument("--require-key and --pass-keyless exclude each other"));
   auto lease = ParseDurationMs(args.Get("lease"));
   auto timeout = ParseDurationMs(args.Get("upstream-timeout"));
   auto connect = ParseDurationMs(args.Get("connect-timeout"));
   auto retention = ParseDurationMs(args.Get("retention"));
-  for (const auto* r : {&lease, &timeout, &connect, &retention})
+  auto purge_every = ParseDurationMs(args.Get("purge-every"));
+  for (const auto* r : {&lease, &timeout, &connect, &retention, &purge_every})
     if (!r->ok()) return Fail(cmd, r->status());
   if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
   auto stored = args.GetInt("max-stored-body", 1, int64_t{1} << 30);
   auto body = args.GetInt("max-body", 1, int64_t{1} << 30);
   auto spooled = args.GetInt("max-spooled-body", 0, int64_t{1} << 40);
   auto threads = args.GetInt("threads", 1, 1024);
-  for (const auto* r : {&stored, &body, &spooled, &threads})
+  auto wait = args.GetInt("wait-ms", 0, 3'600'000);
+  for (const auto* r : {&stored, &body, &spooled, &threads, &wait})
     if (!r->ok()) return Fail(cmd, r->status());
 
   const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
@@ -126,6 +141,7 @@ int RunGateway(const Args& args) {
   o.principal_header = args.Get("principal-header");
   o.require_key = !args.Bool("pass-keyless");
   o.upstream_honours_key = args.Bool("upstream-honours-key");
+  o.forward_again_after_5xx = args.Bool("forward-again-after-5xx");
   o.max_stored_body = static_cast<size_t>(*stored);
   o.max_body_bytes = static_cast<size_t>(*body);
   o.max_spooled_body = static_cast<size_t>(*spooled);
@@ -136,6 +152,8 @@ int RunGateway(const Args& args) {
   o.ca_file = args.Get("ca-file");
   o.ca_dir = args.Get("ca-dir");
   o.threads = static_cast<int>(*threads);
+  o.wait_ms = *wait;
+  o.purge_every_ms = *purge_every;
   auto mu = std::make_shared<std::mutex>();
   const auto say = [mu, json](const std::string& line) {
     std::lock_guard lock(*mu);
@@ -149,6 +167,23 @@ int RunGateway(const Args& args) {
     }
   };
   if (!args.Bool("quiet")) o.log = say;
+  if (json && !args.Bool("quiet"))  // one object per guarded request
+    o.request_log = [mu](const httplib::Gateway::Options::RequestLog& r) {
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      const std::string line = Json()
+                                   .Add("ts_ms", static_cast<int64_t>(ms))
+                                   .Add("method", std::string(r.method))
+                                   .Add("path", std::string(r.path))
+                                   .Add("key", std::string(r.key))
+                                   .Add("outcome", std::string(r.outcome))
+                                   .Add("status", r.status)
+                                   .Add("latency_ms", r.latency_seconds * 1000)
+                                   .str();
+      std::lock_guard lock(*mu);
+      std::cerr << line << "\n";
+    };
 
   // The store last among the checks: flags are wrong before a store is
   // unreachable.
@@ -157,13 +192,23 @@ int RunGateway(const Args& args) {
   auto claims = Claims::Open(*opened->claims, {.retention_ms = *retention});
   if (!claims.ok()) return Fail(cmd, claims.status());
   o.claims = claims->get();
+  // The live view's /metrics are the gateway's, once it is open.
+  auto serving = std::make_shared<std::atomic<httplib::Gateway*>>(nullptr);
+  auto view = LiveView::Start(args, "idem gateway", [serving] {
+    httplib::Gateway* g = serving->load();
+    return g != nullptr ? g->Metrics() : std::string();
+  });
+  if (!view.ok()) return Fail(cmd, view.status());
+  if (*view) o.observer = (*view)->observer();
   auto gateway = httplib::Gateway::Open(o);
   if (!gateway.ok()) return Fail(cmd, gateway.status());
+  serving->store(gateway->get());
   StopOnSignals(&(*gateway)->server());
   say("serving http://" + o.host + ":" + std::to_string((*gateway)->port()) + " in front of " + o.upstream +
       " (store " + opened->kind + (o.upstream_honours_key ? ", upstream honours keys" : "") + ")");
   Status ran = (*gateway)->Run();
   StopOnSignals(nullptr);
+  serving->store(nullptr);
   if (!ran.ok()) return Fail(cmd, ran);
   say("stopped");
   return kExitOk;

@@ -68,6 +68,7 @@ const Entry kEntries[] = {
     IDEM_HTTP_COMMAND("gateway", idem::cli::GatewayCommand, idem::cli::RunGateway),
     IDEM_HTTP_COMMAND("webhooks", idem::cli::WebhooksCommand, idem::cli::RunWebhooks),
     IDEM_CRASH_COMMAND("chaos", idem::cli::ChaosCommand, idem::cli::RunChaos),
+    IDEM_CRASH_COMMAND("chaos gateway", idem::cli::ChaosGatewayCommand, idem::cli::RunChaosGateway),
     {"run", idem::cli::RunCommand, idem::cli::RunRun, ""},
     {"publish", idem::cli::PublishCommand, idem::cli::RunPublish, ""},
     {"relay", idem::cli::RelayCommand, idem::cli::RunRelay, ""},
@@ -118,7 +119,12 @@ int main(int argc, char** argv) {
     PrintUsage(std::cout);
     return idem::cli::kExitOk;
   }
-  if (name == "--version") name = "version";  // idem --version [--json]
+  if (name == "--version") name = "version";                                  // idem --version [--json]
+  if (name == "chaos" && argc > 2 && std::strcmp(argv[2], "gateway") == 0) {  // idem chaos gateway [flags]
+    name = "chaos gateway";
+    --argc;
+    ++argv;
+  }
   for (const Entry& e : kEntries) {
     if (e.name != name) continue;
     if (!e.command) return NotBuilt(e);

@@ -463,31 +463,11 @@ struct ProviderServer::Impl {
   void RouteMetrics() {
     Impl* p = this;
     // Prometheus text format, without authentication (the provider listens on
-    // loopback by default): what the Idempotency-Key middleware did.
+    // loopback by default): what the Idempotency-Key middleware did, and how
+    // long its requests took by outcome.
     p->server().Get("/metrics", [p](const ::httplib::Request&, ::httplib::Response& res) {
-      const http::Idempotency::Counters c = p->idempotency->counters();
-      std::string out;
-      AppendMetric(out, "idem_http_executed_total", "Requests whose handler ran (first executions).", "counter", "",
-                   c.executed);
-      AppendMetric(out, "idem_http_replayed_total", "Requests answered with a stored response.", "counter", "",
-                   c.replayed);
-      AppendMetric(out, "idem_http_conflicts_total", "Requests refused 422: the key was used for another request.",
-                   "counter", "", c.conflicts);
-      AppendMetric(out, "idem_http_in_progress_total", "Requests refused 409: the key's first request still ran.",
-                   "counter", "", c.in_progress);
-      AppendMetric(out, "idem_http_rejected_total", "Requests refused before running (401, 400, 413, 429, 503).",
-                   "counter", "", c.rejected);
-      AppendMetric(out, "idem_http_group_commits_total", "Transactions committed for groups of requests.", "counter",
-                   "", c.group_commits);
-      AppendMetric(out, "idem_http_grouped_requests_total", "Requests committed in those groups.", "counter", "",
-                   c.grouped_requests);
-      AppendMetric(out, "idem_http_group_queue", "Requests waiting for the next group now.", "gauge", "",
-                   c.group_queue);
-      AppendMetric(out, "idem_http_group_reruns_total",
-                   "Groups rolled back and run again without a request whose response was not to be stored.", "counter",
-                   "", c.group_reruns);
-      AppendMetric(out, "idem_http_invalid_total", "Requests refused by the route's validation before any claim.",
-                   "counter", "", c.invalid);
+      // The middleware's counters and request-latency histograms, then the server's.
+      std::string out = p->idempotency->Metrics();
       const idem::httplib::Server::Counters s = p->own_server->counters();
       AppendMetric(out, "idem_http_connections_refused_total",
                    "Connections answered 503 over the open-connection bounds (in all, per client address).", "counter",

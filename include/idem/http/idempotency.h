@@ -185,6 +185,13 @@ struct RoutePolicy {
   // and the request target (path and query) too, so one key stands for one
   // request: the key sent again with another method or path is 422.
   bool fingerprint_target = false;
+  // Two-phase routes with wait_ms > 0: how the wait hears that the first
+  // request finished. 0: the store's watch (on PostgreSQL a connection of
+  // its own that LISTENs, held for the whole wait). > 0: this process's
+  // wakeup when the first request finishes here, and otherwise one read of
+  // the key every wait_poll_ms; no store connection is held in between, so
+  // many waiting requests do not use up the store's connections.
+  int64_t wait_poll_ms = 0;
 };
 
 // During a two-phase route's handler: its effect may have happened but its
@@ -195,6 +202,12 @@ struct RoutePolicy {
 // "outcome-unknown" problem asking to retry with the same key. `why` goes
 // into the problem's detail.
 void OutcomeUnknown(std::string why);
+
+// During a two-phase route's handler: nothing was done (what it calls was
+// never reached: the connection was refused, say). The key is released
+// whatever the answer's status, even a 5xx on a route with store_5xx, so a
+// retry with the same key runs.
+void NotExecuted();
 
 // During a route's handler: the claim it runs under (for handlers that fence
 // their own writes with it). Null outside.
@@ -306,8 +319,20 @@ class Idempotency {
     // takeover on a kOutcomeUnknown route), and responses answered but not
     // stored for being over RoutePolicy::max_stored_body.
     uint64_t outcome_unknown = 0, not_stored = 0;
+    // Requests waiting now for their key's first request (RoutePolicy::wait_ms
+    // with wait_poll_ms).
+    uint64_t waiting = 0;
   };
   Counters counters() const;
+  // The counters (idem_http_executed_total, ...) and the histogram of the
+  // time from a request to its answer, idem_http_request_seconds, by
+  // outcome: executed, replayed, conflict, in_progress, lease_lost,
+  // executed_not_stored (the handler's 4xx/5xx, released), outcome_unknown,
+  // rejected (refused before the decision: 401, 400, 413, 429, 503, ...)
+  // and unguarded (a method the route leaves alone, or no key where none
+  // is required); in the Prometheus text format (for a /metrics of yours,
+  // or idem/httplib/metrics_endpoint.h's MountMetrics).
+  std::string Metrics() const;
 
  private:
   struct Impl;  // the routes, the group committer and the counters (idempotency.cc)

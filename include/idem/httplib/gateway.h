@@ -44,10 +44,12 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "idem/claims.h"
 #include "idem/httplib/server.h"
+#include "idem/observer.h"
 #include "idem/result.h"
 
 namespace idem::httplib {
@@ -78,6 +80,13 @@ class Gateway {
     // The upstream deduplicates the Idempotency-Key it is forwarded: a key
     // whose outcome is unknown is forwarded again, with the same key.
     bool upstream_honours_key = false;
+    // An upstream 5xx may come after the upstream acted (it failed on the way
+    // out), so by default it is stored and replayed like any answer and the key
+    // is not forwarded again. true: a 5xx is answered and its key freed, so a
+    // retry is forwarded again (for an upstream whose 5xx means nothing was
+    // done). With upstream_honours_key a 5xx is never stored either: the
+    // retry is forwarded with the same key and the upstream deduplicates it.
+    bool forward_again_after_5xx = false;
     // Responses with a larger body reach their first client but are not
     // stored: a repeat gets 410 response-not-stored. > 0.
     size_t max_stored_body = 1 << 20;
@@ -94,8 +103,8 @@ class Gateway {
     std::string spool_dir{};
     // Response headers stored and replayed (any case); never Set-Cookie
     // unless listed. The first client gets every header.
-    // An upstream 4xx or 5xx is answered but not stored: the key is free
-    // again and a retry is forwarded again (the middleware's rule).
+    // An upstream 4xx is answered but not stored: the key is free again and
+    // a retry is forwarded again (the middleware's rule).
     std::vector<std::string> stored_headers = {"Content-Type",  "Content-Language", "Location", "ETag",
                                                "Last-Modified", "Cache-Control",    "Link"};
     // Upstream timeouts: connecting, and each read or write of a forwarded
@@ -130,6 +139,37 @@ class Gateway {
     // status), and per connection or request the trusted-proxy rule refused
     // or could not attribute; client text quoted and escaped.
     std::function<void(const std::string& line)> log{};
+
+    // A repeat that arrives while its key's first request is at the
+    // upstream waits up to this long for the answer, then gets it replayed
+    // (or 409 with Retry-After when the bound passes first). 0: 409 at once.
+    // >= 0. Each waiting request holds one of `threads`.
+    int64_t wait_ms = 0;
+    // While waiting: woken at once when the first request is answered by
+    // this process; otherwise the key is read again every wait_poll_ms (a
+    // gateway beside it on the same store). No store connection is held in
+    // between. > 0.
+    int64_t wait_poll_ms = 50;
+    // Every purge_every_ms, the keys whose retention ended are deleted from
+    // the store (PurgeExpired). 0: never (purge with `idem purge`).
+    int64_t purge_every_ms = 0;
+    // Optional: called once per guarded request when it is answered (the
+    // structured form of `log`, for JSON lines: RequestLog's fields are
+    // the client's text as it came; escape it where it is written). When
+    // set, `log` gets no per-request lines, only the gateway's own (a purge
+    // that failed).
+    struct RequestLog {
+      std::string_view method{}, path{};
+      std::string_view key{};      // the key ("" without one; a malformed one as it came)
+      std::string_view outcome{};  // as in the latency histogram: forwarded, replayed, ...
+      int status = 0;
+      double latency_seconds = 0;
+    };
+    std::function<void(const RequestLog&)> request_log{};
+    // Optional: told each guarded request's claim events (kClaimStarted,
+    // kClaimReplayed, ...: Idempotency::Options::observer; `idem gateway
+    // --web`'s live view). Must outlive the gateway.
+    Observer* observer = nullptr;
   };
 
   // kInvalidArgument naming the field (no claims, a bad upstream URL, a
@@ -161,11 +201,22 @@ class Gateway {
     uint64_t not_stored = 0;       // responses over max_stored_body
     uint64_t passed = 0;           // requests forwarded unguarded
     uint64_t upstream_errors = 0;  // requests that did not reach the upstream
+    uint64_t waiting = 0;          // repeats waiting now for their key's first request (wait_ms)
+    uint64_t purged = 0;           // expired keys deleted (PurgeExpired, the timer's too)
+    uint64_t purge_errors = 0;     // purges that failed (the store's error)
   };
   Counters counters() const;
   // The counters and the latency histograms (by outcome) in the Prometheus
   // text format.
   std::string Metrics() const;
+
+  // Deletes the keys whose retention ended now (what purge_every_ms does on
+  // a timer): in the claims' store, completed keys past their
+  // retention_ms, and keys left in progress (a gateway died holding them)
+  // retention_ms after their lease ended. Every scope of the store is
+  // purged so, not only the gateway's. A purged key is new again: its next
+  // request is forwarded. How many were deleted.
+  Result<int64_t> PurgeExpired();
 
  private:
   struct Impl;

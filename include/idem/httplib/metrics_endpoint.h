@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "idem/http/idempotency.h"
 #include "idem/metrics.h"
 #include "idem/result.h"
 
@@ -28,6 +29,15 @@ namespace idem::httplib {
 
 // GET `path` on `server` answers metrics.Render() in the Prometheus text format.
 void MountMetrics(::httplib::Server& server, const Metrics& metrics, const std::string& path = "/metrics");
+
+// GET `path` on `server` answers the Idempotency-Key middleware's counters
+// and request-latency histograms by outcome (http::Idempotency::Metrics),
+// after metrics->Render() when `metrics` is not null. Both must outlive the
+// server.
+//
+//   idem::httplib::MountMetrics(server.native(), **idempotency, &metrics);
+void MountMetrics(::httplib::Server& server, const http::Idempotency& idempotency, const Metrics* metrics = nullptr,
+                  const std::string& path = "/metrics");
 
 // cpp-httplib 0.11 binds with SO_REUSEPORT, so a second server on a port in
 // use shares it silently: this sets SO_REUSEADDR alone, and binding a port

@@ -4,9 +4,6 @@
 // while it runs, then checked by counting effects against an oracle kept
 // outside every database under test. This file is the command (its flags,
 // their checks); the parts are in this directory, listed in config.h.
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -262,18 +259,7 @@ Status ParseModes(const Args& args, chaos::Config& cfg) {
 // The work directory (a fresh temporary one without --dir), the defaults
 // that name files in it, and the embedded queues emptied.
 Status PrepareWorkDir(const Args& args, chaos::Config& cfg) {
-  if (cfg.dir.empty()) {
-    std::error_code ec;
-    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-    if (ec) tmp = "/tmp";
-    std::string tmpl = (tmp / "idem-chaos-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) return Status::Unavailable("cannot create a temporary directory");
-    cfg.dir = tmpl;
-  } else {
-    struct stat st {};
-    if (::stat(cfg.dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-      return Status::InvalidArgument("--dir " + cfg.dir + " is not a directory");
-  }
+  if (Status st = chaos::MakeRunDir(cfg.dir); !st.ok()) return st;
   if (cfg.source.empty()) cfg.source = "embedded:" + cfg.dir + "/queue.db?queue=payments";
   if (cfg.store.empty()) cfg.store = "sqlite:" + cfg.dir + "/payments.db";
   cfg.source2 = args.Has("source2") ? args.Get("source2") : "embedded:" + cfg.dir + "/queue2.db?queue=shipping";

@@ -15,6 +15,8 @@
 //   supervisor.h the parent: producer, oracle log, killer, restarts, drain
 //   oracle.h     the check: effects counted against the oracle and journals
 //   report.h     the table or the JSON object, and the exit code
+//   gateway.h    idem chaos gateway: gateway processes killed while clients
+//                retry keys through them, checked against the upstream's count
 #ifndef IDEM_TOOLS_IDEM_CHAOS_CONFIG_H_
 #define IDEM_TOOLS_IDEM_CHAOS_CONFIG_H_
 

@@ -9,13 +9,19 @@
 #include "cli.h"
 
 namespace idem::cli::chaos {
-namespace {
 
 std::string JsonCounts(const std::map<std::string, int64_t>& m) {
   Json j;
   for (const auto& [k, v] : m) j.Add(k, v);
   return j.str();
 }
+
+void Row(const std::string& k, const std::string& v) {
+  std::cout << "  " << k << std::string(k.size() < 46 ? 46 - k.size() : 1, ' ') << v << "\n";
+}
+const char* Mark(bool good) { return good ? "  ✓" : "  ✕"; }
+
+namespace {
 
 // The nearest-rank percentile `p` (0..1] of `v` (sorted); -1 when empty.
 int64_t Percentile(const std::vector<int64_t>& v, double p) {
@@ -187,12 +193,6 @@ void PrintJson(const Config& cfg, const RunFacts& run, const EffectCheck& c, con
       .Add("dir", cfg.dir);
   std::cout << j.str() << "\n";
 }
-
-// One line of the table: the name, padded, and the value.
-void Row(const std::string& k, const std::string& v) {
-  std::cout << "  " << k << std::string(k.size() < 46 ? 46 - k.size() : 1, ' ') << v << "\n";
-}
-const char* Mark(bool good) { return good ? "  ✓" : "  ✕"; }
 
 void PipelineTable(const Config& cfg, const PipelineCheck& p, const Summary& s) {
   const int64_t relay_kills = s.relay_kills, stage2_kills = s.stage2_kills;

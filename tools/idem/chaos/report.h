@@ -60,6 +60,13 @@ struct RunFacts {
   bool interrupted = false;          // SIGINT or SIGTERM stopped the run
 };
 
+// `m` as one JSON object of counts.
+std::string JsonCounts(const std::map<std::string, int64_t>& m);
+// One line of the table on stdout: the name, padded, and the value; and the
+// mark after a checked value.
+void Row(const std::string& k, const std::string& v);
+const char* Mark(bool good);
+
 // Prints the report (cfg.json: the JSON object) to stdout; returns the exit
 // code. `pipeline`: the two-stage pipeline's check, or null (one stage).
 int Report(const Config& cfg, const RunFacts& run, const EffectCheck& c, const PipelineCheck* pipeline = nullptr);

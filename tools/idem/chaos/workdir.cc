@@ -2,6 +2,7 @@
 #include "chaos/workdir.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -26,6 +27,25 @@ Status RemoveFile(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove(path, ec);
   if (ec) return Status::Unavailable("cannot remove " + path + ": " + ec.message());
+  return Status::OK();
+}
+
+Status MakeRunDir(std::string& dir) {
+  if (dir.empty()) {
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string tmpl = (tmp / "idem-chaos-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) return Status::Unavailable("cannot create a temporary directory");
+    dir = tmpl;
+    return Status::OK();
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("--dir " + dir + " is not a directory");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::Unavailable("cannot create " + dir + ": " + ec.message());
   return Status::OK();
 }
 

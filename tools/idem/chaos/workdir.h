@@ -20,6 +20,11 @@ Result<std::vector<std::filesystem::path>> ListDir(const std::string& dir);
 // Removes `path` if it exists.
 Status RemoveFile(const std::string& path);
 
+// `dir` as the run's work directory: a fresh temporary directory when
+// empty (set to its path), else refused when something other than a
+// directory is there.
+Status MakeRunDir(std::string& dir);
+
 // Makes `dir` ready for a run: refuses (kInvalidArgument) a directory that
 // holds files of a run's names without the mark (a user's provider.db is
 // never deleted), creates DIR/journal, DIR/clock and DIR/fault, writes the mark, and deletes
