@@ -225,7 +225,7 @@ claims() {
 import sys
 r, idem, tps, c = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 print(f"round={r} concurrency={c} idem_claims_per_s={idem:.0f} pgbench_claims_per_s={tps:.0f} "
-      f"pgbench_over_idem={tps / idem:.3f}")
+      f"pgbench_over_idem={tps / idem:.3f} idem_over_pgbench={idem / tps:.3f}")
 EOF
   done
 }

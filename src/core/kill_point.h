@@ -32,6 +32,8 @@
 //                          WAL back into the database file
 //   postgres.round_trip    a request PostgreSQL must answer before the client
 //                          goes on is about to be sent (tests count them)
+//   postgres.claim_queued  a claim statement outside a transaction found every
+//                          flight out and waits to go with the next (tests count them)
 //   outbox.after_add       Outbox::Add queued its rows, the transaction still open
 //   relay.after_lock       a relay rebalanced its lanes
 //   relay.after_fetch      a relay fetched a round's rows, nothing handed over yet

@@ -5,11 +5,17 @@
 // reached over http/pool.h's connections.
 #include "idem/httplib/gateway.h"
 
+#include <openssl/evp.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -45,6 +51,77 @@ constexpr int64_t kUpstreamIdleMs = 1'000;
 enum Outcome { kForwarded, kReplayed, kConflict, kInProgress, kUnknown, kRefused, kPassed, kUpstreamError, kOutcomes };
 constexpr std::string_view kOutcomeNames[kOutcomes] = {"forwarded",       "replayed", "conflict", "in_progress",
                                                        "outcome_unknown", "refused",  "passed",   "upstream_error"};
+
+// A guarded request's body over max_body_bytes: its bytes in an unlinked
+// temporary file (gone with the descriptor) and their SHA-256, computed as
+// they arrive.
+class Spool {
+ public:
+  Spool() = default;
+  Spool(const Spool&) = delete;
+  Spool& operator=(const Spool&) = delete;
+  ~Spool() {
+    if (fd_ >= 0) ::close(fd_);
+    if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
+  }
+  // Makes the file in `dir` ("" : $TMPDIR, else /tmp); false (with `why`)
+  // when it cannot be made.
+  bool Open(std::string dir, std::string& why) {
+    if (dir.empty()) dir = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+    std::string path = dir + "/idem-gateway-body-XXXXXX";
+    fd_ = ::mkstemp(path.data());
+    if (fd_ < 0) {
+      why = "cannot make a spool file in " + dir + ": " + std::strerror(errno);
+      return false;
+    }
+    ::unlink(path.c_str());
+    sha_ = EVP_MD_CTX_new();
+    if (sha_ == nullptr || EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr) != 1) {
+      why = "cannot hash the spooled body";
+      return false;
+    }
+    return true;
+  }
+  bool Write(const char* data, size_t n) {
+    if (EVP_DigestUpdate(sha_, data, n) != 1) return false;
+    for (size_t done = 0; done < n;) {
+      const ssize_t w = ::write(fd_, data + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += static_cast<size_t>(w);
+    }
+    size_ += n;
+    return true;
+  }
+  // The SHA-256 of what was written, in hex (call once, after the last Write).
+  std::string Sha256() {
+    Fingerprint fp{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(sha_, fp.data(), &len);
+    return ToHex(fp);
+  }
+  size_t size() const { return size_; }
+  // Sends [offset, offset + length) of the file to `sink`, a piece at a time.
+  bool Provide(size_t offset, size_t length, ::httplib::DataSink& sink) const {
+    char buf[64 * 1024];
+    const ssize_t r = ::pread(fd_, buf, std::min(length, sizeof buf), static_cast<off_t>(offset));
+    return r > 0 && sink.write(buf, static_cast<size_t>(r));
+  }
+
+ private:
+  int fd_ = -1;
+  EVP_MD_CTX* sha_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Where a forwarded request's body comes from: `req.body` (read whole, as
+// cpp-httplib reads it), a spool file, or the client's connection itself
+// (streamed straight through).
+struct BodySource {
+  const std::string* bytes = nullptr;
+  const Spool* spool = nullptr;
+  const ::httplib::ContentReader* stream = nullptr;
+};
 
 }  // namespace
 
@@ -113,7 +190,8 @@ struct Gateway::Impl {
   // anew (ConnectionPool::Take), so only a failure to connect means "not sent",
   // and a request on a connection the upstream closes at that very moment
   // is "sent" (doc/gateway.md).
-  bool Forward(const ::httplib::Request& req, http::Answer& ans, bool& sent, std::string& why) {
+  bool Forward(const ::httplib::Request& req, const BodySource& body, http::Answer& ans, bool& sent,
+               std::string& why) {
     hi::ConnectionPool& p = *pool;
     ::httplib::Request out;
     out.method = req.method;
@@ -126,7 +204,27 @@ struct Gateway::Impl {
       out.headers.erase("X-Forwarded-For");
       out.headers.emplace("X-Forwarded-For", xff.empty() ? remote : xff + ", " + remote);
     }
-    out.body = req.body;
+    if (body.bytes != nullptr) {
+      out.body = *body.bytes;
+    } else if (body.spool != nullptr) {
+      const Spool* spool = body.spool;
+      out.content_length_ = spool->size();
+      out.content_provider_ = [spool](size_t offset, size_t length, ::httplib::DataSink& sink) {
+        return spool->Provide(offset, length, sink);
+      };
+    } else if (body.stream != nullptr) {
+      // Each piece as it arrives from the client (cpp-httplib's sized or
+      // chunked writes, as the request came).
+      const ::httplib::ContentReader* stream = body.stream;
+      out.is_chunked_content_provider_ = !req.has_header("Content-Length");
+      out.content_length_ = static_cast<size_t>(req.get_header_value<uint64_t>("Content-Length"));
+      out.content_provider_ = [stream, chunked = out.is_chunked_content_provider_](size_t, size_t,
+                                                                                   ::httplib::DataSink& sink) {
+        if (!(*stream)([&](const char* data, size_t n) { return sink.write(data, n); })) return false;
+        if (chunked) sink.done();
+        return true;
+      };
+    }
     hi::ConnectionPool::Connection c = p.Take();
     ::httplib::Result r = c->send(out);
     if (!r) {
@@ -160,6 +258,70 @@ struct Gateway::Impl {
   }
 
   void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
+    Serve(req, res, BodySource{.bytes = &req.body}, nullptr);
+  }
+
+  // With max_spooled_body: a request whose body cpp-httplib has not read.
+  // Unguarded, it is streamed straight to the upstream; guarded, it is read
+  // here, in memory up to max_body_bytes and past that into a spool file
+  // (up to max_spooled_body: else 413), then served as any other.
+  void HandleReading(const ::httplib::Request& req, ::httplib::Response& res, const ::httplib::ContentReader& reader) {
+    const bool has_body = req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
+    if (!Guarded(req)) {
+      Serve(req, res, has_body ? BodySource{.stream = &reader} : BodySource{.bytes = &req.body}, nullptr);
+      return;
+    }
+    std::string body, why;
+    Spool spool;
+    bool spooled = false, too_large = false, failed = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (!spooled && body.size() + n <= options.max_body_bytes) {
+        body.append(data, n);
+        return true;
+      }
+      if (!spooled) {
+        spooled = true;
+        if (!spool.Open(options.spool_dir, why) || !spool.Write(body.data(), body.size())) return failed = true, false;
+        body.clear();
+      }
+      if (spool.size() + n > options.max_spooled_body) return too_large = true, false;
+      if (!spool.Write(data, n)) return failed = true, false;
+      return true;
+    });
+    if (too_large || failed) {
+      http::Answer ans;
+      problems(too_large ? http::Refusal{.status = 413,
+                                         .type = "body-too-large",
+                                         .title = "Body too large",
+                                         .detail = "the body is over " + std::to_string(options.max_spooled_body) +
+                                                   " bytes (max_spooled_body)",
+                                         .retry = "no"}
+                         : http::Refusal{.status = 503,
+                                         .type = "spool-unavailable",
+                                         .title = "Body could not be spooled",
+                                         .detail = why.empty() ? "the spool file could not be written" : why,
+                                         .retry = "same-key"},
+               ans);
+      if (!too_large) ans.headers.Set("Retry-After", "1");
+      WriteAnswer(ans, res);
+      return;
+    }
+    if (!read) return;  // the client left: nobody to answer
+    if (!spooled) {
+      Serve(req, res, BodySource{.bytes = &body}, &body);
+      return;
+    }
+    // The fingerprint covers the spooled bytes as they are (their SHA-256;
+    // no JSON or form canonicalisation at this size).
+    std::string stand_in = "idem-spooled-body sha256:" + spool.Sha256() + " bytes:" + std::to_string(spool.size());
+    Serve(req, res, BodySource{.spool = &spool}, &stand_in);
+  }
+
+  // `req` answered into `res`, its body forwarded from `body`; `fingerprinted`
+  // (when not null) is what the key's fingerprint takes as the body instead of
+  // req.body.
+  void Serve(const ::httplib::Request& req, ::httplib::Response& res, const BodySource& body,
+             const std::string* fingerprinted) {
     const auto start = std::chrono::steady_clock::now();
     Outcome outcome = kPassed;
     http::Answer ans;
@@ -172,20 +334,21 @@ struct Gateway::Impl {
       bool sent = false;
       std::string why;
       passed.fetch_add(1, std::memory_order_relaxed);
-      if (!Forward(req, ans, sent, why)) {
+      if (!Forward(req, body, ans, sent, why)) {
         outcome = kUpstreamError;
         UpstreamDown(ans, why);
       }
     } else {
       http::Request core = ToRequest(req);
       if (!req.target.empty()) core.path = req.target;
+      if (fingerprinted != nullptr) core.body = *fingerprinted;
       bool ran = false, lost = false, unreached = false;
       idempotency->Serve(*route, core, ans, [&](const http::Request&, http::Answer& out, Transaction*) {
         ran = true;
         bool sent = false;
         std::string why;
         in_flight.fetch_add(1, std::memory_order_relaxed);
-        const bool answered = Forward(req, out, sent, why);
+        const bool answered = Forward(req, body, out, sent, why);
         in_flight.fetch_sub(1, std::memory_order_relaxed);
         if (answered || sent) forwarded.fetch_add(1, std::memory_order_relaxed);
         if (answered) return;
@@ -271,6 +434,12 @@ struct Gateway::Impl {
     const Server::Counters s = server->counters();
     AppendMetric(out, "idem_http_connections_refused_total", "Connections refused over a bound.", "counter",
                  static_cast<uint64_t>(s.refused));
+    AppendMetric(out, "idem_http_proxy_refused_total",
+                 "Connections closed for a PROXY header (untrusted address, malformed or missing).", "counter",
+                 static_cast<uint64_t>(s.proxy_refused));
+    AppendMetric(out, "idem_http_forwarded_for_malformed_total",
+                 "Requests from a trusted proxy whose X-Forwarded-For named no client.", "counter",
+                 static_cast<uint64_t>(s.forwarded_for_malformed));
     latency.Write(out, "idem_gateway_request_seconds", "Time from a request's arrival to its answer, by outcome.");
     AppendMetric(out, "idem_gateway_waiting", "Repeats waiting now for their key's first request.", "gauge", c.waiting);
     AppendMetric(out, "idem_gateway_purged_total", "Expired keys deleted from the store.", "counter", c.purged);
@@ -351,7 +520,10 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
 
   IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.max_connections = options.max_connections,
                                                     .max_connections_per_client = options.max_connections_per_client,
-                                                    .threads = options.threads}));
+                                                    .threads = options.threads,
+                                                    .trusted_proxies = options.trusted_proxies,
+                                                    .proxy_protocol = options.proxy_protocol,
+                                                    .log = options.log}));
   ::httplib::Server& native = impl->server->native();
   // SO_REUSEADDR alone (cpp-httplib's SO_REUSEPORT would share a busy port),
   // and the socket noted: cpp-httplib 0.11 listens with a backlog of 5, and a
@@ -362,16 +534,26 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     *listen_fd = sock;
   });
-  native.set_payload_max_length(options.max_body_bytes);
+  native.set_payload_max_length(std::max(options.max_body_bytes, options.max_spooled_body));
   Impl* raw = impl.get();
   const auto handler = [raw](const ::httplib::Request& req, ::httplib::Response& res) { raw->Handle(req, res); };
   const std::string any = ".*";
   native.Get(any, handler);
-  native.Post(any, handler);
-  native.Put(any, handler);
-  native.Patch(any, handler);
-  native.Delete(any, handler);
   native.Options(any, handler);
+  if (options.max_spooled_body > options.max_body_bytes) {
+    // Bodies read by the gateway itself (spooled, or streamed through).
+    const auto reading = [raw](const ::httplib::Request& req, ::httplib::Response& res,
+                               const ::httplib::ContentReader& reader) { raw->HandleReading(req, res, reader); };
+    native.Post(any, reading);
+    native.Put(any, reading);
+    native.Patch(any, reading);
+    native.Delete(any, reading);
+  } else {
+    native.Post(any, handler);
+    native.Put(any, handler);
+    native.Patch(any, handler);
+    native.Delete(any, handler);
+  }
   if (options.port == 0) {
     impl->port = native.bind_to_any_port(options.host);
     if (impl->port <= 0) return Status::Unavailable("gateway: cannot listen on " + options.host + ": no free port");

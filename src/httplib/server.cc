@@ -2,6 +2,7 @@
 #include "idem/httplib/server.h"
 
 #include "core/signal_stop.h"
+#include "httplib/client_address.h"
 #include "httplib/fiber.h"
 
 #include <netdb.h>
@@ -170,12 +171,18 @@ class ConnectionStream final : public ::httplib::Stream {
 
   // Reads until the buffer holds the whole request (its head and a body of
   // up to kPrefetchMax; only the head of a chunked request or of one that
-  // waits for 100 Continue), waiting as the stream's other waits do.
-  // kDeadline past the request's deadline, kStopped on stop() (`listening`
-  // closed), kClosed when the peer closed or the socket failed.
-  Arrival Prefetch(const std::atomic<socket_t>& listening) {
+  // waits for 100 Continue), or with `head_only` its head, waiting as the
+  // stream's other waits do. kDeadline past the request's deadline, kStopped
+  // on stop() (`listening` closed), kClosed when the peer closed or the
+  // socket failed.
+  Arrival Prefetch(const std::atomic<socket_t>& listening, bool head_only = false) {
+    return ReadUntil(listening, [&] { return head_only ? !BufferedHead().empty() || Full() : RequestBuffered(); });
+  }
+  // Reads until `ready()` (it looks at Buffered()), as Prefetch waits.
+  template <class Ready>
+  Arrival ReadUntil(const std::atomic<socket_t>& listening, Ready ready) {
     for (;;) {
-      if (RequestBuffered()) return Arrival::kReady;
+      if (ready()) return Arrival::kReady;
       if (listening == INVALID_SOCKET) return Arrival::kStopped;
       const int64_t left = deadline_ms_ - NowMs();
       if (left <= 0) return Arrival::kDeadline;
@@ -193,6 +200,19 @@ class ConnectionStream final : public ::httplib::Stream {
     port = local_.port;
   }
   socket_t socket() const override { return sock_; }
+
+  // The bytes read and not yet taken.
+  std::string_view Buffered() const { return {in_.data() + off_, len_ - off_}; }
+  // The buffered request head, to its empty line; empty until it is all here.
+  std::string_view BufferedHead() const {
+    const std::string_view buf = Buffered();
+    const size_t end = buf.find("\r\n\r\n");
+    return end == std::string_view::npos ? std::string_view() : buf.substr(0, end + 4);
+  }
+  // Takes `n` buffered bytes that are no request's (a PROXY header).
+  void Skip(size_t n) { off_ += std::min(n, len_ - off_); }
+  // The client's address, as a PROXY header gave it.
+  void set_remote(Address remote) { remote_ = std::move(remote); }
 
   // Sends what is held back (a head without a body, a 100 Continue).
   bool Flush() { return out_.empty() ? !failed_ : Send(nullptr, 0); }
@@ -319,10 +339,13 @@ class ConnectionStream final : public ::httplib::Stream {
     }
   }
 
+  // Whether the buffer holds as much as it waits for.
+  bool Full() const { return len_ - off_ >= kPrefetchMax; }
+
   // Whether the buffer holds a whole request (as Prefetch says).
   bool RequestBuffered() const {
     const size_t have = len_ - off_;
-    if (have >= kPrefetchMax) return true;
+    if (Full()) return true;
     const std::string_view buf(in_.data() + off_, have);
     const size_t end = buf.find("\r\n\r\n");
     if (end == std::string_view::npos) return false;
@@ -379,10 +402,11 @@ int64_t Millis(time_t sec, time_t usec) {
   return std::min<int64_t>(kMaxTimeoutMs, static_cast<int64_t>(sec) * 1000 + static_cast<int64_t>(usec) / 1000);
 }
 
-// A connection over a bound: answered without waiting (the socket's buffer
-// takes it), what already arrived is read away (so the close sends a FIN
-// after the answer, not a reset before it), and closed.
-void Refuse(socket_t sock) {
+// A connection (or a trusted proxy's request) over a bound: answered
+// without waiting (the socket's buffer takes it), what already arrived is
+// read away (so the close sends a FIN after the answer, not a reset before
+// it); the caller closes it.
+void SendRefusal(socket_t sock) {
   static constexpr std::string_view k503 =
       "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
   (void)!::send(sock, k503.data(), k503.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -390,6 +414,9 @@ void Refuse(socket_t sock) {
   char scratch[4096];
   for (int i = 0; i < 16 && ::recv(sock, scratch, sizeof scratch, MSG_DONTWAIT) > 0; ++i) {
   }
+}
+void Refuse(socket_t sock) {
+  SendRefusal(sock);
   ::close(sock);
 }
 
@@ -425,6 +452,8 @@ class Server::Impl final : public ::httplib::Server {
  public:
   explicit Impl(const ::idem::httplib::Server::Options& options) : options_(options) {
     new_task_queue = [this] { return new AcceptQueue(*this); };
+    std::string bad;  // Open checked them
+    trusted_ = internal::TrustedProxies::Parse(options_.trusted_proxies, bad).value_or(internal::TrustedProxies());
   }
   ~Impl() override {
     loops_.reset();  // its fibers have ended: none waits for a worker
@@ -465,7 +494,12 @@ class Server::Impl final : public ::httplib::Server {
 
   ::idem::httplib::Server::Counters counters() const {
     std::lock_guard lock(mu_);
-    return {.accepted = accepted_, .refused = refused_, .deadline_closes = deadline_closes_, .open = open_};
+    return {.accepted = accepted_,
+            .refused = refused_,
+            .deadline_closes = deadline_closes_,
+            .open = open_,
+            .proxy_refused = proxy_refused_,
+            .forwarded_for_malformed = forwarded_for_malformed_};
   }
 
   // What ::httplib::Server::stop() does (the listening socket closed: the
@@ -502,23 +536,40 @@ class Server::Impl final : public ::httplib::Server {
     Impl& impl;
     socket_t sock;
     Address peer;
+    // The client it is counted for under max_connections_per_client (the
+    // peer's address, canonical); empty for a trusted proxy's connection
+    // (until a PROXY header names its client).
+    std::string client;
     std::shared_ptr<Ended> ended;  // set: a thread waits for the end
     ~Connection() {
       ::shutdown(sock, SHUT_RDWR);
       ::close(sock);
-      impl.Release(peer.ip);
+      impl.Release(client);
       if (ended) ended->Set();
+    }
+  };
+
+  // A trusted proxy's request counted for its client until it ends.
+  struct RequestCount {
+    Impl* impl = nullptr;
+    std::string client;
+    RequestCount() = default;
+    RequestCount(const RequestCount&) = delete;
+    RequestCount& operator=(const RequestCount&) = delete;
+    ~RequestCount() {
+      if (impl != nullptr) impl->ReleaseClient(client);
     }
   };
 
   bool process_and_close_socket(socket_t sock) override {
     Address peer;
     AddressOf(::getpeername, sock, peer);
-    if (!Start().ok() || !Admit(peer.ip)) {
+    const std::string client = trusted_.Contains(peer.ip) ? std::string() : internal::CanonicalIp(peer.ip);
+    if (!Start().ok() || !Admit(client)) {
       Refuse(sock);
       return false;
     }
-    std::shared_ptr<Connection> conn(new Connection{*this, sock, std::move(peer), nullptr});
+    std::shared_ptr<Connection> conn(new Connection{*this, sock, std::move(peer), client, nullptr});
     // A thread of a task queue set on native(): it holds the connection
     // until the end, as cpp-httplib's own loop would.
     std::shared_ptr<Ended> ended;
@@ -529,23 +580,44 @@ class Server::Impl final : public ::httplib::Server {
     return true;
   }
 
-  bool Admit(const std::string& ip) {
+  // A connection, counted for `client` (none: empty) unless over a bound.
+  bool Admit(const std::string& client) {
     std::lock_guard lock(mu_);
-    int& from_ip = per_client_[ip];
-    if (open_ >= options_.max_connections ||
-        (options_.max_connections_per_client > 0 && from_ip >= options_.max_connections_per_client)) {
-      if (from_ip == 0) per_client_.erase(ip);
+    if (open_ >= options_.max_connections || !CountClient(client)) {
       ++refused_;
       return false;
     }
-    ++from_ip;
     ++open_;
     ++accepted_;
     return true;
   }
-  void Release(const std::string& ip) {
+  // A client named by a trusted proxy (a PROXY header, X-Forwarded-For),
+  // counted unless over its bound.
+  bool AdmitClient(const std::string& client) {
     std::lock_guard lock(mu_);
-    if (auto it = per_client_.find(ip); it != per_client_.end() && --it->second <= 0) per_client_.erase(it);
+    if (CountClient(client)) return true;
+    ++refused_;
+    return false;
+  }
+  // Under mu_: one more for `client` (empty: none), unless at its bound.
+  bool CountClient(const std::string& client) {
+    if (client.empty()) return true;
+    int& from = per_client_[client];
+    if (options_.max_connections_per_client > 0 && from >= options_.max_connections_per_client) {
+      if (from == 0) per_client_.erase(client);
+      return false;
+    }
+    ++from;
+    return true;
+  }
+  void ReleaseClient(const std::string& client) {
+    if (client.empty()) return;
+    std::lock_guard lock(mu_);
+    if (auto it = per_client_.find(client); it != per_client_.end() && --it->second <= 0) per_client_.erase(it);
+  }
+  void Release(const std::string& client) {
+    ReleaseClient(client);
+    std::lock_guard lock(mu_);
     if (--open_ == 0) ended_cv_.notify_all();
   }
   void WaitAllEnded() {
@@ -556,16 +628,106 @@ class Server::Impl final : public ::httplib::Server {
     std::lock_guard lock(mu_);
     ++deadline_closes_;
   }
+  void Log(const std::string& line) {
+    if (options_.log) options_.log(line);
+  }
+
+  // A connection refused for its PROXY header: closed unanswered.
+  void RefuseProxyHeader(const Connection& conn, const std::string& why) {
+    {
+      std::lock_guard lock(mu_);
+      ++proxy_refused_;
+    }
+    Log("connection from " + conn.peer.ip + " closed: " + why);
+  }
+
+  // With Options::proxy_protocol, at the start of a trusted proxy's
+  // connection: its PROXY header read and taken (the client it names
+  // counted for the connection, and made its remote address). False when
+  // the connection ends here. `by_request`: its requests are counted each
+  // for its own client; `fallback`: for whom without one.
+  bool TakeProxyHeader(Connection& conn, ConnectionStream& strm, bool& by_request, std::string& fallback) {
+    strm.StartRequest(NowMs() + options_.request_deadline_ms);
+    internal::ProxyHeader header;
+    internal::ProxyParse parsed = internal::ProxyParse::kNeedMore;
+    std::string why;
+    const Arrival arrival = strm.ReadUntil(svr_sock_, [&] {
+      parsed = internal::ParseProxyHeader(strm.Buffered(), header, why);
+      return parsed != internal::ProxyParse::kNeedMore;
+    });
+    if (arrival == Arrival::kDeadline)
+      RefuseProxyHeader(conn, "no whole PROXY header from a trusted proxy within the request deadline");
+    if (arrival != Arrival::kReady) return false;
+    if (parsed == internal::ProxyParse::kMalformed) {
+      RefuseProxyHeader(conn, "a malformed PROXY header from a trusted proxy: " + why);
+      return false;
+    }
+    strm.Skip(header.length);
+    if (!header.source) return true;  // the proxy's own connection
+    Address source{internal::CanonicalIp(*header.source), header.source_port};
+    strm.set_remote(source);
+    fallback = source.ip;
+    if (trusted_.Contains(*header.source)) return true;  // a proxy: its requests name their clients
+    if (!AdmitClient(source.ip)) {
+      SendRefusal(conn.sock);
+      return false;
+    }
+    conn.client = source.ip;
+    by_request = false;
+    return true;
+  }
+
+  // The client a trusted proxy's request (its head) is counted for.
+  std::string RequestClient(std::string_view head, const std::string& fallback, const Connection& conn) {
+    internal::IpAddress client;
+    std::string bad;
+    switch (internal::ClientInForwardedFor(internal::ForwardedForIn(head), trusted_, client, bad)) {
+      case internal::ForwardedFor::kClient: return internal::CanonicalIp(client);
+      case internal::ForwardedFor::kAbsent: return fallback;
+      case internal::ForwardedFor::kMalformed: break;
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++forwarded_for_malformed_;
+    }
+    Log("X-Forwarded-For from trusted proxy " + conn.peer.ip + ": " + internal::QuotedForLog(bad) +
+        " is not an address; the request counts for " + fallback);
+    return fallback;
+  }
 
   // The connection loop, on a fiber: it waits (parked) for each request's
   // bytes, then serves the request there (fibers) or on a worker thread.
-  void Serve(const Connection& conn) {
+  void Serve(Connection& conn) {
     ConnectionStream strm(conn.sock, conn.peer, static_cast<int>(Millis(read_timeout_sec_, read_timeout_usec_)),
                           static_cast<int>(Millis(write_timeout_sec_, write_timeout_usec_)), payload_max_length_);
+    // A trusted proxy's connection: each request counted for its client.
+    bool by_request = conn.client.empty();
+    std::string fallback = internal::CanonicalIp(conn.peer.ip);
+    // A peer not trusted must not start with a PROXY header (looked at
+    // once its first request has arrived).
+    bool refuse_proxy_header = options_.proxy_protocol && !by_request;
+    if (options_.proxy_protocol && by_request && !TakeProxyHeader(conn, strm, by_request, fallback)) return;
+    by_request = by_request && options_.max_connections_per_client > 0;
     const int64_t keep_alive_ms = Millis(keep_alive_timeout_sec_, 0);
     for (size_t count = keep_alive_max_count_; count > 0 && strm.WaitForRequest(svr_sock_, keep_alive_ms); --count) {
       strm.StartRequest(NowMs() + options_.request_deadline_ms);
-      const Arrival arrival = strm.Prefetch(svr_sock_);
+      Arrival arrival = strm.Prefetch(svr_sock_, /*head_only=*/by_request);
+      if (refuse_proxy_header && internal::LooksLikeProxyHeader(strm.Buffered())) {
+        RefuseProxyHeader(conn, "a PROXY header from an address that is not a trusted proxy");
+        return;
+      }
+      refuse_proxy_header = false;
+      RequestCount counted;
+      if (arrival == Arrival::kReady && by_request) {
+        std::string client = RequestClient(strm.BufferedHead(), fallback, conn);
+        if (!AdmitClient(client)) {
+          SendRefusal(conn.sock);
+          return;
+        }
+        counted.impl = this;
+        counted.client = std::move(client);
+        arrival = strm.Prefetch(svr_sock_);
+      }
       if (arrival == Arrival::kDeadline) CountDeadlineClose();
       if (arrival != Arrival::kReady) return;
       bool again = false;
@@ -617,10 +779,12 @@ class Server::Impl final : public ::httplib::Server {
   mutable std::mutex mu_;
   std::condition_variable ended_cv_;
   std::unordered_map<std::string, int> per_client_;
-  int64_t open_ = 0, accepted_ = 0, refused_ = 0, deadline_closes_ = 0;
+  int64_t open_ = 0, accepted_ = 0, refused_ = 0, deadline_closes_ = 0, proxy_refused_ = 0,
+          forwarded_for_malformed_ = 0;
+  internal::TrustedProxies trusted_;
 };
 
-Result<std::unique_ptr<Server>> Server::Open(const Options& options) {
+Status Server::Check(const Options& options) {
   auto bad = [](const std::string& field, int64_t v, const char* range) {
     return Status::InvalidArgument("idem::httplib::Server::Options::" + field + " must be " + range + ", got " +
                                    std::to_string(v));
@@ -631,6 +795,18 @@ Result<std::unique_ptr<Server>> Server::Open(const Options& options) {
     return bad("max_connections_per_client", options.max_connections_per_client, ">= 0");
   if (options.threads < 1 || options.threads > 4096) return bad("threads", options.threads, "1..4096");
   if (options.fibers < 0 || options.fibers > 1024) return bad("fibers", options.fibers, "0..1024");
+  std::string entry;
+  if (!internal::TrustedProxies::Parse(options.trusted_proxies, entry))
+    return Status::InvalidArgument("idem::httplib::Server::Options::trusted_proxies: '" + entry +
+                                   "' is not an IP address or CIDR block (10.0.0.0/8, fd00::/8, 192.0.2.7)");
+  if (options.proxy_protocol && options.trusted_proxies.empty())
+    return Status::InvalidArgument(
+        "idem::httplib::Server::Options::proxy_protocol needs trusted_proxies (the proxies that send it)");
+  return Status::OK();
+}
+
+Result<std::unique_ptr<Server>> Server::Open(const Options& options) {
+  IDEM_RETURN_IF_ERROR(Check(options));
   auto impl = std::make_unique<Impl>(options);
   IDEM_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -123,9 +123,10 @@ inline constexpr const char* kAddWaiter = "UPDATE idem_claims SET waiters = wait
 
 // ---- claims. Judged by the server's clock: `now` is a parameter that is
 // NULL unless the store was given a clock (tests), so every statement reads
-// the time where the decision is made. Each write is one statement in its
-// own transaction: the fence comes from the sequence inside it, and a
-// completion or release wakes waiters (LISTEN idem_claims) in the same step.
+// the time where the decision is made. Each write is one statement, in its
+// own transaction or in a flight's shared one (PgStore::QueryAlone): the
+// fence comes from the sequence inside it, and a completion or release wakes
+// waiters (LISTEN idem_claims) when its transaction commits.
 #define IDEM_PG_NOW(n) "COALESCE($" #n "::bigint, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
 #define IDEM_PG_NOTIFY "CASE WHEN waiters > 0 THEN pg_notify('idem_claims', $1 || ':' || encode($2, 'hex')) END"
 inline constexpr const char* kClaimsChannel = "idem_claims";

@@ -11,9 +11,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -80,6 +84,7 @@ void NoteCommitNotice(void* arg, const PGresult* res) {
 
 class PgConnection final : public sql_internal::Connection {
  public:
+  using Statement = pg_internal::Conn::Statement;
   PgConnection(std::unique_ptr<Conn> c, AckGate gate) : c_(std::move(c)), gate_(gate) {}
   Result<int64_t> Exec(std::string_view sql, std::span<const Value> params) override {
     IDEM_ASSIGN_OR_RETURN(pg_internal::ResultPtr r, Run(sql, params));
@@ -96,6 +101,17 @@ class PgConnection final : public sql_internal::Connection {
     std::vector<Statement> statements;
     for (const auto& params : each) statements.push_back(Statement{sql, params});
     IDEM_ASSIGN_OR_RETURN(auto results, Send(statements));
+    std::vector<Rows> out;
+    out.reserve(results.size());
+    for (const auto& r : results) out.push_back(pg_internal::ToRows(r.get()));
+    return out;
+  }
+  // Statements (they may differ) outside any transaction, in one flight:
+  // the protocol runs them in one implicit transaction, which the flight's
+  // sync commits (or, when one fails, rolls back whole).
+  Result<std::vector<Rows>> QueryTogether(std::span<const Statement> statements) {
+    if (InTransaction()) return Status::Internal("QueryTogether inside a transaction");
+    IDEM_ASSIGN_OR_RETURN(auto results, c_->ExecFlight("", statements));
     std::vector<Rows> out;
     out.reserve(results.size());
     for (const auto& r : results) out.push_back(pg_internal::ToRows(r.get()));
@@ -211,7 +227,6 @@ class PgConnection final : public sql_internal::Connection {
   }
 
  private:
-  using Statement = pg_internal::Conn::Statement;
   struct Held {
     std::string sql;
     std::vector<Value> params;
@@ -491,6 +506,60 @@ class PgStore final : public sql_internal::SqlStore {
     return awake();
   }
 
+  // Claim statements of concurrent callers, each committed on its own
+  // otherwise: a caller flies at once, alone, while fewer flights are out
+  // than the pool keeps connections (Options::pool_size), as it did before.
+  // Past that, where it would open a connection of its own and close it
+  // after, it joins the next flight instead, which sends up to kMaxGroup
+  // statements in one pipeline whose statements form one implicit
+  // transaction: one round trip and one commit for the group. Each
+  // statement still decides alone (a claim's insert-or-read, a completion's
+  // fenced update); they only share the commit, which is when each caller
+  // learns its answer, as before. In (scope, key) order, so that flights of
+  // this process or another lock the rows they share in one order and
+  // never deadlock. A flight that fails on the server was rolled back
+  // whole: each statement runs again alone, for its own answer; one that
+  // lost its connection gives each the error each alone would have got.
+  Result<Rows> QueryAlone(std::string_view sql, std::vector<Value> params) override {
+    GroupJob job{sql, params};
+    std::unique_lock lock(group_mu_);
+    group_queue_.push_back(&job);
+    bool queued = false;
+    while (!job.out.has_value() && !job.alone) {
+      if (flights_ >= options_.pool_size || group_queue_.empty()) {
+        if (!std::exchange(queued, true) && flights_ >= options_.pool_size) {
+          lock.unlock();  // (tests count the callers that wait for the next flight)
+          IDEM_KILL_POINT("postgres.claim_queued");
+          lock.lock();
+          continue;
+        }
+        job.wake.wait(lock);
+        continue;
+      }
+      const size_t n = std::min(group_queue_.size(), kMaxGroup);
+      std::vector<GroupJob*> group(group_queue_.begin(), group_queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      group_queue_.erase(group_queue_.begin(), group_queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      ++flights_;
+      lock.unlock();
+      std::vector<std::optional<Result<Rows>>> answers = Fly(group);
+      lock.lock();
+      --flights_;
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (answers[i].has_value()) {
+          group[i]->out.emplace(std::move(*answers[i]));
+        } else {
+          group[i]->alone = true;
+        }
+        if (group[i] != &job) group[i]->wake.notify_one();
+      }
+      // The first caller waiting takes the next flight.
+      if (!group_queue_.empty()) group_queue_.front()->wake.notify_one();
+    }
+    lock.unlock();
+    if (job.alone) return SqlStore::QueryAlone(sql, std::move(params));
+    return std::move(*job.out);
+  }
+
   // Claims are judged by the server's clock unless a clock was given.
   Value ClaimNow() override { return options_.claim_clock ? Value(options_.claim_clock->NowMs()) : Value(); }
 
@@ -566,6 +635,55 @@ class PgStore final : public sql_internal::SqlStore {
   }
 
  private:
+  struct GroupJob {
+    std::string_view sql;
+    std::span<const Value> params;  // [0] the scope, [1] the key
+    std::optional<Result<Rows>> out{};
+    bool alone = false;              // its group was rolled back: it goes alone
+    std::condition_variable wake{};  // its answer is in (or it goes alone), or it may fly
+  };
+  static constexpr size_t kMaxGroup = 64;
+  static constexpr int64_t kGroupLockWaitMs = 200;
+
+  // One flight of `group`'s statements (see QueryAlone): their answers, in
+  // the group's order, or none for each when the server rolled the flight
+  // back (each then goes alone, on its caller's thread: one that waits for
+  // a lock holds up no other).
+  std::vector<std::optional<Result<Rows>>> Fly(std::span<GroupJob* const> group) {
+    using Answers = std::vector<std::optional<Result<Rows>>>;
+    auto lease = Take();
+    if (!lease.ok()) return Answers(group.size(), Result<Rows>(lease.status()));
+    sql_internal::Connection& c = **lease;
+    if (group.size() == 1) return Answers{c.Query(group[0]->sql, group[0]->params)};
+    std::vector<size_t> order(group.size());
+    std::vector<std::pair<std::string, std::string>> keys;  // (scope, key)
+    for (size_t i = 0; i < order.size(); ++i) {
+      order[i] = i;
+      keys.emplace_back(group[i]->params[0].AsText(), group[i]->params[1].AsText());
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+    // A group waits for no lock long: a row another transaction holds (a
+    // claim in a caller's open transaction, whose thread may itself wait for
+    // this flight) would hold up every statement of the group. Past the
+    // bound the flight fails and each statement goes alone, where a wait
+    // holds up only its own caller, as without groups.
+    const Value bound[] = {std::to_string(kGroupLockWaitMs) + "ms"};
+    std::vector<PgConnection::Statement> statements{{pg_internal::kBoundLockWaits, bound}};
+    statements.reserve(order.size() + 1);
+    for (size_t i : order) statements.push_back({group[i]->sql, group[i]->params});
+    Result<std::vector<Rows>> together = static_cast<PgConnection&>(c).QueryTogether(statements);
+    if (!together.ok() && c.Healthy() && !c.InTransaction()) return Answers(group.size());  // rolled back
+    Answers out(group.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (together.ok()) {
+        out[order[k]].emplace(std::move((*together)[k + 1]));
+      } else {
+        out[order[k]].emplace(together.status());  // the connection lost: as each alone would
+      }
+    }
+    return out;
+  }
+
   // Creates the partitions of today and the next days (each in its own
   // transaction). A day whose rows already sit in the default partition
   // keeps them there: creating it then fails, harmlessly.
@@ -654,6 +772,9 @@ class PgStore final : public sql_internal::SqlStore {
 
   Options options_;
   std::atomic<int> pooled_{-1};
+  std::mutex group_mu_;
+  std::deque<GroupJob*> group_queue_;  // waiting for a flight
+  int flights_ = 0;                    // flights out
 };
 
 }  // namespace

@@ -80,6 +80,11 @@ Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connect
 
 Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) { return ClaimOn(nullptr, r); }
 
+Result<Rows> SqlStore::QueryAlone(std::string_view sql, std::vector<Value> params) {
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  return c->Query(sql, params);
+}
+
 // What the record in `row` (the select's columns) answers without a write, or
 // std::nullopt when the key may be taken (lease ended, result expired).
 static std::optional<ClaimOutcome> Decide(const std::vector<Value>& row, const ClaimRequest& r) {
@@ -131,8 +136,7 @@ Result<ClaimOutcome> SqlStore::ClaimOn(Connection* in_tx, const ClaimRequest& r,
     // first, and read in the same round trip.
     const bool alone = in_tx == nullptr && round == 0;
     if (alone && q.insert_or_read != nullptr && claims_found_.load(std::memory_order_relaxed) <= 0) {
-      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
-      IDEM_ASSIGN_OR_RETURN(rows, c->Query(q.insert_or_read, InsertParams(r, now)));
+      IDEM_ASSIGN_OR_RETURN(rows, QueryAlone(q.insert_or_read, InsertParams(r, now)));
       if (rows.rows.empty()) continue;  // another claimer inserted it just now: look again
       const bool inserted = rows.rows[0][9].AsInt() != 0;
       NoteClaimFound(!inserted);
@@ -261,12 +265,11 @@ Status SqlStore::CompleteOn(Connection* in_tx, const ClaimToken& t, std::string_
   if (dialect_.claims == nullptr) return Status::Internal("this store has no claims");
   Rows rows;
   {
-    const std::vector<Value> p = CompleteParams(t, result, is_error, retention_ms, ClaimNow());
+    std::vector<Value> p = CompleteParams(t, result, is_error, retention_ms, ClaimNow());
     if (in_tx != nullptr) {
       IDEM_ASSIGN_OR_RETURN(rows, in_tx->Query(dialect_.claims->complete, p));
     } else {
-      IDEM_ASSIGN_OR_RETURN(Lease c, Take());
-      IDEM_ASSIGN_OR_RETURN(rows, c->Query(dialect_.claims->complete, p));
+      IDEM_ASSIGN_OR_RETURN(rows, QueryAlone(dialect_.claims->complete, std::move(p)));
     }
   }
   if (rows.rows.empty()) return LeaseLost(t, /*completed_ok=*/true);

@@ -373,6 +373,11 @@ class SqlStore : public Store, public ClaimStore {
     (void)what;
     return Status::OK();
   }
+  // One claim statement outside any transaction (a new key's insert or
+  // read, a completion), committed on its own: its rows. Default: on a
+  // pooled connection. PostgreSQL sends concurrent callers' together, in
+  // one commit.
+  virtual Result<Rows> QueryAlone(std::string_view sql, std::vector<Value> params);
   // The outbox SQL for relay sessions opened now. Default: the dialect's.
   virtual const OutboxSql& outbox_sql() { return *dialect_.outbox; }
   virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,

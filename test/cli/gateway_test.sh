@@ -29,6 +29,12 @@ check bad-stored-body 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --max-stor
 check short-lease 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --lease 1s --store "sqlite:$T/g.db"
 has short-lease-named "$T/err" "lease_ms must be more than"
 check unknown-flag 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --frobnicate
+check bad-trusted-proxy 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --trusted-proxy 10.0.0.0/8,lb.internal
+has bad-trusted-proxy-named "$T/err" "--trusted-proxy: 'lb.internal' is not an IP address or CIDR block"
+check bad-spooled-body 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --max-spooled-body -1
+has bad-spooled-body-named "$T/err" "max-spooled-body"
+check proxy-protocol-alone 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --proxy-protocol
+has proxy-protocol-alone-named "$T/err" "--proxy-protocol needs --trusted-proxy"
 check store-unreachable 3 "$IDEM" gateway --upstream http://127.0.0.1:9 --store "postgres://nobody@127.0.0.1:1/none"
 has store-unreachable-named "$T/err" "cannot connect to PostgreSQL"
 

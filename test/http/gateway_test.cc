@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -520,6 +521,49 @@ TEST_P(GatewayTest, AGatewayKilledBetweenForwardingAndStoringForwardsAgainWhenTh
   KilledBetweenForwardingAndStoring(StoreUrl(GetParam(), dir_), upstream_, true);
 }
 
+// A body over the in-memory bound (max_body_bytes), up to max_spooled_body,
+// is spooled while its fingerprint is computed, then forwarded once from
+// the file, whole; its repeat is replayed, the key with a changed body is
+// 422, a body over the spool bound 413. Unguarded, it is streamed through.
+TEST_P(GatewayTest, ABodyOverTheInMemoryBoundIsSpooledForwardedOnceAndReplayed) {
+  auto o = Options();
+  o.paths = {"/charges"};
+  o.max_body_bytes = 1024;
+  o.max_spooled_body = 1 << 20;
+  o.spool_dir = dir_.path();
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  const std::string blob(300'000, 'a');
+  const std::string big = R"({"blob":")" + blob + R"("})";
+  Reply first = Send(g.port(), "POST", "/charges", big, "big-1");
+  ASSERT_EQ(first.status, 201) << first.body.substr(0, 500);
+  EXPECT_EQ(first.body, R"({"call":1,"echo":)" + big + "}");  // the upstream got it whole
+  Reply again = Send(g.port(), "POST", "/charges", big, "big-1");
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again.body, first.body);
+  std::string changed = big;
+  changed[100'000] = 'b';
+  Reply reused = Send(g.port(), "POST", "/charges", changed, "big-1");
+  EXPECT_EQ(reused.status, 422) << reused.body;
+  EXPECT_EQ(upstream_.calls(), 1);
+  // Small bodies are still read whole and canonicalised: spacing is the same body.
+  ASSERT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":1})", "small-1").status, 201);
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({ "amount" : 1 })", "small-1").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(upstream_.calls(), 2);
+  const std::string huge = R"({"blob":")" + std::string(2 << 20, 'c') + R"("})";
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", huge, "huge-1").status, 413);
+  // Unguarded (outside --paths): streamed straight through, every time.
+  for (int i = 0; i < 2; ++i) {
+    Reply passed = Send(g.port(), "POST", "/uploads", big, "");
+    ASSERT_EQ(passed.status, 201) << passed.body.substr(0, 500);
+    EXPECT_EQ(passed.body, R"({"call":)" + std::to_string(3 + i) + R"(,"echo":)" + big + "}");
+  }
+  EXPECT_EQ(upstream_.calls(), 4);
+  EXPECT_EQ(g.gateway().counters().passed, 2u);
+  for (const auto& f : std::filesystem::directory_iterator(dir_.path()))  // spool files leave nothing behind
+    EXPECT_EQ(f.path().filename().string().rfind("idem-gateway-body", 0), std::string::npos) << f.path();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, GatewayTest, ::testing::Values("sqlite", "postgres"));
 
 TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
@@ -536,6 +580,56 @@ TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
   o = {.upstream = "http://127.0.0.1:9", .claims = nullptr};
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+}
+
+// Behind a load balancer that starts each connection with a PROXY header
+// (127.0.0.2, trusted): the client it names is the one the per-client bound
+// counts and the one the upstream's X-Forwarded-For gets; a PROXY header
+// from an address not trusted closes the connection, in the metrics.
+TEST(GatewayTrustedProxy, TheClientAProxyHeaderNamesIsCountedAndForwarded) {
+  LoopbackServer echo;  // answers the X-Forwarded-For it got
+  echo.server().Post(".*", [](const ::httplib::Request& req, ::httplib::Response& res) {
+    res.status = 201;
+    res.set_content(req.get_header_value("X-Forwarded-For"), "text/plain");
+  });
+  echo.Start();
+  TempDir dir;
+  idem::httplib::Gateway::Options o{.upstream = echo.url()};
+  o.max_connections_per_client = 1;
+  o.trusted_proxies = {"127.0.0.2"};
+  o.proxy_protocol = true;
+  InProcess g("sqlite:" + dir.File("g.db"), o);
+  auto charge = [](const std::string& client, const std::string& key, bool whole) {
+    const std::string head = "PROXY TCP4 " + client + " 127.0.0.1 40000 80\r\nPOST /charges HTTP/1.1\r\nHost: x\r\n" +
+                             "Authorization: Bearer sk_1\r\nIdempotency-Key: \"" + key +
+                             "\"\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n";
+    return whole ? head + "{}" : head;
+  };
+  const std::string first = AnswerFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-1", true));
+  EXPECT_EQ(first.rfind("HTTP/1.1 201 ", 0), 0u) << first;
+  EXPECT_NE(first.find("\r\n\r\n203.0.113.7"), std::string::npos) << first;
+  const int held = SendFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-2", false));  // its body never comes
+  ASSERT_GE(held, 0);
+  std::string over;
+  while ((over = AnswerFrom("127.0.0.2", g.port(), charge("203.0.113.7", "k-3", true))).rfind("HTTP/1.1 503 ", 0) != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // until the held one is counted
+  const std::string other = AnswerFrom("127.0.0.2", g.port(), charge("198.51.100.9", "k-4", true));
+  EXPECT_EQ(other.rfind("HTTP/1.1 201 ", 0), 0u) << other;
+  EXPECT_NE(other.find("\r\n\r\n198.51.100.9"), std::string::npos) << other;
+  EXPECT_EQ(AnswerFrom("127.0.0.3", g.port(), charge("198.51.100.10", "k-5", true)), "");
+  EXPECT_EQ(g.gateway().server().counters().proxy_refused, 1);
+  EXPECT_NE(g.gateway().Metrics().find("\nidem_http_proxy_refused_total 1\n"), std::string::npos);
+  ::close(held);
+
+  TempDir other_dir;
+  auto s = OpenStore("sqlite:" + other_dir.File("g.db"));
+  ASSERT_TRUE(s.ok());
+  Claims claims(*(*s)->claim_store());
+  o.claims = &claims;
+  o.trusted_proxies = {"10.0.0.0/33"};
+  auto bad = idem::httplib::Gateway::Open(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("trusted_proxies: '10.0.0.0/33'"), std::string::npos) << bad.status();
 }
 
 // ---- Waiting instead of 409 (Options::wait_ms).

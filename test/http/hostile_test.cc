@@ -21,6 +21,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,26 +35,6 @@ namespace idem::testing {
 namespace {
 
 constexpr char kCharge[] = R"({"amount":4000,"currency":"usd","customer":"cus_1"})";
-
-// A TCP connection to 127.0.0.1:port from `source` (an address of 127/8);
-// -1 when it cannot be made.
-int ConnectFrom(const char* source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Whether the server closed `fd` (or reset it): what it sent is read away.
 bool ClosedByServer(int fd) {
@@ -330,15 +312,6 @@ TEST_P(HostileMiddlewareTest, AConnectionFloodStarvesNoRequest) {
 }
 
 // The server's own cases, with requests on threads and on fibers.
-// Reads what the server sends on `fd` until it closes.
-std::string ReadToClose(int fd) {
-  std::string out;
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  return out;
-}
-
 class HostileServerTest : public ::testing::TestWithParam<Serving> {
  protected:
   void Start(idem::httplib::Server::Options options) {
@@ -352,7 +325,33 @@ class HostileServerTest : public ::testing::TestWithParam<Serving> {
       ++handled_;
       res.status = 201;
     });
+    // The remote address a handler sees.
+    server_->server().Get("/whoami", [](const ::httplib::Request& req, ::httplib::Response& res) {
+      res.set_content(req.remote_addr + ":" + std::to_string(req.remote_port), "text/plain");
+    });
     server_->Start();
+  }
+  // Options::log, kept for the test to read.
+  std::function<void(const std::string&)> Logger() {
+    return [this](const std::string& line) {
+      std::lock_guard lock(log_mu_);
+      log_.push_back(line);
+    };
+  }
+  // Two connections (or requests) per client, 127.0.0.2 a trusted proxy,
+  // slow requests held for the test's length, the log kept.
+  idem::httplib::Server::Options BehindProxy(bool proxy_protocol) {
+    return {.request_deadline_ms = 60'000,
+            .max_connections_per_client = 2,
+            .trusted_proxies = {"127.0.0.2"},
+            .proxy_protocol = proxy_protocol,
+            .log = Logger()};
+  }
+  // How many log lines contain `text`.
+  int Logged(const std::string& text) {
+    std::lock_guard lock(log_mu_);
+    return static_cast<int>(std::count_if(log_.begin(), log_.end(),
+                                          [&](const std::string& l) { return l.find(text) != std::string::npos; }));
   }
   Reply Health() { return Send(server_->port(), "GET", "/health", {}); }
   // A connection from `from` is answered 503 with Retry-After and closed:
@@ -369,6 +368,8 @@ class HostileServerTest : public ::testing::TestWithParam<Serving> {
 
   std::unique_ptr<LoopbackServer> server_;
   std::atomic<int> handled_{0};
+  std::mutex log_mu_;
+  std::vector<std::string> log_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Server, HostileServerTest, ::testing::Values(Serving{"Threads", 0}, Serving{"Fibers", 1}),
@@ -490,10 +491,194 @@ TEST_P(HostileServerTest, ATaskQueueSetOnNativeStillServes) {
   EXPECT_EQ(server_->counters().open, 0);
 }
 
+// A whole request for GET `path` (the connection closed after it), with
+// X-Forwarded-For `xff` unless empty.
+std::string Get(const std::string& path, const std::string& xff = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + (xff.empty() ? "" : "X-Forwarded-For: " + xff + "\r\n") +
+         "Connection: close\r\n\r\n";
+}
+// A request whose body never ends (5 bytes of 10): held until its deadline.
+std::string SlowPost(const std::string& xff) {
+  return "POST /charges HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: " + xff + "\r\nContent-Length: 10\r\n\r\n12345";
+}
+bool Is(const std::string& answer, int status) {
+  return answer.rfind("HTTP/1.1 " + std::to_string(status) + " ", 0) == 0;
+}
+// Waits until `n` of `fds` have something to read (an answer, or a close),
+// and returns those answers (each read to its close; its fd closed and set
+// to -1).
+std::vector<std::string> AnsweredOf(std::vector<int>& fds, size_t n) {
+  auto ready = [&] {
+    size_t k = 0;
+    for (int fd : fds) {
+      pollfd p{fd, POLLIN, 0};
+      if (fd >= 0 && ::poll(&p, 1, 0) > 0) ++k;
+    }
+    return k;
+  };
+  WaitUntil([&] { return ready() >= n; });
+  std::vector<std::string> out;
+  for (int& fd : fds) {
+    pollfd p{fd, POLLIN, 0};
+    if (fd < 0 || ::poll(&p, 1, 0) <= 0) continue;
+    out.push_back(ReadToClose(fd));
+    ::close(fd);
+    fd = -1;
+  }
+  return out;
+}
+void CloseAll(const std::vector<int>& fds) {
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+}
+// A PROXY protocol v2 header naming `a.b.c.d`:`port` (TCP over IPv4) as the
+// client.
+std::string ProxyV2(uint8_t a, uint8_t b, uint8_t c, uint8_t d, uint16_t port, int version = 2) {
+  std::string h("\r\n\r\n\0\r\nQUIT\n", 12);
+  h += static_cast<char>((version << 4) | 1);  // PROXY
+  h += '\x11';                                 // TCP over IPv4
+  h += std::string("\0\x0c", 2);
+  for (uint8_t byte : {a, b, c, d, uint8_t{127}, uint8_t{0}, uint8_t{0}, uint8_t{1}}) h += static_cast<char>(byte);
+  h += static_cast<char>(port >> 8);
+  h += static_cast<char>(port & 0xff);
+  return h + std::string("\0\x50", 2);
+}
+
+// Behind a load balancer (a trusted proxy, 127.0.0.2) every client has its
+// address. Eight slow requests of one client (bodies that never end), each
+// on a connection of its own, take that client's 4 places (the other 4 are
+// answered 503); another client behind the same balancer, and the balancer's
+// own requests (no X-Forwarded-For), are still served. Without the trusted
+// proxy every connection from 127.0.0.2 past the 4th would be refused.
+TEST_P(HostileServerTest, SlowClientsBehindATrustedProxyStarveNoOtherClientOfIt) {
+  Start({.request_deadline_ms = 60'000, .max_connections_per_client = 4, .trusted_proxies = {"127.0.0.2"}});
+  const int port = server_->port();
+  std::vector<int> slow;
+  for (int i = 0; i < 8; ++i) slow.push_back(SendFrom("127.0.0.2", port, SlowPost("198.51.100.1, 203.0.113.7")));
+  for (int fd : slow) ASSERT_GE(fd, 0);
+  for (const std::string& answer : AnsweredOf(slow, 4)) {
+    EXPECT_TRUE(Is(answer, 503)) << answer;
+    EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
+  }
+  EXPECT_EQ(server_->counters().refused, 4);
+  for (int i = 0; i < 6; ++i) {  // more than 4: each one's place is given back
+    const std::string other = AnswerFrom("127.0.0.2", port, Get("/whoami", "203.0.113.8"));
+    EXPECT_TRUE(Is(other, 200)) << other;
+    EXPECT_NE(other.find("127.0.0.2:"), std::string::npos) << other;  // the peer, as before
+    EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, Get("/health")), 200));
+  }
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, Get("/health", "203.0.113.7")), 503));  // still over
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, Get("/health", "203.0.113.7, 127.0.0.2")), 503));
+  EXPECT_EQ(server_->counters().refused, 6);
+  CloseAll(slow);
+  // Its requests ended: the client is served again.
+  WaitUntil([&] { return server_->counters().open == 0; });
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, Get("/health", "203.0.113.7")), 200));
+}
+
+// With PROXY protocol the header a trusted proxy sends first names each
+// connection's client (v1 and v2 alike): the client's connections past its
+// bound are refused, another client's are served and see their own address.
+TEST_P(HostileServerTest, ProxyProtocolNamesEachConnectionsClient) {
+  Start({.request_deadline_ms = 60'000,
+         .max_connections_per_client = 2,
+         .trusted_proxies = {"127.0.0.2/32", "10.0.0.0/8"},
+         .proxy_protocol = true});
+  const int port = server_->port();
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    const std::string header = i % 2 == 0 ? "PROXY TCP4 203.0.113.7 127.0.0.1 4000" + std::to_string(i) + " 80\r\n"
+                                          : ProxyV2(203, 0, 113, 7, static_cast<uint16_t>(40000 + i));
+    slow.push_back(SendFrom("127.0.0.2", port, header + "GET /health HTTP/1.1\r\nHost: x\r\n"));  // never ends
+  }
+  for (int fd : slow) ASSERT_GE(fd, 0);
+  for (const std::string& answer : AnsweredOf(slow, 2)) EXPECT_TRUE(Is(answer, 503)) << answer;
+  const std::string v1 =
+      AnswerFrom("127.0.0.2", port, "PROXY TCP4 198.51.100.9 127.0.0.1 5555 80\r\n" + Get("/whoami"));
+  EXPECT_TRUE(Is(v1, 200)) << v1;
+  EXPECT_NE(v1.find("\r\n\r\n198.51.100.9:5555"), std::string::npos) << v1;
+  const std::string v2 = AnswerFrom("127.0.0.2", port, ProxyV2(198, 51, 100, 9, 4660) + Get("/whoami"));
+  EXPECT_TRUE(Is(v2, 200)) << v2;
+  EXPECT_NE(v2.find("\r\n\r\n198.51.100.9:4660"), std::string::npos) << v2;
+  const std::string over = AnswerFrom("127.0.0.2", port, ProxyV2(203, 0, 113, 7, 1) + Get("/health"));
+  EXPECT_TRUE(Is(over, 503)) << over;
+  // A header naming no client (v1 UNKNOWN), or another trusted proxy:
+  // each request counts for the client its X-Forwarded-For names.
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, "PROXY UNKNOWN\r\n" + Get("/health", "198.51.100.10")), 200));
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, "PROXY UNKNOWN\r\n" + Get("/health", "203.0.113.7")), 503));
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, ProxyV2(10, 1, 1, 1, 1) + Get("/health", "198.51.100.10")), 200));
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", port, ProxyV2(10, 1, 1, 1, 1) + Get("/health", "203.0.113.7")), 503));
+  // A peer that is not a proxy is served without a header.
+  const Reply direct = Health();
+  ASSERT_TRUE(direct.ok) << direct.error;
+  EXPECT_EQ(direct.status, 200);
+  EXPECT_EQ(server_->counters().proxy_refused, 0);
+  CloseAll(slow);
+}
+
+// A peer that is not a trusted proxy is counted for its own address,
+// whatever its X-Forwarded-For says; its PROXY header (v1 or v2) closes the
+// connection unanswered, named in the counters and the log.
+TEST_P(HostileServerTest, AnUntrustedPeerCannotSpoofItsWayPastItsBound) {
+  Start(BehindProxy(/*proxy_protocol=*/true));
+  const int port = server_->port();
+  std::vector<int> held;
+  for (const char* xff : {"198.51.100.1", "198.51.100.2"}) held.push_back(SendFrom("127.0.0.3", port, SlowPost(xff)));
+  for (int fd : held) ASSERT_GE(fd, 0);
+  WaitUntil([&] { return server_->counters().open == 2; });
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.3", port, Get("/health", "198.51.100.3")), 503));
+  for (const std::string& spoof :
+       {"PROXY TCP4 198.51.100.9 127.0.0.1 1 80\r\n" + Get("/health"), ProxyV2(198, 51, 100, 9, 1) + Get("/health")})
+    EXPECT_EQ(AnswerFrom("127.0.0.4", port, spoof), "");
+  EXPECT_EQ(server_->counters().proxy_refused, 2);
+  EXPECT_EQ(Logged("connection from 127.0.0.4 closed: a PROXY header from an address that is not a trusted proxy"), 2);
+  EXPECT_EQ(handled_, 0);
+  CloseAll(held);
+}
+
+// A trusted proxy's malformed PROXY header, or none, closes the connection
+// unanswered, each named. A malformed X-Forwarded-For (what a client wrote,
+// through a proxy that did not append) is named and counts for the proxy's
+// own address: it cannot mint a client per request.
+TEST_P(HostileServerTest, MalformedProxyHeadersAndForwardedForAreNamedAndHarmless) {
+  Start(BehindProxy(/*proxy_protocol=*/true));
+  const int port = server_->port();
+  for (const std::string& bad :
+       {std::string("PROXY TCP4 999.1.1.1 127.0.0.1 1 80\r\n"), std::string("PROXY TCP4 1.2.3.4 127.0.0.1 1 80 x\r\n"),
+        std::string("PROXY ") + std::string(200, 'A'), ProxyV2(1, 2, 3, 4, 5, /*version=*/1), std::string()}) {
+    EXPECT_EQ(AnswerFrom("127.0.0.2", port, bad + Get("/health")), "") << bad;
+  }
+  EXPECT_EQ(server_->counters().proxy_refused, 5);
+  EXPECT_EQ(Logged("connection from 127.0.0.2 closed: a malformed PROXY header from a trusted proxy: "), 5);
+  EXPECT_EQ(Logged("no PROXY header (the connection starts with \"GET /health HTTP\")"), 1);
+  EXPECT_EQ(handled_, 0);
+
+  // The same proxy, without PROXY protocol.
+  server_.reset();
+  Start(BehindProxy(/*proxy_protocol=*/false));
+  const int plain = server_->port();
+  for (const char* xff : {"unknown", "<script>alert(1)</script>", "203.0.113.7, ", "999.1.1.1"})
+    EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", plain, Get("/health", xff)), 200)) << xff;
+  EXPECT_EQ(server_->counters().forwarded_for_malformed, 4);
+  EXPECT_EQ(Logged("X-Forwarded-For from trusted proxy 127.0.0.2: \"<script>alert(1)</script>\" is not an address; "
+                   "the request counts for 127.0.0.2"),
+            1);
+  std::vector<int> held;
+  for (const char* xff : {"garbage-1", "garbage-2"}) held.push_back(SendFrom("127.0.0.2", plain, SlowPost(xff)));
+  for (int fd : held) ASSERT_GE(fd, 0);
+  WaitUntil([&] { return server_->counters().forwarded_for_malformed == 6; });
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", plain, Get("/health", "garbage-3")), 503));
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", plain, Get("/health")), 503));  // the proxy's own: the same places
+  EXPECT_TRUE(Is(AnswerFrom("127.0.0.2", plain, Get("/health", "203.0.113.7")), 200));
+  CloseAll(held);
+}
+
 TEST(HostileServerOptions, OpenRefusesOptionsOutOfRange) {
   using Options = idem::httplib::Server::Options;
-  for (const Options& bad : {Options{.request_deadline_ms = 0}, Options{.max_connections = 0},
-                             Options{.max_connections_per_client = -1}, Options{.threads = 0}, Options{.fibers = -1}}) {
+  for (const Options& bad :
+       {Options{.request_deadline_ms = 0}, Options{.max_connections = 0}, Options{.max_connections_per_client = -1},
+        Options{.threads = 0}, Options{.fibers = -1}, Options{.trusted_proxies = {"10.0.0.0/8", "10.0.0.0/33"}},
+        Options{.trusted_proxies = {"lb.internal"}}, Options{.proxy_protocol = true}}) {
     auto s = idem::httplib::Server::Open(bad);
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status();

@@ -9,8 +9,12 @@
 #ifndef IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
 #define IDEM_TEST_HTTP_HTTP_TEST_UTIL_H_
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -342,6 +346,55 @@ class HookedEnv final : public Env {
   std::function<void(int)> on_sleep_;
   std::function<void(int)> on_slice_;
 };
+
+// Raw loopback connections from any address of 127/8 (so a server's
+// per-address bounds and trusted proxies tell them apart).
+// A TCP connection to 127.0.0.1:port from `source` (an address of 127/8);
+// -1 when it cannot be made.
+inline int ConnectFrom(const char* source, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads what the server sends on `fd` until it closes.
+inline std::string ReadToClose(int fd) {
+  std::string out;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+// A connection from `from` that has sent `bytes`.
+inline int SendFrom(const char* from, int port, const std::string& bytes) {
+  const int fd = ConnectFrom(from, port);
+  if (fd >= 0 && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+// What the server answers to `bytes` sent from `from` (until it closes).
+inline std::string AnswerFrom(const char* from, int port, const std::string& bytes) {
+  const int fd = SendFrom(from, port, bytes);
+  if (fd < 0) return "(no connection)";
+  std::string answer = ReadToClose(fd);
+  ::close(fd);
+  return answer;
+}
 
 }  // namespace idem::testing
 

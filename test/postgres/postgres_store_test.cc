@@ -446,6 +446,195 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   }
 }
 
+ClaimRequest GroupRequest(const std::string& key) {
+  return ClaimRequest{.scope = "group", .key = key, .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
+}
+
+// Claims `keys` (scope "group") from a thread each so that they go in one
+// flight, on a store whose pool keeps two connections: two flights (keys
+// "alone-1", "alone-2") stop before they are sent
+// while the callers of `keys` queue, then everything goes. got[0] and got[1]
+// are the lone ones, got[2 + i] keys[i]'s. `meanwhile(done)` runs once they
+// go, before the threads are joined; done(i) waits (bounded) for got[i].
+// False when the store never queued them (then nothing is left waiting).
+bool ClaimTogether(Claims& claims, const std::vector<std::string>& keys, std::vector<Result<ClaimOutcome>>& got,
+                   const std::function<void(const std::function<bool(size_t)>&)>& meanwhile = {}) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int stopped = 0;
+  size_t queued = 0;
+  bool go = false;
+  std::vector<bool> finished(keys.size() + 2, false);
+  got.assign(keys.size() + 2, Status::Internal("not run"));
+  std::vector<std::thread> threads;
+  auto claim = [&](size_t i, const std::string& key) {
+    threads.emplace_back([&, i, key] {
+      Result<ClaimOutcome> c = claims.Claim(GroupRequest(key));
+      std::lock_guard l(mu);
+      got[i] = std::move(c);
+      finished[i] = true;
+      cv.notify_all();
+    });
+  };
+  auto stop = [&] {
+    std::unique_lock l(mu);
+    ++stopped;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  };
+  // Until `reached` (bounded: a store that never queues fails the test
+  // instead of hanging it; then everything stopped goes on).
+  auto wait_for = [&](const std::function<bool()>& reached) {
+    std::unique_lock l(mu);
+    if (cv.wait_for(l, std::chrono::seconds(60), reached)) return true;
+    go = true;
+    cv.notify_all();
+    return false;
+  };
+  // The first flight stops at its first round trip and arms the second's
+  // stop; the second arms the count of the callers that wait.
+  ArmKillPoint("postgres.round_trip", 1, [&] {
+    ArmKillPoint("postgres.round_trip", 1, [&] {
+      ArmKillPoint("postgres.claim_queued", static_cast<int>(keys.size()), [&] {
+        std::lock_guard l(mu);
+        queued = keys.size();
+        cv.notify_all();
+      });
+      stop();
+    });
+    stop();
+  });
+  claim(0, "alone-1");
+  bool reached = wait_for([&] { return stopped == 1; });
+  if (reached) claim(1, "alone-2");
+  reached = reached && wait_for([&] { return stopped == 2; });
+  for (size_t i = 0; reached && i < keys.size(); ++i) claim(i + 2, keys[i]);
+  reached = reached && wait_for([&] { return queued == keys.size(); });
+  {
+    std::lock_guard l(mu);
+    go = true;
+  }
+  cv.notify_all();
+  if (reached && meanwhile) meanwhile([&](size_t i) { return wait_for([&] { return finished[i]; }); });
+  for (auto& t : threads) t.join();
+  DisarmKillPoints();
+  return reached;
+}
+
+// Claims outside a transaction from more threads at once than the pool
+// keeps connections share commits: while two flights are out on a pool of
+// two (both stopped before they are sent), the claims that come meanwhile
+// wait, then go together in one flight, one transaction (their rows carry
+// one xmin). Each still gets its own answer and fence, a
+// key claimed twice in the group is in progress for the second caller, and
+// every completion and replay is as it would be alone.
+TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
+  std::vector<Result<ClaimOutcome>> got;
+  ASSERT_TRUE(ClaimTogether(claims, {"g-2", "g-3", "g-4", "g-5", "g-6", "g-7", "g-8", "g-2"}, got))
+      << "the callers never waited for a flight";
+  {
+    auto tx = store_->Begin();
+    ASSERT_OK(tx);
+    auto xmins = (*tx)->Query(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM idem_claims WHERE scope = 'group' AND key <> ALL("
+        "ARRAY[convert_to('alone-1', 'UTF8'), convert_to('alone-2', 'UTF8')])");
+    ASSERT_OK(xmins);
+    EXPECT_EQ(xmins->rows[0][0].AsInt(), 7);  // g-2 .. g-8
+    EXPECT_EQ(xmins->rows[0][1].AsInt(), 1);  // in one transaction
+  }
+  std::set<int64_t> fences;
+  int started = 0, in_progress = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_OK(got[i]);
+    if (got[i]->kind == ClaimOutcome::Kind::kStarted) {
+      ++started;
+      fences.insert(got[i]->token.fence);
+      ASSERT_OK(claims.Complete(got[i]->token, "done " + got[i]->token.key));
+    } else {
+      EXPECT_EQ(got[i]->kind, ClaimOutcome::Kind::kInProgress);  // g-2, claimed twice in the group
+      ++in_progress;
+    }
+  }
+  EXPECT_EQ(started, 9);
+  EXPECT_EQ(in_progress, 1);
+  EXPECT_EQ(fences.size(), 9u);
+  for (const std::string key : {"alone-1", "alone-2", "g-2", "g-3", "g-8"}) {
+    auto again = claims.Claim(GroupRequest(key));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
+    EXPECT_EQ(again->result, "done " + key);
+  }
+}
+
+// A group does not wait long for a row another transaction holds: a key
+// claimed in a caller's open transaction, whose thread now waits for the
+// answer of another key that went in the same group, would otherwise wait
+// forever (the server sees no deadlock: the cycle runs through the client).
+// The group gives up; each claim goes alone; the free key is answered while
+// the transaction is still open, the held one once it commits.
+TEST_F(Postgres, AGroupWaitingForARowAnOpenTransactionHoldsGoesAlone) {
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
+  auto tx = store_->Begin();
+  ASSERT_OK(tx);
+  auto held = (*tx)->ClaimInTransaction(GroupRequest("held"));
+  ASSERT_OK(held);
+  ASSERT_EQ(held->kind, ClaimOutcome::Kind::kStarted);
+  std::vector<Result<ClaimOutcome>> got;
+  bool free_answered = false;
+  ASSERT_TRUE(ClaimTogether(claims, {"held", "free"}, got, [&](const std::function<bool(size_t)>& done) {
+    free_answered = done(3);  // while the transaction is open
+    EXPECT_OK((*tx)->Commit());
+  })) << "the callers never waited for a flight";
+  EXPECT_TRUE(free_answered);
+  ASSERT_OK(got[3]);
+  EXPECT_EQ(got[3]->kind, ClaimOutcome::Kind::kStarted);
+  ASSERT_OK(got[2]);
+  EXPECT_EQ(got[2]->kind, ClaimOutcome::Kind::kInProgress);  // the transaction's claim, committed
+}
+
+// A group commits at its flight's end; a commit that fails there (here a
+// deferred constraint trigger refuses one key at commit) committed none of
+// its statements. No caller is told it holds a key that was never written:
+// the refused key is an error, the other is an error too (to retry: the
+// flight's connection is given up, as one lost) or claimed with its record
+// there; claimed again, it starts.
+TEST_F(Postgres, AGroupWhoseCommitFailsTellsNoCallerItHoldsAKeyNeverWritten) {
+  ASSERT_EQ(PgAdmin("CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                    " IF NEW.key = convert_to('poison', 'UTF8') THEN RAISE EXCEPTION 'poison refused at commit';"
+                    " END IF; RETURN NULL; END $$;"
+                    "CREATE CONSTRAINT TRIGGER refuse_poison AFTER INSERT ON idem_claims DEFERRABLE INITIALLY"
+                    " DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+                    url_),
+            "");
+  auto store = postgres::Store::Open({.url = url_, .pool_size = 2});
+  ASSERT_OK(store);
+  ClaimStore& claim_store = *(*store)->claim_store();
+  Claims claims(claim_store);
+  std::vector<Result<ClaimOutcome>> got;
+  ASSERT_TRUE(ClaimTogether(claims, {"poison", "ok"}, got)) << "the callers never waited for a flight";
+  EXPECT_FALSE(got[2].ok());
+  auto poison = claim_store.FindClaim("group", "poison");
+  ASSERT_OK(poison);
+  EXPECT_FALSE(poison->has_value());
+  auto ok = claim_store.FindClaim("group", "ok");
+  ASSERT_OK(ok);
+  if (got[3].ok()) {
+    EXPECT_EQ(got[3]->kind, ClaimOutcome::Kind::kStarted);
+    ASSERT_TRUE(ok->has_value());
+    EXPECT_EQ((*ok)->fence, got[3]->token.fence);
+  } else {
+    EXPECT_FALSE(ok->has_value()) << got[3].status();
+    auto again = claims.Claim(GroupRequest("ok"));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kStarted);
+  }
+}
+
 // A claim of a new key is one round trip (the insert reads the row instead
 // when the key is there), and so is a replay. After a run of replays the
 // store reads first (a plain read: cheaper for the server when keys are

@@ -44,8 +44,10 @@ const Command& GatewayCommand() {
       "--upstream URL [--listen HOST:PORT] [--store URL] [--methods M,...] [--paths P,...]\n"
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
       "       [--forward-again-after-5xx]\n"
-      "       [--max-stored-body BYTES] [--max-body BYTES] [--lease DURATION] [--upstream-timeout DURATION]\n"
+      "       [--max-stored-body BYTES] [--max-body BYTES] [--max-spooled-body BYTES] [--spool-dir DIR]\n"
+      "       [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
+      "       [--trusted-proxy CIDR]... [--proxy-protocol]\n"
       "       [--json] [--quiet] [--wait-ms N] [--purge-every DURATION] [--web HOST:PORT]",
       {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
        {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
@@ -63,7 +65,11 @@ const Command& GatewayCommand() {
         "          stored and replayed, since the upstream may have acted before failing"},
        {"max-stored-body", "BYTES", "1048576",
         "larger responses reach their first client but are not stored (a repeat gets 410)"},
-       {"max-body", "BYTES", "1048576", "larger request bodies get 413"},
+       {"max-body", "BYTES", "1048576", "larger request bodies get 413 (unless spooled: --max-spooled-body)"},
+       {"max-spooled-body", "BYTES", "0",
+        "request bodies over --max-body, up to this, are spooled to a temporary file (guarded)\n"
+        "          or streamed straight through (unguarded) instead of held in memory; 0: none"},
+       {"spool-dir", "DIR", "", "where spooled bodies go (default: $TMPDIR, else /tmp)"},
        {"lease", "DURATION", "90s",
         "how long a forwarded request holds its key (more than connect-timeout + 2 x\n"
         "          upstream-timeout)"},
@@ -73,6 +79,11 @@ const Command& GatewayCommand() {
        {"ca-file", "F", "", "CAs trusted for an https upstream (default: the system's)"},
        {"ca-dir", "D", "", "a directory of CAs trusted for an https upstream"},
        {"threads", "T", "64", "requests handled at once"},
+       {"trusted-proxy", "CIDR", "",
+        "a load balancer's address or CIDR block (repeatable): the per-client connection bound\n"
+        "          counts the client it names in X-Forwarded-For (or the PROXY header)",
+        true},
+       {"proxy-protocol", "", "", "trusted proxies start each connection with a PROXY header (v1 or v2)"},
        {"json", "", "", "one JSON object per guarded request (method, path, key, outcome, status, latency_ms)"},
        {"quiet", "", "", "no per-request log lines"},
        {"wait-ms", "N", "0",
@@ -102,12 +113,23 @@ int RunGateway(const Args& args) {
   if (*retention <= 0) return Fail(cmd, Status::InvalidArgument("--retention must be more than 0"));
   auto stored = args.GetInt("max-stored-body", 1, int64_t{1} << 30);
   auto body = args.GetInt("max-body", 1, int64_t{1} << 30);
+  auto spooled = args.GetInt("max-spooled-body", 0, int64_t{1} << 40);
   auto threads = args.GetInt("threads", 1, 1024);
   auto wait = args.GetInt("wait-ms", 0, 3'600'000);
-  for (const auto* r : {&stored, &body, &threads, &wait})
+  for (const auto* r : {&stored, &body, &spooled, &threads, &wait})
     if (!r->ok()) return Fail(cmd, r->status());
 
+  const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
+  for (const std::string& t : trusted)
+    if (!httplib::Server::Check({.trusted_proxies = {t}}).ok())
+      return Fail(cmd, Status::InvalidArgument("--trusted-proxy: '" + t +
+                                               "' is not an IP address or CIDR block (10.0.0.0/8, fd00::/8)"));
+  if (args.Bool("proxy-protocol") && trusted.empty())
+    return Fail(cmd, Status::InvalidArgument("--proxy-protocol needs --trusted-proxy (the proxies that send it)"));
+
   httplib::Gateway::Options o;
+  o.trusted_proxies = trusted;
+  o.proxy_protocol = args.Bool("proxy-protocol");
   o.upstream = args.Get("upstream");
   o.host = host_port->first;
   o.port = host_port->second;
@@ -122,6 +144,8 @@ int RunGateway(const Args& args) {
   o.forward_again_after_5xx = args.Bool("forward-again-after-5xx");
   o.max_stored_body = static_cast<size_t>(*stored);
   o.max_body_bytes = static_cast<size_t>(*body);
+  o.max_spooled_body = static_cast<size_t>(*spooled);
+  o.spool_dir = args.Get("spool-dir");
   o.lease_ms = *lease;
   o.upstream_timeout_ms = *timeout;
   o.connect_timeout_ms = *connect;

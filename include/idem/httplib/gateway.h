@@ -29,7 +29,8 @@
 // header, 409 in progress (Retry-After), 410 response-not-stored (the first
 // response was over max_stored_body), 413 body too large, 422 key reused
 // with another request (method, path, body), 502 upstream unreachable, 503
-// outcome-unknown or store-unavailable.
+// outcome-unknown, store-unavailable or spool-unavailable (a body over
+// max_body_bytes could not be spooled: Options::max_spooled_body).
 //
 // Thread safety: Handle may run on every server thread at once; Stop may be
 // called from any thread (and a signal handler, through the server).
@@ -89,8 +90,17 @@ class Gateway {
     // Responses with a larger body reach their first client but are not
     // stored: a repeat gets 410 response-not-stored. > 0.
     size_t max_stored_body = 1 << 20;
-    // Request bodies larger get 413. > 0.
+    // Request bodies larger get 413 (unless spooled: max_spooled_body). > 0.
     size_t max_body_bytes = 1 << 20;
+    // Larger request bodies, up to this, are not held in memory: a guarded
+    // one is spooled to an unlinked temporary file in spool_dir ("":
+    // $TMPDIR, else /tmp) while its fingerprint is computed (the SHA-256 of
+    // its bytes as they are: JSON and form bodies are not canonicalised at
+    // this size), then the key claimed and the body streamed to the
+    // upstream from the file; an unguarded one is streamed straight
+    // through. Over it: 413. 0 (or not above max_body_bytes): none.
+    size_t max_spooled_body = 0;
+    std::string spool_dir{};
     // Response headers stored and replayed (any case); never Set-Cookie
     // unless listed. The first client gets every header.
     // An upstream 4xx is answered but not stored: the key is free again and
@@ -113,13 +123,21 @@ class Gateway {
     // none.
     std::string metrics_path = "/metrics";
     // Requests handled at once, and the connection bounds
-    // (Server::Options: threads, max_connections, max_connections_per_client;
-    // 0 per client behind a load balancer, where every client has its address).
+    // (Server::Options: threads, max_connections, max_connections_per_client).
     int threads = 64;
     int max_connections = 1024;
     int max_connections_per_client = 256;
+    // Behind load balancers: the proxies whose word about the client is
+    // taken (addresses or CIDR blocks), so max_connections_per_client counts
+    // the client they name, from X-Forwarded-For or, with proxy_protocol,
+    // the PROXY header they start each connection with (Server::Options,
+    // idem/httplib/server.h: the rule). The upstream's X-Forwarded-For gets
+    // the PROXY header's client appended (the peer's otherwise).
+    std::vector<std::string> trusted_proxies{};
+    bool proxy_protocol = false;
     // Optional: one line per guarded request (method, path, key, outcome,
-    // status); client text quoted and escaped.
+    // status), and per connection or request the trusted-proxy rule refused
+    // or could not attribute; client text quoted and escaped.
     std::function<void(const std::string& line)> log{};
 
     // A repeat that arrives while its key's first request is at the

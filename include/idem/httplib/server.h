@@ -42,6 +42,37 @@
 // handler saw it). Replacing native().new_task_queue brings back cpp-httplib's
 // way: a thread of that queue for each connection's whole life.
 //
+// Behind load balancers (Options::trusted_proxies): every client of a
+// balancer shares its address, so the per-client bound
+// (max_connections_per_client) counts the client the balancer names
+// instead, and a connection from a trusted proxy's address is never counted
+// for that address. The rule:
+//   - With Options::proxy_protocol, a connection from a trusted proxy must
+//     start with a PROXY protocol header (v1 text or v2 binary), read within
+//     request_deadline_ms of its accept. The client it names is the
+//     connection's for its whole life: counted under the bound (over it:
+//     503, closed) and seen by handlers as the request's remote address. A
+//     header that names no client (v1 UNKNOWN, v2 LOCAL) or names a trusted
+//     proxy leaves the connection to the next rule.
+//   - Otherwise each request of a trusted proxy's connection is counted for
+//     the client its X-Forwarded-For names: the rightmost address that is
+//     not a trusted proxy's (the leftmost when all are). It counts from the
+//     end of its head to the end of its answer, so a client's slow requests
+//     (a body that trickles in, a handler still running) are held to the
+//     bound together wherever they came through; a request over it is
+//     answered 503 with Retry-After: 1 and its connection closed. Without a
+//     usable X-Forwarded-For (none, or an entry on that walk that is not an
+//     address: Counters::forwarded_for_malformed, Options::log) it counts
+//     for the proxy's own address. Between requests, and while a head
+//     arrives, such a connection counts toward max_connections only (a head
+//     still has request_deadline_ms).
+//   - With proxy_protocol, a connection that starts with a PROXY header
+//     from an address that is not trusted, or a trusted proxy's with a
+//     malformed header or none, is closed unanswered
+//     (Counters::proxy_refused, Options::log). An untrusted peer's
+//     X-Forwarded-For is ignored: it counts for its own address, whatever
+//     it says.
+//
 // Thread safety: configure (native(), set_fibers) before listen; Stop() and counters()
 // from any thread.
 #ifndef IDEM_HTTPLIB_SERVER_H_
@@ -50,7 +81,10 @@
 #include <httplib.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "idem/result.h"
 #include "idem/signals.h"
@@ -85,19 +119,41 @@ class Server {
     // instead (see set_fibers); 0: requests run on `threads`. 0..1024.
     // Default: 0.
     int fibers = 0;
+    // Load balancers and proxies whose word about the client is taken (the
+    // rule above): IPv4 or IPv6 addresses and CIDR blocks ("10.0.0.0/8",
+    // "fd00::/8", "192.0.2.7"). Empty: none (every peer is the client).
+    std::vector<std::string> trusted_proxies{};
+    // Connections from trusted_proxies start with a PROXY protocol header
+    // (v1 or v2, as HAProxy's send-proxy / send-proxy-v2 and the cloud load
+    // balancers send it). Needs trusted_proxies. Default: false.
+    bool proxy_protocol = false;
+    // Optional: a line for each connection or request the rule above
+    // refused or could not attribute (a PROXY header refused, a malformed
+    // X-Forwarded-For), naming the peer and why; client text quoted and
+    // escaped. Called on the server's threads.
+    std::function<void(const std::string& line)> log{};
   };
 
   // What the server did with connections since it was made.
   struct Counters {
     int64_t accepted = 0;         // connections admitted
-    int64_t refused = 0;          // connections answered 503 over a bound (Options)
+    int64_t refused = 0;          // connections (or a trusted proxy's requests) answered 503 over a bound
     int64_t deadline_closes = 0;  // connections closed for a request past request_deadline_ms
     int64_t open = 0;             // connections open now
+    // Connections closed unanswered for their PROXY header: from an address
+    // not trusted, or malformed or missing from a trusted proxy.
+    int64_t proxy_refused = 0;
+    // Requests from a trusted proxy whose X-Forwarded-For named no usable
+    // client (counted for the proxy's own address).
+    int64_t forwarded_for_malformed = 0;
   };
 
   // Checks every field (kInvalidArgument naming it), then makes the server
   // (kUnavailable when its loops cannot be made: epoll, threads).
   static Result<std::unique_ptr<Server>> Open(const Options& options);
+  // The checks of Open alone (kInvalidArgument naming the field, and the
+  // entry of trusted_proxies that is no address or CIDR block).
+  static Status Check(const Options& options);
 
   // A server with the default Options.
   Server();

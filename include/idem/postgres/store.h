@@ -35,7 +35,9 @@ class Store {
     std::string url{};
     // Idle connections kept for reuse. More are opened under load and closed
     // when returned: size it to the threads that use the store at once, or
-    // every call past it pays a new connection. >= 1. Default: 8.
+    // every call past it pays a new connection. (Claims and completions
+    // outside a transaction past it share flights instead: one round trip
+    // and one commit for each flight.) >= 1. Default: 8.
     // URL: ?idem_pool_size=N.
     int pool_size = 8;
     // Milliseconds to wait for a connection before Code::kUnavailable, > 0.
