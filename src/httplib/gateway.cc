@@ -190,8 +190,7 @@ struct Gateway::Impl {
   // anew (ConnectionPool::Take), so only a failure to connect means "not sent",
   // and a request on a connection the upstream closes at that very moment
   // is "sent" (doc/gateway.md).
-  bool Forward(const ::httplib::Request& req, const BodySource& body, http::Answer& ans, bool& sent,
-               std::string& why) {
+  bool Forward(const ::httplib::Request& req, const BodySource& body, http::Answer& ans, bool& sent, std::string& why) {
     hi::ConnectionPool& p = *pool;
     ::httplib::Request out;
     out.method = req.method;
