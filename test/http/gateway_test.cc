@@ -14,10 +14,13 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -419,37 +422,65 @@ int FreePort() {
   }
 }
 
-pid_t SpawnServing(std::vector<std::string> argv, int port, const std::string& kill_at);
+pid_t SpawnServing(const std::function<std::vector<std::string>(int port)>& argv, const std::string& kill_at,
+                   int& port);
 
 // Starts `idem gateway` (with IDEM_KILL_AT=`kill_at` when not empty) and
 // returns once it answers.
-pid_t StartCli(int port, const std::string& upstream, const std::string& store, const std::string& kill_at,
+pid_t StartCli(int& port, const std::string& upstream, const std::string& store, const std::string& kill_at,
                bool honours) {
-  std::vector<std::string> argv = {IDEM_CLI,
-                                   "gateway",
-                                   "--listen",
-                                   "127.0.0.1:" + std::to_string(port),
-                                   "--upstream",
-                                   upstream,
-                                   "--store",
-                                   store,
-                                   "--lease",
-                                   "400",
-                                   "--upstream-timeout",
-                                   "100",
-                                   "--connect-timeout",
-                                   "100",
-                                   "--quiet"};
-  if (honours) argv.push_back("--upstream-honours-key");
-  return SpawnServing(argv, port, kill_at);
+  return SpawnServing(
+      [&](int listen) {
+        std::vector<std::string> argv = {IDEM_CLI,
+                                         "gateway",
+                                         "--listen",
+                                         "127.0.0.1:" + std::to_string(listen),
+                                         "--upstream",
+                                         upstream,
+                                         "--store",
+                                         store,
+                                         "--lease",
+                                         "400",
+                                         "--upstream-timeout",
+                                         "100",
+                                         "--connect-timeout",
+                                         "100",
+                                         "--quiet"};
+        if (honours) argv.push_back("--upstream-honours-key");
+        return argv;
+      },
+      kill_at, port);
 }
 
-// Starts the idem command `argv` (with IDEM_KILL_AT=`kill_at` when not
-// empty) and returns once GET /metrics on `port` answers.
-pid_t SpawnServing(std::vector<std::string> argv, int port, const std::string& kill_at) {
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
+// Whether process `pid` holds the socket listening on `port` (another
+// process of the test suite may take a port between FreePort's check and the
+// child's bind, and then answers in its place).
+bool Listens(pid_t pid, int port) {
+  std::set<std::string> inodes;  // of the child's sockets
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the column names
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    in >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+    if (state != "0A" || local.find(':') == std::string::npos) continue;  // 0A: LISTEN
+    if (std::stoi(local.substr(local.find(':') + 1), nullptr, 16) == port && inodes.count(inode)) return true;
+  }
+  return false;
+}
+
+// Starts the idem command `argv(port)` (with IDEM_KILL_AT=`kill_at` when
+// not empty) on a free port, and returns once the child listens there and
+// GET /metrics answers. A child that could not bind its port (taken
+// meanwhile) is started again on another.
+pid_t SpawnServing(const std::function<std::vector<std::string>(int port)>& make_argv, const std::string& kill_at,
+                   int& port) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e)
     if (std::string(*e).rfind("IDEM_KILL_AT=", 0) != 0) env_strings.emplace_back(*e);
@@ -457,18 +488,24 @@ pid_t SpawnServing(std::vector<std::string> argv, int port, const std::string& k
   std::vector<char*> env;
   for (auto& e : env_strings) env.push_back(e.data());
   env.push_back(nullptr);
-  pid_t pid = 0;
-  EXPECT_EQ(::posix_spawn(&pid, IDEM_CLI, nullptr, nullptr, args.data(), env.data()), 0);
-  for (;;) {  // until it answers (or dies)
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      ADD_FAILURE() << argv[1] << " exited before serving";
-      return -1;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    port = FreePort();
+    std::vector<std::string> argv = make_argv(port);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid_t pid = 0;
+    EXPECT_EQ(::posix_spawn(&pid, IDEM_CLI, nullptr, nullptr, args.data(), env.data()), 0);
+    for (;;) {  // until it serves (or dies)
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) break;
+      ::httplib::Client c("127.0.0.1", port);
+      if (Listens(pid, port) && c.Get("/metrics")) return pid;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    ::httplib::Client c("127.0.0.1", port);
-    if (c.Get("/metrics")) return pid;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ADD_FAILURE() << make_argv(port)[1] << " exited before serving, on 10 ports";
+  return -1;
 }
 
 // Sends the key until the answer is not 409 (the dead gateway's lease runs out).
@@ -481,7 +518,7 @@ Reply UntilNotInProgress(int port, const std::string& key) {
 }
 
 void KilledBetweenForwardingAndStoring(const std::string& store, Upstream& upstream, bool honours) {
-  const int port = FreePort();
+  int port = 0;
   pid_t pid = StartCli(port, upstream.url(), store, "http.before_complete", honours);
   ASSERT_GT(pid, 0);
   Reply lost = Send(port, "POST", "/charges", R"({"amount":4000})", "crash-1");
@@ -491,7 +528,7 @@ void KilledBetweenForwardingAndStoring(const std::string& store, Upstream& upstr
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
   ASSERT_EQ(upstream.calls(), 1);
 
-  const int port2 = FreePort();
+  int port2 = 0;
   pid = StartCli(port2, upstream.url(), store, "", honours);
   ASSERT_GT(pid, 0);
   Reply repeat = UntilNotInProgress(port2, "crash-1");
@@ -922,10 +959,16 @@ TEST(RequestLatency, TheMiddlewaresMetricsRouteHasTheHistogramByOutcome) {
 
 TEST(RequestLatency, IdemProvidersMetricsHaveTheHistogramByOutcome) {
   TempDir dir;
-  const int port = FreePort();
-  pid_t pid = SpawnServing({IDEM_CLI, "provider", "--api-key", "sk_1:acct_1", "--listen",
-                            "127.0.0.1:" + std::to_string(port), "--store", "sqlite:" + dir.File("p.db"), "--quiet"},
-                           port, "");
+  int port = 0;
+  pid_t pid = SpawnServing(
+      [&](int listen) -> std::vector<std::string> {
+        return {IDEM_CLI,    "provider",
+                "--api-key", "sk_1:acct_1",
+                "--listen",  "127.0.0.1:" + std::to_string(listen),
+                "--store",   "sqlite:" + dir.File("p.db"),
+                "--quiet"};
+      },
+      "", port);
   ASSERT_GT(pid, 0);
   const std::string body = R"({"amount": 4000, "currency": "usd", "customer": "cus_1"})";
   Reply first = Send(port, "POST", "/charges", body, "p-1");
