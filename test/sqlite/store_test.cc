@@ -6,12 +6,16 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 
+#include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
@@ -535,6 +539,79 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(Charges(**store), 1);
+}
+
+// Claim writes outside a transaction from concurrent callers share one
+// write transaction: while a lone claim's flight is held after its commit,
+// the claims that come meanwhile queue, then go together in one flight,
+// committed once. Each still gets its own answer and fence, a key claimed
+// twice in the flight is in progress for the second caller, and every
+// completion and replay is as it would be alone.
+TEST(SqliteStore, ConcurrentClaimsOutsideATransactionShareOneCommit) {
+  TempDir dir;
+  auto store = sqlite::Store::Open({.path = dir.File("claims.db")});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
+  const std::vector<std::string> keys = {"g-1", "g-2", "g-3", "g-4", "g-5", "g-6", "g-1"};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, go = false;
+  size_t queued = 0;
+  int commits = 0;  // after the lone claim's
+  std::vector<Result<ClaimOutcome>> got(keys.size() + 1, Status::Internal("not run"));
+  std::vector<std::thread> threads;
+  auto claim = [&](size_t i, const std::string& key) {
+    threads.emplace_back([&, i, key] {
+      Result<ClaimOutcome> c = claims.Claim(GroupRequest(key));
+      std::lock_guard l(mu);
+      got[i] = std::move(c);
+    });
+  };
+  // Bounded: a store that never queues fails the test instead of hanging it.
+  auto wait_for = [&](const std::function<bool()>& reached) {
+    std::unique_lock l(mu);
+    if (cv.wait_for(l, std::chrono::seconds(60), reached)) return true;
+    go = true;
+    cv.notify_all();
+    return false;
+  };
+  std::function<void()> count = [&] {
+    {
+      std::lock_guard l(mu);
+      ++commits;
+    }
+    ArmKillPoint("sqlite.commit_done", 1, count);
+  };
+  // The lone claim's flight stops after its commit and arms the count of
+  // the callers that wait; once they all wait, commits are counted.
+  ArmKillPoint("sqlite.commit_done", 1, [&] {
+    ArmKillPoint("sqlite.claim_queued", static_cast<int>(keys.size()), [&] {
+      {
+        std::lock_guard l(mu);
+        queued = keys.size();
+      }
+      cv.notify_all();
+      ArmKillPoint("sqlite.commit_done", 1, count);
+    });
+    std::unique_lock l(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  });
+  claim(0, "alone");
+  bool reached = wait_for([&] { return held; });
+  for (size_t i = 0; reached && i < keys.size(); ++i) claim(i + 1, keys[i]);
+  reached = reached && wait_for([&] { return queued == keys.size(); });
+  {
+    std::lock_guard l(mu);
+    go = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  DisarmKillPoints();
+  ASSERT_TRUE(reached) << "the callers never waited for a flight";
+  EXPECT_EQ(commits, 1) << "the queued claims' commits";
+  ExpectAnsweredAsAlone(claims, got, 7, {"alone", "g-1", "g-2", "g-6"});
 }
 
 }  // namespace
