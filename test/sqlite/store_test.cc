@@ -6,13 +6,10 @@
 #include <sqlite3.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "idem/claims.h"
@@ -23,6 +20,7 @@
 #include "sqlite_driver/db.h"
 #include "util/claims_conformance.h"
 #include "util/outbox_conformance.h"
+#include "util/sqlite_claim_flights.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -552,64 +550,10 @@ TEST(SqliteStore, ConcurrentClaimsOutsideATransactionShareOneCommit) {
   auto store = sqlite::Store::Open({.path = dir.File("claims.db")});
   ASSERT_OK(store);
   Claims claims(*(*store)->claim_store());
-  const std::vector<std::string> keys = {"g-1", "g-2", "g-3", "g-4", "g-5", "g-6", "g-1"};
-  std::mutex mu;
-  std::condition_variable cv;
-  bool held = false, go = false;
-  size_t queued = 0;
-  int commits = 0;  // after the lone claim's
-  std::vector<Result<ClaimOutcome>> got(keys.size() + 1, Status::Internal("not run"));
-  std::vector<std::thread> threads;
-  auto claim = [&](size_t i, const std::string& key) {
-    threads.emplace_back([&, i, key] {
-      Result<ClaimOutcome> c = claims.Claim(GroupRequest(key));
-      std::lock_guard l(mu);
-      got[i] = std::move(c);
-    });
-  };
-  // Bounded: a store that never queues fails the test instead of hanging it.
-  auto wait_for = [&](const std::function<bool()>& reached) {
-    std::unique_lock l(mu);
-    if (cv.wait_for(l, std::chrono::seconds(60), reached)) return true;
-    go = true;
-    cv.notify_all();
-    return false;
-  };
-  std::function<void()> count = [&] {
-    {
-      std::lock_guard l(mu);
-      ++commits;
-    }
-    ArmKillPoint("sqlite.commit_done", 1, count);
-  };
-  // The lone claim's flight stops after its commit and arms the count of
-  // the callers that wait; once they all wait, commits are counted.
-  ArmKillPoint("sqlite.commit_done", 1, [&] {
-    ArmKillPoint("sqlite.claim_queued", static_cast<int>(keys.size()), [&] {
-      {
-        std::lock_guard l(mu);
-        queued = keys.size();
-      }
-      cv.notify_all();
-      ArmKillPoint("sqlite.commit_done", 1, count);
-    });
-    std::unique_lock l(mu);
-    held = true;
-    cv.notify_all();
-    cv.wait(l, [&] { return go; });
-  });
-  claim(0, "alone");
-  bool reached = wait_for([&] { return held; });
-  for (size_t i = 0; reached && i < keys.size(); ++i) claim(i + 1, keys[i]);
-  reached = reached && wait_for([&] { return queued == keys.size(); });
-  {
-    std::lock_guard l(mu);
-    go = true;
-  }
-  cv.notify_all();
-  for (auto& t : threads) t.join();
-  DisarmKillPoints();
-  ASSERT_TRUE(reached) << "the callers never waited for a flight";
+  std::vector<Result<ClaimOutcome>> got;
+  int commits = 0;
+  ASSERT_TRUE(ClaimInOneFlight(claims, {"g-1", "g-2", "g-3", "g-4", "g-5", "g-6", "g-1"}, got, commits))
+      << "the callers never waited for a flight";
   EXPECT_EQ(commits, 1) << "the queued claims' commits";
   ExpectAnsweredAsAlone(claims, got, 7, {"alone", "g-1", "g-2", "g-6"});
 }
