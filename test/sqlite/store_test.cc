@@ -558,6 +558,45 @@ TEST(SqliteStore, ConcurrentClaimsOutsideATransactionShareOneCommit) {
   ExpectAnsweredAsAlone(claims, got, 7, {"alone", "g-1", "g-2", "g-6"});
 }
 
+// One statement of a flight that fails (here a trigger refuses one key's
+// insert) rolls back only itself, to its savepoint: its caller gets the
+// error, the others of the flight start and commit, once.
+TEST(SqliteStore, AFailingStatementInAClaimFlightFailsOnlyItsOwnCaller) {
+  TempDir dir;
+  auto store = sqlite::Store::Open({.path = dir.File("claims.db")});
+  ASSERT_OK(store);
+  {
+    auto tx = (*store)->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK(
+        (*tx)->Exec("CREATE TRIGGER refuse BEFORE INSERT ON idem_claims WHEN NEW.key = CAST('g-bad' AS BLOB)"
+                    " BEGIN SELECT RAISE(ABORT, 'refused'); END",
+                    {}));
+    ASSERT_OK((*tx)->Commit());
+  }
+  Claims claims(*(*store)->claim_store());
+  std::vector<Result<ClaimOutcome>> got;
+  int commits = 0;
+  ASSERT_TRUE(ClaimInOneFlight(claims, {"g-1", "g-bad", "g-2"}, got, commits))
+      << "the callers never waited for a flight";
+  EXPECT_EQ(commits, 1) << "the queued claims' commits";
+  ASSERT_FALSE(got[2].ok());
+  EXPECT_NE(got[2].status().message().find("refused"), std::string::npos) << got[2].status();
+  for (size_t i : {size_t{1}, size_t{3}}) {
+    ASSERT_OK(got[i]);
+    ASSERT_EQ(got[i]->kind, ClaimOutcome::Kind::kStarted);
+    ASSERT_OK(claims.Complete(got[i]->token, "done " + got[i]->token.key));
+  }
+  for (const std::string key : {"g-1", "g-2"}) {
+    auto again = claims.Claim(GroupRequest(key));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
+  }
+  auto bad = claims.store().FindClaim("group", "g-bad");
+  ASSERT_OK(bad);
+  EXPECT_FALSE(bad->has_value());
+}
+
 }  // namespace
 }  // namespace idem::testing
 
