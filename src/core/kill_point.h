@@ -34,6 +34,8 @@
 //                          goes on is about to be sent (tests count them)
 //   postgres.claim_queued  a claim statement outside a transaction found every
 //                          flight out and waits to go with the next (tests count them)
+//   sqlite.claim_queued    a claim write outside a transaction found a flight out
+//                          and waits to go with the next (tests count them)
 //   outbox.after_add       Outbox::Add queued its rows, the transaction still open
 //   relay.after_lock       a relay rebalanced its lanes
 //   relay.after_fetch      a relay fetched a round's rows, nothing handed over yet

@@ -51,31 +51,34 @@ ClaimOutcome Started(const ClaimRequest& r, int64_t fence, int64_t lease_until_m
 
 Result<std::optional<std::pair<int64_t, int64_t>>> SqlStore::FencedWrite(Connection* in_tx, const char* sql,
                                                                          std::span<const Value> params) {
-  const ClaimsSql& q = *dialect_.claims;
+  Rows rows;
   if (in_tx != nullptr) {  // the caller's transaction: it commits
-    if (q.bump_fence != nullptr) IDEM_RETURN_IF_ERROR(in_tx->Exec(q.bump_fence, {}).status());
-    IDEM_ASSIGN_OR_RETURN(Rows rows, in_tx->Query(sql, params));
-    if (rows.rows.empty()) return std::optional<std::pair<int64_t, int64_t>>();
-    return std::optional<std::pair<int64_t, int64_t>>({rows.rows[0][0].AsInt(), rows.rows[0][1].AsInt()});
+    IDEM_ASSIGN_OR_RETURN(rows, FencedQuery(*in_tx, sql, params));
+  } else if (dialect_.claims->bump_fence == nullptr) {
+    IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+    IDEM_ASSIGN_OR_RETURN(rows, c->Query(sql, params));  // one statement, its own transaction
+  } else {
+    IDEM_ASSIGN_OR_RETURN(rows, FencedAlone(sql, std::vector<Value>(params.begin(), params.end())));
   }
-  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
-  auto rows_of = [&]() -> Result<Rows> {
-    if (q.bump_fence == nullptr) return c->Query(sql, params);  // one statement, its own transaction
-    IDEM_RETURN_IF_ERROR(c->Script(dialect_.begin));
-    Result<Rows> rows = [&]() -> Result<Rows> {
-      IDEM_RETURN_IF_ERROR(c->Exec(q.bump_fence, {}).status());
-      return c->Query(sql, params);
-    }();
-    if (!rows.ok() || rows->rows.empty()) {
-      (void)c->Script("ROLLBACK");
-      return rows;
-    }
-    IDEM_RETURN_IF_ERROR(c->Commit());
-    return rows;
-  };
-  IDEM_ASSIGN_OR_RETURN(Rows rows, rows_of());
   if (rows.rows.empty()) return std::optional<std::pair<int64_t, int64_t>>();
   return std::optional<std::pair<int64_t, int64_t>>({rows.rows[0][0].AsInt(), rows.rows[0][1].AsInt()});
+}
+
+Result<Rows> SqlStore::FencedQuery(Connection& c, std::string_view sql, std::span<const Value> params) {
+  if (dialect_.claims->bump_fence != nullptr) IDEM_RETURN_IF_ERROR(c.Exec(dialect_.claims->bump_fence, {}).status());
+  return c.Query(sql, params);
+}
+
+Result<Rows> SqlStore::FencedAlone(std::string_view sql, std::vector<Value> params) {
+  IDEM_ASSIGN_OR_RETURN(Lease c, Take());
+  IDEM_RETURN_IF_ERROR(c->Script(dialect_.begin));
+  Result<Rows> rows = FencedQuery(*c, sql, params);
+  if (!rows.ok() || rows->rows.empty()) {
+    (void)c->Script("ROLLBACK");
+    return rows;
+  }
+  IDEM_RETURN_IF_ERROR(c->Commit());
+  return rows;
 }
 
 Result<ClaimOutcome> SqlStore::TryClaim(const ClaimRequest& r) { return ClaimOn(nullptr, r); }

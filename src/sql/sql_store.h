@@ -378,6 +378,16 @@ class SqlStore : public Store, public ClaimStore {
   // pooled connection. PostgreSQL sends concurrent callers' together, in
   // one commit.
   virtual Result<Rows> QueryAlone(std::string_view sql, std::vector<Value> params);
+  // A claim write that draws a fence (insert, take-over) outside any
+  // transaction where the dialect bumps a counter for it first
+  // (ClaimsSql::bump_fence): the bump and `sql` in one transaction of its
+  // own, rolled back when `sql` answers no row; its rows. Default: on a
+  // pooled connection. SQLite sends concurrent callers' together, as it does
+  // their QueryAlone statements.
+  virtual Result<Rows> FencedAlone(std::string_view sql, std::vector<Value> params);
+  // The bump (where the dialect has one) and `sql`, on `c` inside its
+  // transaction.
+  Result<Rows> FencedQuery(Connection& c, std::string_view sql, std::span<const Value> params);
   // The outbox SQL for relay sessions opened now. Default: the dialect's.
   virtual const OutboxSql& outbox_sql() { return *dialect_.outbox; }
   virtual Status WaitForOutbox(Connection& c, std::string_view name, int64_t timeout_ms,

@@ -13,13 +13,17 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "core/kill_point.h"
 #include "idem/env.h"
@@ -261,6 +265,15 @@ std::string WriteLockIdOf(const std::string& path) {
   return "sqlite:" + (ec ? path : p.string());
 }
 
+// A claim write waiting for its flight (SqliteStore::Fly).
+struct FlightJob {
+  std::string_view sql;
+  std::span<const Value> params;
+  bool fenced;  // FencedAlone's: the fence bump first, undone if `sql` answers no row
+  std::optional<Result<Rows>> out{};
+  std::condition_variable wake{};  // its answer is in, or it may lead the next flight
+};
+
 class SqliteStore final : public sql_internal::SqlStore {
  public:
   explicit SqliteStore(const Options& o)
@@ -321,6 +334,15 @@ class SqliteStore final : public sql_internal::SqlStore {
   }
   void OutboxCommitted() override { board_->Ring(); }
   std::string WriteLockId() const override { return write_lock_id_; }
+
+  // Claim writes outside a transaction (a new key's insert, a take-over, a
+  // completion), each committed on its own otherwise: see Fly.
+  Result<Rows> QueryAlone(std::string_view sql, std::vector<Value> params) override {
+    return Fly(sql, params, /*fenced=*/false);
+  }
+  Result<Rows> FencedAlone(std::string_view sql, std::vector<Value> params) override {
+    return Fly(sql, params, /*fenced=*/true);
+  }
 
   // Markers with a producer time go to idem_markers_by_producer_time (keyed by that
   // time first); the others to idem_markers. A new by-time marker is also
@@ -421,12 +443,112 @@ class SqliteStore final : public sql_internal::SqlStore {
   }
 
  private:
+  static constexpr size_t kMaxFlight = 64;
+
+  // Claim writes of concurrent callers in one write transaction: the file
+  // has one writer, so they would otherwise commit (and fsync) one after
+  // the other. A caller that finds no flight out leads one at once, with
+  // whatever is queued; the callers arriving meanwhile queue, and the first
+  // of them leads the next flight with all of them (up to kMaxFlight).
+  // A flight of one runs as before, on its own. A flight of more: BEGIN
+  // IMMEDIATE, each statement in its own savepoint (its failure rolls back
+  // only itself and is its own caller's answer; each decides alone, so
+  // answers, fences and leases are as each alone would get), one COMMIT.
+  // Callers learn their answers after the COMMIT; if it failed, every
+  // statement that had succeeded is answered with an error (kUnavailable,
+  // or kInDoubt when the commit's outcome is unknown), never success.
+  Result<Rows> Fly(std::string_view sql, std::span<const Value> params, bool fenced) {
+    FlightJob job{sql, params, fenced};
+    std::unique_lock lock(flight_mu_);
+    flight_queue_.push_back(&job);
+    bool queued = false;
+    while (!job.out.has_value()) {
+      if (flying_ || flight_queue_.front() != &job) {
+        if (!std::exchange(queued, true) && flying_) {
+          lock.unlock();  // (tests count the callers that wait for the next flight)
+          IDEM_KILL_POINT("sqlite.claim_queued");
+          lock.lock();
+          continue;
+        }
+        job.wake.wait(lock);
+        continue;
+      }
+      const size_t n = std::min(flight_queue_.size(), kMaxFlight);
+      std::vector<FlightJob*> flight(flight_queue_.begin(), flight_queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      flight_queue_.erase(flight_queue_.begin(), flight_queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      flying_ = true;
+      lock.unlock();
+      std::vector<Result<Rows>> answers = RunFlight(flight);
+      lock.lock();
+      flying_ = false;
+      for (size_t i = 0; i < flight.size(); ++i) {
+        flight[i]->out.emplace(std::move(answers[i]));
+        if (flight[i] != &job) flight[i]->wake.notify_one();
+      }
+      if (!flight_queue_.empty()) flight_queue_.front()->wake.notify_one();  // leads the next
+    }
+    return std::move(*job.out);
+  }
+
+  std::vector<Result<Rows>> RunFlight(std::span<FlightJob* const> flight) {
+    if (flight.size() == 1) {
+      FlightJob& j = *flight[0];
+      std::vector<Value> p(j.params.begin(), j.params.end());
+      return {j.fenced ? SqlStore::FencedAlone(j.sql, std::move(p)) : SqlStore::QueryAlone(j.sql, std::move(p))};
+    }
+    auto lease = Take(/*for_write=*/true);
+    if (!lease.ok()) return std::vector<Result<Rows>>(flight.size(), lease.status());
+    sql_internal::Connection& c = **lease;
+    if (Status begun = c.Script(kDialect.begin); !begun.ok()) return std::vector<Result<Rows>>(flight.size(), begun);
+    std::vector<Result<Rows>> out;
+    out.reserve(flight.size());
+    Status broken;  // the transaction is gone or a savepoint failed: nothing of the flight commits
+    for (FlightJob* j : flight) {
+      if (!broken.ok()) {
+        out.emplace_back(broken);
+        continue;
+      }
+      if (Status s = c.Script("SAVEPOINT idem_claim"); !s.ok()) {
+        broken = s;
+        out.emplace_back(s);
+        continue;
+      }
+      Result<Rows> rows = j->fenced ? FencedQuery(c, j->sql, j->params) : c.Query(j->sql, j->params);
+      const bool keep = rows.ok() && !(j->fenced && rows->rows.empty());
+      Status ended = !c.InTransaction() ? Status::Unavailable("SQLite rolled the transaction back")
+                     : keep             ? c.Script("RELEASE idem_claim")
+                                        : c.Script("ROLLBACK TO idem_claim");
+      if (ended.ok() && !keep) ended = c.Script("RELEASE idem_claim");
+      if (!ended.ok()) broken = ended;
+      out.push_back(std::move(rows));
+    }
+    Status committed = broken.ok() ? c.Commit() : broken;
+    if (committed.ok()) {
+      Committed(&c);
+      return out;
+    }
+    if (c.InTransaction()) (void)c.Script("ROLLBACK");
+    const Status failed =
+        !broken.ok() ? Status::Unavailable("the claims' shared transaction was rolled back (" + broken.message() +
+                                           "): not done; retry")
+        : committed.code() == Code::kInDoubt
+            ? Status::InDoubt("the claims' shared COMMIT failed; it may or may not have happened: " +
+                              committed.message())
+            : Status::Unavailable("the claims' shared COMMIT failed; it may not have happened: " + committed.message());
+    for (Result<Rows>& r : out)
+      if (r.ok()) r = failed;
+    return out;
+  }
+
   Options options_;
   const std::string write_lock_id_;
   std::shared_ptr<OutboxBoard> board_;
   // Read and written by concurrent Connect calls of the pool: atomic.
   std::atomic<bool> create_file_{true};
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::mutex flight_mu_;
+  std::deque<FlightJob*> flight_queue_;  // waiting for a flight
+  bool flying_ = false;                  // a flight is out
 };
 
 }  // namespace

@@ -446,10 +446,6 @@ TEST_F(Postgres, ManyClaimsAndTheirCompletionsTakeOneRoundTripEach) {
   }
 }
 
-ClaimRequest GroupRequest(const std::string& key) {
-  return ClaimRequest{.scope = "group", .key = key, .fingerprint = FingerprintOf("b"), .lease_ms = 60'000};
-}
-
 // Claims `keys` (scope "group") from a thread each so that they go in one
 // flight, on a store whose pool keeps two connections: two flights (keys
 // "alone-1", "alone-2") stop before they are sent
@@ -545,28 +541,7 @@ TEST_F(Postgres, ConcurrentClaimsOutsideATransactionShareOneCommit) {
     EXPECT_EQ(xmins->rows[0][0].AsInt(), 7);  // g-2 .. g-8
     EXPECT_EQ(xmins->rows[0][1].AsInt(), 1);  // in one transaction
   }
-  std::set<int64_t> fences;
-  int started = 0, in_progress = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_OK(got[i]);
-    if (got[i]->kind == ClaimOutcome::Kind::kStarted) {
-      ++started;
-      fences.insert(got[i]->token.fence);
-      ASSERT_OK(claims.Complete(got[i]->token, "done " + got[i]->token.key));
-    } else {
-      EXPECT_EQ(got[i]->kind, ClaimOutcome::Kind::kInProgress);  // g-2, claimed twice in the group
-      ++in_progress;
-    }
-  }
-  EXPECT_EQ(started, 9);
-  EXPECT_EQ(in_progress, 1);
-  EXPECT_EQ(fences.size(), 9u);
-  for (const std::string key : {"alone-1", "alone-2", "g-2", "g-3", "g-8"}) {
-    auto again = claims.Claim(GroupRequest(key));
-    ASSERT_OK(again);
-    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
-    EXPECT_EQ(again->result, "done " + key);
-  }
+  ExpectAnsweredAsAlone(claims, got, 9, {"alone-1", "alone-2", "g-2", "g-3", "g-8"});
 }
 
 // A group does not wait long for a row another transaction holds: a key

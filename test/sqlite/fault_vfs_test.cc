@@ -18,11 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "idem/claims.h"
 #include "idem/embedded/queue.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "util/fault_vfs_util.h"
 #include "util/recording_observer.h"
+#include "util/sqlite_claim_flights.h"
 #include "util/test_util.h"
 
 namespace idem::testing {
@@ -337,6 +339,35 @@ TEST_F(FaultVfsTest, ABatchWhoseCommitFailsInDoubtAcknowledgesNoCopy) {
     for (const Outcome& out : inbox.HandleBatch(again, ChargeHandler())) EXPECT_TRUE(out.ShouldAck()) << out.ToString();
   EXPECT_EQ(Charges(*store, "a"), 1);
   EXPECT_EQ(Charges(*store, "b"), 1);
+}
+
+// Claims that shared a flight whose COMMIT failed (here its WAL sync) are
+// each answered with an error that says they may not have happened, never
+// started; claimed again once the disk is back, each is answered again
+// (started if its write is not there, in progress if it is).
+TEST_F(FaultVfsTest, AClaimFlightWhoseCommitFailsAnswersEveryCallerWithAnError) {
+  TempDir dir;
+  std::unique_ptr<Store> store = OpenThroughFaultVfs(dir.File("claims.db"));
+  ASSERT_NE(store, nullptr);
+  Claims claims(*store->claim_store());
+  const std::vector<std::string> keys = {"f-1", "f-2", "f-3"};
+  std::vector<Result<ClaimOutcome>> got;
+  int commits = 0;
+  ASSERT_TRUE(ClaimInOneFlight(claims, keys, got, commits, [] {
+    Vfs().Arm({.action = Action::kIoError, .op = Op::kSync, .at = 1});
+  })) << "the callers never waited for a flight";
+  Vfs().Disarm();
+  ASSERT_OK(got[0]);
+  EXPECT_EQ(got[0]->kind, ClaimOutcome::Kind::kStarted);  // the lone claim, committed before
+  for (size_t i = 1; i < got.size(); ++i) {
+    ASSERT_FALSE(got[i].ok()) << keys[i - 1] << ": " << static_cast<int>(got[i]->kind);
+    EXPECT_TRUE(got[i].status().IsUnavailable() || got[i].status().IsInDoubt()) << got[i].status();
+  }
+  for (const std::string& key : keys) {
+    auto again = claims.Claim(GroupRequest(key));
+    ASSERT_OK(again);
+    EXPECT_TRUE(again->kind == ClaimOutcome::Kind::kStarted || again->kind == ClaimOutcome::Kind::kInProgress) << key;
+  }
 }
 
 TEST_F(FaultVfsTest, HeldBackWritesAreReadBackAndOnlySyncedOnesSurviveACut) {

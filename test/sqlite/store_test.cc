@@ -12,6 +12,7 @@
 #include <memory>
 #include <thread>
 
+#include "idem/claims.h"
 #include "idem/inbox.h"
 #include "idem/sqlite/store.h"
 #include "idem/testing/kill_points.h"
@@ -19,6 +20,7 @@
 #include "sqlite_driver/db.h"
 #include "util/claims_conformance.h"
 #include "util/outbox_conformance.h"
+#include "util/sqlite_claim_flights.h"
 #include "util/store_conformance.h"
 #include "util/test_util.h"
 
@@ -535,6 +537,64 @@ TEST(SqliteStore, LockedDatabaseFailsWithoutLosingTheMessage) {
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kApplied);
   EXPECT_EQ(inbox.Handle(Msg("m-1"), ChargeHandler()).kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(Charges(**store), 1);
+}
+
+// Claim writes outside a transaction from concurrent callers share one
+// write transaction: while a lone claim's flight is held after its commit,
+// the claims that come meanwhile queue, then go together in one flight,
+// committed once. Each still gets its own answer and fence, a key claimed
+// twice in the flight is in progress for the second caller, and every
+// completion and replay is as it would be alone.
+TEST(SqliteStore, ConcurrentClaimsOutsideATransactionShareOneCommit) {
+  TempDir dir;
+  auto store = sqlite::Store::Open({.path = dir.File("claims.db")});
+  ASSERT_OK(store);
+  Claims claims(*(*store)->claim_store());
+  std::vector<Result<ClaimOutcome>> got;
+  int commits = 0;
+  ASSERT_TRUE(ClaimInOneFlight(claims, {"g-1", "g-2", "g-3", "g-4", "g-5", "g-6", "g-1"}, got, commits))
+      << "the callers never waited for a flight";
+  EXPECT_EQ(commits, 1) << "the queued claims' commits";
+  ExpectAnsweredAsAlone(claims, got, 7, {"alone", "g-1", "g-2", "g-6"});
+}
+
+// One statement of a flight that fails (here a trigger refuses one key's
+// insert) rolls back only itself, to its savepoint: its caller gets the
+// error, the others of the flight start and commit, once.
+TEST(SqliteStore, AFailingStatementInAClaimFlightFailsOnlyItsOwnCaller) {
+  TempDir dir;
+  auto store = sqlite::Store::Open({.path = dir.File("claims.db")});
+  ASSERT_OK(store);
+  {
+    auto tx = (*store)->Begin();
+    ASSERT_OK(tx);
+    ASSERT_OK(
+        (*tx)->Exec("CREATE TRIGGER refuse BEFORE INSERT ON idem_claims WHEN NEW.key = CAST('g-bad' AS BLOB)"
+                    " BEGIN SELECT RAISE(ABORT, 'refused'); END",
+                    {}));
+    ASSERT_OK((*tx)->Commit());
+  }
+  Claims claims(*(*store)->claim_store());
+  std::vector<Result<ClaimOutcome>> got;
+  int commits = 0;
+  ASSERT_TRUE(ClaimInOneFlight(claims, {"g-1", "g-bad", "g-2"}, got, commits))
+      << "the callers never waited for a flight";
+  EXPECT_EQ(commits, 1) << "the queued claims' commits";
+  ASSERT_FALSE(got[2].ok());
+  EXPECT_NE(got[2].status().message().find("refused"), std::string::npos) << got[2].status();
+  for (size_t i : {size_t{1}, size_t{3}}) {
+    ASSERT_OK(got[i]);
+    ASSERT_EQ(got[i]->kind, ClaimOutcome::Kind::kStarted);
+    ASSERT_OK(claims.Complete(got[i]->token, "done " + got[i]->token.key));
+  }
+  for (const std::string key : {"g-1", "g-2"}) {
+    auto again = claims.Claim(GroupRequest(key));
+    ASSERT_OK(again);
+    EXPECT_EQ(again->kind, ClaimOutcome::Kind::kCompleted) << key;
+  }
+  auto bad = claims.store().FindClaim("group", "g-bad");
+  ASSERT_OK(bad);
+  EXPECT_FALSE(bad->has_value());
 }
 
 }  // namespace
