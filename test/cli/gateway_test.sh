@@ -90,7 +90,9 @@ has json-log-conflict "$T/gw.log" '"key":"gw-1","outcome":"conflict","status":42
 curl -s -o /dev/null -X POST "http://127.0.0.1:$GPORT/charges" -H 'Authorization: Bearer sk_g' \
   -H "$(printf 'Idempotency-Key: x"y\\z\tw')" -d '{}'
 has json-log-escaped "$T/gw.log" '"key":"x\\"y\\\\z\\tw","outcome":"refused","status":400,'
-ok json-log-one-object-a-line test "$(grep -cv '^{.*}$' "$T/gw.log")" = 0
+# (AddressSanitizer's one warning about fibers' swapcontext aside)
+ok json-log-one-object-a-line test "$(grep -v "^==[0-9]*==WARNING: ASan doesn't fully support makecontext" "$T/gw.log" |
+  grep -cv '^{.*}$')" = 0
 kill -TERM "$GPID"
 wait "$GPID"
 ok sigterm-exit-0 test "$?" = 0

@@ -314,6 +314,8 @@ TEST_P(HostileMiddlewareTest, AConnectionFloodStarvesNoRequest) {
 // The server's own cases, with requests on threads and on fibers.
 class HostileServerTest : public ::testing::TestWithParam<Serving> {
  protected:
+  // The server first: its threads may still log until it stops.
+  ~HostileServerTest() override { server_.reset(); }
   void Start(idem::httplib::Server::Options options) {
     options.fibers = GetParam().fibers;
     server_ = std::make_unique<LoopbackServer>(options);
