@@ -727,9 +727,13 @@ Status Supervisor::Go() {
       const bool stage2_drained = !TwoStage(cfg_) || (outbox_empty && last_applied2_ >= produced_unique_);
       // (A fault in progress is waited for: it ends with the store whole.)
       if (fault_pid_ != 0) last_progress_ms = now;
-      if (produced_ && last_applied_ >= produced_unique_ && stage2_drained && fault_pid_ == 0) {
+      // Every effect is in. Under fire, the lives go on until the kills asked
+      // for are made (idle lives end on their timers), within the drain
+      // timeout below; a shortfall then is reported.
+      if (produced_ && last_applied_ >= produced_unique_ && stage2_drained && fault_pid_ == 0 &&
+          (!chaos || counts_.total_kills >= cfg_.kills)) {
         drained_ = true;
-        break;  // every effect is in; a shortfall of kills is reported
+        break;
       }
       if (now - last_progress_ms > cfg_.drain_timeout_ms) {
         if (!chaos) break;  // what is missing is reported as lost
