@@ -22,14 +22,24 @@ for m in direct_first gateway_first direct_replay gateway_replay; do
 done
 has '"added_first":\{"p50_ms":-?[0-9.e+-]+,"p99_ms":-?[0-9.e+-]+\}'
 has '"added_replay":\{"p50_ms":-?[0-9.e+-]+,"p99_ms":-?[0-9.e+-]+\}'
-has '"ratio_first":[0-9.e+-]+,"ratio_first_rounds":\[[0-9.e+-]+\],"ratio_replay":[0-9.e+-]+'
+# The ratios, round by round and their median: gateway/direct (first
+# executions, replays), the hop alone (pass/direct) and the store's part
+# (gateway/pass).
+for r in first first_to_pass pass replay; do
+  has "\"ratio_$r\":[0-9.e+-]+,\"ratio_${r}_rounds\":\\[[0-9.e+-]+\\]"
+done
+# First executions through the gateway on a path it does not guard: 20
+# warm-up and 20 measured, each forwarded once.
+has '"pass_first":\{"median_per_s":[0-9.e+-]+,"per_s_rounds":\[[0-9.e+-]+\],"requests":20\}'
+has '"pass_first":40[,}]'
 for t in first_added_p99_ms replay_added_p99_ms throughput_ratio_first; do
   has "\"$t\":\\{\"met\":(true|false),\"target\":[0-9.]+,\"value\":-?[0-9.e+-]+\\}"
 done
-# The counts: 200 requests, 100 at the upstream direct, 50 through the
-# gateway (its first executions, each once), 50 replayed by the gateway.
-has '"checks":\{"gateway_forwarded":50,"gateway_outcome_unknown":0,"gateway_replayed":50,"not_201":0,"ok":true,"requests":200,'
-has '"upstream_calls_direct":100,"upstream_calls_via_gateway":50,"upstream_repeats_via_gateway":0'
+# The counts: 240 requests, 100 at the upstream direct, 50 through the
+# gateway (its first executions, each once), 50 replayed by the gateway,
+# 40 unguarded through it.
+has '"checks":\{"gateway_forwarded":50,"gateway_outcome_unknown":0,"gateway_replayed":50,"not_201":0,"ok":true,"requests":240,'
+has '"upstream_calls_direct":100,"upstream_calls_unguarded":40,"upstream_calls_via_gateway":50,"upstream_repeats_via_gateway":0'
 # Bad flags: exit 2.
 set +e
 "$IDEM" bench gateway --clients 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--clients 0 did not exit 2"

@@ -456,8 +456,10 @@ const Command& BenchCommand() {
       "           side, requests alternating between the sides one by one (--latency-requests per mode and round,\n"
       "           default 300): p50/p99 and the added latency gateway - direct; throughput with --clients\n"
       "           (default 64; --requests per mode and round, default 2000): the median ratio gateway/direct\n"
-      "           (--rounds, default 3, after a warm-up). Prints issue 37's targets met or not; checks every\n"
-      "           answer 201, one upstream call per gateway first execution, none per replay (exit 1 if not).",
+      "           (--rounds, default 3, after a warm-up); first executions also go through the gateway on a\n"
+      "           path it does not guard, to show the hop alone (pass/direct) and the store's part\n"
+      "           (gateway/pass). Prints issue 37's targets met or not; checks every answer 201, one upstream\n"
+      "           call per gateway first execution and per unguarded one, none per replay (exit 1 if not).",
       "marker --store sqlite:PATH|postgres://... [--retained N] [--ids random|ordered] [--batch B] [--consumers C] "
       "[--json]\n"
       "       idem bench peers [--store URL] [--batch B] [--n N] [--dup D] [--concurrency C]\n"

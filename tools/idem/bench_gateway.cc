@@ -55,10 +55,16 @@ constexpr const char* kPrincipal = "Bearer sk_bench_gateway";
 constexpr double kReplayAddedP99Ms = 1.0, kFirstAddedP99Ms = 2.0, kThroughputRatio = 0.9;
 constexpr int64_t kWarmupRequests = 200;
 const std::vector<std::string> kModes = {"direct_first", "gateway_first", "direct_replay", "gateway_replay"};
+// Throughput also has the hop alone: the same first executions through the
+// gateway on a path it does not guard (forwarded, no key claimed or stored).
+const std::vector<std::string> kThroughputModes = {"direct_first", "gateway_first", "pass_first", "direct_replay",
+                                                   "gateway_replay"};
+constexpr const char* kGuardedPath = "/charges";
+constexpr const char* kPassPath = "/pass/charges";
 
-// The API behind the gateway. A request under /gw came through the gateway;
-// every other came direct. A key seen before is answered at once; a new
-// one after the delay.
+// The API behind the gateway. A request under /gw came through the gateway
+// (under /gw/pass, unguarded); every other came direct. A key seen before is
+// answered at once; a new one after the delay.
 class Upstream {
  public:
   static Result<std::unique_ptr<Upstream>> Start(int threads, int64_t delay_ms) {
@@ -75,7 +81,7 @@ class Upstream {
   }
   int port() const { return port_; }
   struct Calls {
-    int64_t direct = 0, gateway = 0, gateway_repeats = 0;
+    int64_t direct = 0, gateway = 0, gateway_repeats = 0, passed = 0;
   };
   Calls calls() {
     std::lock_guard lock(mu_);
@@ -108,12 +114,13 @@ class Upstream {
 
   void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
     const std::string key = req.get_header_value("Idempotency-Key");
-    const bool via_gateway = req.path.rfind("/gw/", 0) == 0;
+    const bool passed = req.path.rfind("/gw/pass/", 0) == 0;
+    const bool via_gateway = !passed && req.path.rfind("/gw/", 0) == 0;
     bool fresh;
     {
       std::lock_guard lock(mu_);
       fresh = seen_.insert(key).second;
-      ++(via_gateway ? calls_.gateway : calls_.direct);
+      ++(passed ? calls_.passed : via_gateway ? calls_.gateway : calls_.direct);
       if (via_gateway && !fresh) ++calls_.gateway_repeats;
     }
     if (fresh && delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
@@ -142,6 +149,7 @@ class InProcessGateway {
     httplib::Gateway::Options o;
     o.upstream = "http://127.0.0.1:" + std::to_string(upstream_port) + "/gw";
     o.claims = g->claims_.get();
+    o.paths = {kGuardedPath};
     o.threads = threads;
     o.max_connections = 4096;
     o.max_connections_per_client = 0;  // every client is 127.0.0.1
@@ -256,7 +264,7 @@ void Alternate(int upstream_port, int gateway_port, const std::vector<HttpPost>&
   }
   const auto one = [&](::httplib::Client& c, const HttpPost& p, std::vector<double>* ms) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = c.Post("/charges", p.headers, p.body, "application/json");
+    auto r = c.Post(kGuardedPath, p.headers, p.body, "application/json");
     if (ms != nullptr)
       ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if ((!r || r->status != 201) && unexpected++ == 0)
@@ -271,15 +279,17 @@ void Alternate(int upstream_port, int gateway_port, const std::vector<HttpPost>&
 }
 
 // One phase of one round: first executions of both sides, then their
-// replays; with --clients, the side going first alternating with `round`.
+// replays; with --clients, the side going first alternating with `round`,
+// and first executions also through the gateway unguarded (the hop alone),
+// the three sides in turn.
 void Phase(const Settings& st, int upstream_port, int gateway_port, const std::string& prefix, int64_t round,
            bool latency, Figures& f) {
   const int64_t n = round == 0 ? std::min(kWarmupRequests, latency ? st.latency_requests : st.requests)
                     : latency  ? st.latency_requests
                                : st.requests;
   const std::string tag = prefix + std::to_string(round) + (latency ? "l-" : "t-");
-  const std::map<std::string, std::vector<HttpPost>> posts = {{"direct", Posts(tag + "d-", n)},
-                                                              {"gateway", Posts(tag + "g-", n)}};
+  const std::map<std::string, std::vector<HttpPost>> posts = {
+      {"direct", Posts(tag + "d-", n)}, {"gateway", Posts(tag + "g-", n)}, {"pass", Posts(tag + "p-", n)}};
   for (const std::string kind : {"first", "replay"}) {
     f.sent["direct_" + kind] += n;
     f.sent["gateway_" + kind] += n;
@@ -290,21 +300,26 @@ void Phase(const Settings& st, int upstream_port, int gateway_port, const std::s
                 f.unexpected);
       continue;
     }
-    for (int k = 0; k < 2; ++k) {
-      const std::string side = (round + k) % 2 == 0 ? "direct" : "gateway";
-      const PostedAll r = PostAll(side == "direct" ? upstream_port : gateway_port, "/charges", posts.at(side),
-                                  static_cast<int>(st.clients), 201, "bench gateway");
+    const std::vector<std::string> sides = kind == "first" ? std::vector<std::string>{"direct", "gateway", "pass"}
+                                                           : std::vector<std::string>{"direct", "gateway"};
+    if (kind == "first") f.sent["pass_first"] += n;
+    for (size_t k = 0; k < sides.size(); ++k) {
+      const std::string& side = sides[(static_cast<size_t>(round) + k) % sides.size()];
+      const PostedAll r =
+          PostAll(side == "direct" ? upstream_port : gateway_port, side == "pass" ? kPassPath : kGuardedPath,
+                  posts.at(side), static_cast<int>(st.clients), 201, "bench gateway");
       f.unexpected += r.unexpected;
       if (round > 0) f.per_s[side + "_" + kind].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
     }
   }
 }
 
-std::vector<double> Ratios(const Figures& f, const std::string& kind) {
+// Round by round, the rate of mode `a` over that of mode `b`.
+std::vector<double> Ratios(const Figures& f, const std::string& a, const std::string& b) {
   std::vector<double> out;
-  const auto& g = f.per_s.at("gateway_" + kind);
-  const auto& d = f.per_s.at("direct_" + kind);
-  for (size_t i = 0; i < d.size(); ++i) out.push_back(d[i] > 0 ? g[i] / d[i] : 0);
+  const auto& x = f.per_s.at(a);
+  const auto& y = f.per_s.at(b);
+  for (size_t i = 0; i < y.size(); ++i) out.push_back(y[i] > 0 ? x[i] / y[i] : 0);
   return out;
 }
 
@@ -331,10 +346,15 @@ void PrintText(const nlohmann::json& j) {
                 lat["added_" + kind]["p50_ms"].get<double>(), lat["added_" + kind]["p99_ms"].get<double>());
   const auto& tp = j["throughput"];
   std::printf("throughput, %lld clients, median of rounds:\n", static_cast<long long>(j["clients"].get<int64_t>()));
-  for (const std::string& m : kModes) std::printf("  %-15s %9.0f/s\n", m.c_str(), tp[m]["median_per_s"].get<double>());
+  for (const std::string& m : kThroughputModes)
+    std::printf("  %-15s %9.0f/s\n", m.c_str(), tp[m]["median_per_s"].get<double>());
   for (const std::string kind : {"first", "replay"})
     std::printf("  gateway/direct, %-6s %.3f (rounds %s)\n", kind.c_str(), tp["ratio_" + kind].get<double>(),
                 tp["ratio_" + kind + "_rounds"].dump().c_str());
+  std::printf("  the hop alone: pass/direct, first %.3f (rounds %s)\n", tp["ratio_pass"].get<double>(),
+              tp["ratio_pass_rounds"].dump().c_str());
+  std::printf("  the store's part: gateway/pass, first %.3f (rounds %s)\n", tp["ratio_first_to_pass"].get<double>(),
+              tp["ratio_first_to_pass_rounds"].dump().c_str());
   const auto& t = j["targets"];
   auto line = [](const char* what, const nlohmann::json& x, const char* unit) {
     std::printf("  %-44s %.3f%s (target %s %.1f%s): %s\n", what, x["value"].get<double>(), unit,
@@ -379,10 +399,12 @@ int RunBenchGateway(const Args& args) {
       continue;
     }
     const size_t i = static_cast<size_t>(round - 1);
-    const double d = f.per_s["direct_first"][i], g = f.per_s["gateway_first"][i];
+    const double d = f.per_s["direct_first"][i], g = f.per_s["gateway_first"][i], p = f.per_s["pass_first"][i];
     std::fprintf(stderr,
-                 "idem bench gateway: round %lld/%lld: first executions %.0f/s direct, %.0f/s gateway (%.3fx)\n",
-                 static_cast<long long>(round), static_cast<long long>(st.rounds), d, g, d > 0 ? g / d : 0);
+                 "idem bench gateway: round %lld/%lld: first executions %.0f/s direct, %.0f/s gateway (%.3fx), "
+                 "%.0f/s unguarded through the gateway (%.3fx)\n",
+                 static_cast<long long>(round), static_cast<long long>(st.rounds), d, g, d > 0 ? g / d : 0, p,
+                 d > 0 ? p / d : 0);
   }
 
   // On SQLite, the disk's fdatasync rate: a first execution commits twice
@@ -414,14 +436,21 @@ int RunBenchGateway(const Args& args) {
     const auto& v = f.latency_ms[m];
     lat[m] = {
         {"requests", static_cast<int64_t>(v.size())}, {"p50_ms", Percentile(v, 0.5)}, {"p99_ms", Percentile(v, 0.99)}};
-    tp[m] = {{"requests", st.requests * st.rounds}, {"per_s_rounds", f.per_s[m]}, {"median_per_s", Median(f.per_s[m])}};
   }
-  for (const std::string kind : {"first", "replay"}) {
+  for (const std::string& m : kThroughputModes)
+    tp[m] = {{"requests", st.requests * st.rounds}, {"per_s_rounds", f.per_s[m]}, {"median_per_s", Median(f.per_s[m])}};
+  for (const std::string kind : {"first", "replay"})
     for (const char* p : {"p50_ms", "p99_ms"})
       lat["added_" + kind][p] = lat["gateway_" + kind][p].get<double>() - lat["direct_" + kind][p].get<double>();
-    const std::vector<double> ratios = Ratios(f, kind);
-    tp["ratio_" + kind + "_rounds"] = ratios;
-    tp["ratio_" + kind] = Median(ratios);
+  const std::pair<const char*, std::pair<const char*, const char*>> ratios[] = {
+      {"ratio_first", {"gateway_first", "direct_first"}},
+      {"ratio_replay", {"gateway_replay", "direct_replay"}},
+      {"ratio_pass", {"pass_first", "direct_first"}},
+      {"ratio_first_to_pass", {"gateway_first", "pass_first"}}};
+  for (const auto& [name, of] : ratios) {
+    const std::vector<double> r = Ratios(f, of.first, of.second);
+    tp[std::string(name) + "_rounds"] = r;
+    tp[name] = Median(r);
   }
   j["latency"] = lat;
   j["throughput"] = tp;
@@ -430,13 +459,15 @@ int RunBenchGateway(const Args& args) {
                   {"throughput_ratio_first", Target(tp["ratio_first"].get<double>(), kThroughputRatio, false)}};
 
   // The checks: every answer 201; the upstream saw each gateway first
-  // execution once and no replay; the gateway's counters agree.
+  // execution once and no replay, and each unguarded one; the gateway's
+  // counters agree.
   const Upstream::Calls calls = (*upstream)->calls();
   const httplib::Gateway::Counters c = (*gw)->gateway().counters();
   int64_t sent = 0;
   for (const auto& [m, n] : f.sent) sent += n;
   const bool ok = f.unexpected == 0 && calls.gateway == f.sent["gateway_first"] && calls.gateway_repeats == 0 &&
                   calls.direct == f.sent["direct_first"] + f.sent["direct_replay"] &&
+                  calls.passed == f.sent["pass_first"] &&
                   static_cast<int64_t>(c.forwarded) == f.sent["gateway_first"] &&
                   static_cast<int64_t>(c.replayed) == f.sent["gateway_replay"] && c.outcome_unknown == 0;
   j["checks"] = {{"requests", sent},
@@ -445,6 +476,7 @@ int RunBenchGateway(const Args& args) {
                  {"upstream_calls_direct", calls.direct},
                  {"upstream_calls_via_gateway", calls.gateway},
                  {"upstream_repeats_via_gateway", calls.gateway_repeats},
+                 {"upstream_calls_unguarded", calls.passed},
                  {"gateway_forwarded", c.forwarded},
                  {"gateway_replayed", c.replayed},
                  {"gateway_outcome_unknown", c.outcome_unknown},
