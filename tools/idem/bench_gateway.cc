@@ -198,12 +198,6 @@ Result<Settings> ParseSettings(const Args& args) {
   return st;
 }
 
-// A PostgreSQL URL with a connection per gateway thread (unless it says).
-std::string WithPoolSize(const std::string& url, int64_t threads) {
-  if (!IsPostgresScheme(url) || url.find("idem_pool_size=") != std::string::npos) return url;
-  return url + (url.find('?') == std::string::npos ? "?" : "&") + "idem_pool_size=" + std::to_string(threads);
-}
-
 // A temporary directory for the default store, removed with what it holds.
 class TempStoreDir {
  public:
@@ -386,7 +380,7 @@ int RunBenchGateway(const Args& args) {
   const int threads = static_cast<int>(st.clients) + 8;
   auto upstream = Upstream::Start(threads, st.delay_ms);
   if (!upstream.ok()) return Fail(cmd, upstream.status());
-  auto gw = InProcessGateway::Start(WithPoolSize(st.store_url, threads), (*upstream)->port(), threads);
+  auto gw = InProcessGateway::Start(WithDefaultPoolSize(st.store_url, threads), (*upstream)->port(), threads);
   if (!gw.ok()) return Fail(cmd, gw.status());
   const int up_port = (*upstream)->port(), gw_port = (*gw)->gateway().port();
 

@@ -260,6 +260,22 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, bool create, in
 
 bool IsClaimsOnlyUrl(const std::string& url) { return UrlScheme(url) == "redis"; }
 
+std::string WithDefaultPoolSize(const std::string& url, int64_t connections, int64_t* pool) {
+  if (pool != nullptr) *pool = 0;
+  if (!IsPostgresScheme(url)) return url;
+  Result<ParsedUrl> parsed = ParseUrl(url, "PostgreSQL URL");
+  if (!parsed.ok()) return url;  // opening it names the error
+  if (parsed->Has("idem_pool_size")) {
+    if (pool != nullptr) {
+      Result<int64_t> n = parsed->GetInt("idem_pool_size", 0, 1, 9999);
+      *pool = n.ok() ? *n : 0;
+    }
+    return url;
+  }
+  if (pool != nullptr) *pool = connections;
+  return url + (parsed->query.empty() ? "?" : "&") + "idem_pool_size=" + std::to_string(connections);
+}
+
 Result<OpenedClaims> OpenClaimStore(const std::string& url) {
 #if IDEM_HAVE_REDIS
   if (IsClaimsOnlyUrl(url)) {

@@ -158,6 +158,12 @@ struct OpenedClaims {
   std::string durability;
 };
 Result<OpenedClaims> OpenClaimStore(const std::string& url);
+// A PostgreSQL URL (`url` given whole, query included) with
+// idem_pool_size=`connections` added unless it names a pool size itself;
+// any other URL as it is. `pool` (when given) gets the pool size the URL
+// now asks for (0 for other stores, or an idem_pool_size that is not a
+// number: opening the store names that error).
+std::string WithDefaultPoolSize(const std::string& url, int64_t connections, int64_t* pool = nullptr);
 // Whether `url` names a store that keeps claims only (redis://).
 bool IsClaimsOnlyUrl(const std::string& url);
 
