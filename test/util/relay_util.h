@@ -292,7 +292,9 @@ inline std::map<RelayedRow, int> ExpectRelayed(const RelayWorkload& w, const std
     const Message& m = d.message;
     const OutgoingMessage* want = w.Find(m.id);
     if (want == nullptr) {
-      ADD_FAILURE() << "not a message of the workload: " << m.id;
+      // Its attempt tells a redelivery (> 1: a copy received and requeued)
+      // from a copy published once more (1).
+      ADD_FAILURE() << "not a message of the workload: " << m.id << " (attempt " << m.attempt << ")";
       continue;
     }
     EXPECT_TRUE(m.payload == want->payload) << m.id;
