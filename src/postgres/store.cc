@@ -25,6 +25,7 @@
 
 #include "postgres/pg.h"
 #include "postgres/schema.h"
+#include "sql/flights.h"
 #include "sql/sql_store.h"
 
 namespace idem::postgres {
@@ -521,41 +522,9 @@ class PgStore final : public sql_internal::SqlStore {
   // whole: each statement runs again alone, for its own answer; one that
   // lost its connection gives each the error each alone would have got.
   Result<Rows> QueryAlone(std::string_view sql, std::vector<Value> params) override {
-    GroupJob job{sql, params};
-    std::unique_lock lock(group_mu_);
-    group_queue_.push_back(&job);
-    bool queued = false;
-    while (!job.out.has_value() && !job.alone) {
-      if (flights_ >= options_.pool_size || group_queue_.empty()) {
-        if (!std::exchange(queued, true) && flights_ >= options_.pool_size) {
-          lock.unlock();  // (tests count the callers that wait for the next flight)
-          IDEM_KILL_POINT("postgres.claim_queued");
-          lock.lock();
-          continue;
-        }
-        job.wake.wait(lock);
-        continue;
-      }
-      const size_t n = std::min(group_queue_.size(), kMaxGroup);
-      std::vector<GroupJob*> group(group_queue_.begin(), group_queue_.begin() + static_cast<std::ptrdiff_t>(n));
-      group_queue_.erase(group_queue_.begin(), group_queue_.begin() + static_cast<std::ptrdiff_t>(n));
-      ++flights_;
-      lock.unlock();
-      std::vector<std::optional<Result<Rows>>> answers = Fly(group);
-      lock.lock();
-      --flights_;
-      for (size_t i = 0; i < group.size(); ++i) {
-        if (answers[i].has_value()) {
-          group[i]->out.emplace(std::move(*answers[i]));
-        } else {
-          group[i]->alone = true;
-        }
-        if (group[i] != &job) group[i]->wake.notify_one();
-      }
-      // The first caller waiting takes the next flight.
-      if (!group_queue_.empty()) group_queue_.front()->wake.notify_one();
-    }
-    lock.unlock();
+    sql_internal::FlightJob job{sql, params};
+    flights_.Join(job, options_.pool_size,
+                  [this](std::span<sql_internal::FlightJob* const> group) { return Fly(group); });
     if (job.alone) return SqlStore::QueryAlone(sql, std::move(params));
     return std::move(*job.out);
   }
@@ -635,21 +604,15 @@ class PgStore final : public sql_internal::SqlStore {
   }
 
  private:
-  struct GroupJob {
-    std::string_view sql;
-    std::span<const Value> params;  // [0] the scope, [1] the key
-    std::optional<Result<Rows>> out{};
-    bool alone = false;              // its group was rolled back: it goes alone
-    std::condition_variable wake{};  // its answer is in (or it goes alone), or it may fly
-  };
   static constexpr size_t kMaxGroup = 64;
   static constexpr int64_t kGroupLockWaitMs = 200;
 
-  // One flight of `group`'s statements (see QueryAlone): their answers, in
+  // One flight of `group`'s statements (see QueryAlone; each statement's
+  // params[0] is its scope, params[1] its key): their answers, in
   // the group's order, or none for each when the server rolled the flight
   // back (each then goes alone, on its caller's thread: one that waits for
   // a lock holds up no other).
-  std::vector<std::optional<Result<Rows>>> Fly(std::span<GroupJob* const> group) {
+  std::vector<std::optional<Result<Rows>>> Fly(std::span<sql_internal::FlightJob* const> group) {
     using Answers = std::vector<std::optional<Result<Rows>>>;
     auto lease = Take();
     if (!lease.ok()) return Answers(group.size(), Result<Rows>(lease.status()));
@@ -772,9 +735,7 @@ class PgStore final : public sql_internal::SqlStore {
 
   Options options_;
   std::atomic<int> pooled_{-1};
-  std::mutex group_mu_;
-  std::deque<GroupJob*> group_queue_;  // waiting for a flight
-  int flights_ = 0;                    // flights out
+  sql_internal::FlightQueue flights_{kMaxGroup, "postgres.claim_queued"};  // up to pool_size out
 };
 
 }  // namespace

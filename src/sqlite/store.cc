@@ -29,6 +29,7 @@
 #include "idem/env.h"
 #include "idem/url.h"
 
+#include "sql/flights.h"
 #include "sql/sql_store.h"
 #include "sqlite/schema.h"
 #include "sqlite_driver/batched_wal.h"
@@ -265,15 +266,6 @@ std::string WriteLockIdOf(const std::string& path) {
   return "sqlite:" + (ec ? path : p.string());
 }
 
-// A claim write waiting for its flight (SqliteStore::Fly).
-struct FlightJob {
-  std::string_view sql;
-  std::span<const Value> params;
-  bool fenced;  // FencedAlone's: the fence bump first, undone if `sql` answers no row
-  std::optional<Result<Rows>> out{};
-  std::condition_variable wake{};  // its answer is in, or it may lead the next flight
-};
-
 class SqliteStore final : public sql_internal::SqlStore {
  public:
   explicit SqliteStore(const Options& o)
@@ -458,41 +450,18 @@ class SqliteStore final : public sql_internal::SqlStore {
   // statement that had succeeded is answered with an error (kUnavailable,
   // or kInDoubt when the commit's outcome is unknown), never success.
   Result<Rows> Fly(std::string_view sql, std::span<const Value> params, bool fenced) {
-    FlightJob job{sql, params, fenced};
-    std::unique_lock lock(flight_mu_);
-    flight_queue_.push_back(&job);
-    bool queued = false;
-    while (!job.out.has_value()) {
-      if (flying_ || flight_queue_.front() != &job) {
-        if (!std::exchange(queued, true) && flying_) {
-          lock.unlock();  // (tests count the callers that wait for the next flight)
-          IDEM_KILL_POINT("sqlite.claim_queued");
-          lock.lock();
-          continue;
-        }
-        job.wake.wait(lock);
-        continue;
-      }
-      const size_t n = std::min(flight_queue_.size(), kMaxFlight);
-      std::vector<FlightJob*> flight(flight_queue_.begin(), flight_queue_.begin() + static_cast<std::ptrdiff_t>(n));
-      flight_queue_.erase(flight_queue_.begin(), flight_queue_.begin() + static_cast<std::ptrdiff_t>(n));
-      flying_ = true;
-      lock.unlock();
+    sql_internal::FlightJob job{sql, params, fenced};
+    flights_.Join(job, /*max_out=*/1, [this](std::span<sql_internal::FlightJob* const> flight) {
       std::vector<Result<Rows>> answers = RunFlight(flight);
-      lock.lock();
-      flying_ = false;
-      for (size_t i = 0; i < flight.size(); ++i) {
-        flight[i]->out.emplace(std::move(answers[i]));
-        if (flight[i] != &job) flight[i]->wake.notify_one();
-      }
-      if (!flight_queue_.empty()) flight_queue_.front()->wake.notify_one();  // leads the next
-    }
+      return std::vector<std::optional<Result<Rows>>>(std::make_move_iterator(answers.begin()),
+                                                      std::make_move_iterator(answers.end()));
+    });
     return std::move(*job.out);
   }
 
-  std::vector<Result<Rows>> RunFlight(std::span<FlightJob* const> flight) {
+  std::vector<Result<Rows>> RunFlight(std::span<sql_internal::FlightJob* const> flight) {
     if (flight.size() == 1) {
-      FlightJob& j = *flight[0];
+      sql_internal::FlightJob& j = *flight[0];
       std::vector<Value> p(j.params.begin(), j.params.end());
       return {j.fenced ? SqlStore::FencedAlone(j.sql, std::move(p)) : SqlStore::QueryAlone(j.sql, std::move(p))};
     }
@@ -503,7 +472,7 @@ class SqliteStore final : public sql_internal::SqlStore {
     std::vector<Result<Rows>> out;
     out.reserve(flight.size());
     Status broken;  // the transaction is gone or a savepoint failed: nothing of the flight commits
-    for (FlightJob* j : flight) {
+    for (sql_internal::FlightJob* j : flight) {
       if (!broken.ok()) {
         out.emplace_back(broken);
         continue;
@@ -546,9 +515,7 @@ class SqliteStore final : public sql_internal::SqlStore {
   // Read and written by concurrent Connect calls of the pool: atomic.
   std::atomic<bool> create_file_{true};
   std::unique_ptr<Checkpointer> checkpointer_;
-  std::mutex flight_mu_;
-  std::deque<FlightJob*> flight_queue_;  // waiting for a flight
-  bool flying_ = false;                  // a flight is out
+  sql_internal::FlightQueue flights_{kMaxFlight, "sqlite.claim_queued"};  // one out at a time: one writer
 };
 
 }  // namespace
