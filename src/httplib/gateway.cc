@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/options_check.h"
 #include "http/latency.h"
 #include "http/pool.h"
 #include "idem/http/idempotency.h"
@@ -468,15 +469,10 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   if (options.port < 0 || options.port > 65535)
     return Status::InvalidArgument("Gateway::Options::port must be 0..65535, got " + std::to_string(options.port));
   if (options.threads < 1) return Status::InvalidArgument("Gateway::Options::threads must be >= 1");
-  if (options.wait_ms < 0)
-    return Status::InvalidArgument("Gateway::Options::wait_ms cannot be negative, got " +
-                                   std::to_string(options.wait_ms));
-  if (options.wait_poll_ms <= 0)
-    return Status::InvalidArgument("Gateway::Options::wait_poll_ms must be > 0, got " +
-                                   std::to_string(options.wait_poll_ms));
-  if (options.purge_every_ms < 0)
-    return Status::InvalidArgument("Gateway::Options::purge_every_ms cannot be negative, got " +
-                                   std::to_string(options.purge_every_ms));
+  namespace oi = options_internal;
+  IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "wait_ms", options.wait_ms, 0));
+  IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "wait_poll_ms", options.wait_poll_ms, 1));
+  IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "purge_every_ms", options.purge_every_ms, 0));
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
