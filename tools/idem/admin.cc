@@ -49,38 +49,12 @@ const Command& SchemaCommand() {
   return c;
 }
 
-// A directory of its own under the system's temporary directory, removed
-// with everything in it when this goes out of scope.
-class ScratchDir {
- public:
-  static Result<ScratchDir> Make() {
-    std::error_code ec;
-    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-    if (ec) tmp = "/tmp";
-    std::string tmpl = (tmp / "idem-schema-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      return Status::Unavailable("cannot create a temporary directory in " + tmp.string());
-    return ScratchDir(tmpl);
-  }
-  ScratchDir(ScratchDir&& o) noexcept : path_(std::exchange(o.path_, "")) {}
-  ScratchDir& operator=(ScratchDir&&) = delete;
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
 int RunSchema(const Args& args) {
   // Without --store: the schema this build creates, read from a new SQLite
   // file in a scratch directory (an in-memory database is not a store).
   std::optional<ScratchDir> scratch;
   if (!args.Has("store")) {
-    auto dir = ScratchDir::Make();
+    auto dir = ScratchDir::Make("idem-schema");
     if (!dir.ok()) return Fail("schema", dir.status());
     scratch.emplace(std::move(*dir));
   }

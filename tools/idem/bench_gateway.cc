@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -198,32 +197,6 @@ Result<Settings> ParseSettings(const Args& args) {
   return st;
 }
 
-// A temporary directory for the default store, removed with what it holds.
-class TempStoreDir {
- public:
-  TempStoreDir() {
-    std::error_code ec;
-    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-    std::string tmpl = ((ec ? std::filesystem::path("/tmp") : tmp) / "idem-bench-gateway-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempStoreDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
-  return v[std::min(v.size() - 1, i > 0 ? i - 1 : 0)];
-}
-
 std::vector<HttpPost> Posts(const std::string& prefix, int64_t n) {
   std::vector<HttpPost> posts(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -370,10 +343,12 @@ int RunBenchGateway(const Args& args) {
   auto settings = ParseSettings(args);
   if (!settings.ok()) return Fail(cmd, settings.status());
   Settings st = *settings;
-  TempStoreDir tmp;
+  std::optional<ScratchDir> tmp;  // the default store's
   if (st.store_url.empty()) {
-    if (tmp.path().empty()) return Fail(cmd, Status::Unavailable("cannot create a temporary directory"));
-    st.store_url = "sqlite:" + tmp.path() + "/gateway.db";
+    auto dir = ScratchDir::Make("idem-bench-gateway");
+    if (!dir.ok()) return Fail(cmd, dir.status());
+    tmp.emplace(std::move(*dir));
+    st.store_url = "sqlite:" + tmp->path() + "/gateway.db";
   }
   // A thread per client for each server, and for the clients' warm-up
   // connections; a PostgreSQL connection per gateway thread.
@@ -427,9 +402,11 @@ int RunBenchGateway(const Args& args) {
   if (fsync_per_s > 0) j["fsync_per_s"] = std::llround(fsync_per_s);
   nlohmann::json lat, tp;
   for (const std::string& m : kModes) {
-    const auto& v = f.latency_ms[m];
-    lat[m] = {
-        {"requests", static_cast<int64_t>(v.size())}, {"p50_ms", Percentile(v, 0.5)}, {"p99_ms", Percentile(v, 0.99)}};
+    std::vector<double> v = f.latency_ms[m];
+    std::sort(v.begin(), v.end());
+    lat[m] = {{"requests", static_cast<int64_t>(v.size())},
+              {"p50_ms", PercentileOfSorted(v, 0.5)},
+              {"p99_ms", PercentileOfSorted(v, 0.99)}};
   }
   for (const std::string& m : kThroughputModes)
     tp[m] = {{"requests", st.requests * st.rounds}, {"per_s_rounds", f.per_s[m]}, {"median_per_s", Median(f.per_s[m])}};

@@ -254,13 +254,6 @@ std::string ChannelKey(const std::string& url) {
   return "queue";
 }
 
-double Percentile(std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const size_t i = std::min(sorted.size() - 1,
-                            static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size()))) - (p > 0 ? 1 : 0));
-  return sorted[i];
-}
-
 // What the consumer saw.
 struct Seen {
   int64_t unique = 0, copies = 0, foreign = 0, order_violations = 0, missing_seq = 0;
@@ -522,7 +515,8 @@ void PrintRelayResult(const RelaySettings& st, const std::string& store_kind, co
   std::vector<double>& lat_ms = r.lat_ms;
   if (st.rate > 0) {
     std::printf(" rate=%lld p50_ms=%.2f p99_ms=%.2f p999_ms=%.2f max_ms=%.2f", static_cast<long long>(st.rate),
-                Percentile(lat_ms, 0.5), Percentile(lat_ms, 0.99), Percentile(lat_ms, 0.999), lat_ms.back());
+                PercentileOfSorted(lat_ms, 0.5), PercentileOfSorted(lat_ms, 0.99), PercentileOfSorted(lat_ms, 0.999),
+                lat_ms.back());
   } else {
     std::printf(" preload_per_s=%.1f", static_cast<double>(st.n) / r.preload_s);
   }
@@ -554,9 +548,9 @@ void PrintRelayResult(const RelaySettings& st, const std::string& store_kind, co
       .Add("missing_seq", r.seen.missing_seq);
   if (st.rate > 0) {
     j.Add("rate", st.rate)
-        .Add("p50_ms", Percentile(lat_ms, 0.5))
-        .Add("p99_ms", Percentile(lat_ms, 0.99))
-        .Add("p999_ms", Percentile(lat_ms, 0.999))
+        .Add("p50_ms", PercentileOfSorted(lat_ms, 0.5))
+        .Add("p99_ms", PercentileOfSorted(lat_ms, 0.99))
+        .Add("p999_ms", PercentileOfSorted(lat_ms, 0.999))
         .Add("max_ms", lat_ms.back());
   } else {
     j.Add("preload_seconds", r.preload_s);

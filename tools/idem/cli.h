@@ -90,6 +90,24 @@ std::optional<int64_t> ParseInteger(const std::string& text);
 
 // The median of `v` (0 for none): the figure of record of a benchmark's rounds.
 double Median(std::vector<double> v);
+// The `p` quantile (0..1, nearest rank) of `sorted`, sorted ascending (0 for none).
+double PercentileOfSorted(const std::vector<double>& sorted, double p);
+
+// A directory of its own under the system's temporary directory ("PREFIX-"
+// and six characters), removed with everything in it when this goes out of
+// scope.
+class ScratchDir {
+ public:
+  static Result<ScratchDir> Make(std::string_view prefix);
+  ScratchDir(ScratchDir&& o) noexcept : path_(std::exchange(o.path_, "")) {}
+  ScratchDir& operator=(ScratchDir&&) = delete;
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 // "HOST:PORT" with a port 1..65535 and nothing after it (HOST may be
 // empty); nullopt when not.
 std::optional<std::pair<std::string, int>> ParseHostPort(std::string_view text);
