@@ -516,6 +516,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   IDEM_ASSIGN_OR_RETURN(impl->server, Server::Open({.max_connections = options.max_connections,
                                                     .max_connections_per_client = options.max_connections_per_client,
                                                     .threads = options.threads,
+                                                    .keep_alive_requests = options.keep_alive_requests,
                                                     .trusted_proxies = options.trusted_proxies,
                                                     .proxy_protocol = options.proxy_protocol,
                                                     .log = options.log}));

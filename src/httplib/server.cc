@@ -451,6 +451,7 @@ class Ended {
 class Server::Impl final : public ::httplib::Server {
  public:
   explicit Impl(const ::idem::httplib::Server::Options& options) : options_(options) {
+    set_keep_alive_max_count(static_cast<size_t>(options_.keep_alive_requests));
     new_task_queue = [this] { return new AcceptQueue(*this); };
     std::string bad;  // Open checked them
     trusted_ = internal::TrustedProxies::Parse(options_.trusted_proxies, bad).value_or(internal::TrustedProxies());
@@ -795,6 +796,7 @@ Status Server::Check(const Options& options) {
     return bad("max_connections_per_client", options.max_connections_per_client, ">= 0");
   if (options.threads < 1 || options.threads > 4096) return bad("threads", options.threads, "1..4096");
   if (options.fibers < 0 || options.fibers > 1024) return bad("fibers", options.fibers, "0..1024");
+  if (options.keep_alive_requests < 1) return bad("keep_alive_requests", options.keep_alive_requests, ">= 1");
   std::string entry;
   if (!internal::TrustedProxies::Parse(options.trusted_proxies, entry))
     return Status::InvalidArgument("idem::httplib::Server::Options::trusted_proxies: '" + entry +

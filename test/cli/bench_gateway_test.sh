@@ -14,10 +14,14 @@ has '^\{"bench":"gateway",'
 has '"store":"sqlite"'
 has '"upstream_delay_ms":1[,}]'
 has '"clients":4[,}]'
+# Throughput per mode: the rate, and per request the CPU time (this process
+# and the machine) and this process's thread switches.
+TP='"context_switches":[0-9.e+-]+,"machine_busy_cores":[0-9.e+-]+,"machine_cpu_us":[0-9.e+-]+,'
+CPU='"process_cpu_us":[0-9.e+-]+,'
 # Per mode, warm-up (5 + 20) and measured (5 + 20) requests: 50 each.
 for m in direct_first gateway_first direct_replay gateway_replay; do
   has "\"$m\":\\{\"p50_ms\":[0-9.e+-]+,\"p99_ms\":[0-9.e+-]+,\"requests\":5\\}"
-  has "\"$m\":\\{\"median_per_s\":[0-9.e+-]+,\"per_s_rounds\":\\[[0-9.e+-]+\\],\"requests\":20\\}"
+  has "\"$m\":\\{$TP\"median_per_s\":[0-9.e+-]+,\"per_s_rounds\":\\[[0-9.e+-]+\\],$CPU\"requests\":20\\}"
   has "\"$m\":50[,}]"
 done
 has '"added_first":\{"p50_ms":-?[0-9.e+-]+,"p99_ms":-?[0-9.e+-]+\}'
@@ -30,7 +34,7 @@ for r in first first_to_pass pass replay; do
 done
 # First executions through the gateway on a path it does not guard: 20
 # warm-up and 20 measured, each forwarded once.
-has '"pass_first":\{"median_per_s":[0-9.e+-]+,"per_s_rounds":\[[0-9.e+-]+\],"requests":20\}'
+has "\"pass_first\":\\{$TP\"median_per_s\":[0-9.e+-]+,\"per_s_rounds\":\\[[0-9.e+-]+\\],$CPU\"requests\":20\\}"
 has '"pass_first":40[,}]'
 for t in first_added_p99_ms replay_added_p99_ms throughput_ratio_first; do
   has "\"$t\":\\{\"met\":(true|false),\"target\":[0-9.]+,\"value\":-?[0-9.e+-]+\\}"

@@ -211,7 +211,11 @@ std::vector<HttpPost> Posts(const std::string& prefix, int64_t n) {
 struct Figures {
   std::map<std::string, std::vector<double>> latency_ms;  // one client, every round
   std::map<std::string, std::vector<double>> per_s;       // --clients, one rate per round
-  std::map<std::string, int64_t> sent;                    // requests, warm-up included
+  // --clients, per round: the CPU time per request of this process (the
+  // clients, the upstream and the gateway) and of the whole machine (also a
+  // PostgreSQL store's server), in microseconds, and the machine's busy cores.
+  std::map<std::string, std::vector<double>> process_cpu_us, machine_cpu_us, machine_busy_cores, switches;
+  std::map<std::string, int64_t> sent;  // requests, warm-up included
   int64_t unexpected = 0;
 };
 
@@ -276,7 +280,13 @@ void Phase(const Settings& st, int upstream_port, int gateway_port, const std::s
           PostAll(side == "direct" ? upstream_port : gateway_port, side == "pass" ? kPassPath : kGuardedPath,
                   posts.at(side), static_cast<int>(st.clients), 201, "bench gateway");
       f.unexpected += r.unexpected;
-      if (round > 0) f.per_s[side + "_" + kind].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
+      if (round == 0) continue;
+      const std::string mode = side + "_" + kind;
+      f.per_s[mode].push_back(r.seconds > 0 ? static_cast<double>(n) / r.seconds : 0);
+      f.process_cpu_us[mode].push_back(r.process_cpu_seconds * 1e6 / static_cast<double>(n));
+      f.machine_cpu_us[mode].push_back(r.machine_cpu_seconds * 1e6 / static_cast<double>(n));
+      f.machine_busy_cores[mode].push_back(r.seconds > 0 ? r.machine_cpu_seconds / r.seconds : 0);
+      f.switches[mode].push_back(static_cast<double>(r.context_switches) / static_cast<double>(n));
     }
   }
 }
@@ -314,7 +324,12 @@ void PrintText(const nlohmann::json& j) {
   const auto& tp = j["throughput"];
   std::printf("throughput, %lld clients, median of rounds:\n", static_cast<long long>(j["clients"].get<int64_t>()));
   for (const std::string& m : kThroughputModes)
-    std::printf("  %-15s %9.0f/s\n", m.c_str(), tp[m]["median_per_s"].get<double>());
+    std::printf(
+        "  %-15s %9.0f/s   per request: CPU %4.0f us (this process), %4.0f us (machine), %4.1f thread switches; %.2f "
+        "cores busy\n",
+        m.c_str(), tp[m]["median_per_s"].get<double>(), tp[m]["process_cpu_us"].get<double>(),
+        tp[m]["machine_cpu_us"].get<double>(), tp[m]["context_switches"].get<double>(),
+        tp[m]["machine_busy_cores"].get<double>());
   for (const std::string kind : {"first", "replay"})
     std::printf("  gateway/direct, %-6s %.3f (rounds %s)\n", kind.c_str(), tp["ratio_" + kind].get<double>(),
                 tp["ratio_" + kind + "_rounds"].dump().c_str());
@@ -409,7 +424,13 @@ int RunBenchGateway(const Args& args) {
               {"p99_ms", PercentileOfSorted(v, 0.99)}};
   }
   for (const std::string& m : kThroughputModes)
-    tp[m] = {{"requests", st.requests * st.rounds}, {"per_s_rounds", f.per_s[m]}, {"median_per_s", Median(f.per_s[m])}};
+    tp[m] = {{"requests", st.requests * st.rounds},
+             {"per_s_rounds", f.per_s[m]},
+             {"median_per_s", Median(f.per_s[m])},
+             {"process_cpu_us", Median(f.process_cpu_us[m])},
+             {"machine_cpu_us", Median(f.machine_cpu_us[m])},
+             {"machine_busy_cores", Median(f.machine_busy_cores[m])},
+             {"context_switches", Median(f.switches[m])}};
   for (const std::string kind : {"first", "replay"})
     for (const char* p : {"p50_ms", "p99_ms"})
       lat["added_" + kind][p] = lat["gateway_" + kind][p].get<double>() - lat["direct_" + kind][p].get<double>();

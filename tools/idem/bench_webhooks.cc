@@ -229,8 +229,10 @@ int RunBenchWebhooks(const Args& args) {
         for (const auto& [name, value] : *h) d.headers.emplace(name, value);
         deliveries.push_back(std::move(d));
       }
-      const auto [first_s, first_bad] = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
-      const auto [replay_s, replay_bad] = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
+      const PostedAll posted_first = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
+      const PostedAll posted_replay = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
+      const double first_s = posted_first.seconds, replay_s = posted_replay.seconds;
+      const int64_t first_bad = posted_first.unexpected, replay_bad = posted_replay.unexpected;
       auto rows = Rows(**store, side == "idem" ? "bench_webhook_events" : "bench_webhook_events_redis", prefix);
       if (first_bad || replay_bad || !rows.ok() || *rows != *events) {
         std::fprintf(stderr,

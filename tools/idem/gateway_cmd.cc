@@ -51,7 +51,7 @@ const Command& GatewayCommand() {
       "       [--max-stored-body BYTES] [--max-body BYTES] [--max-spooled-body BYTES] [--spool-dir DIR]\n"
       "       [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
-      "       [--trusted-proxy CIDR]... [--proxy-protocol]\n"
+      "       [--keep-alive-requests N] [--trusted-proxy CIDR]... [--proxy-protocol]\n"
       "       [--json] [--quiet] [--wait-ms N] [--purge-every DURATION] [--web HOST:PORT]",
       {{"upstream", "URL", "", "the API behind: http://HOST:PORT[/base] or https://... (certificate verified)"},
        {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve on (loopback by default)"},
@@ -85,6 +85,8 @@ const Command& GatewayCommand() {
        {"ca-file", "F", "", "CAs trusted for an https upstream (default: the system's)"},
        {"ca-dir", "D", "", "a directory of CAs trusted for an https upstream"},
        {"threads", "T", "64", "requests handled at once"},
+       {"keep-alive-requests", "N", "1000",
+        "requests served on one client connection before it is closed (the client reconnects)"},
        {"trusted-proxy", "CIDR", "",
         "a load balancer's address or CIDR block (repeatable): the per-client connection bound\n"
         "          counts the client it names in X-Forwarded-For (or the PROXY header)",
@@ -122,7 +124,8 @@ int RunGateway(const Args& args) {
   auto spooled = args.GetInt("max-spooled-body", 0, int64_t{1} << 40);
   auto threads = args.GetInt("threads", 1, 1024);
   auto wait = args.GetInt("wait-ms", 0, 3'600'000);
-  for (const auto* r : {&stored, &body, &spooled, &threads, &wait})
+  auto keep_alive = args.GetInt("keep-alive-requests", 1, 1'000'000'000);
+  for (const auto* r : {&stored, &body, &spooled, &threads, &wait, &keep_alive})
     if (!r->ok()) return Fail(cmd, r->status());
 
   const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
@@ -158,6 +161,7 @@ int RunGateway(const Args& args) {
   o.ca_file = args.Get("ca-file");
   o.ca_dir = args.Get("ca-dir");
   o.threads = static_cast<int>(*threads);
+  o.keep_alive_requests = static_cast<int>(*keep_alive);
   o.wait_ms = *wait;
   o.purge_every_ms = *purge_every;
   auto mu = std::make_shared<std::mutex>();

@@ -1,13 +1,47 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "http_load.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <latch>
+#include <sstream>
 #include <thread>
 
 namespace idem::cli {
+namespace {
+
+struct ProcessCpu {
+  double seconds = 0;
+  int64_t switches = 0;
+};
+
+ProcessCpu ProcessCpuNow() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return {};
+  const auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return {secs(u.ru_utime) + secs(u.ru_stime), static_cast<int64_t>(u.ru_nvcsw + u.ru_nivcsw)};
+}
+
+// Every core's busy time (all but idle and iowait) from /proc/stat's "cpu"
+// line, in seconds; 0 where it cannot be read.
+double MachineCpuSeconds() {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("cpu ", 0) != 0) return 0;
+  std::istringstream fields(line.substr(4));
+  double busy = 0, v = 0;
+  for (int i = 0; fields >> v; ++i)
+    if (i != 3 && i != 4 && i < 8) busy += v;  // user nice system [idle iowait] irq softirq steal
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  return hz > 0 ? busy / static_cast<double>(hz) : 0;
+}
+
+}  // namespace
 
 PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>& posts, int senders,
                   int expected_status, const std::string& who) {
@@ -41,8 +75,17 @@ PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>
   }
   connected.arrive_and_wait();
   const auto start = std::chrono::steady_clock::now();
+  const ProcessCpu cpu0 = ProcessCpuNow();
+  const double machine0 = MachineCpuSeconds();
   for (auto& t : threads) t.join();
-  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), unexpected.load()};
+  PostedAll out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.unexpected = unexpected.load();
+  const ProcessCpu cpu1 = ProcessCpuNow();
+  out.process_cpu_seconds = cpu1.seconds - cpu0.seconds;
+  out.context_switches = cpu1.switches - cpu0.switches;
+  out.machine_cpu_seconds = machine0 > 0 ? MachineCpuSeconds() - machine0 : 0;
+  return out;
 }
 
 }  // namespace idem::cli

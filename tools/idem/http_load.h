@@ -22,6 +22,12 @@ struct HttpPost {
 struct PostedAll {
   double seconds = 0;      // from the first request to the last answer
   int64_t unexpected = 0;  // answers whose status was not the one expected (or none)
+  // The CPU spent meanwhile: by this process (its servers and the senders),
+  // and by the whole machine (other processes too, e.g. a database server),
+  // in seconds; the machine's is 0 where /proc/stat cannot be read.
+  double process_cpu_seconds = 0;
+  double machine_cpu_seconds = 0;
+  int64_t context_switches = 0;  // this process's threads', voluntary or not
 };
 
 // Posts every request of `posts` (content type application/json) to `path`

@@ -374,12 +374,10 @@ struct ProviderServer::Impl {
                                                     .max_connections = p->options.max_connections,
                                                     .max_connections_per_client = p->options.max_connections_per_client,
                                                     .threads = std::max(1, p->options.threads),
+                                                    .keep_alive_requests = 100'000,
                                                     .fibers = p->options.fibers}));
     // Without it a small response waits for the client's delayed ACK (~40 ms).
     p->server().set_tcp_nodelay(true);
-    // cpp-httplib closes a keep-alive connection after 5 requests by default:
-    // every client would reconnect all the time.
-    p->server().set_keep_alive_max_count(100'000);
     p->server().set_keep_alive_timeout(30);
     // A body past the limit is refused before it is read (cpp-httplib answers
     // 413 from the Content-Length), so no client can make the provider hold it.

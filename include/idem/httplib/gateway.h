@@ -122,11 +122,14 @@ class Gateway {
     // GET on this path answers the Prometheus metrics (not forwarded). "":
     // none.
     std::string metrics_path = "/metrics";
-    // Requests handled at once, and the connection bounds
-    // (Server::Options: threads, max_connections, max_connections_per_client).
+    // Requests handled at once, the connection bounds, and the requests
+    // served on one client connection before it is closed (Server::Options:
+    // threads, max_connections, max_connections_per_client,
+    // keep_alive_requests).
     int threads = 64;
     int max_connections = 1024;
     int max_connections_per_client = 256;
+    int keep_alive_requests = 1000;
     // Behind load balancers: the proxies whose word about the client is
     // taken (addresses or CIDR blocks), so max_connections_per_client counts
     // the client they name, from X-Forwarded-For or, with proxy_protocol,

@@ -115,6 +115,12 @@ class Server {
     // waiting for its next request or for the rest of one holds none.
     // 1..4096. Default: 8.
     int threads = 8;
+    // Requests served on one keep-alive connection before the server closes
+    // it (the last response says `Connection: close`; the client opens a
+    // new one). cpp-httplib's own default is 5, which makes a client (or a
+    // proxy's connection pool) reconnect every fifth request. >= 1.
+    // Default: 1000 (nginx's keepalive_requests).
+    int keep_alive_requests = 1000;
     // Connections (and their requests) as fibers on this many threads
     // instead (see set_fibers); 0: requests run on `threads`. 0..1024.
     // Default: 0.
