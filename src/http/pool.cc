@@ -1,9 +1,16 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "http/pool.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/x509.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "idem/url.h"
@@ -85,6 +92,135 @@ bool Permanent(httplib::Error e) {
   return e == httplib::Error::SSLLoadingCerts || e == httplib::Error::SSLServerVerification;
 }
 
+namespace {
+
+// A plain connection's socket as cpp-httplib's client writes and reads it.
+// cpp-httplib 0.11's own stream polls before every read and every write,
+// sends a request's head and body in two writes (two TCP segments with
+// TCP_NODELAY: the server wakes twice) and reads a response's head a byte
+// at a time. This one gathers what is written until the first read (one
+// send for a request's head and body; a piece that would pass kWriteAhead
+// goes out at once) and reads ahead into a buffer, polling only when the
+// socket has nothing (the timeouts bound each wait, as cpp-httplib's do).
+class BufferedStream final : public httplib::Stream {
+ public:
+  BufferedStream(socket_t sock, int64_t read_timeout_ms, int64_t write_timeout_ms)
+      : sock_(sock), read_timeout_ms_(read_timeout_ms), write_timeout_ms_(write_timeout_ms) {}
+  bool is_readable() const override { return off_ < len_ || (Flush() && Wait(POLLIN, read_timeout_ms_)); }
+  bool is_writable() const override { return !failed_ && Wait(POLLOUT, write_timeout_ms_); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ == len_) {
+      if (!Flush()) return -1;
+      off_ = len_ = 0;
+      for (;;) {
+        const ssize_t n = ::recv(sock_, in_, sizeof in_, MSG_DONTWAIT);
+        if (n >= 0) {
+          len_ = static_cast<size_t>(n);
+          break;
+        }
+        if (errno == EINTR) continue;
+        if ((errno != EAGAIN && errno != EWOULDBLOCK) || !Wait(POLLIN, read_timeout_ms_)) return -1;
+      }
+      if (len_ == 0) return 0;
+    }
+    const size_t n = std::min(size, len_ - off_);
+    std::memcpy(ptr, in_ + off_, n);
+    off_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (failed_) return -1;
+    if (out_.size() + size <= kWriteAhead) {
+      out_.append(ptr, size);
+      return static_cast<ssize_t>(size);
+    }
+    if (!Flush() || !SendAll(ptr, size)) return -1;
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Address(::getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Address(::getsockname, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+  // Sends what is gathered; false once a send failed.
+  bool Flush() const {
+    if (failed_) return false;
+    if (out_.empty()) return true;
+    const bool sent = SendAll(out_.data(), out_.size());
+    out_.clear();
+    return sent;
+  }
+
+ private:
+  static constexpr size_t kWriteAhead = size_t{64} * 1024;
+
+  bool SendAll(const char* p, size_t size) const {
+    for (size_t done = 0; done < size;) {
+      const ssize_t n = ::send(sock_, p + done, size - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && Wait(POLLOUT, write_timeout_ms_)) {
+        continue;
+      } else {
+        failed_ = true;
+        return false;
+      }
+    }
+    return true;
+  }
+  bool Wait(short events, int64_t timeout_ms) const {
+    pollfd p{sock_, events, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, static_cast<int>(timeout_ms));
+    } while (r < 0 && errno == EINTR);
+    return r > 0;
+  }
+  template <typename F>
+  void Address(F get, std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    ip.clear();
+    port = 0;
+    if (get(sock_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
+    char host[INET6_ADDRSTRLEN] = {};
+    if (a.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+      ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+      port = ntohs(v4->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+      ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+      port = ntohs(v6->sin6_port);
+    }
+    ip = host;
+  }
+
+  const socket_t sock_;
+  const int64_t read_timeout_ms_, write_timeout_ms_;
+  mutable std::string out_;  // gathered, not sent yet
+  mutable bool failed_ = false;
+  char in_[16 * 1024];
+  size_t off_ = 0, len_ = 0;
+};
+
+// A plain-HTTP connection whose requests go through BufferedStream.
+class BufferedClient final : public httplib::ClientImpl {
+ public:
+  using httplib::ClientImpl::ClientImpl;
+
+ protected:
+  bool process_socket(const Socket& socket, std::function<bool(httplib::Stream& strm)> callback) override {
+    BufferedStream strm(socket.sock, read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000,
+                        write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000);
+    const bool ok = callback(strm);
+    return strm.Flush() && ok;
+  }
+};
+
+}  // namespace
+
 ConnectionPool::ConnectionPool(BaseUrl url, PoolOptions options) : url_(std::move(url)), options_(std::move(options)) {}
 
 ConnectionPool::Connection ConnectionPool::Open() const {
@@ -95,7 +231,7 @@ ConnectionPool::Connection ConnectionPool::Open() const {
     tls->enable_server_certificate_verification(true);
     c = std::move(tls);
   } else {
-    c = std::make_unique<httplib::ClientImpl>(url_.host, url_.port);
+    c = std::make_unique<BufferedClient>(url_.host, url_.port);
   }
   c->set_connection_timeout(std::chrono::milliseconds(options_.connect_timeout_ms));
   c->set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
