@@ -11,11 +11,11 @@
 #define IDEM_SRC_SQL_FLIGHTS_H_
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <semaphore>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -33,8 +33,14 @@ struct FlightJob {
   std::span<const Value> params;
   bool fenced = false;  // SQLite's FencedAlone: the fence bump first, undone if `sql` answers no row
   std::optional<Result<Rows>> out{};
-  bool alone = false;              // its group was rolled back: it goes alone
-  std::condition_variable wake{};  // its answer is in (or it goes alone), or it may fly
+  bool alone = false;  // its group was rolled back: it goes alone
+  // Its caller sleeps here: released once its answer is in (or it goes
+  // alone), or once it may fly. Released after the queue's lock is let go,
+  // so the caller wakes to a free lock; `promised` (guarded by the queue's
+  // lock) counts the releases owed to it, and the caller leaves only once it
+  // has taken them all, so no release can reach a job that is gone.
+  std::counting_semaphore<> wake{0};
+  int promised = 0;
 };
 
 class FlightQueue {
@@ -53,6 +59,7 @@ class FlightQueue {
     std::unique_lock lock(mu_);
     queue_.push_back(&job);
     bool queued = false;
+    int taken = 0;  // of job.promised
     while (!job.out.has_value() && !job.alone) {
       if (out_ >= max_out || queue_.empty()) {
         if (!std::exchange(queued, true) && out_ >= max_out) {
@@ -61,7 +68,7 @@ class FlightQueue {
           lock.lock();
           continue;
         }
-        job.wake.wait(lock);
+        Sleep(job, taken, lock);
         continue;
       }
       const auto n = static_cast<std::ptrdiff_t>(std::min(queue_.size(), max_flight_));
@@ -72,20 +79,37 @@ class FlightQueue {
       std::vector<std::optional<Result<Rows>>> answers = fly(std::span<FlightJob* const>(group));
       lock.lock();
       --out_;
+      std::vector<FlightJob*> woken;
+      woken.reserve(group.size() + 1);
       for (size_t i = 0; i < group.size(); ++i) {
         if (answers[i].has_value()) {
           group[i]->out.emplace(std::move(*answers[i]));
         } else {
           group[i]->alone = true;
         }
-        if (group[i] != &job) group[i]->wake.notify_one();
+        if (group[i] != &job) woken.push_back(group[i]);
       }
       // The first caller waiting takes the next flight.
-      if (!queue_.empty()) queue_.front()->wake.notify_one();
+      if (!queue_.empty()) woken.push_back(queue_.front());
+      for (FlightJob* w : woken) ++w->promised;
+      lock.unlock();
+      for (FlightJob* w : woken) w->wake.release();
+      lock.lock();
     }
+    // Releases owed to this job may still be on their way: take them before
+    // it goes.
+    while (taken < job.promised) Sleep(job, taken, lock);
   }
 
  private:
+  // Waits (the lock let go meanwhile) for the next release owed to `job`.
+  static void Sleep(FlightJob& job, int& taken, std::unique_lock<std::mutex>& lock) {
+    lock.unlock();
+    job.wake.acquire();
+    ++taken;
+    lock.lock();
+  }
+
   const size_t max_flight_;
   const char* const queued_point_;
   std::mutex mu_;
