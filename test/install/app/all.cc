@@ -40,6 +40,8 @@ int main() {
   check("http client", !idem::http::Client::Open({.base_url = "ftp://x"}).ok());
   volatile auto server_fibers = &idem::httplib::Server::set_fibers;
   check("httplib", server_fibers != nullptr);
+  check("httplib keep-alive", idem::httplib::Server::Check({.keep_alive_requests = 100}).ok() &&
+                                  !idem::httplib::Server::Check({.keep_alive_requests = 0}).ok());
   check("httplib gateway", !idem::httplib::Gateway::Open({.upstream = "ftp://x"}).ok());
   check("amqp", idem::amqp::Source::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
   check("amqp publisher", idem::amqp::Publisher::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
