@@ -1,7 +1,7 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "http/pool.h"
 
-#include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/x509.h>
 #include <poll.h>
@@ -137,8 +137,12 @@ class BufferedStream final : public httplib::Stream {
     if (!Flush() || !SendAll(ptr, size)) return -1;
     return static_cast<ssize_t>(size);
   }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { Address(::getpeername, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { Address(::getsockname, ip, port); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    (void)SocketAddress(::getpeername, sock_, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    (void)SocketAddress(::getsockname, sock_, ip, port);
+  }
   socket_t socket() const override { return sock_; }
 
   // Sends what is gathered; false once a send failed.
@@ -177,26 +181,6 @@ class BufferedStream final : public httplib::Stream {
     } while (r < 0 && errno == EINTR);
     return r > 0;
   }
-  template <typename F>
-  void Address(F get, std::string& ip, int& port) const {
-    sockaddr_storage a{};
-    socklen_t len = sizeof a;
-    ip.clear();
-    port = 0;
-    if (get(sock_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
-    char host[INET6_ADDRSTRLEN] = {};
-    if (a.ss_family == AF_INET) {
-      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-      ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-      port = ntohs(v4->sin_port);
-    } else if (a.ss_family == AF_INET6) {
-      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-      ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-      port = ntohs(v6->sin6_port);
-    }
-    ip = host;
-  }
-
   const socket_t sock_;
   const int64_t read_timeout_ms_, write_timeout_ms_;
   mutable std::string out_;  // gathered, not sent yet
@@ -220,6 +204,19 @@ class BufferedClient final : public httplib::ClientImpl {
 };
 
 }  // namespace
+
+bool SocketAddress(int (*get)(int, sockaddr*, socklen_t*), int sock, std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (get(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  char host[NI_MAXHOST] = {};
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+    return false;
+  ip = host;
+  if (a.ss_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+  if (a.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+  return true;
+}
 
 ConnectionPool::ConnectionPool(BaseUrl url, PoolOptions options) : url_(std::move(url)), options_(std::move(options)) {}
 

@@ -12,6 +12,7 @@
 #define IDEM_SRC_HTTP_POOL_H_
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdint>
@@ -122,6 +123,11 @@ class ConnectionPool {
   };
   std::vector<Idle> idle_;  // guarded by mu_; the most recently given back last
 };
+
+// The numeric host and port that `get` (getpeername or getsockname) gives
+// for `sock`, as cpp-httplib reports a peer; false, and both left as they
+// were, on an error. Also idem::httplib::Server's.
+bool SocketAddress(int (*get)(int, sockaddr*, socklen_t*), int sock, std::string& ip, int& port);
 
 }  // namespace idem::http_internal
 

@@ -2,6 +2,7 @@
 #include "idem/httplib/server.h"
 
 #include "core/signal_stop.h"
+#include "http/pool.h"
 #include "httplib/client_address.h"
 #include "httplib/fiber.h"
 
@@ -63,15 +64,7 @@ struct Address {
 // The address getpeername or getsockname gives for `sock`, as cpp-httplib
 // reports it (numeric host, port); left unchanged on an error.
 void AddressOf(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, Address& out) {
-  sockaddr_storage a{};
-  socklen_t len = sizeof a;
-  if (get(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
-  char host[NI_MAXHOST] = {};
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
-    return;
-  out.ip = host;
-  if (a.ss_family == AF_INET) out.port = ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
-  if (a.ss_family == AF_INET6) out.port = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+  (void)http_internal::SocketAddress(get, sock, out.ip, out.port);
 }
 
 char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
