@@ -229,23 +229,21 @@ int RunBenchWebhooks(const Args& args) {
         for (const auto& [name, value] : *h) d.headers.emplace(name, value);
         deliveries.push_back(std::move(d));
       }
-      const PostedAll posted_first = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
-      const PostedAll posted_replay = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
-      const double first_s = posted_first.seconds, replay_s = posted_replay.seconds;
-      const int64_t first_bad = posted_first.unexpected, replay_bad = posted_replay.unexpected;
+      const PostedAll firsts = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
+      const PostedAll replays = PostAll(port, "/" + side, deliveries, static_cast<int>(*senders), 200, cmd);
       auto rows = Rows(**store, side == "idem" ? "bench_webhook_events" : "bench_webhook_events_redis", prefix);
-      if (first_bad || replay_bad || !rows.ok() || *rows != *events) {
+      if (firsts.unexpected || replays.unexpected || !rows.ok() || *rows != *events) {
         std::fprintf(stderr,
                      "idem bench webhooks: %s round %lld: %lld and %lld answers not 200, %s rows for %lld events\n",
-                     side.c_str(), static_cast<long long>(round), static_cast<long long>(first_bad),
-                     static_cast<long long>(replay_bad),
+                     side.c_str(), static_cast<long long>(round), static_cast<long long>(firsts.unexpected),
+                     static_cast<long long>(replays.unexpected),
                      rows.ok() ? std::to_string(*rows).c_str() : rows.status().ToString().c_str(),
                      static_cast<long long>(*events));
         rc = kExitCheckFailed;
         break;
       }
-      const double first_ps = static_cast<double>(*events) / first_s,
-                   replay_ps = static_cast<double>(*events) / replay_s;
+      const double first_ps = static_cast<double>(*events) / firsts.seconds,
+                   replay_ps = static_cast<double>(*events) / replays.seconds;
       if (round == 0) continue;
       first[side].push_back(first_ps);
       replay[side].push_back(replay_ps);
