@@ -227,6 +227,11 @@ Plan Schedule::NextRelay(int slot) {
   return p;
 }
 
+void Schedule::RelayPointMissed(int slot) {
+  size_t& next = next_point_[slot];
+  if (next > 0) --next;
+}
+
 int64_t Schedule::NextProviderLeaseMs() {
   const int64_t lo = ProviderLeaseMinMs(), hi = ProviderLeaseMaxMs();
   return lo + static_cast<int64_t>(provider_rng_() % static_cast<uint64_t>(hi - lo + 1));

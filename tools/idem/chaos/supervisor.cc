@@ -416,6 +416,8 @@ void Supervisor::Ended(pid_t pid, int st) {
     std::string what = l.killed_by_us
                            ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
                            : l.plan.label;
+    if (l.role == Role::kRelay && l.killed_by_us && l.plan.label.starts_with("kill:relay."))
+      schedule_.RelayPointMissed(l.slot);
     if (l.slot < 0) what = "provider " + what;
     if (l.slot >= 0 && l.role != Role::kStage1) what = std::string(RoleName(l.role)) + " " + what;
     ++counts_.kills[what.empty() ? "kill:unplanned" : what];
