@@ -18,7 +18,6 @@
 #include <semaphore>
 #include <span>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -60,7 +59,6 @@ class FlightQueue {
     std::unique_lock lock(mu_);
     queue_.push_back(&job);
     bool queued = false;
-    bool yielded = false;
     int taken = 0;  // of job.promised
     while (!job.out.has_value() && !job.alone) {
       if (out_ >= max_out || queue_.empty()) {
@@ -71,13 +69,6 @@ class FlightQueue {
           continue;
         }
         Sleep(job, taken, lock);
-        continue;
-      }
-      if (queued && !yielded) {
-        yielded = true;
-        lock.unlock();
-        std::this_thread::yield();
-        lock.lock();
         continue;
       }
       const auto n = static_cast<std::ptrdiff_t>(std::min(queue_.size(), max_flight_));
