@@ -19,12 +19,11 @@ run="run-$$-$(date +%s%N)-$RANDOM"
 db=""
 own_database() {
   [ -n "$db" ] && return 0
-  local pg_bin admin
-  pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+  local admin
   admin=$(cat "$build/pg-test/url" 2>/dev/null) ||
     { echo "with-test-servers: no pg server started in $build/pg-test (run the tests with ctest)" >&2; exit 3; }
   db="t_${run//-/_}"
-  "$pg_bin/psql" "${admin%/*}/postgres" -qAt -v ON_ERROR_STOP=1 -c "CREATE DATABASE $db" >/dev/null ||
+  psql "${admin%/*}/postgres" -qAt -v ON_ERROR_STOP=1 -c "CREATE DATABASE $db" >/dev/null ||
     { echo "with-test-servers: cannot create the database $db on ${admin%/*}" >&2; exit 3; }
 }
 args=()
