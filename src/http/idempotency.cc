@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -212,9 +213,14 @@ struct Idempotency::Impl {
   std::atomic<uint64_t> outcome_unknown_{0}, not_stored_{0};
   std::atomic<uint64_t> waiting_{0};
   http_internal::LatencyByOutcome latency_{kLatencyOutcomes};
+  // A principal's stored keys, as last counted in the store plus the keys
+  // this process added since. One caller at a time recounts (`counting`):
+  // the others answer from the last count meanwhile, so a count that takes
+  // long under load is not run by every request that arrives during it.
   struct KeyCount {
     int64_t counted_at_ms = -1;
     int64_t count = 0;
+    bool counting = false;
   };
   std::mutex counts_mu_;
   std::map<std::string, KeyCount> counts_;
@@ -1110,15 +1116,25 @@ Result<bool> Idempotency::Impl::UnderLimit(const std::string& scope) {
   {
     std::lock_guard lock(counts_mu_);
     KeyCount& c = counts_[scope];
-    if (c.counted_at_ms >= 0 && now - c.counted_at_ms < 1000) return c.count < options_.max_keys_per_principal;
+    const bool fresh = c.counted_at_ms >= 0 && now - c.counted_at_ms < 1000;
+    if (fresh || (c.counting && c.counted_at_ms >= 0)) return c.count < options_.max_keys_per_principal;
+    c.counting = true;
   }
-  IDEM_ASSIGN_OR_RETURN(int64_t n, claims_.store().CountClaims(scope));
+  Result<int64_t> n = claims_.store().CountClaims(scope);
+  std::lock_guard lock(counts_mu_);
+  KeyCount& c = counts_[scope];
+  c.counting = false;
+  if (!n.ok()) return n.status();
   // The count includes this request's own claim (taken before the check,
   // added by the caller once allowed): the others are n - 1.
-  const int64_t others = std::max<int64_t>(0, n - 1);
-  std::lock_guard lock(counts_mu_);
-  counts_[scope] = KeyCount{now, others};
-  return others < options_.max_keys_per_principal;
+  c = KeyCount{now, std::max<int64_t>(0, *n - 1)};
+  // Principals seen once are not kept for ever: past 10,000, the counts
+  // of the others go (each is counted again when it comes back).
+  if (counts_.size() > 10'000) {
+    for (auto it = counts_.begin(); it != counts_.end();)
+      it = it->first != scope && !it->second.counting ? counts_.erase(it) : std::next(it);
+  }
+  return c.count < options_.max_keys_per_principal;
 }
 
 }  // namespace idem::http

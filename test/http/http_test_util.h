@@ -248,12 +248,14 @@ inline void ExpectSameResponse(const Reply& first, const Reply& again) {
   for (const char* h : {"Location", "Content-Type"}) EXPECT_EQ(again.header(h), first.header(h)) << h;
 }
 
-// Forwards every call to `inner`; calls `on_try` with each TryClaim outcome.
+// Forwards every call to `inner`; calls `on_try` with each TryClaim outcome
+// and `on_count` before each CountClaims.
 class ObservedClaimStore final : public ClaimStore {
  public:
   explicit ObservedClaimStore(ClaimStore& inner) : inner_(inner) {}
 
   std::function<void(const ClaimRequest&, const Result<ClaimOutcome>&)> on_try;
+  std::function<void(std::string_view scope)> on_count;
 
   Result<ClaimOutcome> TryClaim(const ClaimRequest& request) override {
     Result<ClaimOutcome> r = inner_.TryClaim(request);
@@ -271,7 +273,10 @@ class ObservedClaimStore final : public ClaimStore {
   Result<std::vector<ClaimRecord>> ListClaims(std::string_view scope, int limit) override {
     return inner_.ListClaims(scope, limit);
   }
-  Result<int64_t> CountClaims(std::string_view scope) override { return inner_.CountClaims(scope); }
+  Result<int64_t> CountClaims(std::string_view scope) override {
+    if (on_count) on_count(scope);
+    return inner_.CountClaims(scope);
+  }
   Result<int64_t> PurgeClaims(std::string_view scope, int64_t abandoned_after_ms, int batch_size) override {
     return inner_.PurgeClaims(scope, abandoned_after_ms, batch_size);
   }

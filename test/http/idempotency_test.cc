@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
@@ -480,6 +481,56 @@ TEST_F(IdempotencyTest, TooManyKeysCountsWhatTheStoreAlreadyHolds) {
   EXPECT_TRUE(PostKey("new-1").replayed());
   for (int i = 0; i < 2; ++i) ExpectProblem(PostKey("new-2"), 429, "too-many-keys", "same-key");
   EXPECT_EQ(executions_.load(), 1);
+}
+
+TEST_F(IdempotencyTest, OneRequestAtATimeRecountsAPrincipalsKeys) {
+  // While one request counts the principal's stored keys (a count over
+  // every key it holds, slow under load), the requests that arrive meanwhile
+  // answer from the last count instead of each counting too.
+  std::mutex mu;
+  std::condition_variable cv;
+  int counts = 0;
+  bool hold = false, held = false;
+  observed_->on_count = [&](std::string_view) {
+    std::unique_lock lock(mu);
+    ++counts;
+    if (!hold) return;
+    hold = false;
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !held; });
+  };
+  Middleware({.max_keys_per_principal = 100});
+  Route("/charges", {}, ChargeHandler());
+  Start();
+  EXPECT_EQ(PostKey("recount-1").status, 201);
+  EXPECT_EQ(counts, 1);
+  env_.Advance(1'001);  // the count is stale: the next request counts again
+  {
+    std::lock_guard lock(mu);
+    hold = true;
+  }
+  Reply counting;
+  std::thread t([&] { counting = PostKey("recount-2"); });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return held; });
+  }
+  for (const char* key : {"recount-3", "recount-4", "recount-5"}) {
+    Reply r = PostKey(key);
+    EXPECT_EQ(r.status, 201) << key << r.body;
+    EXPECT_FALSE(r.replayed());
+  }
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(counts, 2);  // only the held request's count
+    held = false;
+  }
+  cv.notify_all();
+  t.join();
+  EXPECT_EQ(counting.status, 201) << counting.body;
+  for (const char* key : {"recount-1", "recount-2", "recount-5"}) EXPECT_TRUE(PostKey(key).replayed()) << key;
+  EXPECT_EQ(executions_.load(), 5);
 }
 
 TEST_F(IdempotencyTest, MethodsNotInThePolicyPassThrough) {

@@ -229,8 +229,9 @@ class Idempotency {
     // Content-Length is refused before its bytes are read.
     size_t max_body_bytes = 1 << 20;
     // Stored keys per principal and route before 429. Counted from the store
-    // at most once a second per scope, plus this process's new keys in
-    // between. Must be > 0. Default: 100,000.
+    // at most once a second per scope, by one request at a time (the others
+    // answer from the last count), plus this process's new keys in between.
+    // Must be > 0. Default: 100,000.
     int64_t max_keys_per_principal = 100'000;
     // Where the problem types live ("<base>/idempotency-key-missing", ...).
     // Default: "https://idem.dev/problems".
