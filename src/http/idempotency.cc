@@ -715,8 +715,8 @@ Result<std::unique_ptr<Idempotency>> Idempotency::Open(const Options& options) {
   // are valid by construction: Claims::Open checks their options).
   if (options.claims == nullptr) return Status::InvalidArgument("Idempotency::Options::claims is null");
   if (!options.authenticate) return Status::InvalidArgument("Idempotency::Options::authenticate is empty");
-  if (options.max_keys_per_principal <= 0)
-    return Status::InvalidArgument("Idempotency::Options::max_keys_per_principal must be > 0, got " +
+  if (options.max_keys_per_principal < 0)
+    return Status::InvalidArgument("Idempotency::Options::max_keys_per_principal must be >= 0 (0: no limit), got " +
                                    std::to_string(options.max_keys_per_principal));
   if (options.group_commit_max < 0)
     return Status::InvalidArgument("Idempotency::Options::group_commit_max cannot be negative, got " +
@@ -1107,11 +1107,13 @@ void Idempotency::Impl::Reject(const Admitted& a, std::string_view outcome, int 
 }
 
 void Idempotency::Impl::CountNewKey(const std::string& scope) {
+  if (options_.max_keys_per_principal == 0) return;  // no limit: nothing counted
   std::lock_guard lock(counts_mu_);
   ++counts_[scope].count;
 }
 
 Result<bool> Idempotency::Impl::UnderLimit(const std::string& scope) {
+  if (options_.max_keys_per_principal == 0) return true;  // no limit: nothing counted
   const int64_t now = options_.env->NowMs();
   {
     std::lock_guard lock(counts_mu_);

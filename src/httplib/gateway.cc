@@ -473,6 +473,8 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
   IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "wait_ms", options.wait_ms, 0));
   IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "wait_poll_ms", options.wait_poll_ms, 1));
   IDEM_RETURN_IF_ERROR(oi::AtLeast("idem::httplib::Gateway", "purge_every_ms", options.purge_every_ms, 0));
+  IDEM_RETURN_IF_ERROR(
+      oi::AtLeast("idem::httplib::Gateway", "max_keys_per_principal", options.max_keys_per_principal, 0));
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -495,6 +497,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Open(const Options& options) {
                                  return "sha256:" + ToHex(FingerprintOf(*v));  // never in the clear
                                },
                                .max_body_bytes = options.max_body_bytes,
+                               .max_keys_per_principal = options.max_keys_per_principal,
                                // With request_log, its lines instead.
                                .log = options.request_log ? nullptr : options.log,
                                .observer = options.observer}));

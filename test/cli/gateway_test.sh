@@ -103,6 +103,8 @@ check bad-wait 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --wait-ms -1 --st
 has bad-wait-named "$T/err" "wait-ms"
 check bad-keep-alive 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --keep-alive-requests 0 --store "sqlite:$T/g.db"
 has bad-keep-alive-named "$T/err" "keep-alive-requests"
+check bad-max-keys 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --max-keys-per-principal -1 --store "sqlite:$T/g.db"
+has bad-max-keys-named "$T/err" "max-keys-per-principal"
 check bad-purge-every 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --purge-every soon --store "sqlite:$T/g.db"
 check bad-web 2 "$IDEM" gateway --upstream http://127.0.0.1:9 --web nowhere --store "sqlite:$T/g.db"
 GPORT=$(free_port 28500 100)

@@ -100,7 +100,7 @@ TEST_F(CoreTest, OpenRefusesWhatCannotWork) {
   auto auth = http::BearerKeys({{"sk_a", "acct_a"}});
   EXPECT_TRUE(refused(Idempotency::Open({.authenticate = auth}), "claims"));
   EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get()}), "authenticate"));
-  EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get(), .authenticate = auth, .max_keys_per_principal = 0}),
+  EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get(), .authenticate = auth, .max_keys_per_principal = -1}),
                       "max_keys_per_principal"));
   EXPECT_TRUE(refused(Idempotency::Open({.claims = claims_.get(), .authenticate = auth, .group_commit_max = -1}),
                       "group_commit_max"));

@@ -601,6 +601,27 @@ TEST_P(GatewayTest, ABodyOverTheInMemoryBoundIsSpooledForwardedOnceAndReplayed) 
     EXPECT_EQ(f.path().filename().string().rfind("idem-gateway-body", 0), std::string::npos) << f.path();
 }
 
+TEST_P(GatewayTest, PastMaxKeysPerPrincipalANewKeyIs429AndStoredKeysStillReplay) {
+  idem::httplib::Gateway::Options o = Options();
+  o.max_keys_per_principal = 2;
+  InProcess g(StoreUrl(GetParam(), dir_), o);
+  for (int round = 0; round < 2; ++round) {  // the second round: every key delivered again
+    for (const char* key : {"cap-1", "cap-2"}) {
+      Reply r = Send(g.port(), "POST", "/charges", R"({"amount":1})", key);
+      EXPECT_EQ(r.status, 201) << key << r.body;
+      EXPECT_EQ(r.Header("Idempotent-Replayed"), round == 0 ? "" : "true") << key;
+    }
+    Reply over = Send(g.port(), "POST", "/charges", R"({"amount":1})", "cap-3");
+    EXPECT_EQ(over.status, 429) << over.body;
+    EXPECT_NE(over.body.find("too-many-keys"), std::string::npos) << over.body;
+    EXPECT_EQ(over.Header("Retry-After"), "60");
+  }
+  // Another principal has keys of its own.
+  EXPECT_EQ(Send(g.port(), "POST", "/charges", R"({"amount":1})", "cap-3", "Bearer sk_2").status, 201);
+  EXPECT_EQ(upstream_.calls(), 3);
+  EXPECT_EQ(upstream_.keys(), (std::vector<std::string>{"cap-1", "cap-2", "cap-3"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, GatewayTest, ::testing::Values("sqlite", "postgres"));
 
 TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
@@ -617,6 +638,11 @@ TEST(GatewayOptions, SetUpMistakesAreRefusedNamingTheField) {
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
   o = {.upstream = "http://127.0.0.1:9", .claims = nullptr};
   EXPECT_FALSE(idem::httplib::Gateway::Open(o).ok());
+  o = {.upstream = "http://127.0.0.1:9", .claims = &claims};
+  o.max_keys_per_principal = -1;
+  g = idem::httplib::Gateway::Open(o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("max_keys_per_principal"), std::string::npos) << g.status();
 }
 
 // Behind a load balancer that starts each connection with a PROXY header

@@ -483,6 +483,22 @@ TEST_F(IdempotencyTest, TooManyKeysCountsWhatTheStoreAlreadyHolds) {
   EXPECT_EQ(executions_.load(), 1);
 }
 
+TEST_F(IdempotencyTest, NoLimitOnKeysCountsNothing) {
+  std::atomic<int> counts{0};
+  observed_->on_count = [&](std::string_view) { ++counts; };
+  Middleware({.max_keys_per_principal = 0});
+  Route("/charges", {}, ChargeHandler());
+  Start();
+  for (int i = 0; i < 5; ++i) {
+    const std::string key = "nolimit-" + std::to_string(i);
+    EXPECT_EQ(PostKey(key).status, 201) << key;
+    env_.Advance(1'001);  // a count would be stale each time
+    EXPECT_TRUE(PostKey(key).replayed()) << key;
+  }
+  EXPECT_EQ(counts.load(), 0);
+  EXPECT_EQ(executions_.load(), 5);
+}
+
 TEST_F(IdempotencyTest, OneRequestAtATimeRecountsAPrincipalsKeys) {
   // While one request counts the principal's stored keys (a count over
   // every key it holds, slow under load), the requests that arrive meanwhile

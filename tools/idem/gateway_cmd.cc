@@ -49,6 +49,7 @@ const Command& GatewayCommand() {
       "       [--principal-header H] [--require-key|--pass-keyless] [--upstream-honours-key]\n"
       "       [--forward-again-after-5xx]\n"
       "       [--max-stored-body BYTES] [--max-body BYTES] [--max-spooled-body BYTES] [--spool-dir DIR]\n"
+      "       [--max-keys-per-principal N]\n"
       "       [--lease DURATION] [--upstream-timeout DURATION]\n"
       "       [--connect-timeout DURATION] [--retention DURATION] [--ca-file F] [--ca-dir D] [--threads T]\n"
       "       [--keep-alive-requests N] [--trusted-proxy CIDR]... [--proxy-protocol]\n"
@@ -76,6 +77,8 @@ const Command& GatewayCommand() {
         "request bodies over --max-body, up to this, are spooled to a temporary file (guarded)\n"
         "          or streamed straight through (unguarded) instead of held in memory; 0: none"},
        {"spool-dir", "DIR", "", "where spooled bodies go (default: $TMPDIR, else /tmp)"},
+       {"max-keys-per-principal", "N", "0",
+        "keys one principal may hold stored at once; a new key past it gets 429 (0: no limit)"},
        {"lease", "DURATION", "90s",
         "how long a forwarded request holds its key (more than connect-timeout + 2 x\n"
         "          upstream-timeout)"},
@@ -125,7 +128,8 @@ int RunGateway(const Args& args) {
   auto threads = args.GetInt("threads", 1, 1024);
   auto wait = args.GetInt("wait-ms", 0, 3'600'000);
   auto keep_alive = args.GetInt("keep-alive-requests", 1, 1'000'000'000);
-  for (const auto* r : {&stored, &body, &spooled, &threads, &wait, &keep_alive})
+  auto max_keys = args.GetInt("max-keys-per-principal", 0, int64_t{1} << 40);
+  for (const auto* r : {&stored, &body, &spooled, &threads, &wait, &keep_alive, &max_keys})
     if (!r->ok()) return Fail(cmd, r->status());
 
   const std::vector<std::string> trusted = SplitAll(args.GetAll("trusted-proxy"));
@@ -155,6 +159,7 @@ int RunGateway(const Args& args) {
   o.max_body_bytes = static_cast<size_t>(*body);
   o.max_spooled_body = static_cast<size_t>(*spooled);
   o.spool_dir = args.Get("spool-dir");
+  o.max_keys_per_principal = *max_keys;
   o.lease_ms = *lease;
   o.upstream_timeout_ms = *timeout;
   o.connect_timeout_ms = *connect;

@@ -230,8 +230,9 @@ class Idempotency {
     size_t max_body_bytes = 1 << 20;
     // Stored keys per principal and route before 429. Counted from the store
     // at most once a second per scope, by one request at a time (the others
-    // answer from the last count), plus this process's new keys in between.
-    // Must be > 0. Default: 100,000.
+    // answer from the last count), plus this process's new keys in between
+    // (a count reads every key the principal holds on the route). 0: no
+    // limit, nothing counted. >= 0. Default: 100,000.
     int64_t max_keys_per_principal = 100'000;
     // Where the problem types live ("<base>/idempotency-key-missing", ...).
     // Default: "https://idem.dev/problems".

@@ -90,6 +90,12 @@ class Gateway {
     // Responses with a larger body reach their first client but are not
     // stored: a repeat gets 410 response-not-stored. > 0.
     size_t max_stored_body = 1 << 20;
+    // Keys one principal may hold stored at once (in progress or retained):
+    // past it, a request with a new key gets 429 too-many-keys (its keys
+    // already stored still replay). Counted from the store at most once a
+    // second (a count of the principal's keys) plus this process's new keys
+    // in between. 0: no limit, nothing counted. >= 0.
+    int64_t max_keys_per_principal = 0;
     // Request bodies larger get 413 (unless spooled: max_spooled_body). > 0.
     size_t max_body_bytes = 1 << 20;
     // Larger request bodies, up to this, are not held in memory: a guarded

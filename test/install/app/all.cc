@@ -43,6 +43,7 @@ int main() {
   check("httplib keep-alive", idem::httplib::Server::Check({.keep_alive_requests = 100}).ok() &&
                                   !idem::httplib::Server::Check({.keep_alive_requests = 0}).ok());
   check("httplib gateway", !idem::httplib::Gateway::Open({.upstream = "ftp://x"}).ok());
+  check("httplib gateway keys", idem::httplib::Gateway::Options{}.max_keys_per_principal == 0);
   check("amqp", idem::amqp::Source::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
   check("amqp publisher", idem::amqp::Publisher::ParseUrl("amqp://u:p@127.0.0.1:5672/%2f?queue=q").ok());
   check("kafka", idem::kafka::Source::ParseUrl("kafka://127.0.0.1:9092?topic=t&group=g").ok());
