@@ -14,9 +14,11 @@ has '^\{"bench":"gateway",'
 has '"store":"sqlite"'
 has '"upstream_delay_ms":1[,}]'
 has '"clients":4[,}]'
-# Throughput per mode: the rate, and per request the CPU time (this process
-# and the machine) and this process's thread switches.
-TP='"context_switches":[0-9.e+-]+,"machine_busy_cores":[0-9.e+-]+,"machine_cpu_us":[0-9.e+-]+,'
+# Throughput per mode: the rate, per request the CPU time (this process and
+# the machine) and this process's thread switches, and the requests' latency
+# under that load.
+LOADED='"loaded_mean_ms":[0-9.e+-]+,"loaded_p50_ms":[0-9.e+-]+,"loaded_p99_ms":[0-9.e+-]+,'
+TP="\"context_switches\":[0-9.e+-]+,$LOADED\"machine_busy_cores\":[0-9.e+-]+,\"machine_cpu_us\":[0-9.e+-]+,"
 CPU='"process_cpu_us":[0-9.e+-]+,'
 # Per mode, warm-up (5 + 20) and measured (5 + 20) requests: 50 each.
 for m in direct_first gateway_first direct_replay gateway_replay; do

@@ -1,12 +1,15 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 //
 // idem bench gateway: what idem::httplib::Gateway adds to a request, in one
-// process and one run. An upstream (a cpp-httplib server on 127.0.0.1 that
-// answers POST with 201 and a small JSON body after --upstream-delay-ms)
-// and a Gateway in front of it on --store; keep-alive clients send each
-// request either straight to the upstream ("direct") or through the gateway,
-// side by side, in rounds that alternate which side goes first, so machine
-// noise hits both:
+// process and one run. An upstream (an epoll loop on 127.0.0.1 that answers
+// POST with 201 and a small JSON body after --upstream-delay-ms) and a
+// Gateway in front of it on --store; keep-alive clients (http_load.h: one
+// epoll loop, as wrk) send each request either straight to the upstream
+// ("direct") or through the gateway, side by side, in rounds that alternate
+// which side goes first, so machine noise hits both. The upstream and the
+// clients are event loops so that they take as little as they can of the
+// cores the gateway runs on (on a machine of its own each would run
+// elsewhere):
 //   first   a fresh Idempotency-Key per request (through the gateway: a
 //           claim, the forward, the stored answer);
 //   replay  the keys of this round's first executions again (through the
@@ -18,20 +21,34 @@
 // one by one, --latency-requests per mode and round; p50/p99 of every round
 // together and the added latency gateway - direct. Throughput:
 // --clients clients, --requests per mode and round, the median of the
-// per-round ratios gateway/direct. Checks that every request was answered
+// per-round ratios gateway/direct, and the requests' latency under that
+// load (with closed-loop clients, rate = clients / mean latency: 0.9x of
+// direct allows the gateway to add a ninth of direct's mean latency). Checks that every request was answered
 // 201, that the upstream saw every gateway first execution once and no
 // gateway replay, and the gateway's counters; exit 1 if not.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -61,22 +78,30 @@ const std::vector<std::string> kThroughputModes = {"direct_first", "gateway_firs
 constexpr const char* kGuardedPath = "/charges";
 constexpr const char* kPassPath = "/pass/charges";
 
-// The API behind the gateway. A request under /gw came through the gateway
+// The API behind the gateway: one epoll loop on a thread of its own (as an
+// asynchronous server answers, so that it takes as little as it can of the
+// cores the gateway runs on), each answer sent when its delay has passed (a
+// timerfd at the earliest one). A request under /gw came through the gateway
 // (under /gw/pass, unguarded); every other came direct. A key seen before is
 // answered at once; a new one after the delay.
 class Upstream {
  public:
-  static Result<std::unique_ptr<Upstream>> Start(int threads, int64_t delay_ms) {
-    IDEM_ASSIGN_OR_RETURN(
-        auto server,
-        httplib::Server::Open({.max_connections = 4096, .max_connections_per_client = 0, .threads = threads}));
-    auto up = std::unique_ptr<Upstream>(new Upstream(std::move(server), delay_ms));
+  static Result<std::unique_ptr<Upstream>> Start(int64_t delay_ms) {
+    auto up = std::unique_ptr<Upstream>(new Upstream(delay_ms));
     IDEM_RETURN_IF_ERROR(up->Listen());
+    up->thread_ = std::thread([raw = up.get()] {
+      ::pthread_setname_np(::pthread_self(), "bench-upstream");
+      raw->Loop();
+    });
     return up;
   }
   ~Upstream() {
-    server_->Stop();
+    const uint64_t one = 1;
+    if (stop_fd_ >= 0) (void)!::write(stop_fd_, &one, sizeof one);
     if (thread_.joinable()) thread_.join();
+    for (auto& [fd, c] : conns_) ::close(fd);
+    for (int fd : {listen_fd_, timer_fd_, stop_fd_, ep_})
+      if (fd >= 0) ::close(fd);
   }
   int port() const { return port_; }
   struct Calls {
@@ -88,51 +113,193 @@ class Upstream {
   }
 
  private:
-  Upstream(std::unique_ptr<httplib::Server> server, int64_t delay_ms)
-      : server_(std::move(server)), delay_ms_(delay_ms) {}
+  explicit Upstream(int64_t delay_ms) : delay_(std::chrono::milliseconds(delay_ms)) {}
+  using Clock = std::chrono::steady_clock;
+  struct Conn {
+    uint64_t id = 0;  // tells a connection from an earlier one on the same descriptor
+    std::string in, out;
+    size_t sent = 0;
+    bool answering = false;  // a request read, its answer not yet sent
+  };
+  struct Due {
+    Clock::time_point at;
+    int fd;
+    uint64_t conn_id;
+    std::string answer;
+    bool operator>(const Due& o) const { return at > o.at; }
+  };
 
   Status Listen() {
-    ::httplib::Server& native = server_->native();
-    int listen_fd = -1;
-    native.set_socket_options([&listen_fd](socket_t sock) {
-      const int yes = 1;
-      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-      listen_fd = sock;
-    });
-    native.Post(".*", [this](const ::httplib::Request& req, ::httplib::Response& res) { Handle(req, res); });
-    port_ = native.bind_to_any_port("127.0.0.1");
-    if (port_ <= 0) return Status::Unavailable("upstream: cannot listen on 127.0.0.1");
-    // cpp-httplib listens with a backlog of 5: 64 clients connecting at once
-    // would find connections reset.
-    if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
-      return Status::Unavailable("upstream: cannot listen on 127.0.0.1");
-    thread_ = std::thread([this] { (void)server_->native().listen_after_bind(); });
-    while (!server_->native().is_running()) std::this_thread::yield();
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int yes = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_fd_, SOMAXCONN) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return Status::Unavailable(std::string("upstream: cannot listen on 127.0.0.1: ") + std::strerror(errno));
+    port_ = ntohs(a.sin_port);
+    ep_ = ::epoll_create1(EPOLL_CLOEXEC);
+    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ep_ < 0 || timer_fd_ < 0 || stop_fd_ < 0) return Status::Unavailable("upstream: cannot make its event loop");
+    for (int fd : {listen_fd_, timer_fd_, stop_fd_}) Watch(fd, EPOLLIN);
     return Status::OK();
   }
 
-  void Handle(const ::httplib::Request& req, ::httplib::Response& res) {
-    const std::string key = req.get_header_value("Idempotency-Key");
-    const bool passed = req.path.rfind("/gw/pass/", 0) == 0;
-    const bool via_gateway = !passed && req.path.rfind("/gw/", 0) == 0;
-    bool fresh;
-    {
-      std::lock_guard lock(mu_);
-      fresh = seen_.insert(key).second;
-      ++(passed ? calls_.passed : via_gateway ? calls_.gateway : calls_.direct);
-      if (via_gateway && !fresh) ++calls_.gateway_repeats;
-    }
-    if (fresh && delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    res.status = 201;
-    res.set_content(R"({"id":"ch_)" + std::to_string(std::hash<std::string>{}(key) % 1000000) +
-                        R"(","object":"charge","amount":4000,"currency":"usd","status":"succeeded"})",
-                    "application/json");
+  void Watch(int fd, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    ::epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev);
   }
 
-  std::unique_ptr<httplib::Server> server_;
-  const int64_t delay_ms_;
+  void Loop() {
+    epoll_event evs[256];
+    for (;;) {
+      const int n = ::epoll_wait(ep_, evs, 256, -1);
+      for (int i = 0; i < n; ++i) {
+        const int fd = evs[i].data.fd;
+        if (fd == stop_fd_) return;
+        if (fd == listen_fd_) {
+          Accept();
+        } else if (fd == timer_fd_) {
+          uint64_t expirations;
+          (void)!::read(timer_fd_, &expirations, sizeof expirations);
+        } else if (auto it = conns_.find(fd); it != conns_.end()) {
+          if (evs[i].events & EPOLLOUT) Flush(fd, it->second);
+          it = conns_.find(fd);  // Flush may have closed it
+          if (it != conns_.end() && (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) Read(fd, it->second);
+        }
+      }
+      SendDue();
+    }
+  }
+
+  void Accept() {
+    for (int fd; (fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
+      const int yes = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+      conns_[fd].id = ++conn_ids_;
+      Watch(fd, EPOLLIN | EPOLLOUT | EPOLLET);
+    }
+  }
+
+  void Close(int fd) {
+    conns_.erase(fd);
+    ::close(fd);
+  }
+
+  void Read(int fd, Conn& c) {
+    char buf[16384];
+    for (;;) {
+      const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r > 0) {
+        c.in.append(buf, static_cast<size_t>(r));
+      } else if (r < 0 && errno == EINTR) {
+        continue;
+      } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        return Close(fd);
+      }
+    }
+    Serve(fd, c);
+  }
+
+  // Answers the request at the head of `c.in` once it is complete and the
+  // last answer on `c` is sent (one at a time, in order).
+  void Serve(int fd, Conn& c) {
+    if (c.answering) return;
+    auto head = ParseHttpHead(c.in);
+    if (!head) return;
+    const size_t total = head->head_size + static_cast<size_t>(head->content_length);
+    if (c.in.size() < total) return;
+    const std::string_view sl = head->start_line;
+    const size_t sp1 = sl.find(' '), sp2 = sl.find(' ', sp1 + 1);
+    const std::string_view method = sl.substr(0, sp1), path = sl.substr(sp1 + 1, sp2 - sp1 - 1);
+    const std::string key(HttpHeaderValue(*head, "Idempotency-Key"));
+    const bool close = head->close;
+    std::string answer;
+    bool fresh = false;
+    if (method != "POST") {
+      answer = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n";
+    } else {
+      const bool passed = path.rfind("/gw/pass/", 0) == 0;
+      const bool via_gateway = !passed && path.rfind("/gw/", 0) == 0;
+      {
+        std::lock_guard lock(mu_);
+        fresh = seen_.insert(key).second;
+        ++(passed ? calls_.passed : via_gateway ? calls_.gateway : calls_.direct);
+        if (via_gateway && !fresh) ++calls_.gateway_repeats;
+      }
+      const std::string body = R"({"id":"ch_)" + std::to_string(std::hash<std::string>{}(key) % 1000000) +
+                               R"(","object":"charge","amount":4000,"currency":"usd","status":"succeeded"})";
+      answer =
+          "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n" + body;
+    }
+    if (method != "POST") answer += close ? "Connection: close\r\n\r\n" : "\r\n";
+    c.in.erase(0, total);
+    c.answering = true;
+    if (fresh && delay_.count() > 0) {
+      due_.push({Clock::now() + delay_, fd, c.id, std::move(answer)});
+      if (due_.top().fd == fd) Arm();
+      return;
+    }
+    Answer(fd, c, std::move(answer));
+  }
+
+  void Answer(int fd, Conn& c, std::string answer) {
+    c.out += answer;
+    Flush(fd, c);
+  }
+
+  void Flush(int fd, Conn& c) {
+    while (c.sent < c.out.size()) {
+      const ssize_t w = ::send(fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) Close(fd);
+        return;
+      }
+      c.sent += static_cast<size_t>(w);
+    }
+    if (!c.answering) return;
+    c.out.clear();
+    c.sent = 0;
+    c.answering = false;
+    Serve(fd, c);  // a request that came in meanwhile
+  }
+
+  // Sends every answer whose delay has passed; arms the timer for the next.
+  void SendDue() {
+    const auto now = Clock::now();
+    while (!due_.empty() && due_.top().at <= now) {
+      Due d = due_.top();
+      due_.pop();
+      if (auto it = conns_.find(d.fd); it != conns_.end() && it->second.id == d.conn_id)
+        Answer(d.fd, it->second, std::move(d.answer));
+    }
+    if (!due_.empty()) Arm();
+  }
+
+  void Arm() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due_.top().at.time_since_epoch()).count();
+    itimerspec t{};
+    t.it_value.tv_sec = ns / 1'000'000'000;
+    t.it_value.tv_nsec = ns % 1'000'000'000;
+    ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &t, nullptr);
+  }
+
+  const Clock::duration delay_;
+  int listen_fd_ = -1, ep_ = -1, timer_fd_ = -1, stop_fd_ = -1;
   int port_ = 0;
   std::thread thread_;
+  std::unordered_map<int, Conn> conns_;  // the loop's
+  uint64_t conn_ids_ = 0;
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;
   std::mutex mu_;
   std::unordered_set<std::string> seen_;  // guarded by mu_
   Calls calls_;                           // guarded by mu_
@@ -215,6 +382,8 @@ struct Figures {
   // clients, the upstream and the gateway) and of the whole machine (also a
   // PostgreSQL store's server), in microseconds, and the machine's busy cores.
   std::map<std::string, std::vector<double>> process_cpu_us, machine_cpu_us, machine_busy_cores, switches;
+  // --clients, per round: the requests' time under that load, in ms.
+  std::map<std::string, std::vector<double>> loaded_mean_ms, loaded_p50_ms, loaded_p99_ms;
   std::map<std::string, int64_t> sent;  // requests, warm-up included
   int64_t unexpected = 0;
 };
@@ -287,6 +456,9 @@ void Phase(const Settings& st, int upstream_port, int gateway_port, const std::s
       f.machine_cpu_us[mode].push_back(r.machine_cpu_seconds * 1e6 / static_cast<double>(n));
       f.machine_busy_cores[mode].push_back(r.seconds > 0 ? r.machine_cpu_seconds / r.seconds : 0);
       f.switches[mode].push_back(static_cast<double>(r.context_switches) / static_cast<double>(n));
+      f.loaded_mean_ms[mode].push_back(r.mean_ms);
+      f.loaded_p50_ms[mode].push_back(r.p50_ms);
+      f.loaded_p99_ms[mode].push_back(r.p99_ms);
     }
   }
 }
@@ -330,6 +502,10 @@ void PrintText(const nlohmann::json& j) {
         m.c_str(), tp[m]["median_per_s"].get<double>(), tp[m]["process_cpu_us"].get<double>(),
         tp[m]["machine_cpu_us"].get<double>(), tp[m]["context_switches"].get<double>(),
         tp[m]["machine_busy_cores"].get<double>());
+  std::printf("latency under that load (median of rounds):\n");
+  for (const std::string& m : kThroughputModes)
+    std::printf("  %-15s mean %7.3f ms  p50 %7.3f ms  p99 %7.3f ms\n", m.c_str(), tp[m]["loaded_mean_ms"].get<double>(),
+                tp[m]["loaded_p50_ms"].get<double>(), tp[m]["loaded_p99_ms"].get<double>());
   for (const std::string kind : {"first", "replay"})
     std::printf("  gateway/direct, %-6s %.3f (rounds %s)\n", kind.c_str(), tp["ratio_" + kind].get<double>(),
                 tp["ratio_" + kind + "_rounds"].dump().c_str());
@@ -368,7 +544,7 @@ int RunBenchGateway(const Args& args) {
   // A thread per client for each server, and for the clients' warm-up
   // connections; a PostgreSQL connection per gateway thread.
   const int threads = static_cast<int>(st.clients) + 8;
-  auto upstream = Upstream::Start(threads, st.delay_ms);
+  auto upstream = Upstream::Start(st.delay_ms);
   if (!upstream.ok()) return Fail(cmd, upstream.status());
   auto gw = InProcessGateway::Start(WithDefaultPoolSize(st.store_url, threads), (*upstream)->port(), threads);
   if (!gw.ok()) return Fail(cmd, gw.status());
@@ -430,7 +606,10 @@ int RunBenchGateway(const Args& args) {
              {"process_cpu_us", Median(f.process_cpu_us[m])},
              {"machine_cpu_us", Median(f.machine_cpu_us[m])},
              {"machine_busy_cores", Median(f.machine_busy_cores[m])},
-             {"context_switches", Median(f.switches[m])}};
+             {"context_switches", Median(f.switches[m])},
+             {"loaded_mean_ms", Median(f.loaded_mean_ms[m])},
+             {"loaded_p50_ms", Median(f.loaded_p50_ms[m])},
+             {"loaded_p99_ms", Median(f.loaded_p99_ms[m])}};
   for (const std::string kind : {"first", "replay"})
     for (const char* p : {"p50_ms", "p99_ms"})
       lat["added_" + kind][p] = lat["gateway_" + kind][p].get<double>() - lat["direct_" + kind][p].get<double>();
