@@ -13,13 +13,13 @@
 #     e.g. bench/pooler-figures.sh --rounds 7 --seconds 3 --unnamed
 #
 # Environment: IDEM (the command; default build/tools/idem/idem), LOG (default
-# bench/results/pooler-ab-2026-12-05.log), PORTS (the range to take free
+# bench/results/pooler-ab-DATE.log), PORTS (the range to take free
 # ports from; default 28000-28999), FLOOR (rounds of the per-statement part,
 # default 3; 0: none), GROUP (its group of charges, default 7).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 IDEM=${IDEM:-$ROOT/build/tools/idem/idem}
-LOG=${LOG:-$ROOT/bench/results/pooler-ab-2026-12-05.log}
+LOG=${LOG:-$ROOT/bench/results/pooler-ab-$(date -u +%F).log}
 PORTS=${PORTS:-28000-28999}
 [ -x "$IDEM" ] || { echo "pooler-figures: no $IDEM (./run build)" >&2; exit 2; }
 
@@ -47,7 +47,7 @@ from=${PORTS%-*} to=${PORTS#*-}
 pg_port=$(free_port "$from" "$to")
 direct=$("$ROOT/scripts/test-postgres.sh" start "$work/pg" "$pg_port")
 bouncer_port=$(free_port "$from" "$to" "$pg_port")
-pooled=$("$ROOT/scripts/test-pgbouncer.sh" start "$work/pgbouncer" "$bouncer_port" "$pg_port")
+pooled=$("$ROOT/scripts/test-pgbouncer.sh" start "$work/pgbouncer" "$bouncer_port" "$work/pg")
 
 # CPU seconds (user + system) a process has used so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
