@@ -541,7 +541,8 @@ int RunBenchGateway(const Args& args) {
     tmp.emplace(std::move(*dir));
     st.store_url = "sqlite:" + tmp->path() + "/gateway.db";
   }
-  // A thread per client for each server, and for the clients' warm-up
+  // The gateway's threads: one per client connection (cpp-httplib holds a
+  // thread per keep-alive connection), and spares for the latency clients'
   // connections; a PostgreSQL connection per gateway thread.
   const int threads = static_cast<int>(st.clients) + 8;
   auto upstream = Upstream::Start(st.delay_ms);
