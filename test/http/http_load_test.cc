@@ -114,6 +114,41 @@ TEST(HttpLoadTest, AnswersOtherThanExpectedAreCounted) {
   ExpectEachOnce(s, 50);
 }
 
+// An answer the load cannot frame (a chunked body) counts as unexpected, and
+// its connection's next posts still go out, on a new connection.
+TEST(HttpLoadTest, AChunkedAnswerIsCountedAndTheNextPostsStillGo) {
+  ::httplib::Server server;
+  server.set_tcp_nodelay(true);
+  std::mutex mu;
+  std::map<std::string, int> seen;
+  server.Post("/charges", [&](const ::httplib::Request& req, ::httplib::Response& res) {
+    const std::string key = req.get_header_value("Idempotency-Key");
+    {
+      std::lock_guard l(mu);
+      ++seen[key];
+    }
+    res.status = 201;
+    if (key != "k3") return res.set_content("{}", "application/json");
+    res.set_chunked_content_provider("application/json", [](size_t, ::httplib::DataSink& sink) {
+      sink.write("{}", 2);
+      sink.done();
+      return true;
+    });
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::yield();
+  testing::internal::CaptureStderr();
+  const PostedAll r = PostAll(port, "/charges", Posts(10), 1, 201, "test");
+  const std::string err = testing::internal::GetCapturedStderr();
+  server.stop();
+  t.join();
+  EXPECT_EQ(r.unexpected, 1);
+  EXPECT_NE(err.find("a chunked body"), std::string::npos) << err;
+  EXPECT_EQ(seen.size(), 10u);
+  for (const auto& [key, count] : seen) EXPECT_EQ(count, 1) << key;
+}
+
 TEST(HttpLoadTest, NoServerMeansEveryPostUnanswered) {
   int port;
   {

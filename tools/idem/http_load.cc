@@ -217,7 +217,9 @@ class Load {
       if (head->chunked) {
         Unexpected("a chunked body (the load reads Content-Length bodies only)");
         Done(c);
-        return Closed(c);
+        Closed(c);  // a new connection for the next post
+        if (!warm_ && c.fd >= 0) Next(c);
+        return;
       }
       const size_t total = head->head_size + static_cast<size_t>(head->content_length);
       if (c.in.size() >= total) {
