@@ -26,8 +26,6 @@
 // direct allows the gateway to add a ninth of direct's mean latency). Checks that every request was answered
 // 201, that the upstream saw every gateway first execution once and no
 // gateway replay, and the gateway's counters; exit 1 if not.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -37,10 +35,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -130,17 +126,7 @@ class Upstream {
   };
 
   Status Listen() {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    const int yes = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_fd_, SOMAXCONN) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      return Status::Unavailable(std::string("upstream: cannot listen on 127.0.0.1: ") + std::strerror(errno));
-    port_ = ntohs(a.sin_port);
+    IDEM_ASSIGN_OR_RETURN(listen_fd_, ListenOnLoopback("upstream", SOMAXCONN, port_, /*nonblocking=*/true));
     ep_ = ::epoll_create1(EPOLL_CLOEXEC);
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -193,19 +179,7 @@ class Upstream {
   }
 
   void Read(int fd, Conn& c) {
-    char buf[16384];
-    for (;;) {
-      const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r > 0) {
-        c.in.append(buf, static_cast<size_t>(r));
-      } else if (r < 0 && errno == EINTR) {
-        continue;
-      } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        break;
-      } else {
-        return Close(fd);
-      }
-    }
+    if (!ReadAvailable(fd, c.in)) return Close(fd);
     Serve(fd, c);
   }
 
@@ -225,7 +199,8 @@ class Upstream {
     std::string answer;
     bool fresh = false;
     if (method != "POST") {
-      answer = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n";
+      answer = std::string("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n") + (close ? "Connection: close\r\n" : "") +
+               "\r\n";
     } else {
       const bool passed = path.rfind("/gw/pass/", 0) == 0;
       const bool via_gateway = !passed && path.rfind("/gw/", 0) == 0;
@@ -241,7 +216,6 @@ class Upstream {
           "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
           "\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n" + body;
     }
-    if (method != "POST") answer += close ? "Connection: close\r\n\r\n" : "\r\n";
     c.in.erase(0, total);
     c.answering = true;
     if (fresh && delay_.count() > 0) {
@@ -258,15 +232,8 @@ class Upstream {
   }
 
   void Flush(int fd, Conn& c) {
-    while (c.sent < c.out.size()) {
-      const ssize_t w = ::send(fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
-      if (w < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) Close(fd);
-        return;
-      }
-      c.sent += static_cast<size_t>(w);
-    }
-    if (!c.answering) return;
+    if (!WritePending(fd, c.out, c.sent)) return Close(fd);
+    if (c.sent < c.out.size() || !c.answering) return;
     c.out.clear();
     c.sent = 0;
     c.answering = false;
@@ -456,9 +423,11 @@ void Phase(const Settings& st, int upstream_port, int gateway_port, const std::s
       f.machine_cpu_us[mode].push_back(r.machine_cpu_seconds * 1e6 / static_cast<double>(n));
       f.machine_busy_cores[mode].push_back(r.seconds > 0 ? r.machine_cpu_seconds / r.seconds : 0);
       f.switches[mode].push_back(static_cast<double>(r.context_switches) / static_cast<double>(n));
-      f.loaded_mean_ms[mode].push_back(r.mean_ms);
-      f.loaded_p50_ms[mode].push_back(r.p50_ms);
-      f.loaded_p99_ms[mode].push_back(r.p99_ms);
+      double sum = 0;
+      for (double ms : r.latencies_ms) sum += ms;
+      f.loaded_mean_ms[mode].push_back(r.latencies_ms.empty() ? 0 : sum / static_cast<double>(r.latencies_ms.size()));
+      f.loaded_p50_ms[mode].push_back(PercentileOfSorted(r.latencies_ms, 0.5));
+      f.loaded_p99_ms[mode].push_back(PercentileOfSorted(r.latencies_ms, 0.99));
     }
   }
 }

@@ -3,7 +3,10 @@
 
 #include "core/json_string.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string_view>
@@ -328,6 +332,25 @@ double PercentileOfSorted(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
   const auto rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
   return sorted[std::min(sorted.size() - 1, rank > 0 ? rank - 1 : 0)];
+}
+
+Result<int> ListenOnLoopback(const std::string& who, int backlog, int& port, bool nonblocking) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  if (fd < 0) return Status::Unavailable(who + ": socket: " + std::strerror(errno));
+  const int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::Unavailable(who + ": cannot listen on 127.0.0.1: " + std::strerror(e));
+  }
+  port = ntohs(a.sin_port);
+  return fd;
 }
 
 Result<ScratchDir> ScratchDir::Make(std::string_view prefix) {

@@ -93,6 +93,10 @@ double Median(std::vector<double> v);
 // The `p` quantile (0..1, nearest rank) of `sorted`, sorted ascending (0 for none).
 double PercentileOfSorted(const std::vector<double>& sorted, double p);
 
+// A socket listening on 127.0.0.1 at a port the system picks (`port`), with
+// `backlog`; an error naming `who` otherwise.
+Result<int> ListenOnLoopback(const std::string& who, int backlog, int& port, bool nonblocking);
+
 // A directory of its own under the system's temporary directory ("PREFIX-"
 // and six characters), removed with everything in it when this goes out of
 // scope.

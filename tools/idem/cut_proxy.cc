@@ -1,6 +1,8 @@
 // Copyright idem authors. SPDX-License-Identifier: Apache-2.0
 #include "cut_proxy.h"
 
+#include "cli.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -71,20 +73,9 @@ bool Pump(int from, int to) {
 }  // namespace
 
 Result<std::unique_ptr<CutProxy>> CutProxy::Start(const std::string& host, int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Unavailable("cut proxy: socket: " + std::string(std::strerror(errno)));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    return Status::Unavailable("cut proxy: cannot listen on 127.0.0.1: " + std::string(std::strerror(errno)));
-  }
-  std::unique_ptr<CutProxy> p(new CutProxy(fd, ntohs(a.sin_port), host, port));
+  int listen_port = 0;
+  IDEM_ASSIGN_OR_RETURN(const int fd, ListenOnLoopback("cut proxy", 128, listen_port, /*nonblocking=*/false));
+  std::unique_ptr<CutProxy> p(new CutProxy(fd, listen_port, host, port));
   if (::pipe2(p->wake_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::Unavailable("cut proxy: pipe failed");
   p->thread_ = std::thread([raw = p.get()] { raw->Loop(); });
   return p;

@@ -143,13 +143,8 @@ class Load {
     Flush(c);
   }
 
-  void Flush(Conn& c) {
-    while (c.sent < c.out.size()) {
-      const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
-      if (w < 0) return;  // EAGAIN: EPOLLOUT resumes; an error shows as EOF on read
-      c.sent += static_cast<size_t>(w);
-    }
-  }
+  // Would block: EPOLLOUT resumes; an error shows as EOF on read.
+  void Flush(Conn& c) { (void)WritePending(c.fd, c.out, c.sent); }
 
   // Sends the next post on `c`, if one is left.
   void Next(Conn& c) {
@@ -200,19 +195,7 @@ class Load {
 
   // Reads what arrived on `c` and handles the answer if it is complete.
   void Readable(Conn& c) {
-    char buf[16384];
-    bool eof = false;
-    for (;;) {
-      const ssize_t r = ::recv(c.fd, buf, sizeof buf, 0);
-      if (r > 0) {
-        c.in.append(buf, static_cast<size_t>(r));
-      } else if (r < 0 && errno == EINTR) {
-        continue;
-      } else {
-        eof = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-        break;
-      }
-    }
+    bool eof = !ReadAvailable(c.fd, c.in);
     if (auto head = ParseHttpHead(c.in); head && c.waiting) {
       if (head->chunked) {
         Unexpected("a chunked body (the load reads Content-Length bodies only)");
@@ -309,6 +292,30 @@ std::string_view HttpHeaderValue(const HttpHead& head, std::string_view name) {
   return {};
 }
 
+bool ReadAvailable(int fd, std::string& in) {
+  char buf[16384];
+  for (;;) {
+    const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r > 0) {
+      in.append(buf, static_cast<size_t>(r));
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+  }
+}
+
+bool WritePending(int fd, const std::string& out, size_t& sent) {
+  while (sent < out.size()) {
+    const ssize_t w = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    sent += static_cast<size_t>(w);
+  }
+  return true;
+}
+
 PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>& posts, int senders,
                   int expected_status, const std::string& who) {
   Load load(port, path, posts, expected_status, who);
@@ -325,15 +332,8 @@ PostedAll PostAll(int port, const std::string& path, const std::vector<HttpPost>
   out.process_cpu_seconds = cpu1.seconds - cpu0.seconds;
   out.context_switches = cpu1.switches - cpu0.switches;
   out.machine_cpu_seconds = machine0 > 0 ? MachineCpuSeconds() - machine0 : 0;
-  std::vector<double>& ms = load.latencies_ms();
-  if (!ms.empty()) {
-    std::sort(ms.begin(), ms.end());
-    double sum = 0;
-    for (double v : ms) sum += v;
-    out.mean_ms = sum / static_cast<double>(ms.size());
-    out.p50_ms = ms[ms.size() / 2];
-    out.p99_ms = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
-  }
+  out.latencies_ms = std::move(load.latencies_ms());
+  std::sort(out.latencies_ms.begin(), out.latencies_ms.end());
   return out;
 }
 

@@ -33,8 +33,8 @@ struct PostedAll {
   double machine_cpu_seconds = 0;
   int64_t context_switches = 0;  // this process's threads', voluntary or not
   // Each answered request's time from its first send to its answer, under
-  // this load (by Little's law, rate = senders / mean).
-  double mean_ms = 0, p50_ms = 0, p99_ms = 0;
+  // this load, sorted (by Little's law, rate = senders / mean).
+  std::vector<double> latencies_ms;
 };
 
 // Posts every request of `posts` (content type application/json) to `path`
@@ -64,6 +64,13 @@ std::optional<HttpHead> ParseHttpHead(std::string_view buf);
 
 // The value of header `name` (case-insensitive) in `head`, or empty.
 std::string_view HttpHeaderValue(const HttpHead& head, std::string_view name);
+
+// Non-blocking sockets of these loops. ReadAvailable appends what `fd` has
+// to `in` until it would block; false once the peer closed or an error
+// came. WritePending sends `out` from `sent` on until done or it would
+// block; false on an error.
+bool ReadAvailable(int fd, std::string& in);
+bool WritePending(int fd, const std::string& out, size_t& sent);
 
 }  // namespace idem::cli
 
