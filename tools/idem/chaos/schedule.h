@@ -56,10 +56,10 @@ class Schedule {
   // of the relay's kill points, at a random time, or given a fault.
   Plan NextRelay(int slot);
 
-  // Relay `slot`'s last life was to die at a kill point and its timer killed
-  // it first (the point was not reached that often: the outbox was idle): its
-  // next life planned at a point tries that point again, so every relay
-  // point is hit however fast the outbox drains.
+  // Relay `slot`'s last life was to die at a kill point and ended otherwise
+  // (its timer killed it first because the outbox was idle, or it failed):
+  // its next life planned at a point tries that point again, so every relay
+  // point is hit however fast the outbox drains and however lives end.
   void RelayPointMissed(int slot);
 
   // The provider's next lease, drawn at each (re)start.

@@ -410,14 +410,18 @@ void Supervisor::Ended(pid_t pid, int st) {
   } else {
     slot_busy_[static_cast<size_t>(l.slot)] = false;
   }
-  if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+  const bool killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+  // A relay life that ended before its kill point (killed by its timer,
+  // failed, or stopped) hands the point to the slot's next point life, so
+  // each point is hit however the lives end.
+  if (l.role == Role::kRelay && l.plan.label.starts_with("kill:relay.") && (!killed || l.killed_by_us))
+    schedule_.RelayPointMissed(l.slot);
+  if (killed) {
     ++counts_.total_kills;
     // Killed by the schedule's timer, or by itself at its kill point.
     std::string what = l.killed_by_us
                            ? (l.plan.label.starts_with("fault:") ? l.plan.label + " (then killed)" : "kill:timed")
                            : l.plan.label;
-    if (l.role == Role::kRelay && l.killed_by_us && l.plan.label.starts_with("kill:relay."))
-      schedule_.RelayPointMissed(l.slot);
     if (l.slot < 0) what = "provider " + what;
     if (l.slot >= 0 && l.role != Role::kStage1) what = std::string(RoleName(l.role)) + " " + what;
     ++counts_.kills[what.empty() ? "kill:unplanned" : what];
