@@ -3,8 +3,8 @@
 # SQLite file in a temporary directory (synchronous FULL) under strace, which
 # stops the process only at openat and fdatasync (seccomp), and the
 # distribution of the fdatasync calls on the store's WAL (doc/performance.md,
-# "The gateway"). A first execution waits for two of them (its claim, then
-# its answer), one after the other.
+# "The gateway"), after the same disk's fdatasync alone. A first execution
+# waits for two of them (its claim, then its answer), one after the other.
 #   bench/gateway-fsync.sh [FLAGS of idem bench gateway...]   # default --rounds 2
 # Environment: IDEM (default build/tools/idem/idem).
 set -euo pipefail
@@ -14,6 +14,28 @@ command -v strace >/dev/null || { echo "gateway-fsync: needs strace (apt-get ins
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 [ $# -gt 0 ] || set -- --rounds 2
+# The disk alone first, in the same directory: a WAL-frame-sized append
+# then its fdatasync, back to back (as under load), then with 5 ms between
+# them (as a lone client's commits come: the claim, the upstream's 5 ms, the
+# answer).
+python3 - "$dir/probe" <<'PY'
+import os, sys, time
+for gap_ms in (0, 5):
+    fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+    ms, off = [], 0
+    for i in range(1000 if gap_ms == 0 else 300):
+        os.pwrite(fd, b"y" * 4120, off)
+        off += 4120
+        t = time.perf_counter_ns()
+        os.fdatasync(fd)
+        ms.append((time.perf_counter_ns() - t) / 1e6)
+        time.sleep(gap_ms / 1000)
+    os.close(fd)
+    ms.sort()
+    n = len(ms)
+    print("disk alone, fdatasync after a 4 KiB append, %d ms apart: %d calls, p50 %.3f ms, p90 %.3f, p99 %.3f, mean %.3f"
+          % (gap_ms, n, ms[n // 2], ms[int(n * 0.9)], ms[int(n * 0.99)], sum(ms) / n))
+PY
 strace -f --seccomp-bpf -e trace=openat,fdatasync -T -o "$dir/trace" \
   "$IDEM" bench gateway --store "sqlite:$dir/g.db" "$@" >"$dir/out" 2>&1 || { cat "$dir/out" >&2; exit 1; }
 grep -E "gateway/direct, first|^  gateway_first +mean" "$dir/out"
