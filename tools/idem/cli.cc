@@ -22,6 +22,7 @@
 
 #include "components.h"
 #include "idem/open.h"
+#include "idem/sqlite/store.h"
 #include "idem/url.h"
 
 namespace idem::cli {
@@ -301,8 +302,7 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
   out.kind = std::string(store->Kind());
   out.claims = store->claim_store();
   if (out.claims == nullptr) return Status::InvalidArgument(out.kind + " store keeps no claims");
-  // What a claim's answer waits for, read from the store's own settings
-  // (a transaction that changes nothing, rolled back as it goes).
+  // What a claim's answer waits for, from the store's own settings.
   if (out.kind == "postgres") {
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Transaction> tx, store->Begin());
     IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT current_setting('fsync'), current_setting('synchronous_commit')"));
@@ -311,15 +311,15 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
                      (fsync != "on"   ? ": nothing is flushed to disk (lost with the machine)"
                       : sync == "off" ? ": an answer may come before its commit is flushed (lost with the server)"
                                       : ": each claim and completion committed to disk before it answers");
-  } else if (out.kind == "sqlite") {
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Transaction> tx, store->Begin());
-    IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("PRAGMA synchronous"));
-    const int64_t level = r.rows.empty() ? -1 : r.rows[0][0].AsInt();
-    static const char* const kLevels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
-    out.durability = std::string("SQLite WAL synchronous=") + (level >= 0 && level < 4 ? kLevels[level] : "?") +
-                     (level >= 2   ? ": each claim and completion fsynced before it answers"
-                      : level == 1 ? ": commits survive the process, not the machine (the WAL is not fsynced)"
-                                   : ": nothing is fsynced (lost with the machine)");
+  } else if (auto o = sqlite::Store::ParseUrl(url); out.kind == "sqlite" && o.ok()) {
+    // As the store was opened (no query: a transaction would take the write lock).
+    const sqlite::Synchronous level = o->synchronous;
+    out.durability = level == sqlite::Synchronous::kFull
+                         ? "SQLite WAL synchronous=FULL: each claim and completion fsynced before it answers"
+                     : level == sqlite::Synchronous::kNormal
+                         ? "SQLite WAL synchronous=NORMAL: commits survive the process, not the machine "
+                           "(the WAL is not fsynced)"
+                         : "SQLite WAL synchronous=OFF: nothing is fsynced (lost with the machine)";
   } else {
     out.durability = out.kind + ": each claim and completion as durable as the store's commit";
   }
