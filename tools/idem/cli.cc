@@ -304,16 +304,18 @@ Result<OpenedClaims> OpenClaimStore(const std::string& url) {
   if (out.claims == nullptr) return Status::InvalidArgument(out.kind + " store keeps no claims");
   // What a claim's answer waits for, from the store's own settings.
   if (out.kind == "postgres") {
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<Transaction> tx, store->Begin());
+    IDEM_ASSIGN_OR_RETURN(auto tx, store->Begin());
     IDEM_ASSIGN_OR_RETURN(Rows r, tx->Query("SELECT current_setting('fsync'), current_setting('synchronous_commit')"));
     const std::string fsync = r.rows[0][0].AsText(), sync = r.rows[0][1].AsText();
     out.durability = "PostgreSQL fsync=" + fsync + " synchronous_commit=" + sync +
                      (fsync != "on"   ? ": nothing is flushed to disk (lost with the machine)"
                       : sync == "off" ? ": an answer may come before its commit is flushed (lost with the server)"
                                       : ": each claim and completion committed to disk before it answers");
-  } else if (auto o = sqlite::Store::ParseUrl(url); out.kind == "sqlite" && o.ok()) {
-    // As the store was opened (no query: a transaction would take the write lock).
-    const sqlite::Synchronous level = o->synchronous;
+  } else if (out.kind == "sqlite") {
+    // As the store was opened (no query: a transaction would take the write
+    // lock); the URL opened the store just above, so it parses.
+    IDEM_ASSIGN_OR_RETURN(const sqlite::Store::Options o, sqlite::Store::ParseUrl(url));
+    const sqlite::Synchronous level = o.synchronous;
     out.durability = level == sqlite::Synchronous::kFull
                          ? "SQLite WAL synchronous=FULL: each claim and completion fsynced before it answers"
                      : level == sqlite::Synchronous::kNormal
